@@ -1,0 +1,44 @@
+# Quick start: `make demo` (the main job end to end) and `make test` (the test suite).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.sparkdp-ready
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test test-all lint bench bench-sync bench-ps bench-data clean
+
+$(STAMP): pyproject.toml scripts/bootstrap.sh
+	bash scripts/bootstrap.sh
+	touch $@
+
+setup: $(STAMP)
+
+# Fashion-MNIST, the classic 2-conv CNN, gradient all-reduce on 2 Spark workers, 2 epochs.
+demo: $(STAMP)
+	$(VENV)/bin/sparkdp train --dataset fashion-mnist --model cnn --strategy allreduce \
+		--workers 2 --epochs 2 --out out/demo --json-out out/demo/summary.json
+
+# pytest exits 5 when it collects nothing: treat that as a failure, never as a pass.
+test: $(STAMP)
+	@$(PY) -m pytest -m "not slow and not gpu" $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc = 5 ]; then echo "make test: pytest collected no tests - the suite is missing" >&2; exit 1; fi; \
+	exit $$rc
+
+test-all: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(PY) -m ruff check src tests benchmarks
+
+bench: bench-sync bench-ps bench-data
+
+bench-sync: $(STAMP)
+	$(PY) benchmarks/sync_vs_torchdistributor.py
+
+bench-ps: $(STAMP)
+	$(PY) benchmarks/ps_bandwidth.py
+
+bench-data: $(STAMP)
+	$(PY) benchmarks/data_throughput.py
+
+clean:
+	rm -rf out build dist src/*.egg-info .pytest_cache

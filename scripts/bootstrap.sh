@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Make this machine ready for sparkdp: Java 17+, the Fashion-MNIST files, a .venv with
+# torch pinned to the CPU build and the package with its test extras.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+TORCH_VERSION=${TORCH_VERSION:-2.13.0}   # pinned: an unpinned torch pulls a multi-GB CUDA build
+DATA_DIR=/usr/share/datasets/fashion-mnist
+
+is_root() { [ "$(id -u)" = 0 ]; }
+apt_updated=0
+apt_install() {
+  if [ $apt_updated = 0 ]; then apt-get update -qq; apt_updated=1; fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+java_major() {
+  local java=${JAVA_HOME:+$JAVA_HOME/bin/}java
+  command -v "$java" >/dev/null 2>&1 || { echo 0; return; }
+  "$java" -version 2>&1 | sed -n 's/.*version "\([0-9]*\)\(\.\([0-9]*\)\)\{0,1\}.*/\1 \3/p' | head -1 |
+    awk '{ print ($1 == 1 ? $2 : $1) }'
+}
+
+if [ "$(java_major)" -lt 17 ] 2>/dev/null || [ -z "$(java_major)" ]; then
+  if is_root && command -v apt-get >/dev/null; then
+    echo "bootstrap: installing Java 17 (PySpark 4 needs Java >= 17)"
+    apt_install openjdk-17-jre-headless
+  else
+    echo "bootstrap: PySpark 4 needs Java 17 or newer and none was found." >&2
+    echo "  Install it (e.g. sudo apt-get install -y openjdk-17-jre-headless) or set JAVA_HOME." >&2
+    exit 1
+  fi
+fi
+
+if [ ! -f "$DATA_DIR/train-images-idx3-ubyte.gz" ]; then
+  if is_root && command -v apt-get >/dev/null; then
+    echo "bootstrap: installing the Fashion-MNIST dataset (Debian package dataset-fashion-mnist)"
+    apt_install dataset-fashion-mnist
+  else
+    echo "bootstrap: Fashion-MNIST is missing from $DATA_DIR." >&2
+    echo "  Install it with: sudo apt-get install -y dataset-fashion-mnist" >&2
+    echo "  (or point SPARKDP_FASHION_MNIST at a directory with the four IDX .gz files)" >&2
+    exit 1
+  fi
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "bootstrap: creating $VENV"
+  "$PYTHON" -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install -q --upgrade pip
+if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
+  echo "bootstrap: installing torch==$TORCH_VERSION (CPU build)"
+  "$VENV/bin/python" -m pip install -q "torch==$TORCH_VERSION"
+fi
+echo "bootstrap: installing sparkdp and its test extras"
+"$VENV/bin/python" -m pip install -q -e ".[test]"

@@ -1,0 +1,22 @@
+"""sparkdp: distributed data-parallel training of PyTorch models on Apache Spark.
+
+Three ways in, one engine:
+
+* ``sparkdp.fit(model, data, ...)`` trains and returns the trained model;
+* ``sparkdp.run(train_fn, workers=N)`` runs your own loop on N Spark tasks, where
+  ``sparkdp.distribute(model, optimizer, loader)`` makes it distributed;
+* ``sparkdp train SCRIPT.py`` does the same from the command line.
+"""
+
+from .errors import ConfigError, DataError, RendezvousTimeout, SparkdpError, WorkerFailed
+from .spark.session import session
+from .strategies import STRATEGIES
+from .train.api import distribute, fit, run
+from .train.result import TrainResult
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "STRATEGIES", "ConfigError", "DataError", "RendezvousTimeout", "SparkdpError", "TrainResult",
+    "WorkerFailed", "__version__", "distribute", "fit", "run", "session",
+]

@@ -1,0 +1,1 @@
+"""The ``sparkdp`` command line."""

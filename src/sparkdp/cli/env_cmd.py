@@ -1,0 +1,45 @@
+"""``sparkdp env``: what sparkdp will run with on this machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("env", help="show versions, Java, cores and dataset locations")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=run)
+
+
+def collect() -> dict:
+    import pyspark
+    import torch
+
+    from ..data.datasets import FASHION_MNIST_DIR
+    from ..spark.environment import java_major_version
+
+    return {
+        "sparkdp": __import__("sparkdp").__version__,
+        "python": sys.version.split()[0],
+        "executable": sys.executable,
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "cuda_available": torch.cuda.is_available(),
+        "pyspark": pyspark.__version__,
+        "java_major": java_major_version(),
+        "cpu_count": os.cpu_count(),
+        "fashion_mnist": str(FASHION_MNIST_DIR) if FASHION_MNIST_DIR.is_dir() else None,
+    }
+
+
+def run(args) -> int:
+    info = collect()
+    if args.json:
+        print(json.dumps(info, indent=2))
+    else:
+        for key, value in info.items():
+            print(f"{key:16} {value}")
+    return 0

@@ -1,0 +1,46 @@
+"""``sparkdp`` — entry point: subcommands register themselves with ``add_parser``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Sequence
+
+from ..errors import SparkdpError
+from . import env_cmd, train_cmd
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sparkdp", description="Data-parallel PyTorch training on Apache Spark.")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    train_cmd.add_parser(sub)
+    env_cmd.add_parser(sub)
+    try:
+        from . import caffe_cmd
+    except ImportError:  # the Caffe importer is optional at this stage of the tree
+        caffe_cmd = None
+    if caffe_cmd is not None:
+        caffe_cmd.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.WARNING - 10 * min(args.verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        return int(args.func(args) or 0)
+    except SparkdpError as exc:
+        print(f"sparkdp: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("sparkdp: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

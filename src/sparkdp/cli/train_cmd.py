@@ -1,0 +1,122 @@
+"""``sparkdp train``: a user script, or a built-in dataset + model, trained on Spark."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from ..errors import ConfigError
+
+
+def _kv(text: str) -> tuple[str, object]:
+    if "=" not in text:
+        raise ConfigError(f"--strategy-option expects KEY=VALUE; got {text!r}.")
+    key, value = text.split("=", 1)
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def add_parser(sub) -> None:
+    from ..models import MODELS
+    from ..strategies import STRATEGIES
+
+    p = sub.add_parser("train", help="train a script's model, or a built-in model on a built-in dataset",
+                       description="Train data-parallel on Spark. SCRIPT.py defines model, train_data and "
+                                   "optionally test_data, optimizer, loss_fn (see `sparkdp.cli.script`).")
+    p.add_argument("script", nargs="?", help="a single-machine training script (optional with --dataset/--model)")
+    p.add_argument("--dataset", help="built-in dataset: fashion-mnist")
+    p.add_argument("--model", help=f"built-in model: {', '.join(MODELS.available())}")
+    p.add_argument("--strategy", default="allreduce", help=f"one of {', '.join(STRATEGIES.available())}")
+    p.add_argument("--strategy-option", action="append", default=[], type=_kv, metavar="KEY=VALUE",
+                   help="strategy setting, e.g. period=4 (repeatable)")
+    p.add_argument("--workers", type=int, help="Spark tasks to train on (default: all task slots)")
+    p.add_argument("--epochs", type=int, help="passes over the training data (default 1)")
+    p.add_argument("--batch-size", type=int, help="rows per worker per step (default 64)")
+    p.add_argument("--optimizer", help="sgd, adam, adamw, rmsprop, adagrad (default: the script's, else sgd)")
+    p.add_argument("--lr", type=float, help="learning rate (default 0.05 for built-in models)")
+    p.add_argument("--momentum", type=float, help="SGD momentum (default 0.9)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--limit", type=int, help="use only the first N training and test rows (quick runs)")
+    p.add_argument("--master", help="Spark master URL (default: embedded local[N])")
+    p.add_argument("--threads", type=int, help="torch threads per worker (default: spark.task.cpus)")
+    p.add_argument("--out", help="directory for model.safetensors and model.json")
+    p.add_argument("--json-out", help="write a JSON summary of the run here")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    started = time.perf_counter()
+    import torch
+
+    import sparkdp
+
+    from ..data.datasets import load_dataset
+    from ..models import build_model
+
+    model_args: dict = {}
+    optimizer = None
+    loss = "cross_entropy"
+    eval_data = None
+    batch_size = args.batch_size
+    epochs = args.epochs
+    if args.script:
+        from .script import load_script
+
+        script = load_script(args.script)
+        model, data, eval_data = script.model, script.train_data, script.test_data
+        optimizer, loss = script.optimizer, script.loss or "cross_entropy"
+        batch_size = batch_size or script.batch_size
+        epochs = epochs or script.epochs
+        model_desc = {"script": str(Path(args.script).resolve())}
+    else:
+        if not args.model:
+            raise ConfigError("give a training script, or --model (and --dataset) for a built-in job, e.g. "
+                              "`sparkdp train --dataset fashion-mnist --model cnn`.")
+        torch.manual_seed(args.seed)
+        model_args = {}
+        model = build_model(args.model, **model_args)
+        model_desc = {"model": args.model, "model_args": model_args}
+        data = None
+    if args.dataset:
+        ds = load_dataset(args.dataset, limit=args.limit)
+        from ..data.tensors import TensorData
+
+        data = TensorData(ds.x_train, ds.y_train)
+        eval_data = TensorData(ds.x_test, ds.y_test)
+        model_desc["dataset"] = args.dataset
+    if data is None:
+        raise ConfigError("no training data: the script defines no `train_data` and no --dataset was given.")
+    opt_options = {}
+    if optimizer is None or args.optimizer:
+        optimizer = args.optimizer or "sgd"
+        opt_options = {"lr": 0.05 if args.lr is None else args.lr}
+        if optimizer == "sgd":
+            opt_options["momentum"] = 0.9 if args.momentum is None else args.momentum
+    elif args.lr is not None or args.momentum is not None:
+        raise ConfigError("--lr/--momentum apply to --optimizer; the script already builds its own optimizer. "
+                          "Change it in the script or pass --optimizer too.")
+    result = sparkdp.fit(model, data, eval_data=eval_data, loss=loss, optimizer=optimizer,
+                         optimizer_options=opt_options, strategy=args.strategy,
+                         strategy_options=dict(args.strategy_option), workers=args.workers, epochs=epochs or 1,
+                         batch_size=batch_size or 64, seed=args.seed, master=args.master, threads=args.threads)
+    model_path = None
+    if args.out:
+        model_path = str(result.save(Path(args.out) / "model.safetensors", **model_desc))
+    for record in result.history:
+        print("epoch {epoch}: loss {loss:.4f}".format(**record)
+              + (f"  test_accuracy {record['test_accuracy']:.4f}" if "test_accuracy" in record else "")
+              + f"  ({record['epoch_time_s']:.1f} s)")
+    summary = {"strategy": result.strategy, "workers": result.workers, "epochs": result.epochs,
+               "test_accuracy": result.test_accuracy, "wall_s": time.perf_counter() - started,
+               "samples_per_s": result.samples_per_s, "model_path": model_path,
+               "train_time_s": result.train_time_s, "history": result.history}
+    print(f"{result.samples_per_s:,.0f} samples/s over {result.train_time_s:.1f} s of training; "
+          f"{summary['wall_s']:.1f} s in all" + (f"; model saved to {model_path}" if model_path else ""))
+    if args.json_out:
+        from ..train.serialize import atomic_write
+
+        atomic_write(args.json_out, lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=2)))
+    return 0

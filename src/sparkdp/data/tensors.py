@@ -1,0 +1,119 @@
+"""In-memory data (numpy arrays, tensors, torch Datasets) sharded by rank.
+
+Every rank draws its share of a seeded per-epoch permutation of all rows, like
+``torch.utils.data.DistributedSampler``: the permutation is padded by wrapping
+around so every rank gets the same number of rows and hence of batches, which
+keeps the synchronous collectives in step even when rows % workers != 0.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from ..errors import DataError
+from .base import WorkerData
+
+
+class TensorData(WorkerData):
+    """Features and labels held in memory and shipped to the workers.
+
+    Args:
+        features: array-like of shape (rows, ...).
+        labels: array-like of shape (rows,) or (rows, ...).
+    """
+
+    equal_batches = True
+
+    def __init__(self, features: Any, labels: Any) -> None:
+        self.features = _as_tensor(features, "features")
+        self.labels = _as_tensor(labels, "labels")
+        if self.features.dtype == torch.float64:
+            self.features = self.features.float()
+        if len(self.features) != len(self.labels):
+            raise DataError(f"features have {len(self.features)} rows but labels have {len(self.labels)}; "
+                            "they must have one label per row.")
+        if len(self.features) == 0:
+            raise DataError("the dataset is empty (0 rows); give at least one row per worker.")
+
+    def num_samples(self) -> int:
+        return len(self.features)
+
+    def shard_indices(self, *, rank: int, world_size: int, epoch: int, seed: int, shuffle: bool) -> torch.Tensor:
+        n = len(self.features)
+        if shuffle:
+            gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+            order = torch.randperm(n, generator=gen)
+        else:
+            order = torch.arange(n)
+        per_rank = math.ceil(n / world_size)
+        total = per_rank * world_size
+        if total > n:  # wrap around so all ranks hold the same number of rows
+            order = order.repeat(math.ceil(total / n))[:total]
+        return order[rank:total:world_size]
+
+    def batches(self, *, rank: int, world_size: int, epoch: int, batch_size: int,
+                seed: int, shuffle: bool = True) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        idx = self.shard_indices(rank=rank, world_size=world_size, epoch=epoch, seed=seed, shuffle=shuffle)
+        for start in range(0, len(idx), batch_size):
+            take = idx[start:start + batch_size]
+            yield self.features[take], self.labels[take]
+
+    def eval_batches(self, *, rank: int, world_size: int, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        # No wrap-around padding here: metrics must count every row exactly once.
+        idx = torch.arange(rank, len(self.features), world_size)
+        for start in range(0, len(idx), batch_size):
+            take = idx[start:start + batch_size]
+            yield self.features[take], self.labels[take]
+
+    def describe(self) -> str:
+        return (f"{len(self.features)} rows in memory: features {tuple(self.features.shape[1:])} "
+                f"{self.features.dtype}, labels {tuple(self.labels.shape[1:])} {self.labels.dtype}")
+
+
+def _as_tensor(value: Any, what: str) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(value))
+    try:
+        return torch.as_tensor(np.asarray(value))
+    except (TypeError, ValueError) as exc:
+        raise DataError(f"{what} cannot become a tensor ({type(value).__name__}: {exc}); "
+                        "pass numpy arrays, tensors or a torch Dataset.") from exc
+
+
+def _from_torch_dataset(ds: Dataset) -> TensorData:
+    try:
+        n = len(ds)  # type: ignore[arg-type]
+    except TypeError as exc:
+        raise DataError("a torch Dataset must have a length (map-style) to be sharded; "
+                        "wrap an IterableDataset's output in arrays first.") from exc
+    if n == 0:
+        raise DataError("the torch Dataset is empty (len 0).")
+    xs, ys = zip(*(ds[i] for i in range(n)))
+    return TensorData(torch.stack([torch.as_tensor(x) for x in xs]), torch.as_tensor(np.asarray(ys)))
+
+
+def as_worker_data(data: Any, labels: Any = None) -> WorkerData:
+    """Turn what a user passes as data into a :class:`WorkerData`.
+
+    Accepts a WorkerData, a ``(features, labels)`` pair, features plus ``labels=``,
+    or a map-style torch Dataset of ``(x, y)`` items.
+    """
+    if isinstance(data, WorkerData):
+        return data
+    if labels is not None:
+        return TensorData(data, labels)
+    if isinstance(data, tuple) and len(data) == 2:
+        return TensorData(*data)
+    if isinstance(data, Dataset):
+        return _from_torch_dataset(data)
+    raise DataError(
+        f"cannot use {type(data).__name__} as training data. Pass (features, labels) arrays or tensors, "
+        "features with labels=..., a map-style torch Dataset of (x, y) pairs, or a built-in dataset name."
+    )

@@ -1,0 +1,39 @@
+"""The exceptions sparkdp raises.
+
+A small hierarchy so that callers and tests can catch by kind and ``match=`` on
+messages.  Every message says what was received, what is allowed, and what to do.
+"""
+
+from __future__ import annotations
+
+
+class SparkdpError(Exception):
+    """Base class of every error sparkdp raises on purpose."""
+
+
+class ConfigError(SparkdpError, ValueError):
+    """A setting, argument or input that cannot be used as given."""
+
+
+class DataError(SparkdpError, ValueError):
+    """Training or evaluation data that cannot be turned into tensors."""
+
+
+class RendezvousTimeout(SparkdpError, TimeoutError):
+    """The workers of a job did not all start (or meet) within the time allowed."""
+
+
+class WorkerFailed(SparkdpError, RuntimeError):
+    """A training task failed; the message carries the worker's own error."""
+
+
+class EnvironmentProblem(SparkdpError, RuntimeError):
+    """Something the machine lacks (Java, a dataset, a reachable master)."""
+
+
+class ProtocolError(SparkdpError, ConnectionError):
+    """A parameter-server message that is malformed, forged, oversized or replayed."""
+
+
+class AuthenticationError(ProtocolError):
+    """A peer that could not prove it holds the job's secret."""

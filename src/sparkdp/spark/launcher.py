@@ -1,0 +1,191 @@
+"""Run a function on N Spark tasks as one barrier stage, with a torch.distributed group.
+
+Rendezvous follows TorchDistributor: rank 0's address comes from the barrier
+context's task infos, and a free port chosen by rank 0 is shared with
+``allGather``.  The driver watches the stage: if the N tasks are not all running
+within ``start_timeout_s`` it cancels the job and raises :class:`RendezvousTimeout`
+instead of letting Spark wait for slots forever.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import socket
+import threading
+import time
+import traceback
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..errors import ConfigError, DataError, EnvironmentProblem, RendezvousTimeout, SparkdpError, WorkerFailed
+
+log = logging.getLogger(__name__)
+
+_ERROR_MARK = "SPARKDP_WORKER_ERROR"
+_REBUILDABLE = {cls.__name__: cls for cls in (ConfigError, DataError, EnvironmentProblem, RendezvousTimeout)}
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """What a worker learns about itself from the barrier context."""
+
+    rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    gpus: tuple[str, ...]
+    cpus: int
+
+
+def task_slots(sc) -> int | None:
+    """How many tasks the cluster can run at once, when it can be known up front."""
+    master = sc.master
+    cpus_per_task = int(sc.getConf().get("spark.task.cpus", "1"))
+    match = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?", master)
+    if match:
+        n = match.group(1)
+        cores = (sc.defaultParallelism if n == "*" else int(n)) if n else 1
+        return cores // cpus_per_task
+    if master.startswith("local-cluster"):
+        m = re.fullmatch(r"local-cluster\[(\d+),\s*(\d+),\s*\d+\]", master)
+        return (int(m.group(1)) * int(m.group(2))) // cpus_per_task if m else None
+    return None  # cluster managers: executors may still be arriving; the start timeout decides
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _rendezvous() -> TaskInfo:
+    from pyspark import BarrierTaskContext
+
+    ctx = BarrierTaskContext.get()
+    infos = ctx.getTaskInfos()
+    rank = ctx.partitionId()
+    master_addr = infos[0].address.rsplit(":", 1)[0]
+    port = _free_port(master_addr) if rank == 0 else 0
+    ports = ctx.allGather(str(port))
+    gpus = tuple(ctx.resources()["gpu"].addresses) if "gpu" in ctx.resources() else ()
+    cpus = int(ctx.cpus()) if hasattr(ctx, "cpus") else 1
+    return TaskInfo(rank, len(infos), master_addr, int(ports[0]), gpus, cpus)
+
+
+def _encode_error(rank: int, exc: BaseException) -> str:
+    tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    payload = {"rank": rank, "type": type(exc).__name__, "message": str(exc), "traceback": "".join(tb[-6:])}
+    return f"{_ERROR_MARK}<<{json.dumps(payload)}>>"
+
+
+def _decode_error(text: str) -> SparkdpError | None:
+    match = re.search(_ERROR_MARK + r"<<(.*?)>>", text, re.S)
+    if not match:
+        return None
+    try:
+        info = json.loads(match.group(1))
+    except json.JSONDecodeError:
+        return None
+    cls = _REBUILDABLE.get(info["type"])
+    if cls is not None:
+        return cls(info["message"])
+    err = WorkerFailed(f"worker {info['rank']} failed: {info['type']}: {info['message']}\n{info['traceback']}")
+    err.rank = info["rank"]
+    return err
+
+
+def _task_body(fn: Callable[[TaskInfo], Any]) -> Callable:
+    def run_partition(_rows):
+        info = None
+        try:
+            info = _rendezvous()
+            yield fn(info)
+        except BaseException as exc:  # re-raised with a parseable summary for the driver
+            raise RuntimeError(_encode_error(info.rank if info else -1, exc)) from None
+
+    return run_partition
+
+
+def run_barrier(fn: Callable[[TaskInfo], Any], num_workers: int, *, spark,
+                start_timeout_s: float = 60.0, description: str = "sparkdp training") -> list[Any]:
+    """Run ``fn(task_info)`` on ``num_workers`` concurrent Spark tasks; return results by rank.
+
+    Raises:
+        ConfigError: ``num_workers`` < 1.
+        RendezvousTimeout: the cluster cannot run ``num_workers`` tasks at once, or
+            they did not all start within ``start_timeout_s``.
+        WorkerFailed: a task raised; the message carries the worker's own error.
+    """
+    if not isinstance(num_workers, int) or num_workers < 1:
+        raise ConfigError(f"workers must be a positive integer; got {num_workers!r}.")
+    sc = spark.sparkContext
+    slots = task_slots(sc)
+    if slots is not None and num_workers > slots:
+        raise RendezvousTimeout(_too_few_slots(num_workers, slots, sc.master))
+    rdd = sc.parallelize(range(num_workers), num_workers).barrier().mapPartitions(_task_body(fn))
+    group = f"sparkdp-{uuid.uuid4().hex[:12]}"
+    outcome: dict[str, Any] = {}
+    done = threading.Event()
+
+    def submit() -> None:
+        try:
+            sc.setJobGroup(group, description, interruptOnCancel=True)
+            outcome["results"] = rdd.collect()
+        except BaseException as exc:  # handed to the waiting thread below
+            outcome["error"] = exc
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=submit, name=group, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + start_timeout_s
+    started = False
+    while not done.wait(0.2):
+        if not started:
+            started = _all_tasks_started(sc, group, num_workers)
+            if not started and time.monotonic() > deadline:
+                sc.cancelJobGroup(group)
+                done.wait(30)
+                raise RendezvousTimeout(
+                    f"requested {num_workers} workers, but Spark did not start them all within "
+                    f"{start_timeout_s:.0f} s on master {sc.master!r} (a barrier stage needs all of them at "
+                    "once). Lower `workers`, add executors/cores, or raise `start_timeout_s`."
+                )
+    if "error" in outcome:
+        raise _translate(outcome["error"], num_workers, sc.master) from None
+    return outcome["results"]
+
+
+def _all_tasks_started(sc, group: str, num_workers: int) -> bool:
+    tracker = sc.statusTracker()
+    for job_id in tracker.getJobIdsForGroup(group):
+        job = tracker.getJobInfo(job_id)
+        for stage_id in job.stageIds if job else ():
+            stage = tracker.getStageInfo(stage_id)
+            if stage and stage.numActiveTasks + stage.numCompletedTasks >= num_workers:
+                return True
+    return False
+
+
+def _too_few_slots(requested: int, slots: int, master: str) -> str:
+    return (
+        f"requested {requested} workers, but Spark master {master!r} can run at most {slots} tasks at once, "
+        f"and a synchronous job needs all {requested} running together. Use workers <= {slots}, "
+        f"or start Spark with more cores (e.g. --master local[{requested}]) or more executors."
+    )
+
+
+def _translate(exc: BaseException, requested: int, master: str) -> BaseException:
+    text = str(exc)
+    decoded = _decode_error(text)
+    if decoded is not None:
+        return decoded
+    if "more slots than the total number of slots" in text or "SPARK-24819" in text:
+        return RendezvousTimeout(_too_few_slots(requested, -1, master).replace("at most -1", "fewer"))
+    if isinstance(exc, SparkdpError):
+        return exc
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return WorkerFailed(f"the Spark job failed: {first[:2000]}")

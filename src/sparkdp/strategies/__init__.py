@@ -1,0 +1,26 @@
+"""How workers agree on parameters. Chosen by name (``strategy="allreduce"``) or passed as an object."""
+
+from __future__ import annotations
+
+from ..registry import Registry
+from .average import ParameterAveraging
+from .base import Strategy
+from .allreduce import AllReduce
+
+STRATEGIES: Registry[Strategy] = Registry("strategy")
+STRATEGIES.register("allreduce", AllReduce,
+                    description="gradient all-reduce every step (DDP buckets, overlapped with backward)")
+STRATEGIES.register("average", ParameterAveraging,
+                    description="parameter averaging every k local steps (Deeplearning4j style)")
+
+
+def resolve_strategy(strategy: str | Strategy, **options) -> Strategy:
+    """A Strategy instance from a name (with options) or an instance (options must be empty)."""
+    if isinstance(strategy, Strategy):
+        if options:
+            raise ValueError("pass strategy options either to the Strategy object or as strategy_options, not both")
+        return strategy
+    return STRATEGIES.create(strategy, **options)
+
+
+__all__ = ["STRATEGIES", "AllReduce", "ParameterAveraging", "Strategy", "resolve_strategy"]

@@ -1,0 +1,101 @@
+"""Deeplearning4j-style synchronous parameter averaging every ``period`` local steps.
+
+Each worker runs its own optimizer on its shard; every ``period`` steps the
+parameters (and floating buffers, optionally the optimizer state) are replaced by
+their sample-weighted mean over the workers. With ``period=1``, plain SGD and equal
+shards this is exactly single-machine SGD on the union batch (ALGORITHMS.md §1.1);
+with larger periods it is local SGD, trading accuracy for ``period``-times less
+communication.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+
+from ..comm.base import Collective
+from ..errors import ConfigError
+from .base import Strategy
+
+
+class ParameterAveraging(Strategy):
+    """Average parameters every ``period`` steps.
+
+    Args:
+        period: local steps between averaging rounds (an int >= 1) or ``"epoch"``.
+            DL4J's guidance: 5-10 is usually safe; 1 is exact but communicates most.
+        average_optimizer_state: also average floating optimizer state (momentum
+            buffers, Adam moments) — DL4J's ``saveUpdater``. Needed for momentum SGD
+            to stay equivalent to single-machine training at ``period=1``.
+    """
+
+    name = "average"
+
+    def __init__(self, period: int | str = 1, average_optimizer_state: bool = False) -> None:
+        super().__init__()
+        if period != "epoch" and (not isinstance(period, int) or isinstance(period, bool) or period < 1):
+            raise ConfigError(f"period must be a positive integer or 'epoch'; got {period!r}.")
+        if period == 1:
+            warnings.warn("average with period=1 communicates the whole model every step; the 'allreduce' "
+                          "strategy gives the same result for SGD with overlapped, bucketed communication.",
+                          stacklevel=2)
+        self.period = period
+        self.average_optimizer_state = bool(average_optimizer_state)
+        self._steps = 0
+        self._samples = 0
+
+    def setup(self, model: nn.Module, optimizer: Optimizer, collective: Collective) -> nn.Module:
+        self._attach(model, optimizer, collective)
+        if collective.world_size > 1:
+            collective.broadcast_coalesced([t.data for t in _state_tensors(model)], src=0)
+        return model
+
+    def add_samples(self, n: int) -> None:
+        self._pending = n
+
+    def after_step(self) -> None:
+        self._steps += 1
+        # Unless told the batch size, weight every step equally.
+        self._samples += getattr(self, "_pending", 1)
+        if self.period != "epoch" and self._steps % self.period == 0:
+            self.average()
+
+    def end_epoch(self) -> None:
+        # Evaluation and checkpoints then see one model on every rank. Every rank must
+        # call this (it is a collective); a rank with nothing new contributes weight 0.
+        self.average()
+
+    def finish(self) -> None:
+        self.end_epoch()
+        super().finish()
+
+    def average(self) -> None:
+        """Replace parameters (and optionally optimizer state) by their sample-weighted mean."""
+        assert self.collective is not None and self.model is not None and self.optimizer is not None
+        weight = float(self._samples)
+        self._samples = 0
+        coll = self.collective
+        if coll.world_size == 1:
+            return
+        tensors = [t.data for t in _state_tensors(self.model) if t.is_floating_point()]
+        if self.average_optimizer_state:
+            tensors += [v for state in self.optimizer.state.values() for v in state.values()
+                        if torch.is_tensor(v) and v.is_floating_point() and v.dim() > 0]
+        total = torch.tensor([weight], dtype=torch.float64)
+        coll.all_reduce(total, "sum")
+        if total.item() == 0:
+            return
+        for t in tensors:
+            t.mul_(weight / total.item())
+        coll.all_reduce_coalesced(tensors, "sum")
+
+    def options(self) -> dict[str, Any]:
+        return {"period": self.period, "average_optimizer_state": self.average_optimizer_state}
+
+
+def _state_tensors(model: nn.Module) -> list[torch.Tensor]:
+    return list(model.parameters()) + list(model.buffers())

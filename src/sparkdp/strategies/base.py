@@ -1,0 +1,68 @@
+"""The strategy interface the training loop sees (cf. Lightning Fabric's Strategy, reduced)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+from torch import nn
+from torch.optim import Optimizer
+
+from ..comm.base import Collective
+
+
+class Strategy(ABC):
+    """Turns a local model + optimizer into a distributed one.
+
+    A strategy object is a small, picklable configuration until :meth:`setup` binds
+    it to a collective inside a worker; the training loop then calls
+    ``optimizer.step()`` through :meth:`step` and :meth:`end_epoch` at epoch ends.
+    """
+
+    #: "barrier": all workers run together in one Spark barrier stage (synchronous);
+    #: "tasks": independent Spark tasks around a parameter server (asynchronous).
+    launch_mode: str = "barrier"
+    name: str = "strategy"
+
+    def __init__(self) -> None:
+        self.collective: Collective | None = None
+        self.model: nn.Module | None = None
+        self.optimizer: Optimizer | None = None
+
+    @abstractmethod
+    def setup(self, model: nn.Module, optimizer: Optimizer, collective: Collective) -> nn.Module:
+        """Bind to ``collective``; make all ranks start from rank 0's state; return the model to call.
+
+        Implementations call :meth:`_attach` so that :meth:`after_step` runs after
+        every ``optimizer.step()`` — the user's optimizer object stays what it was
+        (an ``isinstance(opt, Optimizer)`` that LR schedulers rely on keeps holding).
+        """
+
+    def _attach(self, model: nn.Module, optimizer: Optimizer, collective: Collective) -> None:
+        self.collective, self.model, self.optimizer = collective, model, optimizer
+        self._hook = optimizer.register_step_post_hook(lambda _opt, _args, _kwargs: self.after_step())
+
+    def add_samples(self, n: int) -> None:
+        """Tell the strategy how many rows the coming step trained on (for weighted averages)."""
+
+    def after_step(self) -> None:
+        """Runs after each ``optimizer.step()``. Default: nothing."""
+
+    def end_epoch(self) -> None:
+        """Called on every rank at the end of an epoch, before evaluation."""
+
+    def finish(self) -> None:
+        """Called on every rank after the last step: leave all ranks with the same model."""
+        hook = getattr(self, "_hook", None)
+        if hook is not None:
+            hook.remove()
+            self._hook = None
+
+    def unwrap(self) -> nn.Module:
+        """The user's module (without DDP or other wrappers)."""
+        assert self.model is not None, "setup() must run first"
+        return self.model
+
+    def options(self) -> dict[str, Any]:
+        """The strategy's settings, for logs and the JSON summary."""
+        return {}

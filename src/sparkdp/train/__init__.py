@@ -1,0 +1,1 @@
+"""The training engine: the worker loop and the fit / run / distribute entry points."""

@@ -1,0 +1,234 @@
+"""The public entry points: ``fit``, ``run`` and ``distribute``."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from ..data.base import WorkerData
+from ..data.datasets import Dataset as BuiltinDataset
+from ..data.datasets import load_dataset
+from ..data.tensors import TensorData, as_worker_data
+from ..errors import ConfigError
+from ..strategies import resolve_strategy
+from ..strategies.base import Strategy
+from .context import WorkerContext, current, set_current
+from .jobs import in_task, progress
+from .loop import FitSpec, check_batch, fit_worker
+from .optim import optimizer_factory, resolve_loss
+from .result import TrainResult
+from .serialize import state_from_bytes
+
+log = logging.getLogger(__name__)
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be a positive integer; got {value!r}.")
+    return value
+
+
+def _resolve_data(data: Any, labels: Any, eval_data: Any) -> tuple[WorkerData, WorkerData | None]:
+    if isinstance(data, str):
+        ds = load_dataset(data)
+        data = ds
+    if isinstance(data, BuiltinDataset):
+        train = TensorData(data.x_train, data.y_train)
+        test = TensorData(data.x_test, data.y_test) if eval_data is None else None
+        return train, (test if eval_data is None else as_worker_data(eval_data))
+    if data is None:
+        raise ConfigError("no training data given: pass arrays, a torch Dataset or a dataset name such as "
+                          "'fashion-mnist'.")
+    train = as_worker_data(data, labels)
+    return train, (as_worker_data(eval_data) if eval_data is not None else None)
+
+
+def _preflight(model: nn.Module, loss_fn: Callable, data: WorkerData) -> None:
+    """Check on the driver, in milliseconds, what would otherwise fail inside every Spark task."""
+    if isinstance(data, TensorData):
+        x, y = data.features[:2], data.labels[:2]
+        was_training = model.training
+        model.eval()
+        with torch.no_grad():
+            check_batch(model, loss_fn, x, y)
+            labels = data.labels
+            if not labels.is_floating_point() and labels.dim() == 1:
+                out = model(x)
+                if out.dim() == 2:
+                    from .loop import check_labels
+
+                    check_labels(out, labels)
+        model.train(was_training)
+
+
+def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: Any = None,
+        loss: Any = "cross_entropy", optimizer: Any = "sgd", optimizer_options: dict | None = None,
+        strategy: str | Strategy = "allreduce", strategy_options: dict | None = None,
+        workers: int | None = None, epochs: int = 1, batch_size: int = 64, seed: int = 0,
+        shuffle: bool = True, master: str | None = None, spark: Any = None, threads: int | None = None,
+        start_timeout_s: float = 60.0, pg_timeout_s: float = 300.0, show_progress: bool = True) -> TrainResult:
+    """Train ``model`` data-parallel on Spark and return it trained.
+
+    Args:
+        model: any ``torch.nn.Module``; it is updated in place with the trained weights.
+        data: ``(features, labels)`` arrays/tensors, features with ``labels=``, a
+            map-style torch Dataset, or a built-in dataset name (``"fashion-mnist"``,
+            whose test split then becomes ``eval_data``).
+        eval_data: optional held-out data evaluated after every epoch.
+        loss: a name (``"cross_entropy"``, ``"mse"``, ...) or ``(outputs, labels) -> loss``.
+        optimizer: a name (default ``"sgd"`` with lr 0.01, momentum 0.9; ``optimizer_options``
+            overrides), a ``torch.optim`` class, an instance over ``model.parameters()``,
+            or ``params -> Optimizer``.
+        strategy: ``"allreduce"`` (default), ``"average"``, or a Strategy object;
+            ``strategy_options`` are passed to the named strategy.
+        workers: Spark tasks to train on (default: every task slot of the cluster).
+        epochs, batch_size: per-worker batch size; the global batch is ``workers * batch_size``.
+        master / spark: a Spark master URL or an existing SparkSession (default: the
+            embedded ``local[N]`` session).
+
+    Example:
+        >>> result = sparkdp.fit(model, (x, y), epochs=2, workers=2)   # doctest: +SKIP
+        >>> result.history[-1]["loss"]                                 # doctest: +SKIP
+    """
+    started = time.perf_counter()
+    epochs = _positive_int("epochs", epochs)
+    batch_size = _positive_int("batch_size", batch_size)
+    if workers is not None:
+        workers = _positive_int("workers", workers)
+    strategy_obj = resolve_strategy(strategy, **(strategy_options or {}))
+    loss_fn = resolve_loss(loss)
+    factory = optimizer_factory(optimizer, model, **(optimizer_options or {}))
+    train, test = _resolve_data(data, labels, eval_data)
+    _preflight(model, loss_fn, train)
+
+    from ..spark.launcher import run_barrier, task_slots
+    from ..spark.session import session
+
+    spark = spark or session(master)
+    if workers is None:
+        workers = task_slots(spark.sparkContext) or 2
+    rows = train.num_samples()
+    if rows is not None and rows < workers:
+        raise ConfigError(f"the training data has {rows} rows but {workers} workers were requested; every "
+                          "worker needs at least one row. Use fewer workers or more data.")
+    spec = FitSpec(model=model, loss=loss_fn, optimizer=factory, strategy=strategy_obj, train=train, eval=test,
+                   epochs=epochs, batch_size=batch_size, seed=seed, shuffle=shuffle)
+    log.info("training %s on %d workers with %s; data: %s", type(model).__name__, workers,
+             strategy_obj.name, train.describe())
+    job = in_task(lambda coll: fit_worker(spec, coll), threads=threads, pg_timeout_s=pg_timeout_s)
+    with progress(show_progress, f"sparkdp: training on {workers} Spark workers ({strategy_obj.name})"):
+        results = run_barrier(job, workers, spark=spark, start_timeout_s=start_timeout_s)
+    out = results[0]
+    model.load_state_dict(state_from_bytes(out["state"]))
+    return TrainResult(model=model, history=out["history"], strategy=strategy_obj.name, workers=workers,
+                       epochs=epochs, wall_s=time.perf_counter() - started, train_time_s=out["train_time_s"],
+                       samples=out["samples"], strategy_options=out["strategy_options"])
+
+
+def run(train_fn: Callable[..., Any], *args: Any, workers: int | None = None,
+        strategy: str | Strategy = "allreduce", strategy_options: dict | None = None, seed: int = 0,
+        master: str | None = None, spark: Any = None, threads: int | None = None,
+        start_timeout_s: float = 60.0, pg_timeout_s: float = 300.0, show_progress: bool = True) -> Any:
+    """Run the user's own training function on ``workers`` Spark tasks; return rank 0's result.
+
+    Inside ``train_fn``, :func:`distribute` turns the single-machine model,
+    optimizer and data loader into distributed ones. ``train_fn`` and its
+    arguments must be picklable (define it at module level or as a closure).
+    """
+    strategy_obj = resolve_strategy(strategy, **(strategy_options or {}))
+    if workers is not None:
+        workers = _positive_int("workers", workers)
+
+    from ..spark.launcher import run_barrier, task_slots
+    from ..spark.session import session
+
+    spark = spark or session(master)
+    if workers is None:
+        workers = task_slots(spark.sparkContext) or 2
+
+    def body(collective):
+        ctx = WorkerContext(collective.rank, collective.world_size, collective, strategy_obj, seed,
+                            collective.device)
+        set_current(ctx)
+        try:
+            result = train_fn(*args)
+            ctx.finish()
+            return result
+        finally:
+            set_current(None)
+
+    job = in_task(body, threads=threads, pg_timeout_s=pg_timeout_s)
+    with progress(show_progress, f"sparkdp: running {getattr(train_fn, '__name__', 'train_fn')} "
+                                 f"on {workers} Spark workers"):
+        return run_barrier(job, workers, spark=spark, start_timeout_s=start_timeout_s)[0]
+
+
+class ShardedLoader:
+    """A DataLoader over this rank's shard that reshuffles (seeded) on every pass."""
+
+    def __init__(self, loader: DataLoader, rank: int, world_size: int, seed: int) -> None:
+        shuffle = not isinstance(loader.sampler, torch.utils.data.SequentialSampler)
+        self.sampler = DistributedSampler(loader.dataset, num_replicas=world_size, rank=rank, shuffle=shuffle,
+                                          seed=seed, drop_last=False)
+        self.loader = DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=self.sampler,
+                                 collate_fn=loader.collate_fn, drop_last=loader.drop_last,
+                                 num_workers=loader.num_workers, pin_memory=loader.pin_memory)
+        self.epoch = 0
+
+    def __iter__(self):
+        self.sampler.set_epoch(self.epoch)
+        self.epoch += 1
+        return iter(self.loader)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+
+def distribute(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, data: Any = None,
+               *, batch_size: int = 64, shuffle: bool = True):
+    """Make a single-machine model, optimizer and data loader distributed — the one-line change.
+
+    ``model, optimizer, loader = sparkdp.distribute(model, optimizer, loader)``: the
+    model is wrapped as the job's strategy requires (DDP for ``allreduce``), all
+    ranks start from rank 0's weights, the optimizer object is returned unchanged
+    (its ``step()`` now also does the strategy's communication), and the loader
+    yields only this rank's shard, reshuffled per pass. Outside a sparkdp job it
+    returns its arguments as a world-size-1 job would, so the script still runs alone.
+
+    Returns the model alone when only a model is given, else a tuple of what was given.
+    """
+    ctx = current()
+    if optimizer is None:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # a stand-in so the strategy can bind
+        returned_opt = None
+    else:
+        returned_opt = optimizer
+    strategy = ctx.new_strategy()
+    wrapped = strategy.setup(model, optimizer, ctx.collective)
+    out: list[Any] = [wrapped]
+    if returned_opt is not None:
+        out.append(returned_opt)
+    if data is not None:
+        out.append(_shard_loader(data, ctx, batch_size, shuffle))
+    return out[0] if len(out) == 1 else tuple(out)
+
+
+def _shard_loader(data: Any, ctx: WorkerContext, batch_size: int, shuffle: bool) -> ShardedLoader:
+    if isinstance(data, DataLoader):
+        loader = data
+    elif isinstance(data, Dataset):
+        loader = DataLoader(data, batch_size=batch_size, shuffle=shuffle)
+    else:
+        tensors = as_worker_data(data)
+        assert isinstance(tensors, TensorData)
+        loader = DataLoader(torch.utils.data.TensorDataset(tensors.features, tensors.labels),
+                            batch_size=batch_size, shuffle=shuffle)
+    return ShardedLoader(loader, ctx.rank, ctx.world_size, ctx.seed)
+
+
+__all__ = ["distribute", "fit", "run", "ShardedLoader"]

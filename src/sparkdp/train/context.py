@@ -1,0 +1,56 @@
+"""The per-worker context that ``run`` sets up and ``distribute`` reads.
+
+Outside a sparkdp job the context is a single process (world size 1), so a
+script that calls ``sparkdp.distribute`` still runs unchanged on one machine.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from dataclasses import dataclass, field
+
+import torch
+
+from ..comm.base import Collective
+from ..comm.single import SingleProcessCollective
+from ..strategies.base import Strategy
+
+
+@dataclass
+class WorkerContext:
+    rank: int
+    world_size: int
+    collective: Collective
+    strategy: Strategy
+    seed: int = 0
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    active: list[Strategy] = field(default_factory=list)
+
+    def new_strategy(self) -> Strategy:
+        """A fresh copy of the job's strategy (one per distributed model)."""
+        strategy = copy.deepcopy(self.strategy)
+        self.active.append(strategy)
+        return strategy
+
+    def finish(self) -> None:
+        for strategy in self.active:
+            strategy.finish()
+        self.active.clear()
+
+
+_local = threading.local()
+
+
+def current() -> WorkerContext:
+    ctx = getattr(_local, "ctx", None)
+    if ctx is None:
+        from ..strategies.allreduce import AllReduce
+
+        ctx = WorkerContext(0, 1, SingleProcessCollective(), AllReduce())
+        _local.ctx = ctx
+    return ctx
+
+
+def set_current(ctx: WorkerContext | None) -> None:
+    _local.ctx = ctx

@@ -1,0 +1,210 @@
+"""The training loop every worker runs for ``fit`` (and that world size 1 runs locally)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import struct
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+from safetensors.torch import load as _st_load
+from safetensors.torch import save as _st_save
+from torch import nn
+
+from ..comm.base import Collective
+from ..data.base import WorkerData
+from ..errors import ConfigError, DataError
+from ..strategies.base import Strategy
+from .optim import OptimizerFactory
+from .serialize import state_to_bytes
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class FitSpec:
+    """Everything a worker needs to train; shipped to each Spark task."""
+
+    model: nn.Module
+    loss: Callable[..., torch.Tensor]
+    optimizer: OptimizerFactory
+    strategy: Strategy
+    train: WorkerData
+    eval: WorkerData | None
+    epochs: int
+    batch_size: int
+    seed: int = 0
+    shuffle: bool = True
+    eval_batch_size: int = 1000
+    # Resuming (the DataFrame path runs one Spark stage per epoch): the first epoch's
+    # number, and the optimizer state to start from (bytes of optimizer_state_to_bytes).
+    start_epoch: int = 0
+    optimizer_state: bytes | None = None
+    return_optimizer_state: bool = False
+
+
+def optimizer_state_to_bytes(optimizer: torch.optim.Optimizer) -> bytes:
+    """An optimizer's state as bytes without pickle: a JSON header (param groups and
+    non-tensor state) followed by safetensors of the state tensors."""
+    sd = optimizer.state_dict()
+    tensors, scalars = {}, {}
+    for idx, entry in sd["state"].items():
+        for key, value in entry.items():
+            (tensors if torch.is_tensor(value) else scalars)[f"{idx}.{key}"] = value
+    plain = {k: v.detach().cpu().clone().contiguous() for k, v in tensors.items()}
+    header = json.dumps({"param_groups": sd["param_groups"], "scalars": scalars},
+                        default=lambda o: o.item() if torch.is_tensor(o) else str(o)).encode()
+    return struct.pack("<Q", len(header)) + header + _st_save(plain)
+
+
+def optimizer_state_from_bytes(data: bytes) -> dict[str, Any]:
+    """The ``state_dict`` that :func:`optimizer_state_to_bytes` encoded."""
+    (size,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + size])
+    state: dict[int, dict[str, Any]] = {}
+    for key, value in list(_st_load(data[8 + size:]).items()) + list(header["scalars"].items()):
+        idx, name = key.split(".", 1)
+        state.setdefault(int(idx), {})[name] = value
+    return {"state": state, "param_groups": header["param_groups"]}
+
+
+def check_batch(model: nn.Module, loss_fn: Callable, x: torch.Tensor, y: torch.Tensor) -> None:
+    """Run one forward pass and the loss on a batch; turn torch's shape errors into ours."""
+    try:
+        out = model(x)
+    except RuntimeError as exc:
+        raise ConfigError(f"the model cannot take a batch of features of shape {tuple(x.shape)} "
+                          f"({x.dtype}): {exc}. Check the model's input layer against the data.") from exc
+    check_labels(out, y)
+    try:
+        loss_fn(out, y)
+    except (RuntimeError, ValueError, IndexError) as exc:
+        raise ConfigError(f"the loss cannot compare model outputs of shape {tuple(out.shape)} with labels of "
+                          f"shape {tuple(y.shape)} ({y.dtype}): {exc}") from exc
+
+
+def check_labels(out: torch.Tensor, y: torch.Tensor) -> None:
+    if out.dim() == 2 and not y.is_floating_point() and y.dim() == 1 and len(y):
+        classes = out.shape[1]
+        lo, hi = int(y.min()), int(y.max())
+        if lo < 0 or hi >= classes:
+            raise DataError(f"labels must lie in [0, {classes}) for a model with {classes} outputs, but this "
+                            f"batch has labels from {lo} to {hi}. Fix the labels or the model's output size.")
+
+
+def synchronized(batches: Iterator, collective: Collective, check: bool) -> Iterator:
+    """Yield batches while every rank still has one.
+
+    Ranks with unequal data would otherwise deadlock: one waits in an all-reduce
+    the others never enter. A one-element MIN all-reduce per step stops all ranks
+    at the first one that runs out (the rest of the others' data is skipped, and logged).
+    """
+    if not check or collective.world_size == 1:
+        yield from batches
+        return
+    for batch in batches:
+        flag = torch.ones(1)
+        collective.all_reduce(flag, "min")
+        if flag.item() == 0:
+            log.info("rank %d: another worker ran out of data this epoch; skipping this rank's remaining "
+                     "batches so the synchronous steps stay aligned", collective.rank)
+            return
+        yield batch
+    collective.all_reduce(torch.zeros(1), "min")  # tell the others this rank is out
+
+
+def evaluate(model: nn.Module, loss_fn: Callable, data: WorkerData, collective: Collective,
+             batch_size: int) -> dict[str, float]:
+    """Loss and (for classifiers) accuracy over all ranks' shares, each row counted once."""
+    model.eval()
+    sums = torch.zeros(3, dtype=torch.float64)  # loss*rows, correct, rows
+    with torch.no_grad():
+        for x, y in data.eval_batches(rank=collective.rank, world_size=collective.world_size,
+                                      batch_size=batch_size):
+            out = model(x)
+            sums[0] += float(loss_fn(out, y)) * len(x)
+            if out.dim() == 2 and not y.is_floating_point():
+                sums[1] += float((out.argmax(1) == y).sum())
+            sums[2] += len(x)
+    collective.all_reduce(sums, "sum")
+    model.train()
+    rows = max(sums[2].item(), 1.0)
+    metrics = {"test_loss": sums[0].item() / rows}
+    if sums[1] > 0 or sums[2] > 0:
+        metrics["test_accuracy"] = sums[1].item() / rows
+    return metrics
+
+
+def fit_worker(spec: FitSpec, collective: Collective) -> dict[str, Any] | None:
+    """Train on this rank's shards; rank 0 returns the trained state and the history."""
+    # dropout etc. differ per rank (and per resumed stage); init came from the driver
+    torch.manual_seed(spec.seed + collective.rank + 7919 * spec.start_epoch)
+    model = spec.model.to(collective.device)
+    optimizer = spec.optimizer.build(model)
+    if spec.optimizer_state is not None:
+        optimizer.load_state_dict(optimizer_state_from_bytes(spec.optimizer_state))
+    strategy = spec.strategy
+    net = strategy.setup(model, optimizer, collective)
+    rank, world = collective.rank, collective.world_size
+    check = not spec.train.equal_batches
+    history: list[dict[str, float]] = []
+    train_time = 0.0
+    total_samples = 0
+    for epoch in range(spec.start_epoch, spec.start_epoch + spec.epochs):
+        model.train()
+        started = time.perf_counter()
+        stats = torch.zeros(2, dtype=torch.float64)  # loss*rows, rows
+        batches = spec.train.batches(rank=rank, world_size=world, epoch=epoch, batch_size=spec.batch_size,
+                                     seed=spec.seed, shuffle=spec.shuffle)
+        for step, (x, y) in enumerate(synchronized(batches, collective, check)):
+            x, y = x.to(collective.device), y.to(collective.device)
+            if epoch == 0 and step == 0:
+                with torch.no_grad():
+                    check_batch(strategy.unwrap(), spec.loss, x, y)
+            strategy.add_samples(len(x))
+            optimizer.zero_grad(set_to_none=True)
+            loss = spec.loss(net(x), y)
+            loss.backward()
+            optimizer.step()
+            stats[0] += loss.detach().item() * len(x)
+            stats[1] += len(x)
+        strategy.end_epoch()
+        elapsed = time.perf_counter() - started
+        train_time += elapsed
+        collective.all_reduce(stats, "sum")
+        if stats[1].item() == 0:
+            raise DataError(f"no training rows reached the workers in epoch {epoch + 1}: the data is empty "
+                            f"({spec.train.describe()}). Check filters upstream and give at least one row.")
+        total_samples += int(stats[1])
+        record = {"epoch": epoch + 1, "loss": stats[0].item() / max(stats[1].item(), 1.0),
+                  "samples": int(stats[1]), "epoch_time_s": elapsed}
+        if spec.eval is not None:
+            record.update(evaluate(strategy.unwrap(), spec.loss, spec.eval, collective, spec.eval_batch_size))
+        history.append(record)
+        log.info("rank %d epoch %d: %s", rank, epoch + 1, record)
+    strategy.finish()
+    counters = _sum_counters(spec.train, collective)
+    if rank != 0:
+        return None
+    out = {"state": state_to_bytes(strategy.unwrap().state_dict()), "history": history,
+           "train_time_s": train_time, "samples": total_samples, "strategy_options": strategy.options()}
+    if counters:
+        out["data_counters"] = counters
+    if spec.return_optimizer_state:
+        out["optimizer_state"] = optimizer_state_to_bytes(optimizer)
+    return out
+
+
+def _sum_counters(data: WorkerData, collective: Collective) -> dict[str, int]:
+    """Sum a data source's optional per-worker ``counters()`` (e.g. rows dropped for nulls) over ranks."""
+    counters = getattr(data, "counters", None)
+    values = counters() if callable(counters) else {}
+    if not values:
+        return {}
+    keys = sorted(values)
+    total = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
+    collective.all_reduce(total, "sum")
+    return {k: int(v) for k, v in zip(keys, total.tolist())}

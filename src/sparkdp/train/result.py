@@ -1,0 +1,57 @@
+"""What ``fit`` returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from .serialize import save_state
+
+
+@dataclass
+class TrainResult:
+    """The trained model and how training went.
+
+    Attributes:
+        model: the model passed to ``fit``, now holding the trained parameters.
+        history: one dict per epoch (loss, samples, epoch_time_s, and test_loss /
+            test_accuracy when evaluation data was given).
+        wall_s: seconds of the whole call, Spark start-up included.
+        train_time_s: seconds inside the training loops (start-up and evaluation excluded).
+        samples_per_s: training rows per second of ``train_time_s``.
+    """
+
+    model: nn.Module
+    history: list[dict[str, float]]
+    strategy: str
+    workers: int
+    epochs: int
+    wall_s: float
+    train_time_s: float
+    samples: int
+    strategy_options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.train_time_s if self.train_time_s > 0 else 0.0
+
+    @property
+    def test_accuracy(self) -> float | None:
+        return self.history[-1].get("test_accuracy") if self.history else None
+
+    def save(self, path: str | Path, **metadata: Any) -> Path:
+        """Save the trained state dict as safetensors (atomically), with a JSON sidecar.
+
+        Load it back in plain PyTorch with
+        ``model.load_state_dict(safetensors.torch.load_file(path))``.
+        """
+        return save_state(self.model.state_dict(), path, {"strategy": self.strategy, "workers": self.workers,
+                                                          "epochs": self.epochs, **metadata})
+
+    def summary(self) -> dict[str, Any]:
+        return {"strategy": self.strategy, "workers": self.workers, "epochs": self.epochs,
+                "test_accuracy": self.test_accuracy, "train_time_s": self.train_time_s,
+                "samples_per_s": self.samples_per_s, "history": self.history}

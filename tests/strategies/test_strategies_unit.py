@@ -1,0 +1,44 @@
+import pytest
+import torch
+from torch import nn
+
+from sparkdp.comm import SingleProcessCollective
+from sparkdp.errors import ConfigError
+from sparkdp.strategies import STRATEGIES, ParameterAveraging, resolve_strategy
+
+
+def test_registry_lists_valid_names_on_a_miss():
+    with pytest.raises(ConfigError, match="Unknown strategy 'alreduce'.*allreduce, average.*Did you mean 'allreduce'"):
+        resolve_strategy("alreduce")
+
+
+@pytest.mark.parametrize("period", [0, -1, 1.5, "week", True])
+def test_average_rejects_bad_periods(period):
+    with pytest.raises(ConfigError, match="period must be a positive integer or 'epoch'"):
+        ParameterAveraging(period=period)
+
+
+def test_average_period_one_warns():
+    with pytest.warns(UserWarning, match="allreduce"):
+        ParameterAveraging(period=1)
+
+
+@pytest.mark.parametrize("name", STRATEGIES.available())
+def test_world_size_one_runs_the_same_code_as_plain_sgd(name):
+    torch.manual_seed(0)
+    a = nn.Linear(3, 2)
+    b = nn.Linear(3, 2)
+    b.load_state_dict(a.state_dict())
+    x, y = torch.randn(8, 3), torch.randint(0, 2, (8,))
+    opt_a = torch.optim.SGD(a.parameters(), lr=0.1)
+    opt_b = torch.optim.SGD(b.parameters(), lr=0.1)
+    strategy = STRATEGIES.create(name, **({"period": 2} if name == "average" else {}))
+    net = strategy.setup(a, opt_a, SingleProcessCollective())
+    for _ in range(3):
+        for model, net_, opt in ((a, net, opt_a), (b, b, opt_b)):
+            opt.zero_grad()
+            nn.functional.cross_entropy(net_(x), y).backward()
+            opt.step()
+    strategy.finish()
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert torch.equal(p, q)

@@ -1,0 +1,70 @@
+"""Worker functions for the distributed strategy tests (module level so spawn can import them)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from sparkdp.strategies import AllReduce, ParameterAveraging
+
+
+def make_problem(seed: int = 0, rows: int = 64):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, 5, generator=g)
+    y = torch.randint(0, 3, (rows,), generator=g)
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3))
+    return model, x, y
+
+
+def collective_sum(coll):
+    t = torch.full((3,), float(coll.rank + 1))
+    coll.all_reduce(t, "sum")
+    same = torch.arange(4.0)  # rank-agnostic oracle: same tensor everywhere, sum = t * world
+    coll.all_reduce(same, "sum")
+    many = [torch.ones(2) * (coll.rank + 1), torch.ones(3, dtype=torch.float64) * 10]
+    coll.all_reduce_coalesced(many, "mean")
+    b = torch.full((2,), float(coll.rank))
+    coll.broadcast(b, src=1)
+    return {"sum": t, "same": same, "many": many, "bcast": b}
+
+
+def train_sharded(coll, strategy_name: str, steps: int, batch: int, optimizer: str, period: int = 1,
+                  average_state: bool = False):
+    """Each rank trains on its slice of every global batch; returns the final parameters."""
+    model, x, y = make_problem()
+    if coll.rank != 0:  # different local init: the strategy must broadcast rank 0's
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+    opt = (torch.optim.SGD(model.parameters(), lr=0.1) if optimizer == "sgd"
+           else torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if optimizer == "momentum"
+           else torch.optim.Adam(model.parameters(), lr=0.01))
+    strategy = AllReduce() if strategy_name == "allreduce" else ParameterAveraging(
+        period=period, average_optimizer_state=average_state)
+    net = strategy.setup(model, opt, coll)
+    world = coll.world_size
+    for step in range(steps):
+        lo = step * batch * world + coll.rank * batch
+        xb, yb = x[lo:lo + batch], y[lo:lo + batch]
+        strategy.add_samples(len(xb))
+        opt.zero_grad()
+        nn.functional.cross_entropy(net(xb), yb).backward()
+        opt.step()
+    strategy.finish()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def single_process(steps: int, batch: int, world: int, optimizer: str):
+    """The reference: one process on the concatenated global batches."""
+    model, x, y = make_problem()
+    opt = (torch.optim.SGD(model.parameters(), lr=0.1) if optimizer == "sgd"
+           else torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if optimizer == "momentum"
+           else torch.optim.Adam(model.parameters(), lr=0.01))
+    for step in range(steps):
+        lo = step * batch * world
+        xb, yb = x[lo:lo + batch * world], y[lo:lo + batch * world]
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(xb), yb).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]

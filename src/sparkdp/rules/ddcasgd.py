@@ -1,0 +1,154 @@
+"""DDC-ASGD: dynamic delay-compensated ASGD, this project's formulation (ALGORITHMS.md section 7.2)."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from ..errors import ConfigError
+from ._checks import check_int, check_number, check_push, check_staleness, like
+from .base import Push
+from .dcasgd import ALL, DelayCompensatedRule
+from .functional import delay_cap, delay_compensation, momentum_for_delay
+
+
+class DDCASGD(DelayCompensatedRule):
+    """Dynamic delay-compensated ASGD: DC-ASGD-a whose momentum and correction depend on each push's delay.
+
+    Per push of staleness ``tau`` from worker ``m`` (section 7.2)::
+
+        V    <- beta*V + (1 - beta) g*g
+        lam  = lambda_ * min(1, tau_c / max(tau, 1)) / sqrt(V + eps)
+        c    = clip(lam * g*g * (w - w_bak(m)), -kappa|g|, +kappa|g|)
+        mu   = L / (1 + L),  L = max(lag_min, momentum / (1 - momentum) - tau)
+        u    <- mu*u + (g + c);   w <- w - lr*u
+
+    Asynchrony already adds about ``tau`` updates of lag, so the explicit momentum gets
+    only the remainder of the single-machine lag budget (``mu = momentum`` at ``tau = 0``,
+    0 for ``tau >= 9`` with 0.9); the correction is trusted fully up to ``tau_c`` and
+    clipped so it never flips a gradient's sign. One worker (``tau = 0``) is exactly
+    momentum SGD; ``momentum = 0, tau_c = kappa = inf`` is DC-ASGD-a (Zheng et al., ICML
+    2017). The lag budget follows the implicit-momentum analysis of Mitliagkas, Zhang,
+    Hadjis, Re (2016).
+
+    Args:
+        lr: server learning rate; the single-machine LR of momentum SGD (> 0).
+        momentum: ``mu_0`` in [0, 1), the single-machine momentum (default 0.9).
+        lag_min: ``L_min`` >= 0 (default 0): the least lag left to explicit momentum. Raise
+            it (e.g. 1-3) only if very stale updates need some smoothing.
+        lambda_: ``lambda_0`` >= 0 (default 2.0): delay-compensation strength.
+        mean_square_decay: ``beta`` in [0, 1) (default 0.95).
+        eps: ``epsilon`` > 0 (default 1e-7).
+        tau_c: delay up to which compensation is applied in full (default ``num_workers``,
+            since the typical delay is ``num_workers - 1``). Lower it if stragglers still
+            cause loss spikes; ``inf`` never caps.
+        kappa: trust-region factor > 0 of the element-wise clip (default 1; ``inf`` disables).
+        num_workers: number of workers; needed for the default ``tau_c``.
+        per_worker_mean_square: keep one ``V`` per worker (Multiverso's DC-ASGD-a) instead
+            of one shared ``V`` (default False: a shared ``V`` warms up faster, costs ``S``
+            instead of ``M*S``).
+
+    Example:
+        >>> import torch
+        >>> rule = DDCASGD(lr=0.1, num_workers=4)
+        >>> w = [torch.tensor([1.0])]
+        >>> rule.on_pull(0, w)
+        >>> rule.apply(w, Push(worker=0, staleness=0, tensors=(torch.tensor([1.0]),)))
+        >>> w[0]
+        tensor([0.9000])
+    """
+
+    def __init__(
+        self,
+        *,
+        lr: float = 0.01,
+        momentum: float = 0.9,
+        lag_min: float = 0.0,
+        lambda_: float = 2.0,
+        mean_square_decay: float = 0.95,
+        eps: float = 1e-7,
+        tau_c: float | None = None,
+        kappa: float = 1.0,
+        num_workers: int | None = None,
+        per_worker_mean_square: bool = False,
+    ) -> None:
+        super().__init__(lr, momentum)
+        self.lag_min = check_number(
+            "DDCASGD",
+            "lag_min",
+            lag_min,
+            low=0,
+            high=1e9,
+            hint="lag_min is a number of updates; 0 is the default.",
+        )
+        self.lambda_ = check_number("DDCASGD", "lambda_", lambda_, low=0, hint="2.0 is the DC-ASGD-a value.")
+        if self.lambda_ == 0:
+            warnings.warn(
+                "DDCASGD with lambda_=0 applies no delay compensation (only the delay-dependent "
+                "momentum); use a positive lambda_ for DC.",
+                UserWarning,
+                stacklevel=2,
+            )
+        self.mean_square_decay = check_number(
+            "DDCASGD",
+            "mean_square_decay",
+            mean_square_decay,
+            low=0,
+            high=1,
+            high_open=True,
+            hint="0.95 is the DC-ASGD-a value.",
+        )
+        self.eps = check_number(
+            "DDCASGD", "eps", eps, low=0, low_open=True, hint="1e-7 is the DC-ASGD-a value."
+        )
+        if num_workers is not None:
+            check_int("DDCASGD", "num_workers", num_workers, low=1)
+        if tau_c is None:
+            if num_workers is None:
+                raise ConfigError(
+                    "DDCASGD: pass num_workers= (tau_c defaults to the number of workers) or tau_c=."
+                )
+            tau_c = num_workers
+        self.tau_c = check_number(
+            "DDCASGD",
+            "tau_c",
+            tau_c,
+            low=0,
+            low_open=True,
+            hint="tau_c is a delay in server updates; default num_workers, inf disables the cap.",
+        )
+        self.kappa = check_number(
+            "DDCASGD",
+            "kappa",
+            kappa,
+            low=0,
+            low_open=True,
+            hint="kappa=1 lets compensation scale g by [0, 2]; inf disables the clip.",
+        )
+        self.per_worker_mean_square = bool(per_worker_mean_square)
+        # the buffer is needed whenever some delay can get mu > 0
+        self._use_buffer = self.momentum > 0 or self.lag_min > 0
+
+    @torch.no_grad()
+    def apply(self, center: Sequence[Tensor], push: Push) -> None:
+        """One DDC-ASGD server update (section 7.2) with ``tau = push.staleness``."""
+        check_push("DDCASGD", center, push)
+        tau = check_staleness("DDCASGD", push.staleness)
+        mu = momentum_for_delay(tau, self.momentum, self.lag_min)
+        cap = delay_cap(tau, self.tau_c) * self.lambda_
+        key = push.worker if self.per_worker_mean_square else ALL
+        beta = self.mean_square_decay
+        for i, (w, g) in enumerate(zip(center, push.tensors, strict=True)):
+            g = like(g, w)
+            v = self._mean_square.zeros(key, i, g)
+            v.mul_(beta).add_(g * g, alpha=1 - beta)
+            displacement = self._displacement(push.worker, i, w) if cap != 0 else None
+            if displacement is None:
+                d = g
+            else:
+                strength = cap / torch.sqrt(v + self.eps)
+                d = g + delay_compensation(g, displacement, strength, self.kappa)
+            self._step(i, w, d, mu, self._use_buffer)

@@ -1,0 +1,44 @@
+"""Caffe compatibility: read ``.prototxt`` nets and run them as PyTorch modules.
+
+Parsing (:mod:`.textformat`, :mod:`.spec`) needs no torch; building (:func:`load_net`)
+and :func:`inspect_net` import torch when first used.
+
+Example:
+    >>> from sparkdp.caffe import load_net                       # doctest: +SKIP
+    >>> net = load_net("lenet.prototxt", phase="TEST")           # doctest: +SKIP
+    >>> probs = net(data)                                        # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .spec import LayerSpec, NetSpec, NetState, ParamSpec, filter_layers, load_net_spec
+from .textformat import Identifier, Message, TextFormatError, parse, parse_file
+
+__all__ = [
+    "CaffeNet",
+    "Identifier",
+    "LayerSpec",
+    "Message",
+    "NetSpec",
+    "NetState",
+    "ParamSpec",
+    "TextFormatError",
+    "filter_layers",
+    "inspect_net",
+    "load_net",
+    "load_net_spec",
+    "parse",
+    "parse_file",
+]
+
+_LAZY = {"CaffeNet": "net", "load_net": "net", "inspect_net": "inspect"}
+
+
+def __getattr__(name: str) -> Any:
+    # Keep ``import sparkdp.caffe.textformat`` free of torch: the builders load on first use.
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

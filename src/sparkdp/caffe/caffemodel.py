@@ -1,0 +1,400 @@
+"""Read and write ``.caffemodel`` files (protobuf binary NetParameter) without protobuf.
+
+Only what weights need is decoded: layer names, types and blobs, from current
+(``layer``, field 100), V1 (``layers``, field 2, enum types, legacy 4-D blobs) and
+V0 (``layers { layer { ... } }``) files.  Every other field is skipped by wire type.
+Packed floats are read with ``numpy.frombuffer``, so decoding costs little more
+than reading the file.  Any truncation or corruption raises
+:class:`CaffemodelError` with the byte offset and what was expected.
+
+Example:
+    >>> import numpy as np
+    >>> blob = np.arange(6, dtype=np.float32).reshape(2, 3)
+    >>> data = encode_net([CaffeLayerBlobs("ip", "InnerProduct", [blob])])
+    >>> decode_net(data).layers[0].blobs[0].shape
+    (2, 3)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import ConfigError
+
+__all__ = [
+    "CaffeLayerBlobs", "CaffemodelError", "DecodedNet", "V1_LAYER_TYPES",
+    "decode_net", "encode_net", "read_caffemodel", "write_caffemodel",
+]  # fmt: skip
+
+
+class CaffemodelError(ConfigError):
+    """A ``.caffemodel`` that is truncated, corrupt or not a NetParameter."""
+
+
+# V1LayerParameter.LayerType enum (caffe.proto) -> V2 type string (UpgradeV1LayerType).
+V1_LAYER_TYPES: dict[int, str] = {
+    0: "", 1: "Accuracy", 2: "BNLL", 3: "Concat", 4: "Convolution", 5: "Data", 6: "Dropout",
+    7: "EuclideanLoss", 8: "Flatten", 9: "HDF5Data", 10: "HDF5Output", 11: "Im2col",
+    12: "ImageData", 13: "InfogainLoss", 14: "InnerProduct", 15: "LRN",
+    16: "MultinomialLogisticLoss", 17: "Pooling", 18: "ReLU", 19: "Sigmoid", 20: "Softmax",
+    21: "SoftmaxWithLoss", 22: "Split", 23: "TanH", 24: "WindowData", 25: "Eltwise",
+    26: "Power", 27: "SigmoidCrossEntropyLoss", 28: "HingeLoss", 29: "MemoryData",
+    30: "ArgMax", 31: "Threshold", 32: "DummyData", 33: "Slice", 34: "MVN", 35: "AbsVal",
+    36: "Silence", 37: "ContrastiveLoss", 38: "Exp", 39: "Deconvolution",
+}  # fmt: skip
+
+# V0 type strings (UpgradeV0LayerType) for the layers that can carry blobs or matter.
+_V0_LAYER_TYPES = {
+    "accuracy": "Accuracy", "bnll": "BNLL", "concat": "Concat", "conv": "Convolution",
+    "data": "Data", "dropout": "Dropout", "euclidean_loss": "EuclideanLoss",
+    "flatten": "Flatten", "hdf5_data": "HDF5Data", "hdf5_output": "HDF5Output",
+    "im2col": "Im2col", "images": "ImageData", "infogain_loss": "InfogainLoss",
+    "innerproduct": "InnerProduct", "lrn": "LRN", "multinomial_logistic_loss":
+    "MultinomialLogisticLoss", "pool": "Pooling", "relu": "ReLU", "sigmoid": "Sigmoid",
+    "softmax": "Softmax", "softmax_loss": "SoftmaxWithLoss", "split": "Split",
+    "tanh": "TanH", "window_data": "WindowData",
+}  # fmt: skip
+
+_VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
+_WIRE_NAMES = {0: "varint", 1: "64-bit", 2: "length-delimited", 5: "32-bit"}
+
+
+@dataclass
+class CaffeLayerBlobs:
+    """One layer's name, V2 type and parameter blobs as stored in the file.
+
+    Attributes:
+        name: layer name (weights are matched by it).
+        type: V2 type string ("Convolution"...; V1 enums and V0 strings upgraded).
+        blobs: float32 arrays (float64 if the file used ``double_data``) with the
+            file's shapes.
+        legacy_4d: per blob, True if its shape came from num/channels/height/width
+            (to be compared right-aligned with the net's shape).
+    """
+
+    name: str
+    type: str
+    blobs: list[np.ndarray] = field(default_factory=list)
+    legacy_4d: list[bool] = field(default_factory=list)
+
+
+@dataclass
+class DecodedNet:
+    """A decoded NetParameter.
+
+    Attributes:
+        name: the net's name.
+        layers: the layers in file order.
+        version: "V2", "V1" or "V0".
+        inputs: deprecated net-level ``input`` names (old deploy files).
+        input_shapes: their shapes, from ``input_shape`` or groups of 4 ``input_dim``.
+    """
+
+    name: str
+    layers: list[CaffeLayerBlobs]
+    version: str
+    inputs: list[str] = field(default_factory=list)
+    input_shapes: list[tuple[int, ...]] = field(default_factory=list)
+
+
+class _Reader:
+    """Bounds-checked protobuf wire reading over one buffer, absolute offsets."""
+
+    def __init__(self, buf: bytes | memoryview, source: str) -> None:
+        self.buf = memoryview(buf).cast("B")
+        self.source = source
+
+    def fail(self, offset: int, expected: str) -> CaffemodelError:
+        return CaffemodelError(
+            f"{self.source}: truncated or corrupt .caffemodel at byte offset {offset}: expected "
+            f"{expected}. Is this a complete Caffe NetParameter binary file (not a prototxt, "
+            "an HDF5 snapshot or a partial download)?"
+        )
+
+    def varint(self, pos: int, end: int) -> tuple[int, int]:
+        result, shift, start = 0, 0, pos
+        buf = self.buf
+        while True:
+            if pos >= end:
+                raise self.fail(start, "the rest of a varint, found the end of the data")
+            b = buf[pos]
+            pos += 1
+            result |= (b & 0x7F) << shift
+            if b < 0x80:
+                return result, pos
+            shift += 7
+            if shift >= 70:
+                raise self.fail(start, "a varint of at most 10 bytes")
+
+    def fields(self, pos: int, end: int) -> Iterator[tuple[int, int, int, int, int]]:
+        """Yield ``(field_number, wire_type, value_or_start, value_end, tag_offset)``.
+
+        For varints ``value_or_start`` is the value; for other wire types it is
+        the start of the payload and ``value_end`` its end.
+        """
+        while pos < end:
+            tag_at = pos
+            tag, pos = self.varint(pos, end)
+            number, wire = tag >> 3, tag & 7
+            if number == 0:
+                raise self.fail(tag_at, "a field tag with a field number > 0")
+            if wire == _VARINT:
+                value, pos = self.varint(pos, end)
+                yield number, wire, value, pos, tag_at
+                continue
+            if wire == _LEN:
+                length, pos = self.varint(pos, end)
+                size = length
+            elif wire in (_I64, _I32):
+                size = 8 if wire == _I64 else 4
+            else:
+                raise self.fail(tag_at, f"wire type 0, 1, 2 or 5 for field {number}, found {wire}")
+            if pos + size > end:
+                raise self.fail(pos, f"{size} bytes of field {number}, only {end - pos} left")
+            yield number, wire, pos, pos + size, tag_at
+            pos += size
+
+    def string(self, start: int, end: int) -> str:
+        return bytes(self.buf[start:end]).decode("utf-8", errors="replace")
+
+    def expect(self, wire: int, want: int, number: int, where: str, tag_at: int) -> None:
+        if wire != want:
+            raise self.fail(
+                tag_at, f"{where} field {number} as {_WIRE_NAMES[want]}, found {_WIRE_NAMES.get(wire, wire)}"
+            )
+
+
+def _signed(v: int) -> int:
+    """int32/int64 varints are two's complement over 64 bits."""
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def _varints(r: _Reader, start: int, end: int) -> list[int]:
+    out, pos = [], start
+    while pos < end:
+        v, pos = r.varint(pos, end)
+        out.append(_signed(v))
+    return out
+
+
+def _dims(r: _Reader, start: int, end: int) -> list[int]:
+    """BlobShape.dim (int64), packed or not."""
+    dims: list[int] = []
+    for number, wire, a, b, tag_at in r.fields(start, end):
+        if number == 1 and wire == _LEN:
+            dims.extend(_varints(r, a, b))
+        elif number == 1 and wire == _VARINT:
+            dims.append(_signed(a))
+        elif number == 1:
+            raise r.fail(tag_at, f"BlobShape.dim as varints, found wire type {wire}")
+    return dims
+
+
+def _scalars(r: _Reader, wire: int, start: int, end: int, dtype: str, tag_at: int, what: str) -> np.ndarray:
+    """A packed (LEN) or single unpacked (fixed-width) run of floats/doubles."""
+    size = np.dtype(dtype).itemsize
+    fixed = _I32 if size == 4 else _I64
+    if wire not in (_LEN, fixed):
+        raise r.fail(tag_at, f"{what} as packed or {_WIRE_NAMES[fixed]} values, found wire type {wire}")
+    if (end - start) % size:
+        raise r.fail(start, f"{what}: a multiple of {size} bytes, found {end - start}")
+    return np.frombuffer(r.buf, dtype=dtype, count=(end - start) // size, offset=start)
+
+
+def _blob(r: _Reader, start: int, end: int) -> tuple[np.ndarray, bool]:
+    floats: list[np.ndarray] = []
+    doubles: list[np.ndarray] = []
+    legacy: dict[int, int] = {}
+    dims: list[int] | None = None
+    for number, wire, a, b, tag_at in r.fields(start, end):
+        if number in (1, 2, 3, 4):  # num, channels, height, width
+            r.expect(wire, _VARINT, number, "BlobProto", tag_at)
+            legacy[number] = _signed(a)
+        elif number == 5:
+            floats.append(_scalars(r, wire, a, b, "<f4", tag_at, "BlobProto.data"))
+        elif number == 8:
+            doubles.append(_scalars(r, wire, a, b, "<f8", tag_at, "BlobProto.double_data"))
+        elif number == 7:
+            r.expect(wire, _LEN, number, "BlobProto", tag_at)
+            dims = (dims or []) + _dims(r, a, b)
+    is_legacy = bool(legacy)
+    if is_legacy:  # Blob::FromProto: any legacy field -> 4-D, absent ones are 0
+        shape = tuple(legacy.get(k, 0) for k in (1, 2, 3, 4))
+    else:
+        shape = tuple(dims or ())
+    if any(d < 0 for d in shape):
+        raise r.fail(start, f"non-negative blob dimensions, found shape {shape}")
+    # Blob::FromProto: double_data wins when non-empty.
+    use_double = any(len(d) for d in doubles)
+    parts = doubles if use_double else floats
+    if len(parts) == 1:
+        values = parts[0]
+    else:
+        values = np.concatenate(parts) if parts else np.zeros(0, dtype="<f4")
+    count = int(np.prod(shape, dtype=np.int64))
+    if values.size != count:
+        raise r.fail(start, f"a blob with {count} values for shape {shape}, found {values.size}")
+    # Copy: frombuffer views are read-only and would keep the whole file alive.
+    dtype = np.float64 if use_double else np.float32
+    return values.astype(dtype, copy=True).reshape(shape), is_legacy
+
+
+def _layer(r: _Reader, start: int, end: int, version: str) -> CaffeLayerBlobs:
+    # Field numbers of name/type/blobs in LayerParameter (V2), V1LayerParameter and V0.
+    name_f, type_f, blobs_f = {"V2": (1, 2, 7), "V1": (4, 5, 6), "V0": (1, 2, 50)}[version]
+    layer = CaffeLayerBlobs(name="", type="")
+    v0: CaffeLayerBlobs | None = None
+    for number, wire, a, b, tag_at in r.fields(start, end):
+        if number == name_f:
+            r.expect(wire, _LEN, number, f"{version} layer name", tag_at)
+            layer.name = r.string(a, b)
+        elif number == type_f:
+            if version == "V1":
+                r.expect(wire, _VARINT, number, "V1 layer type (enum)", tag_at)
+                layer.type = V1_LAYER_TYPES.get(a, f"V1_LAYER_TYPE_{a}")
+            else:
+                r.expect(wire, _LEN, number, f"{version} layer type", tag_at)
+                raw = r.string(a, b)
+                layer.type = _V0_LAYER_TYPES.get(raw, raw) if version == "V0" else raw
+        elif number == blobs_f:
+            r.expect(wire, _LEN, number, f"{version} layer blobs", tag_at)
+            blob, legacy = _blob(r, a, b)
+            layer.blobs.append(blob)
+            layer.legacy_4d.append(legacy)
+        elif number == 1 and version == "V1":  # V0 layer nested in a V1 `layers`
+            r.expect(wire, _LEN, number, "V0 layer", tag_at)
+            v0 = _layer(r, a, b, "V0")
+    if v0 is not None:  # UpgradeV0Net: the V0 sub-message holds name/type/blobs
+        return v0
+    return layer
+
+
+def decode_net(data: bytes | memoryview, source: str = "<bytes>") -> DecodedNet:
+    """Decode a NetParameter's name and layer blobs.
+
+    Raises:
+        CaffemodelError: truncated/corrupt data, or both V1 and V2 layers present.
+    """
+    r = _Reader(data, source)
+    name, v2, v1 = "", [], []
+    inputs: list[str] = []
+    input_dims: list[int] = []
+    input_shapes: list[tuple[int, ...]] = []
+    for number, wire, a, b, tag_at in r.fields(0, len(r.buf)):
+        if number == 1:
+            r.expect(wire, _LEN, number, "NetParameter name", tag_at)
+            name = r.string(a, b)
+        elif number == 100:
+            r.expect(wire, _LEN, number, "NetParameter layer", tag_at)
+            v2.append(_layer(r, a, b, "V2"))
+        elif number == 2:
+            r.expect(wire, _LEN, number, "NetParameter layers (V1)", tag_at)
+            v1.append((a, b))
+        elif number == 3:
+            r.expect(wire, _LEN, number, "NetParameter input", tag_at)
+            inputs.append(r.string(a, b))
+        elif number == 4:  # input_dim: int32, packed or not
+            if wire not in (_LEN, _VARINT):
+                raise r.fail(tag_at, f"NetParameter input_dim as varints, found wire type {wire}")
+            input_dims += _varints(r, a, b) if wire == _LEN else [_signed(a)]
+        elif number == 8:
+            r.expect(wire, _LEN, number, "NetParameter input_shape", tag_at)
+            input_shapes.append(tuple(_dims(r, a, b)))
+    if not input_shapes and input_dims:  # legacy: 4 dims (N, C, H, W) per input
+        input_shapes = [tuple(input_dims[i : i + 4]) for i in range(0, len(input_dims), 4)]
+    if v1 and v2:
+        raise CaffemodelError(
+            f"{source}: the file has both V1 `layers` and V2 `layer` entries; Caffe refuses such "
+            "files. Re-save it with one format."
+        )
+    if v2:
+        return DecodedNet(name, v2, "V2", inputs, input_shapes)
+    layers = [_layer(r, a, b, "V1") for a, b in v1]
+    v0 = any(_has_v0(r, a, b) for a, b in v1)
+    return DecodedNet(name, layers, "V0" if v0 else "V1", inputs, input_shapes)
+
+
+def _has_v0(r: _Reader, start: int, end: int) -> bool:
+    return any(n == 1 and w == _LEN for n, w, *_ in r.fields(start, end))
+
+
+def read_caffemodel(path: str | os.PathLike[str]) -> list[CaffeLayerBlobs]:
+    """The layers (name, type, blobs) of a ``.caffemodel`` file."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError as err:
+        raise ConfigError(f"cannot read .caffemodel {path!r}: {err.strerror or err}") from err
+    return decode_net(data, path).layers
+
+
+# ------------------------------------------------------------------------ encoder
+
+
+def _varint_bytes(v: int) -> bytes:
+    if v < 0:
+        v += 1 << 64
+    out = bytearray()
+    while v >= 0x80:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+def _len_field(number: int, payload_len: int) -> bytes:
+    return _varint_bytes((number << 3) | _LEN) + _varint_bytes(payload_len)
+
+
+def _blob_chunks(arr: np.ndarray) -> list[bytes]:
+    # Fields in number order, as protobuf writes them: data (5), then shape (7).
+    data = np.ascontiguousarray(arr, dtype="<f4").tobytes()
+    dims = b"".join(_varint_bytes(int(d)) for d in arr.shape)
+    shape = _len_field(1, len(dims)) + dims if arr.ndim else b""
+    body = [_len_field(5, len(data)), data, _len_field(7, len(shape)), shape]
+    return [_len_field(7, sum(len(c) for c in body)), *body]
+
+
+def encode_net(layers: Iterable[CaffeLayerBlobs], name: str = "") -> bytes:
+    """A V2 NetParameter, serialized.
+
+    Each layer gets ``name``, ``type`` and ``blobs`` (``shape`` + packed float32
+    ``data``); that is all ``Net::CopyTrainedLayersFrom`` reads.
+    """
+    return b"".join(_encode_chunks(layers, name))
+
+
+def _encode_chunks(layers: Iterable[CaffeLayerBlobs], name: str) -> list[bytes]:
+    # Chunks, so that a large model is written without one more full copy.
+    chunks: list[bytes] = []
+    if name:
+        raw = name.encode()
+        chunks += [_len_field(1, len(raw)), raw]
+    for layer in layers:
+        body: list[bytes] = []
+        for number, text in ((1, layer.name), (2, layer.type)):
+            raw = text.encode()
+            body += [_len_field(number, len(raw)), raw]
+        for blob in layer.blobs:
+            body += _blob_chunks(np.asarray(blob))
+        chunks += [_len_field(100, sum(len(c) for c in body)), *body]
+    return chunks
+
+
+def write_caffemodel(
+    handle_or_path: str | os.PathLike[str] | object, layers: Iterable[CaffeLayerBlobs], name: str = ""
+) -> None:
+    """Write a V2 ``.caffemodel`` to a path or an open binary file (not atomic)."""
+    chunks = _encode_chunks(layers, name)
+    if hasattr(handle_or_path, "write"):
+        for chunk in chunks:
+            handle_or_path.write(chunk)  # type: ignore[attr-defined]
+        return
+    with open(os.fspath(handle_or_path), "wb") as handle:  # type: ignore[arg-type]
+        for chunk in chunks:
+            handle.write(chunk)

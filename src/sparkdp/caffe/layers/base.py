@@ -1,0 +1,154 @@
+"""The converter registry and what every converter shares.
+
+A converter turns one :class:`~sparkdp.caffe.spec.LayerSpec` plus the shapes of its
+bottom blobs into a :class:`CaffeLayer` (an ``nn.Module`` whose ``forward(*bottoms)``
+returns a tuple of tops) and the shapes of its tops.  Shapes are computed from
+Caffe's formulas while building, so shape errors name the layer before any data flows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ...errors import ConfigError
+from ...registry import Registry
+from ..spec import LayerSpec
+from ..textformat import Message
+
+Shape = tuple[int, ...]
+FLT_MAX = 3.4028234663852886e38  # std::numeric_limits<float>::max(), Caffe's "minus infinity" seed
+FLT_MIN = 1.1754943508222875e-38  # clamp used by Caffe's log-losses
+
+CONVERTERS: Registry[Callable[..., Built]] = Registry("Caffe layer type")
+SUPPORTED: list[str] = []  # Caffe's exact (case-sensitive) type names, in registration order
+
+
+def converter(*types: str) -> Callable[[Callable[..., Built]], Callable[..., Built]]:
+    """Register ``fn(layer, shapes, ctx) -> Built`` for one or more Caffe type names."""
+
+    def deco(fn: Callable[..., Built]) -> Callable[..., Built]:
+        for name in types:
+            CONVERTERS.register(name, fn)
+            SUPPORTED.append(name)
+        return fn
+
+    return deco
+
+
+@dataclass
+class BuildContext:
+    """What a converter may know besides its own layer: the net's phase and fed shapes."""
+
+    phase: str = "TEST"
+    input_shapes: dict[str, Shape] = field(default_factory=dict)
+
+
+class CaffeLayer(nn.Module):
+    """Base of the modules converters build.
+
+    Attributes:
+        blob_names: attribute names of the layer's Caffe blobs, in Caffe blob order.
+        is_source: True for data layers, whose tops are fed by sparkdp (net inputs).
+    """
+
+    blob_names: tuple[str, ...] = ()
+    is_source = False
+
+    def caffe_blobs(self) -> list[torch.Tensor]:
+        return [getattr(self, name) for name in self.blob_names]
+
+
+@dataclass
+class Built:
+    module: CaffeLayer
+    top_shapes: list[Shape]
+
+
+# -------------------------------------------------------------------- small helpers
+
+
+def fail(layer: LayerSpec, message: str) -> ConfigError:
+    """A ConfigError that says where the layer is and what it is."""
+    where = f"{layer.where}: " if layer.where else ""
+    return ConfigError(f"{where}{layer.describe()}: {message}")
+
+
+def expect_bottoms(layer: LayerSpec, shapes: list[Shape], low: int, high: int | None = None) -> None:
+    high = low if high is None else high
+    if not low <= len(shapes) <= high:
+        wanted = str(low) if low == high else f"{low} to {high}" if high < 99 else f"at least {low}"
+        raise fail(layer, f"needs {wanted} bottom blob(s), got {len(shapes)}")
+
+
+def expect_tops(layer: LayerSpec, low: int, high: int | None = None) -> None:
+    high = low if high is None else high
+    if not low <= len(layer.tops) <= high:
+        wanted = str(low) if low == high else f"{low} to {high}"
+        raise fail(layer, f"needs {wanted} top blob(s), got {len(layer.tops)}")
+
+
+def same_shapes(layer: LayerSpec, shapes: list[Shape]) -> None:
+    for i, shape in enumerate(shapes[1:], start=1):
+        if shape != shapes[0]:
+            raise fail(
+                layer,
+                f"bottom {layer.bottoms[i]!r} has shape {list(shape)} but bottom "
+                f"{layer.bottoms[0]!r} has shape {list(shapes[0])}; they must be equal",
+            )
+
+
+def canonical_axis(layer: LayerSpec, axis: int, ndim: int) -> int:
+    """``Blob::CanonicalAxisIndex``: negative axes count from the end."""
+    if not -ndim <= axis < ndim:
+        raise fail(layer, f"axis {axis} is out of range for a {ndim}-D blob")
+    return axis % ndim if ndim else 0
+
+
+def count(shape: Shape, start: int = 0, end: int | None = None) -> int:
+    return math.prod(shape[start:end])
+
+
+def enum(layer: LayerSpec, msg: Message, name: str, default: str, values: tuple[str, ...]) -> str:
+    """An enum field given as a bare name or its number (index into ``values``)."""
+    raw: Any = msg.get(name, default)
+    if isinstance(raw, int) and not isinstance(raw, bool) and 0 <= raw < len(values):
+        return values[raw]
+    if str(raw) not in values:
+        raise fail(layer, f"{name} must be one of {', '.join(values)}; got '{raw}'")
+    return str(raw)
+
+
+def number(layer: LayerSpec, msg: Message, name: str, default: float) -> float:
+    value = msg.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise fail(layer, f"{name} must be a number; got {value!r}")
+    return float(value)
+
+
+def integer(layer: LayerSpec, msg: Message, name: str, default: int | None = None) -> int:
+    value = msg.get(name, default)
+    if value is None:
+        raise fail(layer, f"{name} is required")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise fail(layer, f"{name} must be an integer; got {value!r}")
+    return value
+
+
+def flag(layer: LayerSpec, msg: Message, name: str, default: bool) -> bool:
+    value = msg.get(name, default)
+    if not isinstance(value, bool):
+        raise fail(layer, f"{name} must be true or false; got {value!r}")
+    return value
+
+
+def shape_of(layer: LayerSpec, blob_shape: Message) -> Shape:
+    dims = blob_shape.getall("dim")
+    if any(not isinstance(d, int) or isinstance(d, bool) or d < 0 for d in dims):
+        raise fail(layer, f"shape dims must be non-negative integers; got {dims}")
+    return tuple(dims)

@@ -1,0 +1,60 @@
+"""InnerProduct (``inner_product_layer.cpp``): a fully connected layer over trailing axes.
+
+``K = count(axis:)`` (row-major C, H, W flattening), weight ``[N, K]`` like
+``nn.Linear`` (``[K, N]`` with ``transpose: true``), top ``bottom.shape[:axis] + [N]``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..spec import LayerSpec
+from .base import (
+    BuildContext,
+    Built,
+    CaffeLayer,
+    Shape,
+    canonical_axis,
+    converter,
+    count,
+    expect_bottoms,
+    expect_tops,
+    fail,
+    flag,
+    integer,
+)
+from .fillers import fill_
+
+
+class InnerProduct(CaffeLayer):
+    def __init__(self, k: int, n: int, axis: int, bias: bool, transpose: bool) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros((k, n) if transpose else (n, k)))
+        self.register_parameter("bias", nn.Parameter(torch.zeros(n)) if bias else None)
+        self.blob_names = ("weight", "bias") if bias else ("weight",)
+        self.axis, self.transpose = axis, transpose
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+        flat = x.flatten(self.axis) if self.axis < x.dim() else x.unsqueeze(-1)
+        weight = self.weight.t() if self.transpose else self.weight
+        return (F.linear(flat, weight, self.bias),)
+
+
+@converter("InnerProduct")
+def inner_product(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
+    expect_bottoms(layer, shapes, 1)
+    expect_tops(layer, 1)
+    p = layer.sub("inner_product_param")
+    shape = shapes[0]
+    axis = canonical_axis(layer, int(p.get("axis", 1)), len(shape))
+    n = integer(layer, p, "num_output")
+    if n <= 0:
+        raise fail(layer, f"num_output must be positive; got {n}")
+    bias = flag(layer, p, "bias_term", True)
+    module = InnerProduct(count(shape, axis), n, axis, bias, flag(layer, p, "transpose", False))
+    fill_(module.weight, p.get("weight_filler"), where=f"{layer.describe()}: ")
+    if bias:
+        fill_(module.bias, p.get("bias_filler"), where=f"{layer.describe()}: ")
+    return Built(module, [(*shape[:axis], n)])

@@ -1,0 +1,119 @@
+"""Convolution, Deconvolution and InnerProduct against torch.nn.functional and Caffe's formulas."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sparkdp.errors import ConfigError
+
+
+def _set(net, layer, *values):
+    with torch.no_grad():
+        for blob, value in zip(net.blobs_of(layer), values, strict=True):
+            blob.copy_(value)
+
+
+def test_convolution_groups_dilation_per_axis(build):
+    net = build(
+        'layer { name: "c" type: "Convolution" bottom: "x" top: "y" convolution_param { num_output: 6 group: 2 '
+        "kernel_size: 3 kernel_size: 2 pad: 2 pad: 0 stride: 2 stride: 1 dilation: 2 dilation: 1 } }",
+        x=(2, 4, 9, 7),
+    )
+    w, b = torch.randn(6, 2, 3, 2), torch.randn(6)
+    _set(net, "c", w, b)
+    x = torch.randn(2, 4, 9, 7)
+    expected = F.conv2d(x, w, b, stride=(2, 1), padding=(2, 0), dilation=(2, 1), groups=2)
+    # Caffe: out = (in + 2·pad − (dilation·(k−1)+1)) / stride + 1 = (9+4-5)//2+1 = 5 ; (7-2)//1+1 = 6
+    assert net.blob_shapes["y"] == (2, 6, 5, 6) == tuple(expected.shape)
+    torch.testing.assert_close(net(x), expected)
+
+
+def test_convolution_hw_form_no_bias_multi_bottom_and_default_zero_weights(build):
+    text = (
+        'layer { name: "c" type: "Convolution" bottom: "a" bottom: "b" top: "ya" top: "yb" '
+        "convolution_param { num_output: 3 bias_term: false kernel_h: 1 kernel_w: 3 pad_h: 1 pad_w: 0 stride_h: 2 "
+        "stride_w: 1 } }"
+    )
+    net = build(text, a=(1, 2, 4, 5), b=(1, 2, 4, 5))
+    (w,) = net.blobs_of("c")
+    assert w.shape == (3, 2, 1, 3) and torch.count_nonzero(w) == 0  # Caffe's default filler: constant 0
+    _set(net, "c", torch.randn(3, 2, 1, 3))
+    a, b = torch.randn(1, 2, 4, 5), torch.randn(1, 2, 4, 5)
+    out = net(a=a, b=b)
+    for x, y in ((a, out["ya"]), (b, out["yb"])):
+        torch.testing.assert_close(y, F.conv2d(x, w, None, stride=(2, 1), padding=(1, 0)))
+
+
+def test_convolution_1d_and_axis(build):
+    net = build(
+        'layer { name: "c" type: "Convolution" bottom: "x" top: "y" '
+        "convolution_param { num_output: 2 kernel_size: 2 axis: 2 } }",
+        x=(2, 3, 4, 6),
+    )
+    w, b = torch.randn(2, 4, 2), torch.randn(2)
+    _set(net, "c", w, b)
+    x = torch.randn(2, 3, 4, 6)
+    expected = F.conv1d(x.reshape(6, 4, 6), w, b).reshape(2, 3, 2, 5)
+    torch.testing.assert_close(net(x), expected)
+
+
+def test_deconvolution(build):
+    net = build(
+        'layer { name: "d" type: "Deconvolution" bottom: "x" top: "y" '
+        "convolution_param { num_output: 4 group: 2 kernel_size: 4 stride: 2 pad: 1 } }",
+        x=(1, 2, 5, 5),
+    )
+    w, b = torch.randn(2, 2, 4, 4), torch.randn(4)
+    assert [tuple(t.shape) for t in net.blobs_of("d")] == [(2, 2, 4, 4), (4,)]
+    _set(net, "d", w, b)
+    x = torch.randn(1, 2, 5, 5)
+    # Caffe: out = stride·(in−1) + dilation·(k−1) + 1 − 2·pad = 8 + 4 − 2 = 10
+    assert net.blob_shapes["y"] == (1, 4, 10, 10)
+    torch.testing.assert_close(net(x), F.conv_transpose2d(x, w, b, stride=2, padding=1, groups=2))
+
+
+@pytest.mark.parametrize(
+    ("param", "message"),
+    [
+        (
+            "num_output: 3 kernel_size: 3 group: 2",
+            r"input channels \(4\) and num_output \(3\) must be positive and divisible",
+        ),
+        ("num_output: 2", "needs kernel_size"),
+        (
+            "num_output: 2 kernel_size: 3 kernel_h: 3 kernel_w: 3",
+            "give either kernel_size or kernel_h/kernel_w",
+        ),
+        ("num_output: 2 kernel_size: 9", "too small for kernel"),
+        ("kernel_size: 3", "num_output is required"),
+    ],
+)
+def test_convolution_errors(build, param, message):
+    with pytest.raises(ConfigError, match=message):
+        build(
+            f'layer {{ name: "c" type: "Convolution" bottom: "x" top: "y" convolution_param {{ {param} }} }}',
+            x=(1, 4, 5, 5),
+        )
+
+
+def test_inner_product_axis_and_transpose(build):
+    net = build(
+        'layer { name: "ip" type: "InnerProduct" bottom: "x" top: "y" inner_product_param { num_output: 3 } }',
+        x=(2, 2, 3, 4),
+    )
+    w, b = torch.randn(3, 24), torch.randn(3)
+    _set(net, "ip", w, b)
+    x = torch.randn(2, 2, 3, 4)
+    torch.testing.assert_close(net(x), x.reshape(2, 24) @ w.T + b)  # row-major C,H,W flattening
+    net = build(
+        'layer { name: "ip" type: "InnerProduct" bottom: "x" top: "y" '
+        "inner_product_param { num_output: 3 axis: 2 transpose: true bias_term: false } }",
+        x=(2, 2, 3, 4),
+    )
+    (wt,) = net.blobs_of("ip")
+    assert wt.shape == (12, 3)
+    _set(net, "ip", torch.randn(12, 3))
+    assert net.blob_shapes["y"] == (2, 2, 3)
+    torch.testing.assert_close(net(x), x.reshape(2, 2, 12) @ wt)

@@ -45,18 +45,17 @@ class TorchCollective(Collective):
         self._owns_group = False
 
     def setup(self, *, master_addr: str, master_port: int, rank: int, world_size: int,
-              timeout_s: float = 300.0) -> "TorchCollective":
+              timeout_s: float = 300.0, store: dist.Store | None = None) -> "TorchCollective":
+        """Join the process group; ``store`` is rank 0's already-listening TCPStore, if any."""
         if dist.is_initialized():
             raise RuntimeError("a torch.distributed process group is already initialised in this process")
         set_torch_distributed_env(master_addr, master_port, rank, world_size)
         try:
-            dist.init_process_group(
-                self.backend,
-                init_method=f"tcp://{master_addr}:{master_port}",
-                rank=rank,
-                world_size=world_size,
-                timeout=timedelta(seconds=timeout_s),
-            )
+            if store is None:
+                store = dist.TCPStore(master_addr, master_port, world_size, is_master=(rank == 0),
+                                      timeout=timedelta(seconds=timeout_s))
+            dist.init_process_group(self.backend, store=store, rank=rank, world_size=world_size,
+                                    timeout=timedelta(seconds=timeout_s))
         except (RuntimeError, TimeoutError) as exc:  # torch raises DistStoreError (RuntimeError) on timeout
             raise RendezvousTimeout(
                 f"rank {rank}/{world_size} could not form the {self.backend} process group at "

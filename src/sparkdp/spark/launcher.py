@@ -12,12 +12,11 @@ from __future__ import annotations
 import json
 import logging
 import re
-import socket
 import threading
 import time
 import traceback
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..errors import ConfigError, DataError, EnvironmentProblem, RendezvousTimeout, SparkdpError, WorkerFailed
@@ -38,6 +37,8 @@ class TaskInfo:
     master_port: int
     gpus: tuple[str, ...]
     cpus: int
+    #: On rank 0, the torch.distributed TCPStore it already listens on (see _rendezvous).
+    store: Any = field(default=None, compare=False, repr=False)
 
 
 def task_slots(sc) -> int | None:
@@ -55,24 +56,23 @@ def task_slots(sc) -> int | None:
     return None  # cluster managers: executors may still be arriving; the start timeout decides
 
 
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def _rendezvous() -> TaskInfo:
     from pyspark import BarrierTaskContext
+    from torch.distributed import TCPStore
 
     ctx = BarrierTaskContext.get()
     infos = ctx.getTaskInfos()
     rank = ctx.partitionId()
     master_addr = infos[0].address.rsplit(":", 1)[0]
-    port = _free_port(master_addr) if rank == 0 else 0
-    ports = ctx.allGather(str(port))
+    store = None
+    if rank == 0:
+        # Rank 0 binds the store to port 0 and shares the port the OS chose: no window in
+        # which another process can take a "free" port between choosing and binding it.
+        store = TCPStore(master_addr, 0, len(infos), is_master=True, wait_for_workers=False)
+    ports = ctx.allGather(str(store.port if store is not None else 0))
     gpus = tuple(ctx.resources()["gpu"].addresses) if "gpu" in ctx.resources() else ()
     cpus = int(ctx.cpus()) if hasattr(ctx, "cpus") else 1
-    return TaskInfo(rank, len(infos), master_addr, int(ports[0]), gpus, cpus)
+    return TaskInfo(rank, len(infos), master_addr, int(ports[0]), gpus, cpus, store)
 
 
 def _encode_error(rank: int, exc: BaseException) -> str:

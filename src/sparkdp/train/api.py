@@ -48,8 +48,46 @@ def _resolve_data(data: Any, labels: Any, eval_data: Any) -> tuple[WorkerData, W
     return train, (as_worker_data(eval_data) if eval_data is not None else None)
 
 
+def _columnar(data: Any, columns: dict[str, Any], what: str) -> Any:
+    """A Spark DataFrame or a Parquet path with ``features=``/``label=`` as streamed training data."""
+    import os
+
+    from ..data.parquet import ParquetData
+
+    if type(data).__name__ == "DataFrame" and type(data).__module__.startswith("pyspark.sql"):
+        from ..spark.dataframe import dataframe_data
+
+        return dataframe_data(data, **columns)
+    if isinstance(data, (str, os.PathLike)) or (isinstance(data, (list, tuple)) and data
+                                                and all(isinstance(p, (str, os.PathLike)) for p in data)):
+        return ParquetData(data, **columns)
+    if isinstance(data, WorkerData):
+        return data
+    raise ConfigError(f"features=/label= name columns, so {what} must be a Spark DataFrame or a Parquet path "
+                      f"(file, directory or list of files); got {type(data).__name__}. For arrays, pass "
+                      "(features, labels) without features=.")
+
+
+def _preflight_columns(model: nn.Module, loss_fn: Callable, data: Any) -> None:
+    """Convert two rows on the driver: column errors, the model's input shape and the label range
+    fail here, and the column -> tensor mapping is logged before any Spark job."""
+    converter = data.converter
+    x, y = converter.preview(data.sample())
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        check_batch(model, loss_fn, x, y)
+        out = model(x)
+    model.train(was_training)
+    if out.dim() == 2 and not y.is_floating_point() and y.dim() == 1:
+        converter.num_classes = out.shape[1]  # every batch's labels are then checked against it
+    log.info("data columns -> tensors: %s", converter.describe())
+
+
 def _preflight(model: nn.Module, loss_fn: Callable, data: WorkerData) -> None:
     """Check on the driver, in milliseconds, what would otherwise fail inside every Spark task."""
+    if hasattr(data, "converter") and hasattr(data, "sample"):
+        _preflight_columns(model, loss_fn, data)
     if isinstance(data, TensorData):
         x, y = data.features[:2], data.labels[:2]
         was_training = model.training
@@ -71,7 +109,9 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
         strategy: str | Strategy = "allreduce", strategy_options: dict | None = None,
         workers: int | None = None, epochs: int = 1, batch_size: int = 64, seed: int = 0,
         shuffle: bool = True, master: str | None = None, spark: Any = None, threads: int | None = None,
-        start_timeout_s: float = 60.0, pg_timeout_s: float = 300.0, show_progress: bool = True) -> TrainResult:
+        start_timeout_s: float = 60.0, pg_timeout_s: float = 300.0, show_progress: bool = True,
+        features: Any = None, label: str | None = None, feature_shape: Any = None, drop_nulls: bool = False,
+        shuffle_buffer: int = 10_000) -> TrainResult:
     """Train ``model`` data-parallel on Spark and return it trained.
 
     Args:
@@ -80,6 +120,12 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
             map-style torch Dataset, or a built-in dataset name (``"fashion-mnist"``,
             whose test split then becomes ``eval_data``).
         eval_data: optional held-out data evaluated after every epoch.
+        features, label: with a Spark DataFrame or a Parquet path (file, directory or
+            list) as ``data``: the feature column(s) and the label column. Rows are
+            streamed to the workers as Arrow record batches (see ``sparkdp.data.arrow``
+            for the column types); ``feature_shape`` reshapes each row (e.g. ``(1, 28, 28)``),
+            ``drop_nulls`` drops rows with nulls instead of raising, ``shuffle_buffer``
+            is the rows each worker's shuffle buffer holds.
         loss: a name (``"cross_entropy"``, ``"mse"``, ...) or ``(outputs, labels) -> loss``.
         optimizer: a name (default ``"sgd"`` with lr 0.01, momentum 0.9; ``optimizer_options``
             overrides), a ``torch.optim`` class, an instance over ``model.parameters()``,
@@ -103,7 +149,18 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
     strategy_obj = resolve_strategy(strategy, **(strategy_options or {}))
     loss_fn = resolve_loss(loss)
     factory = optimizer_factory(optimizer, model, **(optimizer_options or {}))
-    train, test = _resolve_data(data, labels, eval_data)
+    if features is not None or label is not None:
+        if features is None:
+            raise ConfigError("label= was given without features=; name the feature column(s) too.")
+        columns = {"features": features, "label": label, "feature_shape": feature_shape,
+                   "drop_nulls": drop_nulls, "shuffle_buffer": shuffle_buffer}
+        train = _columnar(data, columns, "data")
+        test = _columnar(eval_data, columns, "eval_data") if eval_data is not None else None
+        if test is not None and not isinstance(test, WorkerData):
+            raise ConfigError("eval_data as a DataFrame must be a plain Parquet scan (spark.read.parquet); "
+                              "write it to Parquet or pass the Parquet path.")
+    else:
+        train, test = _resolve_data(data, labels, eval_data)
     _preflight(model, loss_fn, train)
 
     from ..spark.launcher import run_barrier, task_slots
@@ -120,10 +177,19 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
                    epochs=epochs, batch_size=batch_size, seed=seed, shuffle=shuffle)
     log.info("training %s on %d workers with %s; data: %s", type(model).__name__, workers,
              strategy_obj.name, train.describe())
-    job = in_task(lambda coll: fit_worker(spec, coll), threads=threads, pg_timeout_s=pg_timeout_s)
     with progress(show_progress, f"sparkdp: training on {workers} Spark workers ({strategy_obj.name})"):
-        results = run_barrier(job, workers, spark=spark, start_timeout_s=start_timeout_s)
-    out = results[0]
+        if not isinstance(train, WorkerData):  # a DataFrame streamed through Spark: a stage per epoch
+            from ..spark.dataframe import fit_stream
+
+            out = fit_stream(spec, train, workers=workers, spark=spark, threads=threads,
+                             pg_timeout_s=pg_timeout_s, start_timeout_s=start_timeout_s)
+        else:
+            job = in_task(lambda coll: fit_worker(spec, coll), threads=threads, pg_timeout_s=pg_timeout_s)
+            out = run_barrier(job, workers, spark=spark, start_timeout_s=start_timeout_s)[0]
+    dropped = out.get("data_counters", {}).get("dropped_null_rows", 0)
+    if dropped:
+        log.warning("dropped %d row(s) with null features or labels (drop_nulls=True), counted over all epochs",
+                    dropped)
     model.load_state_dict(state_from_bytes(out["state"]))
     return TrainResult(model=model, history=out["history"], strategy=strategy_obj.name, workers=workers,
                        epochs=epochs, wall_s=time.perf_counter() - started, train_time_s=out["train_time_s"],
@@ -218,11 +284,27 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
     return out[0] if len(out) == 1 else tuple(out)
 
 
-def _shard_loader(data: Any, ctx: WorkerContext, batch_size: int, shuffle: bool) -> ShardedLoader:
+class WorkerDataLoader:
+    """This rank's batches of a WorkerData (e.g. ParquetData), a new seeded epoch on every pass."""
+
+    def __init__(self, data: WorkerData, rank: int, world_size: int, seed: int, batch_size: int,
+                 shuffle: bool) -> None:
+        self.data, self.rank, self.world_size, self.seed = data, rank, world_size, seed
+        self.batch_size, self.shuffle, self.epoch = batch_size, shuffle, 0
+
+    def __iter__(self):
+        epoch, self.epoch = self.epoch, self.epoch + 1
+        return self.data.batches(rank=self.rank, world_size=self.world_size, epoch=epoch,
+                                 batch_size=self.batch_size, seed=self.seed, shuffle=self.shuffle)
+
+
+def _shard_loader(data: Any, ctx: WorkerContext, batch_size: int, shuffle: bool) -> ShardedLoader | WorkerDataLoader:
     if isinstance(data, DataLoader):
         loader = data
     elif isinstance(data, Dataset):
         loader = DataLoader(data, batch_size=batch_size, shuffle=shuffle)
+    elif isinstance(data, WorkerData) and not isinstance(data, TensorData):
+        return WorkerDataLoader(data, ctx.rank, ctx.world_size, ctx.seed, batch_size, shuffle)
     else:
         tensors = as_worker_data(data)
         assert isinstance(tensors, TensorData)

@@ -27,7 +27,7 @@ def in_task(body: Callable[[Collective], Any], *, threads: int | None, pg_timeou
             device = torch.device("cpu")
         collective = TorchCollective(device=device).setup(
             master_addr=info.master_addr, master_port=info.master_port, rank=info.rank,
-            world_size=info.world_size, timeout_s=pg_timeout_s)
+            world_size=info.world_size, timeout_s=pg_timeout_s, store=info.store)
         try:
             return body(collective)
         finally:

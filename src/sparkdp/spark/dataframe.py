@@ -1,0 +1,309 @@
+"""Spark DataFrames as training data, streamed where they live.
+
+Two routes, chosen per DataFrame:
+
+1. **A plain Parquet scan** (``spark.read.parquet(p)`` with at most a column
+   selection): the workers read the files themselves (:class:`ParquetData`), so
+   every epoch re-reads the files and nothing passes through Spark's executors.
+2. **Anything else** (joins, UDFs, VectorAssembler output, in-memory frames): one
+   barrier stage per epoch over the DataFrame itself with
+   ``df.mapInArrow(task, schema, barrier=True)``. Each task streams its
+   partition's Arrow record batches through a bounded shuffle buffer into the
+   same training loop (:func:`~sparkdp.train.loop.fit_worker`) for one epoch.
+   Rank 0 returns the model and optimizer state as safetensors bytes; the driver
+   loads them and ships them with the next epoch's stage. Cache the DataFrame
+   (``df.cache()``) so later epochs do not re-run its lineage.
+
+A barrier stage has exactly one task per partition and Spark refuses narrowing
+(``coalesce``) inside it, so a DataFrame with ``partitions != workers`` is
+``repartition(workers)``-ed (logged; pass ``df.repartition(workers).cache()`` to
+pay that shuffle once). Partitions of unequal size are fine: the loop's per-step
+MIN all-reduce stops every rank when the first runs out of rows (logged), so the
+synchronous collectives never wait for a rank that has left.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import time
+import uuid
+from dataclasses import replace
+from typing import Any, Iterator, Sequence
+
+import pyarrow as pa
+import torch
+
+from ..data.arrow import ArrowConverter
+from ..data.base import WorkerData
+from ..data.parquet import ParquetData
+from ..data.shuffle import rebatch, seeded_generator
+from ..errors import ConfigError, DataError, RendezvousTimeout
+from ..train.jobs import in_task
+from ..train.loop import FitSpec, fit_worker
+from ..train.serialize import state_from_bytes
+from .launcher import _all_tasks_started, _encode_error, _rendezvous, _too_few_slots, _translate, task_slots
+
+log = logging.getLogger(__name__)
+
+_OUT_SCHEMA = "rank long, info string, state binary, optimizer_state binary"
+_PLAIN_ATTR = re.compile(r"^[^\s()]+#\d+L?$")
+
+
+def is_dataframe(obj: Any) -> bool:
+    """A pyspark DataFrame (classic or Connect), recognised without importing pyspark."""
+    return type(obj).__name__ == "DataFrame" and type(obj).__module__.startswith("pyspark.sql")
+
+
+def parquet_scan_files(df) -> list[str] | None:
+    """The files of ``df`` when it is a plain Parquet scan with at most a column selection, else None.
+
+    The optimized logical plan must consist of ``Project [col#id, ...]`` (plain
+    column references, no expressions) over a ``Relation [...] parquet``;
+    anything else (filters, joins, casts, UDFs, Spark Connect) returns None and
+    the DataFrame is streamed through Spark instead.
+    """
+    try:
+        plan = df._jdf.queryExecution().optimizedPlan().toString()
+    except Exception:  # noqa: BLE001 - Spark Connect or a different JVM API: simply not detectable
+        return None
+    for line in plan.splitlines():
+        node = line.strip().lstrip(":+- ").strip()
+        if not node:
+            continue
+        if node.startswith("Project [") and node.endswith("]"):
+            if not all(_PLAIN_ATTR.match(item.strip()) for item in node[len("Project ["):-1].split(",")):
+                return None
+        elif not (node.startswith("Relation ") and node.endswith(" parquet")):
+            return None
+    files = list(df.inputFiles())
+    return files or None
+
+
+def _local_paths(files: list[str]) -> list[str]:
+    return [f[len("file:"):].replace("///", "/", 1) if f.startswith("file:") else f for f in files]
+
+
+class StreamData(WorkerData):
+    """One epoch of this task's partition, streamed from ``mapInArrow``'s record batches.
+
+    Built on the driver without a stream (then pickled into the task), attached
+    to the task's iterator there. ``batches`` can run once: the stream is consumed.
+    """
+
+    equal_batches = False  # partitions differ in size: the loop checks per step
+
+    def __init__(self, converter: ArrowConverter, shuffle_buffer: int) -> None:
+        self.converter = converter
+        self.shuffle_buffer = int(shuffle_buffer)
+        self._stream: Iterator[pa.RecordBatch] | None = None
+
+    def attach(self, stream: Iterator[pa.RecordBatch]) -> StreamData:
+        self._stream = stream
+        return self
+
+    def batches(self, *, rank: int, world_size: int, epoch: int, batch_size: int,
+                seed: int, shuffle: bool = True) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if self._stream is None:
+            raise RuntimeError("StreamData.batches ran without a stream (or twice in one stage)")
+        stream, self._stream = self._stream, None
+        chunks = (self.converter.convert(rb) for rb in stream if rb.num_rows)
+        yield from rebatch(chunks, batch_size, buffer_rows=self.shuffle_buffer if shuffle else 0,  # type: ignore[misc]
+                           generator=seeded_generator(seed, epoch, rank))
+
+    def counters(self) -> dict[str, int]:
+        return {"dropped_null_rows": self.converter.dropped}
+
+    def describe(self) -> str:
+        return f"a Spark DataFrame streamed per partition; {self.converter.describe()}"
+
+
+class DataFrameSource:
+    """Driver-side handle of a DataFrame to stream: the projected frame and its converter."""
+
+    def __init__(self, df, converter: ArrowConverter, shuffle_buffer: int, cached: bool = False) -> None:
+        self.df = df
+        self.cached = cached
+        self.converter = converter
+        self.shuffle_buffer = shuffle_buffer
+
+    def sample(self, rows: int = 2) -> pa.RecordBatch:
+        table = self.df.limit(rows).toArrow()
+        if table.num_rows == 0:
+            raise DataError("the DataFrame is empty (0 rows); nothing to train on. Check the filters upstream.")
+        return table.to_batches()[0]
+
+    def num_samples(self) -> None:
+        return None
+
+    def describe(self) -> str:
+        return StreamData(self.converter, self.shuffle_buffer).describe()
+
+
+def dataframe_data(df, *, features: str | Sequence[str], label: str | None, feature_shape=None,
+                   drop_nulls: bool = False, shuffle_buffer: int = 10_000) -> ParquetData | DataFrameSource:
+    """Route a DataFrame to :class:`ParquetData` (plain Parquet scan) or to per-epoch streaming."""
+    columns = [features] if isinstance(features, str) else list(features or [])
+    wanted = columns + ([label] if label else [])
+    missing = [c for c in wanted if c not in df.columns]
+    if missing:
+        raise DataError(f"column(s) {missing} not in the DataFrame. Available columns: {', '.join(df.columns)}. "
+                        "Pass features=/label= naming existing columns.")
+    files = parquet_scan_files(df)
+    if files is not None:
+        try:
+            data = ParquetData(_local_paths(files), features=features, label=label, feature_shape=feature_shape,
+                               drop_nulls=drop_nulls, shuffle_buffer=shuffle_buffer)
+            log.info("the DataFrame is a plain Parquet scan of %d file(s): workers read the files directly",
+                     len(files))
+            return data
+        except DataError as exc:  # e.g. a partition column that lives in directory names, not in files
+            log.info("reading the Parquet files directly is not possible (%s); streaming through Spark", exc)
+    projected = df.select(*wanted)
+    schema = projected.limit(0).toArrow().schema
+    converter = ArrowConverter(schema, features, label, feature_shape=feature_shape, drop_nulls=drop_nulls)
+    level = df.storageLevel
+    return DataFrameSource(projected, converter, shuffle_buffer, cached=level.useMemory or level.useDisk)
+
+
+def _epoch_task(spec: FitSpec, threads: int | None, pg_timeout_s: float):
+    """The function ``mapInArrow`` runs on each partition: one epoch of training on its stream."""
+
+    def task(stream: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        info = None
+        try:
+            info = _rendezvous()
+            data = StreamData(spec.train.converter, spec.train.shuffle_buffer).attach(stream)  # type: ignore[attr-defined]
+            job = in_task(lambda coll: fit_worker(replace(spec, train=data), coll), threads=threads,
+                          pg_timeout_s=pg_timeout_s)
+            out = job(info)
+            for _ in stream:  # rows left after another rank ran out: drain so Spark's writer can finish
+                pass
+        except BaseException as exc:  # re-raised with a summary the driver decodes
+            raise RuntimeError(_encode_error(info.rank if info else -1, exc)) from None
+        out = out or {}
+        meta = {k: v for k, v in out.items() if k not in ("state", "optimizer_state")}
+        yield pa.RecordBatch.from_pydict({
+            "rank": [info.rank], "info": [json.dumps(meta)],
+            "state": [out.get("state", b"")], "optimizer_state": [out.get("optimizer_state", b"")],
+        })
+
+    return task
+
+
+def fit_stream(spec: FitSpec, source: DataFrameSource, *, workers: int, spark, threads: int | None,
+               pg_timeout_s: float, start_timeout_s: float) -> dict[str, Any]:
+    """Train ``spec.epochs`` epochs on ``source``, one barrier stage per epoch; rank 0's merged output."""
+    df = source.df
+    partitions = df.rdd.getNumPartitions()
+    if partitions != workers:
+        log.info("the DataFrame has %d partition(s) for %d workers: repartitioning it to %d (a Spark shuffle "
+                 "every epoch; pass df.repartition(%d).cache() to shuffle only once)",
+                 partitions, workers, workers, workers)
+        df = df.repartition(workers)
+    else:
+        # One partition per worker as given. An empty or much smaller partition would end every
+        # rank's epoch early (the per-step MIN check), so count rows once (a cheap job over a
+        # cached DataFrame) and rebalance when the partitions are that uneven.
+        rows = _partition_rows(df)
+        if sum(rows) == 0:
+            raise DataError("the DataFrame is empty (0 rows); nothing to train on. Check the filters upstream.")
+        if min(rows) == 0 or max(rows) > 2 * min(rows) + 1:
+            log.info("the DataFrame's %d partitions are uneven (rows per partition: %s): repartitioning to %d "
+                     "so no worker runs out early", workers, rows, workers)
+            df = df.repartition(workers)
+    if spec.epochs > 1 and not source.cached:
+        log.info("the DataFrame is not cached: its lineage runs again in each of the %d epochs; call "
+                 "df.cache() first to avoid that", spec.epochs)
+    history: list[dict[str, float]] = []
+    merged: dict[str, Any] = {"train_time_s": 0.0, "samples": 0}
+    opt_state = None
+    template = StreamData(source.converter, source.shuffle_buffer)
+    for epoch in range(spec.epochs):
+        stage_spec = replace(spec, train=template, epochs=1, start_epoch=epoch, optimizer_state=opt_state,
+                             return_optimizer_state=True)
+        rows = _run_stage(df.mapInArrow(_epoch_task(stage_spec, threads, pg_timeout_s), _OUT_SCHEMA,
+                                        barrier=True), spark, workers, start_timeout_s, epoch)
+        first = next(r for r in rows if r["rank"] == 0)
+        meta = json.loads(first["info"])
+        spec.model.load_state_dict(state_from_bytes(first["state"]))  # shipped with the next stage
+        opt_state = bytes(first["optimizer_state"])
+        history += meta["history"]
+        merged["train_time_s"] += meta["train_time_s"]
+        merged["samples"] += meta["samples"]
+        merged["strategy_options"] = meta["strategy_options"]
+        for key, value in meta.get("data_counters", {}).items():
+            merged.setdefault("data_counters", {}).setdefault(key, 0)
+            merged["data_counters"][key] += value
+        merged["state"] = first["state"]
+    merged["history"] = history
+    return merged
+
+
+def _partition_rows(df) -> list[int]:
+    """Rows per partition, counted by the executors (nothing but the counts reaches the driver)."""
+
+    def count(stream: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        rows = sum(rb.num_rows for rb in stream)
+        yield pa.RecordBatch.from_pydict({"p": [TaskContext.get().partitionId()], "n": [rows]})
+
+    return [r["n"] for r in sorted(df.mapInArrow(count, "p long, n long").collect(), key=lambda r: r["p"])]
+
+
+def _run_stage(out_df, spark, workers: int, start_timeout_s: float, epoch: int) -> list[dict[str, Any]]:
+    """Collect a barrier ``mapInArrow`` stage, cancelling it when its tasks cannot all start
+    (same contract as :func:`~sparkdp.spark.launcher.run_barrier`)."""
+    sc = spark.sparkContext
+    slots = task_slots(sc)
+    if slots is not None and workers > slots:
+        raise RendezvousTimeout(_too_few_slots(workers, slots, sc.master))
+    group = f"sparkdp-df-{uuid.uuid4().hex[:12]}"
+    outcome: dict[str, Any] = {}
+    done = threading.Event()
+
+    def submit() -> None:
+        try:
+            sc.setJobGroup(group, f"sparkdp training epoch {epoch + 1} on a DataFrame", interruptOnCancel=True)
+            outcome["rows"] = [r.asDict() for r in out_df.collect()]
+        except BaseException as exc:  # handed to the waiting thread below
+            outcome["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=submit, name=group, daemon=True).start()
+    # The job may begin with an ordinary stage (the repartition shuffle, the DataFrame's
+    # lineage) of fewer tasks than workers, so the clock only runs while no task progresses.
+    deadline = time.monotonic() + start_timeout_s
+    started, seen = False, -1
+    while not done.wait(0.2):
+        if not started:
+            started = _all_tasks_started(sc, group, workers)
+            progress = _task_progress(sc, group)
+            if progress != seen:
+                seen, deadline = progress, time.monotonic() + start_timeout_s
+            if not started and time.monotonic() > deadline:
+                sc.cancelJobGroup(group)
+                done.wait(30)
+                raise RendezvousTimeout(
+                    f"requested {workers} workers, but Spark did not start them all within {start_timeout_s:.0f} s "
+                    f"on master {sc.master!r}. Lower `workers`, add executors/cores, or raise `start_timeout_s`.")
+    if "error" in outcome:
+        raise _translate(outcome["error"], workers, sc.master) from None
+    if not outcome["rows"]:
+        raise ConfigError("the training stage returned no result; is the DataFrame's partition count 0?")
+    return outcome["rows"]
+
+
+def _task_progress(sc, group: str) -> int:
+    tracker = sc.statusTracker()
+    total = 0
+    for job_id in tracker.getJobIdsForGroup(group):
+        job = tracker.getJobInfo(job_id)
+        for stage_id in job.stageIds if job else ():
+            stage = tracker.getStageInfo(stage_id)
+            total += (stage.numActiveTasks + stage.numCompletedTasks) if stage else 0
+    return total

@@ -1,0 +1,217 @@
+"""Spark ML integration: ``Estimator`` (fit -> ``Model``, a Transformer) for ``pyspark.ml.Pipeline``.
+
+The network is described by data, never by pickled objects: either a built-in
+model name from :data:`sparkdp.models.MODELS` plus JSON keyword arguments, or the
+import path of a module factory (``"my_pkg.nets:make_net"``). A saved model is
+Spark's usual params metadata plus ``module.safetensors`` (the trained state
+dict) and ``module.json`` (how to rebuild the network, the column layout and the
+training history) — loading it executes no pickle and no user code other than
+the named factory.
+
+Model files are written with Python file I/O, so the save path must be on a
+filesystem the driver can write (local disk, NFS, a FUSE mount such as /dbfs).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from typing import Any, Callable
+
+from pyspark import keyword_only
+from pyspark.ml import Estimator as SparkEstimator
+from pyspark.ml import Model as SparkModel
+from pyspark.ml.param import Param, Params, TypeConverters
+from pyspark.ml.param.shared import HasFeaturesCol, HasLabelCol, HasPredictionCol, HasSeed
+from pyspark.ml.util import DefaultParamsReadable, DefaultParamsReader, DefaultParamsWritable, DefaultParamsWriter
+from torch import nn
+
+from ..errors import ConfigError
+from ..train.serialize import load_state, save_state
+from .predict import predict
+
+_MODULE_FILE, _DESC_FILE = "module.safetensors", "module.json"
+
+
+def _p(name: str, doc: str, conv) -> Param:
+    return Param(Params._dummy(), name, doc, typeConverter=conv)
+
+
+class _SparkdpParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasSeed):
+    """Params shared by :class:`Estimator` and :class:`Model`."""
+
+    model = _p("model", "built-in model name (sparkdp.models.MODELS)", TypeConverters.toString)
+    modelKwargs = _p("modelKwargs", "JSON object of keyword arguments for the model", TypeConverters.toString)
+    moduleFactory = _p("moduleFactory", "import path 'package.module:function' of a function returning "
+                       "the torch.nn.Module (instead of model)", TypeConverters.toString)
+    featureShape = _p("featureShape", "per-row feature shape, e.g. [1, 28, 28]", TypeConverters.toListInt)
+    probabilityCol = _p("probabilityCol", "column for class probabilities ('' for none)", TypeConverters.toString)
+    outputType = _p("outputType", "prediction output: auto, class, value or raw", TypeConverters.toString)
+    strategy = _p("strategy", "training strategy name (allreduce, average, ...)", TypeConverters.toString)
+    strategyOptions = _p("strategyOptions", "JSON object of strategy options", TypeConverters.toString)
+    workers = _p("workers", "number of Spark tasks to train on (0: every task slot)", TypeConverters.toInt)
+    epochs = _p("epochs", "passes over the data", TypeConverters.toInt)
+    batchSize = _p("batchSize", "rows per worker per step (also the inference batch)", TypeConverters.toInt)
+    optimizer = _p("optimizer", "optimizer name (sgd, adam, ...)", TypeConverters.toString)
+    learningRate = _p("learningRate", "learning rate", TypeConverters.toFloat)
+    loss = _p("loss", "loss name (cross_entropy, mse, ...)", TypeConverters.toString)
+    dropNulls = _p("dropNulls", "drop rows with null features/labels instead of failing", TypeConverters.toBoolean)
+    shuffleBuffer = _p("shuffleBuffer", "rows held by each worker's shuffle buffer", TypeConverters.toInt)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._setDefault(featuresCol="features", labelCol="label", predictionCol="prediction", modelKwargs="{}",
+                         probabilityCol="", outputType="auto", strategy="allreduce", strategyOptions="{}",
+                         workers=0, epochs=1, batchSize=64, optimizer="sgd", learningRate=0.01,
+                         loss="cross_entropy", dropNulls=False, shuffleBuffer=10_000, seed=0)
+
+    def _features(self) -> str | list[str]:
+        """``featuresCol``; a comma-separated value names several (scalar/array) columns."""
+        value = self.getOrDefault(self.featuresCol)
+        parts = [c.strip() for c in value.split(",")]
+        return parts[0] if len(parts) == 1 else parts
+
+    def _shape(self) -> list[int] | None:
+        return self.getOrDefault(self.featureShape) if self.isDefined(self.featureShape) else None
+
+    def _json(self, param: Param) -> dict[str, Any]:
+        text = self.getOrDefault(param)
+        try:
+            value = json.loads(text or "{}")
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{param.name} must be a JSON object; got {text!r} ({exc}).") from exc
+        if not isinstance(value, dict):
+            raise ConfigError(f"{param.name} must be a JSON object such as '{{\"num_classes\": 3}}'; got {text!r}.")
+        return value
+
+    def _build_module(self) -> nn.Module:
+        if self.isDefined(self.moduleFactory) and self.getOrDefault(self.moduleFactory):
+            return _factory(self.getOrDefault(self.moduleFactory))(**self._json(self.modelKwargs))
+        if not self.isDefined(self.model):
+            raise ConfigError("no network given: set model= to a built-in name (see sparkdp.models.MODELS) "
+                              "or moduleFactory='package.module:function'.")
+        from ..models import MODELS
+
+        return MODELS.create(self.getOrDefault(self.model), **self._json(self.modelKwargs))
+
+
+def _factory(path: str) -> Callable[..., nn.Module]:
+    module_name, _, attr = path.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError(f"moduleFactory {path!r} cannot be imported ({exc}); give 'package.module:function' "
+                          "of a function importable on the driver and the executors.") from exc
+    if not callable(fn):
+        raise ConfigError(f"moduleFactory {path!r} is not callable.")
+    return fn
+
+
+def factory_path(fn: Callable[..., nn.Module]) -> str:
+    """``'module:qualname'`` of an importable module-level function (what ``moduleFactory`` takes)."""
+    path = f"{fn.__module__}:{fn.__qualname__}"
+    if "<" in fn.__qualname__ or fn.__module__ == "__main__":
+        raise ConfigError(f"the factory {path} cannot be re-imported when a saved model is loaded; define it "
+                          "at module level in an importable module, or use a built-in model name.")
+    return path
+
+
+class Estimator(SparkEstimator, _SparkdpParams, DefaultParamsReadable, DefaultParamsWritable):
+    """Trains a torch network on a DataFrame with sparkdp; ``fit`` returns a :class:`Model`.
+
+    Example:
+        >>> est = Estimator(model="linear", modelKwargs='{"image_size": 2, "num_classes": 3}',
+        ...                 featuresCol="features", epochs=2, workers=2)   # doctest: +SKIP
+        >>> Pipeline(stages=[VectorAssembler(...), est]).fit(df)          # doctest: +SKIP
+    """
+
+    @keyword_only
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__()
+        self._set(**self._input_kwargs)
+
+    @keyword_only
+    def setParams(self, **kwargs: Any) -> Estimator:
+        return self._set(**self._input_kwargs)
+
+    def _fit(self, dataset) -> Model:
+        from ..train.api import fit
+
+        net = self._build_module()
+        workers = self.getOrDefault(self.workers) or None
+        result = fit(net, dataset, features=self._features(), label=self.getOrDefault(self.labelCol),
+                     feature_shape=self._shape(), drop_nulls=self.getOrDefault(self.dropNulls),
+                     shuffle_buffer=self.getOrDefault(self.shuffleBuffer), loss=self.getOrDefault(self.loss),
+                     optimizer=self.getOrDefault(self.optimizer),
+                     optimizer_options={"lr": self.getOrDefault(self.learningRate)},
+                     strategy=self.getOrDefault(self.strategy), strategy_options=self._json(self.strategyOptions),
+                     workers=workers, epochs=self.getOrDefault(self.epochs),
+                     batch_size=self.getOrDefault(self.batchSize), seed=self.getOrDefault(self.seed),
+                     spark=dataset.sparkSession, show_progress=False)
+        model = Model()
+        self._copyValues(model)
+        model.module = result.model
+        model.history = result.history
+        return model
+
+
+class Model(SparkModel, _SparkdpParams, DefaultParamsReadable, DefaultParamsWritable):
+    """A trained network as a Transformer: ``transform(df)`` adds ``predictionCol`` (and ``probabilityCol``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.module: nn.Module | None = None
+        self.history: list[dict[str, float]] = []
+
+    def _transform(self, dataset):
+        if self.module is None:
+            raise ConfigError("this Model holds no trained network; obtain it from Estimator.fit or Model.load.")
+        prob = self.getOrDefault(self.probabilityCol) or None
+        return predict(self.module, dataset, features=self._features(), feature_shape=self._shape(),
+                       output_col=self.getOrDefault(self.predictionCol), batch_size=self.getOrDefault(self.batchSize),
+                       output="class" if prob else self.getOrDefault(self.outputType), probability_col=prob)
+
+    def write(self) -> _ModelWriter:
+        return _ModelWriter(self)
+
+    @classmethod
+    def read(cls) -> _ModelReader:
+        return _ModelReader(cls)
+
+
+def _local(path: str) -> str:
+    return path[len("file:"):] if path.startswith("file:") else path
+
+
+class _ModelWriter(DefaultParamsWriter):
+    """Spark's params metadata, plus the network as safetensors and its description as JSON."""
+
+    def saveImpl(self, path: str) -> None:
+        super().saveImpl(path)
+        model: Model = self.instance  # type: ignore[assignment]
+        if model.module is None:
+            raise ConfigError("cannot save a Model without a trained network.")
+        folder = _local(path)
+        os.makedirs(folder, exist_ok=True)
+        save_state(model.module.state_dict(), os.path.join(folder, _MODULE_FILE))
+        desc = {"format": "sparkdp-model/1", "history": model.history,
+                "module_class": f"{type(model.module).__module__}.{type(model.module).__qualname__}"}
+        with open(os.path.join(folder, _DESC_FILE), "w") as f:
+            json.dump(desc, f, indent=2)
+
+
+class _ModelReader(DefaultParamsReader):
+    def load(self, path: str) -> Model:
+        model = super().load(path)
+        folder = _local(path)
+        with open(os.path.join(folder, _DESC_FILE)) as f:
+            desc = json.load(f)
+        net = model._build_module()  # from the saved params: model/moduleFactory + modelKwargs
+        net.load_state_dict(load_state(os.path.join(folder, _MODULE_FILE)))
+        model.module = net.eval()
+        model.history = desc.get("history", [])
+        return model
+
+
+__all__ = ["Estimator", "Model", "factory_path"]

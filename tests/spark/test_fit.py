@@ -1,0 +1,113 @@
+"""End-to-end fit on local[2] Spark against a single-process reference."""
+
+import pytest
+import safetensors.torch
+import torch
+from torch import nn
+
+import sparkdp
+from sparkdp.data.tensors import TensorData
+from sparkdp.errors import ConfigError, DataError
+
+pytestmark = pytest.mark.spark
+
+
+def _problem(rows=96):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(rows, 4, generator=g)
+    y = (x @ torch.tensor([1.0, -2.0, 0.5, 1.5]) > 0).long()
+    torch.manual_seed(0)
+    return nn.Linear(4, 2), x, y
+
+
+def _reference(model, x, y, *, epochs, batch, world, lr):
+    """One process, plain SGD, on exactly the union batches the two shards form."""
+    data = TensorData(x, y)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    for epoch in range(epochs):
+        shards = [data.shard_indices(rank=r, world_size=world, epoch=epoch, seed=0, shuffle=True)
+                  for r in range(world)]
+        for start in range(0, len(shards[0]), batch):
+            opt.zero_grad()
+            loss = sum(nn.functional.cross_entropy(model(x[s[start:start + batch]]), y[s[start:start + batch]])
+                       for s in shards) / world
+            loss.backward()
+            opt.step()
+    return model
+
+
+@pytest.mark.parametrize("strategy,options", [("allreduce", {}), ("average", {"period": 1})])
+def test_fit_equals_single_process_sgd_on_union_batches(spark, strategy, options):
+    model, x, y = _problem()
+    ref = _reference(_problem()[0], x, y, epochs=2, batch=8, world=2, lr=0.2)
+    result = sparkdp.fit(model, (x, y), eval_data=(x, y), optimizer="sgd",
+                         optimizer_options={"lr": 0.2, "momentum": 0.0}, strategy=strategy,
+                         strategy_options=options, workers=2, epochs=2, batch_size=8, spark=spark)
+    for name, p in model.state_dict().items():
+        assert torch.allclose(p, ref.state_dict()[name], atol=1e-5), f"{strategy}: {name} {p} vs {ref.state_dict()[name]}"
+    assert len(result.history) == 2 and result.history[-1]["samples"] == 96
+    assert result.test_accuracy is not None and result.test_accuracy > 0.8
+    assert result.samples_per_s > 0 and result.workers == 2
+
+
+def test_trained_model_saves_and_loads_in_plain_pytorch(spark, tmp_path):
+    model, x, y = _problem()
+    result = sparkdp.fit(model, (x, y), workers=2, epochs=1, batch_size=16, spark=spark)
+    path = result.save(tmp_path / "m.safetensors")
+    fresh = nn.Linear(4, 2)
+    fresh.load_state_dict(safetensors.torch.load_file(path))
+    assert torch.equal(fresh.weight, model.weight)
+    assert (tmp_path / "m.json").exists()
+
+
+def test_unequal_shards_do_not_deadlock(spark):
+    # 97 rows over 2 workers: shards are padded to 49 each, 7 batches of 8 with a short last batch
+    model, x, y = _problem(97)
+    result = sparkdp.fit(model, (x, y), workers=2, epochs=1, batch_size=8, spark=spark)
+    assert result.history[0]["samples"] == 98
+
+
+def test_run_and_distribute_turn_a_plain_loop_distributed(spark):
+    result = sparkdp.run(_user_loop, 0.1, workers=2, spark=spark)
+    model, x, y = _problem(64)
+    ref = _reference(model, x, y, epochs=2, batch=8, world=2, lr=0.1)
+    # the user loop uses DistributedSampler shards, so compare quality, not bits
+    assert result["world_size"] == 2 and result["batches_per_epoch"] == 4
+    assert result["loss"] < 0.6 and abs(result["weight_norm"] - ref.weight.norm().item()) < 1.0
+
+
+def _user_loop(lr):
+    model, x, y = _problem(64)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8, shuffle=True)
+    model, optimizer, loader = sparkdp.distribute(model, optimizer, loader)  # the one-line change
+    for _ in range(2):
+        for xb, yb in loader:
+            optimizer.zero_grad()
+            loss = nn.functional.cross_entropy(model(xb), yb)
+            loss.backward()
+            optimizer.step()
+    import torch.distributed as dist
+
+    return {"world_size": dist.get_world_size(), "batches_per_epoch": len(loader), "loss": float(loss),
+            "weight_norm": float(model.module.weight.norm())}
+
+
+def test_bad_inputs_fail_before_spark_work(spark):
+    model, x, y = _problem(10)
+    with pytest.raises(ConfigError, match="has 1 rows but 2 workers"):
+        sparkdp.fit(model, (x[:1], y[:1]), workers=2, spark=spark)
+    with pytest.raises(DataError, match=r"labels must lie in \[0, 2\).*from 0 to 7"):
+        sparkdp.fit(model, (x, torch.arange(10) % 8), workers=2, spark=spark)
+    with pytest.raises(ConfigError, match=r"cannot take a batch of features of shape \(2, 3\)"):
+        sparkdp.fit(model, (x[:, :3], y), workers=2, spark=spark)
+    with pytest.raises(ConfigError, match="batch_size must be a positive integer"):
+        sparkdp.fit(model, (x, y), batch_size=0, spark=spark)
+    with pytest.raises(ConfigError, match="Unknown optimizer 'sgdd'"):
+        sparkdp.fit(model, (x, y), optimizer="sgdd", spark=spark)
+    with pytest.raises(DataError, match="features have 10 rows but labels have 3"):
+        sparkdp.fit(model, (x, y[:3]), spark=spark)
+    with pytest.raises(ConfigError, match="Unknown dataset 'not-a-dataset-name'. Available: fashion-mnist"):
+        sparkdp.fit(model, "not-a-dataset-name", spark=spark)
+    with pytest.raises(DataError, match="cannot use dict as training data"):
+        sparkdp.fit(model, {"x": 1}, spark=spark)

@@ -1,0 +1,54 @@
+"""The barrier launcher on a real local[2] Spark."""
+
+import time
+
+import pytest
+
+from sparkdp.errors import ConfigError, RendezvousTimeout, WorkerFailed
+from sparkdp.spark.launcher import run_barrier, task_slots
+
+pytestmark = pytest.mark.spark
+
+
+def _rank_and_world(info):
+    return (info.rank, info.world_size, info.master_addr, info.master_port > 0)
+
+
+def test_every_rank_runs_and_agrees_on_the_rendezvous(spark):
+    results = run_barrier(_rank_and_world, 2, spark=spark)
+    assert [r[:2] for r in results] == [(0, 2), (1, 2)]
+    assert results[0][2] == results[1][2] and all(r[3] for r in results)
+
+
+def test_too_many_workers_fails_fast_with_advice(spark):
+    assert task_slots(spark.sparkContext) == 2
+    started = time.monotonic()
+    with pytest.raises(RendezvousTimeout, match=r"requested 4 workers.*at most 2 tasks at once.*workers <= 2"):
+        run_barrier(_rank_and_world, 4, spark=spark)
+    assert time.monotonic() - started < 5
+
+
+def _fail_on_rank_one(info):
+    if info.rank == 1:
+        raise ValueError("bad shard on purpose")
+    return info.rank
+
+
+def test_a_worker_error_reaches_the_driver_readably(spark):
+    with pytest.raises(WorkerFailed, match=r"worker 1 failed: ValueError: bad shard on purpose"):
+        run_barrier(_fail_on_rank_one, 2, spark=spark)
+
+
+def _config_error(info):
+    raise ConfigError("labels out of range, fix them")
+
+
+def test_sparkdp_errors_keep_their_type(spark):
+    with pytest.raises(ConfigError, match="labels out of range"):
+        run_barrier(_config_error, 2, spark=spark)
+
+
+@pytest.mark.parametrize("workers", [0, -1, 1.5])
+def test_bad_worker_counts(spark, workers):
+    with pytest.raises(ConfigError, match="workers must be a positive integer"):
+        run_barrier(_rank_and_world, workers, spark=spark)

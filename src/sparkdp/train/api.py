@@ -134,6 +134,8 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
             ``strategy_options`` are passed to the named strategy.
         workers: Spark tasks to train on (default: every task slot of the cluster).
         epochs, batch_size: per-worker batch size; the global batch is ``workers * batch_size``.
+        lr_scheduler: ``optimizer -> scheduler`` built in every worker; stepped after every
+            optimizer step (e.g. ``lambda o: torch.optim.lr_scheduler.StepLR(o, 1000)``).
         master / spark: a Spark master URL or an existing SparkSession (default: the
             embedded ``local[N]`` session).
 
@@ -174,7 +176,7 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
         raise ConfigError(f"the training data has {rows} rows but {workers} workers were requested; every "
                           "worker needs at least one row. Use fewer workers or more data.")
     spec = FitSpec(model=model, loss=loss_fn, optimizer=factory, strategy=strategy_obj, train=train, eval=test,
-                   epochs=epochs, batch_size=batch_size, seed=seed, shuffle=shuffle)
+                   epochs=epochs, batch_size=batch_size, seed=seed, shuffle=shuffle, scheduler=lr_scheduler)
     log.info("training %s on %d workers with %s; data: %s", type(model).__name__, workers,
              strategy_obj.name, train.describe())
     with progress(show_progress, f"sparkdp: training on {workers} Spark workers ({strategy_obj.name})"):

@@ -39,6 +39,9 @@ class FitSpec:
     seed: int = 0
     shuffle: bool = True
     eval_batch_size: int = 1000
+    #: ``optimizer -> scheduler``; the scheduler's ``step()`` runs after every optimizer step
+    #: (per-iteration schedules such as Caffe's lr policies).
+    scheduler: Callable[[Any], Any] | None = None
     # Resuming (the DataFrame path runs one Spark stage per epoch): the first epoch's
     # number, and the optimizer state to start from (bytes of optimizer_state_to_bytes).
     start_epoch: int = 0
@@ -169,6 +172,8 @@ def fit_worker(spec: FitSpec, collective: Collective) -> dict[str, Any] | None:
             loss = spec.loss(net(x), y)
             loss.backward()
             optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
             stats[0] += loss.detach().item() * len(x)
             stats[1] += len(x)
         strategy.end_epoch()

@@ -1,0 +1,163 @@
+"""The TCP client side: a worker's authenticated connection to the parameter server."""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import threading
+from collections.abc import Sequence
+
+from torch import Tensor
+
+from sparkdp.errors import AuthenticationError, ProtocolError
+from sparkdp.ps import codec
+from sparkdp.ps.auth import NONCE_BYTES, SessionKeys, check_secret, client_proof, server_proof, verify
+from sparkdp.ps.server import Pulled, PushAck
+from sparkdp.ps.sharding import ShardPlan
+from sparkdp.ps.transport.base import Client, ConnectFailed
+from sparkdp.ps.transport.channel import Channel, PeerClosed
+from sparkdp.ps.transport.tcp_options import ERROR_KINDS, TcpOptions, parse_address, tune_socket
+
+Op = codec.Op
+
+
+class TcpClient(Client):
+    """A worker's authenticated connection; see :meth:`TcpTransport.connect`."""
+
+    def __init__(
+        self,
+        address: str,
+        secret: bytes,
+        worker_id: int,
+        timeout: float,
+        tls_cert: str | None,
+        opts: TcpOptions,
+    ) -> None:
+        if type(worker_id) is not int or worker_id < 0:
+            raise ValueError(f"worker_id must be an int >= 0, got {worker_id!r}.")
+        self.address, self.worker_id, self._opts = address, worker_id, opts
+        self._lock = threading.Lock()
+        self._broken: str | None = None
+        host, port = parse_address(address)
+        try:
+            sock = socket.create_connection((host, port), timeout=timeout)
+        except OSError as exc:
+            raise ConnectFailed(
+                f"worker {worker_id} cannot connect to the parameter server at {address}: {exc}. "
+                "Is the driver still running, and can executors reach the driver's host (firewall, "
+                "spark.driver.host)?"
+            ) from exc
+        try:
+            tune_socket(sock, opts)
+            if tls_cert is not None:
+                from sparkdp.ps.transport.tls import make_client_context
+
+                sock.settimeout(timeout)
+                sock = make_client_context(tls_cert).wrap_socket(sock)
+            self._chan = Channel(sock, "client", opts.limits, opts.frame_timeout)
+            self._handshake(check_secret(secret), timeout)
+        except BaseException:
+            sock.close()
+            raise
+
+    def _handshake(self, secret: bytes, timeout: float) -> None:
+        chan = self._chan
+        try:
+            hello = chan.recv(timeout)
+            server_nonce = bytes.fromhex(hello.meta.get("nonce", "")) if hello.op is Op.HELLO else b""
+        except PeerClosed:
+            raise ProtocolError(f"{self.address} closed the connection before the handshake.") from None
+        except (ValueError, TypeError):  # nonce not hex / not a string
+            server_nonce = b""
+        if len(server_nonce) != NONCE_BYTES:
+            raise ProtocolError(f"{self.address} did not greet like a sparkdp parameter server.")
+        client_nonce = secrets.token_bytes(NONCE_BYTES)
+        proof = client_proof(secret, server_nonce, client_nonce, self.worker_id)
+        chan.send(
+            Op.AUTH,
+            {
+                "worker": self.worker_id,
+                "nonce": client_nonce.hex(),
+                "proof": proof.hex(),
+                "mac_payload": self._opts.mac_payload,
+            },
+        )
+        chan.set_keys(
+            SessionKeys.derive(secret, server_nonce, client_nonce, self.worker_id), self._opts.mac_payload
+        )
+        try:
+            reply = chan.recv(timeout)
+        except (ProtocolError, OSError) as exc:
+            raise AuthenticationError(
+                f"parameter server at {self.address} rejected worker {self.worker_id}'s handshake ({exc}): "
+                "the job secret differs — connect with the secret of this job's endpoint.info."
+            ) from None
+        ok = reply.op is Op.AUTH_OK and verify(
+            server_proof(secret, server_nonce, client_nonce, self.worker_id),
+            bytes.fromhex(reply.meta.get("proof", "")),
+        )
+        if not ok:
+            raise AuthenticationError(f"{self.address} could not prove it holds the job secret.")
+        if self._opts.mac_payload and reply.meta.get("mac_payload") is not True:
+            raise AuthenticationError(f"{self.address} refused the payload MAC this client requires.")
+        chan.mac_payload = reply.meta["mac_payload"] is True
+        self.plan = ShardPlan.from_json(reply.meta["plan"])
+        self.num_shards = self.plan.num_shards
+        self.last_seq = int(reply.meta["last_seq"])
+
+    def _request(
+        self, op: Op, meta: dict, tensors: Sequence[Tensor], reply_op: Op, into=None
+    ) -> codec.Message:
+        with self._lock:
+            if self._broken:
+                raise ProtocolError(
+                    f"connection to {self.address} is unusable after an earlier error ({self._broken}); reconnect."
+                )
+            try:
+                self._chan.send(op, meta, tensors)
+                reply = self._chan.recv(self._opts.frame_timeout, into=into)
+            except (ProtocolError, OSError) as exc:
+                self._broken = str(exc) or type(exc).__name__
+                self._chan.sock.close()
+                if isinstance(exc, TimeoutError):
+                    raise TimeoutError(
+                        f"no reply from the parameter server at {self.address} within "
+                        f"{self._opts.frame_timeout}s; raise TcpOptions.frame_timeout for slow links."
+                    ) from exc
+                raise
+        if reply.op is Op.ERROR:
+            kind = ERROR_KINDS.get(reply.meta.get("kind"), ProtocolError)
+            raise kind(f"parameter server: {reply.meta.get('message')}")
+        if reply.op is not reply_op:
+            raise ProtocolError(f"expected {reply_op.name} from {self.address}, got {reply.op.name}.")
+        return reply
+
+    def pull(self, *, out: Sequence[Tensor] | None = None) -> Pulled:
+        if out is not None:
+            self.plan.check(out, "pull(out=...)")
+        reply = self._request(Op.PULL, {}, (), Op.PULL_REPLY, into=out)  # received straight into `out`
+        self.plan.check(reply.tensors, f"pull reply from {self.address}")
+        if out is None or all(a is b for a, b in zip(reply.tensors, out, strict=True)):
+            return Pulled(reply.meta["versions"], reply.tensors)
+        for dst, src in zip(
+            out, reply.tensors, strict=True
+        ):  # `out` not contiguous: the channel could not scatter
+            dst.copy_(src)
+        return Pulled(reply.meta["versions"], list(out))
+
+    def push(self, seq, pulled_versions, tensors, *, num_samples=1, local_steps=1) -> PushAck:
+        self.plan.check(tensors, f"push from worker {self.worker_id}")  # fail before sending 100s of MB
+        meta = {"seq": seq, "pulled": None if pulled_versions is None else list(pulled_versions),
+                "num_samples": num_samples, "local_steps": local_steps}  # fmt: skip
+        reply = self._request(Op.PUSH, meta, tensors, Op.PUSH_REPLY)
+        return PushAck(reply.meta["versions"], bool(reply.meta["applied"]))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._broken is None:
+                self._broken = "closed by the client"
+                try:
+                    self._chan.send(Op.BYE, {})
+                except OSError:
+                    pass  # the server may already be gone; closing anyway
+            self._chan.sock.close()

@@ -1,0 +1,57 @@
+"""Options and small helpers shared by the TCP server and client."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+
+from sparkdp.errors import AuthenticationError, ConfigError
+from sparkdp.ps import codec
+from sparkdp.ps.server import PushRejected
+
+ERROR_KINDS: dict[str, type[Exception]] = {
+    "PushRejected": PushRejected,
+    "ValueError": ValueError,
+    "AuthenticationError": AuthenticationError,
+}
+
+
+@dataclass(frozen=True)
+class TcpOptions:
+    """Knobs of the TCP transport (the server's ``mac_payload`` is binding for its clients).
+
+    Args:
+        mac_payload: MAC the tensor bytes too (see :mod:`sparkdp.ps.auth`; ~1.7 GB/s per core).
+        tls: encrypt with a self-signed certificate generated at serve time.
+        limits: largest accepted frame.
+        handshake_timeout / frame_timeout / idle_timeout: seconds, see the module docstring.
+        socket_buffer: SO_SNDBUF/SO_RCVBUF bytes; ``None`` keeps Linux's autotuning.
+        join_timeout: how long close() waits for each thread.
+    """
+
+    mac_payload: bool = False
+    tls: bool = False
+    limits: codec.Limits = field(default_factory=codec.Limits)
+    handshake_timeout: float = 10.0
+    frame_timeout: float = 60.0
+    idle_timeout: float = 1800.0
+    socket_buffer: int | None = None
+    join_timeout: float = 5.0
+
+
+def format_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"parameter-server address {address!r} is not 'host:port'.")
+    return host.strip("[]"), int(port)
+
+
+def tune_socket(sock: socket.socket, opts: TcpOptions) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # request/reply: no Nagle delay
+    if opts.socket_buffer:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, opts.socket_buffer)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, opts.socket_buffer)

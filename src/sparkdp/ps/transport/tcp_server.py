@@ -1,0 +1,217 @@
+"""The TCP server side: accept thread, one thread per connection, handshake, dispatch."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import secrets
+import socket
+import threading
+import time
+
+import torch
+
+from sparkdp.errors import AuthenticationError, ProtocolError
+from sparkdp.ps import codec
+from sparkdp.ps.auth import NONCE_BYTES, SessionKeys, client_proof, server_proof, verify
+from sparkdp.ps.server import ParameterServer, PushRejected
+from sparkdp.ps.transport.base import ConnectFailed, ConnectInfo, Endpoint
+from sparkdp.ps.transport.channel import Channel, PeerClosed
+from sparkdp.ps.transport.tcp_options import TcpOptions, format_address, tune_socket
+
+log = logging.getLogger(__name__)
+Op = codec.Op
+_WILDCARDS = {"", "0.0.0.0", "::"}
+
+
+class TcpEndpoint(Endpoint):
+    """The listening server; see :meth:`TcpTransport.serve`."""
+
+    def __init__(
+        self, server: ParameterServer, host: str, port: int, secret: bytes, opts: TcpOptions
+    ) -> None:
+        self.server, self._secret, self._opts = server, secret, opts
+        self._tls_ctx, cert = None, None
+        if opts.tls:
+            from sparkdp.ps.transport.tls import make_server_context
+
+            self._tls_ctx, cert = make_server_context()
+        if host in _WILDCARDS:
+            log.warning(
+                "parameter server binds all interfaces (%r) as asked; prefer the driver's address", host
+            )
+        family = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][0]
+        self._listener = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            self._listener.bind((host, port))
+        except OSError as exc:
+            if port == 0 or exc.errno != errno.EADDRINUSE:
+                self._listener.close()
+                raise ConnectFailed(
+                    f"cannot bind the parameter server to {format_address(host, port)}: {exc}"
+                ) from exc
+            log.warning("port %d on %s is taken; the parameter server uses a free port instead", port, host)
+            self._listener.bind((host, 0))
+        self._listener.listen(128)
+        bound_host, bound_port = self._listener.getsockname()[:2]
+        self._info = ConnectInfo(format_address(bound_host, bound_port), secret, cert)
+        self.rejected_connections = 0  # protocol / auth failures, for tests and monitoring
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        # thread -> its socket (None once it closed it).  A thread stays here until it has
+        # *ended*, not just closed its socket: freeing its buffers takes a while, and a thread
+        # still inside torch when the interpreter exits aborts the process.
+        self._conns: dict[threading.Thread, socket.socket | None] = {}
+        self._accept_thread = threading.Thread(
+            target=self._accept_loop, name=f"sparkdp-ps-accept-{bound_port}", daemon=True
+        )
+        self._accept_thread.start()
+        log.info(
+            "parameter server listening on %s (tls=%s, mac_payload=%s)",
+            self.address,
+            opts.tls,
+            opts.mac_payload,
+        )
+
+    @property
+    def info(self) -> ConnectInfo:
+        return self._info
+
+    def threads(self) -> list[threading.Thread]:
+        with self._lock:
+            return [self._accept_thread, *self._conns]
+
+    def _accept_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                sock, peer = self._listener.accept()
+            except OSError:  # listener shut down by close(), or a transient accept error
+                if self._stop.is_set():
+                    return
+                log.warning("accept() failed on %s; continuing", self.address, exc_info=True)
+                continue
+            thread = threading.Thread(
+                target=self._serve_conn, args=(sock, peer), name=f"sparkdp-ps-conn-{peer[1]}", daemon=True
+            )
+            with self._lock:
+                if self._stop.is_set():
+                    sock.close()
+                    return
+                for done in [t for t in self._conns if not t.is_alive()]:
+                    del self._conns[done]
+                self._conns[thread] = sock
+            thread.start()
+
+    def _serve_conn(self, sock: socket.socket, peer: tuple) -> None:
+        worker = None
+        try:
+            tune_socket(sock, self._opts)
+            sock.settimeout(self._opts.handshake_timeout)
+            if self._tls_ctx is not None:
+                sock = self._tls_ctx.wrap_socket(sock, server_side=True)
+                with self._lock:
+                    self._conns[threading.current_thread()] = sock
+            chan = Channel(sock, "server", self._opts.limits, self._opts.frame_timeout)
+            worker = self._handshake(chan)
+            out = None  # reusable pull buffers: the reply is sent before the next request arrives
+            while not self._stop.is_set():
+                msg = chan.recv(self._opts.idle_timeout, reuse_buffer=True)
+                if msg.op is Op.BYE:
+                    return
+                if msg.op is Op.PULL:
+                    if out is None:
+                        out = [torch.empty(s.shape, dtype=s.dtype) for s in self.server.plan.params]
+                    versions, tensors = self.server.pull(worker, out=out)
+                    chan.send(Op.PULL_REPLY, {"versions": versions}, tensors)
+                elif msg.op is Op.PUSH:
+                    self._handle_push(chan, worker, msg)
+                else:
+                    raise ProtocolError(f"unexpected op {msg.op.name} from worker {worker}.")
+        except PeerClosed:
+            log.debug("worker %s (%s) disconnected", worker, peer)
+        except (ProtocolError, OSError) as exc:  # includes timeouts, TLS errors, auth failures
+            with self._lock:
+                self.rejected_connections += 1
+            if not self._stop.is_set():
+                log.warning("closing connection from %s (worker %s): %s", peer, worker, exc)
+        finally:
+            sock.close()
+            with self._lock:
+                self._conns[threading.current_thread()] = None
+
+    def _handshake(self, chan: Channel) -> int:
+        server_nonce = secrets.token_bytes(NONCE_BYTES)
+        chan.send(Op.HELLO, {"nonce": server_nonce.hex()})
+        timeout = self._opts.handshake_timeout
+        msg = chan.recv(timeout, deadline=time.monotonic() + timeout)
+        try:
+            worker, client_nonce, proof = (
+                msg.meta["worker"],
+                bytes.fromhex(msg.meta["nonce"]),
+                bytes.fromhex(msg.meta["proof"]),
+            )
+            ok = (
+                msg.op is Op.AUTH
+                and type(worker) is int
+                and 0 <= worker < 2**63
+                and len(client_nonce) == NONCE_BYTES
+            )
+        except (KeyError, TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise ProtocolError(f"malformed handshake message {msg.op.name}.")
+        if not verify(client_proof(self._secret, server_nonce, client_nonce, worker), proof):
+            chan.send(Op.ERROR, {"kind": "AuthenticationError", "message": "wrong job secret"})
+            raise AuthenticationError(
+                f"client claiming worker {worker} failed authentication (wrong secret)."
+            )
+        mac_payload = self._opts.mac_payload or msg.meta.get("mac_payload") is True
+        chan.set_keys(SessionKeys.derive(self._secret, server_nonce, client_nonce, worker), mac_payload)
+        chan.send(Op.AUTH_OK, {
+            "proof": server_proof(self._secret, server_nonce, client_nonce, worker).hex(),
+            "plan": self.server.plan.to_json(), "last_seq": self.server.last_seq(worker), "mac_payload": mac_payload,
+        })  # fmt: skip
+        return worker
+
+    def _handle_push(self, chan: Channel, worker: int, msg: codec.Message) -> None:
+        m = msg.meta
+        try:
+            ack = self.server.push(
+                worker,
+                m.get("seq"),
+                m.get("pulled"),
+                msg.tensors,
+                m.get("num_samples", 1),
+                m.get("local_steps", 1),
+            )
+        except (PushRejected, ValueError) as exc:  # the client's fault: tell it, keep the connection
+            chan.send(Op.ERROR, {"kind": type(exc).__name__, "message": str(exc)})
+            return
+        except Exception as exc:  # a server-side bug (e.g. in a rule): log it here AND report it
+            log.exception("applying push %s of worker %s failed", m.get("seq"), worker)
+            chan.send(Op.ERROR, {"kind": type(exc).__name__, "message": f"server error: {exc}"})
+            return
+        chan.send(Op.PUSH_REPLY, {"versions": ack.versions, "applied": ack.applied})
+
+    def close(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        for sock in [self._listener, *self._conns_snapshot()]:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in accept()/recv()
+            except OSError:
+                pass  # already closed by its thread or never connected
+        self._listener.close()
+        for thread in self.threads():
+            thread.join(self._opts.join_timeout)
+            if thread.is_alive():
+                log.warning(
+                    "parameter-server thread %s did not stop within %.1fs",
+                    thread.name,
+                    self._opts.join_timeout,
+                )
+
+    def _conns_snapshot(self) -> list[socket.socket]:
+        with self._lock:
+            return [s for s in self._conns.values() if s is not None]

@@ -1,0 +1,284 @@
+"""The TCP transport on 127.0.0.1: correctness under threads, and attacks.
+
+Each attack runs while an honest client is connected; the attacker's connection must
+be closed, nothing it sent applied, and the honest client must keep working.
+"""
+
+import logging
+import os
+import socket
+import threading
+
+import pytest
+import torch
+
+from sparkdp.errors import AuthenticationError, ProtocolError
+from sparkdp.ps import PushRejected, codec
+from sparkdp.ps.codec import HEADER, MAGIC, Op
+from sparkdp.ps.transport import ConnectFailed, TcpOptions, TcpTransport
+from sparkdp.ps.transport.channel import send_buffers
+from tests.ps.conftest import connect as _connect
+from tests.ps.conftest import make_ps
+
+SHAPES = [(1000,), (10, 10)]
+
+
+def ones():
+    return [torch.ones(s) for s in SHAPES]
+
+
+def assert_closed(sock: socket.socket) -> None:
+    """The server closed this connection (EOF or reset) within 10 s."""
+    sock.settimeout(10)
+    try:
+        while sock.recv(65536):
+            pass  # a reply sent before the close may still be buffered
+    except ConnectionResetError:
+        pass
+
+
+def honest_round(client, seq):
+    versions, _ = client.pull()
+    assert client.push(seq, versions, ones()).applied
+
+
+@pytest.fixture
+def setup(tcp):
+    ps = make_ps(SHAPES)
+    ep = tcp(ps)
+    honest = _connect(ep, 0)
+    honest_round(honest, 0)
+    yield ps, ep, honest
+    # the honest client is unaffected by whatever the test did
+    honest_round(honest, 1)
+    pushes = ps.metrics()["pushes_applied"]
+    assert torch.equal(ps.pull(0).tensors[0], torch.full((1000,), -float(pushes)))
+    honest.close()
+
+
+def test_threads_lose_no_update_over_tcp(tcp):
+    ps = make_ps([(256,), (3, 3)], num_shards=2)
+    ep = tcp(ps)
+    errors, n_threads, n_pushes = [], 8, 200
+
+    def worker(w):
+        try:
+            with _connect(ep, w) as client:
+                for seq in range(n_pushes):
+                    versions, _ = client.pull()
+                    client.push(seq, versions, [torch.ones(256), torch.ones(3, 3)])
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors[0]
+    for t in ps.pull(0).tensors:
+        assert torch.all(t == -n_threads * n_pushes)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [TcpOptions(), TcpOptions(mac_payload=True), TcpOptions(tls=True)],
+    ids=["default", "mac", "tls"],
+)
+def test_round_trip_and_duplicates(tcp, options):
+    ps = make_ps(SHAPES, num_shards=2)
+    ep = tcp(ps, options)
+    with _connect(ep, 4, options) as client:
+        assert client.num_shards == ps.num_shards and client.last_seq == -1
+        versions, center = client.pull()
+        assert [t.shape for t in center] == [torch.Size(s) for s in SHAPES]
+        assert client.push(0, versions, ones()).applied
+        assert not client.push(0, versions, ones()).applied
+        out = [torch.empty(s) for s in SHAPES]
+        pulled = client.pull(out=out)
+        assert pulled.tensors[0] is out[0] and torch.equal(out[1], -torch.ones(10, 10))
+    with _connect(ep, 4, options) as again:  # a replacement task learns where to continue
+        assert again.last_seq == 0
+
+
+def test_binds_loopback_by_default_and_falls_back_from_a_taken_port(tcp, caplog):
+    ep = tcp(make_ps())
+    assert ep._listener.getsockname()[0] == "127.0.0.1" and ep.address.startswith("127.0.0.1:")
+    taken = int(ep.address.rsplit(":", 1)[1])
+    with caplog.at_level(logging.WARNING, logger="sparkdp.ps.transport.tcp_server"):
+        other = tcp(make_ps(), port=taken)
+    assert other.address != ep.address and "is taken" in caplog.text
+
+
+def test_connect_failure_names_the_address():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, not listening: connection refused
+        with pytest.raises(ConnectFailed, match=rf"127\.0\.0\.1:{port}.*Is the driver still running"):
+            TcpTransport().connect(f"127.0.0.1:{port}", os.urandom(32), 0, timeout=5)
+
+
+def test_wrong_secret_is_rejected_and_nothing_applied(setup):
+    ps, ep, _ = setup
+    with pytest.raises(AuthenticationError, match="secret"):
+        TcpTransport().connect(ep.address, os.urandom(32), 9, timeout=10)
+    assert ps.last_seq(9) == -1 and ep.rejected_connections == 1
+
+
+def test_non_finite_push_over_tcp_names_the_worker_and_keeps_the_connection(setup):
+    ps, ep, _ = setup
+    with _connect(ep, 3) as client:
+        versions, before = client.pull()
+        bad = ones()
+        bad[1][2, 2] = float("nan")
+        with pytest.raises(PushRejected, match="worker 3"):
+            client.push(0, versions, bad)
+        assert torch.equal(client.pull().tensors[0], before[0])
+        with pytest.raises(PushRejected, match="got 1 tensors"):  # bypassing the client-side check
+            client._request(Op.PUSH, {"seq": 0, "pulled": versions}, [torch.ones(3)], Op.PUSH_REPLY)
+        honest_round(client, 0)  # same connection still fine
+
+
+def _push_frame(client, seq=0):
+    versions = [0] * client.num_shards
+    return client._chan.encode_frame(Op.PUSH, {"seq": seq, "pulled": versions}, ones())
+
+
+def _flip(buf, index=-1):
+    b = bytearray(buf)
+    b[index] ^= 1
+    return bytes(b)
+
+
+def test_forged_header_mac(setup):
+    ps, ep, _ = setup
+    attacker = _connect(ep, 5)
+    parts = _push_frame(attacker)
+    parts[2] = _flip(parts[2])
+    send_buffers(attacker._chan.sock, parts)
+    assert_closed(attacker._chan.sock)
+    assert ps.last_seq(5) == -1
+
+
+def test_altered_json_keeps_no_valid_mac(setup):
+    ps, ep, _ = setup
+    attacker = _connect(ep, 5)
+    parts = _push_frame(attacker)
+    parts[1] = parts[1].replace(b'"seq":0', b'"seq":7')
+    send_buffers(attacker._chan.sock, parts)
+    assert_closed(attacker._chan.sock)
+    assert ps.last_seq(5) == -1
+
+
+def test_replayed_and_reordered_frames(setup):
+    ps, ep, _ = setup
+    victim = _connect(ep, 6)
+    parts = [bytes(memoryview(p).cast("B")) for p in _push_frame(victim)]
+    send_buffers(victim._chan.sock, parts)
+    assert victim._chan.recv(10).meta["applied"] is True
+    send_buffers(victim._chan.sock, parts)  # replay: same sequence number
+    assert_closed(victim._chan.sock)
+    other = _connect(ep, 6)  # the same bytes on another connection: other session key
+    send_buffers(other._chan.sock, parts)
+    assert_closed(other._chan.sock)
+    third = _connect(ep, 7)
+    _first, second = _push_frame(third, 0), _push_frame(third, 1)
+    send_buffers(third._chan.sock, second)  # reordered
+    assert_closed(third._chan.sock)
+    assert ps.last_seq(6) == 0 and ps.last_seq(7) == -1
+
+
+def test_truncated_frame(setup):
+    ps, ep, _ = setup
+    attacker = _connect(ep, 5)
+    frame = b"".join(bytes(memoryview(p).cast("B")) for p in _push_frame(attacker))
+    attacker._chan.sock.sendall(frame[: len(frame) // 2])
+    attacker._chan.sock.shutdown(socket.SHUT_WR)
+    assert_closed(attacker._chan.sock)
+    assert ps.last_seq(5) == -1
+
+
+@pytest.mark.parametrize("authenticated", [False, True])
+def test_oversized_length_field_is_refused_before_allocating(setup, caplog, authenticated):
+    ps, ep, _ = setup
+    huge = 2**62
+    with caplog.at_level(logging.WARNING, logger="sparkdp.ps.transport.tcp_server"):
+        if authenticated:
+            attacker = _connect(ep, 5)
+            sock, seq = attacker._chan.sock, attacker._chan.send_seq
+        else:
+            sock, seq = socket.create_connection(ep.address.rsplit(":", 1), timeout=10), 0
+            sock.recv(4096)  # HELLO
+        sock.sendall(HEADER.pack(MAGIC, codec.PROTOCOL_VERSION, Op.PUSH, 0, seq, 2, huge) + b"{}")
+        assert_closed(sock)
+    assert f"payload of {huge} bytes exceeds the limit" in caplog.text
+
+
+def test_garbage_bytes(setup, tcp):
+    ps, _, _ = setup
+    ep = tcp(ps, TcpOptions(handshake_timeout=0.5))
+    # the HTTP request is shorter than a frame header: the handshake deadline ends it
+    for garbage in (os.urandom(200), b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", b"S"):
+        sock = socket.create_connection(ep.address.rsplit(":", 1), timeout=10)
+        sock.sendall(garbage)
+        assert_closed(sock)
+    assert ep.rejected_connections == 3
+
+
+def test_payload_mac_catches_flipped_tensor_bytes(tcp):
+    ps = make_ps(SHAPES)
+    ep = tcp(ps, TcpOptions(mac_payload=True))
+    attacker = _connect(ep, 5)
+    parts = _push_frame(attacker)
+    parts[3] = _flip(memoryview(parts[3]).cast("B"), 0)  # first tensor byte
+    send_buffers(attacker._chan.sock, parts)
+    assert_closed(attacker._chan.sock)
+    assert ps.last_seq(5) == -1
+
+
+def test_header_mac_alone_does_not_cover_tensor_bytes(tcp):
+    """Documents the default's threat model: payload integrity needs mac_payload=True."""
+    ps = make_ps(SHAPES)
+    ep = tcp(ps)
+    client = _connect(ep, 5)
+    parts = _push_frame(client)
+    parts[3] = torch.full((1000,), 2.0).numpy().tobytes()
+    send_buffers(client._chan.sock, parts)
+    assert client._chan.recv(10).meta["applied"] is True
+    assert torch.equal(ps.pull(0).tensors[0], torch.full((1000,), -2.0))
+    client.close()
+
+
+def test_client_can_demand_the_payload_mac(tcp):
+    ps = make_ps(SHAPES)
+    ep = tcp(ps)  # server default: header MAC only
+    with _connect(ep, 1, TcpOptions(mac_payload=True)) as client:
+        assert client._chan.mac_payload
+        honest_round(client, 0)
+
+
+def test_tls_needs_the_pinned_certificate(tcp):
+    ep = tcp(make_ps(), TcpOptions(tls=True))
+    assert ep.info.tls_cert.startswith("-----BEGIN CERTIFICATE-----")
+    with pytest.raises((ProtocolError, OSError)):
+        TcpTransport(TcpOptions(handshake_timeout=2, frame_timeout=2)).connect(
+            ep.address, ep.info.secret, 0, timeout=2
+        )
+    other = tcp(make_ps(), TcpOptions(tls=True))
+    with pytest.raises(OSError):  # ssl.SSLCertVerificationError: not the pinned certificate
+        TcpTransport().connect(ep.address, ep.info.secret, 0, timeout=5, tls_cert=other.info.tls_cert)
+
+
+def test_close_ends_connections_and_threads(tcp):
+    ps = make_ps()
+    ep = tcp(ps)
+    client = _connect(ep, 0)
+    client.pull()
+    ep.close()
+    assert not any(t.is_alive() for t in ep.threads())
+    with pytest.raises((ProtocolError, OSError)):
+        client.pull()
+    with pytest.raises(ProtocolError, match="unusable"):
+        client.pull()
+    client.close()
+    ep.close()  # idempotent

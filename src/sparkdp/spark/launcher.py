@@ -9,6 +9,7 @@ instead of letting Spark wait for slots forever.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import re
@@ -78,16 +79,17 @@ def _rendezvous() -> TaskInfo:
 def _encode_error(rank: int, exc: BaseException) -> str:
     tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
     payload = {"rank": rank, "type": type(exc).__name__, "message": str(exc), "traceback": "".join(tb[-6:])}
-    return f"{_ERROR_MARK}<<{json.dumps(payload)}>>"
+    # base64: survives whatever quoting Spark and py4j apply to the message on its way to the driver
+    return f"{_ERROR_MARK}<<{base64.b64encode(json.dumps(payload).encode()).decode()}>>"
 
 
 def _decode_error(text: str) -> SparkdpError | None:
-    match = re.search(_ERROR_MARK + r"<<(.*?)>>", text, re.S)
+    match = re.search(_ERROR_MARK + r"<<([A-Za-z0-9+/=]+)>>", text)
     if not match:
         return None
     try:
-        info = json.loads(match.group(1))
-    except json.JSONDecodeError:
+        info = json.loads(base64.b64decode(match.group(1)))
+    except (ValueError, json.JSONDecodeError):
         return None
     cls = _REBUILDABLE.get(info["type"])
     if cls is not None:
@@ -187,5 +189,7 @@ def _translate(exc: BaseException, requested: int, master: str) -> BaseException
         return RendezvousTimeout(_too_few_slots(requested, -1, master).replace("at most -1", "fewer"))
     if isinstance(exc, SparkdpError):
         return exc
-    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-    return WorkerFailed(f"the Spark job failed: {first[:2000]}")
+    # Keep what Spark says, without the JVM stack frames.
+    lines = [ln for ln in text.strip().splitlines() if ln.strip() and not ln.lstrip().startswith("at ")]
+    summary = "\n".join(lines[:8]) if lines else type(exc).__name__
+    return WorkerFailed(f"the Spark job failed: {summary[:2000]}")

@@ -161,6 +161,41 @@ def run_barrier(fn: Callable[[TaskInfo], Any], num_workers: int, *, spark,
     return outcome["results"]
 
 
+def driver_host(spark) -> str:
+    """The address executors reach the driver on (where the parameter server listens)."""
+    return spark.sparkContext.getConf().get("spark.driver.host", "127.0.0.1")
+
+
+def run_tasks(fn: Callable[[int], Any], num_workers: int, *, spark, description: str = "sparkdp workers") -> list[Any]:
+    """Run ``fn(worker_index)`` as ``num_workers`` ordinary (non-barrier) Spark tasks.
+
+    Unlike a barrier stage, Spark retries a failed task on its own (up to
+    ``spark.task.maxFailures``; ``local[N,F]`` in local mode), and the tasks need not
+    all run at once: with fewer slots than workers they run in waves.
+    """
+    if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
+        raise ConfigError(f"workers must be a positive integer; got {num_workers!r}.")
+    sc = spark.sparkContext
+    slots = task_slots(sc)
+    if slots is not None and num_workers > slots:
+        log.warning("%d asynchronous workers on %d task slots: they will run in waves, not all at once",
+                    num_workers, slots)
+
+    def run_partition(index, _rows):
+        try:
+            yield fn(index)
+        except BaseException as exc:  # re-raised with a parseable summary for the driver
+            raise RuntimeError(_encode_error(index, exc)) from None
+
+    sc.setJobDescription(description)
+    try:
+        return sc.parallelize(range(num_workers), num_workers).mapPartitionsWithIndex(run_partition).collect()
+    except Exception as exc:  # py4j / PySpark wrap the worker's error; translate it
+        raise _translate(exc, num_workers, sc.master) from None
+    finally:
+        sc.setJobDescription(None)
+
+
 def _all_tasks_started(sc, group: str, num_workers: int) -> bool:
     tracker = sc.statusTracker()
     for job_id in tracker.getJobIdsForGroup(group):

@@ -1,0 +1,166 @@
+"""Asynchronous training through the parameter server (Dpplee3 / Downpour / EASGD / DC-ASGD).
+
+Each worker is an ordinary Spark task (so Spark can retry it) that trains with its
+**own** optimizer and talks to the server at its own pace — *multi-granular*
+interaction (Dpplee3): it pushes every ``push_every`` local batches (an int or
+``"epoch"``) and pulls every ``pull_every``. What it pushes is decided by the update
+rule: for the ASGD family the pseudo-gradient ``(w_ref - w_local) / (lr_w * k)``
+(ALGORITHMS.md §8, ADAG normalisation: equal to the gradient for k = 1 and a plain
+SGD worker, so the server learning rate need not change with k); for EASGD the
+elastic difference. The server applies it with the rule (and, for ASGD, the
+**server's** optimizer) — worker and server optimizers are separate objects.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..comm.base import Collective
+from ..errors import ConfigError
+from ..rules import RuleSpec
+from ..rules.functional import pseudo_gradient
+from .base import Strategy
+
+log = logging.getLogger(__name__)
+
+
+def _every(name: str, value: int | str) -> int | str:
+    if value == "epoch":
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be a positive number of batches or 'epoch'; got {value!r}.")
+    return value
+
+
+class AsyncParameterServer(Strategy):
+    """Asynchronous data parallelism around a sharded, authenticated parameter server.
+
+    Args:
+        rule: update rule name (``asgd``, ``hogwild``, ``easgd``, ``dcasgd``, ``ddcasgd``,
+            ``sa-asgd``, ...; see :data:`sparkdp.rules.RULES`).
+        rule_options: the rule's hyper-parameters, e.g. ``{"lr": 0.05}`` — the
+            **server** learning rate — or ``{"server_optimizer": "adam"}`` for ASGD.
+            ``num_workers`` is filled in from the job.
+        push_every: local batches between pushes (int) or ``"epoch"``. Raise it to cut
+            traffic (each push moves the whole model); keep it small if the loss is
+            noisy or workers diverge.
+        pull_every: local batches between pulls (default: same as ``push_every``).
+        num_shards: parameter-server shards (default: about one per 8 MiB of model).
+        mac_payload: also authenticate tensor bytes (closes on-path tampering; costs
+            about half the bandwidth); ``tls``: encrypt the connection.
+        connect_timeout_s: how long a worker waits for the server.
+    """
+
+    launch_mode = "tasks"
+
+    def __init__(self, rule: str = "asgd", rule_options: dict[str, Any] | None = None, *,
+                 push_every: int | str = 1, pull_every: int | str | None = None,
+                 num_shards: int | None = None, mac_payload: bool = False, tls: bool = False,
+                 connect_timeout_s: float = 30.0) -> None:
+        super().__init__()
+        options = dict(rule_options or {})
+        # validate name and hyper-parameters now, on the driver (num_workers is a placeholder here)
+        self.rule = RuleSpec(rule, {"num_workers": options.pop("num_workers", 2), **options}).name
+        self.rule_options = options
+        self.name = rule
+        self.push_every = _every("push_every", push_every)
+        self.pull_every = _every("pull_every", push_every if pull_every is None else pull_every)
+        if num_shards is not None and (not isinstance(num_shards, int) or num_shards < 1):
+            raise ConfigError(f"num_shards must be a positive integer; got {num_shards!r}.")
+        self.num_shards = num_shards
+        self.mac_payload = bool(mac_payload)
+        self.tls = bool(tls)
+        self.connect_timeout_s = float(connect_timeout_s)
+
+    def rule_spec(self, num_workers: int) -> RuleSpec:
+        return RuleSpec(self.rule, {"num_workers": num_workers, **self.rule_options})
+
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, collective: Collective) -> nn.Module:
+        raise ConfigError(f"the asynchronous strategy {self.name!r} runs through sparkdp.fit / sparkdp train; "
+                          "sparkdp.run + distribute support the synchronous strategies (allreduce, average).")
+
+    def options(self) -> dict[str, Any]:
+        return {"rule": self.rule, "rule_options": self.rule_options, "push_every": self.push_every,
+                "pull_every": self.pull_every, "num_shards": self.num_shards, "mac_payload": self.mac_payload,
+                "tls": self.tls}
+
+
+class AsyncWorker:
+    """The worker side of one task: local steps, pushes and pulls at the configured granularity."""
+
+    def __init__(self, strategy: AsyncParameterServer, client: Any, model: nn.Module,
+                 optimizer: torch.optim.Optimizer, num_workers: int) -> None:
+        self.s = strategy
+        self.client = client
+        self.model = model
+        self.optimizer = optimizer
+        self.params = [p for p in model.parameters()]
+        self.rule = strategy.rule_spec(num_workers).create()
+        # elastic rules need the centre *before* computing what they push
+        self.elastic = type(self.rule).__name__ == "EASGD"
+        self.seq = client.last_seq + 1  # a retried task continues its predecessor's numbering
+        self.pushes = 0
+        self.pulls = 0
+        self.comm_s = 0.0
+        self.versions: list[int] = []
+        self._since_push = 0
+        self._since_pull = 0
+        self._samples = 0
+        self.pull(merge=True)
+
+    def pull(self, merge: bool) -> list[torch.Tensor]:
+        started = time.perf_counter()
+        self.versions, center = self.client.pull()
+        self.pulls += 1
+        self.comm_s += time.perf_counter() - started
+        if merge:
+            with torch.no_grad():
+                self.rule.merge(self.params, center)
+            self._ref = [p.detach().clone() for p in self.params]
+        self._since_pull = 0
+        return center
+
+    def after_step(self, num_samples: int) -> None:
+        self._since_push += 1
+        self._since_pull += 1
+        self._samples += num_samples
+        if self.s.push_every != "epoch" and self._since_push >= self.s.push_every:
+            self.exchange()
+        elif self.s.pull_every != "epoch" and self._since_pull >= self.s.pull_every and not self.elastic:
+            self.pull(merge=True)
+
+    def end_epoch(self) -> None:
+        if self.s.push_every == "epoch" or self.s.pull_every == "epoch":
+            self.exchange(force_pull=True)
+
+    def finish(self) -> None:
+        if self._since_push:
+            self.exchange(force_pull=False)
+
+    def exchange(self, force_pull: bool = False) -> None:
+        k = max(self._since_push, 1)
+        with torch.no_grad():
+            if self.elastic:
+                center = self.pull(merge=False)
+                payload = self.rule.make_push(self.params, center, [])
+            else:
+                lr = float(self.optimizer.param_groups[0]["lr"]) or 1.0
+                grads = pseudo_gradient(self._ref, [p.detach() for p in self.params], lr, k)
+                payload = self.rule.make_push(self.params, self._ref, grads)
+        started = time.perf_counter()
+        self.client.push(self.seq, self.versions, payload, num_samples=self._samples, local_steps=k)
+        self.comm_s += time.perf_counter() - started
+        self.seq += 1
+        self.pushes += 1
+        self._since_push = 0
+        self._samples = 0
+        due = self.s.pull_every != "epoch" and self._since_pull >= self.s.pull_every
+        if not self.elastic and (due or force_pull):
+            self.pull(merge=True)
+        elif not self.elastic:
+            self._ref = [p.detach().clone() for p in self.params]

@@ -1,0 +1,94 @@
+"""The driver side of asynchronous training: parameter server + independent Spark tasks."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+
+from ..comm.single import SingleProcessCollective
+from ..ps import ParameterServer
+from ..ps.transport import TcpOptions, TcpTransport
+from ..strategies.async_ps import AsyncParameterServer, AsyncWorker
+from .loop import FitSpec, check_batch, evaluate
+
+log = logging.getLogger(__name__)
+
+
+def async_worker(spec: FitSpec, strategy: AsyncParameterServer, address: str, secret: bytes,
+                 tls_cert: Any, worker: int, num_workers: int, threads: int) -> dict[str, Any]:
+    """One Spark task: train on shard ``worker`` and exchange with the server as configured."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(spec.seed + worker)
+    transport = TcpTransport(TcpOptions(mac_payload=strategy.mac_payload, tls=strategy.tls))
+    started = time.time()
+    with transport.connect(address, secret, worker, timeout=strategy.connect_timeout_s, tls_cert=tls_cert) as client:
+        model = spec.model
+        optimizer = spec.optimizer.build(model)
+        scheduler = spec.scheduler(optimizer) if spec.scheduler is not None else None
+        runner = AsyncWorker(strategy, client, model, optimizer, num_workers)
+        epochs = []
+        for epoch in range(spec.epochs):
+            t0 = time.perf_counter()
+            loss_sum, rows = 0.0, 0
+            for step, (x, y) in enumerate(spec.train.batches(rank=worker, world_size=num_workers, epoch=epoch,
+                                                              batch_size=spec.batch_size, seed=spec.seed,
+                                                              shuffle=spec.shuffle)):
+                if epoch == 0 and step == 0:
+                    with torch.no_grad():
+                        check_batch(model, spec.loss, x, y)
+                optimizer.zero_grad(set_to_none=True)
+                loss = spec.loss(model(x), y)
+                loss.backward()
+                optimizer.step()
+                if scheduler is not None:
+                    scheduler.step()
+                runner.after_step(len(x))
+                loss_sum += loss.detach().item() * len(x)
+                rows += len(x)
+            runner.end_epoch()
+            epochs.append({"loss_sum": loss_sum, "rows": rows, "time_s": time.perf_counter() - t0})
+        runner.finish()
+    return {"worker": worker, "epochs": epochs, "start": started, "end": time.time(),
+            "pushes": runner.pushes, "pulls": runner.pulls, "comm_s": runner.comm_s}
+
+
+def fit_async(spec: FitSpec, strategy: AsyncParameterServer, *, workers: int, spark: Any,
+              threads: int | None) -> dict[str, Any]:
+    """Start the server on the driver, run ``workers`` tasks, return the centre and the history."""
+    from ..spark.launcher import driver_host, run_tasks
+
+    model = spec.model
+    rule_spec = strategy.rule_spec(workers)
+    server = ParameterServer(lambda shard: rule_spec.create(), list(model.parameters()),
+                             num_shards=strategy.num_shards)
+    transport = TcpTransport(TcpOptions(mac_payload=strategy.mac_payload, tls=strategy.tls))
+    host = driver_host(spark)
+    with transport.serve(server, host=host, port=0) as endpoint:
+        info = endpoint.info
+        log.info("parameter server for %s on %s with %d shard(s)", strategy.rule, info.address, server.num_shards)
+        address, secret, cert = info.address, info.secret, info.tls_cert
+        n_threads = threads or 1
+
+        def task(worker: int) -> dict[str, Any]:
+            return async_worker(spec, strategy, address, secret, cert, worker, workers, n_threads)
+
+        reports = run_tasks(task, workers, spark=spark, description=f"sparkdp async {strategy.rule}")
+    center = server.pull(worker=workers).tensors  # an id no task uses, so no task's bookkeeping moves
+    with torch.no_grad():
+        for p, c in zip(model.parameters(), center):
+            p.copy_(c)
+    history = []
+    for epoch in range(spec.epochs):
+        rows = sum(r["epochs"][epoch]["rows"] for r in reports)
+        loss = sum(r["epochs"][epoch]["loss_sum"] for r in reports) / max(rows, 1)
+        history.append({"epoch": epoch + 1, "loss": loss, "samples": rows,
+                        "epoch_time_s": max(r["epochs"][epoch]["time_s"] for r in reports)})
+    if spec.eval is not None:
+        history[-1].update(evaluate(model, spec.loss, spec.eval, SingleProcessCollective(), spec.eval_batch_size))
+    metrics = server.metrics()
+    return {"history": history, "train_time_s": max(r["end"] for r in reports) - min(r["start"] for r in reports),
+            "samples": sum(h["samples"] for h in history), "server": metrics,
+            "workers": [{k: r[k] for k in ("worker", "pushes", "pulls", "comm_s")} for r in reports]}

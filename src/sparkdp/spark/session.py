@@ -24,6 +24,8 @@ _DEFAULT_CONF = {
     "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "2s",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.python.worker.reuse": "true",
+    # workers fork from a daemon that has already imported torch (see sparkdp.spark.daemon)
+    "spark.python.daemon.module": "sparkdp.spark.daemon",
 }
 
 

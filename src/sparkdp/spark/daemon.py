@@ -1,0 +1,18 @@
+"""PySpark's worker daemon with torch (and sparkdp) imported once, before it forks workers.
+
+PySpark forks every Python worker from a daemon process. Stock workers import
+torch when the first task unpickles sparkdp code — one to several seconds per
+worker, paid again whenever a worker is replaced. Importing here, in the parent,
+gives every forked worker the modules for free (configured through
+``spark.python.daemon.module`` by :func:`sparkdp.session`). No thread pools are
+started by these imports, so forking afterwards is safe.
+"""
+
+import torch  # noqa: F401  (preloaded for the forked workers)
+import torch.distributed  # noqa: F401
+from pyspark.daemon import manager
+
+import sparkdp.train.loop  # noqa: F401
+
+if __name__ == "__main__":
+    manager()

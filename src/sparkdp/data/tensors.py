@@ -65,7 +65,7 @@ class TensorData(WorkerData):
 
     def eval_batches(self, *, rank: int, world_size: int, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         # No wrap-around padding here: metrics must count every row exactly once.
-        idx = torch.arange(rank, len(self.features), world_size)
+        idx = torch.arange(len(self.features))[rank::world_size]
         for start in range(0, len(idx), batch_size):
             take = idx[start:start + batch_size]
             yield self.features[take], self.labels[take]

@@ -33,6 +33,8 @@ class TrainResult:
     train_time_s: float
     samples: int
     strategy_options: dict[str, Any] = field(default_factory=dict)
+    #: strategy-specific figures, e.g. the parameter server's pushes, bytes and staleness histogram
+    details: dict[str, Any] = field(default_factory=dict)
 
     @property
     def samples_per_s(self) -> float:

@@ -1,0 +1,271 @@
+"""Helpers shared by the benchmark scripts in ``benchmarks/``.
+
+Import from a script in this folder with::
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from common import markdown_table, median, run_child, ...
+
+Nothing here imports torch or pyspark, so a parent process that only launches and
+times children stays light.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import resource
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+RESULT_MARKER = "BENCH_RESULT_JSON "
+
+
+# --------------------------------------------------------------------------- numbers
+
+
+def median(values: Iterable[float | None]) -> float | None:
+    """Median of the values that are not None/NaN; None when there are none."""
+    vals = [float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    return statistics.median(vals) if vals else None
+
+
+def ratio(num: float | None, den: float | None) -> float | None:
+    if num is None or den is None or den == 0:
+        return None
+    return num / den
+
+
+def fmt(value: Any, digits: int = 2) -> str:
+    """A table cell: None -> '-', floats with ``digits`` decimals, thousands separators for big ones."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "-"
+        if abs(value) >= 1000:
+            return f"{value:,.0f}"
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def pass_fail(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("PASS" if ok else "FAIL")
+
+
+# --------------------------------------------------------------------------- tables / output
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], digits: int = 2) -> str:
+    """A GitHub-flavoured markdown table (cells formatted with :func:`fmt`), columns padded."""
+    cells = [[fmt(c, digits) for c in row] for row in rows]
+    widths = [max(len(str(h)), *(len(r[i]) for r in cells)) if cells else len(str(h))
+              for i, h in enumerate(headers)]
+
+    def line(items: Sequence[str]) -> str:
+        return "| " + " | ".join(str(x).ljust(w) for x, w in zip(items, widths, strict=True)) + " |"
+
+    out = [line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    out += [line(r) for r in cells]
+    return "\n".join(out)
+
+
+def write_json(path: str, payload: Any) -> None:
+    """Write ``payload`` as indented JSON, atomically (temp file + rename)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(payload, fh, indent=2, sort_keys=False, default=str)
+        fh.write("\n")
+    os.replace(tmp, path)
+
+
+def emit_result(payload: dict) -> None:
+    """In a child process: print the one JSON line the parent collects (see :func:`parse_result`)."""
+    sys.stdout.flush()
+    print(RESULT_MARKER + json.dumps(payload, default=str), flush=True)
+
+
+def parse_result(text: str) -> dict | None:
+    """The last :func:`emit_result` line in a child's output, or None."""
+    for line in reversed(text.splitlines()):
+        idx = line.find(RESULT_MARKER)
+        if idx >= 0:
+            try:
+                return json.loads(line[idx + len(RESULT_MARKER):])
+            except json.JSONDecodeError:
+                return None
+    return None
+
+
+def machine_info() -> dict[str, Any]:
+    info: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(),
+                            "cpus": os.cpu_count()}
+    try:
+        info["load_avg_1m"] = round(os.getloadavg()[0], 2)
+    except OSError:
+        pass
+    return info
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def self_peak_rss_mb() -> float:
+    """Peak resident set size of this process in MiB (Linux reports ru_maxrss in KiB)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
+
+
+class TreeRssSampler:
+    """Samples the summed RSS of a process and all its descendants (JVM, Python workers,
+    torchrun children ...) every ``interval_s`` in a thread; ``peak_mb`` is the largest sum
+    seen. Needs psutil; without it ``peak_mb`` stays None."""
+
+    def __init__(self, pid: int, interval_s: float = 0.5) -> None:
+        self.pid = pid
+        self.interval_s = interval_s
+        self.peak_mb: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> TreeRssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        try:
+            import psutil
+        except ImportError:
+            return
+        try:
+            root = psutil.Process(self.pid)
+        except psutil.Error:
+            return
+        while not self._stop.is_set():
+            total = 0
+            try:
+                procs = [root, *root.children(recursive=True)]
+            except psutil.Error:
+                break
+            for proc in procs:
+                try:
+                    total += proc.memory_info().rss
+                except psutil.Error:
+                    pass
+            mb = total / (1024 * 1024)
+            if self.peak_mb is None or mb > self.peak_mb:
+                self.peak_mb = mb
+            self._stop.wait(self.interval_s)
+
+
+# --------------------------------------------------------------------------- children
+
+
+@dataclass
+class ChildRun:
+    """How one child process went: exit code, wall seconds measured around it, its output."""
+
+    cmd: list[str]
+    returncode: int | None
+    wall_s: float
+    output: str
+    timed_out: bool = False
+    peak_tree_rss_mb: float | None = None
+    result: dict | None = field(default=None)
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out and self.result is not None
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.output.splitlines()[-lines:])
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill the child's whole process group (it was started in its own session), so a JVM
+    or torchrun grandchild does not outlive a timed-out child."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        try:
+            proc.wait(timeout=5)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_child(cmd: list[str], *, timeout_s: float, env: dict[str, str] | None = None,
+              log_path: str | None = None, echo: bool = False, sample_rss: bool = True) -> ChildRun:
+    """Run ``cmd`` in its own process group, time it (wall clock around the whole process),
+    kill the group after ``timeout_s``, and collect its :func:`emit_result` JSON line.
+
+    stdout and stderr are merged; they go to ``log_path`` when given (and to our stderr
+    when ``echo``)."""
+    out_chunks: list[str] = []
+    log_fh = open(log_path, "w", encoding="utf-8") if log_path else None  # noqa: SIM115
+    started = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env=env, start_new_session=True, text=True, errors="replace", bufsize=1)
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            out_chunks.append(line)
+            if log_fh:
+                log_fh.write(line)
+                log_fh.flush()
+            if echo and not line.startswith(RESULT_MARKER):
+                sys.stderr.write("    | " + line)
+                sys.stderr.flush()
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    timed_out = False
+    sampler = TreeRssSampler(proc.pid) if sample_rss else None
+    try:
+        if sampler:
+            sampler.__enter__()
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(proc)
+        except KeyboardInterrupt:
+            _kill_group(proc)
+            raise
+    finally:
+        if sampler:
+            sampler.__exit__(None, None, None)
+    wall = time.perf_counter() - started
+    # The child may have left grandchildren (e.g. a JVM) holding the pipe open.
+    reader.join(timeout=10)
+    if reader.is_alive():
+        _kill_group(proc)
+        reader.join(timeout=5)
+    if log_fh:
+        log_fh.close()
+    output = "".join(out_chunks)
+    run = ChildRun(cmd=cmd, returncode=proc.returncode, wall_s=wall, output=output, timed_out=timed_out,
+                   peak_tree_rss_mb=sampler.peak_mb if sampler else None)
+    run.result = parse_result(output)
+    return run

@@ -1,0 +1,115 @@
+"""The sparkdp command line, run as a user would: a subprocess with a timeout."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import safetensors.torch
+
+SPARKDP = [sys.executable, "-m", "sparkdp.cli.main"]
+FASHION = Path("/usr/share/datasets/fashion-mnist")
+needs_fashion = pytest.mark.skipif(not FASHION.is_dir(), reason="dataset-fashion-mnist is not installed")
+
+
+def sparkdp(*args: str, timeout: float = 240, env: dict | None = None, cwd=None) -> subprocess.CompletedProcess:
+    proc = subprocess.run([*SPARKDP, *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})}, cwd=cwd)
+    return proc
+
+
+def _explain(proc) -> str:
+    return f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+
+
+@pytest.mark.e2e
+@needs_fashion
+def test_builtin_job_writes_model_and_stable_json_summary(tmp_path):
+    out, summary = tmp_path / "out", tmp_path / "summary.json"
+    proc = sparkdp("train", "--dataset", "fashion-mnist", "--model", "linear", "--limit", "2000",
+                   "--workers", "2", "--epochs", "1", "--out", str(out), "--json-out", str(summary))
+    assert proc.returncode == 0, _explain(proc)
+    data = json.loads(summary.read_text())
+    for key in ("strategy", "workers", "epochs", "test_accuracy", "wall_s", "samples_per_s", "model_path"):
+        assert key in data, f"missing {key} in {data}"
+    assert data["strategy"] == "allreduce" and data["workers"] == 2 and data["epochs"] == 1
+    assert 0.5 < data["test_accuracy"] <= 1.0 and data["samples_per_s"] > 0 and data["wall_s"] > 0
+    state = safetensors.torch.load_file(data["model_path"])
+    assert state["1.weight"].shape == (10, 784)
+    assert json.loads((out / "model.json").read_text())["model"] == "linear"
+
+
+SCRIPT = '''
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+x = torch.randn(256, 3)
+y = (x.sum(1) > 0).long()
+model = nn.Sequential(nn.Linear(3, 16), nn.ReLU(), nn.Linear(16, 2))
+optimizer = torch.optim.Adam(model.parameters(), lr=0.02)
+loss_fn = nn.CrossEntropyLoss()
+train_data = torch.utils.data.TensorDataset(x, y)
+test_data = (x, y)
+batch_size = 16
+
+if __name__ == "__main__":   # the single-machine loop; sparkdp does not run this part
+    raise SystemExit("sparkdp must not execute the script's main block")
+'''
+
+
+@pytest.mark.e2e
+def test_unmodified_user_script_trains_distributed(tmp_path):
+    script = tmp_path / "train_me.py"
+    script.write_text(SCRIPT)
+    summary = tmp_path / "s.json"
+    proc = sparkdp("train", str(script), "--workers", "2", "--epochs", "3", "--strategy", "average",
+                   "--strategy-option", "period=2", "--json-out", str(summary))
+    assert proc.returncode == 0, _explain(proc)
+    data = json.loads(summary.read_text())
+    assert data["strategy"] == "average" and data["test_accuracy"] > 0.9, data
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("args,message", [
+    (["--dataset", "fashion-mnist", "--model", "resnet9000"], "Unknown model 'resnet9000'. Available: cnn, cnn-small, linear, mlp"),
+    (["--dataset", "fashion-mnist", "--model", "linear", "--strategy", "ring"], "Unknown strategy 'ring'. Available: allreduce, average"),
+    (["--dataset", "fashion-mnist", "--model", "linear", "--workers", "0"], "workers must be a positive integer"),
+    (["--dataset", "fashion-mnist", "--model", "linear", "--batch-size", "0"], "batch_size must be a positive integer"),
+    (["--model", "linear", "--dataset", "fashion-mnist", "--master", "spark://127.0.0.1:9"],
+     "Cannot reach the Spark master 'spark://127.0.0.1:9'"),
+    (["missing_script.py"], "training script 'missing_script.py' does not exist"),
+])
+def test_bad_input_gets_one_readable_error(args, message, tmp_path):
+    proc = sparkdp("train", *args, "--limit", "100", timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2, _explain(proc)
+    assert message in proc.stderr, _explain(proc)
+    assert "Traceback" not in proc.stderr and "at org.apache" not in proc.stderr
+
+
+@pytest.mark.e2e
+def test_missing_dataset_says_how_to_install_it(tmp_path):
+    proc = sparkdp("train", "--dataset", "fashion-mnist", "--model", "linear",
+                   env={"SPARKDP_FASHION_MNIST": str(tmp_path / "nowhere")}, timeout=120)
+    assert proc.returncode == 2 and "apt-get install -y dataset-fashion-mnist" in proc.stderr, _explain(proc)
+
+
+@pytest.mark.e2e
+def test_no_java_is_reported_with_the_fix(tmp_path):
+    env = {"JAVA_HOME": str(tmp_path / "no-jdk"), "PATH": str(tmp_path)}
+    proc = sparkdp("train", "--dataset", "fashion-mnist", "--model", "linear", "--limit", "100", env=env,
+                   timeout=120)
+    assert proc.returncode == 2 and "needs Java 17 or newer" in proc.stderr, _explain(proc)
+    assert "openjdk-17-jre-headless" in proc.stderr
+
+
+@pytest.mark.e2e
+def test_env_reports_versions():
+    proc = sparkdp("env", "--json", timeout=120)
+    assert proc.returncode == 0, _explain(proc)
+    info = json.loads(proc.stdout)
+    assert info["torch"].startswith("2.") and info["pyspark"].startswith("4.") and info["java_major"] >= 17

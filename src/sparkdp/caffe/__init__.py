@@ -7,6 +7,8 @@ Example:
     >>> from sparkdp.caffe import load_net                       # doctest: +SKIP
     >>> net = load_net("lenet.prototxt", phase="TEST")           # doctest: +SKIP
     >>> probs = net(data)                                        # doctest: +SKIP
+
+Training a net with its solver on Spark: :func:`fit_caffe` (:mod:`.train`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ from .spec import LayerSpec, NetSpec, NetState, ParamSpec, filter_layers, load_n
 from .textformat import Identifier, Message, TextFormatError, parse, parse_file
 
 __all__ = [
+    "CaffeClassifier",
+    "CaffeLoss",
     "CaffeNet",
+    "CaffeOptimizerFactory",
     "Identifier",
     "LayerSpec",
     "Message",
@@ -27,6 +32,7 @@ __all__ = [
     "ParamSpec",
     "TextFormatError",
     "filter_layers",
+    "fit_caffe",
     "inspect_net",
     "load_net",
     "load_net_spec",
@@ -34,7 +40,8 @@ __all__ = [
     "parse_file",
 ]
 
-_LAZY = {"CaffeNet": "net", "load_net": "net", "inspect_net": "inspect"}
+_LAZY = {"CaffeNet": "net", "load_net": "net", "inspect_net": "inspect", "CaffeClassifier": "train",
+         "CaffeLoss": "train", "CaffeOptimizerFactory": "train", "fit_caffe": "train"}
 
 
 def __getattr__(name: str) -> Any:

@@ -44,6 +44,14 @@ def add_parser(sub) -> None:
     p.add_argument("--threads", type=int, help="torch threads per worker (default: spark.task.cpus)")
     p.add_argument("--out", help="directory for model.safetensors and model.json")
     p.add_argument("--json-out", help="write a JSON summary of the run here")
+    caffe = p.add_argument_group("Caffe model", "train a Caffe net with its own solver (instead of --model/SCRIPT)")
+    caffe.add_argument("--caffe-net", metavar="NET.prototxt",
+                       help="the train/test net; takes precedence over the solver's net: path")
+    caffe.add_argument("--caffe-solver", metavar="SOLVER.prototxt",
+                       help="sets optimizer, lr_policy, weight decay; max_iter sets the epochs unless --epochs "
+                            "is given; the Data layer's batch_size is the per-worker batch unless --batch-size")
+    caffe.add_argument("--caffe-weights", metavar="W.caffemodel", help="initial weights (with --out, the trained "
+                                                                         "ones go to OUT/model.caffemodel)")
     p.set_defaults(func=run)
 
 
@@ -53,7 +61,7 @@ def run(args) -> int:
 
     import sparkdp
 
-    from ..data.datasets import load_dataset
+    from ..data.datasets import dataset_tensors, load_dataset
     from ..models import build_model
 
     model_args: dict = {}
@@ -68,9 +76,11 @@ def run(args) -> int:
         script = load_script(args.script)
         model, data, eval_data = script.model, script.train_data, script.test_data
         optimizer, loss = script.optimizer, script.loss or "cross_entropy"
-        batch_size = batch_size or script.batch_size
-        epochs = epochs or script.epochs
+        batch_size = script.batch_size if batch_size is None else batch_size
+        epochs = script.epochs if epochs is None else epochs
         model_desc = {"script": str(Path(args.script).resolve())}
+    elif args.caffe_net or args.caffe_solver or args.caffe_weights:
+        model, model_desc, data = None, {}, None  # built below, once the data's row shape is known
     else:
         if not args.model:
             raise ConfigError("give a training script, or --model (and --dataset) for a built-in job, e.g. "
@@ -82,13 +92,17 @@ def run(args) -> int:
         data = None
     if args.dataset:
         ds = load_dataset(args.dataset, limit=args.limit)
-        from ..data.tensors import TensorData
-
-        data = TensorData(ds.x_train, ds.y_train)
-        eval_data = TensorData(ds.x_test, ds.y_test)
+        data, eval_data = dataset_tensors(ds)
         model_desc["dataset"] = args.dataset
     if data is None:
         raise ConfigError("no training data: the script defines no `train_data` and no --dataset was given.")
+    caffe = None
+    if args.caffe_net or args.caffe_solver or args.caffe_weights:
+        from ..caffe.train import cli_job
+
+        caffe = cli_job(args, data, model_desc)
+        model, loss, optimizer, batch_size, epochs = (caffe.model, caffe.loss, caffe.optimizer, caffe.batch_size,
+                                                      caffe.epochs)
     opt_options = {}
     if optimizer is None or args.optimizer:
         optimizer = args.optimizer or "sgd"
@@ -100,11 +114,15 @@ def run(args) -> int:
                           "Change it in the script or pass --optimizer too.")
     result = sparkdp.fit(model, data, eval_data=eval_data, loss=loss, optimizer=optimizer,
                          optimizer_options=opt_options, strategy=args.strategy,
-                         strategy_options=dict(args.strategy_option), workers=args.workers, epochs=epochs or 1,
-                         batch_size=batch_size or 64, seed=args.seed, master=args.master, threads=args.threads)
+                         strategy_options=dict(args.strategy_option), workers=args.workers,
+                         epochs=1 if epochs is None else epochs,
+                         batch_size=64 if batch_size is None else batch_size,
+                         seed=args.seed, master=args.master, threads=args.threads)
     model_path = None
     if args.out:
         model_path = str(result.save(Path(args.out) / "model.safetensors", **model_desc))
+        if caffe is not None:
+            print(f"Caffe weights saved to {caffe.save(args.out, result.model)}")
     for record in result.history:
         print("epoch {epoch}: loss {loss:.4f}".format(**record)
               + (f"  test_accuracy {record['test_accuracy']:.4f}" if "test_accuracy" in record else "")
@@ -112,7 +130,7 @@ def run(args) -> int:
     summary = {"strategy": result.strategy, "workers": result.workers, "epochs": result.epochs,
                "test_accuracy": result.test_accuracy, "wall_s": time.perf_counter() - started,
                "samples_per_s": result.samples_per_s, "model_path": model_path,
-               "train_time_s": result.train_time_s, "history": result.history}
+               "train_time_s": result.train_time_s, "history": result.history, **result.details}
     print(f"{result.samples_per_s:,.0f} samples/s over {result.train_time_s:.1f} s of training; "
           f"{summary['wall_s']:.1f} s in all" + (f"; model saved to {model_path}" if model_path else ""))
     if args.json_out:

@@ -23,7 +23,9 @@ _DEFAULT_CONF = {
     "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "3",
     "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "2s",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
-    "spark.python.worker.reuse": "true",
+    # A fresh worker per task (forked from the torch-preloaded daemon, so cheap): reused workers
+    # were seen to desynchronise from the JVM after barrier stages and hang the next job.
+    "spark.python.worker.reuse": "false",
     # workers fork from a daemon that has already imported torch (see sparkdp.spark.daemon)
     "spark.python.daemon.module": "sparkdp.spark.daemon",
 }

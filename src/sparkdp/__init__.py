@@ -9,6 +9,7 @@ Three ways in, one engine:
 """
 
 from .errors import ConfigError, DataError, RendezvousTimeout, SparkdpError, WorkerFailed
+from .spark.predict import predict
 from .spark.session import session
 from .strategies import STRATEGIES
 from .train.api import distribute, fit, run
@@ -18,5 +19,5 @@ __version__ = "0.1.0"
 
 __all__ = [
     "STRATEGIES", "ConfigError", "DataError", "RendezvousTimeout", "SparkdpError", "TrainResult",
-    "WorkerFailed", "__version__", "distribute", "fit", "run", "session",
+    "WorkerFailed", "__version__", "distribute", "fit", "predict", "run", "session",
 ]

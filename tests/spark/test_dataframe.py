@@ -62,7 +62,7 @@ def test_fit_on_parquet_path_learns_linear(parquet_dir, spark, caplog):
 
 def test_fit_on_streamed_dataframe_learns_linear(spark, caplog):
     x, y = _rows(seed=1)
-    df = spark.createDataFrame([(float(a), float(b), float(c), float(t)) for (a, b, c), t in zip(x, y)],
+    df = spark.createDataFrame([(float(a), float(b), float(c), float(t)) for (a, b, c), t in zip(x, y, strict=True)],
                                ["a", "b", "c", "y"]).repartition(2).cache()
     try:
         with caplog.at_level(logging.INFO, logger="sparkdp"):
@@ -150,7 +150,7 @@ def test_label_out_of_range_fails_at_the_bad_batch_in_a_worker(spark):
 def test_ragged_arrays_against_feature_shape(spark, tmp_path):
     table = pa.table({"x": pa.array([[1.0, 2.0, 3.0, 4.0]] * 3 + [[1.0, 2.0]]), "label": [0, 1, 0, 1]})
     pq.write_table(table, tmp_path / "r.parquet")
-    with pytest.raises(DataError, match=r"column 'x' is ragged: row 3 .* holds 2 values, but feature_shape "
+    with pytest.raises(DataError, match=r"column 'x' is ragged: row \d+ of this worker's data holds 2 values, but feature_shape "
                                         r"\(1, 2, 2\) needs 4"):
         sparkdp.fit(nn.Sequential(nn.Flatten(), nn.Linear(4, 2)), str(tmp_path), features="x", label="label",
                     feature_shape=(1, 2, 2), workers=2, epochs=1, batch_size=2, spark=spark, show_progress=False)

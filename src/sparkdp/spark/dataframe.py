@@ -30,8 +30,9 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import pyarrow as pa
 import torch

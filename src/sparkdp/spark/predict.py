@@ -18,7 +18,7 @@ import copy
 import hashlib
 import logging
 from collections import OrderedDict
-from typing import Any, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from ..data.base import WorkerData
 from ..data.datasets import Dataset as BuiltinDataset
-from ..data.datasets import load_dataset
+from ..data.datasets import dataset_tensors, load_dataset
 from ..data.tensors import TensorData, as_worker_data
 from ..errors import ConfigError
 from ..strategies import resolve_strategy
@@ -38,8 +38,7 @@ def _resolve_data(data: Any, labels: Any, eval_data: Any) -> tuple[WorkerData, W
         ds = load_dataset(data)
         data = ds
     if isinstance(data, BuiltinDataset):
-        train = TensorData(data.x_train, data.y_train)
-        test = TensorData(data.x_test, data.y_test) if eval_data is None else None
+        train, test = dataset_tensors(data)
         return train, (test if eval_data is None else as_worker_data(eval_data))
     if data is None:
         raise ConfigError("no training data given: pass arrays, a torch Dataset or a dataset name such as "
@@ -89,7 +88,7 @@ def _preflight(model: nn.Module, loss_fn: Callable, data: WorkerData) -> None:
     if hasattr(data, "converter") and hasattr(data, "sample"):
         _preflight_columns(model, loss_fn, data)
     if isinstance(data, TensorData):
-        x, y = data.features[:2], data.labels[:2]
+        x, y = next(data.eval_batches(rank=0, world_size=1, batch_size=2))
         was_training = model.training
         model.eval()
         with torch.no_grad():
@@ -108,7 +107,8 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
         loss: Any = "cross_entropy", optimizer: Any = "sgd", optimizer_options: dict | None = None,
         strategy: str | Strategy = "allreduce", strategy_options: dict | None = None,
         workers: int | None = None, epochs: int = 1, batch_size: int = 64, seed: int = 0,
-        shuffle: bool = True, master: str | None = None, spark: Any = None, threads: int | None = None,
+        shuffle: bool = True, lr_scheduler: Callable[[Any], Any] | None = None, master: str | None = None,
+        spark: Any = None, threads: int | None = None,
         start_timeout_s: float = 60.0, pg_timeout_s: float = 300.0, show_progress: bool = True,
         features: Any = None, label: str | None = None, feature_shape: Any = None, drop_nulls: bool = False,
         shuffle_buffer: int = 10_000) -> TrainResult:
@@ -179,6 +179,8 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
                    epochs=epochs, batch_size=batch_size, seed=seed, shuffle=shuffle, scheduler=lr_scheduler)
     log.info("training %s on %d workers with %s; data: %s", type(model).__name__, workers,
              strategy_obj.name, train.describe())
+    if strategy_obj.launch_mode == "tasks":
+        return _fit_async(spec, strategy_obj, workers, spark, threads, started, show_progress)
     with progress(show_progress, f"sparkdp: training on {workers} Spark workers ({strategy_obj.name})"):
         if not isinstance(train, WorkerData):  # a DataFrame streamed through Spark: a stage per epoch
             from ..spark.dataframe import fit_stream
@@ -196,6 +198,24 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
     return TrainResult(model=model, history=out["history"], strategy=strategy_obj.name, workers=workers,
                        epochs=epochs, wall_s=time.perf_counter() - started, train_time_s=out["train_time_s"],
                        samples=out["samples"], strategy_options=out["strategy_options"])
+
+
+def _fit_async(spec: FitSpec, strategy: Strategy, workers: int, spark: Any, threads: int | None,
+               started: float, show_progress: bool) -> TrainResult:
+    """Asynchronous strategies: a parameter server on the driver, workers as ordinary tasks."""
+    from .async_job import fit_async
+
+    if not isinstance(spec.train, WorkerData):
+        raise ConfigError(f"the asynchronous strategy {strategy.name!r} reads in-memory data or Parquet files; "
+                          "a DataFrame that is not a plain Parquet scan is supported by the synchronous "
+                          "strategies. Write it to Parquet and pass the path.")
+    with progress(show_progress, f"sparkdp: {workers} asynchronous Spark workers ({strategy.name})"):
+        out = fit_async(spec, strategy, workers=workers, spark=spark, threads=threads)
+    return TrainResult(model=spec.model, history=out["history"], strategy=strategy.name, workers=workers,
+                       epochs=spec.epochs, wall_s=time.perf_counter() - started,
+                       train_time_s=out["train_time_s"], samples=out["samples"],
+                       strategy_options=strategy.options(),
+                       details={"server": out["server"], "workers": out["workers"]})
 
 
 def run(train_fn: Callable[..., Any], *args: Any, workers: int | None = None,

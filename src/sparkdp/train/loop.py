@@ -49,7 +49,7 @@ class FitSpec:
     return_optimizer_state: bool = False
 
 
-def optimizer_state_to_bytes(optimizer: torch.optim.Optimizer) -> bytes:
+def optimizer_state_to_bytes(optimizer: torch.optim.Optimizer, scheduler: Any = None) -> bytes:
     """An optimizer's state as bytes without pickle: a JSON header (param groups and
     non-tensor state) followed by safetensors of the state tensors."""
     sd = optimizer.state_dict()
@@ -58,7 +58,10 @@ def optimizer_state_to_bytes(optimizer: torch.optim.Optimizer) -> bytes:
         for key, value in entry.items():
             (tensors if torch.is_tensor(value) else scalars)[f"{idx}.{key}"] = value
     plain = {k: v.detach().cpu().clone().contiguous() for k, v in tensors.items()}
-    header = json.dumps({"param_groups": sd["param_groups"], "scalars": scalars},
+    sched = None
+    if scheduler is not None and hasattr(scheduler, "state_dict"):
+        sched = {k: v for k, v in scheduler.state_dict().items() if not callable(v)}
+    header = json.dumps({"param_groups": sd["param_groups"], "scalars": scalars, "scheduler": sched},
                         default=lambda o: o.item() if torch.is_tensor(o) else str(o)).encode()
     return struct.pack("<Q", len(header)) + header + _st_save(plain)
 
@@ -71,7 +74,7 @@ def optimizer_state_from_bytes(data: bytes) -> dict[str, Any]:
     for key, value in list(_st_load(data[8 + size:]).items()) + list(header["scalars"].items()):
         idx, name = key.split(".", 1)
         state.setdefault(int(idx), {})[name] = value
-    return {"state": state, "param_groups": header["param_groups"]}
+    return {"state": state, "param_groups": header["param_groups"], "scheduler": header.get("scheduler")}
 
 
 def check_batch(model: nn.Module, loss_fn: Callable, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -147,8 +150,12 @@ def fit_worker(spec: FitSpec, collective: Collective) -> dict[str, Any] | None:
     torch.manual_seed(spec.seed + collective.rank + 7919 * spec.start_epoch)
     model = spec.model.to(collective.device)
     optimizer = spec.optimizer.build(model)
+    scheduler = spec.scheduler(optimizer) if spec.scheduler is not None else None
     if spec.optimizer_state is not None:
-        optimizer.load_state_dict(optimizer_state_from_bytes(spec.optimizer_state))
+        resumed = optimizer_state_from_bytes(spec.optimizer_state)
+        optimizer.load_state_dict({"state": resumed["state"], "param_groups": resumed["param_groups"]})
+        if scheduler is not None and resumed.get("scheduler") is not None:
+            scheduler.load_state_dict(resumed["scheduler"])  # the schedule continues across stages
     strategy = spec.strategy
     net = strategy.setup(model, optimizer, collective)
     rank, world = collective.rank, collective.world_size
@@ -199,7 +206,7 @@ def fit_worker(spec: FitSpec, collective: Collective) -> dict[str, Any] | None:
     if counters:
         out["data_counters"] = counters
     if spec.return_optimizer_state:
-        out["optimizer_state"] = optimizer_state_to_bytes(optimizer)
+        out["optimizer_state"] = optimizer_state_to_bytes(optimizer, scheduler)
     return out
 
 

@@ -1,0 +1,180 @@
+"""Parquet files read where they live: each worker streams its own row groups.
+
+The driver only reads the files' footers (row counts per row group) and the
+schema, so bad column names or types fail before any Spark job starts. Each
+worker then opens the files itself with pyarrow and streams record batches of
+its row groups (``ParquetFile.iter_batches``): nothing is collected to the
+driver, nothing is copied, and every epoch reads the files again, so
+multi-epoch training costs no extra memory.
+
+Assignment of rows to ranks, per epoch: the row groups are put in a seeded
+per-epoch order (storage order when ``shuffle=False``), laid end to end, and
+rank ``r`` reads the contiguous row range ``[r * k, (r + 1) * k)`` with
+``k = ceil(rows / world_size)`` — whole row groups except at most two cut ones
+per rank. The last rank wraps around to the first rows (at most
+``world_size - 1`` duplicated rows per epoch), exactly like torch's
+``DistributedSampler``, so every rank gets the same number of rows and batches
+and the synchronous strategies need no per-step "out of data" check. Within a
+rank, rows are mixed by a bounded shuffle buffer seeded by (seed, epoch, rank).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as pds
+import pyarrow.parquet as pq
+import torch
+
+from ..errors import DataError
+from .arrow import ArrowConverter
+from .base import WorkerData
+from .shuffle import rebatch, seeded_generator
+
+log = logging.getLogger(__name__)
+
+Segment = tuple[int, int, int]  # (unit index, first row, end row) within a row group
+
+
+class ParquetData(WorkerData):
+    """Training data in Parquet files (a file, a directory of part files, or a list of files).
+
+    Args:
+        path: a path or URI (``file:``, ``hdfs://``, ``s3://`` as pyarrow supports them),
+            a directory (Spark's ``part-*.parquet`` output; ``_SUCCESS``/``.crc`` are ignored),
+            or a list of files.
+        features, label, feature_shape, drop_nulls, num_classes: see :class:`~sparkdp.data.arrow.ArrowConverter`.
+        shuffle_buffer: rows held by each worker's shuffle buffer (0: no shuffling within a worker).
+        read_rows: rows per Arrow record batch read from the files.
+    """
+
+    def __init__(self, path: str | os.PathLike | Sequence[str], *, features: str | Sequence[str],
+                 label: str | None, feature_shape: Sequence[int] | None = None, drop_nulls: bool = False,
+                 num_classes: int | None = None, shuffle_buffer: int = 10_000, read_rows: int = 8192,
+                 filesystem: Any = None) -> None:
+        source = [os.fspath(p) for p in path] if isinstance(path, (list, tuple)) else os.fspath(path)
+        try:
+            dataset = pds.dataset(source, format="parquet", filesystem=filesystem)
+        except (OSError, ValueError, pa.ArrowInvalid) as exc:
+            raise DataError(f"cannot open Parquet data at {path!r}: {exc}. Pass a Parquet file, a directory of "
+                            "Parquet files, or a list of files that exist and are readable.") from exc
+        self.filesystem = dataset.filesystem
+        self.files: list[str] = []
+        self.units: list[tuple[int, int, int]] = []  # (file index, row group, rows)
+        for fragment in dataset.get_fragments():
+            meta = fragment.metadata
+            self.files.append(fragment.path)
+            for rg in range(meta.num_row_groups):
+                rows = meta.row_group(rg).num_rows
+                if rows:
+                    self.units.append((len(self.files) - 1, rg, rows))
+        self.rows = sum(u[2] for u in self.units)
+        if not self.files:
+            raise DataError(f"no Parquet files found at {path!r}; check the path (a directory must contain "
+                            "*.parquet files not starting with '_' or '.').")
+        if self.rows == 0:
+            raise DataError(f"the Parquet data at {path!r} is empty (0 rows); give at least one row per worker.")
+        self.converter = ArrowConverter(dataset.schema, features, label, feature_shape=feature_shape,
+                                        drop_nulls=drop_nulls, num_classes=num_classes)
+        self.shuffle_buffer = int(shuffle_buffer)
+        self.read_rows = int(read_rows)
+        # Equal row counts give equal batch counts unless rows can be dropped for nulls.
+        self.equal_batches = not drop_nulls
+        self.source = str(path)
+
+    def num_samples(self) -> int:
+        return self.rows
+
+    def counters(self) -> dict[str, int]:
+        """Per-worker counts the training loop sums over ranks and reports."""
+        return {"dropped_null_rows": self.converter.dropped}
+
+    # ------------------------------------------------------------- assignment
+    def unit_order(self, epoch: int, seed: int, shuffle: bool) -> list[int]:
+        if not shuffle:
+            return list(range(len(self.units)))
+        return torch.randperm(len(self.units), generator=seeded_generator(seed, epoch)).tolist()
+
+    def segments(self, *, rank: int, world_size: int, epoch: int, seed: int, shuffle: bool,
+                 pad: bool = True) -> list[Segment]:
+        """The row ranges ``(unit, start, end)`` rank ``rank`` reads in ``epoch``.
+
+        With ``pad`` every rank gets ``ceil(rows / world_size)`` rows (wrapping around);
+        without it the rows are split without repetition (for evaluation).
+        """
+        order = self.unit_order(epoch, seed, shuffle)
+        n = self.rows
+        if pad:
+            per = math.ceil(n / world_size)
+            lo, hi = rank * per, (rank + 1) * per
+        else:
+            lo, hi = rank * n // world_size, (rank + 1) * n // world_size
+        out: list[Segment] = []
+        while lo < hi:  # walk [lo, hi) over the virtual stream order * ceil(...), wrapping at n
+            start, stop = lo % n, min(hi - lo, n - lo % n) + lo % n
+            out.extend(self._cut(order, start, stop))
+            lo += stop - start
+        return out
+
+    def _cut(self, order: list[int], start: int, stop: int) -> list[Segment]:
+        out, offset = [], 0
+        for unit in order:
+            rows = self.units[unit][2]
+            a, b = max(start, offset), min(stop, offset + rows)
+            if a < b:
+                out.append((unit, a - offset, b - offset))
+            offset += rows
+            if offset >= stop:
+                break
+        return out
+
+    # ------------------------------------------------------------------ reading
+    def record_batches(self, segments: list[Segment]) -> Iterator[pa.RecordBatch]:
+        """Stream the record batches of ``segments``, sliced to their row ranges."""
+        columns = self.converter.columns
+        opened: dict[int, pq.ParquetFile] = {}
+        try:
+            for unit, start, stop in segments:
+                file_index, rg, _rows = self.units[unit]
+                if file_index not in opened:
+                    opened[file_index] = pq.ParquetFile(self.filesystem.open_input_file(self.files[file_index]))
+                offset = 0
+                # single-threaded decoding: a task owns one core (spark.task.cpus), and a pyarrow
+                # thread pool left in a reused, forked Spark Python worker is best avoided
+                for rb in opened[file_index].iter_batches(batch_size=self.read_rows, row_groups=[rg],
+                                                          columns=columns, use_threads=False):
+                    a, b = max(start, offset), min(stop, offset + rb.num_rows)
+                    if a < b:
+                        yield rb if (a, b) == (offset, offset + rb.num_rows) else rb.slice(a - offset, b - a)
+                    offset += rb.num_rows
+                    if offset >= stop:
+                        break
+        finally:
+            for f in opened.values():
+                f.close()
+
+    def batches(self, *, rank: int, world_size: int, epoch: int, batch_size: int,
+                seed: int, shuffle: bool = True) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        segs = self.segments(rank=rank, world_size=world_size, epoch=epoch, seed=seed, shuffle=shuffle)
+        chunks = (self.converter.convert(rb) for rb in self.record_batches(segs))
+        buffer = self.shuffle_buffer if shuffle else 0
+        yield from rebatch(chunks, batch_size, buffer_rows=buffer,  # type: ignore[misc]
+                           generator=seeded_generator(seed, epoch, rank))
+
+    def eval_batches(self, *, rank: int, world_size: int, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        segs = self.segments(rank=rank, world_size=world_size, epoch=0, seed=0, shuffle=False, pad=False)
+        chunks = (self.converter.convert(rb) for rb in self.record_batches(segs))
+        yield from rebatch(chunks, batch_size)  # type: ignore[misc]
+
+    def sample(self, rows: int = 2) -> pa.RecordBatch:
+        """The first ``rows`` rows (read on the driver, for checks before training)."""
+        return next(self.record_batches(self._cut(list(range(len(self.units))), 0, min(rows, self.rows))))
+
+    def describe(self) -> str:
+        return (f"Parquet {self.source!r}: {self.rows} rows in {len(self.units)} row groups of "
+                f"{len(self.files)} file(s); {self.converter.describe()}")

@@ -1,0 +1,106 @@
+"""Re-batching with a bounded shuffle buffer.
+
+Streams (Arrow record batches from Parquet row groups or Spark partitions) arrive
+in chunks whose size has nothing to do with the training batch size, and in
+storage order. :func:`rebatch` turns a stream of ``(features, labels)`` chunks
+into batches of exactly ``batch_size`` rows (the last one may be short) and,
+when ``buffer_rows > 0``, mixes rows through a fixed buffer of ``buffer_rows``
+rows: memory stays bounded however large the stream is, and each emitted row is
+a uniform draw from what the buffer holds at that time (like ``tf.data``'s
+``shuffle(buffer_size)``). A buffer at least as large as the stream gives a
+uniform permutation of the whole stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+
+import torch
+
+Chunk = Sequence[torch.Tensor]
+
+
+def seeded_generator(*parts: int) -> torch.Generator:
+    """A torch generator seeded from several integers (seed, epoch, rank) without collisions
+    between nearby tuples."""
+    value = 0x9E3779B9
+    for p in parts:
+        value = (value * 1_000_003 + int(p) + 0x7F4A7C15) % (2**63 - 1)
+    return torch.Generator().manual_seed(value)
+
+
+def _cat(parts: list[Chunk]) -> tuple[torch.Tensor, ...]:
+    if len(parts) == 1:
+        return tuple(parts[0])
+    return tuple(torch.cat(cols) for cols in zip(*parts, strict=True))
+
+
+def _take(chunk: Chunk, start: int, stop: int) -> tuple[torch.Tensor, ...]:
+    return tuple(t[start:stop] for t in chunk)
+
+
+def rebatch(chunks: Iterable[Chunk], batch_size: int, *, buffer_rows: int = 0,
+            generator: torch.Generator | None = None) -> Iterator[tuple[torch.Tensor, ...]]:
+    """Yield ``batch_size``-row batches from ``chunks`` (tuples of equally long tensors).
+
+    Args:
+        batch_size: rows per emitted batch; only the final batch may be shorter.
+        buffer_rows: 0 keeps the stream order; otherwise rows are shuffled through
+            a buffer of this many rows.
+        generator: the seeded source of randomness (same seed -> same order).
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1; got {batch_size}")
+    if buffer_rows > 0:
+        chunks = _swap_through_buffer(chunks, buffer_rows, generator)
+    carry: tuple[torch.Tensor, ...] | None = None
+    for chunk in chunks:
+        n, pos = len(chunk[0]), 0
+        if n == 0:
+            continue
+        if carry is not None:  # complete the partial batch left by the previous chunk
+            need = batch_size - len(carry[0])
+            if n < need:
+                carry = _cat([carry, chunk])
+                continue
+            yield _cat([carry, _take(chunk, 0, need)])
+            carry, pos = None, need
+        while n - pos >= batch_size:  # whole batches are views of the chunk: no copy
+            yield _take(chunk, pos, pos + batch_size)
+            pos += batch_size
+        if pos < n:
+            carry = _take(chunk, pos, n)
+    if carry is not None:
+        yield carry
+
+
+def _swap_through_buffer(chunks: Iterable[Chunk], capacity: int,
+                         generator: torch.Generator | None) -> Iterator[tuple[torch.Tensor, ...]]:
+    """A fixed buffer of ``capacity`` rows: once full, each incoming row takes the slot of a
+    uniformly chosen buffered row, which is emitted instead (tf.data's shuffle buffer, done
+    k rows at a time). Cost per row is O(1) copies, independent of ``capacity``; at the end
+    the buffer is emitted in a random permutation."""
+    buffer: tuple[torch.Tensor, ...] | None = None
+    filled = 0
+    for chunk in chunks:
+        n, pos = len(chunk[0]), 0
+        if buffer is None and n:
+            buffer = tuple(torch.empty((capacity,) + t.shape[1:], dtype=t.dtype) for t in chunk)
+        while pos < n:
+            assert buffer is not None
+            if filled < capacity:  # filling up: nothing comes out yet
+                take = min(n - pos, capacity - filled)
+                for b, t in zip(buffer, chunk, strict=True):
+                    b[filled:filled + take] = t[pos:pos + take]
+                filled, pos = filled + take, pos + take
+                continue
+            take = min(n - pos, capacity)
+            slots = torch.randperm(capacity, generator=generator)[:take]
+            out = tuple(b[slots] for b in buffer)
+            for b, t in zip(buffer, chunk, strict=True):
+                b[slots] = t[pos:pos + take]
+            pos += take
+            yield out
+    if buffer is not None and filled:
+        perm = torch.randperm(filled, generator=generator)
+        yield tuple(b[:filled][perm] for b in buffer)

@@ -114,3 +114,24 @@ def test_env_reports_versions():
     assert proc.returncode == 0, _explain(proc)
     info = json.loads(proc.stdout)
     assert info["torch"].startswith("2.") and info["pyspark"].startswith("4.") and info["java_major"] >= 17
+
+
+@pytest.mark.e2e
+def test_parquet_data_from_the_command_line(tmp_path):
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(400, 3)).astype(np.float32)
+    y = (x.sum(1) > 0).astype(np.int64)
+    pq.write_table(pa.table({"a": x[:, 0], "b": x[:, 1], "c": x[:, 2], "y": y}), tmp_path / "d.parquet")
+    script = tmp_path / "model.py"
+    script.write_text("from torch import nn\nmodel = nn.Linear(3, 2)\n")
+    summary = tmp_path / "s.json"
+    proc = sparkdp("train", str(script), "--data", str(tmp_path / "d.parquet"), "--eval-data",
+                   str(tmp_path / "d.parquet"), "--features", "a,b,c", "--label", "y", "--workers", "2",
+                   "--epochs", "4", "--batch-size", "16", "--optimizer", "sgd", "--lr", "0.2",
+                   "--json-out", str(summary))
+    assert proc.returncode == 0, _explain(proc)
+    assert json.loads(summary.read_text())["test_accuracy"] > 0.9

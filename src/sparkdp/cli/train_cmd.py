@@ -40,6 +40,12 @@ def add_parser(sub) -> None:
     p.add_argument("--momentum", type=float, help="SGD momentum (default 0.9)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--limit", type=int, help="use only the first N training and test rows (quick runs)")
+    p.add_argument("--data", help="training data: a Parquet file or directory (with --features/--label)")
+    p.add_argument("--eval-data", help="held-out Parquet data evaluated after every epoch")
+    p.add_argument("--features", help="feature column(s), comma-separated")
+    p.add_argument("--label", help="label column")
+    p.add_argument("--feature-shape", help="reshape each row's features, e.g. 1,28,28")
+    p.add_argument("--drop-nulls", action="store_true", help="drop rows with nulls instead of failing")
     p.add_argument("--master", help="Spark master URL (default: embedded local[N])")
     p.add_argument("--threads", type=int, help="torch threads per worker (default: spark.task.cpus)")
     p.add_argument("--out", help="directory for model.safetensors and model.json")
@@ -94,8 +100,20 @@ def run(args) -> int:
         ds = load_dataset(args.dataset, limit=args.limit)
         data, eval_data = dataset_tensors(ds)
         model_desc["dataset"] = args.dataset
+    columns: dict = {}
+    if args.data:
+        if not args.features or not args.label:
+            raise ConfigError("--data needs --features COLS and --label COL (which columns are inputs and target).")
+        data = args.data
+        eval_data = args.eval_data
+        feature_list = [c.strip() for c in args.features.split(",") if c.strip()]
+        columns = {"features": feature_list[0] if len(feature_list) == 1 else feature_list, "label": args.label,
+                   "drop_nulls": args.drop_nulls}
+        if args.feature_shape:
+            columns["feature_shape"] = tuple(int(v) for v in args.feature_shape.split(","))
+        model_desc["data"] = str(args.data)
     if data is None:
-        raise ConfigError("no training data: the script defines no `train_data` and no --dataset was given.")
+        raise ConfigError("no training data: give --dataset, --data PATH.parquet, or a script defining `train_data`.")
     caffe = None
     if args.caffe_net or args.caffe_solver or args.caffe_weights:
         from ..caffe.train import cli_job
@@ -117,7 +135,7 @@ def run(args) -> int:
                          strategy_options=dict(args.strategy_option), workers=args.workers,
                          epochs=1 if epochs is None else epochs,
                          batch_size=64 if batch_size is None else batch_size,
-                         seed=args.seed, master=args.master, threads=args.threads)
+                         seed=args.seed, master=args.master, threads=args.threads, **columns)
     model_path = None
     if args.out:
         model_path = str(result.save(Path(args.out) / "model.safetensors", **model_desc))

@@ -8,7 +8,7 @@ from sparkdp.strategies import STRATEGIES, ParameterAveraging, resolve_strategy
 
 
 def test_registry_lists_valid_names_on_a_miss():
-    with pytest.raises(ConfigError, match="Unknown strategy 'alreduce'.*allreduce, average.*Did you mean 'allreduce'"):
+    with pytest.raises(ConfigError, match="Unknown strategy 'alreduce'.*allreduce, asgd, average.*Did you mean 'allreduce'"):
         resolve_strategy("alreduce")
 
 
@@ -23,7 +23,22 @@ def test_average_period_one_warns():
         ParameterAveraging(period=1)
 
 
-@pytest.mark.parametrize("name", STRATEGIES.available())
+SYNC = [e.name for e in STRATEGIES if e.create().launch_mode == "barrier"]
+
+
+def test_sync_and_async_strategies_are_registered():
+    assert sorted(SYNC) == ["allreduce", "average"]
+    assert {"asgd", "hogwild", "easgd", "dcasgd", "ddcasgd", "sa-asgd"} <= set(STRATEGIES.available())
+
+
+def test_async_strategies_point_users_to_fit_when_used_with_distribute():
+    strategy = STRATEGIES.create("asgd")
+    model = nn.Linear(2, 2)
+    with pytest.raises(ConfigError, match="runs through sparkdp.fit"):
+        strategy.setup(model, torch.optim.SGD(model.parameters(), lr=0.1), SingleProcessCollective())
+
+
+@pytest.mark.parametrize("name", SYNC)
 def test_world_size_one_runs_the_same_code_as_plain_sgd(name):
     torch.manual_seed(0)
     a = nn.Linear(3, 2)

@@ -8,8 +8,9 @@ unknown name gets an error that lists the available ones.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Iterator, TypeVar
+from typing import Any, Generic, TypeVar
 
 from .errors import ConfigError
 

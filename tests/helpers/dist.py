@@ -6,8 +6,9 @@ import os
 import socket
 import tempfile
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.multiprocessing as mp

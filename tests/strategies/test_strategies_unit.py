@@ -50,7 +50,7 @@ def test_world_size_one_runs_the_same_code_as_plain_sgd(name):
     strategy = STRATEGIES.create(name, **({"period": 2} if name == "average" else {}))
     net = strategy.setup(a, opt_a, SingleProcessCollective())
     for _ in range(3):
-        for model, net_, opt in ((a, net, opt_a), (b, b, opt_b)):
+        for net_, opt in ((net, opt_a), (b, opt_b)):
             opt.zero_grad()
             nn.functional.cross_entropy(net_(x), y).backward()
             opt.step()

@@ -45,7 +45,7 @@ class TorchCollective(Collective):
         self._owns_group = False
 
     def setup(self, *, master_addr: str, master_port: int, rank: int, world_size: int,
-              timeout_s: float = 300.0, store: dist.Store | None = None) -> "TorchCollective":
+              timeout_s: float = 300.0, store: dist.Store | None = None) -> TorchCollective:
         """Join the process group; ``store`` is rank 0's already-listening TCPStore, if any."""
         if dist.is_initialized():
             raise RuntimeError("a torch.distributed process group is already initialised in this process")

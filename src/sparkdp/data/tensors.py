@@ -9,7 +9,8 @@ keeps the synchronous collectives in step even when rows % workers != 0.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch

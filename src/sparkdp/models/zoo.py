@@ -8,7 +8,7 @@ used in ENVIRONMENT.md's reference timings.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from torch import nn
 

@@ -17,8 +17,9 @@ import threading
 import time
 import traceback
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import ConfigError, DataError, EnvironmentProblem, RendezvousTimeout, SparkdpError, WorkerFailed
 

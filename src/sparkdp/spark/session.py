@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from .environment import check_java, check_master_reachable
 

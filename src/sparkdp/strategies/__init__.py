@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from ..registry import Registry
-from .average import ParameterAveraging
-from .base import Strategy
 from .allreduce import AllReduce
 from .async_ps import AsyncParameterServer
+from .average import ParameterAveraging
+from .base import Strategy
 
 STRATEGIES: Registry[Strategy] = Registry("strategy")
 STRATEGIES.register("allreduce", AllReduce,

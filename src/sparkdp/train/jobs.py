@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from contextlib import nullcontext
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

@@ -6,8 +6,9 @@ import json
 import logging
 import struct
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 from safetensors.torch import load as _st_load

@@ -9,8 +9,9 @@ and rebuild it in the worker (composition, no class synthesis).
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn

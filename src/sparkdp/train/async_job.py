@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from ..comm.single import SingleProcessCollective
+from ..data.prefetch import prefetch
 from ..ps import ParameterServer
 from ..ps.transport import TcpOptions, TcpTransport
 from ..strategies.async_ps import AsyncParameterServer, AsyncWorker
@@ -33,9 +34,10 @@ def async_worker(spec: FitSpec, strategy: AsyncParameterServer, address: str, se
         for epoch in range(spec.epochs):
             t0 = time.perf_counter()
             loss_sum, rows = 0.0, 0
-            for step, (x, y) in enumerate(spec.train.batches(rank=worker, world_size=num_workers, epoch=epoch,
-                                                              batch_size=spec.batch_size, seed=spec.seed,
-                                                              shuffle=spec.shuffle)):
+            batches = prefetch(spec.train.batches(rank=worker, world_size=num_workers, epoch=epoch,
+                                                  batch_size=spec.batch_size, seed=spec.seed, shuffle=spec.shuffle),
+                               spec.prefetch)
+            for step, (x, y) in enumerate(batches):
                 if epoch == 0 and step == 0:
                     with torch.no_grad():
                         check_batch(model, spec.loss, x, y)

@@ -17,6 +17,7 @@ from torch import nn
 
 from ..comm.base import Collective
 from ..data.base import WorkerData
+from ..data.prefetch import DEFAULT_DEPTH, prefetch
 from ..errors import ConfigError, DataError
 from ..strategies.base import Strategy
 from .optim import OptimizerFactory
@@ -48,6 +49,8 @@ class FitSpec:
     start_epoch: int = 0
     optimizer_state: bytes | None = None
     return_optimizer_state: bool = False
+    #: batches a background thread prepares ahead of the trainer (0: none; see data.prefetch)
+    prefetch: int = DEFAULT_DEPTH
 
 
 def optimizer_state_to_bytes(optimizer: torch.optim.Optimizer, scheduler: Any = None) -> bytes:
@@ -168,8 +171,9 @@ def fit_worker(spec: FitSpec, collective: Collective) -> dict[str, Any] | None:
         model.train()
         started = time.perf_counter()
         stats = torch.zeros(2, dtype=torch.float64)  # loss*rows, rows
-        batches = spec.train.batches(rank=rank, world_size=world, epoch=epoch, batch_size=spec.batch_size,
-                                     seed=spec.seed, shuffle=spec.shuffle)
+        batches = prefetch(spec.train.batches(rank=rank, world_size=world, epoch=epoch,
+                                              batch_size=spec.batch_size, seed=spec.seed, shuffle=spec.shuffle),
+                           spec.prefetch)
         for step, (x, y) in enumerate(synchronized(batches, collective, check)):
             x, y = x.to(collective.device), y.to(collective.device)
             if epoch == 0 and step == 0:

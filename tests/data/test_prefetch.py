@@ -28,7 +28,7 @@ def test_prefetch_runs_in_another_thread_and_stays_ahead():
     produced = []
 
     def source():
-        for i in range(10):
+        for _ in range(10):
             produced.append(threading.current_thread().name)
             yield torch.zeros(1)
 

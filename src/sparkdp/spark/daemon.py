@@ -5,10 +5,12 @@ torch when the first task unpickles sparkdp code — one to several seconds per
 worker, paid again whenever a worker is replaced. Importing here, in the parent,
 gives every forked worker the modules for free (configured through
 ``spark.python.daemon.module`` by :func:`sparkdp.session`). No thread pools are
-started by these imports, so forking afterwards is safe.
+started by these imports (checked: ``torch._dynamo`` adds no thread), so forking
+afterwards is safe.
 """
 
 import torch  # noqa: F401  (preloaded for the forked workers)
+import torch._dynamo  # noqa: F401  torch.optim imports it on the first optimizer built: ~1.2 s per worker
 import torch.distributed  # noqa: F401
 from pyspark.daemon import manager
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from datetime import timedelta
 
 import torch
@@ -13,6 +14,14 @@ from ..errors import ConfigError, RendezvousTimeout
 from .base import Collective
 
 log = logging.getLogger(__name__)
+
+# gloo's worker threads drop a finished collective's tensors after ``wait()`` has
+# returned, and in this torch (2.13) dropping a tensor that Python created takes
+# the GIL. The process group's destructor joins those threads while holding the
+# GIL, so a thread still queued for the GIL deadlocks the process: seen once as a
+# rank-0 Spark task hung in ~ProcessGroupGloo (via DDP's Reducer) after training.
+# Sleeping releases the GIL long enough for the threads to finish and go idle.
+_QUIESCE_S = 0.05
 
 _OPS = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
 
@@ -92,5 +101,6 @@ class TorchCollective(Collective):
 
     def teardown(self) -> None:
         if self._owns_group and dist.is_initialized():
+            time.sleep(_QUIESCE_S)  # see _QUIESCE_S
             dist.destroy_process_group()
         self._owns_group = False

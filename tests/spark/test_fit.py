@@ -67,6 +67,18 @@ def test_unequal_shards_do_not_deadlock(spark):
     assert result.history[0]["samples"] == 98
 
 
+def test_eval_every_evaluates_every_kth_epoch_and_the_last(spark):
+    model, x, y = _problem(64)
+    result = sparkdp.fit(model, (x, y), eval_data=(x[:40], y[:40]), workers=2, epochs=3, batch_size=16,
+                         eval_every=2, spark=spark)
+    assert ["test_accuracy" in h for h in result.history] == [False, True, True]
+    with torch.no_grad():  # the last epoch's metrics are those of the returned model, over all 40 rows
+        want = (model(x[:40]).argmax(1) == y[:40]).float().mean().item()
+    assert result.test_accuracy == pytest.approx(want)
+    with pytest.raises(ConfigError, match="eval_every must be a positive integer"):
+        sparkdp.fit(model, (x, y), eval_every=0, spark=spark)
+
+
 def test_run_and_distribute_turn_a_plain_loop_distributed(spark):
     result = sparkdp.run(_user_loop, 0.1, workers=2, spark=spark)
     model, x, y = _problem(64)

@@ -42,6 +42,8 @@ def add_parser(sub) -> None:
     p.add_argument("--limit", type=int, help="use only the first N training and test rows (quick runs)")
     p.add_argument("--data", help="training data: a Parquet file or directory (with --features/--label)")
     p.add_argument("--eval-data", help="held-out Parquet data evaluated after every epoch")
+    p.add_argument("--eval-every", type=int, default=1, metavar="K",
+                   help="evaluate after every K-th epoch and after the last (default 1)")
     p.add_argument("--features", help="feature column(s), comma-separated")
     p.add_argument("--label", help="label column")
     p.add_argument("--feature-shape", help="reshape each row's features, e.g. 1,28,28")
@@ -135,7 +137,8 @@ def run(args) -> int:
                          strategy_options=dict(args.strategy_option), workers=args.workers,
                          epochs=1 if epochs is None else epochs,
                          batch_size=64 if batch_size is None else batch_size,
-                         seed=args.seed, master=args.master, threads=args.threads, **columns)
+                         seed=args.seed, master=args.master, threads=args.threads, eval_every=args.eval_every,
+                         **columns)
     model_path = None
     if args.out:
         model_path = str(result.save(Path(args.out) / "model.safetensors", **model_desc))

@@ -224,7 +224,7 @@ def fit_stream(spec: FitSpec, source: DataFrameSource, *, workers: int, spark, t
     template = StreamData(source.converter, source.shuffle_buffer)
     for epoch in range(spec.epochs):
         stage_spec = replace(spec, train=template, epochs=1, start_epoch=epoch, optimizer_state=opt_state,
-                             return_optimizer_state=True)
+                             return_optimizer_state=True, last_epoch=spec.epochs - 1)
         rows = _run_stage(df.mapInArrow(_epoch_task(stage_spec, threads, pg_timeout_s), _OUT_SCHEMA,
                                         barrier=True), spark, workers, start_timeout_s, epoch)
         first = next(r for r in rows if r["rank"] == 0)

@@ -112,7 +112,7 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
         spark: Any = None, threads: int | None = None,
         start_timeout_s: float = 60.0, pg_timeout_s: float = 300.0, show_progress: bool = True,
         features: Any = None, label: str | None = None, feature_shape: Any = None, drop_nulls: bool = False,
-        shuffle_buffer: int = 10_000) -> TrainResult:
+        shuffle_buffer: int = 10_000, eval_every: int = 1) -> TrainResult:
     """Train ``model`` data-parallel on Spark and return it trained.
 
     Args:
@@ -120,7 +120,8 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
         data: ``(features, labels)`` arrays/tensors, features with ``labels=``, a
             map-style torch Dataset, or a built-in dataset name (``"fashion-mnist"``,
             whose test split then becomes ``eval_data``).
-        eval_data: optional held-out data evaluated after every epoch.
+        eval_data: optional held-out data, evaluated after every ``eval_every``-th epoch
+            and always after the last one (so ``eval_every=epochs`` evaluates once, at the end).
         features, label: with a Spark DataFrame or a Parquet path (file, directory or
             list) as ``data``: the feature column(s) and the label column. Rows are
             streamed to the workers as Arrow record batches (see ``sparkdp.data.arrow``
@@ -147,6 +148,7 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
     started = time.perf_counter()
     epochs = _positive_int("epochs", epochs)
     batch_size = _positive_int("batch_size", batch_size)
+    eval_every = _positive_int("eval_every", eval_every)
     if workers is not None:
         workers = _positive_int("workers", workers)
     strategy_obj = resolve_strategy(strategy, **(strategy_options or {}))
@@ -177,7 +179,8 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
         raise ConfigError(f"the training data has {rows} rows but {workers} workers were requested; every "
                           "worker needs at least one row. Use fewer workers or more data.")
     spec = FitSpec(model=model, loss=loss_fn, optimizer=factory, strategy=strategy_obj, train=train, eval=test,
-                   epochs=epochs, batch_size=batch_size, seed=seed, shuffle=shuffle, scheduler=lr_scheduler)
+                   epochs=epochs, batch_size=batch_size, seed=seed, shuffle=shuffle, scheduler=lr_scheduler,
+                   eval_every=eval_every)
     log.info("training %s on %d workers with %s; data: %s", type(model).__name__, workers,
              strategy_obj.name, train.describe())
     if strategy_obj.launch_mode == "tasks":

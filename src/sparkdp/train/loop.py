@@ -51,6 +51,15 @@ class FitSpec:
     return_optimizer_state: bool = False
     #: batches a background thread prepares ahead of the trainer (0: none; see data.prefetch)
     prefetch: int = DEFAULT_DEPTH
+    #: evaluate ``eval`` after every ``eval_every``-th epoch and after the job's last one
+    eval_every: int = 1
+    #: the job's last epoch (0-based) when this spec runs only part of it (one stage per epoch)
+    last_epoch: int | None = None
+
+    def evaluates_after(self, epoch: int) -> bool:
+        """Whether test metrics are computed after ``epoch`` (0-based)."""
+        last = self.start_epoch + self.epochs - 1 if self.last_epoch is None else self.last_epoch
+        return self.eval is not None and ((epoch + 1) % self.eval_every == 0 or epoch == last)
 
 
 def optimizer_state_to_bytes(optimizer: torch.optim.Optimizer, scheduler: Any = None) -> bytes:
@@ -198,7 +207,7 @@ def fit_worker(spec: FitSpec, collective: Collective) -> dict[str, Any] | None:
         total_samples += int(stats[1])
         record = {"epoch": epoch + 1, "loss": stats[0].item() / max(stats[1].item(), 1.0),
                   "samples": int(stats[1]), "epoch_time_s": elapsed}
-        if spec.eval is not None:
+        if spec.evaluates_after(epoch):
             record.update(evaluate(strategy.unwrap(), spec.loss, spec.eval, collective, spec.eval_batch_size))
         history.append(record)
         log.info("rank %d epoch %d: %s", rank, epoch + 1, record)

@@ -15,7 +15,10 @@ sampled with psutil over the whole process tree every 50 ms. The directory is
 deleted at the end.
 
     python benchmarks/data_throughput.py               # the full 2 GB run
-    python benchmarks/data_throughput.py --rows 100000 # a quick one
+    python benchmarks/data_throughput.py --rows 100000 --repeats 1  # a quick one
+
+(a) and (b) run ``--repeats`` times (default 3), interleaved, and medians are reported:
+this machine is shared and noisy.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import threading
@@ -115,6 +119,16 @@ def plain_pyarrow(path: str, features: int, batch_rows: int) -> tuple[float, int
     return time.perf_counter() - started, rows
 
 
+def _merge_peaks(into: dict[str, float], sampler: PeakRss) -> None:
+    """Keep, per role, the highest peak seen; workers are numbered by pid order within a run."""
+    workers = sorted(pid for pid, (_peak, role) in sampler.peaks.items() if role == "python worker")
+    for pid, (peak, role) in sampler.peaks.items():
+        if role == "pyspark daemon":
+            continue
+        key = f"python worker {workers.index(pid) + 1}" if role == "python worker" else role
+        into[key] = max(into.get(key, 0), peak)
+
+
 def sparkdp_epoch(data, spark, features: int, workers: int, batch_size: int, **kw):
     import torch
 
@@ -137,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--read-rows", type=int, default=8192, help="rows per Arrow batch read")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved (a)/(b) pairs; medians are reported")
     parser.add_argument("--stream", action="store_true", help="also run (c): the DataFrame streamed by Spark")
     parser.add_argument("--dir", default=None, help="where to create the temporary dataset (default: $TMPDIR)")
     args = parser.parse_args(argv)
@@ -151,42 +166,51 @@ def main(argv: list[str] | None = None) -> int:
               f"{payload / 1e9:.2f} GB payload, {on_disk / 1e9:.2f} GB on disk in {time.perf_counter() - t0:.0f} s",
               flush=True)
         plain_pyarrow(path, args.features, args.read_rows)  # warm the page cache for both measurements
-        plain_s, rows = plain_pyarrow(path, args.features, args.read_rows)
-        assert rows == args.rows
-        print(f"(a) plain pyarrow: {plain_s:.1f} s, {payload / MB / plain_s:,.0f} MB/s", flush=True)
 
         import sparkdp
         from sparkdp.data.parquet import ParquetData
 
         spark = sparkdp.session(f"local[{args.workers}]", app_name="sparkdp-bench")
         data = ParquetData(path, features="x", label="y", read_rows=args.read_rows)
-        with PeakRss() as rss:
-            result, wall = sparkdp_epoch(data, spark, args.features, args.workers, args.batch_size)
-        epoch_s = result.history[0]["epoch_time_s"]
-        rows_trained = result.history[0]["samples"]
-        delivered = rows_trained * (args.features * 4 + 8) / MB / epoch_s
-        print(f"(b) sparkdp epoch (workers read Parquet): {epoch_s:.1f} s in the loop, {wall:.1f} s wall, "
-              f"{delivered:,.0f} MB/s delivered", flush=True)
-        runs = [("(b) Parquet read by workers", delivered, epoch_s, wall, rss)]
+        plain_runs: list[float] = []
+        runs: dict[str, list[tuple[float, float, float]]] = {"(b) Parquet read by workers": []}
+        peaks: dict[str, dict[str, float]] = {"(b) Parquet read by workers": {}}
+        for rep in range(args.repeats):  # interleaved, so drifts in machine load hit both alike
+            plain_s, rows = plain_pyarrow(path, args.features, args.read_rows)
+            assert rows == args.rows
+            plain_runs.append(payload / MB / plain_s)
+            with PeakRss() as rss:  # every fit starts fresh workers: the first-epoch costs count each time
+                result, wall = sparkdp_epoch(data, spark, args.features, args.workers, args.batch_size)
+            epoch_s = result.history[0]["epoch_time_s"]
+            delivered = result.history[0]["samples"] * (args.features * 4 + 8) / MB / epoch_s
+            runs["(b) Parquet read by workers"].append((delivered, epoch_s, wall))
+            _merge_peaks(peaks["(b) Parquet read by workers"], rss)
+            print(f"[{rep + 1}/{args.repeats}] (a) plain pyarrow {plain_runs[-1]:,.0f} MB/s; (b) sparkdp epoch "
+                  f"{epoch_s:.1f} s in the loop, {wall:.1f} s wall, {delivered:,.0f} MB/s delivered", flush=True)
         if args.stream:
+            name = "(c) DataFrame streamed by Spark"
             df = spark.read.parquet(path).filter("y >= 0")  # not a plain scan: streamed through Spark
             with PeakRss() as rss_c:
                 result_c, wall_c = sparkdp_epoch(df, spark, args.features, args.workers, args.batch_size)
             epoch_c = result_c.history[0]["epoch_time_s"]
-            delivered_c = result_c.history[0]["samples"] * (args.features * 4 + 8) / MB / epoch_c
-            runs.append(("(c) DataFrame streamed by Spark", delivered_c, epoch_c, wall_c, rss_c))
-        plain = payload / MB / plain_s
+            runs[name] = [(result_c.history[0]["samples"] * (args.features * 4 + 8) / MB / epoch_c, epoch_c, wall_c)]
+            peaks[name] = {}
+            _merge_peaks(peaks[name], rss_c)
+        plain = statistics.median(plain_runs)
         print()
+        print(f"medians of {args.repeats} interleaved run(s)\n")
         print("| measurement | value |\n|---|---|")
         print(f"| dataset | {args.rows:,} rows x {args.features} float32 + label, {payload / 1e9:.2f} GB "
               f"({on_disk / 1e9:.2f} GB on disk, {args.files} files, row groups of {args.row_group:,}) |")
-        print(f"| (a) plain pyarrow -> numpy, 1 process | {plain:,.0f} MB/s ({plain_s:.1f} s) |")
-        for name, mbs, loop_s, wall_s, sampler in runs:
+        print(f"| (a) plain pyarrow -> numpy, 1 process | {plain:,.0f} MB/s "
+              f"(runs: {', '.join(f'{v:,.0f}' for v in plain_runs)}) |")
+        for name, values in runs.items():
+            mbs = statistics.median(v[0] for v in values)
             print(f"| {name}, {args.workers} workers | {mbs:,.0f} MB/s delivered = {mbs / plain:.2f}x plain "
-                  f"(epoch {loop_s:.1f} s, fit wall {wall_s:.1f} s) |")
-            for pid, (peak, role) in sorted(sampler.peaks.items(), key=lambda kv: kv[1][1]):
-                if role != "pyspark daemon":
-                    print(f"| {name}: peak RSS {role} (pid {pid}) | {peak / 1e9:.2f} GB |")
+                  f"(runs: {', '.join(f'{v[0]:,.0f}' for v in values)} MB/s; epoch "
+                  f"{statistics.median(v[1] for v in values):.1f} s, fit wall {statistics.median(v[2] for v in values):.1f} s) |")
+            for role, peak in sorted(peaks[name].items()):
+                print(f"| {name}: peak RSS, {role} (max over runs) | {peak / 1e9:.2f} GB |")
         print(f"| python | {sys.version.split()[0]}, {os.cpu_count()} CPUs |")
     finally:
         if spark is not None:

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from sparkdp.errors import ConfigError, RendezvousTimeout, WorkerFailed
-from sparkdp.spark.launcher import run_barrier, task_slots
+from sparkdp.spark.launcher import listening_store, run_barrier, task_slots
 
 pytestmark = pytest.mark.spark
 
@@ -18,6 +18,28 @@ def test_every_rank_runs_and_agrees_on_the_rendezvous(spark):
     results = run_barrier(_rank_and_world, 2, spark=spark)
     assert [r[:2] for r in results] == [(0, 2), (1, 2)]
     assert results[0][2] == results[1][2] and all(r[3] for r in results)
+
+
+def test_the_rendezvous_store_listens_on_the_task_address_only():
+    import psutil
+    from torch.distributed import TCPStore
+
+    def listening(port):
+        return [c.laddr for c in psutil.net_connections("inet") if c.status == psutil.CONN_LISTEN
+                and c.laddr.port == port]
+
+    store = listening_store("127.0.0.1", 2)
+    port = store.port
+    assert listening(port) and all(addr.ip == "127.0.0.1" for addr in listening(port))
+    client = TCPStore("127.0.0.1", port, 2, is_master=False)
+    client.set("rank1", b"ready")
+    assert store.get("rank1") == b"ready"
+    del client, store
+    assert not listening(port)
+
+
+def test_the_session_warms_up_the_worker_daemon(spark):
+    assert spark.sparkContext.statusTracker().getJobIdsForGroup("sparkdp-warm-up")
 
 
 def test_too_many_workers_fails_fast_with_advice(spark):

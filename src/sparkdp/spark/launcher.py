@@ -1,9 +1,13 @@
 """Run a function on N Spark tasks as one barrier stage, with a torch.distributed group.
 
 Rendezvous follows TorchDistributor: rank 0's address comes from the barrier
-context's task infos, and a free port chosen by rank 0 is shared with
-``allGather``.  The driver watches the stage: if the N tasks are not all running
-within ``start_timeout_s`` it cancels the job and raises :class:`RendezvousTimeout`
+context's task infos, and the port of the TCPStore rank 0 opens is shared with
+``allGather`` (barrier-scoped, so a retried stage attempt never meets the failed
+attempt's store). Rank 0 binds the store's socket to its own task address itself:
+a TCPStore left to bind alone listens on every interface.
+
+The driver watches the stage: if the N tasks are not all running within
+``start_timeout_s`` it cancels the job and raises :class:`RendezvousTimeout`
 instead of letting Spark wait for slots forever.
 """
 
@@ -12,7 +16,9 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import os
 import re
+import socket
 import threading
 import time
 import traceback
@@ -58,19 +64,47 @@ def task_slots(sc) -> int | None:
     return None  # cluster managers: executors may still be arriving; the start timeout decides
 
 
+def on_driver_machine(sc) -> bool:
+    """Whether every executor runs on the driver's machine (``local[N]``, ``local-cluster``)."""
+    return sc.master == "local" or sc.master.startswith(("local[", "local-cluster["))
+
+
+def listening_store(host: str, world_size: int):
+    """A master ``TCPStore`` listening on ``host`` only, on a port the OS chooses.
+
+    The socket is bound here and handed to the store (which then owns and closes it):
+    a TCPStore that binds by itself listens on every interface of the machine.
+    """
+    from torch.distributed import TCPStore
+
+    family, _, _, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.bind(address)
+        sock.listen(128)
+        port = sock.getsockname()[1]
+    except OSError:
+        sock.close()
+        raise
+    fd = sock.detach()
+    try:
+        return TCPStore(host, port, world_size, is_master=True, wait_for_workers=False, master_listen_fd=fd,
+                        use_libuv=True)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def _rendezvous() -> TaskInfo:
     from pyspark import BarrierTaskContext
-    from torch.distributed import TCPStore
 
     ctx = BarrierTaskContext.get()
     infos = ctx.getTaskInfos()
     rank = ctx.partitionId()
     master_addr = infos[0].address.rsplit(":", 1)[0]
-    store = None
-    if rank == 0:
-        # Rank 0 binds the store to port 0 and shares the port the OS chose: no window in
-        # which another process can take a "free" port between choosing and binding it.
-        store = TCPStore(master_addr, 0, len(infos), is_master=True, wait_for_workers=False)
+    # Rank 0 binds port 0 and shares the port the OS chose: no window in which another
+    # process can take a "free" port between choosing and binding it.
+    store = listening_store(master_addr, len(infos)) if rank == 0 else None
     ports = ctx.allGather(str(store.port if store is not None else 0))
     gpus = tuple(ctx.resources()["gpu"].addresses) if "gpu" in ctx.resources() else ()
     cpus = int(ctx.cpus()) if hasattr(ctx, "cpus") else 1

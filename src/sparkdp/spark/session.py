@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -42,7 +43,8 @@ def default_master() -> str:
     return f"local[{os.cpu_count() or 1}]"
 
 
-def session(master: str | None = None, *, app_name: str = "sparkdp", conf: Mapping[str, str] | None = None):
+def session(master: str | None = None, *, app_name: str = "sparkdp", conf: Mapping[str, str] | None = None,
+            warm_up: bool = True):
     """Return the SparkSession to train on.
 
     Args:
@@ -51,12 +53,17 @@ def session(master: str | None = None, *, app_name: str = "sparkdp", conf: Mappi
             otherwise starts an embedded ``local[N]`` session with N = CPU cores.
         app_name: the application name shown by the cluster manager.
         conf: extra Spark settings; they override sparkdp's defaults.
+        warm_up: on a new ``local``/``local-cluster`` session, start the Python worker
+            daemon at once, in the background, so its torch import (and Spark's own
+            first-job set-up, about 4 s together here) overlaps with whatever the
+            driver does next instead of delaying the first training job.
 
     Example:
         >>> spark = sparkdp.session()            # doctest: +SKIP
         >>> spark.sparkContext.master            # doctest: +SKIP
         'local[2]'
     """
+    from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
@@ -77,10 +84,35 @@ def session(master: str | None = None, *, app_name: str = "sparkdp", conf: Mappi
         settings["spark.driver.host"] = "127.0.0.1"
         settings["spark.driver.bindAddress"] = "127.0.0.1"
     settings.update(conf or {})
+    log.info("starting Spark (%s)", master)
+    # What SparkSession.builder.getOrCreate() does, in two steps: the warm-up job needs only
+    # the SparkContext, so it runs while the JVM builds the SparkSession (about 2.7 s here).
+    sc = SparkContext.getOrCreate(SparkConf().setMaster(master).setAppName(app_name).setAll(settings.items()))
+    sc.setLogLevel("ERROR")
+    if warm_up and settings["spark.python.daemon.module"] == _DEFAULT_CONF["spark.python.daemon.module"]:
+        _start_warm_up(sc)
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
-    log.info("starting Spark (%s)", master)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    return builder.getOrCreate()
+
+
+def _start_warm_up(sc) -> None:
+    """Run one no-op task in a background thread: it starts the executor's worker daemon."""
+    from .launcher import on_driver_machine
+
+    if not on_driver_machine(sc):
+        return  # remote executors may still be arriving; a no-op task would warm only one of them
+
+    def run() -> None:
+        try:
+            sc.setJobGroup("sparkdp-warm-up", "sparkdp: start the Python worker daemon", interruptOnCancel=True)
+            sc.parallelize([0], 1).foreach(_noop)
+        except Exception as exc:  # noqa: BLE001 - e.g. the session was stopped meanwhile; nothing is lost
+            log.debug("worker warm-up did not finish: %s", exc)
+
+    threading.Thread(target=run, name="sparkdp-warm-up", daemon=True).start()
+
+
+def _noop(_row) -> None:
+    return None

@@ -50,6 +50,24 @@ def test_fit_equals_single_process_sgd_on_union_batches(spark, strategy, options
     assert result.samples_per_s > 0 and result.workers == 2
 
 
+def test_data_shared_through_files_trains_exactly_like_data_in_the_closure(spark, tmp_path, monkeypatch):
+    from sparkdp.data import shared
+
+    monkeypatch.setattr(shared, "MIN_SHARED_BYTES", 0)  # share even this small problem
+    monkeypatch.setattr(shared, "_default_base", lambda expected: tmp_path)
+    written = []
+    share = shared.SharedTensorDir.share
+    monkeypatch.setattr(shared.SharedTensorDir, "share", lambda self, t: written.append(t.shape) or share(self, t))
+    model, x, y = _problem()
+    ref = _reference(_problem()[0], x, y, epochs=2, batch=8, world=2, lr=0.2)
+    sparkdp.fit(model, (x, y), eval_data=(x, y), optimizer="sgd", optimizer_options={"lr": 0.2, "momentum": 0.0},
+                workers=2, epochs=2, batch_size=8, spark=spark)
+    assert written == [(96, 4), (96,), (96, 4), (96,)]  # train and eval features and labels
+    for name, p in model.state_dict().items():
+        assert torch.allclose(p, ref.state_dict()[name], atol=1e-5), name
+    assert not list(tmp_path.iterdir())  # the files went with the job
+
+
 def test_trained_model_saves_and_loads_in_plain_pytorch(spark, tmp_path):
     model, x, y = _problem()
     result = sparkdp.fit(model, (x, y), workers=2, epochs=1, batch_size=16, spark=spark)

@@ -18,6 +18,7 @@ from torch.utils.data import Dataset
 
 from ..errors import DataError
 from .base import WorkerData
+from .shared import MappedTensor, SharedTensorDir
 
 
 class TensorData(WorkerData):
@@ -47,6 +48,22 @@ class TensorData(WorkerData):
 
     def num_samples(self) -> int:
         return len(self.features)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.features, self.labels))
+
+    def shared(self, store: SharedTensorDir) -> TensorData:
+        """This data written once to ``store``; its pickle then carries file handles, not bytes."""
+        copy = TensorData.__new__(TensorData)
+        copy.__dict__.update(self.__dict__)
+        copy._handles = (store.share(self.features), store.share(self.labels))
+        return copy
+
+    def __reduce_ex__(self, protocol):
+        handles = self.__dict__.get("_handles")
+        if handles is None:
+            return super().__reduce_ex__(protocol)
+        return _mapped_tensor_data, (handles, self.divisor)
 
     def shard_indices(self, *, rank: int, world_size: int, epoch: int, seed: int, shuffle: bool) -> torch.Tensor:
         n = len(self.features)
@@ -82,6 +99,14 @@ class TensorData(WorkerData):
     def describe(self) -> str:
         return (f"{len(self.features)} rows in memory: features {tuple(self.features.shape[1:])} "
                 f"{self.features.dtype}, labels {tuple(self.labels.shape[1:])} {self.labels.dtype}")
+
+
+def _mapped_tensor_data(handles: tuple[MappedTensor, MappedTensor], divisor: float | None) -> TensorData:
+    """Unpickle a shared :class:`TensorData` by mapping its files (see ``data.shared``)."""
+    data = TensorData.__new__(TensorData)
+    data.divisor = divisor
+    data.features, data.labels = (h.load() for h in handles)
+    return data
 
 
 def _as_tensor(value: Any, what: str) -> torch.Tensor:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -14,6 +15,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from ..data.base import WorkerData
 from ..data.datasets import Dataset as BuiltinDataset
 from ..data.datasets import dataset_tensors, load_dataset
+from ..data.shared import shared_with_workers
 from ..data.tensors import TensorData, as_worker_data
 from ..errors import ConfigError
 from ..strategies import resolve_strategy
@@ -168,7 +170,7 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
         train, test = _resolve_data(data, labels, eval_data)
     _preflight(model, loss_fn, train)
 
-    from ..spark.launcher import run_barrier, task_slots
+    from ..spark.launcher import on_driver_machine, task_slots
     from ..spark.session import session
 
     spark = spark or session(master)
@@ -181,6 +183,17 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
     spec = FitSpec(model=model, loss=loss_fn, optimizer=factory, strategy=strategy_obj, train=train, eval=test,
                    epochs=epochs, batch_size=batch_size, seed=seed, shuffle=shuffle, scheduler=lr_scheduler,
                    eval_every=eval_every)
+    # Same-machine executors map in-memory data from files instead of unpickling a copy each.
+    with shared_with_workers(on_driver_machine(spark.sparkContext), train, test) as (train, test):
+        return _fit_on_spark(replace(spec, train=train, eval=test), workers, spark, threads, started,
+                             show_progress=show_progress, pg_timeout_s=pg_timeout_s, start_timeout_s=start_timeout_s)
+
+
+def _fit_on_spark(spec: FitSpec, workers: int, spark: Any, threads: int | None, started: float, *,
+                  show_progress: bool, pg_timeout_s: float, start_timeout_s: float) -> TrainResult:
+    from ..spark.launcher import run_barrier
+
+    model, train, strategy_obj = spec.model, spec.train, spec.strategy
     log.info("training %s on %d workers with %s; data: %s", type(model).__name__, workers,
              strategy_obj.name, train.describe())
     if strategy_obj.launch_mode == "tasks":
@@ -200,7 +213,7 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
                     dropped)
     model.load_state_dict(state_from_bytes(out["state"]))
     return TrainResult(model=model, history=out["history"], strategy=strategy_obj.name, workers=workers,
-                       epochs=epochs, wall_s=time.perf_counter() - started, train_time_s=out["train_time_s"],
+                       epochs=spec.epochs, wall_s=time.perf_counter() - started, train_time_s=out["train_time_s"],
                        samples=out["samples"], strategy_options=out["strategy_options"])
 
 

@@ -1,0 +1,109 @@
+"""In-memory data shared with same-machine workers through memory-mapped files."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+
+import pytest
+import torch
+from pyspark import cloudpickle
+
+from sparkdp.data import shared
+from sparkdp.data.shared import MappedTensor, SharedTensorDir, shared_with_workers
+from sparkdp.data.tensors import TensorData
+from sparkdp.errors import DataError
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.uint8, torch.int64, torch.bfloat16, torch.float64])
+def test_a_mapped_tensor_reads_back_exactly(tmp_path, dtype):
+    original = (torch.arange(3 * 5 * 7) - 40).reshape(3, 5, 7).to(dtype)
+    store = SharedTensorDir(base=tmp_path)
+    handle = store.share(original[:, 1:4])  # a non-contiguous view is written contiguously
+    loaded = pickle.loads(pickle.dumps(handle)).load()
+    assert loaded.dtype == dtype and loaded.shape == (3, 3, 7)
+    assert torch.equal(loaded, original[:, 1:4])
+    loaded.add_(1)  # copy-on-write: the file (and every other reader) keeps the original
+    assert torch.equal(handle.load(), original[:, 1:4])
+    store.close()
+    assert not store.path.exists()
+
+
+def test_shared_tensor_data_pickles_as_handles_and_yields_the_same_batches(tmp_path):
+    gen = torch.Generator().manual_seed(3)
+    data = TensorData(torch.randint(0, 256, (600, 1, 8, 8), generator=gen, dtype=torch.uint8),
+                      torch.randint(0, 10, (600,), generator=gen), divisor=255.0)
+    store = SharedTensorDir(base=tmp_path)
+    blob = cloudpickle.dumps(data.shared(store))
+    assert len(blob) < 2000 < len(cloudpickle.dumps(data))  # paths and shapes, not the 38 kB of rows
+    remote = cloudpickle.loads(blob)
+    assert remote.divisor == 255.0 and remote.num_samples() == 600
+    for rank in (0, 1):
+        mine = list(data.batches(rank=rank, world_size=2, epoch=1, batch_size=64, seed=5))
+        theirs = list(remote.batches(rank=rank, world_size=2, epoch=1, batch_size=64, seed=5))
+        assert len(mine) == len(theirs) == 5
+        for (x1, y1), (x2, y2) in zip(mine, theirs):
+            assert torch.equal(x1, x2) and torch.equal(y1, y2)
+    store.close()
+
+
+def test_unshared_tensor_data_still_pickles_its_rows():
+    data = TensorData(torch.ones(4, 2), torch.zeros(4, dtype=torch.long))
+    back = pickle.loads(pickle.dumps(data))
+    assert torch.equal(back.features, data.features) and torch.equal(back.labels, data.labels)
+
+
+def test_sharing_is_skipped_when_disabled_or_small(tmp_path, monkeypatch):
+    big = TensorData(torch.zeros(300_000), torch.zeros(300_000, dtype=torch.long))  # 3.6 MB
+    small = TensorData(torch.zeros(10), torch.zeros(10, dtype=torch.long))
+    with shared_with_workers(False, big, None) as (train, test):
+        assert train is big and test is None
+    with shared_with_workers(True, small, small) as (train, test):
+        assert train is small and test is small
+    monkeypatch.setattr(shared, "_default_base", lambda expected: tmp_path)
+    with shared_with_workers(True, big, None, "not tensor data") as (train, test, other):
+        assert train is not big and "_handles" in train.__dict__ and test is None and other == "not tensor data"
+        assert len(list(tmp_path.glob("sparkdp-data-*/*.bin"))) == 2
+    assert not list(tmp_path.glob("sparkdp-data-*"))
+
+
+def test_the_files_are_removed_when_the_job_fails(tmp_path, monkeypatch):
+    monkeypatch.setattr(shared, "_default_base", lambda expected: tmp_path)
+    big = TensorData(torch.zeros(300_000), torch.zeros(300_000, dtype=torch.long))
+    with pytest.raises(RuntimeError, match="job failed"):
+        with shared_with_workers(True, big):
+            assert list(tmp_path.glob("sparkdp-data-*"))
+            raise RuntimeError("job failed")
+    assert not list(tmp_path.glob("sparkdp-data-*"))
+
+
+def test_directories_of_dead_drivers_are_removed_and_live_ones_kept(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    orphan = tmp_path / f"sparkdp-data-{dead.stdout.strip()}-abc"
+    orphan.mkdir()
+    (orphan / "t0.bin").write_bytes(b"x")
+    alive = tmp_path / f"sparkdp-data-{os.getpid()}-def"
+    alive.mkdir()
+    unrelated = tmp_path / "sparkdp-data-notapid"
+    unrelated.mkdir()
+    store = SharedTensorDir(base=tmp_path)
+    assert not orphan.exists() and alive.exists() and unrelated.exists()
+    assert store.path.stat().st_mode & 0o777 == 0o700  # private to this user
+    store.close()
+
+
+def test_memory_is_used_when_there_is_room_else_the_temp_dir():
+    import tempfile
+
+    assert shared._default_base(1 << 60) == shared.Path(tempfile.gettempdir())
+    if shared._SHM.is_dir() and os.access(shared._SHM, os.W_OK):
+        assert shared._default_base(1) == shared._SHM
+
+
+def test_a_worker_that_cannot_read_the_file_says_why(tmp_path):
+    handle = MappedTensor(str(tmp_path / "gone.bin"), "float32", (4, 2))
+    with pytest.raises(DataError, match=r"cannot read the training data the driver shared.*local\[N\]"):
+        handle.load()

@@ -40,7 +40,9 @@ class FitSpec:
     batch_size: int
     seed: int = 0
     shuffle: bool = True
-    eval_batch_size: int = 1000
+    #: rows per evaluation forward pass: 256 ran 0.49 ms/image where 1000 ran 0.77 on one CPU
+    #: thread (the 2-conv CNN; 1000 images' activations no longer fit in cache)
+    eval_batch_size: int = 256
     #: ``optimizer -> scheduler``; the scheduler's ``step()`` runs after every optimizer step
     #: (per-iteration schedules such as Caffe's lr policies).
     scheduler: Callable[[Any], Any] | None = None

@@ -23,6 +23,13 @@ def test_allreduce_equals_one_process_on_concatenated_batch(optimizer):
         _assert_close(params, reference, f"allreduce/{optimizer} rank {rank}")
 
 
+def test_gradients_as_bucket_views_change_nothing_but_copies():
+    views = run_workers(train_sharded, WORLD, "allreduce", STEPS, BATCH, "momentum", 1, False, True)
+    copies = run_workers(train_sharded, WORLD, "allreduce", STEPS, BATCH, "momentum", 1, False, False)
+    for rank in range(WORLD):
+        assert all(torch.equal(a, b) for a, b in zip(views[rank], copies[rank])), f"rank {rank} differs"
+
+
 def test_average_k1_plain_sgd_equals_single_machine_sgd():
     ranks = run_workers(train_sharded, WORLD, "average", STEPS, BATCH, "sgd", 1)
     _assert_close(ranks[0], single_process(STEPS, BATCH, WORLD, "sgd"), "average k=1")

@@ -30,7 +30,7 @@ def collective_sum(coll):
 
 
 def train_sharded(coll, strategy_name: str, steps: int, batch: int, optimizer: str, period: int = 1,
-                  average_state: bool = False):
+                  average_state: bool = False, bucket_view: bool = True):
     """Each rank trains on its slice of every global batch; returns the final parameters."""
     model, x, y = make_problem()
     if coll.rank != 0:  # different local init: the strategy must broadcast rank 0's
@@ -40,7 +40,7 @@ def train_sharded(coll, strategy_name: str, steps: int, batch: int, optimizer: s
     opt = (torch.optim.SGD(model.parameters(), lr=0.1) if optimizer == "sgd"
            else torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if optimizer == "momentum"
            else torch.optim.Adam(model.parameters(), lr=0.01))
-    strategy = AllReduce() if strategy_name == "allreduce" else ParameterAveraging(
+    strategy = AllReduce(gradient_as_bucket_view=bucket_view) if strategy_name == "allreduce" else ParameterAveraging(
         period=period, average_optimizer_state=average_state)
     net = strategy.setup(model, opt, coll)
     world = coll.world_size

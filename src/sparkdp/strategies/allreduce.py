@@ -28,16 +28,24 @@ class AllReduce(Strategy):
             (raise it for models with many small tensors on a high-latency network).
         find_unused_parameters: set True when some parameters get no gradient in
             a step (e.g. conditional branches); it costs an extra graph traversal.
+        gradient_as_bucket_view: let each ``.grad`` be a view into DDP's communication
+            bucket, so the gradient is neither copied into the bucket before the
+            all-reduce nor back after it. Same arithmetic; on the 2-conv CNN (gloo,
+            2 processes, 1 thread each) a step took 101-112 ms instead of 113-120 ms.
+            Set False if your loop calls ``detach_()`` on gradients or keeps ``.grad``
+            tensors across steps (PyTorch's DDP documents both restrictions).
     """
 
     name = "allreduce"
 
-    def __init__(self, bucket_cap_mb: float = 25.0, find_unused_parameters: bool = False) -> None:
+    def __init__(self, bucket_cap_mb: float = 25.0, find_unused_parameters: bool = False,
+                 gradient_as_bucket_view: bool = True) -> None:
         super().__init__()
         if bucket_cap_mb <= 0:
             raise ConfigError(f"bucket_cap_mb must be > 0; got {bucket_cap_mb}.")
         self.bucket_cap_mb = float(bucket_cap_mb)
         self.find_unused_parameters = bool(find_unused_parameters)
+        self.gradient_as_bucket_view = bool(gradient_as_bucket_view)
         self._wrapped: nn.Module | None = None
 
     def setup(self, model: nn.Module, optimizer: Optimizer, collective: Collective) -> nn.Module:
@@ -50,8 +58,9 @@ class AllReduce(Strategy):
         self._wrapped = DistributedDataParallel(
             model, device_ids=device_ids, bucket_cap_mb=self.bucket_cap_mb,
             find_unused_parameters=self.find_unused_parameters,
+            gradient_as_bucket_view=self.gradient_as_bucket_view,
         )
         return self._wrapped
 
     def options(self) -> dict[str, Any]:
-        return {"bucket_cap_mb": self.bucket_cap_mb}
+        return {"bucket_cap_mb": self.bucket_cap_mb, "gradient_as_bucket_view": self.gradient_as_bucket_view}

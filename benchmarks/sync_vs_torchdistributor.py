@@ -7,7 +7,8 @@ The same Fashion-MNIST job (2-conv CNN, batch 64 per worker, SGD lr 0.05 momentu
   torchdist    ``pyspark.ml.torch.distributor.TorchDistributor(num_processes=2, local_mode=True,
                use_gpu=False).run(train_fn)`` where ``train_fn`` is a plain DDP loop
                (gloo, DistributedSampler, 1 torch thread per process), on a local[2] session
-               started the same way (``sparkdp.session("local[2]")``)
+               started the same way (``sparkdp.session("local[2]", warm_up=False)``: with
+               local_mode=True no Python task runs, so there is no worker daemon to warm up)
   single       one PyTorch process with 2 threads: the accuracy reference
 
 All three evaluate the test set once, after the last epoch (sparkdp: ``eval_every=epochs``;
@@ -217,7 +218,9 @@ def _child_torchdist(cfg: dict, marks: dict) -> dict:
     marks["imports"] = time.time()
     # sparkdp sets GLOO_SOCKET_IFNAME=lo for its local process groups; do the same here.
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    spark = sparkdp.session(f"local[{cfg['workers']}]")
+    # warm_up=False: TorchDistributor(local_mode=True) runs torchrun on the driver, no Python
+    # tasks, so sparkdp's worker warm-up would only take CPU away from it.
+    spark = sparkdp.session(f"local[{cfg['workers']}]", warm_up=False)
     marks["session"] = time.time()
     fd, result_path = tempfile.mkstemp(prefix="td-result-", suffix=".json")
     os.close(fd)

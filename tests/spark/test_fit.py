@@ -48,6 +48,8 @@ def test_fit_equals_single_process_sgd_on_union_batches(spark, strategy, options
     assert len(result.history) == 2 and result.history[-1]["samples"] == 96
     assert result.test_accuracy is not None and result.test_accuracy > 0.8
     assert result.samples_per_s > 0 and result.workers == 2
+    if strategy == "allreduce":  # both tasks run on this host: gradients meet in /dev/shm
+        assert result.strategy_options["gradient_transport"] == "shared-memory"
 
 
 def test_data_shared_through_files_trains_exactly_like_data_in_the_closure(spark, tmp_path, monkeypatch):

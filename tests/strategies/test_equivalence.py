@@ -23,6 +23,16 @@ def test_allreduce_equals_one_process_on_concatenated_batch(optimizer):
         _assert_close(params, reference, f"allreduce/{optimizer} rank {rank}")
 
 
+def test_shared_memory_and_gloo_transports_give_the_reference():
+    reference = single_process(STEPS, BATCH, WORLD, "momentum")
+    for shared, transport in [(True, "shared-memory"), (False, "process-group")]:
+        ranks = run_workers(train_sharded, WORLD, "allreduce", STEPS, BATCH, "momentum", 1, False, True, shared, True)
+        for rank, (params, options) in enumerate(ranks):
+            assert options["gradient_transport"] == transport, options
+            _assert_close(params, reference, f"{transport} rank {rank}")
+        assert all(torch.equal(a, b) for a, b in zip(ranks[0][0], ranks[1][0])), f"{transport}: ranks differ"
+
+
 def test_gradients_as_bucket_views_change_nothing_but_copies():
     views = run_workers(train_sharded, WORLD, "allreduce", STEPS, BATCH, "momentum", 1, False, True)
     copies = run_workers(train_sharded, WORLD, "allreduce", STEPS, BATCH, "momentum", 1, False, False)

@@ -30,7 +30,8 @@ def collective_sum(coll):
 
 
 def train_sharded(coll, strategy_name: str, steps: int, batch: int, optimizer: str, period: int = 1,
-                  average_state: bool = False, bucket_view: bool = True):
+                  average_state: bool = False, bucket_view: bool = True, shared_memory: bool = True,
+                  with_options: bool = False):
     """Each rank trains on its slice of every global batch; returns the final parameters."""
     model, x, y = make_problem()
     if coll.rank != 0:  # different local init: the strategy must broadcast rank 0's
@@ -40,7 +41,10 @@ def train_sharded(coll, strategy_name: str, steps: int, batch: int, optimizer: s
     opt = (torch.optim.SGD(model.parameters(), lr=0.1) if optimizer == "sgd"
            else torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if optimizer == "momentum"
            else torch.optim.Adam(model.parameters(), lr=0.01))
-    strategy = AllReduce(gradient_as_bucket_view=bucket_view) if strategy_name == "allreduce" else ParameterAveraging(
+    # every bucket of this tiny model through shared memory when it is on
+    strategy = AllReduce(gradient_as_bucket_view=bucket_view, shared_memory=shared_memory,
+                         shared_memory_min_bytes=0) \
+        if strategy_name == "allreduce" else ParameterAveraging(
         period=period, average_optimizer_state=average_state)
     net = strategy.setup(model, opt, coll)
     world = coll.world_size
@@ -52,7 +56,8 @@ def train_sharded(coll, strategy_name: str, steps: int, batch: int, optimizer: s
         nn.functional.cross_entropy(net(xb), yb).backward()
         opt.step()
     strategy.finish()
-    return [p.detach().clone() for p in model.parameters()]
+    params = [p.detach().clone() for p in model.parameters()]
+    return (params, strategy.options()) if with_options else params
 
 
 def single_process(steps: int, batch: int, world: int, optimizer: str):

@@ -22,6 +22,7 @@ def _kv(text: str) -> tuple[str, object]:
 def add_parser(sub) -> None:
     from ..models import MODELS
     from ..strategies import STRATEGIES
+    from ..train.layout import MEMORY_FORMATS
 
     p = sub.add_parser("train", help="train a script's model, or a built-in model on a built-in dataset",
                        description="Train data-parallel on Spark. SCRIPT.py defines model, train_data and "
@@ -50,6 +51,9 @@ def add_parser(sub) -> None:
     p.add_argument("--drop-nulls", action="store_true", help="drop rows with nulls instead of failing")
     p.add_argument("--master", help="Spark master URL (default: embedded local[N])")
     p.add_argument("--threads", type=int, help="torch threads per worker (default: spark.task.cpus)")
+    p.add_argument("--memory-format", choices=MEMORY_FORMATS, default="auto",
+                   help="layout of conv weights and image batches: auto (channels_last for conv nets on CPU), "
+                        "channels_last, contiguous")
     p.add_argument("--out", help="directory for model.safetensors and model.json")
     p.add_argument("--json-out", help="write a JSON summary of the run here")
     caffe = p.add_argument_group("Caffe model", "train a Caffe net with its own solver (instead of --model/SCRIPT)")
@@ -138,7 +142,7 @@ def run(args) -> int:
                          epochs=1 if epochs is None else epochs,
                          batch_size=64 if batch_size is None else batch_size,
                          seed=args.seed, master=args.master, threads=args.threads, eval_every=args.eval_every,
-                         **columns)
+                         memory_format=args.memory_format, **columns)
     model_path = None
     if args.out:
         model_path = str(result.save(Path(args.out) / "model.safetensors", **model_desc))

@@ -67,7 +67,7 @@ class SharedTensorDir:
 
     def __init__(self, base: str | os.PathLike | None = None, expected_bytes: int = 0) -> None:
         root = Path(base) if base is not None else _default_base(expected_bytes)
-        _remove_orphans(root)
+        remove_orphans(root)
         self.path = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=root))
         self._count = 0
 
@@ -93,11 +93,11 @@ def _default_base(expected_bytes: int) -> Path:
     return Path(tempfile.gettempdir())
 
 
-def _remove_orphans(root: Path) -> None:
-    """Delete directories a killed driver left behind (their owner process is gone)."""
-    pattern = re.compile(re.escape(_PREFIX) + r"(\d+)-")
+def remove_orphans(root: Path, prefix: str = _PREFIX) -> None:
+    """Delete ``<prefix><pid>-*`` directories a killed process left behind (that pid is gone)."""
+    pattern = re.compile(re.escape(prefix) + r"(\d+)-")
     try:
-        candidates = list(root.glob(f"{_PREFIX}*"))
+        candidates = list(root.glob(f"{prefix}*"))
     except OSError:
         return
     for entry in candidates:
@@ -109,7 +109,7 @@ def _remove_orphans(root: Path) -> None:
                 continue
             os.kill(int(match.group(1)), 0)
         except ProcessLookupError:
-            log.info("removing %s, left by a sparkdp driver that no longer runs", entry)
+            log.info("removing %s, left by a sparkdp process that no longer runs", entry)
             shutil.rmtree(entry, ignore_errors=True)
         except (OSError, ValueError):
             continue

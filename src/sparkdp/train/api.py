@@ -22,6 +22,7 @@ from ..strategies import resolve_strategy
 from ..strategies.base import Strategy
 from .context import WorkerContext, current, set_current
 from .jobs import in_task, progress
+from .layout import check_memory_format, preflight_layout
 from .loop import FitSpec, check_batch, fit_worker
 from .optim import optimizer_factory, resolve_loss
 from .result import TrainResult
@@ -70,11 +71,20 @@ def _columnar(data: Any, columns: dict[str, Any], what: str) -> Any:
                       "(features, labels) without features=.")
 
 
-def _preflight_columns(model: nn.Module, loss_fn: Callable, data: Any) -> None:
+def _sample_batch(data: WorkerData) -> tuple[torch.Tensor, torch.Tensor] | None:
+    if hasattr(data, "converter") and hasattr(data, "sample"):
+        return data.converter.preview(data.sample())
+    if isinstance(data, TensorData):
+        return next(data.eval_batches(rank=0, world_size=1, batch_size=2))
+    return None
+
+
+def _preflight_columns(model: nn.Module, loss_fn: Callable, data: Any,
+                       sample: tuple[torch.Tensor, torch.Tensor]) -> None:
     """Convert two rows on the driver: column errors, the model's input shape and the label range
     fail here, and the column -> tensor mapping is logged before any Spark job."""
     converter = data.converter
-    x, y = converter.preview(data.sample())
+    x, y = sample
     was_training = model.training
     model.eval()
     with torch.no_grad():
@@ -86,12 +96,18 @@ def _preflight_columns(model: nn.Module, loss_fn: Callable, data: Any) -> None:
     log.info("data columns -> tensors: %s", converter.describe())
 
 
-def _preflight(model: nn.Module, loss_fn: Callable, data: WorkerData) -> None:
-    """Check on the driver, in milliseconds, what would otherwise fail inside every Spark task."""
+def _preflight(model: nn.Module, loss_fn: Callable, data: WorkerData, memory_format: str) -> str:
+    """Check on the driver, in milliseconds, what would otherwise fail inside every Spark task.
+
+    Returns the memory format the workers train in (see ``train.layout``)."""
+    check_memory_format(memory_format)
+    sample = _sample_batch(data)
+    if sample is None:  # nothing to probe the layout with: "auto" stays on the safe side
+        return "contiguous" if memory_format == "auto" else memory_format
     if hasattr(data, "converter") and hasattr(data, "sample"):
-        _preflight_columns(model, loss_fn, data)
+        _preflight_columns(model, loss_fn, data, sample)
     if isinstance(data, TensorData):
-        x, y = next(data.eval_batches(rank=0, world_size=1, batch_size=2))
+        x, y = sample
         was_training = model.training
         model.eval()
         with torch.no_grad():
@@ -104,6 +120,18 @@ def _preflight(model: nn.Module, loss_fn: Callable, data: WorkerData) -> None:
 
                     check_labels(out, labels)
         model.train(was_training)
+    return preflight_layout(memory_format, model, lambda to_batch: _forward(model, loss_fn, to_batch(sample[0]),
+                                                                             sample[1]))
+
+
+def _forward(model: nn.Module, loss_fn: Callable, x: torch.Tensor, y: torch.Tensor) -> None:
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            check_batch(model, loss_fn, x, y)
+    finally:
+        model.train(was_training)
 
 
 def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: Any = None,
@@ -114,7 +142,7 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
         spark: Any = None, threads: int | None = None,
         start_timeout_s: float = 60.0, pg_timeout_s: float = 300.0, show_progress: bool = True,
         features: Any = None, label: str | None = None, feature_shape: Any = None, drop_nulls: bool = False,
-        shuffle_buffer: int = 10_000, eval_every: int = 1) -> TrainResult:
+        shuffle_buffer: int = 10_000, eval_every: int = 1, memory_format: str = "auto") -> TrainResult:
     """Train ``model`` data-parallel on Spark and return it trained.
 
     Args:
@@ -142,6 +170,10 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
             optimizer step (e.g. ``lambda o: torch.optim.lr_scheduler.StepLR(o, 1000)``).
         master / spark: a Spark master URL or an existing SparkSession (default: the
             embedded ``local[N]`` session).
+        memory_format: ``"auto"`` (default) trains convolutional models channels-last
+            (NHWC) on CPU workers, where oneDNN's kernels run them faster, if the model
+            accepts it; ``"channels_last"`` forces it, ``"contiguous"`` keeps NCHW.
+            The returned model is in the default layout either way (``sparkdp.train.layout``).
 
     Example:
         >>> result = sparkdp.fit(model, (x, y), epochs=2, workers=2)   # doctest: +SKIP
@@ -168,7 +200,7 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
                               "write it to Parquet or pass the Parquet path.")
     else:
         train, test = _resolve_data(data, labels, eval_data)
-    _preflight(model, loss_fn, train)
+    memory_format = _preflight(model, loss_fn, train, memory_format)
 
     from ..spark.launcher import on_driver_machine, task_slots
     from ..spark.session import session
@@ -182,7 +214,7 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
                           "worker needs at least one row. Use fewer workers or more data.")
     spec = FitSpec(model=model, loss=loss_fn, optimizer=factory, strategy=strategy_obj, train=train, eval=test,
                    epochs=epochs, batch_size=batch_size, seed=seed, shuffle=shuffle, scheduler=lr_scheduler,
-                   eval_every=eval_every)
+                   eval_every=eval_every, memory_format=memory_format)
     # Same-machine executors map in-memory data from files instead of unpickling a copy each.
     with shared_with_workers(on_driver_machine(spark.sparkContext), train, test) as (train, test):
         return _fit_on_spark(replace(spec, train=train, eval=test), workers, spark, threads, started,

@@ -13,6 +13,7 @@ from ..data.prefetch import prefetch
 from ..ps import ParameterServer
 from ..ps.transport import TcpOptions, TcpTransport
 from ..strategies.async_ps import AsyncParameterServer, AsyncWorker
+from .layout import batch_layout, use_channels_last
 from .loop import FitSpec, check_batch, evaluate
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,9 @@ def async_worker(spec: FitSpec, strategy: AsyncParameterServer, address: str, se
         optimizer = spec.optimizer.build(model)
         scheduler = spec.scheduler(optimizer) if spec.scheduler is not None else None
         runner = AsyncWorker(strategy, client, model, optimizer, num_workers)
+        # Channels-last batches only: the parameters stay NCHW because the server's shards are
+        # flat views of them; the convolutions still run NHWC (train.layout).
+        channels_last = use_channels_last(spec.memory_format, model, torch.device("cpu"))
         epochs = []
         for epoch in range(spec.epochs):
             t0 = time.perf_counter()
@@ -38,6 +42,7 @@ def async_worker(spec: FitSpec, strategy: AsyncParameterServer, address: str, se
                                                   batch_size=spec.batch_size, seed=spec.seed, shuffle=spec.shuffle),
                                spec.prefetch)
             for step, (x, y) in enumerate(batches):
+                x = batch_layout(x, channels_last)
                 if epoch == 0 and step == 0:
                     with torch.no_grad():
                         check_batch(model, spec.loss, x, y)

@@ -20,6 +20,7 @@ from ..data.base import WorkerData
 from ..data.prefetch import DEFAULT_DEPTH, prefetch
 from ..errors import ConfigError, DataError
 from ..strategies.base import Strategy
+from .layout import batch_layout, set_layout, use_channels_last
 from .optim import OptimizerFactory
 from .serialize import state_to_bytes
 
@@ -57,6 +58,9 @@ class FitSpec:
     eval_every: int = 1
     #: the job's last epoch (0-based) when this spec runs only part of it (one stage per epoch)
     last_epoch: int | None = None
+    #: "auto", "channels_last" or "contiguous": the layout 4-D weights and batches train in
+    #: (``train.layout``). ``fit`` sets "auto" only after running the model channels-last.
+    memory_format: str = "contiguous"
 
     def evaluates_after(self, epoch: int) -> bool:
         """Whether test metrics are computed after ``epoch`` (0-based)."""
@@ -138,14 +142,14 @@ def synchronized(batches: Iterator, collective: Collective, check: bool) -> Iter
 
 
 def evaluate(model: nn.Module, loss_fn: Callable, data: WorkerData, collective: Collective,
-             batch_size: int) -> dict[str, float]:
+             batch_size: int, channels_last: bool = False) -> dict[str, float]:
     """Loss and (for classifiers) accuracy over all ranks' shares, each row counted once."""
     model.eval()
     sums = torch.zeros(3, dtype=torch.float64)  # loss*rows, correct, rows
     with torch.no_grad():
         for x, y in data.eval_batches(rank=collective.rank, world_size=collective.world_size,
                                       batch_size=batch_size):
-            out = model(x)
+            out = model(batch_layout(x, channels_last))
             sums[0] += float(loss_fn(out, y)) * len(x)
             if out.dim() == 2 and not y.is_floating_point():
                 sums[1] += float((out.argmax(1) == y).sum())
@@ -164,6 +168,9 @@ def fit_worker(spec: FitSpec, collective: Collective) -> dict[str, Any] | None:
     # dropout etc. differ per rank (and per resumed stage); init came from the driver
     torch.manual_seed(spec.seed + collective.rank + 7919 * spec.start_epoch)
     model = spec.model.to(collective.device)
+    channels_last = use_channels_last(spec.memory_format, model, collective.device)
+    if channels_last:  # before DDP lays out its buckets and the optimizer its state
+        set_layout(model, True)
     optimizer = spec.optimizer.build(model)
     scheduler = spec.scheduler(optimizer) if spec.scheduler is not None else None
     if spec.optimizer_state is not None:
@@ -186,7 +193,7 @@ def fit_worker(spec: FitSpec, collective: Collective) -> dict[str, Any] | None:
                                               batch_size=spec.batch_size, seed=spec.seed, shuffle=spec.shuffle),
                            spec.prefetch)
         for step, (x, y) in enumerate(synchronized(batches, collective, check)):
-            x, y = x.to(collective.device), y.to(collective.device)
+            x, y = batch_layout(x.to(collective.device), channels_last), y.to(collective.device)
             if epoch == 0 and step == 0:
                 with torch.no_grad():
                     check_batch(strategy.unwrap(), spec.loss, x, y)
@@ -210,10 +217,13 @@ def fit_worker(spec: FitSpec, collective: Collective) -> dict[str, Any] | None:
         record = {"epoch": epoch + 1, "loss": stats[0].item() / max(stats[1].item(), 1.0),
                   "samples": int(stats[1]), "epoch_time_s": elapsed}
         if spec.evaluates_after(epoch):
-            record.update(evaluate(strategy.unwrap(), spec.loss, spec.eval, collective, spec.eval_batch_size))
+            record.update(evaluate(strategy.unwrap(), spec.loss, spec.eval, collective, spec.eval_batch_size,
+                                   channels_last))
         history.append(record)
         log.info("rank %d epoch %d: %s", rank, epoch + 1, record)
     strategy.finish()
+    if channels_last:  # what leaves the worker is in the default layout
+        set_layout(model, False)
     counters = _sum_counters(spec.train, collective)
     if rank != 0:
         return None

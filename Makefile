@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.sparkdp-ready
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-all lint bench bench-sync bench-ps bench-async bench-data clean
+.PHONY: setup demo test test-all lint bench bench-sync bench-allreduce bench-ps bench-async bench-data clean
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh
 	bash scripts/bootstrap.sh
@@ -29,10 +29,13 @@ test-all: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks
 
-bench: bench-sync bench-ps bench-async bench-data
+bench: bench-sync bench-allreduce bench-ps bench-async bench-data
 
 bench-sync: $(STAMP)
 	$(PY) benchmarks/sync_vs_torchdistributor.py
+
+bench-allreduce: $(STAMP)
+	$(PY) benchmarks/allreduce_transport.py
 
 bench-ps: $(STAMP)
 	$(PY) benchmarks/ps_bandwidth.py

@@ -17,7 +17,8 @@ its default evaluates after every epoch, which the other two loops do not do).
 Each way runs in a fresh child process of this interpreter, so interpreter start,
 imports, Spark start-up and shutdown all count in its wall time (measured by this
 parent around the child). Each child prints one JSON line that the parent collects.
-With ``--repeats R`` the ways run interleaved (A B C A B C ...) and medians are reported.
+With ``--repeats R`` the ways run interleaved (A B C A B C ...) and medians are reported;
+repeat r (0-based) seeds every way with r, so accuracies are compared over R seeds.
 
 Targets (issue 2): sparkdp training throughput >= 1.0x TorchDistributor's; sparkdp total
 wall time <= 0.9x TorchDistributor's; sparkdp test accuracy within 0.5 points of the
@@ -195,7 +196,7 @@ def _child_sparkdp(cfg: dict, marks: dict) -> dict:
     return {"history": [{k: v for k, v in h.items()} for h in res.history],
             "epoch_times_s": [h["epoch_time_s"] for h in res.history],
             "train_time_s": res.train_time_s, "samples": res.samples, "samples_per_s": res.samples_per_s,
-            "test_accuracy": res.test_accuracy, "fit_wall_s": res.wall_s}
+            "test_accuracy": res.test_accuracy, "fit_wall_s": res.wall_s, "strategy_options": res.strategy_options}
 
 
 def _child_torchdist(cfg: dict, marks: dict) -> dict:
@@ -267,7 +268,7 @@ def _child_single(cfg: dict, marks: dict) -> dict:
         idx = torch.randperm(len(x), generator=gen)
         started = time.perf_counter()
         loss_sum, rows = 0.0, 0
-        for xb, yb in _batches_from_indices(x, y, idx, cfg["batch_size"]):
+        for xb, yb in _batches_from_indices(x, y, idx, cfg.get("single_batch_size") or cfg["batch_size"]):
             opt.zero_grad(set_to_none=True)
             loss = F.cross_entropy(model(xb), yb)
             loss.backward()
@@ -362,7 +363,8 @@ def print_report(cfg: dict, summaries: dict[str, dict], checks: list[dict]) -> N
     print(f"## sparkdp allreduce vs TorchDistributor vs single process — {cfg['model']}, "
           f"{cfg['workers']} workers, batch {cfg['batch_size']}/worker, SGD lr {cfg['lr']} momentum {cfg['momentum']}, "
           f"{cfg['epochs']} epoch(s), {'all' if not cfg['limit'] else cfg['limit']} rows, "
-          f"{cfg['repeats']} repeat(s) (medians)")
+          f"{cfg['repeats']} repeat(s) (medians)"
+          + (f"; single process at batch {cfg['single_batch_size']}" if cfg.get("single_batch_size") else ""))
     print()
     headers = ["way", "epoch times (s)", "train (s)", "samples/s", "wall (s)", "wall - train (s)",
                "test acc (%)", "peak RSS, all procs (MiB)"]
@@ -427,6 +429,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="run each way R times, interleaved, and report medians")
     p.add_argument("--json-out", metavar="FILE", help="also write every run and the summary as JSON here")
     p.add_argument("--skip-single", action="store_true", help="skip the single-process reference run")
+    p.add_argument("--ways", default=",".join(WAYS), help=f"comma-separated subset of {', '.join(WAYS)}")
+    p.add_argument("--single-batch-size", type=int, metavar="N",
+                   help="the single process's batch (default: --batch-size; workers x batch size is the "
+                        "batch one synchronous step of the workers equals)")
     p.add_argument("--skip-torchdist", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=64, help="per worker (and for the single process)")
@@ -454,8 +460,12 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = {"model": args.model, "epochs": args.epochs, "limit": args.limit, "workers": args.workers,
            "batch_size": args.batch_size, "lr": 0.05, "momentum": 0.9, "seed": 0, "td_loader": args.td_loader,
-           "single_threads": 2, "repeats": args.repeats}
-    ways = [w for w in WAYS if not (w == "single" and args.skip_single) and not (w == "torchdist" and args.skip_torchdist)]
+           "single_threads": 2, "repeats": args.repeats, "single_batch_size": args.single_batch_size}
+    chosen = args.ways.split(",")
+    if not set(chosen) <= set(WAYS):
+        raise SystemExit(f"--ways takes a comma-separated subset of {', '.join(WAYS)}; got {args.ways!r}")
+    ways = [w for w in WAYS if w in chosen and not (w == "single" and args.skip_single)
+            and not (w == "torchdist" and args.skip_torchdist)]
     log_dir = args.log_dir or tempfile.mkdtemp(prefix="sparkdp-bench-sync-")
     os.makedirs(log_dir, exist_ok=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -465,7 +475,9 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict]] = {w: [] for w in ways}
     for rep in range(args.repeats):
         for way in ways:
-            child_cfg = dict(cfg, launch_time=time.time())
+            # Repeat r seeds all three ways with r (initial weights, shuffles): the accuracy
+            # median is then over seeds, not over replays of one trajectory.
+            child_cfg = dict(cfg, launch_time=time.time(), seed=cfg["seed"] + rep)
             cmd = [sys.executable, os.path.abspath(__file__), "--child", way, "--config", json.dumps(child_cfg)]
             log_path = os.path.join(log_dir, f"{way}-{rep + 1}.log")
             print(f"[{rep + 1}/{args.repeats}] {LABELS[way]} ...", end=" ", file=sys.stderr, flush=True)

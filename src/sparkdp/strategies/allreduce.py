@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 
 from ..comm.base import Collective
-from ..comm.shm import DEFAULT_SLOT_BYTES, SharedMemoryReducer
+from ..comm.shm import DEFAULT_SLOT_BYTES, REDUCIBLE, SharedMemoryReducer
 from ..errors import ConfigError
 from .base import Strategy
 
@@ -45,7 +45,8 @@ class AllReduce(Strategy):
         shared_memory: when every rank is on one host (``local[N]``, or co-located
             executors) and trains on CPU, all-reduce the gradient buckets through a
             shared mapping instead of gloo's TCP (``sparkdp.comm.shm``): 13 MB took
-            about 6 ms instead of 18.6 ms. Ranks on different hosts use the process
+            6.9 ms instead of 16.5 ms (medians, benchmarks/allreduce_transport.py).
+            Ranks on different hosts use the process
             group either way, and so do buckets under ``shared_memory_min_bytes``
             (1 MiB), where gloo's single message is quicker than two barriers.
     """
@@ -107,7 +108,7 @@ def _shared_memory_hook(state: tuple[SharedMemoryReducer, int], bucket):  # noqa
     classes themselves, and this module's annotations are strings."""
     reducer, min_bytes = state
     buffer = bucket.buffer()
-    if buffer.numel() * buffer.element_size() < min_bytes:
+    if buffer.numel() * buffer.element_size() < min_bytes or buffer.dtype not in REDUCIBLE:
         return default_hooks.allreduce_hook(None, bucket)  # gloo, asynchronous, as DDP does by default
     future: torch.futures.Future = torch.futures.Future()
     try:

@@ -34,6 +34,12 @@ def reduce_many(coll, slot_bytes: int):
             out.setdefault("accepted", []).append(str(bad.dtype))
         except ValueError as exc:
             out.setdefault("refused", []).append(str(exc))
+    wrapped = shm.SharedMemoryCollective(coll, reducer, min_bytes=1024)
+    low = torch.tensor([float(coll.rank)])
+    wrapped.all_reduce(low, "min")  # not a sum: the process group's
+    big = torch.full((4096,), float(coll.rank + 1))
+    wrapped.all_reduce(big, "mean")  # 16 KiB >= 1 KiB: the mapping's
+    out["wrapped"] = (low.item(), big[0].item(), big[-1].item())
     # rank 0 removed the file before its first reduction, which every rank's reductions waited for
     out["leftovers"] = sorted(p.name for p in Path("/dev/shm").glob("sparkdp-reduce-*"))
     return out

@@ -20,6 +20,7 @@ def test_sums_equal_the_reference_on_every_rank_in_chunks(world):
             assert got.dtype == dtype and torch.equal(got, want), f"rank {rank}, {n} x {dtype}"
         want_mean = sum(rank_tensor(r, 64, torch.float64) for r in range(world)).view(8, 8) / world
         torch.testing.assert_close(out["mean"], want_mean.float())
+        assert out["wrapped"] == (0.0, (world + 1) / 2, (world + 1) / 2)
         assert out.get("accepted") is None
         assert len(out["refused"]) == 2 and all("contiguous CPU float" in m for m in out["refused"])
     assert all(torch.equal(a, b) for r in ranks[1:] for a, b in zip(r["results"], ranks[0]["results"]))

@@ -46,6 +46,15 @@ def test_average_k1_plain_sgd_equals_single_machine_sgd():
     _assert_close(ranks[1], ranks[0], "ranks agree")
 
 
+@pytest.mark.parametrize("shared,transport", [(True, "shared-memory"), (False, "process-group")])
+def test_average_with_momentum_state_equals_the_reference_on_both_transports(shared, transport):
+    ranks = run_workers(train_sharded, WORLD, "average", STEPS, BATCH, "momentum", 1, True, True, shared, True)
+    reference = single_process(STEPS, BATCH, WORLD, "momentum")
+    for rank, (params, options) in enumerate(ranks):
+        assert options["parameter_transport"] == transport, options
+        _assert_close(params, reference, f"average/{transport} rank {rank}")
+
+
 def test_average_k1_momentum_needs_averaged_optimizer_state():
     reference = single_process(STEPS, BATCH, WORLD, "momentum")
     with_state = run_workers(train_sharded, WORLD, "average", STEPS, BATCH, "momentum", 1, True)

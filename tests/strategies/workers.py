@@ -45,7 +45,8 @@ def train_sharded(coll, strategy_name: str, steps: int, batch: int, optimizer: s
     strategy = AllReduce(gradient_as_bucket_view=bucket_view, shared_memory=shared_memory,
                          shared_memory_min_bytes=0) \
         if strategy_name == "allreduce" else ParameterAveraging(
-        period=period, average_optimizer_state=average_state)
+        period=period, average_optimizer_state=average_state, shared_memory=shared_memory,
+        shared_memory_min_bytes=0)
     net = strategy.setup(model, opt, coll)
     world = coll.world_size
     for step in range(steps):

@@ -173,3 +173,35 @@ def _open(message: str) -> tuple[torch.Tensor, int] | None:
     if bytes(mapping[:len(token)].tolist()) != token.encode():
         return None
     return mapping, slot_bytes
+
+
+class SharedMemoryCollective(Collective):
+    """``inner`` with its large float sums and means routed through a :class:`SharedMemoryReducer`.
+
+    Everything else (small tensors, min/max, broadcasts, barriers) goes to ``inner``; so
+    do tensors under ``min_bytes``, where gloo's one message is quicker than two barriers.
+    """
+
+    def __init__(self, inner: Collective, reducer: SharedMemoryReducer, min_bytes: int) -> None:
+        self.inner, self.reducer, self.min_bytes = inner, reducer, min_bytes
+        self.device = inner.device
+
+    @property
+    def rank(self) -> int:
+        return self.inner.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.inner.world_size
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        if (op in ("sum", "mean") and tensor.dtype in REDUCIBLE and tensor.is_contiguous()
+                and tensor.device.type == "cpu" and tensor.numel() * tensor.element_size() >= self.min_bytes):
+            return self.reducer.all_reduce_(tensor, 1.0 / self.world_size if op == "mean" else None)
+        return self.inner.all_reduce(tensor, op)
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+        return self.inner.broadcast(tensor, src)
+
+    def barrier(self) -> None:
+        self.inner.barrier()

@@ -18,6 +18,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from ..comm.base import Collective
+from ..comm.shm import DEFAULT_SLOT_BYTES, SharedMemoryCollective, SharedMemoryReducer
 from ..errors import ConfigError
 from .base import Strategy
 
@@ -31,11 +32,15 @@ class ParameterAveraging(Strategy):
         average_optimizer_state: also average floating optimizer state (momentum
             buffers, Adam moments) — DL4J's ``saveUpdater``. Needed for momentum SGD
             to stay equivalent to single-machine training at ``period=1``.
+        shared_memory, shared_memory_min_bytes: as for ``allreduce``: when every rank
+            is on one host, averages of 1 MiB or more go through a shared mapping
+            (``sparkdp.comm.shm``) instead of gloo's TCP.
     """
 
     name = "average"
 
-    def __init__(self, period: int | str = 1, average_optimizer_state: bool = False) -> None:
+    def __init__(self, period: int | str = 1, average_optimizer_state: bool = False,
+                 shared_memory: bool = True, shared_memory_min_bytes: int = 1 << 20) -> None:
         super().__init__()
         if period != "epoch" and (not isinstance(period, int) or isinstance(period, bool) or period < 1):
             raise ConfigError(f"period must be a positive integer or 'epoch'; got {period!r}.")
@@ -45,6 +50,9 @@ class ParameterAveraging(Strategy):
                           stacklevel=2)
         self.period = period
         self.average_optimizer_state = bool(average_optimizer_state)
+        self.shared_memory = bool(shared_memory)
+        self.shared_memory_min_bytes = int(shared_memory_min_bytes)
+        self._transport = "process-group"
         self._steps = 0
         self._samples = 0
 
@@ -52,6 +60,13 @@ class ParameterAveraging(Strategy):
         self._attach(model, optimizer, collective)
         if collective.world_size > 1:
             collective.broadcast_coalesced([t.data for t in _state_tensors(model)], src=0)
+            if self.shared_memory:
+                state_bytes = sum(t.numel() * t.element_size() for t in _state_tensors(model))
+                # optimizer state (momentum, Adam's moments) can double or triple what one average moves
+                reducer = SharedMemoryReducer.connect(collective, slot_bytes=min(DEFAULT_SLOT_BYTES, 3 * state_bytes))
+                if reducer is not None:
+                    self.collective = SharedMemoryCollective(collective, reducer, self.shared_memory_min_bytes)
+                    self._transport = "shared-memory"
         return model
 
     def add_samples(self, n: int) -> None:
@@ -94,7 +109,8 @@ class ParameterAveraging(Strategy):
         coll.all_reduce_coalesced(tensors, "sum")
 
     def options(self) -> dict[str, Any]:
-        return {"period": self.period, "average_optimizer_state": self.average_optimizer_state}
+        return {"period": self.period, "average_optimizer_state": self.average_optimizer_state,
+                "shared_memory": self.shared_memory, "parameter_transport": self._transport}
 
 
 def _state_tensors(model: nn.Module) -> list[torch.Tensor]:

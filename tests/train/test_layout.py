@@ -107,3 +107,31 @@ def test_worker_trains_channels_last_to_the_nchw_result(memory_format):
         assert got.is_contiguous(), f"{name} left the worker restrided"
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4, msg=name)
     assert "test_accuracy" in out["history"][-1]
+
+
+def test_channels_last_gradients_are_as_accurate_as_nchw():
+    """Channels-last changes the order of the sums, not their precision.
+
+    Both layouts' float32 gradients of the zoo CNN are compared with a float64 NCHW
+    reference: a kernel that computed in lower precision (bf16 "fast math", say) would
+    show errors orders of magnitude above NCHW's ~1e-6.
+    """
+    from sparkdp.models.zoo import build_model
+
+    torch.manual_seed(0)
+    model = build_model("cnn")
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.rand(16, 1, 28, 28, generator=gen), torch.randint(0, 10, (16,), generator=gen)
+
+    def grads(layout, dtype):
+        m = copy.deepcopy(model).to(dtype=dtype, memory_format=layout)
+        F.cross_entropy(m(x.to(dtype=dtype, memory_format=layout)), y).backward()
+        return [p.grad.double().contiguous() for p in m.parameters()]
+
+    exact = grads(torch.contiguous_format, torch.float64)
+    errors = {}
+    for name, layout in (("nchw", torch.contiguous_format), ("nhwc", torch.channels_last)):
+        errors[name] = max(((g - e).norm() / e.norm()).item()
+                           for g, e in zip(grads(layout, torch.float32), exact, strict=True))
+    assert errors["nchw"] < 1e-5, errors
+    assert errors["nhwc"] < max(4 * errors["nchw"], 1e-5), errors

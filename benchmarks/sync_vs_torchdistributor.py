@@ -117,7 +117,11 @@ def _td_train_fn(cfg: dict, result_path: str) -> dict:
     model = build_model(cfg["model"])
     ddp = DistributedDataParallel(model)  # broadcasts rank 0's weights
     opt = torch.optim.SGD(ddp.parameters(), lr=cfg["lr"], momentum=cfg["momentum"])
-    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=cfg["seed"])
+    # DistributedSampler draws randperm(seed + epoch) and gives rank r every world-th index
+    # from r, as sparkdp and the single process do with seed * 1_000_003 + epoch: this seed
+    # makes all three ways take the same rows in every step.
+    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True,
+                                 seed=cfg["seed"] * 1_000_003)
     loader = None
     if cfg["td_loader"] == "dataloader":
         loader = DataLoader(dataset, batch_size=cfg["batch_size"], sampler=sampler)
@@ -189,7 +193,8 @@ def _child_sparkdp(cfg: dict, marks: dict) -> dict:
     res = sparkdp.fit(model, (ds.x_train, ds.y_train), eval_data=(ds.x_test, ds.y_test), optimizer="sgd",
                       optimizer_options={"lr": cfg["lr"], "momentum": cfg["momentum"]}, strategy="allreduce",
                       workers=cfg["workers"], epochs=cfg["epochs"], batch_size=cfg["batch_size"],
-                      seed=cfg["seed"], spark=spark, show_progress=False, eval_every=cfg["epochs"])
+                      seed=cfg["seed"], spark=spark, show_progress=False, eval_every=cfg["epochs"],
+                      memory_format=cfg.get("memory_format", "auto"))
     marks["fit_end"] = time.time()
     spark.stop()
     marks["spark_stopped"] = time.time()
@@ -261,6 +266,8 @@ def _child_single(cfg: dict, marks: dict) -> dict:
     marks["data_loaded"] = time.time()
     torch.manual_seed(cfg["seed"])
     model = build_model(cfg["model"])
+    layout = torch.channels_last if cfg.get("single_memory_format") == "channels_last" else torch.contiguous_format
+    model.to(memory_format=layout)  # a no-op for contiguous; restrides the 4-D weights for channels_last
     opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=cfg["momentum"])
     history = []
     for epoch in range(cfg["epochs"]):
@@ -270,7 +277,7 @@ def _child_single(cfg: dict, marks: dict) -> dict:
         loss_sum, rows = 0.0, 0
         for xb, yb in _batches_from_indices(x, y, idx, cfg.get("single_batch_size") or cfg["batch_size"]):
             opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(xb), yb)
+            loss = F.cross_entropy(model(xb.to(memory_format=layout) if xb.dim() == 4 else xb), yb)
             loss.backward()
             opt.step()
             loss_sum += loss.detach().item() * len(xb)
@@ -358,7 +365,7 @@ def summarize(way: str, runs: list[dict]) -> dict[str, Any]:
     return summary
 
 
-def print_report(cfg: dict, summaries: dict[str, dict], checks: list[dict]) -> None:
+def print_report(cfg: dict, summaries: dict[str, dict], checks: list[dict], runs: dict[str, list[dict]]) -> None:
     print()
     print(f"## sparkdp allreduce vs TorchDistributor vs single process — {cfg['model']}, "
           f"{cfg['workers']} workers, batch {cfg['batch_size']}/worker, SGD lr {cfg['lr']} momentum {cfg['momentum']}, "
@@ -379,6 +386,8 @@ def print_report(cfg: dict, summaries: dict[str, dict], checks: list[dict]) -> N
                      s["wall_s"] - s["train_time_s"], acc, s["peak_tree_rss_mb"]])
     print(markdown_table(headers, rows))
     print()
+    print(per_repeat_table(runs, cfg))
+    print()
     print(markdown_table(["check", "measured", "target", "result"],
                          [[c["check"], c["display"], c["target"], pass_fail(c["pass"])] for c in checks]))
     print()
@@ -392,6 +401,34 @@ def print_report(cfg: dict, summaries: dict[str, dict], checks: list[dict]) -> N
         if not s.get("ok_runs"):
             print(f"\n**{s['label']} FAILED**: {s.get('error')}")
     print()
+
+
+def per_repeat_table(runs: dict[str, list[dict]], cfg: dict) -> str:
+    """One row per repeat: each way's wall / samples/s / accuracy, the ratios and the accuracy gap."""
+    ways = list(runs)
+    n = max((len(v) for v in runs.values()), default=0)
+    headers = ["repeat (seed)"] + [f"{LABELS[w]}: wall s / samples/s / acc %" for w in ways]
+    has = {w: w in runs for w in WAYS}
+    if has["sparkdp"] and has["torchdist"]:
+        headers += ["wall ratio", "throughput ratio"]
+    if has["sparkdp"] and has["single"]:
+        headers += ["acc gap (points)"]
+    rows = []
+    for i in range(n):
+        rec = {w: runs[w][i] if i < len(runs[w]) and runs[w][i].get("ok") else None for w in ways}
+        row = [f"{i + 1} ({cfg['seed'] + i})"]
+        for w in ways:
+            r = rec[w]
+            row.append("failed" if r is None else
+                       f"{r['wall_s']:.1f} / {r['samples_per_s']:,.0f} / {100 * r['test_accuracy']:.2f}")
+        sp, td, single = rec.get("sparkdp"), rec.get("torchdist"), rec.get("single")
+        if has["sparkdp"] and has["torchdist"]:
+            row += [f"{sp['wall_s'] / td['wall_s']:.3f}" if sp and td else "-",
+                    f"{sp['samples_per_s'] / td['samples_per_s']:.3f}" if sp and td else "-"]
+        if has["sparkdp"] and has["single"]:
+            row.append(f"{100 * (sp['test_accuracy'] - single['test_accuracy']):+.2f}" if sp and single else "-")
+        rows.append(row)
+    return markdown_table(headers, rows)
 
 
 def build_checks(summaries: dict[str, dict]) -> list[dict]:
@@ -431,8 +468,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--skip-single", action="store_true", help="skip the single-process reference run")
     p.add_argument("--ways", default=",".join(WAYS), help=f"comma-separated subset of {', '.join(WAYS)}")
     p.add_argument("--single-batch-size", type=int, metavar="N",
-                   help="the single process's batch (default: --batch-size; workers x batch size is the "
-                        "batch one synchronous step of the workers equals)")
+                   help="the single process's batch (default: workers x batch size, the batch one synchronous "
+                        "step of the workers equals: with the same seed it takes the same rows per step)")
+    p.add_argument("--memory-format", choices=["auto", "channels_last", "contiguous"], default="auto",
+                   help="sparkdp's fit(memory_format=...) (default auto: channels-last on CPU workers)")
+    p.add_argument("--single-memory-format", choices=["contiguous", "channels_last"], default="contiguous",
+                   help="the single process's layout (default contiguous: plain PyTorch)")
+    p.add_argument("--first-seed", type=int, default=0, metavar="S",
+                   help="repeat r uses seed S + r (default 0)")
     p.add_argument("--skip-torchdist", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=64, help="per worker (and for the single process)")
@@ -459,8 +502,10 @@ def main(argv: list[str] | None = None) -> int:
         return child_main(args.child, json.loads(args.config))
 
     cfg = {"model": args.model, "epochs": args.epochs, "limit": args.limit, "workers": args.workers,
-           "batch_size": args.batch_size, "lr": 0.05, "momentum": 0.9, "seed": 0, "td_loader": args.td_loader,
-           "single_threads": 2, "repeats": args.repeats, "single_batch_size": args.single_batch_size}
+           "batch_size": args.batch_size, "lr": 0.05, "momentum": 0.9, "seed": args.first_seed,
+           "td_loader": args.td_loader, "single_threads": 2, "repeats": args.repeats,
+           "single_batch_size": args.single_batch_size or args.workers * args.batch_size,
+           "memory_format": args.memory_format, "single_memory_format": args.single_memory_format}
     chosen = args.ways.split(",")
     if not set(chosen) <= set(WAYS):
         raise SystemExit(f"--ways takes a comma-separated subset of {', '.join(WAYS)}; got {args.ways!r}")
@@ -505,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
 
     summaries = {w: summarize(w, runs[w]) for w in ways}
     checks = build_checks(summaries)
-    print_report(cfg, summaries, checks)
+    print_report(cfg, summaries, checks, runs)
     if args.json_out:
         write_json(args.json_out, {"benchmark": "sync_vs_torchdistributor", "config": cfg,
                                    "machine": machine_info(), "summary": summaries, "checks": checks,

@@ -9,7 +9,15 @@ The same Fashion-MNIST job (2-conv CNN, batch 64 per worker, SGD lr 0.05 momentu
                (gloo, DistributedSampler, 1 torch thread per process), on a local[2] session
                started the same way (``sparkdp.session("local[2]", warm_up=False)``: with
                local_mode=True no Python task runs, so there is no worker daemon to warm up)
-  single       one PyTorch process with 2 threads: the accuracy reference
+  single       one PyTorch process with 2 threads at batch workers x batch (128): the
+               accuracy reference
+
+All three take the same rows in every step: the same initial weights (seed r in repeat
+r), the same permutation of the rows per epoch (seed r * 1_000_003 + epoch; the DDP loop's
+DistributedSampler gets seed r * 1_000_003), each worker every world-th row of it, and the
+single process the union of one step's worker batches. So they run one optimisation and
+differ only in rounding: the single process is "one process on the concatenated batch",
+the equivalence issue 2 defines for ``allreduce``.
 
 All three evaluate the test set once, after the last epoch (sparkdp: ``eval_every=epochs``;
 its default evaluates after every epoch, which the other two loops do not do).
@@ -22,7 +30,7 @@ repeat r (0-based) seeds every way with r, so accuracies are compared over R see
 
 Targets (issue 2): sparkdp training throughput >= 1.0x TorchDistributor's; sparkdp total
 wall time <= 0.9x TorchDistributor's; sparkdp test accuracy within 0.5 points of the
-single-process run.
+single-process run. Each is checked on the median of the per-repeat (paired) values.
 
 Run:  python benchmarks/sync_vs_torchdistributor.py                       # the full job
       python benchmarks/sync_vs_torchdistributor.py --model cnn-small --epochs 1 --limit 4000
@@ -495,7 +503,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="repeat r uses seed S + r (default 0)")
     p.add_argument("--skip-torchdist", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--batch-size", type=int, default=64, help="per worker (and for the single process)")
+    p.add_argument("--batch-size", type=int, default=64, help="per worker (the single process takes workers x this; see --single-batch-size)")
     p.add_argument("--td-loader", choices=["slice", "dataloader"], default="slice",
                    help="TorchDistributor loop: slice the in-memory tensors by the DistributedSampler's "
                         "indices (default, as sparkdp does) or use a torch DataLoader over a TensorDataset")

@@ -503,7 +503,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="repeat r uses seed S + r (default 0)")
     p.add_argument("--skip-torchdist", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--batch-size", type=int, default=64, help="per worker (the single process takes workers x this; see --single-batch-size)")
+    p.add_argument("--batch-size", type=int, default=64,
+                   help="per worker (the single process takes workers x this; see --single-batch-size)")
     p.add_argument("--td-loader", choices=["slice", "dataloader"], default="slice",
                    help="TorchDistributor loop: slice the in-memory tensors by the DistributedSampler's "
                         "indices (default, as sparkdp does) or use a torch DataLoader over a TensorDataset")

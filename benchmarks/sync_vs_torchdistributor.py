@@ -517,6 +517,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("epochs", "repeats", "workers", "batch_size"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.single_batch_size is not None and args.single_batch_size < 1:
+        p.error("--single-batch-size must be >= 1")
+    if args.first_seed < 0:
+        p.error("--first-seed must be >= 0")
     if args.limit is not None and args.limit < args.workers:
         p.error("--limit must be at least --workers")
     return args

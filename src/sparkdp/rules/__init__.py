@@ -1,4 +1,4 @@
-"""Update rules of the asynchronous parameter server: pure tensor math (STYLE.md G1/G2).
+"""Update rules of the asynchronous parameter server: pure tensor math (design rule 1, docs/architecture.md).
 
 Look a rule up by name with ``RULES.create(name, **hparams)`` or describe it with a
 :class:`RuleSpec`; the parameter server builds one instance per shard of the parameters.
@@ -19,7 +19,7 @@ from typing import Any
 
 from ..registry import Registry
 from .asgd import ASGD, server_optimizers
-from .base import Locking, Push, UpdateRule
+from .base import Locking, Push, PushKind, UpdateRule
 from .dcasgd import DCASGD, DelayCompensatedRule
 from .ddcasgd import DDCASGD
 from .easgd import EASGD
@@ -34,6 +34,7 @@ __all__ = [
     "DelayCompensatedRule",
     "Locking",
     "Push",
+    "PushKind",
     "RuleSpec",
     "UpdateRule",
     "delay_cap",

@@ -1,6 +1,6 @@
 """The update-rule interface: how a worker's contribution meets the centre variable.
 
-Rules are pure tensor math: no sockets, threads, pickle or pyspark (STYLE.md G1/G2).
+Rules are pure tensor math: no sockets, threads, pickle or pyspark (design rule 1, docs/architecture.md).
 The parameter server (``sparkdp.ps``) owns the centre tensors, the version counter
 and the locking, and calls these hooks; the async worker loop
 (``sparkdp.strategies``) calls the worker-side hooks.
@@ -25,6 +25,25 @@ class Locking(enum.Enum):
     GLOBAL = "global"  # one lock around each apply (per shard)
 
 
+class PushKind(enum.Enum):
+    """What a worker sends to the server, declared by each rule (:attr:`UpdateRule.pushes`).
+
+    The worker loop reads this instead of guessing from a rule's class.
+    """
+
+    #: ``(w_pulled - w_local) / (lr_w * k)`` after ``k`` steps of the worker's own optimizer
+    #: (ADAG normalisation, docs/algorithms.md): the worker optimizer shapes the update, so a
+    #: momentum worker pushes its momentum-smoothed step. The ASGD family and DC-ASGD.
+    PSEUDO_GRADIENT = "pseudo_gradient"
+    #: the mean of the raw mini-batch gradients of the ``k`` local steps. For rules that apply
+    #: their own momentum (and Taylor correction) to gradients: a pseudo-gradient from a momentum
+    #: worker would get momentum twice (issue 16: DDC-ASGD diverged that way).
+    GRADIENT = "gradient"
+    #: ``make_push(local, centre)`` right after a fresh pull; the rule moves the worker itself
+    #: (``merge`` is then not used). EASGD.
+    ELASTIC = "elastic"
+
+
 @dataclass(frozen=True)
 class Push:
     """One worker contribution as the server sees it.
@@ -32,7 +51,7 @@ class Push:
     Attributes:
         worker: the pushing worker's id (0..num_workers-1).
         staleness: tau = server version when the push is applied minus the version
-            the worker last pulled (ALGORITHMS.md section 0); filled in by the server.
+            the worker last pulled (docs/algorithms.md §0); filled in by the server.
         tensors: the pushed tensors, one per centre tensor (of this shard), in order.
         num_samples: training samples behind this push (for weighting / metrics).
         local_steps: k, the number of local mini-batches folded into this push.
@@ -57,6 +76,8 @@ class UpdateRule(ABC):
 
     #: Concurrency requirement honoured by the parameter server.
     locking: Locking = Locking.GLOBAL
+    #: What the worker pushes (honoured by the async worker loop).
+    pushes: PushKind = PushKind.PSEUDO_GRADIENT
 
     # --- worker side (runs in the Spark task) ---------------------------------------
     def make_push(self, local: Sequence[Tensor], pulled: Sequence[Tensor], grads: Sequence[Tensor]) -> list[Tensor]:

@@ -1,4 +1,4 @@
-"""DDC-ASGD: dynamic delay-compensated ASGD, this project's formulation (ALGORITHMS.md section 7.2)."""
+"""DDC-ASGD: dynamic delay-compensated ASGD, this project's formulation (docs/algorithms.md, DDC-ASGD)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from torch import Tensor
 
 from ..errors import ConfigError
 from ._checks import check_int, check_number, check_push, check_staleness, like
-from .base import Push
+from .base import Push, PushKind
 from .dcasgd import ALL, DelayCompensatedRule
 from .functional import delay_cap, delay_compensation, momentum_for_delay
 
@@ -34,8 +34,22 @@ class DDCASGD(DelayCompensatedRule):
     2017). The lag budget follows the implicit-momentum analysis of Mitliagkas, Zhang,
     Hadjis, Re (2016).
 
+    The rule owns the momentum, so workers push **raw gradients** (``pushes =
+    PushKind.GRADIENT``: the mean mini-batch gradient of the local steps since the last
+    push), whatever the worker's own optimizer is. The formulation needs that: fed the
+    pseudo-gradient of a momentum worker (its momentum buffer, up to ``1/(1 - mu_w)``
+    times the gradient) the server's momentum compounds it, the step is about
+    ``lr / ((1 - mu_w)(1 - mu_tau))`` times the gradient (0.9 for lr 0.01 and 0.9/0.9)
+    and training diverges -- the built-in CNN stayed at chance that way (issue 16). The
+    worker optimizer still takes the local steps between pushes (``push_every > 1``).
+
     Args:
-        lr: server learning rate; the single-machine LR of momentum SGD (> 0).
+        lr: server learning rate (> 0), the ``eta`` of momentum SGD that one worker reproduces.
+            Default 0.02: on the built-in CNNs with two workers and batch 64, 0.01 learned
+            about 2 points slower than DC-ASGD in one epoch and 0.05 diverged for one seed
+            of three (``benchmarks/async_rule_trace.py``; docs/algorithms.md). Each push
+            moves the centre by about ``lr / (1 - mu_tau)`` gradients: lower it if the
+            loss spikes early.
         momentum: ``mu_0`` in [0, 1), the single-machine momentum (default 0.9).
         lag_min: ``L_min`` >= 0 (default 0): the least lag left to explicit momentum. Raise
             it (e.g. 1-3) only if very stale updates need some smoothing.
@@ -61,10 +75,12 @@ class DDCASGD(DelayCompensatedRule):
         tensor([0.9000])
     """
 
+    pushes = PushKind.GRADIENT
+
     def __init__(
         self,
         *,
-        lr: float = 0.01,
+        lr: float = 0.02,
         momentum: float = 0.9,
         lag_min: float = 0.0,
         lambda_: float = 2.0,

@@ -1,4 +1,4 @@
-"""Asynchronous elastic averaging: EASGD and DeepSpark's lock-free variant (ALGORITHMS.md section 5)."""
+"""Asynchronous elastic averaging: EASGD and DeepSpark's lock-free variant (docs/algorithms.md §5)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from torch import Tensor
 
 from ..errors import ConfigError
 from ._checks import as_locking, check_choice, check_int, check_number, check_push, like
-from .base import Locking, Push, UpdateRule
+from .base import Locking, Push, PushKind, UpdateRule
 
 VARIANTS = ("async", "deepspark")
 
@@ -51,6 +51,8 @@ class EASGD(UpdateRule):
         >>> x[0], centre[0]
         (tensor([1.1000]), tensor([0.9000]))
     """
+
+    pushes = PushKind.ELASTIC
 
     def __init__(
         self,

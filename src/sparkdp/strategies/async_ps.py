@@ -5,7 +5,7 @@ Each worker is an ordinary Spark task (so Spark can retry it) that trains with i
 interaction (Dpplee3): it pushes every ``push_every`` local batches (an int or
 ``"epoch"``) and pulls every ``pull_every``. What it pushes is decided by the update
 rule: for the ASGD family the pseudo-gradient ``(w_ref - w_local) / (lr_w * k)``
-(ALGORITHMS.md §8, ADAG normalisation: equal to the gradient for k = 1 and a plain
+(docs/algorithms.md §3, ADAG normalisation: equal to the gradient for k = 1 and a plain
 SGD worker, so the server learning rate need not change with k); for EASGD the
 elastic difference. The server applies it with the rule (and, for ASGD, the
 **server's** optimizer) — worker and server optimizers are separate objects.
@@ -22,7 +22,7 @@ from torch import nn
 
 from ..comm.base import Collective
 from ..errors import ConfigError
-from ..rules import RuleSpec
+from ..rules import PushKind, RuleSpec
 from ..rules.functional import pseudo_gradient
 from .base import Strategy
 
@@ -91,7 +91,12 @@ class AsyncParameterServer(Strategy):
 
 
 class AsyncWorker:
-    """The worker side of one task: local steps, pushes and pulls at the configured granularity."""
+    """The worker side of one task: local steps, pushes and pulls at the configured granularity.
+
+    What is pushed is the rule's declared :class:`~sparkdp.rules.PushKind`: the worker
+    optimizer's pseudo-gradient, the mean raw gradient of the local steps, or the elastic
+    difference to a freshly pulled centre.
+    """
 
     def __init__(self, strategy: AsyncParameterServer, client: Any, model: nn.Module,
                  optimizer: torch.optim.Optimizer, num_workers: int) -> None:
@@ -101,8 +106,8 @@ class AsyncWorker:
         self.optimizer = optimizer
         self.params = [p for p in model.parameters()]
         self.rule = strategy.rule_spec(num_workers).create()
-        # elastic rules need the centre *before* computing what they push
-        self.elastic = type(self.rule).__name__ == "EASGD"
+        self.kind = self.rule.pushes
+        self.elastic = self.kind is PushKind.ELASTIC  # needs the centre *before* computing its push
         self.seq = client.last_seq + 1  # a retried task continues its predecessor's numbering
         self.pushes = 0
         self.pulls = 0
@@ -111,6 +116,9 @@ class AsyncWorker:
         self._since_push = 0
         self._since_pull = 0
         self._samples = 0
+        # PushKind.GRADIENT: the sum of the gradients since the last push
+        self._grad_sum = ([torch.zeros_like(p, memory_format=torch.contiguous_format) for p in self.params]
+                          if self.kind is PushKind.GRADIENT else [])
         self.pull(merge=True)
 
     def pull(self, merge: bool) -> list[torch.Tensor]:
@@ -121,11 +129,15 @@ class AsyncWorker:
         if merge:
             with torch.no_grad():
                 self.rule.merge(self.params, center)
-            self._ref = [p.detach().clone() for p in self.params]
+            if self.kind is PushKind.PSEUDO_GRADIENT:
+                self._ref = [p.detach().clone() for p in self.params]
         self._since_pull = 0
         return center
 
     def after_step(self, num_samples: int) -> None:
+        """Call after each local optimizer step (the step's gradients still in ``.grad``)."""
+        if self.kind is PushKind.GRADIENT:
+            self._add_gradients()
         self._since_push += 1
         self._since_pull += 1
         self._samples += num_samples
@@ -133,6 +145,12 @@ class AsyncWorker:
             self.exchange()
         elif self.s.pull_every != "epoch" and self._since_pull >= self.s.pull_every and not self.elastic:
             self.pull(merge=True)
+
+    @torch.no_grad()
+    def _add_gradients(self) -> None:
+        for total, p in zip(self._grad_sum, self.params, strict=True):
+            if p.grad is not None:  # a parameter the loss does not reach contributes zeros
+                total.add_(p.grad)
 
     def end_epoch(self) -> None:
         if self.s.push_every == "epoch" or self.s.pull_every == "epoch":
@@ -142,19 +160,25 @@ class AsyncWorker:
         if self._since_push:
             self.exchange(force_pull=False)
 
-    def exchange(self, force_pull: bool = False) -> None:
-        k = max(self._since_push, 1)
+    def _payload(self, k: int) -> list[torch.Tensor]:
         with torch.no_grad():
             if self.elastic:
                 center = self.pull(merge=False)
-                payload = self.rule.make_push(self.params, center, [])
-            else:
-                lr = float(self.optimizer.param_groups[0]["lr"]) or 1.0
-                grads = pseudo_gradient(self._ref, [p.detach() for p in self.params], lr, k)
-                payload = self.rule.make_push(self.params, self._ref, grads)
+                return self.rule.make_push(self.params, center, [])
+            if self.kind is PushKind.GRADIENT:
+                return self.rule.make_push(self.params, [], [t.div_(k) for t in self._grad_sum])
+            lr = float(self.optimizer.param_groups[0]["lr"]) or 1.0
+            grads = pseudo_gradient(self._ref, [p.detach() for p in self.params], lr, k)
+            return self.rule.make_push(self.params, self._ref, grads)
+
+    def exchange(self, force_pull: bool = False) -> None:
+        k = max(self._since_push, 1)
+        payload = self._payload(k)
         started = time.perf_counter()
         self.client.push(self.seq, self.versions, payload, num_samples=self._samples, local_steps=k)
         self.comm_s += time.perf_counter() - started
+        for t in self._grad_sum:
+            t.zero_()
         self.seq += 1
         self.pushes += 1
         self._since_push = 0
@@ -162,5 +186,5 @@ class AsyncWorker:
         due = self.s.pull_every != "epoch" and self._since_pull >= self.s.pull_every
         if not self.elastic and (due or force_pull):
             self.pull(merge=True)
-        elif not self.elastic:
+        elif self.kind is PushKind.PSEUDO_GRADIENT:
             self._ref = [p.detach().clone() for p in self.params]

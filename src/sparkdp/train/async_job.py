@@ -11,7 +11,7 @@ import torch
 from ..comm.single import SingleProcessCollective
 from ..data.prefetch import prefetch
 from ..ps import ParameterServer
-from ..ps.transport import TcpOptions, TcpTransport
+from ..ps.transport import ConnectInfo, TcpOptions, TcpTransport, Transport
 from ..strategies.async_ps import AsyncParameterServer, AsyncWorker
 from .layout import batch_layout, use_channels_last
 from .loop import FitSpec, check_batch, evaluate
@@ -19,14 +19,17 @@ from .loop import FitSpec, check_batch, evaluate
 log = logging.getLogger(__name__)
 
 
-def async_worker(spec: FitSpec, strategy: AsyncParameterServer, address: str, secret: bytes,
-                 tls_cert: Any, worker: int, num_workers: int, threads: int) -> dict[str, Any]:
-    """One Spark task: train on shard ``worker`` and exchange with the server as configured."""
+def async_worker(spec: FitSpec, strategy: AsyncParameterServer, transport: Transport, info: ConnectInfo,
+                 worker: int, num_workers: int, threads: int) -> dict[str, Any]:
+    """One Spark task: train on shard ``worker`` and exchange with the server as configured.
+
+    ``transport`` is the one that serves ``info`` (TCP from Spark tasks; the in-process
+    transport runs the same loop in a unit test)."""
     torch.set_num_threads(threads)
     torch.manual_seed(spec.seed + worker)
-    transport = TcpTransport(TcpOptions(mac_payload=strategy.mac_payload, tls=strategy.tls))
     started = time.time()
-    with transport.connect(address, secret, worker, timeout=strategy.connect_timeout_s, tls_cert=tls_cert) as client:
+    with transport.connect(info.address, info.secret, worker, timeout=strategy.connect_timeout_s,
+                           tls_cert=info.tls_cert) as client:
         model = spec.model
         optimizer = spec.optimizer.build(model)
         scheduler = spec.scheduler(optimizer) if spec.scheduler is not None else None
@@ -76,11 +79,10 @@ def fit_async(spec: FitSpec, strategy: AsyncParameterServer, *, workers: int, sp
     with transport.serve(server, host=host, port=0) as endpoint:
         info = endpoint.info
         log.info("parameter server for %s on %s with %d shard(s)", strategy.rule, info.address, server.num_shards)
-        address, secret, cert = info.address, info.secret, info.tls_cert
         n_threads = threads or 1
 
         def task(worker: int) -> dict[str, Any]:
-            return async_worker(spec, strategy, address, secret, cert, worker, workers, n_threads)
+            return async_worker(spec, strategy, transport, info, worker, workers, n_threads)
 
         reports = run_tasks(task, workers, spark=spark, description=f"sparkdp async {strategy.rule}")
     center = server.pull(worker=workers).tensors  # an id no task uses, so no task's bookkeeping moves

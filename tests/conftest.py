@@ -1,4 +1,4 @@
-"""Hygiene fixtures for every test (STYLE.md section 8) and the shared Spark session."""
+"""Hygiene fixtures for every test (design rule 8, docs/architecture.md) and the shared Spark session."""
 
 from __future__ import annotations
 

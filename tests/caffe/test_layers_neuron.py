@@ -1,4 +1,4 @@
-"""Neuron layers against their Caffe formulas (CAFFE.md table), PReLU and Dropout."""
+"""Neuron layers against their Caffe formulas (docs/algorithms.md §9), PReLU and Dropout."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Caffe learning-rate policies against the formulas of CAFFE.md §3.2, computed by hand."""
+"""Caffe learning-rate policies against the formulas of docs/algorithms.md §9, computed by hand."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Caffe update rules against torch.optim equivalents and hand-written formulas (CAFFE.md §3.3-3.4)."""
+"""Caffe update rules against torch.optim equivalents and hand-written formulas (docs/algorithms.md §9)."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def test_equal_to_torch_at_constant_rate(caffe, reference):
 
 
 def test_sgd_differs_from_torch_after_rate_change_as_in_caffe_md():
-    # CAFFE.md §3.4 [verified]: w0 = 1, loss = w^2, momentum 0.9,
+    # docs/algorithms.md §9 (SGD): w0 = 1, loss = w^2, momentum 0.9,
     # 5 steps at lr 0.01 then 5 at 0.001 -> Caffe w = 0.4549, torch w = 0.7022.
     text = 'base_lr: 0.01 momentum: 0.9 lr_policy: "multistep" gamma: 0.1 stepvalue: 5'
     w = torch.nn.Parameter(torch.tensor([1.0]))
@@ -87,7 +87,7 @@ def test_sgd_differs_from_torch_after_rate_change_as_in_caffe_md():
 
 
 def adam_reference(grads, lr, b1, b2, eps, w0):
-    """Caffe's Adam (CAFFE.md §3.4) written out in float64.
+    """Caffe's Adam (docs/algorithms.md §9) written out in float64.
 
     Hyperparameters are proto ``float`` fields in Caffe, hence rounded to float32.
     """

@@ -1,4 +1,4 @@
-"""Network and checkpoint input is never unpickled (STYLE.md G10), checked on the source text."""
+"""Network and checkpoint input is never unpickled (design rule 7, docs/architecture.md), checked on the source text."""
 
 import re
 from pathlib import Path

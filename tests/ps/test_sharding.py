@@ -38,7 +38,7 @@ def test_every_element_exactly_once_and_reassembles_bit_exactly(sizes, k, split)
 
 
 def test_one_huge_tensor_is_spread_over_all_shards_balanced():
-    # the MXNet imbalance of ALGORITHMS.md section 10: a 3.2M-element FC weight plus small tensors
+    # the MXNet imbalance of docs/algorithms.md §8: a 3.2M-element FC weight plus small tensors
     params = [
         torch.zeros(32, 1, 5, 5),
         torch.zeros(32),

@@ -1,4 +1,4 @@
-"""DDC-ASGD (ALGORITHMS.md section 7.2): its reductions and each of its pieces."""
+"""DDC-ASGD (docs/algorithms.md §7): its reductions and each of its pieces."""
 
 from __future__ import annotations
 

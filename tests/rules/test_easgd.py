@@ -1,4 +1,4 @@
-"""EASGD (async) and DeepSpark's variant against the equations of ALGORITHMS.md section 5."""
+"""EASGD (async) and DeepSpark's variant against the equations of docs/algorithms.md §5."""
 
 from __future__ import annotations
 

@@ -144,7 +144,7 @@ def test_state_dict_is_a_snapshot():
 
 
 def test_rules_modules_import_no_io():
-    """No pyspark, sockets, pickle, threads or torch.load in sparkdp.rules (STYLE.md G1/G10)."""
+    """No pyspark, sockets, pickle, threads or torch.load in sparkdp.rules (design rules 1 and 7, docs/architecture.md)."""
     code = (
         "import json, sys, torch\n"
         "before = set(sys.modules)\n"

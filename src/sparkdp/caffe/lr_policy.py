@@ -11,7 +11,7 @@ The policies can drive any torch optimizer through :class:`CaffeLRScheduler` (a
 Example:
     >>> from sparkdp.caffe.solver import SolverSpec
     >>> spec = SolverSpec(base_lr=0.01, lr_policy="inv", gamma=1e-4, power=0.75)
-    >>> learning_rate(spec, 5000)  # float32; CAFFE.md quotes 0.0073778795
+    >>> learning_rate(spec, 5000)  # float32; docs/algorithms.md §9 quotes 0.0073778795
     0.007377879228442907
 """
 

@@ -1,4 +1,4 @@
-"""The world-size-1 collective: every operation is the identity (STYLE.md G6)."""
+"""The world-size-1 collective: every operation is the identity (design rule 5, docs/architecture.md)."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ _OPS = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp
 
 
 def set_torch_distributed_env(master_addr: str, master_port: int, rank: int, world_size: int) -> None:
-    """The one place that sets the environment torch.distributed reads (STYLE.md G7)."""
+    """The one place that sets the environment torch.distributed reads (design rule 6, docs/architecture.md)."""
     os.environ["MASTER_ADDR"] = master_addr
     os.environ["MASTER_PORT"] = str(master_port)
     os.environ["RANK"] = str(rank)

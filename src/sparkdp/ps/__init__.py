@@ -1,7 +1,7 @@
 """Parameter server: centre state, per-shard versions and locking, checkpoints.
 
 Transports (in-process, authenticated TCP) live in :mod:`sparkdp.ps.transport`; this
-package itself opens no sockets (STYLE.md G1).
+package itself opens no sockets (design rule 1, docs/architecture.md).
 
 Example (driver, then each task; see :mod:`sparkdp.ps.transport.base`)::
 

@@ -1,6 +1,6 @@
 """Wire codec of the parameter server: fixed header + small JSON + raw tensor bytes.
 
-Never pickle (STYLE.md G10: sparktorch's ``dill.loads`` and elephas's ``pickle.loads``
+Never pickle (design rule 7 of docs/architecture.md; sparktorch's ``dill.loads`` and elephas's ``pickle.loads``
 on network input are remote code execution).  A frame is::
 
     fixed header   28 bytes  !4sBBHQIQ  magic "SDPS", protocol version, op, flags,

@@ -1,9 +1,9 @@
 """The parameter server: centre tensors, per-shard versions and locks, idempotent pushes.
 
-Mechanism only (STYLE.md G1): the math is the :class:`~sparkdp.rules.base.UpdateRule`
+Mechanism only (design rule 1, docs/architecture.md): the math is the :class:`~sparkdp.rules.base.UpdateRule`
 (one instance per shard), the bytes are a transport's job.
 
-Staleness, per shard (ALGORITHMS.md §0): every shard ``s`` has a version counter that
+Staleness, per shard (docs/algorithms.md §0): every shard ``s`` has a version counter that
 grows by one per applied push.  A push carries, per shard, the version ``v`` the worker
 pulled; the server computes ``tau_s = t_s - v`` where ``t_s`` is the shard's version
 when this push is applied (before its own increment) — the number of other updates

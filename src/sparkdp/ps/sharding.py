@@ -9,7 +9,7 @@ How the split works: lay the parameters end to end as one virtual flat byte arra
 (in the order given) and cut it at ``s * total_bytes / K``.  A tensor of at least
 ``min_split_bytes`` that straddles a cut is split there into contiguous flat chunks
 (``t.view(-1)[start:stop]``), so one huge FC weight is spread over every shard instead
-of landing on one (the imbalance ALGORITHMS.md §10 describes for MXNet, which hashes
+of landing on one (the imbalance docs/algorithms.md §8 describes for MXNet, which hashes
 small arrays to one server and splits only arrays above 1e6 elements).  Smaller
 tensors are never split; each goes whole to the shard that holds its middle byte, so
 shard sizes differ by at most ``min_split_bytes``.  Each shard therefore sees a list of

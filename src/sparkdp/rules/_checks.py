@@ -1,4 +1,4 @@
-"""Validation and small tensor helpers shared by the update rules (STYLE.md G3, G8).
+"""Validation and small tensor helpers shared by the update rules (design rule 4, docs/architecture.md).
 
 Every check raises :class:`~sparkdp.errors.ConfigError` (a ``ValueError``) whose message
 says what was received, what is allowed and what to do.
@@ -78,7 +78,7 @@ def as_locking(owner: str, value: Locking | str) -> Locking:
 
 
 def check_staleness(owner: str, tau: Any) -> int:
-    """The server's staleness must be a non-negative int (ALGORITHMS.md section 0)."""
+    """The server's staleness must be a non-negative int (docs/algorithms.md §0)."""
     if isinstance(tau, bool) or not isinstance(tau, int) or tau < 0:
         raise ValueError(
             f"{owner}: push staleness must be an integer >= 0 (server version minus pulled version); got {tau!r}."

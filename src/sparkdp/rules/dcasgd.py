@@ -1,4 +1,4 @@
-"""DC-ASGD: delay-compensated asynchronous SGD (Zheng et al., ICML 2017; ALGORITHMS.md section 6)."""
+"""DC-ASGD: delay-compensated asynchronous SGD (Zheng et al., ICML 2017; docs/algorithms.md §6)."""
 
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ class DCASGD(DelayCompensatedRule):
         lambda_: variance control ``lambda_0`` (>= 0). Default 2.0 for ``"a"`` (paper's
             CIFAR-10 value) and 0.04 for ``"c"`` (MXNet). 0 is plain ASGD. Lower it, or use
             ``"ddcasgd"`` (which clips the correction), if the loss spikes when slow
-            workers push (DC-ASGD-a diverged at 16-32 workers in ALGORITHMS.md 7.4).
+            workers push (DC-ASGD-a's ``lambda_ / sqrt(V)`` is large while ``V`` is still small; docs/algorithms.md §7.1).
         mean_square_decay: ``m`` of the mean square, in [0, 1) (default 0.95; ``"a"`` only).
         eps: ``epsilon`` under the square root (> 0, default 1e-7).
         momentum: heavy-ball momentum in [0, 1) (default 0): ``u <- momentum*u + d;

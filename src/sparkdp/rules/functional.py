@@ -1,7 +1,7 @@
 """Pure functions behind the update rules (no state): pseudo-gradients and delay factors.
 
 They are public so that the worker loop can compute what to push and so that tests can
-check each formula of ALGORITHMS.md on its own.
+check each formula of docs/algorithms.md on its own.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ STALENESS_SCALINGS = ("none", "dynsgd", "inverse")
 def pseudo_gradient(
     pulled: Sequence[Tensor], local: Sequence[Tensor], worker_lr: float, k: int
 ) -> list[Tensor]:
-    """The gradient-like quantity a worker pushes after ``k`` local steps (ALGORITHMS.md section 8).
+    """The gradient-like quantity a worker pushes after ``k`` local steps (docs/algorithms.md §3).
 
     ``g = (w_pulled - w_local) / (worker_lr * k)``: ADAG-style normalisation by the
     window (Hermans; dist-keras ``ADAGWorker``), so the server learning rate need not be
@@ -65,7 +65,7 @@ def staleness_scale(tau: int, mode: str) -> float:
     * ``"dynsgd"``: ``1 / (1 + tau)`` (dist-keras ``DynSGDParameterServer``).
     * ``"inverse"``: ``1 / tau`` for ``tau > 0`` and 1 at ``tau = 0`` -- the
       staleness-aware learning rate ``alpha0 / tau`` of Zhang, Gupta, Lian, Liu (IJCAI 2016),
-      ALGORITHMS.md section 7.3, with ``c = 1`` (pure asynchrony).
+      docs/algorithms.md §4, with ``c = 1`` (pure asynchrony).
 
     Example:
         >>> staleness_scale(4, "inverse"), staleness_scale(0, "inverse"), staleness_scale(3, "dynsgd")
@@ -81,7 +81,7 @@ def staleness_scale(tau: int, mode: str) -> float:
 
 
 def momentum_for_delay(tau: int, mu0: float, lag_min: float = 0.0) -> float:
-    """DDC-ASGD's per-update momentum ``mu_tau`` from the lag budget (ALGORITHMS.md section 7.2).
+    """DDC-ASGD's per-update momentum ``mu_tau`` from the lag budget (docs/algorithms.md §7).
 
     ``L_tau = max(L_min, mu0 / (1 - mu0) - tau)`` and ``mu_tau = L_tau / (1 + L_tau)``:
     asynchrony already adds about ``tau`` updates of lag, so the explicit heavy-ball

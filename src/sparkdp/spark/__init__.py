@@ -1,4 +1,4 @@
-"""The only package of sparkdp that imports pyspark (STYLE.md G1)."""
+"""The only package of sparkdp that imports pyspark (design rule 1, docs/architecture.md)."""
 
 from .session import session
 

@@ -4,7 +4,7 @@ DistributedDataParallel buckets gradients (``bucket_cap_mb``) and starts each
 bucket's all-reduce while backward is still computing earlier layers, so
 communication overlaps computation. Every rank applies the same optimizer step
 to the same averaged gradient, so any ``torch.optim`` optimizer works and the
-run equals single-process training on the concatenated batch (ALGORITHMS.md §2).
+run equals single-process training on the concatenated batch (docs/algorithms.md §2).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Each worker runs its own optimizer on its shard; every ``period`` steps the
 parameters (and floating buffers, optionally the optimizer state) are replaced by
 their sample-weighted mean over the workers. With ``period=1``, plain SGD and equal
-shards this is exactly single-machine SGD on the union batch (ALGORITHMS.md §1.1);
+shards this is exactly single-machine SGD on the union batch (docs/algorithms.md §1);
 with larger periods it is local SGD, trading accuracy for ``period``-times less
 communication.
 """

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..registry import Registry
+from ..rules import RULES
 from .allreduce import AllReduce
 from .async_ps import AsyncParameterServer
 from .average import ParameterAveraging
@@ -14,19 +15,10 @@ STRATEGIES.register("allreduce", AllReduce,
 STRATEGIES.register("average", ParameterAveraging,
                     description="parameter averaging every k local steps (Deeplearning4j style)")
 
-# Asynchronous strategies: one per update rule, as presets of one class (STYLE.md G4).
-for _rule, _what in [
-    ("asgd", "asynchronous SGD / Downpour through the parameter server (server optimizer applies pushes)"),
-    ("hogwild", "ASGD applied lock-free on the server (Hogwild!)"),
-    ("easgd", "asynchronous elastic averaging SGD, alpha = 0.9/workers (Zhang et al. 2015)"),
-    ("easgd-deepspark", "DeepSpark's lock-free EASGD variant (convex combinations)"),
-    ("dcasgd", "delay-compensated ASGD, adaptive lambda (DC-ASGD-a, Zheng et al. 2017)"),
-    ("dcasgd-c", "delay-compensated ASGD, constant lambda 0.04 (DC-ASGD-c)"),
-    ("ddcasgd", "dynamic delay-compensated ASGD: delay-dependent momentum and clipped compensation"),
-    ("sa-asgd", "staleness-aware ASGD, lr alpha0/tau (Zhang et al. 2016)"),
-    ("dynsgd", "ASGD with pushes scaled by 1/(1+tau) (dist-keras DynSGD)"),
-]:
-    STRATEGIES.register(_rule, AsyncParameterServer, description=_what, rule=_rule)
+# Asynchronous strategies: one preset of one class per update rule (design rule 3), generated
+# from the rule registry so that every rule is reachable by name.
+for _entry in RULES:
+    STRATEGIES.register(_entry.name, AsyncParameterServer, description=_entry.description, rule=_entry.name)
 
 
 def resolve_strategy(strategy: str | Strategy, **options) -> Strategy:

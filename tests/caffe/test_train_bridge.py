@@ -16,7 +16,6 @@ from sparkdp.caffe.solver import read_solver_spec
 from sparkdp.caffe.train import (
     CaffeClassifier,
     CaffeOptimizerFactory,
-    caffe_loss,
     effective_batch_size,
     plan_epochs,
     solver_net_source,
@@ -89,7 +88,7 @@ def test_wrapper_returns_the_nets_own_prediction_blob(lenet, lenet_path):
     assert lenet.prediction_blob == "ip2" and lenet.data_blob == "data" and lenet.label_blob == "label"
     assert logits.shape == (4, 10)
     torch.testing.assert_close(logits, seen["ip2"], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(caffe_loss(lenet)(logits, y), net_loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(lenet.caffe_loss()(logits, y), net_loss, rtol=1e-5, atol=1e-6)
 
 
 def test_wrapper_reports_caffe_view_of_lenet(lenet):
@@ -103,7 +102,7 @@ def test_caffe_loss_is_cross_entropy_for_softmax_with_loss(lenet):
     torch.manual_seed(2)
     logits = torch.randn(7, 10, requires_grad=True)
     labels = torch.randint(0, 10, (7,))
-    loss = caffe_loss(lenet)(logits, labels)
+    loss = lenet.caffe_loss()(logits, labels)
     torch.testing.assert_close(loss, F.cross_entropy(logits, labels))
     loss.backward()
     expected = torch.autograd.grad(F.cross_entropy(logits, labels), logits)[0]

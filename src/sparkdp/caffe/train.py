@@ -67,7 +67,6 @@ __all__ = [
     "CaffeLoss",
     "CaffeOptimizerFactory",
     "CaffeSolverHooks",
-    "caffe_loss",
     "fit_caffe",
     "solver_net_source",
 ]
@@ -279,11 +278,6 @@ def _transform(layer: LayerSpec) -> tuple[float, np.ndarray | None]:
         return scale, None
     mean = np.asarray(means, dtype=np.float32)
     return scale, (mean.reshape(-1, 1, 1) if len(means) > 1 else mean.reshape(()))
-
-
-def caffe_loss(model: CaffeClassifier) -> CaffeLoss:
-    """The loss of ``model``'s net: ``loss(prediction, labels)`` with Caffe's semantics."""
-    return model.caffe_loss()
 
 
 # ------------------------------------------------------------------ solver -> optimizer

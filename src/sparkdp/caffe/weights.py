@@ -19,9 +19,7 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import os
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +29,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
+from ..files import atomic_write
 from .caffemodel import CaffeLayerBlobs, DecodedNet, decode_net, write_caffemodel
 
 __all__ = ["LoadSummary", "WeightsMismatchError", "load_weights", "save_weights"]
@@ -169,8 +168,8 @@ def load_weights(module: Any, source: Any, *, strict: bool = True) -> LoadSummar
 def save_weights(module: Any, path: str | os.PathLike[str], *, name: str = "") -> Path:
     """Write ``module``'s blobs as a V2 ``.caffemodel``, atomically.
 
-    The file is written to a temporary file in the same directory and moved into
-    place with ``os.replace``, so an existing good file is never left half-written.
+    Written through :func:`sparkdp.files.atomic_write`, so an existing good file is
+    never left half-written.
     Every net layer is stored (blob-less ones too, as Caffe does), blobs as float32.
 
     Args:
@@ -191,18 +190,9 @@ def save_weights(module: Any, path: str | os.PathLike[str], *, name: str = "") -
     for lname, ltype in module.caffe_layers:
         blobs = [t.detach().to("cpu", torch.float32).contiguous().numpy() for t in module.blobs_of(lname)]
         layers.append(CaffeLayerBlobs(lname, ltype, blobs, [False] * len(blobs)))
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as handle:
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as handle:
             write_caffemodel(handle, layers, name)
-            handle.flush()
-            os.fsync(handle.fileno())
-        # mkstemp makes the file 0600; keep the old file's mode, else the usual 0644.
-        mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+
+    atomic_write(path, write, make_dirs=False)
     return path

@@ -159,7 +159,7 @@ def run(args) -> int:
     print(f"{result.samples_per_s:,.0f} samples/s over {result.train_time_s:.1f} s of training; "
           f"{summary['wall_s']:.1f} s in all" + (f"; model saved to {model_path}" if model_path else ""))
     if args.json_out:
-        from ..train.serialize import atomic_write
+        from ..files import atomic_write
 
         atomic_write(args.json_out, lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=2)))
     return 0

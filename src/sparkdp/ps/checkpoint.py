@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
-from pathlib import Path
 from typing import Any
 
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
+
+from sparkdp.files import atomic_write
 
 _RESERVED = ("__tensor__", "__items__", "__tuple__")
 
@@ -64,18 +64,10 @@ def _decode(obj: Any, tensors: dict[str, Tensor]) -> Any:
 
 
 def save_state(state: dict[str, Any], path: str | os.PathLike[str]) -> None:
-    """Write ``state`` to ``path`` atomically (temp file in the same directory + os.replace)."""
-    path = Path(path)
+    """Write ``state`` to ``path`` atomically (:func:`sparkdp.files.atomic_write`)."""
     tensors: dict[str, Tensor] = {}
     skeleton = json.dumps(_encode(state, tensors, "state"))
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    try:
-        save_file(tensors, str(tmp), metadata={"sparkdp": skeleton})
-        with open(tmp, "rb+") as fh:  # data on disk before the rename makes it visible
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata={"sparkdp": skeleton}), make_dirs=False)
 
 
 def load_state(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -2,24 +2,15 @@
 
 The rule declares what it needs (:class:`~sparkdp.rules.base.Locking`); the server
 picks the primitive here.  Every lock is used through ``with`` so that an exception
-inside ``rule.apply`` can never leave a lock held (the elephas bug, STYLE.md §4.2).
+inside ``rule.apply`` can never leave a lock held (design rule 2, docs/architecture.md).
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Protocol
 
 from sparkdp.errors import ConfigError
 from sparkdp.rules.base import Locking
-
-
-class ShardLock(Protocol):
-    """What the server needs from a lock: a context manager."""
-
-    def __enter__(self) -> object: ...
-
-    def __exit__(self, *exc: object) -> None: ...
 
 
 class NoLock:
@@ -61,7 +52,7 @@ class VersionCounter:
 
     Under Hogwild the apply itself is unlocked, but two pushes must never get the same
     version ticket (dist-keras increments ``num_updates`` outside its mutex, a race on
-    the staleness counter — STYLE.md §4.1).  The tiny lock here guards only the integer.
+    the staleness counter — design rule 2).  The tiny lock here guards only the integer.
     """
 
     def __init__(self, start: int = 0) -> None:

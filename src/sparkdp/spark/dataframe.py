@@ -53,11 +53,6 @@ _OUT_SCHEMA = "rank long, info string, state binary, optimizer_state binary"
 _PLAIN_ATTR = re.compile(r"^[^\s()]+#\d+L?$")
 
 
-def is_dataframe(obj: Any) -> bool:
-    """A pyspark DataFrame (classic or Connect), recognised without importing pyspark."""
-    return type(obj).__name__ == "DataFrame" and type(obj).__module__.startswith("pyspark.sql")
-
-
 def parquet_scan_files(df) -> list[str] | None:
     """The files of ``df`` when it is a plain Parquet scan with at most a column selection, else None.
 

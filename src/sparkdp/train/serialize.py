@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -13,6 +11,8 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import load_file, save_file
 from safetensors.torch import save as st_save
+
+from ..files import atomic_write
 
 
 def _plain(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -26,21 +26,6 @@ def state_to_bytes(state: Mapping[str, torch.Tensor]) -> bytes:
 
 def state_from_bytes(data: bytes) -> dict[str, torch.Tensor]:
     return st_load(data)
-
-
-def atomic_write(path: str | Path, write: Any) -> Path:
-    """Call ``write(tmp_path)`` then rename over ``path``: a failure never leaves a half-written file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def save_state(state: Mapping[str, torch.Tensor], path: str | Path, metadata: Mapping[str, Any] | None = None) -> Path:

@@ -154,3 +154,19 @@ def test_ragged_arrays_against_feature_shape(spark, tmp_path):
                                         r"\(1, 2, 2\) needs 4"):
         sparkdp.fit(nn.Sequential(nn.Flatten(), nn.Linear(4, 2)), str(tmp_path), features="x", label="label",
                     feature_shape=(1, 2, 2), workers=2, epochs=1, batch_size=2, spark=spark, show_progress=False)
+
+
+def test_the_averaging_period_continues_across_dataframe_epochs(spark):
+    """A streamed DataFrame trains one barrier stage per epoch; the strategy's step count (where its
+    averaging period stands) travels from stage to stage instead of restarting at 0 (issue 12)."""
+    x, y = _rows(seed=2)
+    df = spark.createDataFrame([(float(a), float(b), float(c), float(t)) for (a, b, c), t in zip(x, y, strict=True)],
+                               ["a", "b", "c", "y"]).repartition(2).cache()
+    strategy = sparkdp.strategies.ParameterAveraging(period=5)
+    try:
+        _, result = _fit(df, spark, epochs=2, features=["a", "b", "c"], label="y", strategy=strategy)
+    finally:
+        df.unpersist()
+    per_epoch = -(-600 // 16)  # each rank's 600 rows in batches of 16
+    assert result.details["strategy_state"] == {"steps": 2 * per_epoch}, result.history
+    assert strategy.state_dict() == {"steps": 0}, "fit advanced the caller's strategy object"

@@ -57,3 +57,40 @@ def test_world_size_one_runs_the_same_code_as_plain_sgd(name):
     strategy.finish()
     for p, q in zip(a.parameters(), b.parameters()):
         assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize("name", STRATEGIES.available())
+def test_strategy_state_round_trips(name):
+    strategy = STRATEGIES.create(name, **({"period": 3} if name == "average" else {}))
+    if name in SYNC:
+        model = nn.Linear(3, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        strategy.setup(model, opt, SingleProcessCollective())
+        for _ in range(4):
+            opt.step()
+    state = strategy.state_dict()
+    restored = STRATEGIES.create(name, **({"period": 3} if name == "average" else {}))
+    restored.load_state_dict(state)
+    assert restored.state_dict() == state
+
+
+def test_the_averaging_period_continues_after_a_state_round_trip():
+    """4 steps, state saved; a fresh strategy loading it averages at global step 6, not at its own 3rd."""
+    def run(strategy, steps):
+        model = nn.Linear(3, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        strategy.setup(model, opt, SingleProcessCollective())
+        rounds = []
+        strategy.average = lambda: rounds.append(strategy.state_dict()["steps"])
+        for _ in range(steps):
+            opt.step()
+        strategy.finish()
+        return rounds
+
+    first = ParameterAveraging(period=3)
+    assert run(first, 4)[:-1] == [3]  # the last round is finish()'s
+    second = ParameterAveraging(period=3)
+    second.load_state_dict(first.state_dict())
+    assert run(second, 4)[:-1] == [6]
+    with pytest.raises(ConfigError, match="'steps' must be an integer >= 0"):
+        second.load_state_dict({"steps": -1})

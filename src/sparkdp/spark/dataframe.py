@@ -24,6 +24,7 @@ synchronous collectives never wait for a rank that has left.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import re
@@ -217,6 +218,7 @@ def fit_stream(spec: FitSpec, source: DataFrameSource, *, workers: int, spark, t
     merged: dict[str, Any] = {"train_time_s": 0.0, "samples": 0}
     opt_state = None
     template = StreamData(source.converter, source.shuffle_buffer)
+    spec = replace(spec, strategy=copy.deepcopy(spec.strategy))  # the caller's object is not advanced
     for epoch in range(spec.epochs):
         stage_spec = replace(spec, train=template, epochs=1, start_epoch=epoch, optimizer_state=opt_state,
                              return_optimizer_state=True, last_epoch=spec.epochs - 1)
@@ -226,10 +228,14 @@ def fit_stream(spec: FitSpec, source: DataFrameSource, *, workers: int, spark, t
         meta = json.loads(first["info"])
         spec.model.load_state_dict(state_from_bytes(first["state"]))  # shipped with the next stage
         opt_state = bytes(first["optimizer_state"])
+        # the next stage ships the strategy object: its schedule (e.g. the averaging period's
+        # position) continues instead of restarting every epoch
+        spec.strategy.load_state_dict(meta["strategy_state"])
         history += meta["history"]
         merged["train_time_s"] += meta["train_time_s"]
         merged["samples"] += meta["samples"]
         merged["strategy_options"] = meta["strategy_options"]
+        merged["strategy_state"] = meta["strategy_state"]
         for key, value in meta.get("data_counters", {}).items():
             merged.setdefault("data_counters", {}).setdefault(key, 0)
             merged["data_counters"][key] += value

@@ -108,6 +108,16 @@ class ParameterAveraging(Strategy):
             t.mul_(weight / total.item())
         coll.all_reduce_coalesced(tensors, "sum")
 
+    def state_dict(self) -> dict[str, Any]:
+        """The local steps taken so far: the averaging period continues from there."""
+        return {"steps": self._steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        steps = state.get("steps", 0)
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise ConfigError(f"average: a saved state's 'steps' must be an integer >= 0; got {steps!r}.")
+        self._steps = steps
+
     def options(self) -> dict[str, Any]:
         return {"period": self.period, "average_optimizer_state": self.average_optimizer_state,
                 "shared_memory": self.shared_memory, "parameter_transport": self._transport}

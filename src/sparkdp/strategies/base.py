@@ -66,3 +66,11 @@ class Strategy(ABC):
     def options(self) -> dict[str, Any]:
         """The strategy's settings, for logs and the JSON summary."""
         return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the strategy is in its schedule (plain JSON values), to resume it in a later
+        stage or from a checkpoint. Default: nothing (a stateless strategy)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (before :meth:`setup` or after it)."""

@@ -246,7 +246,8 @@ def _fit_on_spark(spec: FitSpec, workers: int, spark: Any, threads: int | None, 
     model.load_state_dict(state_from_bytes(out["state"]))
     return TrainResult(model=model, history=out["history"], strategy=strategy_obj.name, workers=workers,
                        epochs=spec.epochs, wall_s=time.perf_counter() - started, train_time_s=out["train_time_s"],
-                       samples=out["samples"], strategy_options=out["strategy_options"])
+                       samples=out["samples"], strategy_options=out["strategy_options"],
+                       details={"strategy_state": out["strategy_state"]})
 
 
 def _fit_async(spec: FitSpec, strategy: Strategy, workers: int, spark: Any, threads: int | None,

@@ -228,7 +228,8 @@ def fit_worker(spec: FitSpec, collective: Collective) -> dict[str, Any] | None:
     if rank != 0:
         return None
     out = {"state": state_to_bytes(strategy.unwrap().state_dict()), "history": history,
-           "train_time_s": train_time, "samples": total_samples, "strategy_options": strategy.options()}
+           "train_time_s": train_time, "samples": total_samples, "strategy_options": strategy.options(),
+           "strategy_state": strategy.state_dict()}
     if counters:
         out["data_counters"] = counters
     if spec.return_optimizer_state:

@@ -70,3 +70,13 @@ def test_bad_async_options_are_rejected_on_the_driver():
         sparkdp.strategies.resolve_strategy("easgd", rule_options={"alpha": 1.5})
     with pytest.raises(ConfigError, match="Unknown update rule 'sgdx'"):
         sparkdp.strategies.AsyncParameterServer(rule="sgdx")
+
+
+def test_async_fit_evaluates_after_every_eval_every_epoch(spark):
+    """fit's promise holds for asynchronous strategies too: test metrics after epochs 2 and 4 (and the last)."""
+    model, x, y = _problem()
+    result = sparkdp.fit(model, (x, y), eval_data=(x, y), strategy="asgd", strategy_options={"rule_options": {"lr": 0.1}},
+                         optimizer="sgd", optimizer_options={"lr": 0.1, "momentum": 0.0},
+                         workers=2, epochs=5, batch_size=16, eval_every=2, spark=spark)
+    assert ["test_accuracy" in h for h in result.history] == [False, True, False, True, True], result.history
+    assert result.history[-1]["test_accuracy"] > 0.85

@@ -129,3 +129,23 @@ def test_the_task_loop_at_world_size_one_through_the_in_process_transport_is_tor
     _assert_close(server.pull(worker=1).tensors, _torch_reference(lambda ps: torch.optim.SGD(ps, lr=0.3), batches),
                   "async_worker through InProcTransport vs torch SGD")
     assert report["pushes"] == 16 and server.metrics()["staleness"] == {0: 16}
+
+
+def test_worker_zero_evaluates_the_centre_every_eval_every_epochs_without_moving_its_bookkeeping():
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(32, 4, generator=g), torch.randint(0, 3, (32,), generator=g)
+    model = _model()
+    strategy = AsyncParameterServer("dcasgd", {"lr": 0.1})
+    spec = FitSpec(model=model, loss=resolve_loss("cross_entropy"),
+                   optimizer=optimizer_factory("sgd", model, lr=0.05, momentum=0.0), strategy=strategy,
+                   train=TensorData(x, y), eval=TensorData(x, y), epochs=5, batch_size=8, eval_every=2)
+    rule = strategy.rule_spec(1)
+    server = ParameterServer(lambda shard: rule.create(), list(model.parameters()))
+    transport = InProcTransport()
+    with transport.serve(server) as endpoint:
+        report = async_worker(spec, strategy, transport, endpoint.info, worker=0, num_workers=1, threads=1)
+    # epochs 2 and 4 (1-based) by worker 0; the last one is the driver's, after every worker is done
+    assert ["eval" in e for e in report["epochs"]] == [False, True, False, True, False]
+    assert 0.0 <= report["epochs"][1]["eval"]["test_accuracy"] <= 1.0
+    # the observer's pulls left worker 0 fresh: one worker never sees a stale push
+    assert server.metrics()["staleness"] == {0: 20}

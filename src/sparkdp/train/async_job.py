@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from typing import Any
@@ -60,9 +61,28 @@ def async_worker(spec: FitSpec, strategy: AsyncParameterServer, transport: Trans
                 rows += len(x)
             runner.end_epoch()
             epochs.append({"loss_sum": loss_sum, "rows": rows, "time_s": time.perf_counter() - t0})
+            if worker == 0 and epoch < spec.epochs - 1 and spec.evaluates_after(epoch):
+                epochs[-1]["eval"] = _evaluate_centre(spec, model, transport, info, observer=num_workers,
+                                                      timeout=strategy.connect_timeout_s)
         runner.finish()
     return {"worker": worker, "epochs": epochs, "start": started, "end": time.time(),
             "pushes": runner.pushes, "pulls": runner.pulls, "comm_s": runner.comm_s}
+
+
+def _evaluate_centre(spec: FitSpec, model: torch.nn.Module, transport: Transport, info: ConnectInfo,
+                     observer: int, timeout: float) -> dict[str, float]:
+    """Test metrics of the server's centre as worker 0 finishes an epoch (the other workers go on;
+    the driver evaluates the final centre once every worker is done).
+
+    The centre is pulled under ``observer``, an id no task uses (the driver's too): a pull as
+    worker 0 would move its staleness version and its DC-ASGD backup."""
+    with transport.connect(info.address, info.secret, observer, timeout=timeout, tls_cert=info.tls_cert) as client:
+        centre = client.pull().tensors
+    scratch = copy.deepcopy(model)
+    with torch.no_grad():
+        for p, c in zip(scratch.parameters(), centre, strict=True):
+            p.copy_(c)
+    return evaluate(scratch, spec.loss, spec.eval, SingleProcessCollective(), spec.eval_batch_size)
 
 
 def fit_async(spec: FitSpec, strategy: AsyncParameterServer, *, workers: int, spark: Any,
@@ -95,6 +115,9 @@ def fit_async(spec: FitSpec, strategy: AsyncParameterServer, *, workers: int, sp
         loss = sum(r["epochs"][epoch]["loss_sum"] for r in reports) / max(rows, 1)
         history.append({"epoch": epoch + 1, "loss": loss, "samples": rows,
                         "epoch_time_s": max(r["epochs"][epoch]["time_s"] for r in reports)})
+    first = next(r for r in reports if r["worker"] == 0)
+    for record, epoch in zip(history, first["epochs"], strict=True):
+        record.update(epoch.get("eval", {}))
     if spec.eval is not None:
         history[-1].update(evaluate(model, spec.loss, spec.eval, SingleProcessCollective(), spec.eval_batch_size))
     metrics = server.metrics()

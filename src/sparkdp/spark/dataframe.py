@@ -28,9 +28,6 @@ import copy
 import json
 import logging
 import re
-import threading
-import time
-import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any
@@ -42,11 +39,11 @@ from ..data.arrow import ArrowConverter
 from ..data.base import WorkerData
 from ..data.parquet import ParquetData
 from ..data.shuffle import rebatch, seeded_generator
-from ..errors import ConfigError, DataError, RendezvousTimeout
+from ..errors import ConfigError, DataError
 from ..train.jobs import in_task
 from ..train.loop import FitSpec, fit_worker
 from ..train.serialize import state_from_bytes
-from .launcher import _all_tasks_started, _encode_error, _rendezvous, _too_few_slots, _translate, task_slots
+from .launcher import BarrierStage, encode_error, rendezvous
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +168,7 @@ def _epoch_task(spec: FitSpec, threads: int | None, pg_timeout_s: float):
     def task(stream: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         info = None
         try:
-            info = _rendezvous()
+            info = rendezvous()
             data = StreamData(spec.train.converter, spec.train.shuffle_buffer).attach(stream)  # type: ignore[attr-defined]
             job = in_task(lambda coll: fit_worker(replace(spec, train=data), coll), threads=threads,
                           pg_timeout_s=pg_timeout_s)
@@ -179,7 +176,7 @@ def _epoch_task(spec: FitSpec, threads: int | None, pg_timeout_s: float):
             for _ in stream:  # rows left after another rank ran out: drain so Spark's writer can finish
                 pass
         except BaseException as exc:  # re-raised with a summary the driver decodes
-            raise RuntimeError(_encode_error(info.rank if info else -1, exc)) from None
+            raise RuntimeError(encode_error(info.rank if info else -1, exc)) from None
         out = out or {}
         meta = {k: v for k, v in out.items() if k not in ("state", "optimizer_state")}
         yield pa.RecordBatch.from_pydict({
@@ -257,55 +254,10 @@ def _partition_rows(df) -> list[int]:
 
 
 def _run_stage(out_df, spark, workers: int, start_timeout_s: float, epoch: int) -> list[dict[str, Any]]:
-    """Collect a barrier ``mapInArrow`` stage, cancelling it when its tasks cannot all start
-    (same contract as :func:`~sparkdp.spark.launcher.run_barrier`)."""
-    sc = spark.sparkContext
-    slots = task_slots(sc)
-    if slots is not None and workers > slots:
-        raise RendezvousTimeout(_too_few_slots(workers, slots, sc.master))
-    group = f"sparkdp-df-{uuid.uuid4().hex[:12]}"
-    outcome: dict[str, Any] = {}
-    done = threading.Event()
-
-    def submit() -> None:
-        try:
-            sc.setJobGroup(group, f"sparkdp training epoch {epoch + 1} on a DataFrame", interruptOnCancel=True)
-            outcome["rows"] = [r.asDict() for r in out_df.collect()]
-        except BaseException as exc:  # handed to the waiting thread below
-            outcome["error"] = exc
-        finally:
-            done.set()
-
-    threading.Thread(target=submit, name=group, daemon=True).start()
-    # The job may begin with an ordinary stage (the repartition shuffle, the DataFrame's
-    # lineage) of fewer tasks than workers, so the clock only runs while no task progresses.
-    deadline = time.monotonic() + start_timeout_s
-    started, seen = False, -1
-    while not done.wait(0.2):
-        if not started:
-            started = _all_tasks_started(sc, group, workers)
-            progress = _task_progress(sc, group)
-            if progress != seen:
-                seen, deadline = progress, time.monotonic() + start_timeout_s
-            if not started and time.monotonic() > deadline:
-                sc.cancelJobGroup(group)
-                done.wait(30)
-                raise RendezvousTimeout(
-                    f"requested {workers} workers, but Spark did not start them all within {start_timeout_s:.0f} s "
-                    f"on master {sc.master!r}. Lower `workers`, add executors/cores, or raise `start_timeout_s`.")
-    if "error" in outcome:
-        raise _translate(outcome["error"], workers, sc.master) from None
-    if not outcome["rows"]:
+    """Collect a barrier ``mapInArrow`` stage (the same contract as ``run_barrier``)."""
+    stage = BarrierStage(spark, workers, description=f"sparkdp training epoch {epoch + 1} on a DataFrame",
+                         start_timeout_s=start_timeout_s)
+    rows = stage.run(lambda: [r.asDict() for r in out_df.collect()])
+    if not rows:
         raise ConfigError("the training stage returned no result; is the DataFrame's partition count 0?")
-    return outcome["rows"]
-
-
-def _task_progress(sc, group: str) -> int:
-    tracker = sc.statusTracker()
-    total = 0
-    for job_id in tracker.getJobIdsForGroup(group):
-        job = tracker.getJobInfo(job_id)
-        for stage_id in job.stageIds if job else ():
-            stage = tracker.getStageInfo(stage_id)
-            total += (stage.numActiveTasks + stage.numCompletedTasks) if stage else 0
-    return total
+    return rows

@@ -45,7 +45,7 @@ class TaskInfo:
     master_port: int
     gpus: tuple[str, ...]
     cpus: int
-    #: On rank 0, the torch.distributed TCPStore it already listens on (see _rendezvous).
+    #: On rank 0, the torch.distributed TCPStore it already listens on (see rendezvous).
     store: Any = field(default=None, compare=False, repr=False)
 
 
@@ -95,7 +95,7 @@ def listening_store(host: str, world_size: int):
         raise
 
 
-def _rendezvous() -> TaskInfo:
+def rendezvous() -> TaskInfo:
     from pyspark import BarrierTaskContext
 
     ctx = BarrierTaskContext.get()
@@ -111,7 +111,7 @@ def _rendezvous() -> TaskInfo:
     return TaskInfo(rank, len(infos), master_addr, int(ports[0]), gpus, cpus, store)
 
 
-def _encode_error(rank: int, exc: BaseException) -> str:
+def encode_error(rank: int, exc: BaseException) -> str:
     tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
     payload = {"rank": rank, "type": type(exc).__name__, "message": str(exc), "traceback": "".join(tb[-6:])}
     # base64: survives whatever quoting Spark and py4j apply to the message on its way to the driver
@@ -138,12 +138,71 @@ def _task_body(fn: Callable[[TaskInfo], Any]) -> Callable:
     def run_partition(_rows):
         info = None
         try:
-            info = _rendezvous()
+            info = rendezvous()
             yield fn(info)
         except BaseException as exc:  # re-raised with a parseable summary for the driver
-            raise RuntimeError(_encode_error(info.rank if info else -1, exc)) from None
+            raise RuntimeError(encode_error(info.rank if info else -1, exc)) from None
 
     return run_partition
+
+
+class BarrierStage:
+    """One Spark job whose barrier stage needs ``num_workers`` tasks running at once.
+
+    :meth:`run` checks the cluster has the slots, submits the job in a thread under its own
+    job group, cancels it when the tasks have not all started within ``start_timeout_s``
+    (the clock restarts whenever some task makes progress, since a DataFrame's job may run
+    ordinary stages before the barrier one), and turns a task's error into the sparkdp
+    error it carried. Used by :func:`run_barrier` and the DataFrame path.
+    """
+
+    def __init__(self, spark, num_workers: int, *, description: str, start_timeout_s: float = 60.0) -> None:
+        if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
+            raise ConfigError(f"workers must be a positive integer; got {num_workers!r}.")
+        self.sc = spark.sparkContext
+        self.num_workers = num_workers
+        self.description = description
+        self.start_timeout_s = start_timeout_s
+
+    def run(self, collect: Callable[[], list[Any]]) -> list[Any]:
+        """Run ``collect()`` (the action that runs the stage) and return what it returned."""
+        sc, n = self.sc, self.num_workers
+        slots = task_slots(sc)
+        if slots is not None and n > slots:
+            raise RendezvousTimeout(too_few_slots_message(n, slots, sc.master))
+        group = f"sparkdp-{uuid.uuid4().hex[:12]}"
+        outcome: dict[str, Any] = {}
+        done = threading.Event()
+
+        def submit() -> None:
+            try:
+                sc.setJobGroup(group, self.description, interruptOnCancel=True)
+                outcome["results"] = collect()
+            except BaseException as exc:  # handed to the waiting thread below
+                outcome["error"] = exc
+            finally:
+                done.set()
+
+        threading.Thread(target=submit, name=group, daemon=True).start()
+        deadline = time.monotonic() + self.start_timeout_s
+        started, seen = False, -1
+        while not done.wait(0.2):
+            if started:
+                continue
+            progress, started = _task_progress(sc, group, n)
+            if progress != seen:
+                seen, deadline = progress, time.monotonic() + self.start_timeout_s
+            if not started and time.monotonic() > deadline:
+                sc.cancelJobGroup(group)
+                done.wait(30)
+                raise RendezvousTimeout(
+                    f"requested {n} workers, but Spark did not start them all within {self.start_timeout_s:.0f} s "
+                    f"on master {sc.master!r} (a barrier stage needs all of them at once). Lower `workers`, "
+                    "add executors/cores, or raise `start_timeout_s`."
+                )
+        if "error" in outcome:
+            raise translate_error(outcome["error"], n, sc.master) from None
+        return outcome["results"]
 
 
 def run_barrier(fn: Callable[[TaskInfo], Any], num_workers: int, *, spark,
@@ -156,44 +215,9 @@ def run_barrier(fn: Callable[[TaskInfo], Any], num_workers: int, *, spark,
             they did not all start within ``start_timeout_s``.
         WorkerFailed: a task raised; the message carries the worker's own error.
     """
-    if not isinstance(num_workers, int) or num_workers < 1:
-        raise ConfigError(f"workers must be a positive integer; got {num_workers!r}.")
-    sc = spark.sparkContext
-    slots = task_slots(sc)
-    if slots is not None and num_workers > slots:
-        raise RendezvousTimeout(_too_few_slots(num_workers, slots, sc.master))
-    rdd = sc.parallelize(range(num_workers), num_workers).barrier().mapPartitions(_task_body(fn))
-    group = f"sparkdp-{uuid.uuid4().hex[:12]}"
-    outcome: dict[str, Any] = {}
-    done = threading.Event()
-
-    def submit() -> None:
-        try:
-            sc.setJobGroup(group, description, interruptOnCancel=True)
-            outcome["results"] = rdd.collect()
-        except BaseException as exc:  # handed to the waiting thread below
-            outcome["error"] = exc
-        finally:
-            done.set()
-
-    thread = threading.Thread(target=submit, name=group, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + start_timeout_s
-    started = False
-    while not done.wait(0.2):
-        if not started:
-            started = _all_tasks_started(sc, group, num_workers)
-            if not started and time.monotonic() > deadline:
-                sc.cancelJobGroup(group)
-                done.wait(30)
-                raise RendezvousTimeout(
-                    f"requested {num_workers} workers, but Spark did not start them all within "
-                    f"{start_timeout_s:.0f} s on master {sc.master!r} (a barrier stage needs all of them at "
-                    "once). Lower `workers`, add executors/cores, or raise `start_timeout_s`."
-                )
-    if "error" in outcome:
-        raise _translate(outcome["error"], num_workers, sc.master) from None
-    return outcome["results"]
+    stage = BarrierStage(spark, num_workers, description=description, start_timeout_s=start_timeout_s)
+    rdd = stage.sc.parallelize(range(num_workers), num_workers).barrier().mapPartitions(_task_body(fn))
+    return stage.run(rdd.collect)
 
 
 def driver_host(spark) -> str:
@@ -220,29 +244,32 @@ def run_tasks(fn: Callable[[int], Any], num_workers: int, *, spark, description:
         try:
             yield fn(index)
         except BaseException as exc:  # re-raised with a parseable summary for the driver
-            raise RuntimeError(_encode_error(index, exc)) from None
+            raise RuntimeError(encode_error(index, exc)) from None
 
     sc.setJobDescription(description)
     try:
         return sc.parallelize(range(num_workers), num_workers).mapPartitionsWithIndex(run_partition).collect()
     except Exception as exc:  # py4j / PySpark wrap the worker's error; translate it
-        raise _translate(exc, num_workers, sc.master) from None
+        raise translate_error(exc, num_workers, sc.master) from None
     finally:
         sc.setJobDescription(None)
 
 
-def _all_tasks_started(sc, group: str, num_workers: int) -> bool:
+def _task_progress(sc, group: str, num_workers: int) -> tuple[int, bool]:
+    """Tasks of ``group`` running or done so far, and whether one stage has all ``num_workers`` going."""
     tracker = sc.statusTracker()
+    total, all_started = 0, False
     for job_id in tracker.getJobIdsForGroup(group):
         job = tracker.getJobInfo(job_id)
         for stage_id in job.stageIds if job else ():
             stage = tracker.getStageInfo(stage_id)
-            if stage and stage.numActiveTasks + stage.numCompletedTasks >= num_workers:
-                return True
-    return False
+            if stage:
+                total += stage.numActiveTasks + stage.numCompletedTasks
+                all_started = all_started or stage.numActiveTasks + stage.numCompletedTasks >= num_workers
+    return total, all_started
 
 
-def _too_few_slots(requested: int, slots: int, master: str) -> str:
+def too_few_slots_message(requested: int, slots: int, master: str) -> str:
     return (
         f"requested {requested} workers, but Spark master {master!r} can run at most {slots} tasks at once, "
         f"and a synchronous job needs all {requested} running together. Use workers <= {slots}, "
@@ -250,13 +277,13 @@ def _too_few_slots(requested: int, slots: int, master: str) -> str:
     )
 
 
-def _translate(exc: BaseException, requested: int, master: str) -> BaseException:
+def translate_error(exc: BaseException, requested: int, master: str) -> BaseException:
     text = str(exc)
     decoded = _decode_error(text)
     if decoded is not None:
         return decoded
     if "more slots than the total number of slots" in text or "SPARK-24819" in text:
-        return RendezvousTimeout(_too_few_slots(requested, -1, master).replace("at most -1", "fewer"))
+        return RendezvousTimeout(too_few_slots_message(requested, -1, master).replace("at most -1", "fewer"))
     if isinstance(exc, SparkdpError):
         return exc
     # Keep what Spark says, without the JVM stack frames.

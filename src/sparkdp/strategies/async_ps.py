@@ -3,11 +3,12 @@
 Each worker is an ordinary Spark task (so Spark can retry it) that trains with its
 **own** optimizer and talks to the server at its own pace — *multi-granular*
 interaction (Dpplee3): it pushes every ``push_every`` local batches (an int or
-``"epoch"``) and pulls every ``pull_every``. What it pushes is decided by the update
-rule: for the ASGD family the pseudo-gradient ``(w_ref - w_local) / (lr_w * k)``
-(docs/algorithms.md §3, ADAG normalisation: equal to the gradient for k = 1 and a plain
-SGD worker, so the server learning rate need not change with k); for EASGD the
-elastic difference. The server applies it with the rule (and, for ASGD, the
+``"epoch"``) and pulls every ``pull_every``. What it pushes is declared by the update
+rule (``UpdateRule.pushes``, docs/algorithms.md §3): for the ASGD family and DC-ASGD the
+pseudo-gradient ``(w_ref - w_local) / (lr_w * k)`` (ADAG normalisation: equal to the
+gradient for k = 1 and a plain SGD worker, so the server learning rate need not change
+with k); for DDC-ASGD, which applies its own momentum, the mean raw gradient of the k
+steps; for EASGD the elastic difference. The server applies it with the rule (and, for ASGD, the
 **server's** optimizer) — worker and server optimizers are separate objects.
 """
 

@@ -9,7 +9,7 @@ The policies can drive any torch optimizer through :class:`CaffeLRScheduler` (a
 ``torch.optim.lr_scheduler.LRScheduler``) or :func:`lr_lambda` (for ``LambdaLR``).
 
 Example:
-    >>> from sparkdp.caffe.solver import SolverSpec
+    >>> from sparkdp.caffe.solver_spec import SolverSpec
     >>> spec = SolverSpec(base_lr=0.01, lr_policy="inv", gamma=1e-4, power=0.75)
     >>> learning_rate(spec, 5000)  # float32; docs/algorithms.md §9 quotes 0.0073778795
     0.007377879228442907
@@ -19,18 +19,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
 from ..errors import ConfigError
-
-if TYPE_CHECKING:  # pragma: no cover - import cycle only for annotations
-    from .solver import SolverSpec
-
-LR_POLICIES = ("fixed", "step", "exp", "inv", "multistep", "poly", "sigmoid")
+from .solver_spec import LR_POLICIES, SolverSpec
 
 _f32 = np.float32
 
@@ -76,12 +72,7 @@ def learning_rate(spec: SolverSpec, it: int, current_step: int | None = None) ->
     power = _f32(spec.power)
     if policy == "fixed":
         rate = base
-    elif policy == "step":
-        if spec.stepsize <= 0:
-            raise ConfigError(
-                f"lr_policy 'step' needs stepsize > 0; received stepsize: {spec.stepsize}. "
-                "Set e.g. `stepsize: 100000` in the solver."
-            )
+    elif policy == "step":  # SolverSpec guarantees stepsize > 0 here (and max_iter > 0 for poly)
         rate = _f32(float(base) * math.pow(float(gamma), it // spec.stepsize))
     elif policy == "exp":
         rate = _f32(float(base) * math.pow(float(gamma), it))
@@ -91,8 +82,6 @@ def learning_rate(spec: SolverSpec, it: int, current_step: int | None = None) ->
         step = multistep_current_step(spec.stepvalue, it) if current_step is None else current_step
         rate = _f32(float(base) * math.pow(float(gamma), step))
     elif policy == "poly":
-        if spec.max_iter <= 0:
-            raise ConfigError(f"lr_policy 'poly' needs max_iter > 0; received max_iter: {spec.max_iter}.")
         rate = base * np.power(_f32(1) - _f32(it) / _f32(spec.max_iter), power)
     elif policy == "sigmoid":
         with np.errstate(over="ignore"):  # exp overflow -> rate 0, as in C++

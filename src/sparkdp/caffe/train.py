@@ -58,7 +58,7 @@ from .layers.data import SOURCE_TYPES
 from .lr_policy import advance_current_step, learning_rate
 from .net import CaffeNet
 from .optim import make_optimizer
-from .solver import SolverSpec, read_solver_spec
+from .solver_spec import SolverSpec, read_solver_spec
 from .spec import LayerSpec, NetSpec, NetState, filter_layers, load_net_spec
 from .textformat import Message
 

@@ -241,9 +241,9 @@ def test_short_single_process_run_lowers_the_loss(lenet, solver_spec):
                    optimizer=optimizer_factory(CaffeOptimizerFactory(solver_spec, lenet), lenet),
                    strategy=resolve_strategy("allreduce"), train=data, eval=data, epochs=3, batch_size=16)
     out = fit_worker(spec, SingleProcessCollective())
-    losses = [record["loss"] for record in out["history"]]
+    losses = [record["loss"] for record in out.history]
     assert losses[-1] < 0.5 * losses[0], losses
-    assert out["history"][-1]["test_accuracy"] > 0.9
+    assert out.history[-1]["test_accuracy"] > 0.9
 
 
 def test_weights_round_trip_through_the_wrapper(lenet, lenet_path, tmp_path):

@@ -106,7 +106,7 @@ def test_worker_trains_channels_last_to_the_nchw_result(memory_format):
         got = model.state_dict()[name]
         assert got.is_contiguous(), f"{name} left the worker restrided"
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4, msg=name)
-    assert "test_accuracy" in out["history"][-1]
+    assert "test_accuracy" in out.history[-1]
 
 
 def test_channels_last_gradients_are_as_accurate_as_nchw():

@@ -25,7 +25,6 @@ synchronous collectives never wait for a rank that has left.
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import re
 from collections.abc import Iterator, Sequence
@@ -42,6 +41,7 @@ from ..data.shuffle import rebatch, seeded_generator
 from ..errors import ConfigError, DataError
 from ..train.jobs import in_task
 from ..train.loop import FitSpec, fit_worker
+from ..train.report import WorkerReport
 from ..train.serialize import state_from_bytes
 from .launcher import BarrierStage, encode_error, rendezvous
 
@@ -177,19 +177,17 @@ def _epoch_task(spec: FitSpec, threads: int | None, pg_timeout_s: float):
                 pass
         except BaseException as exc:  # re-raised with a summary the driver decodes
             raise RuntimeError(encode_error(info.rank if info else -1, exc)) from None
-        out = out or {}
-        meta = {k: v for k, v in out.items() if k not in ("state", "optimizer_state")}
-        yield pa.RecordBatch.from_pydict({
-            "rank": [info.rank], "info": [json.dumps(meta)],
-            "state": [out.get("state", b"")], "optimizer_state": [out.get("optimizer_state", b"")],
+        yield pa.RecordBatch.from_pydict({  # ranks other than 0 return no report
+            "rank": [info.rank], "info": [out.summary_json() if out else "{}"],
+            "state": [out.state if out else b""], "optimizer_state": [out.optimizer_state if out else b""],
         })
 
     return task
 
 
 def fit_stream(spec: FitSpec, source: DataFrameSource, *, workers: int, spark, threads: int | None,
-               pg_timeout_s: float, start_timeout_s: float) -> dict[str, Any]:
-    """Train ``spec.epochs`` epochs on ``source``, one barrier stage per epoch; rank 0's merged output."""
+               pg_timeout_s: float, start_timeout_s: float) -> WorkerReport:
+    """Train ``spec.epochs`` epochs on ``source``, one barrier stage per epoch; rank 0's merged report."""
     df = source.df
     partitions = df.rdd.getNumPartitions()
     if partitions != workers:
@@ -211,8 +209,7 @@ def fit_stream(spec: FitSpec, source: DataFrameSource, *, workers: int, spark, t
     if spec.epochs > 1 and not source.cached:
         log.info("the DataFrame is not cached: its lineage runs again in each of the %d epochs; call "
                  "df.cache() first to avoid that", spec.epochs)
-    history: list[dict[str, float]] = []
-    merged: dict[str, Any] = {"train_time_s": 0.0, "samples": 0}
+    merged: WorkerReport | None = None
     opt_state = None
     template = StreamData(source.converter, source.shuffle_buffer)
     spec = replace(spec, strategy=copy.deepcopy(spec.strategy))  # the caller's object is not advanced
@@ -222,22 +219,14 @@ def fit_stream(spec: FitSpec, source: DataFrameSource, *, workers: int, spark, t
         rows = _run_stage(df.mapInArrow(_epoch_task(stage_spec, threads, pg_timeout_s), _OUT_SCHEMA,
                                         barrier=True), spark, workers, start_timeout_s, epoch)
         first = next(r for r in rows if r["rank"] == 0)
-        meta = json.loads(first["info"])
-        spec.model.load_state_dict(state_from_bytes(first["state"]))  # shipped with the next stage
-        opt_state = bytes(first["optimizer_state"])
+        report = WorkerReport.from_parts(first["info"], first["state"], first["optimizer_state"])
+        spec.model.load_state_dict(state_from_bytes(report.state))  # shipped with the next stage
+        opt_state = report.optimizer_state or None
         # the next stage ships the strategy object: its schedule (e.g. the averaging period's
         # position) continues instead of restarting every epoch
-        spec.strategy.load_state_dict(meta["strategy_state"])
-        history += meta["history"]
-        merged["train_time_s"] += meta["train_time_s"]
-        merged["samples"] += meta["samples"]
-        merged["strategy_options"] = meta["strategy_options"]
-        merged["strategy_state"] = meta["strategy_state"]
-        for key, value in meta.get("data_counters", {}).items():
-            merged.setdefault("data_counters", {}).setdefault(key, 0)
-            merged["data_counters"][key] += value
-        merged["state"] = first["state"]
-    merged["history"] = history
+        spec.strategy.load_state_dict(report.strategy_state)
+        merged = report if merged is None else merged.then(report)
+    assert merged is not None  # fit() checked epochs >= 1
     return merged
 
 

@@ -239,15 +239,15 @@ def _fit_on_spark(spec: FitSpec, workers: int, spark: Any, threads: int | None, 
         else:
             job = in_task(lambda coll: fit_worker(spec, coll), threads=threads, pg_timeout_s=pg_timeout_s)
             out = run_barrier(job, workers, spark=spark, start_timeout_s=start_timeout_s)[0]
-    dropped = out.get("data_counters", {}).get("dropped_null_rows", 0)
+    dropped = out.data_counters.get("dropped_null_rows", 0)
     if dropped:
         log.warning("dropped %d row(s) with null features or labels (drop_nulls=True), counted over all epochs",
                     dropped)
-    model.load_state_dict(state_from_bytes(out["state"]))
-    return TrainResult(model=model, history=out["history"], strategy=strategy_obj.name, workers=workers,
-                       epochs=spec.epochs, wall_s=time.perf_counter() - started, train_time_s=out["train_time_s"],
-                       samples=out["samples"], strategy_options=out["strategy_options"],
-                       details={"strategy_state": out["strategy_state"]})
+    model.load_state_dict(state_from_bytes(out.state))
+    return TrainResult(model=model, history=out.history, strategy=strategy_obj.name, workers=workers,
+                       epochs=spec.epochs, wall_s=time.perf_counter() - started, train_time_s=out.train_time_s,
+                       samples=out.samples, strategy_options=out.strategy_options,
+                       details={"strategy_state": out.strategy_state})
 
 
 def _fit_async(spec: FitSpec, strategy: Strategy, workers: int, spark: Any, threads: int | None,

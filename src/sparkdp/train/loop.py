@@ -22,6 +22,7 @@ from ..errors import ConfigError, DataError
 from ..strategies.base import Strategy
 from .layout import batch_layout, set_layout, use_channels_last
 from .optim import OptimizerFactory
+from .report import WorkerReport
 from .serialize import state_to_bytes
 
 log = logging.getLogger(__name__)
@@ -163,7 +164,7 @@ def evaluate(model: nn.Module, loss_fn: Callable, data: WorkerData, collective: 
     return metrics
 
 
-def fit_worker(spec: FitSpec, collective: Collective) -> dict[str, Any] | None:
+def fit_worker(spec: FitSpec, collective: Collective) -> WorkerReport | None:
     """Train on this rank's shards; rank 0 returns the trained state and the history."""
     # dropout etc. differ per rank (and per resumed stage); init came from the driver
     torch.manual_seed(spec.seed + collective.rank + 7919 * spec.start_epoch)
@@ -227,14 +228,11 @@ def fit_worker(spec: FitSpec, collective: Collective) -> dict[str, Any] | None:
     counters = _sum_counters(spec.train, collective)
     if rank != 0:
         return None
-    out = {"state": state_to_bytes(strategy.unwrap().state_dict()), "history": history,
-           "train_time_s": train_time, "samples": total_samples, "strategy_options": strategy.options(),
-           "strategy_state": strategy.state_dict()}
-    if counters:
-        out["data_counters"] = counters
-    if spec.return_optimizer_state:
-        out["optimizer_state"] = optimizer_state_to_bytes(optimizer, scheduler)
-    return out
+    return WorkerReport(state=state_to_bytes(strategy.unwrap().state_dict()), history=history,
+                        train_time_s=train_time, samples=total_samples, strategy_options=strategy.options(),
+                        strategy_state=strategy.state_dict(), data_counters=counters,
+                        optimizer_state=(optimizer_state_to_bytes(optimizer, scheduler)
+                                         if spec.return_optimizer_state else b""))
 
 
 def _sum_counters(data: WorkerData, collective: Collective) -> dict[str, int]:

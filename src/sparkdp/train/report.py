@@ -1,0 +1,52 @@
+"""What a synchronous job's rank 0 hands back to the driver: one typed record, not a dict."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+_BYTES = ("state", "optimizer_state")
+
+
+@dataclass(frozen=True)
+class WorkerReport:
+    """Rank 0's result of :func:`~sparkdp.train.loop.fit_worker`.
+
+    Attributes:
+        state: the trained model's state dict as safetensors bytes.
+        history: one record per epoch (``epoch``, ``loss``, ``samples``, ``epoch_time_s``
+            and, where evaluated, ``test_loss`` / ``test_accuracy``).
+        train_time_s: seconds spent in the epochs (evaluation included).
+        samples: training rows over all ranks and epochs.
+        strategy_options: the strategy's settings, for logs and summaries.
+        strategy_state: where the strategy is in its schedule (``Strategy.state_dict()``).
+        data_counters: per-source counters summed over ranks (e.g. ``dropped_null_rows``).
+        optimizer_state: the optimizer (and scheduler) state as bytes, when asked for.
+    """
+
+    state: bytes
+    history: list[dict[str, float]]
+    train_time_s: float
+    samples: int
+    strategy_options: dict[str, Any] = field(default_factory=dict)
+    strategy_state: dict[str, Any] = field(default_factory=dict)
+    data_counters: dict[str, int] = field(default_factory=dict)
+    optimizer_state: bytes = b""
+
+    def summary_json(self) -> str:
+        """Everything but the two byte fields, as JSON (the DataFrame path's ``info`` column)."""
+        return json.dumps({k: v for k, v in asdict(self).items() if k not in _BYTES})
+
+    @classmethod
+    def from_parts(cls, summary_json: str, state: bytes, optimizer_state: bytes = b"") -> WorkerReport:
+        """The inverse of :meth:`summary_json` plus the byte fields."""
+        return cls(state=bytes(state), optimizer_state=bytes(optimizer_state), **json.loads(summary_json))
+
+    def then(self, later: WorkerReport) -> WorkerReport:
+        """This stage's report followed by the next stage's (per-epoch DataFrame stages)."""
+        counters = dict(self.data_counters)
+        for key, value in later.data_counters.items():
+            counters[key] = counters.get(key, 0) + value
+        return replace(later, history=self.history + later.history, train_time_s=self.train_time_s + later.train_time_s,
+                       samples=self.samples + later.samples, data_counters=counters)

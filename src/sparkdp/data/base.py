@@ -34,3 +34,12 @@ class WorkerData(ABC):
 
     def describe(self) -> str:
         return type(self).__name__
+
+    def shareable_bytes(self) -> int:
+        """Bytes this description carries in memory that same-machine workers could map from
+        shared files instead of unpickling a copy each (``data.shared``). Default: none."""
+        return 0
+
+    def shared(self, store) -> WorkerData:
+        """This data backed by files in ``store`` (a ``data.shared.SharedTensorDir``). Default: itself."""
+        return self

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from ..errors import DataError
+from .base import WorkerData
 
 log = logging.getLogger(__name__)
 
@@ -117,9 +118,7 @@ def remove_orphans(root: Path, prefix: str = _PREFIX) -> None:
 
 def shareable_bytes(datas: Sequence[object]) -> int:
     """Bytes of the in-memory tensors among ``datas`` that sharing would move out of the closure."""
-    from .tensors import TensorData
-
-    return sum(d.nbytes() for d in datas if isinstance(d, TensorData))
+    return sum(d.shareable_bytes() for d in datas if isinstance(d, WorkerData))
 
 
 @contextmanager
@@ -129,15 +128,13 @@ def shared_with_workers(enabled: bool, *datas):
     Other data sources (Parquet, DataFrames) and small arrays pass through unchanged.
     The files are deleted when the block exits, however it exits.
     """
-    from .tensors import TensorData
-
     total = shareable_bytes(datas)
     if not enabled or total < MIN_SHARED_BYTES:
         yield datas
         return
     store = SharedTensorDir(expected_bytes=total)
     try:
-        shared = tuple(d.shared(store) if isinstance(d, TensorData) else d for d in datas)
+        shared = tuple(d.shared(store) if isinstance(d, WorkerData) else d for d in datas)
         log.info("sharing %.1f MB of in-memory data with the workers through %s", total / 1e6, store.path)
         yield shared
     finally:

@@ -49,7 +49,7 @@ class TensorData(WorkerData):
     def num_samples(self) -> int:
         return len(self.features)
 
-    def nbytes(self) -> int:
+    def shareable_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.features, self.labels))
 
     def shared(self, store: SharedTensorDir) -> TensorData:

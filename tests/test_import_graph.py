@@ -31,6 +31,53 @@ def _imports(name: str, path: Path) -> list[tuple[str, str]]:
                 target = node.module or ""
             if target.startswith("sparkdp"):
                 found += [(target, alias.name) for alias in node.names]
+        elif isinstance(node, ast.Import):
+            found += [(alias.name, "") for alias in node.names if alias.name.startswith("sparkdp")]
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    """Module -> the sparkdp modules it imports (at module level or inside functions)."""
+    modules = _modules()
+    graph = {}
+    for name, path in modules.items():
+        targets = set()
+        for target, imported in _imports(name, path):
+            sub = f"{target}.{imported}"
+            targets.add(sub if sub in modules else target)
+        graph[name] = {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
     return found
 
 
@@ -42,7 +89,24 @@ def test_no_module_imports_another_modules_private_names():
     assert not offenders, "private names crossing modules (make them public or move the code):\n" + "\n".join(offenders)
 
 
+def test_no_import_cycle_between_modules():
+    cycles = _cycles(_graph())
+    assert not cycles, f"modules that import each other (directly or round a loop): {cycles}"
+
+
+def test_the_worker_engine_never_imports_the_driver_or_spark():
+    """train/ is what runs inside a task; the driver layer (driver/) and the stages (spark/) sit above it."""
+    offenders = [f"{name} -> {t}" for name, targets in _graph().items() if name.startswith("sparkdp.train")
+                 for t in targets if t.startswith(("sparkdp.spark", "sparkdp.driver"))]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
 def test_the_graph_reader_sees_the_imports_it_checks():
     # guards the test above against passing because it reads nothing
     imports = _imports("sparkdp.spark.dataframe", _modules()["sparkdp.spark.dataframe"])
     assert ("sparkdp.spark.launcher", "BarrierStage") in imports
+    assert "sparkdp.spark.launcher" in _graph()["sparkdp.driver.api"]

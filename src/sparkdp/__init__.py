@@ -8,11 +8,12 @@ Three ways in, one engine:
 * ``sparkdp train SCRIPT.py`` does the same from the command line.
 """
 
+from .driver import fit, run
 from .errors import ConfigError, DataError, RendezvousTimeout, SparkdpError, WorkerFailed
 from .spark.predict import predict
 from .spark.session import session
 from .strategies import STRATEGIES
-from .train.api import distribute, fit, run
+from .train.distribute import distribute
 from .train.result import TrainResult
 
 __version__ = "0.1.0"

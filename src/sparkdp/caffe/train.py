@@ -498,7 +498,7 @@ def fit_caffe(
     from ..data.datasets import Dataset as BuiltinDataset
     from ..data.datasets import load_dataset
     from ..data.tensors import TensorData
-    from ..train.api import fit
+    from ..driver.api import fit
 
     spec = read_solver_spec(solver)
     solver_path = solver if isinstance(solver, (str, os.PathLike)) and os.path.isfile(solver) else None

@@ -142,7 +142,7 @@ class Estimator(SparkEstimator, _SparkdpParams, DefaultParamsReadable, DefaultPa
         return self._set(**self._input_kwargs)
 
     def _fit(self, dataset) -> Model:
-        from ..train.api import fit
+        from ..driver.api import fit
 
         net = self._build_module()
         workers = self.getOrDefault(self.workers) or None

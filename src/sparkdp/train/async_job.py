@@ -1,4 +1,4 @@
-"""The driver side of asynchronous training: parameter server + independent Spark tasks."""
+"""The task side of asynchronous training: one worker's loop against the parameter server."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ import torch
 
 from ..comm.single import SingleProcessCollective
 from ..data.prefetch import prefetch
-from ..ps import ParameterServer
-from ..ps.transport import ConnectInfo, TcpOptions, TcpTransport, Transport
+from ..ps.transport import ConnectInfo, Transport
 from ..strategies.async_ps import AsyncParameterServer, AsyncWorker
 from .layout import batch_layout, use_channels_last
 from .loop import FitSpec, check_batch, evaluate
@@ -83,44 +82,3 @@ def _evaluate_centre(spec: FitSpec, model: torch.nn.Module, transport: Transport
         for p, c in zip(scratch.parameters(), centre, strict=True):
             p.copy_(c)
     return evaluate(scratch, spec.loss, spec.eval, SingleProcessCollective(), spec.eval_batch_size)
-
-
-def fit_async(spec: FitSpec, strategy: AsyncParameterServer, *, workers: int, spark: Any,
-              threads: int | None) -> dict[str, Any]:
-    """Start the server on the driver, run ``workers`` tasks, return the centre and the history."""
-    from ..spark.launcher import driver_host, run_tasks
-
-    model = spec.model
-    rule_spec = strategy.rule_spec(workers)
-    server = ParameterServer(lambda shard: rule_spec.create(), list(model.parameters()),
-                             num_shards=strategy.num_shards)
-    transport = TcpTransport(TcpOptions(mac_payload=strategy.mac_payload, tls=strategy.tls))
-    host = driver_host(spark)
-    with transport.serve(server, host=host, port=0) as endpoint:
-        info = endpoint.info
-        log.info("parameter server for %s on %s with %d shard(s)", strategy.rule, info.address, server.num_shards)
-        n_threads = threads or 1
-
-        def task(worker: int) -> dict[str, Any]:
-            return async_worker(spec, strategy, transport, info, worker, workers, n_threads)
-
-        reports = run_tasks(task, workers, spark=spark, description=f"sparkdp async {strategy.rule}")
-    center = server.pull(worker=workers).tensors  # an id no task uses, so no task's bookkeeping moves
-    with torch.no_grad():
-        for p, c in zip(model.parameters(), center):
-            p.copy_(c)
-    history = []
-    for epoch in range(spec.epochs):
-        rows = sum(r["epochs"][epoch]["rows"] for r in reports)
-        loss = sum(r["epochs"][epoch]["loss_sum"] for r in reports) / max(rows, 1)
-        history.append({"epoch": epoch + 1, "loss": loss, "samples": rows,
-                        "epoch_time_s": max(r["epochs"][epoch]["time_s"] for r in reports)})
-    first = next(r for r in reports if r["worker"] == 0)
-    for record, epoch in zip(history, first["epochs"], strict=True):
-        record.update(epoch.get("eval", {}))
-    if spec.eval is not None:
-        history[-1].update(evaluate(model, spec.loss, spec.eval, SingleProcessCollective(), spec.eval_batch_size))
-    metrics = server.metrics()
-    return {"history": history, "train_time_s": max(r["end"] for r in reports) - min(r["start"] for r in reports),
-            "samples": sum(h["samples"] for h in history), "server": metrics,
-            "workers": [{k: r[k] for k in ("worker", "pushes", "pulls", "comm_s")} for r in reports]}

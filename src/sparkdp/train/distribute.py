@@ -1,0 +1,95 @@
+"""``distribute``: the one-line change inside a user's own training function (``sparkdp.run``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from ..data.base import WorkerData
+from ..data.tensors import TensorData, as_worker_data
+from .context import WorkerContext, current
+
+
+class ShardedLoader:
+    """A DataLoader over this rank's shard that reshuffles (seeded) on every pass."""
+
+    def __init__(self, loader: DataLoader, rank: int, world_size: int, seed: int) -> None:
+        shuffle = not isinstance(loader.sampler, torch.utils.data.SequentialSampler)
+        self.sampler = DistributedSampler(loader.dataset, num_replicas=world_size, rank=rank, shuffle=shuffle,
+                                          seed=seed, drop_last=False)
+        self.loader = DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=self.sampler,
+                                 collate_fn=loader.collate_fn, drop_last=loader.drop_last,
+                                 num_workers=loader.num_workers, pin_memory=loader.pin_memory)
+        self.epoch = 0
+
+    def __iter__(self):
+        self.sampler.set_epoch(self.epoch)
+        self.epoch += 1
+        return iter(self.loader)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+
+def distribute(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, data: Any = None,
+               *, batch_size: int = 64, shuffle: bool = True):
+    """Make a single-machine model, optimizer and data loader distributed — the one-line change.
+
+    ``model, optimizer, loader = sparkdp.distribute(model, optimizer, loader)``: the
+    model is wrapped as the job's strategy requires (DDP for ``allreduce``), all
+    ranks start from rank 0's weights, the optimizer object is returned unchanged
+    (its ``step()`` now also does the strategy's communication), and the loader
+    yields only this rank's shard, reshuffled per pass. Outside a sparkdp job it
+    returns its arguments as a world-size-1 job would, so the script still runs alone.
+
+    Returns the model alone when only a model is given, else a tuple of what was given.
+    """
+    ctx = current()
+    if optimizer is None:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # a stand-in so the strategy can bind
+        returned_opt = None
+    else:
+        returned_opt = optimizer
+    strategy = ctx.new_strategy()
+    wrapped = strategy.setup(model, optimizer, ctx.collective)
+    out: list[Any] = [wrapped]
+    if returned_opt is not None:
+        out.append(returned_opt)
+    if data is not None:
+        out.append(_shard_loader(data, ctx, batch_size, shuffle))
+    return out[0] if len(out) == 1 else tuple(out)
+
+
+class WorkerDataLoader:
+    """This rank's batches of a WorkerData (e.g. ParquetData), a new seeded epoch on every pass."""
+
+    def __init__(self, data: WorkerData, rank: int, world_size: int, seed: int, batch_size: int,
+                 shuffle: bool) -> None:
+        self.data, self.rank, self.world_size, self.seed = data, rank, world_size, seed
+        self.batch_size, self.shuffle, self.epoch = batch_size, shuffle, 0
+
+    def __iter__(self):
+        epoch, self.epoch = self.epoch, self.epoch + 1
+        return self.data.batches(rank=self.rank, world_size=self.world_size, epoch=epoch,
+                                 batch_size=self.batch_size, seed=self.seed, shuffle=self.shuffle)
+
+
+def _shard_loader(data: Any, ctx: WorkerContext, batch_size: int, shuffle: bool) -> ShardedLoader | WorkerDataLoader:
+    if isinstance(data, DataLoader):
+        loader = data
+    elif isinstance(data, Dataset):
+        loader = DataLoader(data, batch_size=batch_size, shuffle=shuffle)
+    elif isinstance(data, WorkerData) and not isinstance(data, TensorData):
+        return WorkerDataLoader(data, ctx.rank, ctx.world_size, ctx.seed, batch_size, shuffle)
+    else:
+        tensors = as_worker_data(data)
+        assert isinstance(tensors, TensorData)
+        loader = DataLoader(torch.utils.data.TensorDataset(tensors.features, tensors.labels),
+                            batch_size=batch_size, shuffle=shuffle)
+    return ShardedLoader(loader, ctx.rank, ctx.world_size, ctx.seed)
+
+
+__all__ = ["ShardedLoader", "distribute"]

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import logging
-import struct
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from safetensors.torch import load as _st_load
-from safetensors.torch import save as _st_save
 from torch import nn
 
+from .. import state as state_io
 from ..comm.base import Collective
 from ..data.base import WorkerData
 from ..data.prefetch import DEFAULT_DEPTH, prefetch
@@ -70,31 +67,17 @@ class FitSpec:
 
 
 def optimizer_state_to_bytes(optimizer: torch.optim.Optimizer, scheduler: Any = None) -> bytes:
-    """An optimizer's state as bytes without pickle: a JSON header (param groups and
-    non-tensor state) followed by safetensors of the state tensors."""
-    sd = optimizer.state_dict()
-    tensors, scalars = {}, {}
-    for idx, entry in sd["state"].items():
-        for key, value in entry.items():
-            (tensors if torch.is_tensor(value) else scalars)[f"{idx}.{key}"] = value
-    plain = {k: v.detach().cpu().clone().contiguous() for k, v in tensors.items()}
+    """An optimizer's (and its scheduler's) state as bytes, without pickle (``sparkdp.state``)."""
     sched = None
     if scheduler is not None and hasattr(scheduler, "state_dict"):
         sched = {k: v for k, v in scheduler.state_dict().items() if not callable(v)}
-    header = json.dumps({"param_groups": sd["param_groups"], "scalars": scalars, "scheduler": sched},
-                        default=lambda o: o.item() if torch.is_tensor(o) else str(o)).encode()
-    return struct.pack("<Q", len(header)) + header + _st_save(plain)
+    return state_io.to_bytes({"optimizer": optimizer.state_dict(), "scheduler": sched})
 
 
 def optimizer_state_from_bytes(data: bytes) -> dict[str, Any]:
-    """The ``state_dict`` that :func:`optimizer_state_to_bytes` encoded."""
-    (size,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + size])
-    state: dict[int, dict[str, Any]] = {}
-    for key, value in list(_st_load(data[8 + size:]).items()) + list(header["scalars"].items()):
-        idx, name = key.split(".", 1)
-        state.setdefault(int(idx), {})[name] = value
-    return {"state": state, "param_groups": header["param_groups"], "scheduler": header.get("scheduler")}
+    """The ``state_dict`` that :func:`optimizer_state_to_bytes` encoded (plus ``"scheduler"``)."""
+    saved = state_io.from_bytes(data)
+    return {**saved["optimizer"], "scheduler": saved["scheduler"]}
 
 
 def check_batch(model: nn.Module, loss_fn: Callable, x: torch.Tensor, y: torch.Tensor) -> None:

@@ -1,0 +1,88 @@
+"""Nested state (dicts, lists, tuples, numbers, strings, None, tensors) as bytes or a file, never pickle.
+
+The tensors become safetensors entries; the nesting around them is JSON stored in the
+safetensors metadata under ``"sparkdp"``. Reading therefore never runs an unpickler. Used
+for optimizer state between stages (``train.loop``) and parameter-server checkpoints
+(``ps.checkpoint``).
+
+Example:
+    >>> import torch
+    >>> back = from_bytes(to_bytes({0: {"momentum": torch.ones(2)}, "lr": (0.1, None)}))
+    >>> back[0]["momentum"], back["lr"]
+    (tensor([1., 1.]), (0.1, None))
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+from safetensors.torch import load as _st_load
+from safetensors.torch import save as _st_save
+from torch import Tensor
+
+_RESERVED = ("__tensor__", "__items__", "__tuple__")
+META_KEY = "sparkdp"
+
+
+def flatten(obj: Any, where: str = "state") -> tuple[str, dict[str, Tensor]]:
+    """``obj`` as a JSON skeleton plus the tensors it references (copied to contiguous CPU memory)."""
+    tensors: dict[str, Tensor] = {}
+    return json.dumps(_encode(obj, tensors, where)), tensors
+
+
+def unflatten(skeleton: str, tensors: dict[str, Tensor]) -> Any:
+    """The inverse of :func:`flatten`."""
+    return _decode(json.loads(skeleton), tensors)
+
+
+def to_bytes(obj: Any) -> bytes:
+    skeleton, tensors = flatten(obj)
+    return _st_save(tensors, metadata={META_KEY: skeleton})
+
+
+def from_bytes(data: bytes) -> Any:
+    (size,) = struct.unpack("<Q", data[:8])  # safetensors: u64 header size, then the JSON header
+    metadata = json.loads(data[8:8 + size]).get("__metadata__") or {}
+    if META_KEY not in metadata:
+        raise ValueError("these bytes are safetensors but not sparkdp state (no 'sparkdp' metadata).")
+    return unflatten(metadata[META_KEY], _st_load(bytes(data)))
+
+
+def _encode(obj: Any, tensors: dict[str, Tensor], where: str) -> Any:
+    if isinstance(obj, Tensor):
+        name = f"t{len(tensors)}"
+        # clone: safetensors refuses tensors that share storage (views of one buffer)
+        tensors[name] = obj.detach().to("cpu").contiguous().clone()
+        return {"__tensor__": name}
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) for k in obj) and not any(k in _RESERVED for k in obj):
+            return {k: _encode(v, tensors, f"{where}.{k}") for k, v in obj.items()}
+        # int keys (per-worker or per-parameter state) would silently become strings in JSON
+        return {"__items__": [[_encode(k, tensors, where), _encode(v, tensors, f"{where}[{k!r}]")]
+                              for k, v in obj.items()]}
+    if isinstance(obj, list):
+        return [_encode(v, tensors, f"{where}[{i}]") for i, v in enumerate(obj)]
+    if isinstance(obj, tuple):
+        return {"__tuple__": [_encode(v, tensors, f"{where}[{i}]") for i, v in enumerate(obj)]}
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise TypeError(
+        f"state value at {where} has type {type(obj).__name__}; a state_dict may hold only tensors, "
+        "numbers, strings, None and lists/tuples/dicts of them."
+    )
+
+
+def _decode(obj: Any, tensors: dict[str, Tensor]) -> Any:
+    if isinstance(obj, list):
+        return [_decode(v, tensors) for v in obj]
+    if isinstance(obj, dict):
+        if "__tensor__" in obj:
+            return tensors[obj["__tensor__"]]
+        if "__items__" in obj:
+            return {_decode(k, tensors): _decode(v, tensors) for k, v in obj["__items__"]}
+        if "__tuple__" in obj:
+            return tuple(_decode(v, tensors) for v in obj["__tuple__"])
+        return {k: _decode(v, tensors) for k, v in obj.items()}
+    return obj

@@ -11,15 +11,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from sparkdp.caffe.classifier import CaffeClassifier
 from sparkdp.caffe.net import load_net
 from sparkdp.caffe.solver import read_solver_spec
-from sparkdp.caffe.train import (
-    CaffeClassifier,
-    CaffeOptimizerFactory,
-    effective_batch_size,
-    plan_epochs,
-    solver_net_source,
-)
+from sparkdp.caffe.solver_hooks import CaffeOptimizerFactory
+from sparkdp.caffe.train import effective_batch_size, plan_epochs, solver_net_source
 from sparkdp.caffe.weights import load_weights, save_weights
 from sparkdp.errors import ConfigError
 
@@ -283,7 +279,7 @@ def test_solver_net_path_falls_back_to_the_solver_directory(tmp_path):
 def test_cli_job_builds_model_batch_epochs_and_initial_weights(lenet, lenet_path, tmp_path):
     from argparse import Namespace
 
-    from sparkdp.caffe.train import cli_job
+    from sparkdp.cli.caffe_job import cli_job
     from sparkdp.data.tensors import TensorData
 
     weights = save_weights(lenet, tmp_path / "init.caffemodel")

@@ -40,8 +40,8 @@ __all__ = [
     "parse_file",
 ]
 
-_LAZY = {"CaffeNet": "net", "load_net": "net", "inspect_net": "inspect", "CaffeClassifier": "train",
-         "CaffeLoss": "train", "CaffeOptimizerFactory": "train", "fit_caffe": "train"}
+_LAZY = {"CaffeNet": "net", "load_net": "net", "inspect_net": "inspect", "CaffeClassifier": "classifier",
+         "CaffeLoss": "classifier", "CaffeOptimizerFactory": "solver_hooks", "fit_caffe": "train"}
 
 
 def __getattr__(name: str) -> Any:

@@ -122,7 +122,7 @@ def run(args) -> int:
         raise ConfigError("no training data: give --dataset, --data PATH.parquet, or a script defining `train_data`.")
     caffe = None
     if args.caffe_net or args.caffe_solver or args.caffe_weights:
-        from ..caffe.train import cli_job
+        from .caffe_job import cli_job
 
         caffe = cli_job(args, data, model_desc)
         model, loss, optimizer, batch_size, epochs = (caffe.model, caffe.loss, caffe.optimizer, caffe.batch_size,

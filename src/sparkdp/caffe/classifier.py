@@ -1,0 +1,237 @@
+"""A Caffe train net as what sparkdp's loop calls: ``model(x)`` -> prediction, ``loss(prediction, y)``.
+
+:class:`CaffeClassifier` builds the layers the prediction depends on (the first bottom of
+the net's loss layer, e.g. LeNet's ``ip2``), applies the Data layer's ``transform_param``
+(``(x * raw_scale - mean_value) * scale``) to what sparkdp feeds, and keeps Caffe's view of
+itself (``caffe_layers``, ``blobs_of``, ``param_groups``) for weights and solvers.
+:class:`CaffeLoss` is the net's loss layer times its ``loss_weight``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import ConfigError
+from .layers import CONVERTERS, BuildContext
+from .layers.data import SOURCE_TYPES
+from .net import CaffeNet
+from .spec import LayerSpec, NetSpec, NetState, filter_layers, load_net_spec
+from .textformat import Message
+
+log = logging.getLogger(__name__)
+
+# Where each image-record source keeps its batch_size.
+_BATCH_PARAM = {"Data": "data_param", "ImageData": "image_data_param", "MemoryData": "memory_data_param",
+                "HDF5Data": "hdf5_data_param"}  # fmt: skip
+
+
+def _loss_weights(layer: LayerSpec) -> list[float]:
+    """Caffe's per-top loss weights (``*Loss`` layers default to 1 on their first top)."""
+    if layer.loss_weights:
+        return [float(w) for w in layer.loss_weights]
+    return [1.0] + [0.0] * (len(layer.tops) - 1) if layer.type.endswith("Loss") else []
+
+
+def _prototxt_batch(layer: LayerSpec) -> int | None:
+    """The batch size a data layer states, if any."""
+    if layer.type in _BATCH_PARAM:
+        value = layer.sub(_BATCH_PARAM[layer.type]).get("batch_size")
+        return int(value) if isinstance(value, int) and value > 0 else None
+    return None
+
+
+def _ancestors(layers: Sequence[LayerSpec], blob: str) -> tuple[list[LayerSpec], set[str]]:
+    """The layers (in file order) ``blob``'s final value depends on (in-place ones included), and their blobs."""
+    needed, kept = {blob}, []
+    for layer in reversed(layers):
+        if needed & set(layer.tops):
+            kept.append(layer)
+            needed |= set(layer.bottoms)
+    return kept[::-1], needed
+
+
+class CaffeLoss(nn.Module):
+    """``loss(prediction, labels)``: the net's loss layer applied as Caffe does.
+
+    The value is ``Σ loss_weight × sum(top)`` over the layer's tops, computed by the
+    layer converter's own module (e.g. SoftmaxWithLoss with its ``normalization`` and
+    ``ignore_label``).  Picklable; no parameters.
+    """
+
+    def __init__(self, layer: nn.Module, weights: Sequence[float], name: str = "") -> None:
+        super().__init__()
+        self.layer = layer
+        self.weights = [float(w) for w in weights]
+        self.name = name
+
+    def forward(self, prediction: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        tops = self.layer(prediction, labels)
+        total = prediction.new_zeros(())
+        for top, weight in zip(tops, self.weights, strict=False):
+            if weight:
+                total = total + weight * top.sum()
+        return total
+
+
+class CaffeClassifier(nn.Module):
+    """A Caffe net seen by sparkdp as ``model(x) -> prediction`` (the loss layer's input).
+
+    Args:
+        net: a ``.prototxt`` path, its text, a parsed Message or a :class:`NetSpec`.
+        phase, stages, level: the NetState to build (default TRAIN; ``eval()`` gives the
+            TEST behaviour of Dropout/BatchNorm, as for :class:`CaffeNet`).
+        sample_shape: the shape of one fed row, e.g. ``(1, 28, 28)``; needed for Data
+            layers, whose records' shape the prototxt does not state.
+        raw_scale: what the fed values are multiplied by to get Caffe's raw input (255 for
+            images scaled to [0, 1], like sparkdp's built-in datasets; 1 for raw pixels),
+            as pycaffe's ``Transformer.set_raw_scale``.  The Data layer's
+            ``transform_param`` ``mean_value`` and ``scale`` are then applied.
+
+    The net must have exactly one loss layer, whose bottoms are the prediction and a
+    label fed by a data layer, and one other fed input (the data).  The other fed tops
+    (the label) are fed zeros, since only layers the prediction depends on are built.
+
+    Attributes:
+        net: the :class:`CaffeNet` of those layers.
+        data_blob, label_blob, prediction_blob: the fed data, the loss's label, the output.
+        batch_size: the data layer's ``batch_size`` (None when the prototxt states none).
+    """
+
+    def __init__(
+        self,
+        net: str | os.PathLike[str] | Message | NetSpec,
+        *,
+        phase: str = "TRAIN",
+        stages: Sequence[str] = (),
+        level: int = 0,
+        sample_shape: Sequence[int] | None = None,
+        raw_scale: float = 1.0,
+    ) -> None:
+        super().__init__()
+        spec = net if isinstance(net, NetSpec) else load_net_spec(net)
+        state = NetState(str(phase).upper(), int(level), tuple(stages))
+        layers = filter_layers(spec, state).layers
+        losses = [(i, layer) for i, layer in enumerate(layers) if any(_loss_weights(layer))]
+        if len(losses) != 1:
+            found = ", ".join(f"{layer.name!r} ({layer.type})" for _, layer in losses) or "none"
+            raise ConfigError(
+                f"sparkdp trains a Caffe net with exactly one loss layer in the {state.phase} phase; "
+                f"net {spec.name!r} has {len(losses)}: {found}. Keep one loss (set loss_weight: 0 on "
+                "the others, or remove them)."
+            )
+        index, loss = losses[0]
+        if len(loss.bottoms) != 2:
+            raise ConfigError(
+                f"{loss.describe()} has {len(loss.bottoms)} bottoms; sparkdp needs (prediction, label)."
+            )
+        prediction, label = loss.bottoms
+        head, needed = _ancestors(layers[:index], prediction)
+        sources = [layer for layer in head if layer.type in SOURCE_TYPES]
+        label_sources = [
+            layer for layer in layers[:index] if layer.type in SOURCE_TYPES and label in layer.tops
+        ]
+        if not label_sources:
+            raise ConfigError(
+                f"{loss.describe()} reads label blob {label!r}, which no data layer produces; sparkdp feeds "
+                "the labels to the loss, so the label must be a top of a Data/Input layer."
+            )
+        fed = [top for layer in sources for top in layer.tops if top in needed]
+        if len(fed) != 1:
+            raise ConfigError(
+                f"the prediction {prediction!r} of {loss.describe()} depends on {len(fed)} fed blob(s) "
+                f"{fed}; sparkdp feeds exactly one (the features)."
+            )
+        self.data_blob, self.label_blob, self.prediction_blob = fed[0], label, prediction
+        source = next(layer for layer in sources if self.data_blob in layer.tops)
+        self.batch_size = _prototxt_batch(source)
+        shapes = None
+        if sample_shape is not None:
+            shapes = {self.data_blob: (self.batch_size or 1, *(int(d) for d in sample_shape))}
+        self.net = CaffeNet(dataclasses.replace(spec, layers=head, state=state), state, shapes)
+        self._zero_inputs = [n for n in self.net.input_names if n != self.data_blob]
+        self.raw_scale = float(raw_scale)
+        self.scale, mean = _transform(source)
+        self.register_buffer("mean", None if mean is None else torch.tensor(mean), persistent=False)
+        self._loss_layer, self._loss_weights = loss, _loss_weights(loss)
+        self._loss_shapes = [self.net.blob_shapes[prediction], (self.net.blob_shapes[prediction][0],)]
+        if label in self.net.blob_shapes:
+            self._loss_shapes[1] = self.net.blob_shapes[label]
+        self.caffe_loss()  # fail now, with the layer named, if the loss does not fit the prediction
+
+    # ---------------------------------------------------------------- Caffe's view
+
+    @property
+    def caffe_layers(self) -> list[tuple[str, str]]:
+        """``(name, type)`` of the built layers (what ``save_weights`` writes)."""
+        return self.net.caffe_layers
+
+    def blobs_of(self, layer_name: str) -> list[torch.Tensor]:
+        """The layer's live tensors in Caffe blob order (what ``load_weights`` fills)."""
+        return self.net.blobs_of(layer_name)
+
+    def param_groups(self, base_lr: float, weight_decay: float = 0.0) -> list[dict[str, Any]]:
+        """The net's ``lr_mult``/``decay_mult`` optimizer groups (see :meth:`CaffeNet.param_groups`)."""
+        return self.net.param_groups(base_lr, weight_decay)
+
+    def caffe_loss(self) -> CaffeLoss:
+        """The net's loss layer as ``loss(prediction, labels)``, built by its converter."""
+        loss = self._loss_layer
+        built = CONVERTERS.get(loss.type).factory(loss, list(self._loss_shapes), BuildContext(self.net.phase))
+        return CaffeLoss(built.module, self._loss_weights, loss.name)
+
+    # -------------------------------------------------------------------- running
+
+    def transform(self, x: torch.Tensor) -> torch.Tensor:
+        """Caffe's DataTransformer on fed values: ``(x * raw_scale - mean_value) * scale``."""
+        if not x.is_floating_point():
+            x = x.float()
+        if self.raw_scale != 1.0:
+            x = x * self.raw_scale
+        if self.mean is not None:
+            x = x - self.mean.to(x.dtype)
+        if self.scale != 1.0:
+            x = x * self.scale
+        return x
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.transform(x)
+        inputs = {self.data_blob: x}
+        for name in self._zero_inputs:  # the label: its layers are not built, so its value is unused
+            inputs[name] = x.new_zeros((x.shape[0], *self.net.input_shapes[name][1:]))
+        out = self.net(**inputs)
+        return out[self.prediction_blob] if isinstance(out, dict) else out
+
+    def extra_repr(self) -> str:
+        return (
+            f"data={self.data_blob!r} -> prediction={self.prediction_blob!r}, loss={self._loss_layer.name!r} "
+            f"({self._loss_layer.type}), raw_scale={self.raw_scale}, scale={self.scale}"
+        )
+
+
+def _transform(layer: LayerSpec) -> tuple[float, np.ndarray | None]:
+    """``scale`` and ``mean_value`` of a data layer's ``transform_param``; refuse what sparkdp cannot apply."""
+    param = layer.sub("transform_param")
+    unsupported = [
+        f for f in ("mean_file", "crop_size", "mirror") if param.get(f) not in (None, 0, False, "")
+    ]
+    if unsupported:
+        raise ConfigError(
+            f"{layer.describe()}: transform_param {', '.join(unsupported)} is not applied by sparkdp's data "
+            "feeding yet; preprocess the data accordingly and remove it (mean_file: use mean_value)."
+        )
+    scale = float(param.get("scale", 1.0))
+    means = [float(v) for v in param.getall("mean_value")]
+    if not means:
+        return scale, None
+    mean = np.asarray(means, dtype=np.float32)
+    return scale, (mean.reshape(-1, 1, 1) if len(means) > 1 else mean.reshape(()))
+
+

@@ -1,0 +1,102 @@
+"""``sparkdp train --caffe-net/--caffe-solver``: the Caffe model, loss and optimizer for a CLI run."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from ..caffe.classifier import CaffeClassifier
+from ..caffe.solver_hooks import CaffeOptimizerFactory
+from ..caffe.solver_spec import SolverSpec, read_solver_spec
+from ..caffe.train import build_model, data_sample_shape, effective_batch_size, plan_epochs, solver_net_source
+from ..errors import ConfigError
+
+
+class CaffeCLIJob:
+    """What ``sparkdp train --caffe-net/--caffe-solver`` adds to a run (see :func:`cli_job`)."""
+
+    def __init__(
+        self, model: CaffeClassifier, spec: SolverSpec, batch_size: int, epochs: int, desc: dict[str, Any]
+    ) -> None:
+        self.model, self.spec, self.batch_size, self.epochs, self.desc = model, spec, batch_size, epochs, desc
+        self.loss = model.caffe_loss()
+        self.optimizer = CaffeOptimizerFactory(spec, model)
+
+    def save(self, out_dir: str | os.PathLike[str], model: nn.Module | None = None) -> Path:
+        """Write ``OUT/model.caffemodel`` (atomically)."""
+        from ..caffe.weights import save_weights
+
+        directory = Path(out_dir)
+        directory.mkdir(parents=True, exist_ok=True)
+        return save_weights(
+            model if model is not None else self.model,
+            directory / "model.caffemodel",
+            name=self.model.net.name,
+        )
+
+
+def cli_job(args: Any, data: Any, model_desc: dict[str, Any]) -> CaffeCLIJob:
+    """Build the Caffe model, loss, optimizer, batch size and epochs for ``sparkdp train``.
+
+    ``args`` has ``caffe_net``, ``caffe_solver``, ``caffe_weights``, ``script``, ``model``,
+    ``optimizer``, ``lr``, ``momentum``, ``dataset``, ``batch_size``, ``epochs``, ``workers``,
+    ``master`` and ``seed``; ``data`` is the training WorkerData.
+    """
+    if not args.caffe_solver:
+        raise ConfigError(
+            "--caffe-net/--caffe-weights need --caffe-solver SOLVER.prototxt: the solver sets "
+            "the optimizer, learning-rate policy and iterations."
+        )
+    clashes = [
+        flag
+        for flag, value in (
+            ("a training script", args.script),
+            ("--model", args.model),
+            ("--optimizer", args.optimizer),
+            ("--lr", args.lr),
+            ("--momentum", args.momentum),
+        )
+        if value
+    ]
+    if clashes:
+        raise ConfigError(
+            f"--caffe-net/--caffe-solver define the model and optimizer, so {', '.join(clashes)} "
+            "cannot be used with them; change the prototxt files instead."
+        )
+    spec = read_solver_spec(Path(args.caffe_solver))
+    net = Path(args.caffe_net) if args.caffe_net else solver_net_source(spec, args.caffe_solver)
+    if isinstance(net, Path) and not net.is_file():
+        raise ConfigError(f"Caffe net prototxt {str(net)!r} does not exist.")
+    # sparkdp's built-in datasets hold images scaled to [0, 1]; Caffe's data layers see raw pixels.
+    raw_scale = 255.0 if args.dataset else 1.0
+    model = build_model(
+        net,
+        spec,
+        sample_shape=data_sample_shape(data),
+        raw_scale=raw_scale,
+        weights=args.caffe_weights,
+        seed=args.seed,
+    )
+    batch = effective_batch_size(model, spec, args.batch_size)
+    epochs = args.epochs
+    if epochs is None:
+        workers = args.workers
+        if workers is None:
+            from ..spark.launcher import task_slots
+            from ..spark.session import session
+
+            workers = task_slots(session(args.master).sparkContext) or 2
+        num_samples = getattr(data, "num_samples", None)
+        epochs = plan_epochs(spec, batch, workers, num_samples() if callable(num_samples) else None)
+    model_desc.update(
+        {
+            "caffe_net": str(Path(net).resolve()) if isinstance(net, Path) else "(inline in solver)",
+            "caffe_solver": str(Path(args.caffe_solver).resolve()),
+        }
+    )
+    if args.caffe_weights:
+        model_desc["caffe_weights"] = str(Path(args.caffe_weights).resolve())
+    return CaffeCLIJob(model, spec, batch, epochs, model_desc)

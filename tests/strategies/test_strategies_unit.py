@@ -4,7 +4,7 @@ from torch import nn
 
 from sparkdp.comm import SingleProcessCollective
 from sparkdp.errors import ConfigError
-from sparkdp.strategies import STRATEGIES, ParameterAveraging, resolve_strategy
+from sparkdp.strategies import STRATEGIES, Launcher, ParameterAveraging, resolve_strategy
 
 
 def test_registry_lists_valid_names_on_a_miss():
@@ -23,7 +23,7 @@ def test_average_period_one_warns():
         ParameterAveraging(period=1)
 
 
-SYNC = [e.name for e in STRATEGIES if e.create().launch_mode == "barrier"]
+SYNC = [e.name for e in STRATEGIES if e.create().launcher is Launcher.BARRIER]
 
 
 def test_sync_and_async_strategies_are_registered():

@@ -22,7 +22,7 @@ from ..data.shared import shared_with_workers
 from ..data.tensors import TensorData, as_worker_data
 from ..errors import ConfigError
 from ..strategies import resolve_strategy
-from ..strategies.base import Strategy
+from ..strategies.base import Launcher, Strategy
 from ..train.context import WorkerContext, set_current
 from ..train.jobs import in_task, progress
 from ..train.layout import check_memory_format, preflight_layout
@@ -231,7 +231,7 @@ def _fit_on_spark(spec: FitSpec, workers: int, spark: Any, threads: int | None, 
     model, train, strategy_obj = spec.model, spec.train, spec.strategy
     log.info("training %s on %d workers with %s; data: %s", type(model).__name__, workers,
              strategy_obj.name, train.describe())
-    if strategy_obj.launch_mode == "tasks":
+    if strategy_obj.launcher is Launcher.TASKS:
         return _fit_async(spec, strategy_obj, workers, spark, threads, started, show_progress)
     with progress(show_progress, f"sparkdp: training on {workers} Spark workers ({strategy_obj.name})"):
         if not isinstance(train, WorkerData):  # a DataFrame streamed through Spark: a stage per epoch

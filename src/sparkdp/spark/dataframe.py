@@ -40,7 +40,7 @@ from ..data.parquet import ParquetData
 from ..data.shuffle import rebatch, seeded_generator
 from ..errors import ConfigError, DataError
 from ..train.jobs import in_task
-from ..train.loop import FitSpec, fit_worker
+from ..train.loop import FitSpec, StagePart, fit_worker
 from ..train.report import WorkerReport
 from ..train.serialize import state_from_bytes
 from .launcher import BarrierStage, encode_error, rendezvous
@@ -214,8 +214,9 @@ def fit_stream(spec: FitSpec, source: DataFrameSource, *, workers: int, spark, t
     template = StreamData(source.converter, source.shuffle_buffer)
     spec = replace(spec, strategy=copy.deepcopy(spec.strategy))  # the caller's object is not advanced
     for epoch in range(spec.epochs):
-        stage_spec = replace(spec, train=template, epochs=1, start_epoch=epoch, optimizer_state=opt_state,
-                             return_optimizer_state=True, last_epoch=spec.epochs - 1)
+        part = StagePart(start_epoch=epoch, last_epoch=spec.epochs - 1, optimizer_state=opt_state,
+                         return_optimizer_state=True)
+        stage_spec = replace(spec, train=template, epochs=1, part=part)
         rows = _run_stage(df.mapInArrow(_epoch_task(stage_spec, threads, pg_timeout_s), _OUT_SCHEMA,
                                         barrier=True), spark, workers, start_timeout_s, epoch)
         first = next(r for r in rows if r["rank"] == 0)

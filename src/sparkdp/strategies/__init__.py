@@ -7,7 +7,7 @@ from ..rules import RULES
 from .allreduce import AllReduce
 from .async_ps import AsyncParameterServer
 from .average import ParameterAveraging
-from .base import Strategy
+from .base import Launcher, Strategy
 
 STRATEGIES: Registry[Strategy] = Registry("strategy")
 STRATEGIES.register("allreduce", AllReduce,
@@ -30,4 +30,7 @@ def resolve_strategy(strategy: str | Strategy, **options) -> Strategy:
     return STRATEGIES.create(strategy, **options)
 
 
-__all__ = ["STRATEGIES", "AllReduce", "AsyncParameterServer", "ParameterAveraging", "Strategy", "resolve_strategy"]
+__all__ = [
+    "STRATEGIES", "AllReduce", "AsyncParameterServer", "Launcher", "ParameterAveraging", "Strategy",
+    "resolve_strategy",
+]

@@ -25,7 +25,7 @@ from ..comm.base import Collective
 from ..errors import ConfigError
 from ..rules import PushKind, RuleSpec
 from ..rules.functional import pseudo_gradient
-from .base import Strategy
+from .base import Launcher, Strategy
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class AsyncParameterServer(Strategy):
         connect_timeout_s: how long a worker waits for the server.
     """
 
-    launch_mode = "tasks"
+    launcher = Launcher.TASKS
 
     def __init__(self, rule: str = "asgd", rule_options: dict[str, Any] | None = None, *,
                  push_every: int | str = 1, pull_every: int | str | None = None,

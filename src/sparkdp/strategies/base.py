@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -9,6 +10,16 @@ from torch import nn
 from torch.optim import Optimizer
 
 from ..comm.base import Collective
+
+
+class Launcher(enum.Enum):
+    """How a strategy's workers run on Spark."""
+
+    #: all workers together in one barrier stage, joined by a process group (synchronous);
+    #: a failed task fails the stage
+    BARRIER = "barrier"
+    #: independent, retryable Spark tasks around a parameter server (asynchronous)
+    TASKS = "tasks"
 
 
 class Strategy(ABC):
@@ -19,9 +30,8 @@ class Strategy(ABC):
     ``optimizer.step()`` through :meth:`step` and :meth:`end_epoch` at epoch ends.
     """
 
-    #: "barrier": all workers run together in one Spark barrier stage (synchronous);
-    #: "tasks": independent Spark tasks around a parameter server (asynchronous).
-    launch_mode: str = "barrier"
+    #: How the driver starts this strategy's workers (see :class:`Launcher`).
+    launcher: Launcher = Launcher.BARRIER
     name: str = "strategy"
 
     def __init__(self) -> None:

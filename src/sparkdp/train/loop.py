@@ -25,6 +25,25 @@ from .serialize import state_to_bytes
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class StagePart:
+    """Which part of a longer job a spec runs, for jobs split into one Spark stage per epoch
+    (a streamed DataFrame) -- and, next, resumed from a checkpoint.
+
+    Attributes:
+        start_epoch: the first epoch (0-based) this stage runs.
+        last_epoch: the job's last epoch (so the final evaluation happens there).
+        optimizer_state: the optimizer (and scheduler) state to start from
+            (bytes of :func:`optimizer_state_to_bytes`).
+        return_optimizer_state: put the optimizer state in the report for the next stage.
+    """
+
+    start_epoch: int = 0
+    last_epoch: int | None = None
+    optimizer_state: bytes | None = None
+    return_optimizer_state: bool = False
+
+
 @dataclass
 class FitSpec:
     """Everything a worker needs to train; shipped to each Spark task."""
@@ -45,24 +64,20 @@ class FitSpec:
     #: ``optimizer -> scheduler``; the scheduler's ``step()`` runs after every optimizer step
     #: (per-iteration schedules such as Caffe's lr policies).
     scheduler: Callable[[Any], Any] | None = None
-    # Resuming (the DataFrame path runs one Spark stage per epoch): the first epoch's
-    # number, and the optimizer state to start from (bytes of optimizer_state_to_bytes).
-    start_epoch: int = 0
-    optimizer_state: bytes | None = None
-    return_optimizer_state: bool = False
+    #: the part of a longer job this spec runs (default: the whole job in one go)
+    part: StagePart = StagePart()
     #: batches a background thread prepares ahead of the trainer (0: none; see data.prefetch)
     prefetch: int = DEFAULT_DEPTH
     #: evaluate ``eval`` after every ``eval_every``-th epoch and after the job's last one
     eval_every: int = 1
-    #: the job's last epoch (0-based) when this spec runs only part of it (one stage per epoch)
-    last_epoch: int | None = None
     #: "auto", "channels_last" or "contiguous": the layout 4-D weights and batches train in
     #: (``train.layout``). ``fit`` sets "auto" only after running the model channels-last.
     memory_format: str = "contiguous"
 
     def evaluates_after(self, epoch: int) -> bool:
         """Whether test metrics are computed after ``epoch`` (0-based)."""
-        last = self.start_epoch + self.epochs - 1 if self.last_epoch is None else self.last_epoch
+        part = self.part
+        last = part.start_epoch + self.epochs - 1 if part.last_epoch is None else part.last_epoch
         return self.eval is not None and ((epoch + 1) % self.eval_every == 0 or epoch == last)
 
 
@@ -150,15 +165,15 @@ def evaluate(model: nn.Module, loss_fn: Callable, data: WorkerData, collective: 
 def fit_worker(spec: FitSpec, collective: Collective) -> WorkerReport | None:
     """Train on this rank's shards; rank 0 returns the trained state and the history."""
     # dropout etc. differ per rank (and per resumed stage); init came from the driver
-    torch.manual_seed(spec.seed + collective.rank + 7919 * spec.start_epoch)
+    torch.manual_seed(spec.seed + collective.rank + 7919 * spec.part.start_epoch)
     model = spec.model.to(collective.device)
     channels_last = use_channels_last(spec.memory_format, model, collective.device)
     if channels_last:  # before DDP lays out its buckets and the optimizer its state
         set_layout(model, True)
     optimizer = spec.optimizer.build(model)
     scheduler = spec.scheduler(optimizer) if spec.scheduler is not None else None
-    if spec.optimizer_state is not None:
-        resumed = optimizer_state_from_bytes(spec.optimizer_state)
+    if spec.part.optimizer_state is not None:
+        resumed = optimizer_state_from_bytes(spec.part.optimizer_state)
         optimizer.load_state_dict({"state": resumed["state"], "param_groups": resumed["param_groups"]})
         if scheduler is not None and resumed.get("scheduler") is not None:
             scheduler.load_state_dict(resumed["scheduler"])  # the schedule continues across stages
@@ -169,7 +184,7 @@ def fit_worker(spec: FitSpec, collective: Collective) -> WorkerReport | None:
     history: list[dict[str, float]] = []
     train_time = 0.0
     total_samples = 0
-    for epoch in range(spec.start_epoch, spec.start_epoch + spec.epochs):
+    for epoch in range(spec.part.start_epoch, spec.part.start_epoch + spec.epochs):
         model.train()
         started = time.perf_counter()
         stats = torch.zeros(2, dtype=torch.float64)  # loss*rows, rows
@@ -215,7 +230,7 @@ def fit_worker(spec: FitSpec, collective: Collective) -> WorkerReport | None:
                         train_time_s=train_time, samples=total_samples, strategy_options=strategy.options(),
                         strategy_state=strategy.state_dict(), data_counters=counters,
                         optimizer_state=(optimizer_state_to_bytes(optimizer, scheduler)
-                                         if spec.return_optimizer_state else b""))
+                                         if spec.part.return_optimizer_state else b""))
 
 
 def _sum_counters(data: WorkerData, collective: Collective) -> dict[str, int]:

@@ -1,7 +1,7 @@
 """Every registered update rule, with its defaults, trains the built-in CNN (issue 16).
 
 The rules' algebra is checked against references in tests/rules; this checks that each
-one *learns*: two workers run the Spark task function (``async_worker``) in threads
+one *learns*: two workers run the Spark task loop (``fit_worker``) in threads
 against the real parameter server over authenticated TCP on 127.0.0.1, with the CLI's
 default worker optimizer (SGD, lr 0.05, momentum 0.9) and every rule hyper-parameter
 at its default, on real Fashion-MNIST rows. DDC-ASGD stayed at chance this way before
@@ -13,19 +13,19 @@ from __future__ import annotations
 import copy
 import math
 import threading
+from dataclasses import replace
 
 import pytest
 import torch
 
-from sparkdp.comm import SingleProcessCollective
+from sparkdp.comm import IndependentCollective, SingleProcessCollective
 from sparkdp.data.datasets import dataset_tensors, load_dataset
 from sparkdp.models import build_model
 from sparkdp.ps import ParameterServer
 from sparkdp.ps.transport import TcpOptions, TcpTransport
 from sparkdp.rules import RULES
 from sparkdp.strategies import AsyncParameterServer
-from sparkdp.train.async_job import async_worker
-from sparkdp.train.loop import FitSpec, evaluate
+from sparkdp.train.loop import FitSpec, evaluate, fit_worker
 from sparkdp.train.optim import optimizer_factory, resolve_loss
 
 pytestmark = pytest.mark.timeout(240)
@@ -55,12 +55,15 @@ def _train(rule: str, data) -> float:
     rule_spec = strategy.rule_spec(WORKERS)
     server = ParameterServer(lambda shard: rule_spec.create(), list(model.parameters()))
     errors: list[BaseException] = []
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(1)  # one per worker, as a Spark task on one core gets
     transport = TcpTransport(TcpOptions())
     with transport.serve(server, host="127.0.0.1") as endpoint:
 
         def worker(m: int) -> None:
             try:  # each task gets its own copy of the model, as Spark's deserialisation gives it
-                async_worker(_own_copy(spec), strategy, transport, endpoint.info, m, WORKERS, threads=1)
+                own = replace(_own_copy(spec), strategy=copy.copy(strategy).connect_to(transport, endpoint.info))
+                fit_worker(own, IndependentCollective(m, WORKERS))
             except BaseException as exc:  # surfaced below, with the rule's name
                 errors.append(exc)
 
@@ -70,6 +73,7 @@ def _train(rule: str, data) -> float:
         for t in threads:
             t.join(timeout=180)
         assert not any(t.is_alive() for t in threads), f"{rule}: a worker thread hung"
+    torch.set_num_threads(threads_before)
     assert not errors, f"{rule}: a worker failed: {errors[0]!r}"
     metrics = server.metrics()
     assert metrics["pushes_applied"] == WORKERS * math.ceil(TRAIN_ROWS / WORKERS / 64), metrics

@@ -6,19 +6,20 @@ References are plain ``torch.optim.SGD`` runs on the same batches.
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
 from torch import nn
 
+from sparkdp.comm import IndependentCollective
 from sparkdp.data.tensors import TensorData
 from sparkdp.ps import ParameterServer
 from sparkdp.ps.transport.inproc import InProcTransport
 from sparkdp.rules import RULES, PushKind
 from sparkdp.strategies import AsyncParameterServer
 from sparkdp.strategies.async_ps import AsyncWorker
-from sparkdp.train.async_job import async_worker
-from sparkdp.train.loop import FitSpec
+from sparkdp.train.loop import FitSpec, fit_worker
 from sparkdp.train.optim import optimizer_factory, resolve_loss
 
 pytestmark = pytest.mark.timeout(60)
@@ -109,7 +110,7 @@ def test_one_asgd_worker_through_the_in_process_transport_is_torch_sgd():
 
 
 def test_the_task_loop_at_world_size_one_through_the_in_process_transport_is_torch_sgd():
-    """``async_worker`` -- the function every async Spark task runs -- with the transport passed in."""
+    """``fit_worker`` -- the loop every Spark task runs -- with the async strategy connected in process."""
     g = torch.Generator().manual_seed(2)
     x, y = torch.randn(64, 4, generator=g), torch.randint(0, 3, (64,), generator=g)
     data = TensorData(x, y)
@@ -122,13 +123,15 @@ def test_the_task_loop_at_world_size_one_through_the_in_process_transport_is_tor
     server = ParameterServer(lambda shard: rule.create(), list(model.parameters()))
     transport = InProcTransport(use_codec=True)
     with transport.serve(server) as endpoint:
-        report = async_worker(spec, strategy, transport, endpoint.info, worker=0, num_workers=1, threads=1)
+        report = fit_worker(replace(spec, strategy=strategy.connect_to(transport, endpoint.info)),
+                            IndependentCollective(0, 1))
     batches = [(x[idx], y[idx]) for epoch in range(2)
                for order in [data.shard_indices(rank=0, world_size=1, epoch=epoch, seed=0, shuffle=True)]
                for idx in order.split(8)]
     _assert_close(server.pull(worker=1).tensors, _torch_reference(lambda ps: torch.optim.SGD(ps, lr=0.3), batches),
-                  "async_worker through InProcTransport vs torch SGD")
-    assert report["pushes"] == 16 and server.metrics()["staleness"] == {0: 16}
+                  "fit_worker (async) through InProcTransport vs torch SGD")
+    assert report.strategy_metrics["pushes"] == 16 and server.metrics()["staleness"] == {0: 16}
+    assert report.state == b""  # the trained parameters are the server's
 
 
 def test_worker_zero_evaluates_the_centre_every_eval_every_epochs_without_moving_its_bookkeeping():
@@ -143,9 +146,10 @@ def test_worker_zero_evaluates_the_centre_every_eval_every_epochs_without_moving
     server = ParameterServer(lambda shard: rule.create(), list(model.parameters()))
     transport = InProcTransport()
     with transport.serve(server) as endpoint:
-        report = async_worker(spec, strategy, transport, endpoint.info, worker=0, num_workers=1, threads=1)
+        report = fit_worker(replace(spec, strategy=strategy.connect_to(transport, endpoint.info)),
+                            IndependentCollective(0, 1))
     # epochs 2 and 4 (1-based) by worker 0; the last one is the driver's, after every worker is done
-    assert ["eval" in e for e in report["epochs"]] == [False, True, False, True, False]
-    assert 0.0 <= report["epochs"][1]["eval"]["test_accuracy"] <= 1.0
+    assert ["test_accuracy" in h for h in report.history] == [False, True, False, True, False]
+    assert 0.0 <= report.history[1]["test_accuracy"] <= 1.0
     # the observer's pulls left worker 0 fresh: one worker never sees a stale push
     assert server.metrics()["staleness"] == {0: 20}

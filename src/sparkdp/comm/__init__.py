@@ -1,7 +1,7 @@
-"""Collectives for the synchronous strategies: torch.distributed, or a no-op for one process."""
+"""Collectives: torch.distributed for synchronous jobs; identity ones for one process or async workers."""
 
 from .base import Collective
-from .single import SingleProcessCollective
+from .single import IndependentCollective, SingleProcessCollective
 from .torch_dist import TorchCollective
 
-__all__ = ["Collective", "SingleProcessCollective", "TorchCollective"]
+__all__ = ["Collective", "IndependentCollective", "SingleProcessCollective", "TorchCollective"]

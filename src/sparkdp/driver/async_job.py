@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import copy
 import logging
+from dataclasses import replace
 from typing import Any
 
 import torch
 
-from ..comm.single import SingleProcessCollective
+from ..comm.single import IndependentCollective, SingleProcessCollective
 from ..ps import ParameterServer
 from ..ps.transport import TcpOptions, TcpTransport
 from ..strategies.async_ps import AsyncParameterServer
-from ..train.async_job import async_worker
-from ..train.loop import FitSpec, evaluate
+from ..train.loop import FitSpec, evaluate, fit_worker
+from ..train.report import WorkerReport
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +34,11 @@ def fit_async(spec: FitSpec, strategy: AsyncParameterServer, *, workers: int, sp
         info = endpoint.info
         log.info("parameter server for %s on %s with %d shard(s)", strategy.rule, info.address, server.num_shards)
         n_threads = threads or 1
+        shipped = replace(spec, strategy=copy.copy(strategy).connect_to(transport, info))
 
-        def task(worker: int) -> dict[str, Any]:
-            return async_worker(spec, strategy, transport, info, worker, workers, n_threads)
+        def task(worker: int) -> WorkerReport:
+            torch.set_num_threads(n_threads)
+            return fit_worker(shipped, IndependentCollective(worker, workers))
 
         reports = run_tasks(task, workers, spark=spark, description=f"sparkdp async {strategy.rule}")
     center = server.pull(worker=workers).tensors  # an id no task uses, so no task's bookkeeping moves
@@ -42,17 +46,15 @@ def fit_async(spec: FitSpec, strategy: AsyncParameterServer, *, workers: int, sp
         for p, c in zip(model.parameters(), center):
             p.copy_(c)
     history = []
-    for epoch in range(spec.epochs):
-        rows = sum(r["epochs"][epoch]["rows"] for r in reports)
-        loss = sum(r["epochs"][epoch]["loss_sum"] for r in reports) / max(rows, 1)
-        history.append({"epoch": epoch + 1, "loss": loss, "samples": rows,
-                        "epoch_time_s": max(r["epochs"][epoch]["time_s"] for r in reports)})
-    first = next(r for r in reports if r["worker"] == 0)
-    for record, epoch in zip(history, first["epochs"], strict=True):
-        record.update(epoch.get("eval", {}))
-    if spec.eval is not None:
+    first = next(r for r in reports if r.worker == 0)
+    for epoch, evaluated in enumerate(first.history):
+        records = [r.history[epoch] for r in reports]
+        rows = sum(rec["samples"] for rec in records)
+        history.append({**{k: v for k, v in evaluated.items() if k.startswith("test_")}, "epoch": epoch + 1,
+                        "loss": sum(rec["loss"] * rec["samples"] for rec in records) / max(rows, 1),
+                        "samples": rows, "epoch_time_s": max(rec["epoch_time_s"] for rec in records)})
+    if spec.eval is not None:  # the final centre, once every worker is done
         history[-1].update(evaluate(model, spec.loss, spec.eval, SingleProcessCollective(), spec.eval_batch_size))
-    metrics = server.metrics()
-    return {"history": history, "train_time_s": max(r["end"] for r in reports) - min(r["start"] for r in reports),
-            "samples": sum(h["samples"] for h in history), "server": metrics,
-            "workers": [{k: r[k] for k in ("worker", "pushes", "pulls", "comm_s")} for r in reports]}
+    return {"history": history, "train_time_s": max(r.wall_end for r in reports) - min(r.wall_start for r in reports),
+            "samples": sum(h["samples"] for h in history), "server": server.metrics(),
+            "workers": [{"worker": r.worker, **r.strategy_metrics} for r in sorted(reports, key=lambda r: r.worker)]}

@@ -14,6 +14,7 @@ steps; for EASGD the elastic difference. The server applies it with the rule (an
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from typing import Any
@@ -22,6 +23,7 @@ import torch
 from torch import nn
 
 from ..comm.base import Collective
+from ..comm.single import SingleProcessCollective
 from ..errors import ConfigError
 from ..rules import PushKind, RuleSpec
 from ..rules.functional import pseudo_gradient
@@ -58,6 +60,8 @@ class AsyncParameterServer(Strategy):
     """
 
     launcher = Launcher.TASKS
+    # the server's shards are flat views of NCHW parameters; batches still go channels-last
+    channels_last_weights = False
 
     def __init__(self, rule: str = "asgd", rule_options: dict[str, Any] | None = None, *,
                  push_every: int | str = 1, pull_every: int | str | None = None,
@@ -81,9 +85,67 @@ class AsyncParameterServer(Strategy):
     def rule_spec(self, num_workers: int) -> RuleSpec:
         return RuleSpec(self.rule, {"num_workers": num_workers, **self.rule_options})
 
+    def connect_to(self, transport: Any, info: Any) -> AsyncParameterServer:
+        """Where the workers find the server: a transport and its ``ConnectInfo`` (set by the driver
+        before the strategy is shipped; a TCP transport in Spark tasks, the in-process one in tests)."""
+        self._server = (transport, info)
+        return self
+
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, collective: Collective) -> nn.Module:
-        raise ConfigError(f"the asynchronous strategy {self.name!r} runs through sparkdp.fit / sparkdp train; "
-                          "sparkdp.run + distribute support the synchronous strategies (allreduce, average).")
+        """Connect as worker ``collective.rank``, pull the centre, and hook the exchanges onto the
+        optimizer's steps."""
+        if getattr(self, "_server", None) is None:
+            raise ConfigError(f"the asynchronous strategy {self.name!r} runs through sparkdp.fit / sparkdp train; "
+                              "sparkdp.run + distribute support the synchronous strategies (allreduce, average).")
+        transport, info = self._server
+        self._client = transport.connect(info.address, info.secret, collective.rank,
+                                         timeout=self.connect_timeout_s, tls_cert=info.tls_cert)
+        self._worker = AsyncWorker(self, self._client, model, optimizer, collective.world_size)
+        self._attach(model, optimizer, collective)
+        self._pending = 0
+        return model
+
+    def add_samples(self, n: int) -> None:
+        self._pending = n
+
+    def after_step(self) -> None:
+        self._worker.after_step(self._pending)
+
+    def end_epoch(self) -> None:
+        self._worker.end_epoch()
+
+    def finish(self) -> None:
+        try:
+            self._worker.finish()
+        finally:
+            self._client.close()
+            super().finish()
+
+    def evaluation(self, collective: Collective, last: bool) -> tuple[nn.Module, Collective] | None:
+        """Worker 0 evaluates the server's centre on all the test data as it finishes an epoch (the
+        others go on); after the last epoch the driver evaluates the final centre instead.
+
+        The centre is pulled under an id no task uses (``world_size``, the driver's too): a pull
+        as worker 0 would move its staleness version and its DC-ASGD backup."""
+        if collective.rank != 0 or last:
+            return None
+        transport, info = self._server
+        with transport.connect(info.address, info.secret, collective.world_size, timeout=self.connect_timeout_s,
+                               tls_cert=info.tls_cert) as client:
+            centre = client.pull().tensors
+        model = copy.deepcopy(self.unwrap())
+        with torch.no_grad():
+            for p, c in zip(model.parameters(), centre, strict=True):
+                p.copy_(c)
+        return model, SingleProcessCollective()
+
+    def metrics(self) -> dict[str, Any]:
+        w = self._worker
+        return {"pushes": w.pushes, "pulls": w.pulls, "comm_s": w.comm_s}
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a worker's connection and loop state stay in its task; the server address travels
+        return {k: v for k, v in self.__dict__.items() if k not in ("_client", "_worker", "_hook")}
 
     def options(self) -> dict[str, Any]:
         return {"rule": self.rule, "rule_options": self.rule_options, "push_every": self.push_every,

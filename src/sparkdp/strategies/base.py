@@ -32,6 +32,8 @@ class Strategy(ABC):
 
     #: How the driver starts this strategy's workers (see :class:`Launcher`).
     launcher: Launcher = Launcher.BARRIER
+    #: Whether conv weights may train channels-last (``train.layout``); batches go NHWC either way.
+    channels_last_weights: bool = True
     name: str = "strategy"
 
     def __init__(self) -> None:
@@ -67,6 +69,17 @@ class Strategy(ABC):
         if hook is not None:
             hook.remove()
             self._hook = None
+
+    def evaluation(self, collective: Collective, last: bool) -> tuple[nn.Module, Collective] | None:
+        """What to evaluate after an evaluated epoch, over which ranks; None: nothing on this rank.
+
+        Default: the trained model, every rank its share (the metrics are all-reduced).
+        ``last`` says the epoch is the job's last."""
+        return self.unwrap(), collective
+
+    def metrics(self) -> dict[str, Any]:
+        """Per-worker communication figures for the job summary (e.g. pushes, pulls). Default: none."""
+        return {}
 
     def unwrap(self) -> nn.Module:
         """The user's module (without DDP or other wrappers)."""

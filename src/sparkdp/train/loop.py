@@ -16,7 +16,7 @@ from ..comm.base import Collective
 from ..data.base import WorkerData
 from ..data.prefetch import DEFAULT_DEPTH, prefetch
 from ..errors import ConfigError, DataError
-from ..strategies.base import Strategy
+from ..strategies.base import Launcher, Strategy
 from .layout import batch_layout, set_layout, use_channels_last
 from .optim import OptimizerFactory
 from .report import WorkerReport
@@ -74,11 +74,14 @@ class FitSpec:
     #: (``train.layout``). ``fit`` sets "auto" only after running the model channels-last.
     memory_format: str = "contiguous"
 
+    def last_epoch(self) -> int:
+        """The job's last epoch (0-based), also when this spec runs only part of the job."""
+        part = self.part
+        return part.start_epoch + self.epochs - 1 if part.last_epoch is None else part.last_epoch
+
     def evaluates_after(self, epoch: int) -> bool:
         """Whether test metrics are computed after ``epoch`` (0-based)."""
-        part = self.part
-        last = part.start_epoch + self.epochs - 1 if part.last_epoch is None else part.last_epoch
-        return self.eval is not None and ((epoch + 1) % self.eval_every == 0 or epoch == last)
+        return self.eval is not None and ((epoch + 1) % self.eval_every == 0 or epoch == self.last_epoch())
 
 
 def optimizer_state_to_bytes(optimizer: torch.optim.Optimizer, scheduler: Any = None) -> bytes:
@@ -163,12 +166,22 @@ def evaluate(model: nn.Module, loss_fn: Callable, data: WorkerData, collective: 
 
 
 def fit_worker(spec: FitSpec, collective: Collective) -> WorkerReport | None:
-    """Train on this rank's shards; rank 0 returns the trained state and the history."""
+    """The one training loop every worker runs, synchronous or asynchronous.
+
+    What differs between strategies happens in their hooks: ``setup`` (DDP wrap, averaging
+    hook, parameter-server connection), the optimizer-step hook, ``end_epoch``, ``finish``
+    and ``evaluation``. In a barrier stage rank 0 returns the report (the others None); an
+    asynchronous worker (``Launcher.TASKS``) returns its own, without the model state,
+    which the driver takes from the parameter server.
+    """
+    wall_start = time.time()
     # dropout etc. differ per rank (and per resumed stage); init came from the driver
     torch.manual_seed(spec.seed + collective.rank + 7919 * spec.part.start_epoch)
+    strategy = spec.strategy
     model = spec.model.to(collective.device)
     channels_last = use_channels_last(spec.memory_format, model, collective.device)
-    if channels_last:  # before DDP lays out its buckets and the optimizer its state
+    weights_nhwc = channels_last and strategy.channels_last_weights
+    if weights_nhwc:  # before DDP lays out its buckets and the optimizer its state
         set_layout(model, True)
     optimizer = spec.optimizer.build(model)
     scheduler = spec.scheduler(optimizer) if spec.scheduler is not None else None
@@ -177,7 +190,6 @@ def fit_worker(spec: FitSpec, collective: Collective) -> WorkerReport | None:
         optimizer.load_state_dict({"state": resumed["state"], "param_groups": resumed["param_groups"]})
         if scheduler is not None and resumed.get("scheduler") is not None:
             scheduler.load_state_dict(resumed["scheduler"])  # the schedule continues across stages
-    strategy = spec.strategy
     net = strategy.setup(model, optimizer, collective)
     rank, world = collective.rank, collective.world_size
     check = not spec.train.equal_batches
@@ -215,22 +227,27 @@ def fit_worker(spec: FitSpec, collective: Collective) -> WorkerReport | None:
         total_samples += int(stats[1])
         record = {"epoch": epoch + 1, "loss": stats[0].item() / max(stats[1].item(), 1.0),
                   "samples": int(stats[1]), "epoch_time_s": elapsed}
-        if spec.evaluates_after(epoch):
-            record.update(evaluate(strategy.unwrap(), spec.loss, spec.eval, collective, spec.eval_batch_size,
-                                   channels_last))
+        target = strategy.evaluation(collective, last=epoch == spec.last_epoch()) \
+            if spec.evaluates_after(epoch) else None
+        if target is not None:
+            record.update(evaluate(target[0], spec.loss, spec.eval, target[1], spec.eval_batch_size, channels_last))
         history.append(record)
         log.info("rank %d epoch %d: %s", rank, epoch + 1, record)
     strategy.finish()
-    if channels_last:  # what leaves the worker is in the default layout
+    if weights_nhwc:  # what leaves the worker is in the default layout
         set_layout(model, False)
     counters = _sum_counters(spec.train, collective)
-    if rank != 0:
+    independent = strategy.launcher is Launcher.TASKS
+    if rank != 0 and not independent:
         return None
-    return WorkerReport(state=state_to_bytes(strategy.unwrap().state_dict()), history=history,
-                        train_time_s=train_time, samples=total_samples, strategy_options=strategy.options(),
-                        strategy_state=strategy.state_dict(), data_counters=counters,
+    return WorkerReport(state=b"" if independent else state_to_bytes(strategy.unwrap().state_dict()),
+                        history=history, train_time_s=train_time, samples=total_samples,
+                        strategy_options=strategy.options(), strategy_state=strategy.state_dict(),
+                        data_counters=counters,
                         optimizer_state=(optimizer_state_to_bytes(optimizer, scheduler)
-                                         if spec.part.return_optimizer_state else b""))
+                                         if spec.part.return_optimizer_state else b""),
+                        worker=rank, strategy_metrics=strategy.metrics(), wall_start=wall_start,
+                        wall_end=time.time())
 
 
 def _sum_counters(data: WorkerData, collective: Collective) -> dict[str, int]:

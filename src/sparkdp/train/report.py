@@ -23,6 +23,9 @@ class WorkerReport:
         strategy_state: where the strategy is in its schedule (``Strategy.state_dict()``).
         data_counters: per-source counters summed over ranks (e.g. ``dropped_null_rows``).
         optimizer_state: the optimizer (and scheduler) state as bytes, when asked for.
+        worker: the reporting rank (asynchronous jobs get one report per worker).
+        strategy_metrics: the worker's communication figures (``Strategy.metrics()``).
+        wall_start, wall_end: when the worker started and ended (``time.time()``).
     """
 
     state: bytes
@@ -33,6 +36,10 @@ class WorkerReport:
     strategy_state: dict[str, Any] = field(default_factory=dict)
     data_counters: dict[str, int] = field(default_factory=dict)
     optimizer_state: bytes = b""
+    worker: int = 0
+    strategy_metrics: dict[str, Any] = field(default_factory=dict)
+    wall_start: float = 0.0
+    wall_end: float = 0.0
 
     def summary_json(self) -> str:
         """Everything but the two byte fields, as JSON (the DataFrame path's ``info`` column)."""
@@ -49,4 +56,4 @@ class WorkerReport:
         for key, value in later.data_counters.items():
             counters[key] = counters.get(key, 0) + value
         return replace(later, history=self.history + later.history, train_time_s=self.train_time_s + later.train_time_s,
-                       samples=self.samples + later.samples, data_counters=counters)
+                       samples=self.samples + later.samples, data_counters=counters, wall_start=self.wall_start)

@@ -13,8 +13,7 @@ import torch.nn.functional as F
 
 from sparkdp.caffe.classifier import CaffeClassifier
 from sparkdp.caffe.net import load_net
-from sparkdp.caffe.solver import read_solver_spec
-from sparkdp.caffe.solver_hooks import CaffeOptimizerFactory
+from sparkdp.caffe.solver import CaffeOptimizerFactory, read_solver_spec
 from sparkdp.caffe.train import effective_batch_size, plan_epochs, solver_net_source
 from sparkdp.caffe.weights import load_weights, save_weights
 from sparkdp.errors import ConfigError

@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 _LAZY = {"CaffeNet": "net", "load_net": "net", "inspect_net": "inspect", "CaffeClassifier": "classifier",
-         "CaffeLoss": "classifier", "CaffeOptimizerFactory": "solver_hooks", "fit_caffe": "train"}
+         "CaffeLoss": "classifier", "CaffeOptimizerFactory": "solver", "fit_caffe": "train"}
 
 
 def __getattr__(name: str) -> Any:

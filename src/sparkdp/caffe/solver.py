@@ -1,10 +1,16 @@
-"""Caffe solvers (``solver.prototxt``) on top of torch: settings, rate schedule, update.
+"""Caffe solvers (``solver.prototxt``) on top of torch: one solver core, two faces.
 
-:func:`load_solver` reads a SolverParameter (file, text or parsed Message) into a
-frozen :class:`SolverSpec` and returns a :class:`CaffeSolver` over any torch
-parameters.  One :meth:`CaffeSolver.step` is Caffe's ``ApplyUpdate``: clip the
-global gradient norm, divide by ``iter_size``, regularize, compute the update of
-the solver type, apply it, ``iter += 1``.
+:class:`CaffeSolverHooks` is the core: the parts of Caffe's ``Solver::Step`` around the
+update (``clip_gradients``, ``iter += 1``, the ``lr_policy`` rate of the next iteration)
+as step hooks on the solver's optimizer (:mod:`sparkdp.caffe.optim`).  It is used
+
+* standalone by :class:`CaffeSolver` (:func:`load_solver`), Caffe's solver loop pieces
+  over any torch parameters, and
+* inside sparkdp's training loop through :class:`CaffeOptimizerFactory`, which rebuilds
+  the same optimizer with the same hooks on every worker's copy of the model.
+
+The iteration counter and multistep's ``current_step`` live in the optimizer's param
+groups, so they travel with ``optimizer.state_dict()``.
 
 Example:
     >>> import torch
@@ -24,14 +30,15 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.optim import Optimizer
 
 from ..errors import ConfigError
-from .lr_policy import CaffeLRScheduler, learning_rate
+from .lr_policy import advance_current_step, learning_rate
 from .optim import make_optimizer
 from .solver_spec import SolverSpec, read_solver_spec
 from .textformat import Message
 
-__all__ = ["CaffeSolver", "SolverSpec", "load_solver", "read_solver_spec"]
+__all__ = ["CaffeOptimizerFactory", "CaffeSolver", "CaffeSolverHooks", "SolverSpec", "load_solver", "read_solver_spec"]
 
 def _param_groups(params_or_net: Any, spec: SolverSpec) -> list[dict[str, Any]]:
     """Torch param groups with ``lr_mult``/``decay_mult``; lr and decay from the spec."""
@@ -62,6 +69,69 @@ def _param_groups(params_or_net: Any, spec: SolverSpec) -> list[dict[str, Any]]:
     return out
 
 
+
+class CaffeSolverHooks:
+    """The parts of Caffe's ``Solver::Step`` around the update, as optimizer step hooks.
+
+    Before each step: ``clip_gradients`` on the global L2 norm.  The gradients are the
+    *mean* of ``iter_size`` passes, so the threshold is ``clip / iter_size``: the same as
+    Caffe clipping the un-normalised sum.  After it: ``iter += 1`` and every group's ``lr``
+    set to the ``lr_policy`` rate of the next iteration (the Caffe optimizers multiply by
+    ``lr_mult``).  Each param group keeps ``caffe_iter`` (updates applied) and
+    ``caffe_step`` (multistep's counter as Caffe's ``SolverState.current_step`` stores it:
+    after the rate of iteration ``caffe_iter - 1``).
+    """
+
+    def __init__(self, spec: SolverSpec) -> None:
+        self.spec = spec
+
+    def attach(self, optimizer: Optimizer) -> Optimizer:
+        for group in optimizer.param_groups:
+            group.setdefault("caffe_iter", 0)
+            group.setdefault("caffe_step", 0)
+        self.set_rate(optimizer)
+        optimizer.register_step_pre_hook(self.before_step)
+        optimizer.register_step_post_hook(self.after_step)
+        return optimizer
+
+    def _counters(self, optimizer: Optimizer) -> tuple[int, int]:
+        """(iteration, multistep counter for this iteration's rate)."""
+        first = optimizer.param_groups[0]
+        it = int(first["caffe_iter"])
+        return it, advance_current_step(self.spec.stepvalue, it, int(first["caffe_step"]))
+
+    def set_rate(self, optimizer: Optimizer) -> None:
+        """Every group's ``lr`` := Caffe's rate for the next update."""
+        rate = learning_rate(self.spec, *self._counters(optimizer))
+        for group in optimizer.param_groups:
+            group["lr"] = rate
+
+    @torch.no_grad()
+    def before_step(self, optimizer: Optimizer, args: Any, kwargs: Any) -> None:
+        clip = self.spec.clip_gradients
+        if clip < 0:
+            return
+        grads = [
+            p.grad
+            for g in optimizer.param_groups
+            for p in g["params"]
+            if p.requires_grad and p.grad is not None
+        ]
+        if not grads:
+            return
+        norm = math.sqrt(float(sum(g.float().pow(2).sum() for g in grads)))
+        threshold = clip / self.spec.iter_size
+        if norm > threshold:
+            for g in grads:
+                g.mul_(threshold / norm)
+
+    def after_step(self, optimizer: Optimizer, args: Any, kwargs: Any) -> None:
+        it, step = self._counters(optimizer)
+        for group in optimizer.param_groups:
+            group["caffe_iter"], group["caffe_step"] = it + 1, step
+        self.set_rate(optimizer)
+
+
 class CaffeSolver:
     """Caffe's solver loop pieces over torch parameters.
 
@@ -72,16 +142,15 @@ class CaffeSolver:
 
     Attributes:
         spec: the solver settings.
-        optimizer: the :mod:`sparkdp.caffe.optim` optimizer of ``spec.type``.
-        scheduler: a :class:`CaffeLRScheduler` holding the rate of the next update.
+        optimizer: the :mod:`sparkdp.caffe.optim` optimizer of ``spec.type``, with
+            :class:`CaffeSolverHooks` attached.
         iter: updates applied so far.
     """
 
     def __init__(self, spec: SolverSpec, params_or_net: Any) -> None:
         self.spec = spec
-        self.optimizer = make_optimizer(spec, _param_groups(params_or_net, spec))
-        self.scheduler = CaffeLRScheduler(self.optimizer, spec)
-        self.iter = 0
+        self._hooks = CaffeSolverHooks(spec)
+        self.optimizer = self._hooks.attach(make_optimizer(spec, _param_groups(params_or_net, spec)))
 
     # Plain views of the settings a training loop needs.
     max_iter = property(lambda self: self.spec.max_iter)
@@ -93,9 +162,14 @@ class CaffeSolver:
     iter_size = property(lambda self: self.spec.iter_size)
 
     @property
+    def iter(self) -> int:
+        """Updates applied so far."""
+        return int(self.optimizer.param_groups[0]["caffe_iter"])
+
+    @property
     def rate(self) -> float:
         """The rate the next :meth:`step` uses (before ``lr_mult``)."""
-        return float(self.scheduler.get_last_lr()[0])
+        return float(self.optimizer.param_groups[0]["lr"])
 
     def lr_at(self, it: int) -> float:
         """Caffe's rate at iteration ``it`` (fresh-run multistep counter)."""
@@ -111,22 +185,17 @@ class CaffeSolver:
 
     @torch.no_grad()
     def step(self) -> None:
-        """Clip -> normalize -> regularize -> update -> ``iter += 1``."""
-        grads = [p.grad for p in self.params() if p.grad is not None]
-        clip = self.spec.clip_gradients
-        if clip >= 0 and grads:
-            # Caffe clips the un-normalised iter_size sum, before weight decay.
-            norm = math.sqrt(float(sum(g.float().pow(2).sum() for g in grads)))
-            if norm > clip:
-                for g in grads:
-                    g.mul_(clip / norm)
+        """Normalize -> clip -> regularize -> update -> ``iter += 1``.
+
+        The caller accumulated ``iter_size`` passes; dividing their sum first turns it
+        into the mean the hooks clip at ``clip / iter_size``, Caffe's clip of the sum.
+        """
         if self.spec.iter_size != 1:
             scale = float(torch.tensor(1.0, dtype=torch.float32) / self.spec.iter_size)
-            for g in grads:
-                g.mul_(scale)
+            for p in self.params():
+                if p.grad is not None:
+                    p.grad.mul_(scale)
         self.optimizer.step()
-        self.iter += 1
-        self.scheduler.step()
 
     def test_due(self, it: int | None = None) -> bool:
         """Whether Caffe runs the test nets before the update of iteration ``it``."""
@@ -161,7 +230,7 @@ class CaffeSolver:
         return {
             "type": self.spec.type,
             "iter": self.iter,
-            "current_step": self.scheduler.previous_step,
+            "current_step": int(self.optimizer.param_groups[0]["caffe_step"]),
             "history": self.optimizer.history(),
         }
 
@@ -172,9 +241,11 @@ class CaffeSolver:
                 f"solver state was saved by a {state['type']} solver; this solver is {self.spec.type}. "
                 "Use the same solver type to resume, or start without the state."
             )
-        self.iter = int(state["iter"])
-        self.optimizer.load_history(list(state["history"]), self.iter)
-        self.scheduler.restore(self.iter, int(state["current_step"]))
+        iteration = int(state["iter"])
+        for group in self.optimizer.param_groups:
+            group["caffe_iter"], group["caffe_step"] = iteration, int(state["current_step"])
+        self.optimizer.load_history(list(state["history"]), iteration)
+        self._hooks.set_rate(self.optimizer)
 
 
 def load_solver(solver: Message | str | os.PathLike[str] | SolverSpec, params_or_net: Any) -> CaffeSolver:
@@ -189,3 +260,47 @@ def load_solver(solver: Message | str | os.PathLike[str] | SolverSpec, params_or
         ConfigError: on an unknown field, policy or type, or invalid values.
     """
     return CaffeSolver(read_solver_spec(solver), params_or_net)
+
+
+class CaffeOptimizerFactory:
+    """``params -> Optimizer``: the solver's optimizer over the net's ``lr_mult`` groups.
+
+    Made on the driver from the model; called in each worker with
+    ``list(model.parameters())`` of the worker's copy, whose parameters it groups by
+    index (the order ``parameters()`` gives is the same in every copy).  Picklable.
+    """
+
+    def __init__(self, spec: SolverSpec, model: nn.Module) -> None:
+        self.spec = spec
+        params = list(model.parameters())
+        index = {id(p): i for i, p in enumerate(params)}
+        self.num_params = len(params)
+        if hasattr(model, "param_groups") and hasattr(model, "caffe_layers"):
+            groups = model.param_groups(spec.base_lr, spec.weight_decay)
+            self.groups = [
+                ([index[id(p)] for p in g["params"]], float(g["lr_mult"]), float(g["decay_mult"]))
+                for g in groups
+            ]
+        else:  # any other module: one group, multipliers 1
+            self.groups = [([i for i, p in enumerate(params) if p.requires_grad], 1.0, 1.0)]
+
+    def __call__(self, params: Iterable[torch.Tensor]) -> Optimizer:
+        params = list(params.parameters()) if isinstance(params, nn.Module) else list(params)
+        if len(params) != self.num_params:
+            raise ConfigError(
+                f"the Caffe solver's optimizer was made for a model with {self.num_params} parameter tensors, "
+                f"but got {len(params)}; build the factory from the model being trained."
+            )
+        groups = [
+            {"params": [params[i] for i in idx], "lr_mult": lr_mult, "decay_mult": decay_mult}
+            for idx, lr_mult, decay_mult in self.groups
+            if idx
+        ]
+        return CaffeSolverHooks(self.spec).attach(make_optimizer(self.spec, groups))
+
+    def __repr__(self) -> str:
+        mults = sorted({(lr, dm) for _, lr, dm in self.groups})
+        return (
+            f"CaffeOptimizerFactory({self.spec.type}, base_lr={self.spec.base_lr}, "
+            f"lr_policy={self.spec.lr_policy!r}, (lr_mult, decay_mult)={mults})"
+        )

@@ -7,7 +7,7 @@ other without touching the net's semantics:
 * :class:`~sparkdp.caffe.classifier.CaffeClassifier` (``caffe/classifier.py``) builds the
   layers the prediction depends on and applies the Data layer's ``transform_param``;
   :class:`~sparkdp.caffe.classifier.CaffeLoss` is the net's loss layer times its ``loss_weight``.
-* :class:`~sparkdp.caffe.solver_hooks.CaffeOptimizerFactory` (``caffe/solver_hooks.py``)
+* :class:`~sparkdp.caffe.solver.CaffeOptimizerFactory` (``caffe/solver.py``)
   rebuilds the solver's optimizer on every worker, with the ``lr_policy`` and
   ``clip_gradients`` attached as optimizer step hooks.
 * :func:`fit_caffe` puts them together: solver + net (+ initial ``.caffemodel``) in,
@@ -42,7 +42,7 @@ import torch
 
 from ..errors import ConfigError
 from .classifier import CaffeClassifier
-from .solver_hooks import CaffeOptimizerFactory
+from .solver import CaffeOptimizerFactory
 from .solver_spec import SolverSpec, read_solver_spec
 
 __all__ = ["build_model", "data_sample_shape", "effective_batch_size", "fit_caffe", "plan_epochs", "solver_net_source"]

@@ -9,7 +9,7 @@ from typing import Any
 from torch import nn
 
 from ..caffe.classifier import CaffeClassifier
-from ..caffe.solver_hooks import CaffeOptimizerFactory
+from ..caffe.solver import CaffeOptimizerFactory
 from ..caffe.solver_spec import SolverSpec, read_solver_spec
 from ..caffe.train import build_model, data_sample_shape, effective_batch_size, plan_epochs, solver_net_source
 from ..errors import ConfigError

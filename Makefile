@@ -15,7 +15,7 @@ setup: $(STAMP)
 # Fashion-MNIST, the classic 2-conv CNN, gradient all-reduce on 2 Spark workers, 2 epochs.
 demo: $(STAMP)
 	$(VENV)/bin/sparkdp train --dataset fashion-mnist --model cnn --strategy allreduce \
-		--workers 2 --epochs 2 --out out/demo --json-out out/demo/summary.json
+		--workers 2 --epochs 2 --lr 0.05 --out out/demo --json-out out/demo/summary.json
 
 # pytest exits 5 when it collects nothing: treat that as a failure, never as a pass.
 test: $(STAMP)

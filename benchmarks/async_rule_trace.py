@@ -1,7 +1,7 @@
 """Trace an asynchronous update rule push by push: why does (or doesn't) it train?
 
 M workers take turns (round-robin, so every push has staleness M-1) on real Fashion-MNIST,
-each with its own model copy and its own worker optimizer (the CLI's SGD, lr 0.05,
+each with its own model copy and its own worker optimizer (SGD, lr 0.05,
 momentum 0.9), exchanging through the real ParameterServer and the in-process transport
 with the real AsyncWorker. For every push it prints the centre's norm, the pushed
 tensor's norm against the raw mini-batch gradient's, the update the server applied,
@@ -43,7 +43,7 @@ def main() -> None:
     p.add_argument("--model", default="cnn-small")
     p.add_argument("--pushes", type=int, default=40, help="total pushes to trace")
     p.add_argument("--every", type=int, default=1, help="print every N-th push")
-    p.add_argument("--lr", type=float, default=0.05, help="worker SGD learning rate (CLI default 0.05)")
+    p.add_argument("--lr", type=float, default=0.05, help="worker SGD learning rate (default 0.05, as in the figures of docs/algorithms.md)")
     p.add_argument("--momentum", type=float, default=0.9, help="worker SGD momentum (CLI default 0.9)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--eval-rows", type=int, default=10000)

@@ -8,7 +8,8 @@ Three ways in, one engine:
 * ``sparkdp train SCRIPT.py`` does the same from the command line.
 """
 
-from .driver import fit, run
+from .config import Columns, JobConfig
+from .driver import fit, fit_job, run
 from .errors import ConfigError, DataError, RendezvousTimeout, SparkdpError, WorkerFailed
 from .spark.predict import predict
 from .spark.session import session
@@ -19,6 +20,6 @@ from .train.result import TrainResult
 __version__ = "0.1.0"
 
 __all__ = [
-    "STRATEGIES", "ConfigError", "DataError", "RendezvousTimeout", "SparkdpError", "TrainResult",
-    "WorkerFailed", "__version__", "distribute", "fit", "predict", "run", "session",
+    "STRATEGIES", "Columns", "ConfigError", "DataError", "JobConfig", "RendezvousTimeout", "SparkdpError",
+    "TrainResult", "WorkerFailed", "__version__", "distribute", "fit", "fit_job", "predict", "run", "session",
 ]

@@ -6,6 +6,7 @@ import json
 import time
 from pathlib import Path
 
+from ..config import JOB_DEFAULTS, MEMORY_FORMATS, Columns, JobConfig
 from ..errors import ConfigError
 
 
@@ -22,7 +23,9 @@ def _kv(text: str) -> tuple[str, object]:
 def add_parser(sub) -> None:
     from ..models import MODELS
     from ..strategies import STRATEGIES
-    from ..train.layout import MEMORY_FORMATS
+    from ..train.optim import DEFAULT_OPTIMIZER_ARGS
+
+    job, sgd = JOB_DEFAULTS, DEFAULT_OPTIMIZER_ARGS["sgd"]
 
     p = sub.add_parser("train", help="train a script's model, or a built-in model on a built-in dataset",
                        description="Train data-parallel on Spark. SCRIPT.py defines model, train_data and "
@@ -30,28 +33,28 @@ def add_parser(sub) -> None:
     p.add_argument("script", nargs="?", help="a single-machine training script (optional with --dataset/--model)")
     p.add_argument("--dataset", help="built-in dataset: fashion-mnist")
     p.add_argument("--model", help=f"built-in model: {', '.join(MODELS.available())}")
-    p.add_argument("--strategy", default="allreduce", help=f"one of {', '.join(STRATEGIES.available())}")
+    p.add_argument("--strategy", default=job.strategy, help=f"one of {', '.join(STRATEGIES.available())}")
     p.add_argument("--strategy-option", action="append", default=[], type=_kv, metavar="KEY=VALUE",
                    help="strategy setting, e.g. period=4 (repeatable)")
     p.add_argument("--workers", type=int, help="Spark tasks to train on (default: all task slots)")
-    p.add_argument("--epochs", type=int, help="passes over the training data (default 1)")
-    p.add_argument("--batch-size", type=int, help="rows per worker per step (default 64)")
+    p.add_argument("--epochs", type=int, help=f"passes over the training data (default {job.epochs})")
+    p.add_argument("--batch-size", type=int, help=f"rows per worker per step (default {job.batch_size})")
     p.add_argument("--optimizer", help="sgd, adam, adamw, rmsprop, adagrad (default: the script's, else sgd)")
-    p.add_argument("--lr", type=float, help="learning rate (default 0.05 for built-in models)")
-    p.add_argument("--momentum", type=float, help="SGD momentum (default 0.9)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, help=f"learning rate (default {sgd['lr']} for sgd)")
+    p.add_argument("--momentum", type=float, help=f"SGD momentum (default {sgd['momentum']})")
+    p.add_argument("--seed", type=int, default=job.seed)
     p.add_argument("--limit", type=int, help="use only the first N training and test rows (quick runs)")
     p.add_argument("--data", help="training data: a Parquet file or directory (with --features/--label)")
     p.add_argument("--eval-data", help="held-out Parquet data evaluated after every epoch")
-    p.add_argument("--eval-every", type=int, default=1, metavar="K",
-                   help="evaluate after every K-th epoch and after the last (default 1)")
+    p.add_argument("--eval-every", type=int, default=job.eval_every, metavar="K",
+                   help=f"evaluate after every K-th epoch and after the last (default {job.eval_every})")
     p.add_argument("--features", help="feature column(s), comma-separated")
     p.add_argument("--label", help="label column")
     p.add_argument("--feature-shape", help="reshape each row's features, e.g. 1,28,28")
     p.add_argument("--drop-nulls", action="store_true", help="drop rows with nulls instead of failing")
     p.add_argument("--master", help="Spark master URL (default: embedded local[N])")
     p.add_argument("--threads", type=int, help="torch threads per worker (default: spark.task.cpus)")
-    p.add_argument("--memory-format", choices=MEMORY_FORMATS, default="auto",
+    p.add_argument("--memory-format", choices=MEMORY_FORMATS, default=job.memory_format,
                    help="layout of conv weights and image batches: auto (channels_last for conv nets on CPU), "
                         "channels_last, contiguous")
     p.add_argument("--out", help="directory for model.safetensors and model.json")
@@ -65,6 +68,23 @@ def add_parser(sub) -> None:
     caffe.add_argument("--caffe-weights", metavar="W.caffemodel", help="initial weights (with --out, the trained "
                                                                          "ones go to OUT/model.caffemodel)")
     p.set_defaults(func=run)
+
+
+def optimizer_choice(args, script_optimizer: object = None) -> tuple[object, dict]:
+    """(optimizer, options) for ``fit``: the script's own, or a name with the flags over its defaults.
+
+    A name's defaults are ``train.optim.DEFAULT_OPTIMIZER_ARGS``, the same table ``fit`` uses.
+    """
+    if script_optimizer is not None and not args.optimizer:
+        if args.lr is not None or args.momentum is not None:
+            raise ConfigError("--lr/--momentum apply to --optimizer; the script already builds its own optimizer. "
+                              "Change it in the script or pass --optimizer too.")
+        return script_optimizer, {}
+    name = args.optimizer or "sgd"
+    options = {k: v for k, v in (("lr", args.lr), ("momentum", args.momentum)) if v is not None}
+    if "momentum" in options and name not in ("sgd", "rmsprop"):
+        raise ConfigError(f"--momentum applies to --optimizer sgd or rmsprop; {name} has no momentum setting.")
+    return name, options
 
 
 def run(args) -> int:
@@ -106,17 +126,16 @@ def run(args) -> int:
         ds = load_dataset(args.dataset, limit=args.limit)
         data, eval_data = dataset_tensors(ds)
         model_desc["dataset"] = args.dataset
-    columns: dict = {}
+    columns = Columns()
     if args.data:
         if not args.features or not args.label:
             raise ConfigError("--data needs --features COLS and --label COL (which columns are inputs and target).")
         data = args.data
         eval_data = args.eval_data
         feature_list = [c.strip() for c in args.features.split(",") if c.strip()]
-        columns = {"features": feature_list[0] if len(feature_list) == 1 else feature_list, "label": args.label,
-                   "drop_nulls": args.drop_nulls}
-        if args.feature_shape:
-            columns["feature_shape"] = tuple(int(v) for v in args.feature_shape.split(","))
+        shape = tuple(int(v) for v in args.feature_shape.split(",")) if args.feature_shape else None
+        columns = Columns(features=feature_list[0] if len(feature_list) == 1 else feature_list, label=args.label,
+                          feature_shape=shape, drop_nulls=args.drop_nulls)
         model_desc["data"] = str(args.data)
     if data is None:
         raise ConfigError("no training data: give --dataset, --data PATH.parquet, or a script defining `train_data`.")
@@ -127,22 +146,14 @@ def run(args) -> int:
         caffe = cli_job(args, data, model_desc)
         model, loss, optimizer, batch_size, epochs = (caffe.model, caffe.loss, caffe.optimizer, caffe.batch_size,
                                                       caffe.epochs)
-    opt_options = {}
-    if optimizer is None or args.optimizer:
-        optimizer = args.optimizer or "sgd"
-        opt_options = {"lr": 0.05 if args.lr is None else args.lr}
-        if optimizer == "sgd":
-            opt_options["momentum"] = 0.9 if args.momentum is None else args.momentum
-    elif args.lr is not None or args.momentum is not None:
-        raise ConfigError("--lr/--momentum apply to --optimizer; the script already builds its own optimizer. "
-                          "Change it in the script or pass --optimizer too.")
-    result = sparkdp.fit(model, data, eval_data=eval_data, loss=loss, optimizer=optimizer,
-                         optimizer_options=opt_options, strategy=args.strategy,
-                         strategy_options=dict(args.strategy_option), workers=args.workers,
-                         epochs=1 if epochs is None else epochs,
-                         batch_size=64 if batch_size is None else batch_size,
-                         seed=args.seed, master=args.master, threads=args.threads, eval_every=args.eval_every,
-                         memory_format=args.memory_format, **columns)
+    optimizer, opt_options = optimizer_choice(args, optimizer)
+    job = JobConfig(strategy=args.strategy, strategy_options=dict(args.strategy_option), workers=args.workers,
+                    epochs=JOB_DEFAULTS.epochs if epochs is None else epochs,
+                    batch_size=JOB_DEFAULTS.batch_size if batch_size is None else batch_size, seed=args.seed,
+                    master=args.master, threads=args.threads, eval_every=args.eval_every,
+                    memory_format=args.memory_format)
+    result = sparkdp.fit_job(model, data, job, eval_data=eval_data, columns=columns, loss=loss, optimizer=optimizer,
+                             optimizer_options=opt_options, started=started)
     model_path = None
     if args.out:
         model_path = str(result.save(Path(args.out) / "model.safetensors", **model_desc))

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..config import COLUMN_DEFAULTS, Columns, JobConfig
 from ..data.base import WorkerData
 from ..data.datasets import Dataset as BuiltinDataset
 from ..data.datasets import dataset_tensors, load_dataset
@@ -25,19 +26,13 @@ from ..strategies import resolve_strategy
 from ..strategies.base import Launcher, Strategy
 from ..train.context import WorkerContext, set_current
 from ..train.jobs import in_task, progress
-from ..train.layout import check_memory_format, preflight_layout
+from ..train.layout import preflight_layout
 from ..train.loop import FitSpec, check_batch, fit_worker
 from ..train.optim import optimizer_factory, resolve_loss
 from ..train.result import TrainResult
 from ..train.serialize import state_from_bytes
 
 log = logging.getLogger(__name__)
-
-
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name} must be a positive integer; got {value!r}.")
-    return value
 
 
 def _resolve_data(data: Any, labels: Any, eval_data: Any) -> tuple[WorkerData, WorkerData | None]:
@@ -54,7 +49,7 @@ def _resolve_data(data: Any, labels: Any, eval_data: Any) -> tuple[WorkerData, W
     return train, (as_worker_data(eval_data) if eval_data is not None else None)
 
 
-def _columnar(data: Any, columns: dict[str, Any], what: str) -> Any:
+def _columnar(data: Any, columns: Columns, what: str) -> Any:
     """A Spark DataFrame or a Parquet path with ``features=``/``label=`` as streamed training data."""
     import os
 
@@ -63,10 +58,10 @@ def _columnar(data: Any, columns: dict[str, Any], what: str) -> Any:
     if type(data).__name__ == "DataFrame" and type(data).__module__.startswith("pyspark.sql"):
         from ..spark.dataframe import dataframe_data
 
-        return dataframe_data(data, **columns)
+        return dataframe_data(data, **columns.as_kwargs())
     if isinstance(data, (str, os.PathLike)) or (isinstance(data, (list, tuple)) and data
                                                 and all(isinstance(p, (str, os.PathLike)) for p in data)):
-        return ParquetData(data, **columns)
+        return ParquetData(data, **columns.as_kwargs())
     if isinstance(data, WorkerData):
         return data
     raise ConfigError(f"features=/label= name columns, so {what} must be a Spark DataFrame or a Parquet path "
@@ -103,7 +98,6 @@ def _preflight(model: nn.Module, loss_fn: Callable, data: WorkerData, memory_for
     """Check on the driver, in milliseconds, what would otherwise fail inside every Spark task.
 
     Returns the memory format the workers train in (see ``train.layout``)."""
-    check_memory_format(memory_format)
     sample = _sample_batch(data)
     if sample is None:  # nothing to probe the layout with: "auto" stays on the safe side
         return "contiguous" if memory_format == "auto" else memory_format
@@ -183,19 +177,27 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
         >>> result.history[-1]["loss"]                                 # doctest: +SKIP
     """
     started = time.perf_counter()
-    epochs = _positive_int("epochs", epochs)
-    batch_size = _positive_int("batch_size", batch_size)
-    eval_every = _positive_int("eval_every", eval_every)
-    if workers is not None:
-        workers = _positive_int("workers", workers)
-    strategy_obj = resolve_strategy(strategy, **(strategy_options or {}))
+    job = JobConfig(strategy=strategy, strategy_options=strategy_options or {}, workers=workers, epochs=epochs,
+                    batch_size=batch_size, seed=seed, shuffle=shuffle, eval_every=eval_every,
+                    memory_format=memory_format, master=master, threads=threads, start_timeout_s=start_timeout_s,
+                    pg_timeout_s=pg_timeout_s, show_progress=show_progress)
+    columns = Columns(features=features, label=label, feature_shape=feature_shape, drop_nulls=drop_nulls,
+                      shuffle_buffer=shuffle_buffer)
+    return fit_job(model, data, job, labels=labels, eval_data=eval_data, columns=columns, loss=loss,
+                   optimizer=optimizer, optimizer_options=optimizer_options, lr_scheduler=lr_scheduler, spark=spark,
+                   started=started)
+
+
+def fit_job(model: nn.Module, data: Any, job: JobConfig, *, labels: Any = None, eval_data: Any = None,
+            columns: Columns = COLUMN_DEFAULTS, loss: Any = "cross_entropy", optimizer: Any = "sgd",
+            optimizer_options: dict | None = None, lr_scheduler: Callable[[Any], Any] | None = None,
+            spark: Any = None, started: float | None = None) -> TrainResult:
+    """:func:`fit` with the job's settings as one :class:`~sparkdp.config.JobConfig`."""
+    started = time.perf_counter() if started is None else started
+    strategy_obj = resolve_strategy(job.strategy, **job.strategy_options)
     loss_fn = resolve_loss(loss)
     factory = optimizer_factory(optimizer, model, **(optimizer_options or {}))
-    if features is not None or label is not None:
-        if features is None:
-            raise ConfigError("label= was given without features=; name the feature column(s) too.")
-        columns = {"features": features, "label": label, "feature_shape": feature_shape,
-                   "drop_nulls": drop_nulls, "shuffle_buffer": shuffle_buffer}
+    if columns.given:
         train = _columnar(data, columns, "data")
         test = _columnar(eval_data, columns, "eval_data") if eval_data is not None else None
         if test is not None and not isinstance(test, WorkerData):
@@ -203,45 +205,42 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
                               "write it to Parquet or pass the Parquet path.")
     else:
         train, test = _resolve_data(data, labels, eval_data)
-    memory_format = _preflight(model, loss_fn, train, memory_format)
+    memory_format = _preflight(model, loss_fn, train, job.memory_format)
 
     from ..spark.launcher import on_driver_machine, task_slots
     from ..spark.session import session
 
-    spark = spark or session(master)
-    if workers is None:
-        workers = task_slots(spark.sparkContext) or 2
+    spark = spark or session(job.master)
+    workers = job.workers or task_slots(spark.sparkContext) or 2
     rows = train.num_samples()
     if rows is not None and rows < workers:
         raise ConfigError(f"the training data has {rows} rows but {workers} workers were requested; every "
                           "worker needs at least one row. Use fewer workers or more data.")
     spec = FitSpec(model=model, loss=loss_fn, optimizer=factory, strategy=strategy_obj, train=train, eval=test,
-                   epochs=epochs, batch_size=batch_size, seed=seed, shuffle=shuffle, scheduler=lr_scheduler,
-                   eval_every=eval_every, memory_format=memory_format)
+                   epochs=job.epochs, batch_size=job.batch_size, seed=job.seed, shuffle=job.shuffle,
+                   scheduler=lr_scheduler, eval_every=job.eval_every, memory_format=memory_format)
     # Same-machine executors map in-memory data from files instead of unpickling a copy each.
     with shared_with_workers(on_driver_machine(spark.sparkContext), train, test) as (train, test):
-        return _fit_on_spark(replace(spec, train=train, eval=test), workers, spark, threads, started,
-                             show_progress=show_progress, pg_timeout_s=pg_timeout_s, start_timeout_s=start_timeout_s)
+        return _fit_on_spark(replace(spec, train=train, eval=test), job, workers, spark, started)
 
 
-def _fit_on_spark(spec: FitSpec, workers: int, spark: Any, threads: int | None, started: float, *,
-                  show_progress: bool, pg_timeout_s: float, start_timeout_s: float) -> TrainResult:
+def _fit_on_spark(spec: FitSpec, job: JobConfig, workers: int, spark: Any, started: float) -> TrainResult:
     from ..spark.launcher import run_barrier
 
     model, train, strategy_obj = spec.model, spec.train, spec.strategy
     log.info("training %s on %d workers with %s; data: %s", type(model).__name__, workers,
              strategy_obj.name, train.describe())
     if strategy_obj.launcher is Launcher.TASKS:
-        return _fit_async(spec, strategy_obj, workers, spark, threads, started, show_progress)
-    with progress(show_progress, f"sparkdp: training on {workers} Spark workers ({strategy_obj.name})"):
+        return _fit_async(spec, strategy_obj, workers, spark, job, started)
+    with progress(job.show_progress, f"sparkdp: training on {workers} Spark workers ({strategy_obj.name})"):
         if not isinstance(train, WorkerData):  # a DataFrame streamed through Spark: a stage per epoch
             from ..spark.dataframe import fit_stream
 
-            out = fit_stream(spec, train, workers=workers, spark=spark, threads=threads,
-                             pg_timeout_s=pg_timeout_s, start_timeout_s=start_timeout_s)
+            out = fit_stream(spec, train, workers=workers, spark=spark, threads=job.threads,
+                             pg_timeout_s=job.pg_timeout_s, start_timeout_s=job.start_timeout_s)
         else:
-            job = in_task(lambda coll: fit_worker(spec, coll), threads=threads, pg_timeout_s=pg_timeout_s)
-            out = run_barrier(job, workers, spark=spark, start_timeout_s=start_timeout_s)[0]
+            task = in_task(lambda coll: fit_worker(spec, coll), threads=job.threads, pg_timeout_s=job.pg_timeout_s)
+            out = run_barrier(task, workers, spark=spark, start_timeout_s=job.start_timeout_s)[0]
     dropped = out.data_counters.get("dropped_null_rows", 0)
     if dropped:
         log.warning("dropped %d row(s) with null features or labels (drop_nulls=True), counted over all epochs",
@@ -253,8 +252,8 @@ def _fit_on_spark(spec: FitSpec, workers: int, spark: Any, threads: int | None, 
                        details={"strategy_state": out.strategy_state})
 
 
-def _fit_async(spec: FitSpec, strategy: Strategy, workers: int, spark: Any, threads: int | None,
-               started: float, show_progress: bool) -> TrainResult:
+def _fit_async(spec: FitSpec, strategy: Strategy, workers: int, spark: Any, job: JobConfig,
+               started: float) -> TrainResult:
     """Asynchronous strategies: a parameter server on the driver, workers as ordinary tasks."""
     from .async_job import fit_async
 
@@ -262,13 +261,8 @@ def _fit_async(spec: FitSpec, strategy: Strategy, workers: int, spark: Any, thre
         raise ConfigError(f"the asynchronous strategy {strategy.name!r} reads in-memory data or Parquet files; "
                           "a DataFrame that is not a plain Parquet scan is supported by the synchronous "
                           "strategies. Write it to Parquet and pass the path.")
-    with progress(show_progress, f"sparkdp: {workers} asynchronous Spark workers ({strategy.name})"):
-        out = fit_async(spec, strategy, workers=workers, spark=spark, threads=threads)
-    return TrainResult(model=spec.model, history=out["history"], strategy=strategy.name, workers=workers,
-                       epochs=spec.epochs, wall_s=time.perf_counter() - started,
-                       train_time_s=out["train_time_s"], samples=out["samples"],
-                       strategy_options=strategy.options(),
-                       details={"server": out["server"], "workers": out["workers"]})
+    with progress(job.show_progress, f"sparkdp: {workers} asynchronous Spark workers ({strategy.name})"):
+        return fit_async(spec, strategy, workers=workers, spark=spark, threads=job.threads, started=started)
 
 
 def run(train_fn: Callable[..., Any], *args: Any, workers: int | None = None,
@@ -281,16 +275,16 @@ def run(train_fn: Callable[..., Any], *args: Any, workers: int | None = None,
     optimizer and data loader into distributed ones. ``train_fn`` and its
     arguments must be picklable (define it at module level or as a closure).
     """
-    strategy_obj = resolve_strategy(strategy, **(strategy_options or {}))
-    if workers is not None:
-        workers = _positive_int("workers", workers)
+    job = JobConfig(strategy=strategy, strategy_options=strategy_options or {}, workers=workers, seed=seed,
+                    master=master, threads=threads, start_timeout_s=start_timeout_s, pg_timeout_s=pg_timeout_s,
+                    show_progress=show_progress)
+    strategy_obj = resolve_strategy(job.strategy, **job.strategy_options)
 
     from ..spark.launcher import run_barrier, task_slots
     from ..spark.session import session
 
-    spark = spark or session(master)
-    if workers is None:
-        workers = task_slots(spark.sparkContext) or 2
+    spark = spark or session(job.master)
+    workers = job.workers or task_slots(spark.sparkContext) or 2
 
     def body(collective):
         ctx = WorkerContext(collective.rank, collective.world_size, collective, strategy_obj, seed,
@@ -303,10 +297,10 @@ def run(train_fn: Callable[..., Any], *args: Any, workers: int | None = None,
         finally:
             set_current(None)
 
-    job = in_task(body, threads=threads, pg_timeout_s=pg_timeout_s)
-    with progress(show_progress, f"sparkdp: running {getattr(train_fn, '__name__', 'train_fn')} "
-                                 f"on {workers} Spark workers"):
-        return run_barrier(job, workers, spark=spark, start_timeout_s=start_timeout_s)[0]
+    task = in_task(body, threads=job.threads, pg_timeout_s=job.pg_timeout_s)
+    with progress(job.show_progress, f"sparkdp: running {getattr(train_fn, '__name__', 'train_fn')} "
+                                     f"on {workers} Spark workers"):
+        return run_barrier(task, workers, spark=spark, start_timeout_s=job.start_timeout_s)[0]
 
 
-__all__ = ["fit", "run"]
+__all__ = ["fit", "fit_job", "run"]

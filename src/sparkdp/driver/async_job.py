@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -15,13 +16,14 @@ from ..ps.transport import TcpOptions, TcpTransport
 from ..strategies.async_ps import AsyncParameterServer
 from ..train.loop import FitSpec, evaluate, fit_worker
 from ..train.report import WorkerReport
+from ..train.result import TrainResult
 
 log = logging.getLogger(__name__)
 
 
 def fit_async(spec: FitSpec, strategy: AsyncParameterServer, *, workers: int, spark: Any,
-              threads: int | None) -> dict[str, Any]:
-    """Start the server on the driver, run ``workers`` tasks, return the centre and the history."""
+              threads: int | None, started: float) -> TrainResult:
+    """Start the server on the driver, run ``workers`` tasks; the model becomes the centre."""
     from ..spark.launcher import driver_host, run_tasks
 
     model = spec.model
@@ -55,6 +57,10 @@ def fit_async(spec: FitSpec, strategy: AsyncParameterServer, *, workers: int, sp
                         "samples": rows, "epoch_time_s": max(rec["epoch_time_s"] for rec in records)})
     if spec.eval is not None:  # the final centre, once every worker is done
         history[-1].update(evaluate(model, spec.loss, spec.eval, SingleProcessCollective(), spec.eval_batch_size))
-    return {"history": history, "train_time_s": max(r.wall_end for r in reports) - min(r.wall_start for r in reports),
-            "samples": sum(h["samples"] for h in history), "server": server.metrics(),
-            "workers": [{"worker": r.worker, **r.strategy_metrics} for r in sorted(reports, key=lambda r: r.worker)]}
+    return TrainResult(
+        model=model, history=history, strategy=strategy.name, workers=workers, epochs=spec.epochs,
+        wall_s=time.perf_counter() - started,
+        train_time_s=max(r.wall_end for r in reports) - min(r.wall_start for r in reports),
+        samples=sum(h["samples"] for h in history), strategy_options=strategy.options(),
+        details={"server": server.metrics(),
+                 "workers": [{"worker": r.worker, **r.strategy_metrics} for r in sorted(reports, key=lambda r: r.worker)]})

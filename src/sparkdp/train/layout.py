@@ -30,16 +30,6 @@ from ..errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-MEMORY_FORMATS = ("auto", "channels_last", "contiguous")
-
-
-def check_memory_format(value: str) -> str:
-    if value not in MEMORY_FORMATS:
-        raise ConfigError(f"memory_format must be one of {', '.join(MEMORY_FORMATS)}; got {value!r}. "
-                          "'auto' trains convolutional models channels-last on CPU.")
-    return value
-
-
 def has_conv2d(model: nn.Module) -> bool:
     """Whether the model holds a 2-D convolution kernel (a 4-D floating parameter)."""
     return any(p.dim() == 4 and p.is_floating_point() for p in model.parameters())
@@ -70,7 +60,6 @@ def preflight_layout(memory_format: str, model: nn.Module, run: Callable[[Callab
     the features. An explicit ``"channels_last"`` that fails is the user's error;
     ``"auto"`` falls back to ``"contiguous"``.
     """
-    check_memory_format(memory_format)
     if memory_format == "contiguous" or not has_conv2d(model):
         return memory_format
     originals = [t.data for t in (*model.parameters(), *model.buffers())]

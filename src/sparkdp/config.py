@@ -1,0 +1,136 @@
+"""A training job's settings as frozen dataclasses: the one place their defaults and checks live.
+
+``sparkdp.fit(...)`` keeps its keyword arguments as the friendly face and turns them into a
+:class:`JobConfig`; ``sparkdp train`` takes its flags' defaults from here; a job file (a
+mapping, e.g. parsed YAML) becomes one with :meth:`JobConfig.from_mapping`.  ``fit``'s and
+``run``'s signature defaults are checked against these by ``tests/test_config.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ConfigError
+
+MEMORY_FORMATS = ("auto", "channels_last", "contiguous")
+
+
+def _positive_int(name: str, value: Any, *, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be a positive integer; got {value!r}.")
+
+
+def _positive_number(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(f"{name} must be a number of seconds > 0; got {value!r}.")
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """How a job trains and where it runs (the data, model, loss and optimizer aside).
+
+    Attributes:
+        strategy: a strategy name (``sparkdp.strategies.STRATEGIES``) or a Strategy object.
+        strategy_options: settings of the named strategy (e.g. ``{"period": 4}``).
+        workers: Spark tasks to train on; ``None``: every task slot of the cluster.
+        epochs: passes over the training data.
+        batch_size: rows per worker per step; the global batch is ``workers * batch_size``.
+        seed: seeds the model's initial state, shuffling and dropout on every worker.
+        shuffle: reshuffle the rows every epoch.
+        eval_every: evaluate after every ``eval_every``-th epoch and after the last one.
+        memory_format: ``"auto"``, ``"channels_last"`` or ``"contiguous"`` (``train.layout``).
+        master: a Spark master URL; ``None``: the embedded ``local[N]`` session.
+        threads: torch threads per worker; ``None``: ``spark.task.cpus``.
+        start_timeout_s: how long every task of a barrier stage may take to start.
+        pg_timeout_s: how long one collective operation may block before the job fails.
+        show_progress: show Spark's progress bar on the driver.
+    """
+
+    strategy: Any = "allreduce"
+    strategy_options: Mapping[str, Any] = field(default_factory=dict)
+    workers: int | None = None
+    epochs: int = 1
+    batch_size: int = 64
+    seed: int = 0
+    shuffle: bool = True
+    eval_every: int = 1
+    memory_format: str = "auto"
+    master: str | None = None
+    threads: int | None = None
+    start_timeout_s: float = 60.0
+    pg_timeout_s: float = 300.0
+    show_progress: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size", "eval_every"):
+            _positive_int(name, getattr(self, name))
+        _positive_int("workers", self.workers, optional=True)
+        _positive_int("threads", self.threads, optional=True)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ConfigError(f"seed must be an integer; got {self.seed!r}.")
+        if self.memory_format not in MEMORY_FORMATS:
+            raise ConfigError(f"memory_format must be one of {', '.join(MEMORY_FORMATS)}; got "
+                              f"{self.memory_format!r}. 'auto' trains convolutional models channels-last on CPU.")
+        _positive_number("start_timeout_s", self.start_timeout_s)
+        _positive_number("pg_timeout_s", self.pg_timeout_s)
+        if not isinstance(self.strategy_options, Mapping):
+            raise ConfigError(f"strategy_options must be a mapping of setting -> value; got "
+                              f"{type(self.strategy_options).__name__}.")
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> JobConfig:
+        """A config from a job file's mapping; an unknown key is an error naming the known ones."""
+        known = [f.name for f in dataclasses.fields(cls)]
+        for key in values:
+            if key not in known:
+                close = difflib.get_close_matches(str(key), known, n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                raise ConfigError(f"unknown job setting {key!r}; allowed: {', '.join(known)}.{hint}")
+        return cls(**values)
+
+    def defaults(self) -> dict[str, Any]:
+        """The settings as a plain dict (for summaries and job files)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Which columns of a Spark DataFrame or Parquet data are the features and the label.
+
+    Attributes:
+        features: the feature column, or several (concatenated per row).
+        label: the label column.
+        feature_shape: each row's features reshaped to this (e.g. ``(1, 28, 28)``).
+        drop_nulls: drop rows with nulls instead of failing.
+        shuffle_buffer: rows each worker's shuffle buffer holds.
+    """
+
+    features: Any = None
+    label: str | None = None
+    feature_shape: Any = None
+    drop_nulls: bool = False
+    shuffle_buffer: int = 10_000
+
+    def __post_init__(self) -> None:
+        if self.features is None and self.label is not None:
+            raise ConfigError("label= was given without features=; name the feature column(s) too.")
+        _positive_int("shuffle_buffer", self.shuffle_buffer)
+
+    @property
+    def given(self) -> bool:
+        return self.features is not None
+
+    def as_kwargs(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+JOB_DEFAULTS = JobConfig()
+COLUMN_DEFAULTS = Columns()
+
+__all__ = ["COLUMN_DEFAULTS", "JOB_DEFAULTS", "MEMORY_FORMATS", "Columns", "JobConfig"]

@@ -26,6 +26,13 @@ def _positive_int(name: str, value: Any, *, optional: bool = False) -> None:
         raise ConfigError(f"{name} must be a positive integer; got {value!r}.")
 
 
+def check_memory_format(value: Any) -> str:
+    if value not in MEMORY_FORMATS:
+        raise ConfigError(f"memory_format must be one of {', '.join(MEMORY_FORMATS)}; got {value!r}. "
+                          "'auto' trains convolutional models channels-last on CPU.")
+    return value
+
+
 def _positive_number(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ConfigError(f"{name} must be a number of seconds > 0; got {value!r}.")
@@ -74,9 +81,7 @@ class JobConfig:
         _positive_int("threads", self.threads, optional=True)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ConfigError(f"seed must be an integer; got {self.seed!r}.")
-        if self.memory_format not in MEMORY_FORMATS:
-            raise ConfigError(f"memory_format must be one of {', '.join(MEMORY_FORMATS)}; got "
-                              f"{self.memory_format!r}. 'auto' trains convolutional models channels-last on CPU.")
+        check_memory_format(self.memory_format)
         _positive_number("start_timeout_s", self.start_timeout_s)
         _positive_number("pg_timeout_s", self.pg_timeout_s)
         if not isinstance(self.strategy_options, Mapping):

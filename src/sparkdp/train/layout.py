@@ -26,6 +26,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from ..config import check_memory_format
 from ..errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ def preflight_layout(memory_format: str, model: nn.Module, run: Callable[[Callab
     the features. An explicit ``"channels_last"`` that fails is the user's error;
     ``"auto"`` falls back to ``"contiguous"``.
     """
-    if memory_format == "contiguous" or not has_conv2d(model):
+    if check_memory_format(memory_format) == "contiguous" or not has_conv2d(model):
         return memory_format
     originals = [t.data for t in (*model.parameters(), *model.buffers())]
     set_layout(model, True)

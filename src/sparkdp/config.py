@@ -57,6 +57,14 @@ class JobConfig:
         start_timeout_s: how long every task of a barrier stage may take to start.
         pg_timeout_s: how long one collective operation may block before the job fails.
         show_progress: show Spark's progress bar on the driver.
+        checkpoint_dir: save checkpoints here (a directory or a pyarrow filesystem URL); ``None``:
+            a temporary directory on the driver's machine, for automatic recovery only.
+        checkpoint_every: also save every this many steps of an epoch (``None``: epoch ends).
+        checkpoint_every_s: also save when this many seconds passed since the last checkpoint.
+        keep_checkpoints: how many of the newest checkpoints to keep.
+        resume: continue from the newest valid checkpoint in this directory.
+        max_restarts: how many times a failed synchronous stage is restarted from the latest
+            checkpoint before the job fails (0: never).
     """
 
     strategy: Any = "allreduce"
@@ -73,12 +81,24 @@ class JobConfig:
     start_timeout_s: float = 60.0
     pg_timeout_s: float = 300.0
     show_progress: bool = True
+    checkpoint_dir: str | None = None
+    checkpoint_every: int | None = None
+    checkpoint_every_s: float | None = None
+    keep_checkpoints: int = 3
+    resume: str | None = None
+    max_restarts: int = 3
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "eval_every"):
             _positive_int(name, getattr(self, name))
         _positive_int("workers", self.workers, optional=True)
         _positive_int("threads", self.threads, optional=True)
+        _positive_int("checkpoint_every", self.checkpoint_every, optional=True)
+        _positive_int("keep_checkpoints", self.keep_checkpoints)
+        if self.checkpoint_every_s is not None:
+            _positive_number("checkpoint_every_s", self.checkpoint_every_s)
+        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
+            raise ConfigError(f"max_restarts must be an integer >= 0; got {self.max_restarts!r}.")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ConfigError(f"seed must be an integer; got {self.seed!r}.")
         check_memory_format(self.memory_format)

@@ -27,6 +27,10 @@ class WorkerFailed(SparkdpError, RuntimeError):
     """A training task failed; the message carries the worker's own error."""
 
 
+class TrainingDiverged(SparkdpError, ArithmeticError):
+    """The loss became NaN or infinite: restarting would not help."""
+
+
 class EnvironmentProblem(SparkdpError, RuntimeError):
     """Something the machine lacks (Java, a dataset, a reachable master)."""
 

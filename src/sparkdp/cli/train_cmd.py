@@ -57,6 +57,15 @@ def add_parser(sub) -> None:
     p.add_argument("--memory-format", choices=MEMORY_FORMATS, default=job.memory_format,
                    help="layout of conv weights and image batches: auto (channels_last for conv nets on CPU), "
                         "channels_last, contiguous")
+    rel = p.add_argument_group("checkpoints and recovery (synchronous strategies)")
+    rel.add_argument("--checkpoint-dir", metavar="DIR", help="save checkpoints here (a directory or an hdfs:// or "
+                                                             "s3:// URL); every epoch end at least")
+    rel.add_argument("--checkpoint-every", type=int, metavar="STEPS", help="also save every STEPS steps of an epoch")
+    rel.add_argument("--keep-checkpoints", type=int, default=job.keep_checkpoints, metavar="K",
+                     help=f"keep the newest K checkpoints (default {job.keep_checkpoints})")
+    rel.add_argument("--resume", metavar="DIR", help="continue from the newest valid checkpoint in DIR")
+    rel.add_argument("--max-restarts", type=int, default=job.max_restarts, metavar="N",
+                     help=f"restart a failed stage from the latest checkpoint up to N times (default {job.max_restarts})")
     p.add_argument("--out", help="directory for model.safetensors and model.json")
     p.add_argument("--json-out", help="write a JSON summary of the run here")
     caffe = p.add_argument_group("Caffe model", "train a Caffe net with its own solver (instead of --model/SCRIPT)")
@@ -151,7 +160,9 @@ def run(args) -> int:
                     epochs=JOB_DEFAULTS.epochs if epochs is None else epochs,
                     batch_size=JOB_DEFAULTS.batch_size if batch_size is None else batch_size, seed=args.seed,
                     master=args.master, threads=args.threads, eval_every=args.eval_every,
-                    memory_format=args.memory_format)
+                    memory_format=args.memory_format, checkpoint_dir=args.checkpoint_dir,
+                    checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
+                    resume=args.resume, max_restarts=args.max_restarts)
     result = sparkdp.fit_job(model, data, job, eval_data=eval_data, columns=columns, loss=loss, optimizer=optimizer,
                              optimizer_options=opt_options, started=started)
     model_path = None

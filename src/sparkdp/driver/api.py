@@ -29,8 +29,10 @@ from ..train.jobs import in_task, progress
 from ..train.layout import preflight_layout
 from ..train.loop import FitSpec, check_batch, fit_worker
 from ..train.optim import optimizer_factory, resolve_loss
+from ..train.report import WorkerReport
 from ..train.result import TrainResult
 from ..train.serialize import state_from_bytes
+from .recovery import checkpoint_policy, merged_history, resume_point, resumed, run_with_restarts
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +141,10 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
         spark: Any = None, threads: int | None = None,
         start_timeout_s: float = 60.0, pg_timeout_s: float = 300.0, show_progress: bool = True,
         features: Any = None, label: str | None = None, feature_shape: Any = None, drop_nulls: bool = False,
-        shuffle_buffer: int = 10_000, eval_every: int = 1, memory_format: str = "auto") -> TrainResult:
+        shuffle_buffer: int = 10_000, eval_every: int = 1, memory_format: str = "auto",
+        checkpoint_dir: str | None = None, checkpoint_every: int | None = None,
+        checkpoint_every_s: float | None = None, keep_checkpoints: int = 3, resume: str | None = None,
+        max_restarts: int = 3) -> TrainResult:
     """Train ``model`` data-parallel on Spark and return it trained.
 
     Args:
@@ -171,6 +176,12 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
             (NHWC) on CPU workers, where oneDNN's kernels run them faster, if the model
             accepts it; ``"channels_last"`` forces it, ``"contiguous"`` keeps NCHW.
             The returned model is in the default layout either way (``sparkdp.train.layout``).
+        checkpoint_dir, checkpoint_every, checkpoint_every_s, keep_checkpoints: where and how
+            often synchronous jobs save checkpoints (``sparkdp.train.checkpoint``; epoch ends
+            at least). Unset, a temporary directory serves automatic recovery only.
+        resume: a checkpoint directory: continue from its newest valid checkpoint.
+        max_restarts: a failed worker restarts the job from the latest checkpoint this many
+            times before ``fit`` raises (see :class:`~sparkdp.config.JobConfig`).
 
     Example:
         >>> result = sparkdp.fit(model, (x, y), epochs=2, workers=2)   # doctest: +SKIP
@@ -180,7 +191,9 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
     job = JobConfig(strategy=strategy, strategy_options=strategy_options or {}, workers=workers, epochs=epochs,
                     batch_size=batch_size, seed=seed, shuffle=shuffle, eval_every=eval_every,
                     memory_format=memory_format, master=master, threads=threads, start_timeout_s=start_timeout_s,
-                    pg_timeout_s=pg_timeout_s, show_progress=show_progress)
+                    pg_timeout_s=pg_timeout_s, show_progress=show_progress, checkpoint_dir=checkpoint_dir,
+                    checkpoint_every=checkpoint_every, checkpoint_every_s=checkpoint_every_s,
+                    keep_checkpoints=keep_checkpoints, resume=resume, max_restarts=max_restarts)
     columns = Columns(features=features, label=label, feature_shape=feature_shape, drop_nulls=drop_nulls,
                       shuffle_buffer=shuffle_buffer)
     return fit_job(model, data, job, labels=labels, eval_data=eval_data, columns=columns, loss=loss,
@@ -225,31 +238,52 @@ def fit_job(model: nn.Module, data: Any, job: JobConfig, *, labels: Any = None, 
 
 
 def _fit_on_spark(spec: FitSpec, job: JobConfig, workers: int, spark: Any, started: float) -> TrainResult:
-    from ..spark.launcher import run_barrier
-
     model, train, strategy_obj = spec.model, spec.train, spec.strategy
     log.info("training %s on %d workers with %s; data: %s", type(model).__name__, workers,
              strategy_obj.name, train.describe())
+    checkpointed = strategy_obj.launcher is Launcher.BARRIER and isinstance(train, WorkerData)
+    if (job.checkpoint_dir or job.resume) and not checkpointed:
+        raise ConfigError("checkpoint_dir/resume work with the synchronous strategies on in-memory or Parquet data; "
+                          f"this job uses {strategy_obj.name!r} on {type(train).__name__}. Leave them unset "
+                          "(asynchronous jobs recover through Spark's task retries).")
     if strategy_obj.launcher is Launcher.TASKS:
         return _fit_async(spec, strategy_obj, workers, spark, job, started)
     with progress(job.show_progress, f"sparkdp: training on {workers} Spark workers ({strategy_obj.name})"):
-        if not isinstance(train, WorkerData):  # a DataFrame streamed through Spark: a stage per epoch
+        if not checkpointed:  # a DataFrame streamed through Spark: a stage per epoch
             from ..spark.dataframe import fit_stream
 
             out = fit_stream(spec, train, workers=workers, spark=spark, threads=job.threads,
                              pg_timeout_s=job.pg_timeout_s, start_timeout_s=job.start_timeout_s)
+            finished = spec
         else:
-            task = in_task(lambda coll: fit_worker(spec, coll), threads=job.threads, pg_timeout_s=job.pg_timeout_s)
-            out = run_barrier(task, workers, spark=spark, start_timeout_s=job.start_timeout_s)[0]
+            out, finished = _fit_barrier(spec, job, workers, spark)
     dropped = out.data_counters.get("dropped_null_rows", 0)
     if dropped:
         log.warning("dropped %d row(s) with null features or labels (drop_nulls=True), counted over all epochs",
                     dropped)
     model.load_state_dict(state_from_bytes(out.state))
-    return TrainResult(model=model, history=out.history, strategy=strategy_obj.name, workers=workers,
-                       epochs=spec.epochs, wall_s=time.perf_counter() - started, train_time_s=out.train_time_s,
-                       samples=out.samples, strategy_options=out.strategy_options,
+    history, samples, train_time = merged_history(out, finished)
+    return TrainResult(model=model, history=history, strategy=strategy_obj.name, workers=workers,
+                       epochs=spec.epochs, wall_s=time.perf_counter() - started, train_time_s=train_time,
+                       samples=samples, strategy_options=out.strategy_options,
                        details={"strategy_state": out.strategy_state})
+
+
+def _fit_barrier(spec: FitSpec, job: JobConfig, workers: int, spark: Any) -> tuple[WorkerReport, FitSpec]:
+    """One barrier stage (in-memory or Parquet data), resumed and restarted from checkpoints."""
+    from ..spark.launcher import on_driver_machine, run_barrier
+
+    start = resume_point(job)
+    if start is not None:
+        log.info("resuming from %s", start.path)
+        spec = resumed(spec, start)
+
+    def run_stage(attempt: FitSpec) -> WorkerReport:
+        task = in_task(lambda coll: fit_worker(attempt, coll), threads=job.threads, pg_timeout_s=job.pg_timeout_s)
+        return run_barrier(task, workers, spark=spark, start_timeout_s=job.start_timeout_s)[0]
+
+    with checkpoint_policy(job, temporary_ok=on_driver_machine(spark.sparkContext)) as policy:
+        return run_with_restarts(spec, job, policy, run_stage)
 
 
 def _fit_async(spec: FitSpec, strategy: Strategy, workers: int, spark: Any, job: JobConfig,

@@ -27,12 +27,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConfigError, DataError, EnvironmentProblem, RendezvousTimeout, SparkdpError, WorkerFailed
+from ..errors import (
+    ConfigError,
+    DataError,
+    EnvironmentProblem,
+    RendezvousTimeout,
+    SparkdpError,
+    TrainingDiverged,
+    WorkerFailed,
+)
 
 log = logging.getLogger(__name__)
 
 _ERROR_MARK = "SPARKDP_WORKER_ERROR"
-_REBUILDABLE = {cls.__name__: cls for cls in (ConfigError, DataError, EnvironmentProblem, RendezvousTimeout)}
+_REBUILDABLE = {cls.__name__: cls for cls in (ConfigError, DataError, EnvironmentProblem, RendezvousTimeout,
+                                                   TrainingDiverged)}
 
 
 @dataclass(frozen=True)
@@ -286,7 +295,24 @@ def translate_error(exc: BaseException, requested: int, master: str) -> BaseExce
         return RendezvousTimeout(too_few_slots_message(requested, -1, master).replace("at most -1", "fewer"))
     if isinstance(exc, SparkdpError):
         return exc
-    # Keep what Spark says, without the JVM stack frames.
-    lines = [ln for ln in text.strip().splitlines() if ln.strip() and not ln.lstrip().startswith("at ")]
+    log.debug("the Spark job failed with:\n%s", text)
+    task = re.search(r"ResultTask\(\d+, (\d+)\)|[Tt]ask (\d+)(?:\.\d+)? in stage", text)
+    who = f"worker {next(g for g in task.groups() if g is not None)}" if task else "a worker"
+    for pattern, what in _SPARK_FAILURES:
+        if pattern in text:
+            return WorkerFailed(f"{who} {what} (the full Spark error is logged with -v).")
+    # Otherwise keep what Spark says, without py4j's wrapper line and the JVM stack frames.
+    lines = [ln for ln in text.strip().splitlines() if ln.strip() and not ln.lstrip().startswith(("at ", "..."))
+             and "An error occurred while calling" not in ln]
     summary = "\n".join(lines[:8]) if lines else type(exc).__name__
     return WorkerFailed(f"the Spark job failed: {summary[:2000]}")
+
+
+# What Spark's error text says -> one readable line (translate_error)
+_SPARK_FAILURES = (
+    ("Python worker exited unexpectedly", "died: its Python process exited unexpectedly (killed, or crashed in "
+                                          "native code)"),
+    ("OutOfMemoryError", "ran out of memory in the JVM; give executors more memory (spark.executor.memory)"),
+    ("MemoryError", "ran out of memory; use a smaller batch_size or fewer workers per machine"),
+    ("ExecutorLostFailure", "was lost with its executor (the machine or its JVM went away)"),
+)

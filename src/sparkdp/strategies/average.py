@@ -79,6 +79,10 @@ class ParameterAveraging(Strategy):
         if self.period != "epoch" and self._steps % self.period == 0:
             self.average()
 
+    def replicas_agree(self) -> bool:
+        """Right after an averaging round (mid-epoch); every epoch end averages too."""
+        return self.period != "epoch" and self._steps % self.period == 0
+
     def end_epoch(self) -> None:
         # Evaluation and checkpoints then see one model on every rank. Every rank must
         # call this (it is a collective); a rank with nothing new contributes weight 0.

@@ -77,6 +77,11 @@ class Strategy(ABC):
         ``last`` says the epoch is the job's last."""
         return self.unwrap(), collective
 
+    def replicas_agree(self) -> bool:
+        """Whether every rank holds the same model now, so rank 0's is the job's (checkpoints
+        are taken only then). Default: yes, after every step (gradient all-reduce)."""
+        return True
+
     def metrics(self) -> dict[str, Any]:
         """Per-worker communication figures for the job summary (e.g. pushes, pulls). Default: none."""
         return {}

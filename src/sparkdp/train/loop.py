@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -15,8 +17,10 @@ from .. import state as state_io
 from ..comm.base import Collective
 from ..data.base import WorkerData
 from ..data.prefetch import DEFAULT_DEPTH, prefetch
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, TrainingDiverged
 from ..strategies.base import Launcher, Strategy
+from .checkpoint import CheckpointPolicy, save_checkpoint
+from .faults import Fault
 from .layout import batch_layout, set_layout, use_channels_last
 from .optim import OptimizerFactory
 from .report import WorkerReport
@@ -27,8 +31,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class StagePart:
-    """Which part of a longer job a spec runs, for jobs split into one Spark stage per epoch
-    (a streamed DataFrame) -- and, next, resumed from a checkpoint.
+    """Which part of a longer job a spec runs: jobs split into one Spark stage per epoch
+    (a streamed DataFrame), and jobs resumed from a checkpoint (``train.checkpoint``).
 
     Attributes:
         start_epoch: the first epoch (0-based) this stage runs.
@@ -36,12 +40,22 @@ class StagePart:
         optimizer_state: the optimizer (and scheduler) state to start from
             (bytes of :func:`optimizer_state_to_bytes`).
         return_optimizer_state: put the optimizer state in the report for the next stage.
+        start_step: optimizer steps of ``start_epoch`` already done (a mid-epoch resume
+            skips that many batches of the epoch's permutation).
+        rng: every rank's torch RNG state where the job stopped (same world size only).
+        history: the job's history before this stage (checkpoints carry all of it).
+        epoch_stats: for a mid-epoch resume, the epoch so far over all ranks: loss x rows,
+            rows, seconds (so its history record covers the whole epoch).
     """
 
     start_epoch: int = 0
     last_epoch: int | None = None
     optimizer_state: bytes | None = None
     return_optimizer_state: bool = False
+    start_step: int = 0
+    rng: tuple[torch.Tensor, ...] | None = None
+    history: tuple[dict[str, float], ...] = ()
+    epoch_stats: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
 
 @dataclass
@@ -73,6 +87,10 @@ class FitSpec:
     #: "auto", "channels_last" or "contiguous": the layout 4-D weights and batches train in
     #: (``train.layout``). ``fit`` sets "auto" only after running the model channels-last.
     memory_format: str = "contiguous"
+    #: where and how often rank 0 saves checkpoints (synchronous strategies; None: never)
+    checkpoint: CheckpointPolicy | None = None
+    #: an injected failure (``train.faults``; tests and demonstrations only)
+    fault: Fault | None = None
 
     def last_epoch(self) -> int:
         """The job's last epoch (0-based), also when this spec runs only part of the job."""
@@ -175,8 +193,11 @@ def fit_worker(spec: FitSpec, collective: Collective) -> WorkerReport | None:
     which the driver takes from the parameter server.
     """
     wall_start = time.time()
-    # dropout etc. differ per rank (and per resumed stage); init came from the driver
-    torch.manual_seed(spec.seed + collective.rank + 7919 * spec.part.start_epoch)
+    part = spec.part
+    if part.rng is not None and len(part.rng) == collective.world_size:  # resumed: the same random stream
+        torch.set_rng_state(part.rng[collective.rank])
+    else:  # dropout etc. differ per rank (and per resumed stage); init came from the driver
+        torch.manual_seed(spec.seed + collective.rank + 7919 * part.start_epoch)
     strategy = spec.strategy
     model = spec.model.to(collective.device)
     channels_last = use_channels_last(spec.memory_format, model, collective.device)
@@ -185,8 +206,8 @@ def fit_worker(spec: FitSpec, collective: Collective) -> WorkerReport | None:
         set_layout(model, True)
     optimizer = spec.optimizer.build(model)
     scheduler = spec.scheduler(optimizer) if spec.scheduler is not None else None
-    if spec.part.optimizer_state is not None:
-        resumed = optimizer_state_from_bytes(spec.part.optimizer_state)
+    if part.optimizer_state:
+        resumed = optimizer_state_from_bytes(part.optimizer_state)
         optimizer.load_state_dict({"state": resumed["state"], "param_groups": resumed["param_groups"]})
         if scheduler is not None and resumed.get("scheduler") is not None:
             scheduler.load_state_dict(resumed["scheduler"])  # the schedule continues across stages
@@ -196,14 +217,21 @@ def fit_worker(spec: FitSpec, collective: Collective) -> WorkerReport | None:
     history: list[dict[str, float]] = []
     train_time = 0.0
     total_samples = 0
-    for epoch in range(spec.part.start_epoch, spec.part.start_epoch + spec.epochs):
+    policy = spec.checkpoint if strategy.launcher is Launcher.BARRIER else None
+    saver = _Saver(policy, spec, strategy, optimizer, scheduler, collective) if policy is not None else None
+    steps_done = 0
+    for epoch in range(part.start_epoch, part.start_epoch + spec.epochs):
         model.train()
         started = time.perf_counter()
         stats = torch.zeros(2, dtype=torch.float64)  # loss*rows, rows
-        batches = prefetch(spec.train.batches(rank=rank, world_size=world, epoch=epoch,
-                                              batch_size=spec.batch_size, seed=spec.seed, shuffle=spec.shuffle),
-                           spec.prefetch)
-        for step, (x, y) in enumerate(synchronized(batches, collective, check)):
+        skip = part.start_step if epoch == part.start_epoch else 0
+        before = 0.0
+        if skip and rank == 0:  # the interrupted epoch's rows so far count once, on rank 0
+            stats[0], stats[1], before = part.epoch_stats
+        batches = prefetch(itertools.islice(
+            spec.train.batches(rank=rank, world_size=world, epoch=epoch, batch_size=spec.batch_size,
+                               seed=spec.seed, shuffle=spec.shuffle), skip, None), spec.prefetch)
+        for step, (x, y) in enumerate(synchronized(batches, collective, check), start=skip):
             x, y = batch_layout(x.to(collective.device), channels_last), y.to(collective.device)
             if epoch == 0 and step == 0:
                 with torch.no_grad():
@@ -215,10 +243,19 @@ def fit_worker(spec: FitSpec, collective: Collective) -> WorkerReport | None:
             optimizer.step()
             if scheduler is not None:
                 scheduler.step()
-            stats[0] += loss.detach().item() * len(x)
+            value = loss.detach().item()
+            if not math.isfinite(value):
+                raise TrainingDiverged(f"worker {rank}: the loss is {value} at epoch {epoch + 1}, step {step + 1}; "
+                                       "lower the learning rate, or check the data for NaN/inf values.")
+            stats[0] += value * len(x)
             stats[1] += len(x)
+            steps_done += 1
+            if spec.fault is not None:
+                spec.fault.maybe_fire(rank, steps_done)
+            if saver is not None and saver.due(step + 1):
+                saver.save(epoch, step + 1, history, stats, before + time.perf_counter() - started)
         strategy.end_epoch()
-        elapsed = time.perf_counter() - started
+        elapsed = before + time.perf_counter() - started
         train_time += elapsed
         collective.all_reduce(stats, "sum")
         if stats[1].item() == 0:
@@ -233,6 +270,8 @@ def fit_worker(spec: FitSpec, collective: Collective) -> WorkerReport | None:
             record.update(evaluate(target[0], spec.loss, spec.eval, target[1], spec.eval_batch_size, channels_last))
         history.append(record)
         log.info("rank %d epoch %d: %s", rank, epoch + 1, record)
+        if saver is not None:
+            saver.save(epoch + 1, 0, history)
     strategy.finish()
     if weights_nhwc:  # what leaves the worker is in the default layout
         set_layout(model, False)
@@ -248,6 +287,48 @@ def fit_worker(spec: FitSpec, collective: Collective) -> WorkerReport | None:
                                          if spec.part.return_optimizer_state else b""),
                         worker=rank, strategy_metrics=strategy.metrics(), wall_start=wall_start,
                         wall_end=time.time())
+
+
+class _Saver:
+    """Rank 0 saves where every rank agrees to: every ``every_steps`` steps of an epoch, when
+    ``every_seconds`` passed (agreed every 8 steps by one MAX all-reduce), and at epoch ends."""
+
+    def __init__(self, policy: CheckpointPolicy, spec: FitSpec, strategy: Strategy, optimizer: Any,
+                 scheduler: Any, collective: Collective) -> None:
+        self.policy, self.spec, self.strategy = policy, spec, strategy
+        self.optimizer, self.scheduler, self.collective = optimizer, scheduler, collective
+        self.last = time.monotonic()
+
+    def due(self, step: int) -> bool:
+        policy = self.policy
+        due = policy.every_steps is not None and step % policy.every_steps == 0
+        if policy.every_seconds is not None and step % 8 == 0:
+            late = torch.tensor([float(time.monotonic() - self.last >= policy.every_seconds)])
+            self.collective.all_reduce(late, "max")
+            due = due or late.item() > 0
+        return due and self.strategy.replicas_agree()
+
+    def save(self, epoch: int, step: int, history: list[dict[str, float]],
+             stats: torch.Tensor | None = None, seconds: float = 0.0) -> None:
+        collective = self.collective
+        # every rank's RNG state and the epoch's loss/rows so far, with one SUM all-reduce
+        # (RNG states are bytes, exact in float64)
+        mine = torch.get_rng_state()
+        states = torch.zeros(collective.world_size + 1, mine.numel(), dtype=torch.float64)
+        states[collective.rank] = mine.double()
+        if stats is not None:
+            states[-1, :2] = stats
+        collective.all_reduce(states, "sum")
+        self.last = time.monotonic()
+        if collective.rank != 0:
+            return
+        path = save_checkpoint(
+            self.policy, epoch=epoch, step=step, model=self.strategy.unwrap().state_dict(),
+            optimizer=optimizer_state_to_bytes(self.optimizer, self.scheduler),
+            strategy_state=self.strategy.state_dict(), rng=[row.to(torch.uint8) for row in states[:-1]],
+            history=[*self.spec.part.history, *history], workers=collective.world_size,
+            epoch_stats=(float(states[-1, 0]), float(states[-1, 1]), seconds))
+        log.info("checkpoint %s", path)
 
 
 def _sum_counters(data: WorkerData, collective: Collective) -> dict[str, int]:

@@ -1,0 +1,123 @@
+"""Synchronous jobs that survive a lost worker: checkpoints, resume, restarts of the barrier stage.
+
+Spark never retries a failed barrier *result* stage, so the driver does: when a stage fails
+with a worker's error (process killed, executor lost, a collective timing out), it starts a
+new stage from the latest checkpoint, up to ``max_restarts`` times, logging one line per
+restart. Errors a restart cannot fix (bad configuration or data, a diverged loss) are raised
+at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any
+
+from ..config import JobConfig
+from ..errors import ConfigError, TrainingDiverged, WorkerFailed
+from ..train.checkpoint import (
+    Checkpoint,
+    CheckpointPolicy,
+    check_compatible,
+    check_writable,
+    latest_checkpoint,
+)
+from ..train.faults import fault_from_env
+from ..train.loop import FitSpec, StagePart
+from ..train.report import WorkerReport
+
+log = logging.getLogger(__name__)
+
+
+@contextmanager
+def checkpoint_policy(job: JobConfig, temporary_ok: bool) -> Iterator[CheckpointPolicy | None]:
+    """The job's checkpoint policy. Without ``checkpoint_dir``/``resume``, a temporary directory
+    (removed afterwards) still lets the driver restart a failed stage, when ``temporary_ok``
+    (the executors share the driver's disk) and restarts are allowed."""
+    directory, temporary = job.checkpoint_dir or job.resume, None
+    if directory is None:
+        if not temporary_ok or job.max_restarts == 0:
+            yield None
+            return
+        directory = temporary = tempfile.mkdtemp(prefix="sparkdp-checkpoints-")
+    try:
+        check_writable(directory)
+        yield CheckpointPolicy(str(directory), job.checkpoint_every, job.checkpoint_every_s, job.keep_checkpoints)
+    finally:
+        if temporary is not None:
+            shutil.rmtree(temporary, ignore_errors=True)
+
+
+def resume_point(job: JobConfig) -> Checkpoint | None:
+    """The checkpoint ``resume=`` names, or None without ``resume``."""
+    if job.resume is None:
+        return None
+    found = latest_checkpoint(job.resume)
+    if found is None:
+        raise ConfigError(f"resume={job.resume!r}: no readable checkpoint (ckpt-e*-s*.safetensors) there. Point "
+                          "resume at the checkpoint_dir of an earlier run, or leave it unset to start afresh.")
+    return found
+
+
+def resumed(spec: FitSpec, checkpoint: Checkpoint) -> FitSpec:
+    """``spec`` continuing from ``checkpoint``: its weights, strategy state and position."""
+    check_compatible(spec.model, checkpoint)
+    spec.model.load_state_dict(checkpoint.model)
+    spec.strategy.load_state_dict(checkpoint.strategy_state)
+    last = spec.last_epoch()
+    part = StagePart(start_epoch=checkpoint.epoch, last_epoch=last, optimizer_state=checkpoint.optimizer or None,
+                     start_step=checkpoint.step, rng=tuple(checkpoint.rng), history=tuple(checkpoint.history),
+                     epoch_stats=checkpoint.epoch_stats)
+    return replace(spec, epochs=last + 1 - checkpoint.epoch, part=part)
+
+
+def _where(checkpoint: Checkpoint | None) -> str:
+    if checkpoint is None:
+        return "the start (no checkpoint yet)"
+    return f"epoch {checkpoint.epoch + 1}, step {checkpoint.step}" if checkpoint.step else \
+        f"the start of epoch {checkpoint.epoch + 1}"
+
+
+def run_with_restarts(spec: FitSpec, job: JobConfig, policy: CheckpointPolicy | None,
+                      run_stage: Callable[[FitSpec], WorkerReport]) -> tuple[WorkerReport, FitSpec]:
+    """Run the stage; after a worker failure, restart it from the latest checkpoint.
+
+    Returns rank 0's report and the spec of the stage that finished (its ``part.history`` is
+    the job's history before that stage).
+    """
+    fault = fault_from_env()
+    failures: list[str] = []
+    attempt = replace(spec, checkpoint=policy, fault=fault)
+    while True:
+        try:
+            return run_stage(attempt), attempt
+        except TrainingDiverged as exc:
+            last = latest_checkpoint(policy.directory) if policy is not None else None
+            raise TrainingDiverged(f"{exc} The last good checkpoint: "
+                                   f"{last.path if last is not None else 'none'}.") from None
+        except WorkerFailed as exc:
+            cause = str(exc).strip().splitlines()[0]
+            failures.append(cause)
+            if policy is None or len(failures) > job.max_restarts:
+                if len(failures) == 1:
+                    raise
+                listed = "; ".join(f"{i + 1}: {c}" for i, c in enumerate(failures))
+                raise WorkerFailed(f"the job failed {len(failures)} times, more than max_restarts="
+                                   f"{job.max_restarts} allows ({listed}). Fix the cause, or raise "
+                                   "max_restarts.") from exc
+            latest = latest_checkpoint(policy.directory)
+            log.warning("sparkdp: %s -- restart %d of %d from %s", cause, len(failures), job.max_restarts,
+                        _where(latest))
+            attempt = replace(resumed(spec, latest) if latest is not None else spec, checkpoint=policy, fault=None)
+
+
+def merged_history(report: WorkerReport, finished: FitSpec) -> tuple[list[dict[str, Any]], int, float]:
+    """(history, samples, training seconds) of the whole job, earlier stages included."""
+    before = list(finished.part.history)
+    history = before + list(report.history)
+    return (history, sum(int(h["samples"]) for h in before) + report.samples,
+            sum(float(h["epoch_time_s"]) for h in before) + report.train_time_s)

@@ -1,0 +1,55 @@
+"""Fault injection, off by default: watch recovery happen, and test it.
+
+Set ``SPARKDP_FAULT`` on the driver (it travels to the workers inside the job) to one of
+
+* ``kill:rank=R:step=S`` -- worker R kills its own process (SIGKILL) after its S-th step;
+* ``stop:rank=R:step=S`` -- worker R stops itself (SIGSTOP) after its S-th step, as a hung
+  process would (only the collective timeout, ``pg_timeout_s``, ends the wait);
+* ``raise:rank=R:step=S`` -- worker R raises ``RuntimeError`` after its S-th step.
+
+Steps count from the start of the first attempt of the stage; a fault fires once per job:
+the driver clears it before any restart.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+
+ENV = "SPARKDP_FAULT"
+ACTIONS = ("kill", "stop", "raise")
+
+
+@dataclass(frozen=True)
+class Fault:
+    action: str
+    rank: int
+    step: int
+
+    def maybe_fire(self, rank: int, steps_done: int) -> None:
+        if rank != self.rank or steps_done != self.step:
+            return
+        if self.action == "raise":
+            raise RuntimeError(f"fault injected by {ENV}: worker {rank} fails after step {steps_done}")
+        os.kill(os.getpid(), signal.SIGKILL if self.action == "kill" else signal.SIGSTOP)
+
+
+def fault_from_env(environ: dict[str, str] | None = None) -> Fault | None:
+    """The fault ``SPARKDP_FAULT`` asks for, or None when it is unset or empty."""
+    text = (os.environ if environ is None else environ).get(ENV, "").strip()
+    if not text:
+        return None
+    action, *fields = text.split(":")
+    try:
+        values = dict(f.split("=", 1) for f in fields)
+        fault = Fault(action, int(values.pop("rank")), int(values.pop("step")))
+        ok = action in ACTIONS and not values and fault.rank >= 0 and fault.step >= 1
+    except (KeyError, ValueError):
+        ok = False
+    if not ok:
+        raise ConfigError(f"{ENV}={text!r} is not a fault sparkdp knows; use ACTION:rank=R:step=S with ACTION one "
+                          f"of {', '.join(ACTIONS)}, R >= 0 and S >= 1 (e.g. kill:rank=1:step=30), or unset it.")
+    return fault

@@ -1,0 +1,195 @@
+"""Checkpoints: the file format, damage detection, resume on the same trajectory (world size 1),
+divergence, and the driver's restart loop (with a stand-in for the Spark stage)."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from sparkdp.comm import SingleProcessCollective
+from sparkdp.config import JobConfig
+from sparkdp.data.tensors import TensorData
+from sparkdp.driver.recovery import merged_history, resume_point, resumed, run_with_restarts
+from sparkdp.errors import ConfigError, TrainingDiverged, WorkerFailed
+from sparkdp.strategies import STRATEGIES
+from sparkdp.train.checkpoint import (
+    CheckpointPolicy,
+    check_compatible,
+    check_writable,
+    checkpoint_names,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from sparkdp.train.faults import fault_from_env
+from sparkdp.train.loop import FitSpec, fit_worker
+from sparkdp.train.optim import optimizer_factory, resolve_loss
+from sparkdp.train.serialize import state_from_bytes
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
+
+
+def _data(rows: int = 200) -> TensorData:
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(rows, 6, generator=g)
+    return TensorData(x, (x[:, 0] > 0).long() + (x[:, 1] > 0).long())
+
+
+def _spec(tmp_path: Path | None, epochs: int = 3, every: int | None = None, lr: float = 0.1) -> FitSpec:
+    model = _model()
+    policy = CheckpointPolicy(str(tmp_path), every_steps=every, keep=100) if tmp_path is not None else None
+    return FitSpec(model=model, loss=resolve_loss("cross_entropy"),
+                   optimizer=optimizer_factory("sgd", model, lr=lr, momentum=0.9),
+                   strategy=STRATEGIES.create("allreduce"), train=_data(), eval=None, epochs=epochs,
+                   batch_size=16, seed=5, checkpoint=policy)
+
+
+def _save(directory: Path, epoch: int, step: int, keep: int = 3) -> str:
+    return save_checkpoint(CheckpointPolicy(str(directory), keep=keep), epoch=epoch, step=step,
+                           model=_model().state_dict(), optimizer=b"\x01\x02", strategy_state={"steps": step},
+                           rng=[torch.get_rng_state()], history=[{"epoch": 1, "loss": 0.5, "samples": 10,
+                                                                  "epoch_time_s": 1.0}], workers=1)
+
+
+def test_a_checkpoint_round_trips_and_only_the_newest_k_are_kept(tmp_path):
+    for epoch, step in [(0, 10), (0, 20), (1, 0), (1, 10)]:
+        _save(tmp_path, epoch, step, keep=3)
+    assert checkpoint_names(tmp_path) == ["ckpt-e00000-s00000020.safetensors", "ckpt-e00001-s00000000.safetensors",
+                                          "ckpt-e00001-s00000010.safetensors"]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary left
+    ck = latest_checkpoint(tmp_path)
+    assert (ck.epoch, ck.step, ck.optimizer, ck.strategy_state, ck.workers) == (1, 10, b"\x01\x02", {"steps": 10}, 1)
+    for k, v in _model().state_dict().items():
+        torch.testing.assert_close(ck.model[k], v, rtol=0, atol=0)
+    _model()  # the RNG state _save stored: right after seeding and initialising a model
+    assert torch.equal(ck.rng[0], torch.get_rng_state())
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_a_damaged_newest_checkpoint_is_skipped_with_a_warning(tmp_path, damage, caplog):
+    _save(tmp_path, 0, 10)
+    newest = Path(_save(tmp_path, 0, 20))
+    data = bytearray(newest.read_bytes())
+    if damage == "truncate":
+        data = data[: len(data) // 2]
+    else:
+        data[-5] ^= 0xFF  # one bit pattern inside the tensor bytes: only the digest notices
+    newest.write_bytes(bytes(data))
+    with pytest.raises(ValueError):
+        load_checkpoint(str(tmp_path), newest.name)
+    with caplog.at_level(logging.WARNING):
+        assert latest_checkpoint(tmp_path).step == 10
+    assert "skipping the checkpoint" in caplog.text and newest.name in caplog.text
+
+
+def test_bad_destinations_and_resume_targets_fail_at_the_start(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(ConfigError, match="cannot write checkpoints to"):
+        check_writable(blocker / "sub")
+    with pytest.raises(ConfigError, match="no readable checkpoint"):
+        resume_point(JobConfig(resume=str(tmp_path)))
+    with pytest.raises(ConfigError, match="keep_checkpoints must be an integer >= 1"):
+        CheckpointPolicy(str(tmp_path), keep=0)
+
+
+def test_a_checkpoint_of_another_model_names_what_differs(tmp_path):
+    _save(tmp_path, 0, 1)
+    other = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 3), nn.Linear(3, 3))
+    with pytest.raises(ConfigError, match=r"not in the model.*|missing in the checkpoint: 4.bias.*shapes: 0.bias"):
+        check_compatible(other, latest_checkpoint(tmp_path))
+
+
+def _weights(report) -> dict[str, torch.Tensor]:
+    return state_from_bytes(report.state)
+
+
+@pytest.mark.parametrize("where", [(1, 5), (2, 0)])
+def test_resuming_continues_on_the_same_trajectory(tmp_path, where):
+    """Stopped at (epoch, step), resumed from its checkpoint: the same weights, bit for bit,
+    as one uninterrupted run (dropout draws included: every rank's RNG state is saved)."""
+    full = fit_worker(_spec(None), SingleProcessCollective())
+    fit_worker(_spec(tmp_path, every=5), SingleProcessCollective())
+    name = f"ckpt-e{where[0]:05d}-s{where[1]:08d}.safetensors"
+    checkpoint = load_checkpoint(str(tmp_path), name)
+    spec = resumed(_spec(None), checkpoint)
+    assert (spec.part.start_epoch, spec.part.start_step, spec.epochs) == (where[0], where[1], 3 - where[0])
+    rest = fit_worker(spec, SingleProcessCollective())
+    for k, v in _weights(full).items():
+        torch.testing.assert_close(_weights(rest)[k], v, rtol=0, atol=0)
+    history, samples, _ = merged_history(rest, spec)
+    assert [h["epoch"] for h in history] == [1, 2, 3]
+    assert samples == full.samples == 600
+    for got, want in zip(history, full.history):  # the interrupted epoch's record covers all of it
+        assert got["samples"] == want["samples"] and got["loss"] == pytest.approx(want["loss"], rel=1e-12)
+
+
+def test_a_diverging_loss_stops_with_where_it_happened():
+    with pytest.raises(TrainingDiverged, match=r"worker 0: the loss is (nan|inf) at epoch \d+, step \d+"):
+        fit_worker(_spec(None, epochs=20, lr=1e4), SingleProcessCollective())
+
+
+def test_averaging_checkpoints_only_where_the_replicas_agree():
+    average = STRATEGIES.create("average", period=4)
+    model = _model()
+    average.setup(model, torch.optim.SGD(model.parameters(), lr=0.1), SingleProcessCollective())
+    agree = []
+    for _ in range(8):
+        average.after_step()
+        agree.append(average.replicas_agree())
+    assert agree == [False, False, False, True] * 2
+    assert STRATEGIES.create("allreduce").replicas_agree()
+
+
+def test_restarts_resume_from_the_latest_checkpoint_then_give_up_with_every_cause(tmp_path, caplog):
+    spec = _spec(None, epochs=2)
+    policy = CheckpointPolicy(str(tmp_path))
+    seen = []
+
+    def stage(attempt: FitSpec):
+        seen.append((attempt.part.start_epoch, attempt.part.start_step, attempt.fault))
+        if len(seen) == 1:
+            fit_worker(replace(attempt, epochs=1, checkpoint=policy), SingleProcessCollective())  # leaves e1-s0
+        raise WorkerFailed(f"worker 1 died (attempt {len(seen)})")
+
+    job = JobConfig(max_restarts=2)
+    with caplog.at_level(logging.WARNING), pytest.raises(WorkerFailed) as info:
+        run_with_restarts(spec, job, policy, stage)
+    assert [s[:2] for s in seen] == [(0, 0), (1, 0), (1, 0)]
+    assert "failed 3 times, more than max_restarts=2" in str(info.value)
+    assert "1: worker 1 died (attempt 1); 2: worker 1 died (attempt 2)" in str(info.value)
+    assert "restart 1 of 2 from the start of epoch 2" in caplog.text
+
+
+def test_errors_a_restart_cannot_fix_are_raised_at_once(tmp_path):
+    calls = []
+
+    def stage(attempt):
+        calls.append(1)
+        raise ConfigError("bad setting")
+
+    with pytest.raises(ConfigError):
+        run_with_restarts(_spec(None), JobConfig(), CheckpointPolicy(str(tmp_path)), stage)
+    assert calls == [1]
+
+
+def test_fault_injection_setting_is_parsed_and_checked():
+    assert fault_from_env({}) is None
+    fault = fault_from_env({"SPARKDP_FAULT": "kill:rank=1:step=30"})
+    assert (fault.action, fault.rank, fault.step) == ("kill", 1, 30)
+    with pytest.raises(ConfigError, match="ACTION:rank=R:step=S"):
+        fault_from_env({"SPARKDP_FAULT": "explode:rank=1"})
+    with pytest.raises(RuntimeError, match="fault injected"):
+        fault_from_env({"SPARKDP_FAULT": "raise:rank=0:step=2"}).maybe_fire(0, 2)
+    copy.copy(fault).maybe_fire(0, 30)  # another rank: nothing happens

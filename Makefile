@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.sparkdp-ready
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-all lint bench bench-sync bench-allreduce bench-ps bench-async bench-data clean
+.PHONY: setup demo test test-all lint fuzz bench bench-sync bench-allreduce bench-ps bench-async bench-data bench-checkpoint clean
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh
 	bash scripts/bootstrap.sh
@@ -26,6 +26,10 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# The fuzz tests with 100,000 generated inputs each (make test runs 1,500).
+fuzz: $(STAMP)
+	SPARKDP_FUZZ_EXAMPLES=100000 $(PY) -m pytest -q tests/fuzz
+
 lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks
 
@@ -42,6 +46,9 @@ bench-ps: $(STAMP)
 
 bench-async: $(STAMP)
 	$(PY) benchmarks/async_throughput.py
+
+bench-checkpoint: $(STAMP)
+	$(PY) benchmarks/checkpoint_cost.py
 
 bench-data: $(STAMP)
 	$(PY) benchmarks/data_throughput.py

@@ -55,10 +55,10 @@ def no_zombie_threads():
 
 @pytest.fixture(scope="session")
 def spark():
-    """One local[2] SparkSession for all Spark tests, always stopped at the end."""
+    """One local[2,4] SparkSession (2 slots, 4 task attempts) for all Spark tests, always stopped."""
     import sparkdp
 
-    session = sparkdp.session("local[2]", app_name="sparkdp-tests")
+    session = sparkdp.session("local[2,4]", app_name="sparkdp-tests")  # as the embedded default
     try:
         yield session
     finally:

@@ -55,7 +55,10 @@ class JobConfig:
         master: a Spark master URL; ``None``: the embedded ``local[N]`` session.
         threads: torch threads per worker; ``None``: ``spark.task.cpus``.
         start_timeout_s: how long every task of a barrier stage may take to start.
-        pg_timeout_s: how long one collective operation may block before the job fails.
+        pg_timeout_s: how long one collective operation may block: the hang detector. A worker
+            that stops making progress (stopped, deadlocked, a dead peer) leaves the others
+            waiting in a collective; after this long they fail the stage, which is then
+            restarted like any other failure (torch's own default would be 30 minutes).
         show_progress: show Spark's progress bar on the driver.
         checkpoint_dir: save checkpoints here (a directory or a pyarrow filesystem URL); ``None``:
             a temporary directory on the driver's machine, for automatic recovery only.
@@ -79,7 +82,7 @@ class JobConfig:
     master: str | None = None
     threads: int | None = None
     start_timeout_s: float = 60.0
-    pg_timeout_s: float = 300.0
+    pg_timeout_s: float = 60.0
     show_progress: bool = True
     checkpoint_dir: str | None = None
     checkpoint_every: int | None = None

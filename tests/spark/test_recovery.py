@@ -4,6 +4,7 @@ the barrier stage from the latest checkpoint and the job ends where an uninterru
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 import torch
@@ -68,3 +69,38 @@ def test_max_restarts_zero_fails_with_one_readable_line(spark, fashion, monkeypa
     message = str(info.value)
     assert message.startswith("worker 1 died: its Python process exited unexpectedly")
     assert "\n" not in message and "at org.apache" not in message
+
+
+def test_a_stopped_worker_is_detected_by_the_collective_timeout_and_recovered(spark, fashion, uninterrupted,
+                                                                              tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("SPARKDP_FAULT", "stop:rank=1:step=30")  # SIGSTOP: alive, but no progress
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="sparkdp"):
+        result = _fit(spark, fashion, checkpoint_dir=str(tmp_path), checkpoint_every=20, pg_timeout_s=15)
+    elapsed = time.monotonic() - started
+    restarts = [r.getMessage() for r in caplog.records if "restart" in r.getMessage()]
+    assert len(restarts) == 1 and "from epoch 1, step 20" in restarts[0], restarts
+    assert "worker 0 waited 15 s in a collective: another worker stopped making progress" in restarts[0], restarts
+    _same_weights(uninterrupted, result)
+    assert elapsed < 15 + 120, f"the stopped worker was not detected in time ({elapsed:.0f} s)"
+
+
+def test_a_killed_asynchronous_worker_is_retried_and_no_push_counts_twice(spark, fashion, monkeypatch):
+    """Spark retries the ordinary task (local[2,4], as the embedded default); the retry pulls the
+    current centre and continues its sequence numbers, so the server applies every distinct
+    push once: the killed attempt's 30 (one per step) plus every finished attempt's."""
+    assert spark.sparkContext.master == "local[2,4]"
+
+    def run():
+        return _fit(spark, fashion, strategy="asgd", strategy_options={"rule_options": {"lr": 0.05}},
+                    optimizer_options={"lr": 0.05, "momentum": 0.0})
+
+    clean = run()
+    monkeypatch.setenv("SPARKDP_FAULT", "kill:rank=1:step=30")
+    result = run()
+    server = result.details["server"]
+    finished = sum(w["pushes"] for w in result.details["workers"])
+    assert server["rejected"] == 0 and server["duplicates_dropped"] == 0
+    assert server["pushes_applied"] == finished + 30, (server, result.details["workers"])
+    # asynchronous runs differ by update order alone; the retried worker only adds 30 updates
+    assert abs(result.test_accuracy - clean.test_accuracy) <= 0.03, (result.test_accuracy, clean.test_accuracy)

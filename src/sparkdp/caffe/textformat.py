@@ -146,7 +146,10 @@ def _unescape(body: str, where: str) -> str:
         if octal:
             return chr(int(octal, 8))
         if hex2 or u4 or u8:
-            return chr(int(hex2 or u4 or u8, 16))
+            code = int(hex2 or u4 or u8, 16)
+            if code > 0x10FFFF:
+                raise TextFormatError(f"{where}: escape '\\U{u8}' is beyond the last Unicode code point U+10FFFF")
+            return chr(code)
         if simple in _SIMPLE_ESCAPES:
             return _SIMPLE_ESCAPES[simple]
         raise TextFormatError(f"{where}: expected a valid escape sequence, found '\\{simple}'")
@@ -158,6 +161,8 @@ def _unescape(body: str, where: str) -> str:
 
 _FLOAT_WORDS = {"inf": math.inf, "infinity": math.inf, "nan": math.nan}
 _BOOL_WORDS = {"true": True, "True": True, "false": False, "False": False}
+#: nesting depth protobuf's own parsers accept by default (deeper input would exhaust the stack)
+MAX_DEPTH = 100
 
 
 class _Parser:
@@ -165,6 +170,7 @@ class _Parser:
         self.filename = filename
         self.tokens = _tokenize(text, filename)
         self.i = 0
+        self.depth = 0
 
     @property
     def tok(self) -> _Token:
@@ -218,12 +224,18 @@ class _Parser:
         sub = Message(line=open_tok.line, column=open_tok.column, filename=self.filename)
         if self.tok.kind == "eof":
             raise self.fail(f"{close!r} to close the message opened at {self.where(open_tok)}")
+        if self.depth >= MAX_DEPTH:
+            raise TextFormatError(f"{self.where(open_tok)}: messages nested more than {MAX_DEPTH} deep; "
+                                  "no Caffe file needs that many levels")
+        self.depth += 1
         try:
             return self.message_body(sub, close)
         except TextFormatError as err:
             if self.tok.kind == "eof":
                 raise self.fail(f"{close!r} to close the message opened at {self.where(open_tok)}") from err
             raise
+        finally:
+            self.depth -= 1
 
     def list_value(self, msg: Message, name: str) -> None:
         if self.accept("]"):
@@ -250,7 +262,7 @@ class _Parser:
         tok = self.tok
         if tok.kind == "number":
             self.i += 1
-            return _number(tok.text, negative)
+            return _number(tok.text, negative, self.where(tok))
         if tok.kind == "ident":
             word = tok.text
             if word.lower() in _FLOAT_WORDS:
@@ -263,12 +275,17 @@ class _Parser:
         raise self.fail("a number after '-'" if negative else "a value")
 
 
-def _number(text: str, negative: bool) -> int | float:
+def _number(text: str, negative: bool, where: str) -> int | float:
     sign = -1 if negative else 1
-    if text[:2] in ("0x", "0X"):
-        return sign * int(text, 16)
-    if re.fullmatch(r"\d+", text):
-        return sign * int(text)
+    is_hex = text[:2] in ("0x", "0X")
+    if is_hex or re.fullmatch(r"\d+", text):
+        # protobuf integers have 64 bits: check the length before converting (Python refuses
+        # to convert strings of more than 4,300 digits, with a ValueError)
+        value = int(text, 16) if is_hex and len(text) <= 18 else int(text) if len(text) <= 20 else 1 << 64
+        if value >= 1 << 64:
+            raise TextFormatError(f"{where}: integer {text[:24]}{'...' if len(text) > 24 else ''} does not fit "
+                                  "in 64 bits")
+        return sign * value
     return sign * float(text.rstrip("fF"))
 
 

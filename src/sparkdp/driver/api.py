@@ -139,7 +139,7 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
         workers: int | None = None, epochs: int = 1, batch_size: int = 64, seed: int = 0,
         shuffle: bool = True, lr_scheduler: Callable[[Any], Any] | None = None, master: str | None = None,
         spark: Any = None, threads: int | None = None,
-        start_timeout_s: float = 60.0, pg_timeout_s: float = 300.0, show_progress: bool = True,
+        start_timeout_s: float = 60.0, pg_timeout_s: float = 60.0, show_progress: bool = True,
         features: Any = None, label: str | None = None, feature_shape: Any = None, drop_nulls: bool = False,
         shuffle_buffer: int = 10_000, eval_every: int = 1, memory_format: str = "auto",
         checkpoint_dir: str | None = None, checkpoint_every: int | None = None,
@@ -302,7 +302,7 @@ def _fit_async(spec: FitSpec, strategy: Strategy, workers: int, spark: Any, job:
 def run(train_fn: Callable[..., Any], *args: Any, workers: int | None = None,
         strategy: str | Strategy = "allreduce", strategy_options: dict | None = None, seed: int = 0,
         master: str | None = None, spark: Any = None, threads: int | None = None,
-        start_timeout_s: float = 60.0, pg_timeout_s: float = 300.0, show_progress: bool = True) -> Any:
+        start_timeout_s: float = 60.0, pg_timeout_s: float = 60.0, show_progress: bool = True) -> Any:
     """Run the user's own training function on ``workers`` Spark tasks; return rank 0's result.
 
     Inside ``train_fn``, :func:`~sparkdp.train.distribute.distribute` turns the single-machine model,

@@ -14,6 +14,7 @@ from ..comm.single import IndependentCollective, SingleProcessCollective
 from ..ps import ParameterServer
 from ..ps.transport import TcpOptions, TcpTransport
 from ..strategies.async_ps import AsyncParameterServer
+from ..train.faults import fault_from_env
 from ..train.loop import FitSpec, evaluate, fit_worker
 from ..train.report import WorkerReport
 from ..train.result import TrainResult
@@ -24,7 +25,7 @@ log = logging.getLogger(__name__)
 def fit_async(spec: FitSpec, strategy: AsyncParameterServer, *, workers: int, spark: Any,
               threads: int | None, started: float) -> TrainResult:
     """Start the server on the driver, run ``workers`` tasks; the model becomes the centre."""
-    from ..spark.launcher import driver_host, run_tasks
+    from ..spark.launcher import driver_host, run_tasks, task_attempt
 
     model = spec.model
     rule_spec = strategy.rule_spec(workers)
@@ -36,11 +37,14 @@ def fit_async(spec: FitSpec, strategy: AsyncParameterServer, *, workers: int, sp
         info = endpoint.info
         log.info("parameter server for %s on %s with %d shard(s)", strategy.rule, info.address, server.num_shards)
         n_threads = threads or 1
-        shipped = replace(spec, strategy=copy.copy(strategy).connect_to(transport, info))
+        shipped = replace(spec, strategy=copy.copy(strategy).connect_to(transport, info), fault=fault_from_env())
 
         def task(worker: int) -> WorkerReport:
             torch.set_num_threads(n_threads)
-            return fit_worker(shipped, IndependentCollective(worker, workers))
+            # a retried task (Spark retries failed ordinary tasks) pulls the current centre and
+            # trains its share again; an injected fault fires in the first attempt only
+            attempt = shipped if task_attempt() == 0 else replace(shipped, fault=None)
+            return fit_worker(attempt, IndependentCollective(worker, workers))
 
         reports = run_tasks(task, workers, spark=spark, description=f"sparkdp async {strategy.rule}")
     center = server.pull(worker=workers).tensors  # an id no task uses, so no task's bookkeeping moves

@@ -100,7 +100,7 @@ def run_with_restarts(spec: FitSpec, job: JobConfig, policy: CheckpointPolicy | 
             raise TrainingDiverged(f"{exc} The last good checkpoint: "
                                    f"{last.path if last is not None else 'none'}.") from None
         except WorkerFailed as exc:
-            cause = str(exc).strip().splitlines()[0]
+            cause = _cause(exc, job)
             failures.append(cause)
             if policy is None or len(failures) > job.max_restarts:
                 if len(failures) == 1:
@@ -113,6 +113,16 @@ def run_with_restarts(spec: FitSpec, job: JobConfig, policy: CheckpointPolicy | 
             log.warning("sparkdp: %s -- restart %d of %d from %s", cause, len(failures), job.max_restarts,
                         _where(latest))
             attempt = replace(resumed(spec, latest) if latest is not None else spec, checkpoint=policy, fault=None)
+
+
+def _cause(exc: WorkerFailed, job: JobConfig) -> str:
+    """One line for the log: what failed, where."""
+    text = str(exc).strip()
+    if "Timed out waiting" in text or "timed out" in text.splitlines()[0].lower():
+        who = f"worker {exc.rank}" if getattr(exc, "rank", None) is not None else "a worker"
+        return (f"{who} waited {job.pg_timeout_s:g} s in a collective: another worker stopped making progress "
+                "(hung, stopped or deadlocked)")
+    return text.splitlines()[0]
 
 
 def merged_history(report: WorkerReport, finished: FitSpec) -> tuple[list[dict[str, Any]], int, float]:

@@ -234,6 +234,14 @@ def driver_host(spark) -> str:
     return spark.sparkContext.getConf().get("spark.driver.host", "127.0.0.1")
 
 
+def task_attempt() -> int:
+    """Which attempt of its Spark task is running (0: the first; 0 outside Spark)."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    return ctx.attemptNumber() if ctx is not None else 0
+
+
 def run_tasks(fn: Callable[[int], Any], num_workers: int, *, spark, description: str = "sparkdp workers") -> list[Any]:
     """Run ``fn(worker_index)`` as ``num_workers`` ordinary (non-barrier) Spark tasks.
 

@@ -39,8 +39,13 @@ def _set_python_env() -> None:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 
+#: task attempts an embedded session allows: Spark's own cluster default (spark.task.maxFailures),
+#: so that a lost asynchronous worker is retried there too (barrier stages are never retried)
+LOCAL_TASK_ATTEMPTS = 4
+
+
 def default_master() -> str:
-    return f"local[{os.cpu_count() or 1}]"
+    return f"local[{os.cpu_count() or 1},{LOCAL_TASK_ATTEMPTS}]"
 
 
 def session(master: str | None = None, *, app_name: str = "sparkdp", conf: Mapping[str, str] | None = None,
@@ -50,7 +55,8 @@ def session(master: str | None = None, *, app_name: str = "sparkdp", conf: Mappi
     Args:
         master: a Spark master URL (``local[N]``, ``spark://host:port``, ``yarn``,
             ``k8s://...``). ``None`` reuses an active session if there is one,
-            otherwise starts an embedded ``local[N]`` session with N = CPU cores.
+            otherwise starts an embedded ``local[N,4]`` session with N = CPU cores (4 task
+            attempts, as on a cluster).
         app_name: the application name shown by the cluster manager.
         conf: extra Spark settings; they override sparkdp's defaults.
         warm_up: on a new ``local``/``local-cluster`` session, start the Python worker
@@ -61,7 +67,7 @@ def session(master: str | None = None, *, app_name: str = "sparkdp", conf: Mappi
     Example:
         >>> spark = sparkdp.session()            # doctest: +SKIP
         >>> spark.sparkContext.master            # doctest: +SKIP
-        'local[2]'
+        'local[2,4]'
     """
     from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession

@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 import threading
+import time
 
 import pytest
 import torch
@@ -282,3 +283,53 @@ def test_close_ends_connections_and_threads(tcp):
         client.pull()
     client.close()
     ep.close()  # idempotent
+
+
+def test_a_flood_of_idle_connections_takes_no_threads_from_honest_workers(setup, tcp):
+    ps, _, _ = setup
+    ep = tcp(ps, TcpOptions(handshake_timeout=2.0, max_unauthenticated=16))
+    honest = _connect(ep, 7)
+    honest_round(honest, 0)
+    host, port = ep.address.rsplit(":", 1)
+    flood = [socket.create_connection((host, int(port)), timeout=10) for _ in range(1000)]
+    try:
+        # at most 16 handshake threads (plus accept + the honest connection), whatever arrives
+        assert len([t for t in ep.threads() if t.is_alive()]) <= 16 + 2
+        for seq in range(1, 4):
+            honest_round(honest, seq)  # already connected: unaffected
+        assert ep.rejected_connections >= 1000 - 16
+    finally:
+        for sock in flood:
+            sock.close()
+    honest.close()
+    # the slots free up: a new honest worker connects once the idle ones are gone
+    late = _connect(ep, 8)
+    honest_round(late, 0)
+    late.close()
+
+
+def test_a_slow_loris_handshake_is_cut_at_the_deadline(setup, tcp):
+    ps, _, _ = setup
+    ep = tcp(ps, TcpOptions(handshake_timeout=1.0))
+    sock = socket.create_connection(ep.address.rsplit(":", 1), timeout=10)
+    sock.recv(4096)  # HELLO
+    started = time.monotonic()
+    try:
+        for byte in HEADER.pack(MAGIC, codec.PROTOCOL_VERSION, Op.AUTH, 0, 0, 2, 0):
+            sock.sendall(bytes([byte]))  # one byte every 0.2 s: each arrives before a per-read timeout
+            time.sleep(0.2)
+    except OSError:
+        pass  # the server already closed it
+    assert_closed(sock)
+    assert time.monotonic() - started < 10
+    assert ep.rejected_connections == 1
+
+
+@pytest.mark.timeout(120)
+def test_32_concurrent_clients_lose_no_update():
+    """The load benchmark's loop, bounded to 3 s (``benchmarks/ps_load.py`` runs 60)."""
+    from benchmarks.ps_load import run_load
+
+    result = run_load(clients=32, seconds=3.0, numel=10_000)
+    assert result["exact"] and result["applied"] == result["pushes"] > 32
+    assert result["rss_after_mb"] - result["rss_before_mb"] < 200

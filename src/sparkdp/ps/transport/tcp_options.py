@@ -27,6 +27,11 @@ class TcpOptions:
         handshake_timeout / frame_timeout / idle_timeout: seconds, see the module docstring.
         socket_buffer: SO_SNDBUF/SO_RCVBUF bytes; ``None`` keeps Linux's autotuning.
         join_timeout: how long close() waits for each thread.
+        max_unauthenticated: connections allowed at once before their handshake succeeds; more
+            are closed on arrival, so a flood of idle or half-open connections from peers
+            without the secret cannot take threads and memory from the workers (each one is
+            also closed after ``handshake_timeout``).
+        max_connections: authenticated connections allowed at once.
     """
 
     mac_payload: bool = False
@@ -37,6 +42,8 @@ class TcpOptions:
     idle_timeout: float = 1800.0
     socket_buffer: int | None = None
     join_timeout: float = 5.0
+    max_unauthenticated: int = 64
+    max_connections: int = 1024
 
 
 def format_address(host: str, port: int) -> str:

@@ -62,6 +62,7 @@ class TcpEndpoint(Endpoint):
         # *ended*, not just closed its socket: freeing its buffers takes a while, and a thread
         # still inside torch when the interpreter exits aborts the process.
         self._conns: dict[threading.Thread, socket.socket | None] = {}
+        self._unauthenticated = 0  # connections still in their handshake (bounded, see TcpOptions)
         self._accept_thread = threading.Thread(
             target=self._accept_loop, name=f"sparkdp-ps-accept-{bound_port}", daemon=True
         )
@@ -99,7 +100,19 @@ class TcpEndpoint(Endpoint):
                     return
                 for done in [t for t in self._conns if not t.is_alive()]:
                     del self._conns[done]
-                self._conns[thread] = sock
+                busy = sum(s is not None for s in self._conns.values())
+                full = (self._unauthenticated >= self._opts.max_unauthenticated
+                        or busy >= self._opts.max_connections + self._opts.max_unauthenticated)
+                if full:
+                    self.rejected_connections += 1
+                else:
+                    self._unauthenticated += 1
+                    self._conns[thread] = sock
+            if full:  # closed at once, without a thread: the cost of a refused peer is one accept()
+                log.warning("refusing a connection from %s: %d unauthenticated and %d connections open",
+                            peer, self._unauthenticated, busy)
+                sock.close()
+                continue
             thread.start()
 
     def _serve_conn(self, sock: socket.socket, peer: tuple) -> None:
@@ -113,6 +126,8 @@ class TcpEndpoint(Endpoint):
                     self._conns[threading.current_thread()] = sock
             chan = Channel(sock, "server", self._opts.limits, self._opts.frame_timeout)
             worker = self._handshake(chan)
+            with self._lock:
+                self._unauthenticated -= 1
             out = None  # reusable pull buffers: the reply is sent before the next request arrives
             while not self._stop.is_set():
                 msg = chan.recv(self._opts.idle_timeout, reuse_buffer=True)
@@ -138,6 +153,8 @@ class TcpEndpoint(Endpoint):
             sock.close()
             with self._lock:
                 self._conns[threading.current_thread()] = None
+                if worker is None:  # it never finished its handshake
+                    self._unauthenticated -= 1
 
     def _handshake(self, chan: Channel) -> int:
         server_nonce = secrets.token_bytes(NONCE_BYTES)

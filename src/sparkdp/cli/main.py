@@ -40,6 +40,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("sparkdp: interrupted", file=sys.stderr)
         return 130
+    finally:  # a command leaves no JVM behind, and nothing printed after it returns
+        if "pyspark" in sys.modules:
+            from ..spark.session import stop_quietly
+
+            stop_quietly()
 
 
 if __name__ == "__main__":

@@ -163,8 +163,10 @@ def run(args) -> int:
                     memory_format=args.memory_format, checkpoint_dir=args.checkpoint_dir,
                     checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
                     resume=args.resume, max_restarts=args.max_restarts)
+    # Spark's own console log stays off unless -v: failures end in sparkdp's one-line message
+    spark = sparkdp.session(args.master, log_level="OFF" if not getattr(args, "verbose", 0) else "WARN")
     result = sparkdp.fit_job(model, data, job, eval_data=eval_data, columns=columns, loss=loss, optimizer=optimizer,
-                             optimizer_options=opt_options, started=started)
+                             optimizer_options=opt_options, spark=spark, started=started)
     model_path = None
     if args.out:
         model_path = str(result.save(Path(args.out) / "model.safetensors", **model_desc))

@@ -303,7 +303,7 @@ def translate_error(exc: BaseException, requested: int, master: str) -> BaseExce
         return RendezvousTimeout(too_few_slots_message(requested, -1, master).replace("at most -1", "fewer"))
     if isinstance(exc, SparkdpError):
         return exc
-    log.debug("the Spark job failed with:\n%s", text)
+    log.info("the Spark job failed with:\n%s", text)
     task = re.search(r"ResultTask\(\d+, (\d+)\)|[Tt]ask (\d+)(?:\.\d+)? in stage", text)
     who = f"worker {next(g for g in task.groups() if g is not None)}" if task else "a worker"
     for pattern, what in _SPARK_FAILURES:

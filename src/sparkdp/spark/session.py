@@ -49,7 +49,7 @@ def default_master() -> str:
 
 
 def session(master: str | None = None, *, app_name: str = "sparkdp", conf: Mapping[str, str] | None = None,
-            warm_up: bool = True):
+            warm_up: bool = True, log_level: str = "ERROR"):
     """Return the SparkSession to train on.
 
     Args:
@@ -63,6 +63,8 @@ def session(master: str | None = None, *, app_name: str = "sparkdp", conf: Mappi
             daemon at once, in the background, so its torch import (and Spark's own
             first-job set-up, about 4 s together here) overlaps with whatever the
             driver does next instead of delaying the first training job.
+        log_level: what Spark's own log prints on the console (``"OFF"`` leaves errors to
+            sparkdp's one-line messages; the command line does that unless ``-v``).
 
     Example:
         >>> spark = sparkdp.session()            # doctest: +SKIP
@@ -94,13 +96,43 @@ def session(master: str | None = None, *, app_name: str = "sparkdp", conf: Mappi
     # What SparkSession.builder.getOrCreate() does, in two steps: the warm-up job needs only
     # the SparkContext, so it runs while the JVM builds the SparkSession (about 2.7 s here).
     sc = SparkContext.getOrCreate(SparkConf().setMaster(master).setAppName(app_name).setAll(settings.items()))
-    sc.setLogLevel("ERROR")
+    sc.setLogLevel(log_level)
     if warm_up and settings["spark.python.daemon.module"] == _DEFAULT_CONF["spark.python.daemon.module"]:
         _start_warm_up(sc)
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def stop_quietly(timeout_s: float = 10.0) -> None:
+    """Stop the active session, if any, so that its JVM ends before the caller returns.
+
+    The warm-up job is given ``timeout_s`` to finish first and Spark's log is silenced: a job
+    torn down mid-flight logs block-manager errors that would otherwise reach the terminal
+    after the command has already printed its result.
+    """
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is None:
+        return
+    for thread in threading.enumerate():
+        if thread.name == "sparkdp-warm-up":
+            thread.join(timeout_s)
+    active.sparkContext.setLogLevel("OFF")
+    active.stop()
+    from pyspark import SparkContext
+
+    gateway, SparkContext._gateway, SparkContext._jvm = SparkContext._gateway, None, None
+    proc = getattr(gateway, "proc", None)  # the JVM PySpark launched (None if it was attached to)
+    if gateway is not None and proc is not None:
+        gateway.shutdown()
+        proc.stdin.close()  # the JVM exits when its parent's pipe closes
+        try:
+            proc.wait(timeout_s)
+        except Exception:  # noqa: BLE001 - still going after timeout_s: not worth failing the command
+            proc.kill()
 
 
 def _start_warm_up(sc) -> None:

@@ -68,6 +68,9 @@ class JobConfig:
         resume: continue from the newest valid checkpoint in this directory.
         max_restarts: how many times a failed synchronous stage is restarted from the latest
             checkpoint before the job fails (0: never).
+        min_workers: elastic restarts: when fewer task slots than ``workers`` are left after a
+            failure, continue on as many as there are, down to this many (``None``: always
+            ``workers``); back to ``workers`` at a later restart when the slots return.
     """
 
     strategy: Any = "allreduce"
@@ -90,6 +93,7 @@ class JobConfig:
     keep_checkpoints: int = 3
     resume: str | None = None
     max_restarts: int = 3
+    min_workers: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "eval_every"):
@@ -100,6 +104,10 @@ class JobConfig:
         _positive_int("keep_checkpoints", self.keep_checkpoints)
         if self.checkpoint_every_s is not None:
             _positive_number("checkpoint_every_s", self.checkpoint_every_s)
+        _positive_int("min_workers", self.min_workers, optional=True)
+        if self.min_workers is not None and self.workers is not None and self.min_workers > self.workers:
+            raise ConfigError(f"min_workers ({self.min_workers}) cannot exceed workers ({self.workers}); "
+                              "min_workers is how far an elastic restart may shrink the job.")
         if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
             raise ConfigError(f"max_restarts must be an integer >= 0; got {self.max_restarts!r}.")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):

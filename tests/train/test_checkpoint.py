@@ -157,7 +157,7 @@ def test_restarts_resume_from_the_latest_checkpoint_then_give_up_with_every_caus
     policy = CheckpointPolicy(str(tmp_path))
     seen = []
 
-    def stage(attempt: FitSpec):
+    def stage(attempt: FitSpec, workers: int):
         seen.append((attempt.part.start_epoch, attempt.part.start_step, attempt.fault))
         if len(seen) == 1:
             fit_worker(replace(attempt, epochs=1, checkpoint=policy), SingleProcessCollective())  # leaves e1-s0
@@ -165,7 +165,7 @@ def test_restarts_resume_from_the_latest_checkpoint_then_give_up_with_every_caus
 
     job = JobConfig(max_restarts=2)
     with caplog.at_level(logging.WARNING), pytest.raises(WorkerFailed) as info:
-        run_with_restarts(spec, job, policy, stage)
+        run_with_restarts(spec, job, policy, stage, 1)
     assert [s[:2] for s in seen] == [(0, 0), (1, 0), (1, 0)]
     assert "failed 3 times, more than max_restarts=2" in str(info.value)
     assert "1: worker 1 died (attempt 1); 2: worker 1 died (attempt 2)" in str(info.value)
@@ -175,12 +175,12 @@ def test_restarts_resume_from_the_latest_checkpoint_then_give_up_with_every_caus
 def test_errors_a_restart_cannot_fix_are_raised_at_once(tmp_path):
     calls = []
 
-    def stage(attempt):
+    def stage(attempt, workers):
         calls.append(1)
         raise ConfigError("bad setting")
 
     with pytest.raises(ConfigError):
-        run_with_restarts(_spec(None), JobConfig(), CheckpointPolicy(str(tmp_path)), stage)
+        run_with_restarts(_spec(None), JobConfig(), CheckpointPolicy(str(tmp_path)), stage, 2)
     assert calls == [1]
 
 
@@ -193,3 +193,28 @@ def test_fault_injection_setting_is_parsed_and_checked():
     with pytest.raises(RuntimeError, match="fault injected"):
         fault_from_env({"SPARKDP_FAULT": "raise:rank=0:step=2"}).maybe_fire(0, 2)
     copy.copy(fault).maybe_fire(0, 30)  # another rank: nothing happens
+
+
+def test_an_elastic_restart_continues_on_the_slots_left_and_grows_back(tmp_path, caplog):
+    """Two workers; after the first failure one slot is left (min_workers=1): the restart runs
+    on one worker from the same rows; after the second, both slots are back."""
+    spec, policy = _spec(None, epochs=2), CheckpointPolicy(str(tmp_path))
+    save_checkpoint(policy, epoch=0, step=6, model=_model().state_dict(), optimizer=b"", strategy_state={},
+                    rng=[torch.get_rng_state()] * 2, history=[], workers=2)
+    slots = iter([1, 2])
+    runs = []
+
+    def stage(attempt: FitSpec, workers: int):
+        runs.append((workers, attempt.part.start_step))
+        if len(runs) < 3:
+            raise WorkerFailed("the executor running worker 1 was lost")
+        return "report"
+
+    job = JobConfig(max_restarts=3, min_workers=1)
+    with caplog.at_level(logging.WARNING):
+        report, _, workers = run_with_restarts(spec, job, policy, stage, 2, slots=lambda: next(slots))
+    assert (report, workers) == ("report", 2)
+    assert runs == [(2, 0), (1, 12), (2, 6)]  # step 6 of 2 workers = step 12 of one: the same rows
+    assert "restart 1 of 3 from epoch 1, step 6 on 1 of 2 workers (task slots gone)" in caplog.text
+    with pytest.raises(ConfigError, match=r"min_workers \(3\) cannot exceed workers \(2\)"):
+        JobConfig(workers=2, min_workers=3)

@@ -66,6 +66,8 @@ def add_parser(sub) -> None:
     rel.add_argument("--resume", metavar="DIR", help="continue from the newest valid checkpoint in DIR")
     rel.add_argument("--max-restarts", type=int, default=job.max_restarts, metavar="N",
                      help=f"restart a failed stage from the latest checkpoint up to N times (default {job.max_restarts})")
+    rel.add_argument("--min-workers", type=int, metavar="N",
+                     help="after a failure that took task slots away, continue on fewer workers, down to N")
     p.add_argument("--out", help="directory for model.safetensors and model.json")
     p.add_argument("--json-out", help="write a JSON summary of the run here")
     caffe = p.add_argument_group("Caffe model", "train a Caffe net with its own solver (instead of --model/SCRIPT)")
@@ -162,7 +164,7 @@ def run(args) -> int:
                     master=args.master, threads=args.threads, eval_every=args.eval_every,
                     memory_format=args.memory_format, checkpoint_dir=args.checkpoint_dir,
                     checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
-                    resume=args.resume, max_restarts=args.max_restarts)
+                    resume=args.resume, max_restarts=args.max_restarts, min_workers=args.min_workers)
     # Spark's own console log stays off unless -v: failures end in sparkdp's one-line message
     spark = sparkdp.session(args.master, log_level="OFF" if not getattr(args, "verbose", 0) else "WARN")
     result = sparkdp.fit_job(model, data, job, eval_data=eval_data, columns=columns, loss=loss, optimizer=optimizer,

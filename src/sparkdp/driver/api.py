@@ -144,7 +144,7 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
         shuffle_buffer: int = 10_000, eval_every: int = 1, memory_format: str = "auto",
         checkpoint_dir: str | None = None, checkpoint_every: int | None = None,
         checkpoint_every_s: float | None = None, keep_checkpoints: int = 3, resume: str | None = None,
-        max_restarts: int = 3) -> TrainResult:
+        max_restarts: int = 3, min_workers: int | None = None) -> TrainResult:
     """Train ``model`` data-parallel on Spark and return it trained.
 
     Args:
@@ -182,6 +182,8 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
         resume: a checkpoint directory: continue from its newest valid checkpoint.
         max_restarts: a failed worker restarts the job from the latest checkpoint this many
             times before ``fit`` raises (see :class:`~sparkdp.config.JobConfig`).
+        min_workers: after a failure that took slots away, restart on fewer workers, down to
+            this many (elastic; ``None``: always ``workers``).
 
     Example:
         >>> result = sparkdp.fit(model, (x, y), epochs=2, workers=2)   # doctest: +SKIP
@@ -193,7 +195,8 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
                     memory_format=memory_format, master=master, threads=threads, start_timeout_s=start_timeout_s,
                     pg_timeout_s=pg_timeout_s, show_progress=show_progress, checkpoint_dir=checkpoint_dir,
                     checkpoint_every=checkpoint_every, checkpoint_every_s=checkpoint_every_s,
-                    keep_checkpoints=keep_checkpoints, resume=resume, max_restarts=max_restarts)
+                    keep_checkpoints=keep_checkpoints, resume=resume, max_restarts=max_restarts,
+                    min_workers=min_workers)
     columns = Columns(features=features, label=label, feature_shape=feature_shape, drop_nulls=drop_nulls,
                       shuffle_buffer=shuffle_buffer)
     return fit_job(model, data, job, labels=labels, eval_data=eval_data, columns=columns, loss=loss,
@@ -225,6 +228,8 @@ def fit_job(model: nn.Module, data: Any, job: JobConfig, *, labels: Any = None, 
 
     spark = spark or session(job.master)
     workers = job.workers or task_slots(spark.sparkContext) or 2
+    if job.min_workers is not None and job.min_workers > workers:
+        raise ConfigError(f"min_workers ({job.min_workers}) cannot exceed the {workers} workers this job runs on.")
     rows = train.num_samples()
     if rows is not None and rows < workers:
         raise ConfigError(f"the training data has {rows} rows but {workers} workers were requested; every "
@@ -256,7 +261,7 @@ def _fit_on_spark(spec: FitSpec, job: JobConfig, workers: int, spark: Any, start
                              pg_timeout_s=job.pg_timeout_s, start_timeout_s=job.start_timeout_s)
             finished = spec
         else:
-            out, finished = _fit_barrier(spec, job, workers, spark)
+            out, finished, workers = _fit_barrier(spec, job, workers, spark)
     dropped = out.data_counters.get("dropped_null_rows", 0)
     if dropped:
         log.warning("dropped %d row(s) with null features or labels (drop_nulls=True), counted over all epochs",
@@ -269,21 +274,22 @@ def _fit_on_spark(spec: FitSpec, job: JobConfig, workers: int, spark: Any, start
                        details={"strategy_state": out.strategy_state})
 
 
-def _fit_barrier(spec: FitSpec, job: JobConfig, workers: int, spark: Any) -> tuple[WorkerReport, FitSpec]:
+def _fit_barrier(spec: FitSpec, job: JobConfig, workers: int, spark: Any) -> tuple[WorkerReport, FitSpec, int]:
     """One barrier stage (in-memory or Parquet data), resumed and restarted from checkpoints."""
-    from ..spark.launcher import on_driver_machine, run_barrier
+    from ..spark.launcher import available_slots, on_driver_machine, run_barrier
 
     start = resume_point(job)
     if start is not None:
         log.info("resuming from %s", start.path)
         spec = resumed(spec, start)
 
-    def run_stage(attempt: FitSpec) -> WorkerReport:
+    def run_stage(attempt: FitSpec, n: int) -> WorkerReport:
         task = in_task(lambda coll: fit_worker(attempt, coll), threads=job.threads, pg_timeout_s=job.pg_timeout_s)
-        return run_barrier(task, workers, spark=spark, start_timeout_s=job.start_timeout_s)[0]
+        return run_barrier(task, n, spark=spark, start_timeout_s=job.start_timeout_s)[0]
 
     with checkpoint_policy(job, temporary_ok=on_driver_machine(spark.sparkContext)) as policy:
-        return run_with_restarts(spec, job, policy, run_stage)
+        return run_with_restarts(spec, job, policy, run_stage, workers,
+                                 slots=lambda: available_slots(spark.sparkContext))
 
 
 def _fit_async(spec: FitSpec, strategy: Strategy, workers: int, spark: Any, job: JobConfig,

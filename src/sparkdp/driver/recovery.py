@@ -63,14 +63,21 @@ def resume_point(job: JobConfig) -> Checkpoint | None:
     return found
 
 
-def resumed(spec: FitSpec, checkpoint: Checkpoint) -> FitSpec:
-    """``spec`` continuing from ``checkpoint``: its weights, strategy state and position."""
+def resumed(spec: FitSpec, checkpoint: Checkpoint, workers: int | None = None) -> FitSpec:
+    """``spec`` continuing from ``checkpoint``: its weights, strategy state and position.
+
+    On another number of ``workers`` than the checkpoint's, the data is re-sharded and a
+    mid-epoch position becomes the step that covers about as many rows.
+    """
     check_compatible(spec.model, checkpoint)
     spec.model.load_state_dict(checkpoint.model)
     spec.strategy.load_state_dict(checkpoint.strategy_state)
     last = spec.last_epoch()
+    step = checkpoint.step
+    if workers is not None and workers != checkpoint.workers:
+        step = round(step * checkpoint.workers / workers)
     part = StagePart(start_epoch=checkpoint.epoch, last_epoch=last, optimizer_state=checkpoint.optimizer or None,
-                     start_step=checkpoint.step, rng=tuple(checkpoint.rng), history=tuple(checkpoint.history),
+                     start_step=step, rng=tuple(checkpoint.rng), history=tuple(checkpoint.history),
                      epoch_stats=checkpoint.epoch_stats)
     return replace(spec, epochs=last + 1 - checkpoint.epoch, part=part)
 
@@ -83,18 +90,20 @@ def _where(checkpoint: Checkpoint | None) -> str:
 
 
 def run_with_restarts(spec: FitSpec, job: JobConfig, policy: CheckpointPolicy | None,
-                      run_stage: Callable[[FitSpec], WorkerReport]) -> tuple[WorkerReport, FitSpec]:
-    """Run the stage; after a worker failure, restart it from the latest checkpoint.
+                      run_stage: Callable[[FitSpec, int], WorkerReport], workers: int,
+                      slots: Callable[[], int | None] = lambda: None) -> tuple[WorkerReport, FitSpec, int]:
+    """Run the stage on ``workers``; after a worker failure, restart it from the latest checkpoint
+    (on fewer workers, down to ``job.min_workers``, if ``slots()`` says fewer are left).
 
-    Returns rank 0's report and the spec of the stage that finished (its ``part.history`` is
-    the job's history before that stage).
+    Returns rank 0's report, the spec of the stage that finished (its ``part.history`` is the
+    job's history before that stage) and the workers it ran on.
     """
     fault = fault_from_env()
     failures: list[str] = []
-    attempt = replace(spec, checkpoint=policy, fault=fault)
+    attempt, now = replace(spec, checkpoint=policy, fault=fault), workers
     while True:
         try:
-            return run_stage(attempt), attempt
+            return run_stage(attempt, now), attempt, now
         except TrainingDiverged as exc:
             last = latest_checkpoint(policy.directory) if policy is not None else None
             raise TrainingDiverged(f"{exc} The last good checkpoint: "
@@ -110,9 +119,18 @@ def run_with_restarts(spec: FitSpec, job: JobConfig, policy: CheckpointPolicy | 
                                    f"{job.max_restarts} allows ({listed}). Fix the cause, or raise "
                                    "max_restarts.") from exc
             latest = latest_checkpoint(policy.directory)
-            log.warning("sparkdp: %s -- restart %d of %d from %s", cause, len(failures), job.max_restarts,
-                        _where(latest))
-            attempt = replace(resumed(spec, latest) if latest is not None else spec, checkpoint=policy, fault=None)
+            now = _workers_for_restart(workers, job.min_workers, slots())
+            log.warning("sparkdp: %s -- restart %d of %d from %s%s", cause, len(failures), job.max_restarts,
+                        _where(latest), f" on {now} of {workers} workers (task slots gone)" if now < workers else "")
+            attempt = replace(resumed(spec, latest, now) if latest is not None else spec, checkpoint=policy, fault=None)
+
+
+def _workers_for_restart(requested: int, minimum: int | None, slots: int | None) -> int:
+    """All requested workers if the slots are there (or unknown); else as many as fit, down to
+    ``minimum`` (below it, the stage waits for slots and fails after ``start_timeout_s``)."""
+    if minimum is None or slots is None or slots >= requested:
+        return requested
+    return max(minimum, slots)
 
 
 def _cause(exc: WorkerFailed, job: JobConfig) -> str:

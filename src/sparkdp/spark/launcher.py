@@ -73,6 +73,19 @@ def task_slots(sc) -> int | None:
     return None  # cluster managers: executors may still be arriving; the start timeout decides
 
 
+def available_slots(sc) -> int | None:
+    """Task slots the cluster has right now: fixed on local masters; elsewhere the cores of the
+    live executors (the scheduler backend's count), None when that cannot be known."""
+    fixed = task_slots(sc)
+    if fixed is not None and sc.master.startswith("local"):
+        return fixed
+    try:  # CoarseGrainedSchedulerBackend (standalone, YARN, Kubernetes) keeps the live core count
+        cores = int(sc._jsc.sc().schedulerBackend().totalCoreCount())
+    except Exception:  # noqa: BLE001 - another backend, or py4j could not reach it
+        return fixed
+    return cores // int(sc.getConf().get("spark.task.cpus", "1"))
+
+
 def on_driver_machine(sc) -> bool:
     """Whether every executor runs on the driver's machine (``local[N]``, ``local-cluster``)."""
     return sc.master == "local" or sc.master.startswith(("local[", "local-cluster["))

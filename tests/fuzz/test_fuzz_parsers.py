@@ -120,3 +120,10 @@ def test_mutated_valid_frames_decode_or_raise_protocol_error(data):
             frame[j:j + 4] = data.draw(st.sampled_from([b"\xff\xff\xff\xff", b"\x00\x00\x00\x00",
                                                         b"\x7f\xff\xff\xff"]))
     _decode_or_documented_error(frame)
+
+
+def test_leading_zeros_do_not_count_against_the_64_bits():
+    """Found by this fuzzer: a hex literal with 17 zeros escaped as ValueError."""
+    assert parse("a: 0x00000000000000000").get("a") == 0
+    assert parse("a: 0x" + "0" * 30 + "ff").get("a") == 255
+    assert parse("a: " + "0" * 30 + "7").get("a") == 7

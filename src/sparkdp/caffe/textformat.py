@@ -281,7 +281,9 @@ def _number(text: str, negative: bool, where: str) -> int | float:
     if is_hex or re.fullmatch(r"\d+", text):
         # protobuf integers have 64 bits: check the length before converting (Python refuses
         # to convert strings of more than 4,300 digits, with a ValueError)
-        value = int(text, 16) if is_hex and len(text) <= 18 else int(text) if len(text) <= 20 else 1 << 64
+        digits, base = (text[2:], 16) if is_hex else (text, 10)
+        digits = digits.lstrip("0") or "0"
+        value = int(digits, base) if len(digits) <= (16 if is_hex else 20) else 1 << 64
         if value >= 1 << 64:
             raise TextFormatError(f"{where}: integer {text[:24]}{'...' if len(text) > 24 else ''} does not fit "
                                   "in 64 bits")

@@ -104,3 +104,33 @@ def test_a_killed_asynchronous_worker_is_retried_and_no_push_counts_twice(spark,
     assert server["pushes_applied"] == finished + 30, (server, result.details["workers"])
     # asynchronous runs differ by update order alone; the retried worker only adds 30 updates
     assert abs(result.test_accuracy - clean.test_accuracy) <= 0.03, (result.test_accuracy, clean.test_accuracy)
+
+
+def test_a_streamed_dataframe_epoch_is_rerun_and_checkpoints_resume(spark, tmp_path, monkeypatch, caplog):
+    """The DataFrame path: the driver holds every epoch's state, so a failed epoch stage runs
+    again from it; its epoch-end checkpoints resume a later job on the same trajectory."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(800, 4, generator=g)
+    y = (x[:, 0] - x[:, 1] > 0).long()
+    df = spark.createDataFrame([(row.tolist(), int(t)) for row, t in zip(x, y, strict=True)],
+                               "x array<float>, y long").repartition(2).cache()
+
+    def fit(epochs, **kw):
+        torch.manual_seed(0)
+        return sparkdp.fit(torch.nn.Linear(4, 2), df, features="x", label="y", workers=2, epochs=epochs,
+                           batch_size=16, spark=spark, show_progress=False, **kw)
+
+    try:
+        clean = fit(2)
+        monkeypatch.setenv("SPARKDP_FAULT", "kill:rank=0:step=10")
+        with caplog.at_level(logging.WARNING, logger="sparkdp"):
+            rerun = fit(2, checkpoint_dir=str(tmp_path))
+        monkeypatch.delenv("SPARKDP_FAULT")
+        assert any("restart 1 of 3 from the start of epoch 1" in r.getMessage() for r in caplog.records)
+        _same_weights(clean, rerun)
+        resumed = fit(3, resume=str(tmp_path))  # continues after epoch 2 with a third
+        longer = fit(3)
+    finally:
+        df.unpersist()
+    _same_weights(longer, resumed)
+    assert [h["epoch"] for h in resumed.history] == [1, 2, 3]

@@ -246,20 +246,14 @@ def _fit_on_spark(spec: FitSpec, job: JobConfig, workers: int, spark: Any, start
     model, train, strategy_obj = spec.model, spec.train, spec.strategy
     log.info("training %s on %d workers with %s; data: %s", type(model).__name__, workers,
              strategy_obj.name, train.describe())
-    checkpointed = strategy_obj.launcher is Launcher.BARRIER and isinstance(train, WorkerData)
-    if (job.checkpoint_dir or job.resume) and not checkpointed:
-        raise ConfigError("checkpoint_dir/resume work with the synchronous strategies on in-memory or Parquet data; "
-                          f"this job uses {strategy_obj.name!r} on {type(train).__name__}. Leave them unset "
-                          "(asynchronous jobs recover through Spark's task retries).")
+    if (job.checkpoint_dir or job.resume) and strategy_obj.launcher is not Launcher.BARRIER:
+        raise ConfigError(f"checkpoint_dir/resume work with the synchronous strategies; {strategy_obj.name!r} is "
+                          "asynchronous. Leave them unset (asynchronous jobs recover through Spark's task retries).")
     if strategy_obj.launcher is Launcher.TASKS:
         return _fit_async(spec, strategy_obj, workers, spark, job, started)
     with progress(job.show_progress, f"sparkdp: training on {workers} Spark workers ({strategy_obj.name})"):
-        if not checkpointed:  # a DataFrame streamed through Spark: a stage per epoch
-            from ..spark.dataframe import fit_stream
-
-            out = fit_stream(spec, train, workers=workers, spark=spark, threads=job.threads,
-                             pg_timeout_s=job.pg_timeout_s, start_timeout_s=job.start_timeout_s)
-            finished = spec
+        if not isinstance(train, WorkerData):  # a DataFrame streamed through Spark: a stage per epoch
+            out, finished = _fit_dataframe(spec, job, workers, spark)
         else:
             out, finished, workers = _fit_barrier(spec, job, workers, spark)
     dropped = out.data_counters.get("dropped_null_rows", 0)
@@ -272,6 +266,21 @@ def _fit_on_spark(spec: FitSpec, job: JobConfig, workers: int, spark: Any, start
                        epochs=spec.epochs, wall_s=time.perf_counter() - started, train_time_s=train_time,
                        samples=samples, strategy_options=out.strategy_options,
                        details={"strategy_state": out.strategy_state})
+
+
+def _fit_dataframe(spec: FitSpec, job: JobConfig, workers: int, spark: Any) -> tuple[WorkerReport, FitSpec]:
+    """A streamed DataFrame: one stage per epoch; the driver restarts a failed epoch itself."""
+    from ..spark.dataframe import fit_stream
+
+    start = resume_point(job)
+    if start is not None:
+        log.info("resuming from %s", start.path)
+        spec = resumed(spec, start)
+    with checkpoint_policy(job, temporary_ok=False) as policy:  # the driver keeps every epoch's state anyway
+        out = fit_stream(spec, spec.train, workers=workers, spark=spark, threads=job.threads,
+                         pg_timeout_s=job.pg_timeout_s, start_timeout_s=job.start_timeout_s,
+                         max_restarts=job.max_restarts, checkpoint=policy)
+    return out, spec
 
 
 def _fit_barrier(spec: FitSpec, job: JobConfig, workers: int, spark: Any) -> tuple[WorkerReport, FitSpec, int]:

@@ -38,7 +38,9 @@ from ..data.arrow import ArrowConverter
 from ..data.base import WorkerData
 from ..data.parquet import ParquetData
 from ..data.shuffle import rebatch, seeded_generator
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, WorkerFailed
+from ..train.checkpoint import CheckpointPolicy, save_checkpoint
+from ..train.faults import fault_from_env
 from ..train.jobs import in_task
 from ..train.loop import FitSpec, StagePart, fit_worker
 from ..train.report import WorkerReport
@@ -186,8 +188,14 @@ def _epoch_task(spec: FitSpec, threads: int | None, pg_timeout_s: float):
 
 
 def fit_stream(spec: FitSpec, source: DataFrameSource, *, workers: int, spark, threads: int | None,
-               pg_timeout_s: float, start_timeout_s: float) -> WorkerReport:
-    """Train ``spec.epochs`` epochs on ``source``, one barrier stage per epoch; rank 0's merged report."""
+               pg_timeout_s: float, start_timeout_s: float, max_restarts: int = 0,
+               checkpoint: CheckpointPolicy | None = None) -> WorkerReport:
+    """Train ``spec.epochs`` epochs on ``source``, one barrier stage per epoch; rank 0's merged report.
+
+    The driver holds the state at every epoch end, so a failed epoch stage is run again from
+    there (up to ``max_restarts`` times over the job), and ``checkpoint`` saves it to a file.
+    A spec resumed from a checkpoint (``spec.part``) starts at its epoch.
+    """
     df = source.df
     partitions = df.rdd.getNumPartitions()
     if partitions != workers:
@@ -210,15 +218,26 @@ def fit_stream(spec: FitSpec, source: DataFrameSource, *, workers: int, spark, t
         log.info("the DataFrame is not cached: its lineage runs again in each of the %d epochs; call "
                  "df.cache() first to avoid that", spec.epochs)
     merged: WorkerReport | None = None
-    opt_state = None
+    opt_state = spec.part.optimizer_state
     template = StreamData(source.converter, source.shuffle_buffer)
+    first, last = spec.part.start_epoch, spec.last_epoch()
+    before = spec.part.history
     spec = replace(spec, strategy=copy.deepcopy(spec.strategy))  # the caller's object is not advanced
-    for epoch in range(spec.epochs):
-        part = StagePart(start_epoch=epoch, last_epoch=spec.epochs - 1, optimizer_state=opt_state,
-                         return_optimizer_state=True)
-        stage_spec = replace(spec, train=template, epochs=1, part=part)
-        rows = _run_stage(df.mapInArrow(_epoch_task(stage_spec, threads, pg_timeout_s), _OUT_SCHEMA,
-                                        barrier=True), spark, workers, start_timeout_s, epoch)
+    restarts, fault = 0, fault_from_env()
+    for epoch in range(first, last + 1):
+        part = StagePart(start_epoch=epoch, last_epoch=last, optimizer_state=opt_state, return_optimizer_state=True)
+        while True:
+            stage_spec = replace(spec, train=template, epochs=1, part=part, fault=None if restarts else fault)
+            try:
+                rows = _run_stage(df.mapInArrow(_epoch_task(stage_spec, threads, pg_timeout_s), _OUT_SCHEMA,
+                                                barrier=True), spark, workers, start_timeout_s, epoch)
+                break
+            except WorkerFailed as exc:
+                if restarts >= max_restarts:
+                    raise
+                restarts += 1
+                log.warning("sparkdp: %s -- restart %d of %d from the start of epoch %d", str(exc).splitlines()[0],
+                            restarts, max_restarts, epoch + 1)
         first = next(r for r in rows if r["rank"] == 0)
         report = WorkerReport.from_parts(first["info"], first["state"], first["optimizer_state"])
         spec.model.load_state_dict(state_from_bytes(report.state))  # shipped with the next stage
@@ -227,6 +246,10 @@ def fit_stream(spec: FitSpec, source: DataFrameSource, *, workers: int, spark, t
         # position) continues instead of restarting every epoch
         spec.strategy.load_state_dict(report.strategy_state)
         merged = report if merged is None else merged.then(report)
+        if checkpoint is not None:
+            save_checkpoint(checkpoint, epoch=epoch + 1, step=0, model=state_from_bytes(report.state),
+                            optimizer=opt_state or b"", strategy_state=report.strategy_state, rng=[],
+                            history=[*before, *merged.history], workers=workers)
     assert merged is not None  # fit() checked epochs >= 1
     return merged
 

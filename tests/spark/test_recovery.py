@@ -134,3 +134,27 @@ def test_a_streamed_dataframe_epoch_is_rerun_and_checkpoints_resume(spark, tmp_p
         df.unpersist()
     _same_weights(longer, resumed)
     assert [h["epoch"] for h in resumed.history] == [1, 2, 3]
+
+
+def test_an_asynchronous_job_resumes_its_parameter_server(spark, fashion, tmp_path):
+    """The server's state is checkpointed (at the end at least); resume restores the centre and
+    every worker's push sequence, and runs only the epochs the applied pushes do not cover."""
+    train, test = fashion
+    options = {"strategy": "asgd", "strategy_options": {"rule_options": {"lr": 0.05}, "push_every": 4},
+               "optimizer_options": {"lr": 0.05, "momentum": 0.0}}
+    torch.manual_seed(0)
+    first = sparkdp.fit(build_model("cnn-small"), train, eval_data=test, workers=2, epochs=1, spark=spark,
+                        show_progress=False, checkpoint_dir=str(tmp_path), **options)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ps-000000.safetensors"]
+    # the same job, resumed: its one epoch is covered, so the model is the saved centre
+    same = sparkdp.fit(build_model("cnn-small"), train, eval_data=test, workers=2, epochs=1, spark=spark,
+                       show_progress=False, resume=str(tmp_path), **options)
+    _same_weights(first, same)
+    assert same.details["server"]["pushes_applied"] == 0
+    # a second epoch continues from it: every worker's sequence numbers go on, nothing is rejected
+    more = sparkdp.fit(build_model("cnn-small"), train, eval_data=test, workers=2, epochs=2, spark=spark,
+                       show_progress=False, resume=str(tmp_path), **options)
+    assert [h["epoch"] for h in more.history] == [2]
+    server = more.details["server"]
+    assert server["rejected"] == 0 and server["duplicates_dropped"] == 0 and server["pushes_applied"] > 0
+    assert more.test_accuracy >= first.test_accuracy - 0.03

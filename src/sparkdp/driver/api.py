@@ -246,9 +246,6 @@ def _fit_on_spark(spec: FitSpec, job: JobConfig, workers: int, spark: Any, start
     model, train, strategy_obj = spec.model, spec.train, spec.strategy
     log.info("training %s on %d workers with %s; data: %s", type(model).__name__, workers,
              strategy_obj.name, train.describe())
-    if (job.checkpoint_dir or job.resume) and strategy_obj.launcher is not Launcher.BARRIER:
-        raise ConfigError(f"checkpoint_dir/resume work with the synchronous strategies; {strategy_obj.name!r} is "
-                          "asynchronous. Leave them unset (asynchronous jobs recover through Spark's task retries).")
     if strategy_obj.launcher is Launcher.TASKS:
         return _fit_async(spec, strategy_obj, workers, spark, job, started)
     with progress(job.show_progress, f"sparkdp: training on {workers} Spark workers ({strategy_obj.name})"):
@@ -311,7 +308,9 @@ def _fit_async(spec: FitSpec, strategy: Strategy, workers: int, spark: Any, job:
                           "a DataFrame that is not a plain Parquet scan is supported by the synchronous "
                           "strategies. Write it to Parquet and pass the path.")
     with progress(job.show_progress, f"sparkdp: {workers} asynchronous Spark workers ({strategy.name})"):
-        return fit_async(spec, strategy, workers=workers, spark=spark, threads=job.threads, started=started)
+        return fit_async(spec, strategy, workers=workers, spark=spark, threads=job.threads, started=started,
+                         checkpoint_dir=job.checkpoint_dir, checkpoint_every_s=job.checkpoint_every_s,
+                         keep=job.keep_checkpoints, resume=job.resume)
 
 
 def run(train_fn: Callable[..., Any], *args: Any, workers: int | None = None,

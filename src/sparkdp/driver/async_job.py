@@ -1,16 +1,30 @@
-"""The driver side of asynchronous training: the parameter server, independent Spark tasks."""
+"""The driver side of asynchronous training: the parameter server, independent Spark tasks.
+
+With a checkpoint directory, the server's whole state (centre, rule state, every worker's last
+applied push sequence: ``ParameterServer.state_dict``) is saved every ``checkpoint_every_s``
+seconds (default 60) and at the end, as ``ps-NNNNNN.safetensors`` (atomic, no pickle). ``resume``
+starts the server from the newest readable one: the workers pull its centre, continue their
+sequence numbers, and run the epochs the applied pushes do not yet cover.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
+import math
+import os
+import re
+import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..comm.single import IndependentCollective, SingleProcessCollective
+from ..errors import ConfigError
 from ..ps import ParameterServer
 from ..ps.transport import TcpOptions, TcpTransport
 from ..strategies.async_ps import AsyncParameterServer
@@ -23,7 +37,8 @@ log = logging.getLogger(__name__)
 
 
 def fit_async(spec: FitSpec, strategy: AsyncParameterServer, *, workers: int, spark: Any,
-              threads: int | None, started: float) -> TrainResult:
+              threads: int | None, started: float, checkpoint_dir: str | None = None,
+              checkpoint_every_s: float | None = None, keep: int = 3, resume: str | None = None) -> TrainResult:
     """Start the server on the driver, run ``workers`` tasks; the model becomes the centre."""
     from ..spark.launcher import driver_host, run_tasks, task_attempt
 
@@ -31,9 +46,13 @@ def fit_async(spec: FitSpec, strategy: AsyncParameterServer, *, workers: int, sp
     rule_spec = strategy.rule_spec(workers)
     server = ParameterServer(lambda shard: rule_spec.create(), list(model.parameters()),
                              num_shards=strategy.num_shards)
+    if resume is not None:
+        spec = _resume_server(server, spec, strategy, workers, resume)
     transport = TcpTransport(TcpOptions(mac_payload=strategy.mac_payload, tls=strategy.tls))
     host = driver_host(spark)
-    with transport.serve(server, host=host, port=0) as endpoint:
+    saver = _ServerCheckpoints(server, checkpoint_dir or resume, checkpoint_every_s or 60.0, keep) \
+        if (checkpoint_dir or resume) else None
+    with transport.serve(server, host=host, port=0) as endpoint, saver or contextlib.nullcontext():
         info = endpoint.info
         log.info("parameter server for %s on %s with %d shard(s)", strategy.rule, info.address, server.num_shards)
         n_threads = threads or 1
@@ -46,25 +65,101 @@ def fit_async(spec: FitSpec, strategy: AsyncParameterServer, *, workers: int, sp
             attempt = shipped if task_attempt() == 0 else replace(shipped, fault=None)
             return fit_worker(attempt, IndependentCollective(worker, workers))
 
-        reports = run_tasks(task, workers, spark=spark, description=f"sparkdp async {strategy.rule}")
+        reports = run_tasks(task, workers, spark=spark, description=f"sparkdp async {strategy.rule}") \
+            if spec.epochs else []
+    if saver is not None:
+        saver.save()  # the finished job: a later resume has nothing left to do
     center = server.pull(worker=workers).tensors  # an id no task uses, so no task's bookkeeping moves
     with torch.no_grad():
         for p, c in zip(model.parameters(), center):
             p.copy_(c)
     history = []
-    first = next(r for r in reports if r.worker == 0)
-    for epoch, evaluated in enumerate(first.history):
+    first = next((r for r in reports if r.worker == 0), None)
+    for epoch, evaluated in enumerate(first.history if first is not None else []):
         records = [r.history[epoch] for r in reports]
         rows = sum(rec["samples"] for rec in records)
-        history.append({**{k: v for k, v in evaluated.items() if k.startswith("test_")}, "epoch": epoch + 1,
+        history.append({**{k: v for k, v in evaluated.items() if k.startswith("test_")}, "epoch": evaluated["epoch"],
                         "loss": sum(rec["loss"] * rec["samples"] for rec in records) / max(rows, 1),
                         "samples": rows, "epoch_time_s": max(rec["epoch_time_s"] for rec in records)})
+    if not history:  # resumed after the last epoch: nothing was left to train
+        history.append({"epoch": spec.part.start_epoch, "loss": float("nan"), "samples": 0, "epoch_time_s": 0.0})
     if spec.eval is not None:  # the final centre, once every worker is done
         history[-1].update(evaluate(model, spec.loss, spec.eval, SingleProcessCollective(), spec.eval_batch_size))
     return TrainResult(
         model=model, history=history, strategy=strategy.name, workers=workers, epochs=spec.epochs,
         wall_s=time.perf_counter() - started,
-        train_time_s=max(r.wall_end for r in reports) - min(r.wall_start for r in reports),
+        train_time_s=max(r.wall_end for r in reports) - min(r.wall_start for r in reports) if reports else 0.0,
         samples=sum(h["samples"] for h in history), strategy_options=strategy.options(),
         details={"server": server.metrics(),
                  "workers": [{"worker": r.worker, **r.strategy_metrics} for r in sorted(reports, key=lambda r: r.worker)]})
+
+
+_PS_NAME = re.compile(r"^ps-(\d{6})\.safetensors$")
+
+
+class _ServerCheckpoints:
+    """Saves the server's state every ``every_s`` seconds from a thread, keeping the newest ``keep``."""
+
+    def __init__(self, server: ParameterServer, directory: str, every_s: float, keep: int) -> None:
+        self.server, self.directory, self.every_s, self.keep = server, Path(directory), every_s, keep
+        self.directory.mkdir(parents=True, exist_ok=True)
+        names = _server_checkpoints(self.directory)
+        self.count = int(_PS_NAME.match(names[-1]).group(1)) + 1 if names else 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sparkdp-ps-checkpoints", daemon=True)
+
+    def __enter__(self) -> _ServerCheckpoints:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.save()
+
+    def save(self) -> None:
+        path = self.directory / f"ps-{self.count:06d}.safetensors"
+        self.server.save(path)
+        self.count += 1
+        for old in _server_checkpoints(self.directory)[:-self.keep]:
+            (self.directory / old).unlink(missing_ok=True)
+        log.info("parameter-server checkpoint %s", path)
+
+
+def _server_checkpoints(directory: str | os.PathLike[str]) -> list[str]:
+    return sorted(n for n in os.listdir(directory) if _PS_NAME.match(n)) if os.path.isdir(directory) else []
+
+
+def _resume_server(server: ParameterServer, spec: FitSpec, strategy: AsyncParameterServer, workers: int,
+                   directory: str) -> FitSpec:
+    """Load the newest readable server checkpoint; return ``spec`` for the epochs still to run."""
+    for name in reversed(_server_checkpoints(directory)):
+        try:
+            server.load(Path(directory) / name)
+            break
+        except (OSError, ValueError, KeyError) as exc:
+            log.warning("skipping the parameter-server checkpoint %s: %s; trying the one before it", name, exc)
+    else:
+        raise ConfigError(f"resume={directory!r}: no readable parameter-server checkpoint (ps-*.safetensors) "
+                          "there. Point resume at the checkpoint_dir of an earlier asynchronous run.")
+    with torch.no_grad():
+        for p, c in zip(spec.model.parameters(), server.pull(worker=workers).tensors, strict=True):
+            p.copy_(c)
+    done = _epochs_done(server, spec, strategy, workers)
+    log.info("resuming the parameter server from %s: %d of %d epoch(s) covered by the applied pushes", name,
+             done, spec.epochs)
+    return replace(spec, epochs=max(spec.epochs - done, 0),
+                   part=replace(spec.part, start_epoch=done, last_epoch=spec.epochs - 1))
+
+
+def _epochs_done(server: ParameterServer, spec: FitSpec, strategy: AsyncParameterServer, workers: int) -> int:
+    """Epochs every worker has finished, from its last applied push sequence (0 if unknown)."""
+    rows = spec.train.num_samples()
+    if rows is None:
+        return 0
+    steps = math.ceil(math.ceil(rows / workers) / spec.batch_size)
+    per_epoch = 1 if strategy.push_every == "epoch" else steps / strategy.push_every
+    return min(spec.epochs, min(int((server.last_seq(w) + 1) / per_epoch) for w in range(workers)))

@@ -136,8 +136,11 @@ def rendezvous() -> TaskInfo:
 def encode_error(rank: int, exc: BaseException) -> str:
     tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
     payload = {"rank": rank, "type": type(exc).__name__, "message": str(exc), "traceback": "".join(tb[-6:])}
-    # base64: survives whatever quoting Spark and py4j apply to the message on its way to the driver
-    return f"{_ERROR_MARK}<<{base64.b64encode(json.dumps(payload).encode()).decode()}>>"
+    # base64: survives whatever quoting Spark and py4j apply to the message on its way to the driver;
+    # the readable line before it is what Spark's own log shows
+    first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+    return (f"sparkdp worker {rank} failed: {type(exc).__name__}: {first} "
+            f"{_ERROR_MARK}<<{base64.b64encode(json.dumps(payload).encode()).decode()}>>")
 
 
 def _decode_error(text: str) -> SparkdpError | None:

@@ -189,12 +189,28 @@ class BarrierStage:
         self.description = description
         self.start_timeout_s = start_timeout_s
 
+    def _wait_for_executors(self) -> None:
+        """On a cluster, executors register after the application starts (and come back after a
+        loss): Spark refuses a barrier stage with more tasks than the slots it has *now*, so
+        wait up to ``start_timeout_s`` for enough of them before submitting."""
+        if self.sc.master.startswith("local"):
+            return
+        deadline = time.monotonic() + self.start_timeout_s
+        while (available := available_slots(self.sc)) is not None and available < self.num_workers:
+            if time.monotonic() > deadline:
+                raise RendezvousTimeout(
+                    f"requested {self.num_workers} workers, but after {self.start_timeout_s:.0f} s the cluster at "
+                    f"{self.sc.master!r} has {available} task slot(s) (a synchronous job needs all of them at once). "
+                    "Use fewer workers, add executors, or raise `start_timeout_s`.")
+            time.sleep(0.5)
+
     def run(self, collect: Callable[[], list[Any]]) -> list[Any]:
         """Run ``collect()`` (the action that runs the stage) and return what it returned."""
         sc, n = self.sc, self.num_workers
         slots = task_slots(sc)
         if slots is not None and n > slots:
             raise RendezvousTimeout(too_few_slots_message(n, slots, sc.master))
+        self._wait_for_executors()
         group = f"sparkdp-{uuid.uuid4().hex[:12]}"
         outcome: dict[str, Any] = {}
         done = threading.Event()
@@ -316,7 +332,9 @@ def translate_error(exc: BaseException, requested: int, master: str) -> BaseExce
     if decoded is not None:
         return decoded
     if "more slots than the total number of slots" in text or "SPARK-24819" in text:
-        return RendezvousTimeout(too_few_slots_message(requested, -1, master).replace("at most -1", "fewer"))
+        return RendezvousTimeout(
+            f"requested {requested} workers, but Spark master {master!r} has fewer task slots right now, and a "
+            f"synchronous job needs all {requested} running together. Use fewer workers, or add executors/cores.")
     if isinstance(exc, SparkdpError):
         return exc
     log.info("the Spark job failed with:\n%s", text)

@@ -1,15 +1,15 @@
-"""The driver itself killed mid-run, then ``sparkdp train --resume``: the job completes, and a
-damaged newest checkpoint is skipped for the one before it."""
+"""The driver itself killed mid-run (``SPARKDP_FAULT=kill-driver``: worker 0 SIGKILLs it), then
+``sparkdp train --resume``: the job completes, and a damaged newest checkpoint is skipped for
+the one before it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
-import time
 
-import psutil
 import pytest
 
 from .test_cli import SPARKDP, _explain, needs_fashion, sparkdp
@@ -20,33 +20,24 @@ JOB = ["train", "--dataset", "fashion-mnist", "--model", "cnn-small", "--limit",
        "--epochs", "3", "--memory-format", "contiguous"]
 
 
-def _kill_when_checkpointed(proc: subprocess.Popen, directory, at_least: int, deadline_s: float) -> None:
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end and proc.poll() is None:
-        if len([p for p in os.listdir(directory) if p.startswith("ckpt-")]) >= at_least:
-            break
-        time.sleep(0.2)
-    assert proc.poll() is None, "the job finished before it could be killed"
-    family = psutil.Process(proc.pid).children(recursive=True)
-    proc.send_signal(signal.SIGKILL)  # the driver dies without any chance to clean up
-    proc.wait(timeout=30)
-    # Its JVM notices the closed gateway pipe and exits; whatever is left is killed here.
-    _, alive = psutil.wait_procs(family, timeout=30)
-    for p in alive:
-        p.kill()
+def _run_until_the_driver_is_killed(args: list[str]) -> subprocess.CompletedProcess:
+    """Run the job with SPARKDP_FAULT=kill-driver: worker 0 SIGKILLs the driver mid-run."""
+    proc = subprocess.Popen([*SPARKDP, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "SPARKDP_FAULT": "kill-driver:step=25"}, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=180)
+    finally:
+        # the JVM notices the closed gateway pipe and exits; anything left of the job goes here
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 @needs_fashion
 def test_driver_killed_then_resumed_completes_and_skips_a_damaged_checkpoint(tmp_path):
     ckpt = tmp_path / "ckpt"
-    ckpt.mkdir()
-    proc = subprocess.Popen([*SPARKDP, *JOB, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "5"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        _kill_when_checkpointed(proc, ckpt, at_least=3, deadline_s=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    killed = _run_until_the_driver_is_killed([*JOB, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "5"])
+    assert killed.returncode == -signal.SIGKILL, _explain(killed)
     names = sorted(p for p in os.listdir(ckpt) if p.startswith("ckpt-"))
     assert len(names) == 3  # keep 3 (default)
     (ckpt / names[-1]).write_bytes(b"not a checkpoint")  # as if the disk had failed mid-write

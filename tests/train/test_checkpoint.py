@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -193,6 +194,8 @@ def test_fault_injection_setting_is_parsed_and_checked():
     with pytest.raises(RuntimeError, match="fault injected"):
         fault_from_env({"SPARKDP_FAULT": "raise:rank=0:step=2"}).maybe_fire(0, 2)
     copy.copy(fault).maybe_fire(0, 30)  # another rank: nothing happens
+    driver = fault_from_env({"SPARKDP_FAULT": "kill-driver:step=3"})
+    assert (driver.action, driver.rank, driver.step, driver.driver_pid) == ("kill-driver", 0, 3, os.getpid())
 
 
 def test_an_elastic_restart_continues_on_the_slots_left_and_grows_back(tmp_path, caplog):

@@ -5,7 +5,9 @@ Set ``SPARKDP_FAULT`` on the driver (it travels to the workers inside the job) t
 * ``kill:rank=R:step=S`` -- worker R kills its own process (SIGKILL) after its S-th step;
 * ``stop:rank=R:step=S`` -- worker R stops itself (SIGSTOP) after its S-th step, as a hung
   process would (only the collective timeout, ``pg_timeout_s``, ends the wait);
-* ``raise:rank=R:step=S`` -- worker R raises ``RuntimeError`` after its S-th step.
+* ``raise:rank=R:step=S`` -- worker R raises ``RuntimeError`` after its S-th step;
+* ``kill-driver:step=S`` -- worker 0 kills the driver (SIGKILL) after its S-th step, as a lost
+  driver machine would (same machine only: the driver's process id travels with the job).
 
 Steps count from the start of the first attempt of the stage; a fault fires once per job:
 the driver clears it before any restart.
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 from ..errors import ConfigError
 
 ENV = "SPARKDP_FAULT"
-ACTIONS = ("kill", "stop", "raise")
+ACTIONS = ("kill", "stop", "raise", "kill-driver")
 
 
 @dataclass(frozen=True)
@@ -28,12 +30,16 @@ class Fault:
     action: str
     rank: int
     step: int
+    driver_pid: int = 0
 
     def maybe_fire(self, rank: int, steps_done: int) -> None:
         if rank != self.rank or steps_done != self.step:
             return
         if self.action == "raise":
             raise RuntimeError(f"fault injected by {ENV}: worker {rank} fails after step {steps_done}")
+        if self.action == "kill-driver":
+            os.kill(self.driver_pid, signal.SIGKILL)
+            return
         os.kill(os.getpid(), signal.SIGKILL if self.action == "kill" else signal.SIGSTOP)
 
 
@@ -45,11 +51,13 @@ def fault_from_env(environ: dict[str, str] | None = None) -> Fault | None:
     action, *fields = text.split(":")
     try:
         values = dict(f.split("=", 1) for f in fields)
-        fault = Fault(action, int(values.pop("rank")), int(values.pop("step")))
+        rank = 0 if action == "kill-driver" else int(values.pop("rank"))
+        fault = Fault(action, rank, int(values.pop("step")), driver_pid=os.getpid())
         ok = action in ACTIONS and not values and fault.rank >= 0 and fault.step >= 1
     except (KeyError, ValueError):
         ok = False
     if not ok:
         raise ConfigError(f"{ENV}={text!r} is not a fault sparkdp knows; use ACTION:rank=R:step=S with ACTION one "
-                          f"of {', '.join(ACTIONS)}, R >= 0 and S >= 1 (e.g. kill:rank=1:step=30), or unset it.")
+                          f"of kill, stop, raise, R >= 0 and S >= 1 (e.g. kill:rank=1:step=30), or "
+                          "kill-driver:step=S; or unset it.")
     return fault

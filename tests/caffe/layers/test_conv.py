@@ -8,11 +8,7 @@ import torch.nn.functional as F
 
 from sparkdp.errors import ConfigError
 
-
-def _set(net, layer, *values):
-    with torch.no_grad():
-        for blob, value in zip(net.blobs_of(layer), values, strict=True):
-            blob.copy_(value)
+from .blobs import set_blobs
 
 
 def test_convolution_groups_dilation_per_axis(build):
@@ -22,7 +18,7 @@ def test_convolution_groups_dilation_per_axis(build):
         x=(2, 4, 9, 7),
     )
     w, b = torch.randn(6, 2, 3, 2), torch.randn(6)
-    _set(net, "c", w, b)
+    set_blobs(net, "c", w, b)
     x = torch.randn(2, 4, 9, 7)
     expected = F.conv2d(x, w, b, stride=(2, 1), padding=(2, 0), dilation=(2, 1), groups=2)
     # Caffe: out = (in + 2·pad − (dilation·(k−1)+1)) / stride + 1 = (9+4-5)//2+1 = 5 ; (7-2)//1+1 = 6
@@ -39,7 +35,7 @@ def test_convolution_hw_form_no_bias_multi_bottom_and_default_zero_weights(build
     net = build(text, a=(1, 2, 4, 5), b=(1, 2, 4, 5))
     (w,) = net.blobs_of("c")
     assert w.shape == (3, 2, 1, 3) and torch.count_nonzero(w) == 0  # Caffe's default filler: constant 0
-    _set(net, "c", torch.randn(3, 2, 1, 3))
+    set_blobs(net, "c", torch.randn(3, 2, 1, 3))
     a, b = torch.randn(1, 2, 4, 5), torch.randn(1, 2, 4, 5)
     out = net(a=a, b=b)
     for x, y in ((a, out["ya"]), (b, out["yb"])):
@@ -53,7 +49,7 @@ def test_convolution_1d_and_axis(build):
         x=(2, 3, 4, 6),
     )
     w, b = torch.randn(2, 4, 2), torch.randn(2)
-    _set(net, "c", w, b)
+    set_blobs(net, "c", w, b)
     x = torch.randn(2, 3, 4, 6)
     expected = F.conv1d(x.reshape(6, 4, 6), w, b).reshape(2, 3, 2, 5)
     torch.testing.assert_close(net(x), expected)
@@ -67,7 +63,7 @@ def test_deconvolution(build):
     )
     w, b = torch.randn(2, 2, 4, 4), torch.randn(4)
     assert [tuple(t.shape) for t in net.blobs_of("d")] == [(2, 2, 4, 4), (4,)]
-    _set(net, "d", w, b)
+    set_blobs(net, "d", w, b)
     x = torch.randn(1, 2, 5, 5)
     # Caffe: out = stride·(in−1) + dilation·(k−1) + 1 − 2·pad = 8 + 4 − 2 = 10
     assert net.blob_shapes["y"] == (1, 4, 10, 10)

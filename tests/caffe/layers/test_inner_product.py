@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import torch
 
-
-def _set(net, layer, *values):
-    with torch.no_grad():
-        for blob, value in zip(net.blobs_of(layer), values, strict=True):
-            blob.copy_(value)
+from .blobs import set_blobs
 
 
 def test_inner_product_axis_and_transpose(build):
@@ -17,7 +13,7 @@ def test_inner_product_axis_and_transpose(build):
         x=(2, 2, 3, 4),
     )
     w, b = torch.randn(3, 24), torch.randn(3)
-    _set(net, "ip", w, b)
+    set_blobs(net, "ip", w, b)
     x = torch.randn(2, 2, 3, 4)
     torch.testing.assert_close(net(x), x.reshape(2, 24) @ w.T + b)  # row-major C,H,W flattening
     net = build(
@@ -27,6 +23,6 @@ def test_inner_product_axis_and_transpose(build):
     )
     (wt,) = net.blobs_of("ip")
     assert wt.shape == (12, 3)
-    _set(net, "ip", torch.randn(12, 3))
+    set_blobs(net, "ip", torch.randn(12, 3))
     assert net.blob_shapes["y"] == (2, 2, 3)
     torch.testing.assert_close(net(x), x.reshape(2, 2, 12) @ wt)

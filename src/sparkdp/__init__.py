@@ -14,12 +14,13 @@ from .errors import ConfigError, DataError, RendezvousTimeout, SparkdpError, Wor
 from .spark.predict import predict
 from .spark.session import session
 from .strategies import STRATEGIES
-from .train.distribute import distribute
+from .train.distribute import distribute, is_main_process, unwrap
 from .train.result import TrainResult
 
 __version__ = "0.1.0"
 
 __all__ = [
     "STRATEGIES", "Columns", "ConfigError", "DataError", "JobConfig", "RendezvousTimeout", "SparkdpError",
-    "TrainResult", "WorkerFailed", "__version__", "distribute", "fit", "fit_job", "predict", "run", "session",
+    "TrainResult", "WorkerFailed", "__version__", "distribute", "fit", "fit_job", "is_main_process", "predict",
+    "run", "session", "unwrap",
 ]

@@ -1,5 +1,7 @@
 """End-to-end fit on local[2] Spark against a single-process reference."""
 
+import sys
+
 import pytest
 import safetensors.torch
 import torch
@@ -143,3 +145,21 @@ def test_bad_inputs_fail_before_spark_work(spark):
         sparkdp.fit(model, "not-a-dataset-name", spark=spark)
     with pytest.raises(DataError, match="cannot use dict as training data"):
         sparkdp.fit(model, {"x": 1}, spark=spark)
+
+
+def _argparse_main():
+    """A single-machine ``main()`` that parses its own flags, as scripts do."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--epochs", type=int, required=True)
+    args = parser.parse_args()
+    return {"epochs": args.epochs, "main": sparkdp.is_main_process()}
+
+
+def test_run_gives_the_workers_the_drivers_argv(spark, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["train.py", "--epochs", "3"])
+    assert sparkdp.run(_argparse_main, workers=2, spark=spark) == {"epochs": 3, "main": True}
+    assert sparkdp.run(_argparse_main, workers=2, spark=spark, argv=["train.py", "--epochs", "5"])["epochs"] == 5
+    with pytest.raises(sparkdp.WorkerFailed, match=r"sys.exit\(2\).*check the arguments the workers see"):
+        sparkdp.run(_argparse_main, workers=2, spark=spark, argv=["train.py"])

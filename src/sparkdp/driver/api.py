@@ -7,6 +7,7 @@ This layer sits above both the per-worker engine (``sparkdp.train``) and the Spa
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -316,12 +317,15 @@ def _fit_async(spec: FitSpec, strategy: Strategy, workers: int, spark: Any, job:
 def run(train_fn: Callable[..., Any], *args: Any, workers: int | None = None,
         strategy: str | Strategy = "allreduce", strategy_options: dict | None = None, seed: int = 0,
         master: str | None = None, spark: Any = None, threads: int | None = None,
-        start_timeout_s: float = 60.0, pg_timeout_s: float = 60.0, show_progress: bool = True) -> Any:
+        start_timeout_s: float = 60.0, pg_timeout_s: float = 60.0, show_progress: bool = True,
+        argv: list[str] | None = None) -> Any:
     """Run the user's own training function on ``workers`` Spark tasks; return rank 0's result.
 
     Inside ``train_fn``, :func:`~sparkdp.train.distribute.distribute` turns the single-machine model,
     optimizer and data loader into distributed ones. ``train_fn`` and its
-    arguments must be picklable (define it at module level or as a closure).
+    arguments must be picklable (define it at module level or as a closure). The workers
+    see the driver's ``sys.argv`` (so a ``main()`` that parses its flags parses the same
+    ones), or ``argv`` when given.
     """
     job = JobConfig(strategy=strategy, strategy_options=strategy_options or {}, workers=workers, seed=seed,
                     master=master, threads=threads, start_timeout_s=start_timeout_s, pg_timeout_s=pg_timeout_s,
@@ -334,15 +338,19 @@ def run(train_fn: Callable[..., Any], *args: Any, workers: int | None = None,
     spark = spark or session(job.master)
     workers = job.workers or task_slots(spark.sparkContext) or 2
 
+    worker_argv = list(sys.argv if argv is None else argv)
+
     def body(collective):
         ctx = WorkerContext(collective.rank, collective.world_size, collective, strategy_obj, seed,
                             collective.device)
         set_current(ctx)
+        saved_argv, sys.argv = sys.argv, list(worker_argv)
         try:
             result = train_fn(*args)
             ctx.finish()
             return result
         finally:
+            sys.argv = saved_argv
             set_current(None)
 
     task = in_task(body, threads=job.threads, pg_timeout_s=job.pg_timeout_s)

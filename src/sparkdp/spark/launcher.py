@@ -135,7 +135,11 @@ def rendezvous() -> TaskInfo:
 
 def encode_error(rank: int, exc: BaseException) -> str:
     tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
-    payload = {"rank": rank, "type": type(exc).__name__, "message": str(exc), "traceback": "".join(tb[-6:])}
+    message = str(exc)
+    if isinstance(exc, SystemExit):
+        message = (f"the code called sys.exit({exc.code!r}) on this worker (an argparse error exits with 2: "
+                   f"check the arguments the workers see in sys.argv)")
+    payload = {"rank": rank, "type": type(exc).__name__, "message": message, "traceback": "".join(tb[-6:])}
     # base64: survives whatever quoting Spark and py4j apply to the message on its way to the driver;
     # the readable line before it is what Spark's own log shows
     first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""

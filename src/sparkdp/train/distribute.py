@@ -13,25 +13,30 @@ from ..data.tensors import TensorData, as_worker_data
 from .context import WorkerContext, current
 
 
-class ShardedLoader:
-    """A DataLoader over this rank's shard that reshuffles (seeded) on every pass."""
-
-    def __init__(self, loader: DataLoader, rank: int, world_size: int, seed: int) -> None:
-        shuffle = not isinstance(loader.sampler, torch.utils.data.SequentialSampler)
-        self.sampler = DistributedSampler(loader.dataset, num_replicas=world_size, rank=rank, shuffle=shuffle,
-                                          seed=seed, drop_last=False)
-        self.loader = DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=self.sampler,
-                                 collate_fn=loader.collate_fn, drop_last=loader.drop_last,
-                                 num_workers=loader.num_workers, pin_memory=loader.pin_memory)
-        self.epoch = 0
+class EpochSampler(DistributedSampler):
+    """A seeded ``DistributedSampler`` that moves to the next epoch by itself after every pass,
+    so a loop that never calls ``set_epoch`` still gets a new shuffle each epoch (one that does
+    call it keeps control)."""
 
     def __iter__(self):
-        self.sampler.set_epoch(self.epoch)
-        self.epoch += 1
-        return iter(self.loader)
+        indices = super().__iter__()  # drawn now, for the current epoch
+        self.set_epoch(self.epoch + 1)
+        return indices
 
-    def __len__(self) -> int:
-        return len(self.loader)
+
+def sharded_loader(loader: DataLoader, rank: int, world_size: int, seed: int) -> DataLoader:
+    """A real ``DataLoader`` over this rank's shard of ``loader.dataset``, with the user's loader's
+    settings (batch size, collate function, ``drop_last``, worker processes, pinning...)."""
+    shuffle = not isinstance(loader.sampler, torch.utils.data.SequentialSampler)
+    sampler = EpochSampler(loader.dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed,
+                           drop_last=False)
+    extra = {}
+    if loader.num_workers > 0:  # DataLoader accepts these only with worker processes
+        extra = {"persistent_workers": loader.persistent_workers, "prefetch_factor": loader.prefetch_factor}
+    return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler, collate_fn=loader.collate_fn,
+                      drop_last=loader.drop_last, num_workers=loader.num_workers, pin_memory=loader.pin_memory,
+                      timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
+                      multiprocessing_context=loader.multiprocessing_context, **extra)
 
 
 def distribute(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, data: Any = None,
@@ -39,11 +44,13 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
     """Make a single-machine model, optimizer and data loader distributed — the one-line change.
 
     ``model, optimizer, loader = sparkdp.distribute(model, optimizer, loader)``: the
-    model is wrapped as the job's strategy requires (DDP for ``allreduce``), all
-    ranks start from rank 0's weights, the optimizer object is returned unchanged
-    (its ``step()`` now also does the strategy's communication), and the loader
-    yields only this rank's shard, reshuffled per pass. Outside a sparkdp job it
-    returns its arguments as a world-size-1 job would, so the script still runs alone.
+    model is wrapped as the job's strategy requires (DDP for ``allreduce``; the user's module
+    is ``model.module``, or :func:`unwrap`), all ranks start from rank 0's weights, the
+    optimizer object is returned unchanged (its ``step()`` now also does the strategy's
+    communication), and a ``DataLoader`` comes back as a real ``DataLoader`` over this rank's
+    shard (``loader.dataset``, ``len(loader)``, ``loader.batch_size`` as usual), reshuffled
+    every pass. Outside a sparkdp job it returns its arguments as a world-size-1 job would,
+    so the script still runs alone.
 
     Returns the model alone when only a model is given, else a tuple of what was given.
     """
@@ -77,7 +84,7 @@ class WorkerDataLoader:
                                  batch_size=self.batch_size, seed=self.seed, shuffle=self.shuffle)
 
 
-def _shard_loader(data: Any, ctx: WorkerContext, batch_size: int, shuffle: bool) -> ShardedLoader | WorkerDataLoader:
+def _shard_loader(data: Any, ctx: WorkerContext, batch_size: int, shuffle: bool) -> DataLoader | WorkerDataLoader:
     if isinstance(data, DataLoader):
         loader = data
     elif isinstance(data, Dataset):
@@ -89,7 +96,25 @@ def _shard_loader(data: Any, ctx: WorkerContext, batch_size: int, shuffle: bool)
         assert isinstance(tensors, TensorData)
         loader = DataLoader(torch.utils.data.TensorDataset(tensors.features, tensors.labels),
                             batch_size=batch_size, shuffle=shuffle)
-    return ShardedLoader(loader, ctx.rank, ctx.world_size, ctx.seed)
+    return sharded_loader(loader, ctx.rank, ctx.world_size, ctx.seed)
 
 
-__all__ = ["ShardedLoader", "distribute"]
+def is_main_process() -> bool:
+    """Whether this is rank 0 (always true outside a sparkdp job): save files, print summaries there.
+
+    Example:
+        >>> if sparkdp.is_main_process():                                   # doctest: +SKIP
+        ...     torch.save(sparkdp.unwrap(model).state_dict(), "model.pt")
+    """
+    return current().rank == 0
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's own module inside what :func:`distribute` returned (DDP's ``.module``), whose
+    ``state_dict()`` has the single-machine keys (no ``module.`` prefix)."""
+    while isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        model = model.module
+    return model
+
+
+__all__ = ["EpochSampler", "distribute", "is_main_process", "sharded_loader", "unwrap"]

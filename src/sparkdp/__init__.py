@@ -9,7 +9,7 @@ Three ways in, one engine:
 """
 
 from .config import Columns, JobConfig
-from .driver import fit, fit_job, run
+from .driver import fit, fit_job, launch, run
 from .errors import ConfigError, DataError, RendezvousTimeout, SparkdpError, WorkerFailed
 from .spark.predict import predict
 from .spark.session import session
@@ -21,6 +21,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "STRATEGIES", "Columns", "ConfigError", "DataError", "JobConfig", "RendezvousTimeout", "SparkdpError",
-    "TrainResult", "WorkerFailed", "__version__", "distribute", "fit", "fit_job", "is_main_process", "predict",
+    "TrainResult", "WorkerFailed", "__version__", "distribute", "fit", "fit_job", "is_main_process", "launch", "predict",
     "run", "session", "unwrap",
 ]

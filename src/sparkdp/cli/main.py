@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import SparkdpError
-from . import env_cmd, train_cmd
+from . import env_cmd, launch_cmd, train_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -17,6 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     train_cmd.add_parser(sub)
+    launch_cmd.add_parser(sub)
     env_cmd.add_parser(sub)
     try:
         from . import caffe_cmd

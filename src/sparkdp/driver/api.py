@@ -7,6 +7,7 @@ This layer sits above both the per-worker engine (``sparkdp.train``) and the Spa
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -359,4 +360,38 @@ def run(train_fn: Callable[..., Any], *args: Any, workers: int | None = None,
         return run_barrier(task, workers, spark=spark, start_timeout_s=job.start_timeout_s)[0]
 
 
-__all__ = ["fit", "fit_job", "run"]
+def launch(script: str | os.PathLike[str], *args: str, workers: int | None = None,
+           strategy: str | Strategy = "allreduce", strategy_options: dict | None = None, seed: int = 0,
+           master: str | None = None, spark: Any = None, threads: int | None = None, start_timeout_s: float = 60.0,
+           pg_timeout_s: float = 60.0, show_progress: bool = True) -> None:
+    """Run an unmodified training script as every worker of a job (``sparkdp launch``).
+
+    The script runs as ``__main__`` with ``sys.argv = [script, *args]``, its directory on
+    ``sys.path`` and this working directory (``sparkdp.train.script_runner``). A ``torchrun``
+    style script (``init_process_group()``, DDP, ``DistributedSampler``) runs unchanged; a
+    single-machine one needs the one line ``model, optimizer, loader = sparkdp.distribute(...)``.
+    The script's files must be readable at the same path on every executor (local masters,
+    or a shared filesystem).
+
+    Raises:
+        ConfigError: the script does not exist.
+        WorkerFailed: the script raised or exited with a non-zero status on a worker (with
+            that worker's rank and the script's own traceback).
+    """
+    path = os.path.abspath(os.fspath(script))
+    if not os.path.isfile(path):
+        raise ConfigError(f"no training script at {path!r}; give the path of a .py file.")
+    from ..train.script_runner import run_script
+
+    name = os.path.basename(path)
+    result = run(run_script, path, [str(a) for a in args], os.getcwd(), workers=workers, strategy=strategy,
+                 strategy_options=strategy_options, seed=seed, master=master, spark=spark, threads=threads,
+                 start_timeout_s=start_timeout_s, pg_timeout_s=pg_timeout_s, show_progress=show_progress,
+                 argv=[path, *args])
+    if not result["distributed"]:
+        log.warning("%s never called sparkdp.distribute(...) nor torch.distributed.init_process_group(): every worker "
+                    "trained its own independent copy on all of its data. Add the one line model, optimizer, loader "
+                    "= sparkdp.distribute(model, optimizer, loader) after they are built.", name)
+
+
+__all__ = ["fit", "fit_job", "launch", "run"]

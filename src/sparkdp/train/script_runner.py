@@ -1,0 +1,93 @@
+"""Run an unmodified training script as one worker of a job (``sparkdp launch``).
+
+The script runs as ``__main__`` with its own ``sys.argv``, its directory first on ``sys.path``
+and the driver's working directory, inside a task whose process group is already up (the
+environment ``torch.distributed`` reads is set: ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``...).
+A ``torchrun``-style script's ``init_process_group()`` therefore finds the group ready and
+is a no-op, and its ``destroy_process_group()`` is left to the task; a plain script with the
+one ``sparkdp.distribute(...)`` line works as under ``sparkdp.run``. Every line the script
+prints is prefixed with its rank.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import runpy
+import sys
+from contextlib import contextmanager
+from typing import Any
+
+import torch.distributed as dist
+
+from .context import current
+
+
+class ScriptFailed(RuntimeError):
+    """The script exited with a non-zero status on a worker."""
+
+
+class _RankPrefixed(io.TextIOBase):
+    """A text stream that writes ``[rank R] `` before every line to the stream under it."""
+
+    def __init__(self, under: Any, rank: int) -> None:
+        self.under, self.prefix, self.at_line_start = under, f"[rank {rank}] ", True
+
+    def write(self, text: str) -> int:
+        out = []
+        for piece in text.splitlines(keepends=True):
+            if self.at_line_start:
+                out.append(self.prefix)
+            out.append(piece)
+            self.at_line_start = piece.endswith("\n")
+        self.under.write("".join(out))
+        return len(text)
+
+    def flush(self) -> None:
+        self.under.flush()
+
+
+@contextmanager
+def _ready_process_group(calls: list[str]):
+    """``init_process_group`` / ``destroy_process_group`` as a script expects them, on the task's group."""
+    init, destroy = dist.init_process_group, dist.destroy_process_group
+
+    def init_once(*args: Any, **kwargs: Any) -> None:
+        calls.append("init_process_group")
+        if not dist.is_initialized():
+            init(*args, **kwargs)
+
+    def keep(*args: Any, **kwargs: Any) -> None:
+        calls.append("destroy_process_group")
+
+    dist.init_process_group, dist.destroy_process_group = init_once, keep
+    try:
+        yield
+    finally:
+        dist.init_process_group, dist.destroy_process_group = init, destroy
+
+
+def run_script(path: str, args: list[str], cwd: str) -> dict[str, Any]:
+    """Run the script on this worker; returns whether it distributed anything."""
+    rank = current().rank
+    calls: list[str] = []
+    saved_argv, saved_path, saved_cwd = list(sys.argv), list(sys.path), os.getcwd()
+    saved_out, saved_err = sys.stdout, sys.stderr
+    with _ready_process_group(calls):
+        sys.argv = [path, *args]
+        sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+        os.chdir(cwd)
+        sys.stdout, sys.stderr = _RankPrefixed(saved_out, rank), _RankPrefixed(saved_err, rank)
+        try:
+            runpy.run_path(path, run_name="__main__")
+        except SystemExit as exc:
+            if exc.code not in (0, None):
+                raise ScriptFailed(f"{os.path.basename(path)} exited with status {exc.code!r} on worker {rank}") \
+                    from None
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            sys.argv, sys.stdout, sys.stderr = saved_argv, saved_out, saved_err
+            sys.path[:] = saved_path
+            os.chdir(saved_cwd)
+    return {"distributed": bool(current().active) or "init_process_group" in calls}

@@ -1,0 +1,81 @@
+"""``sparkdp launch``: real single-machine script shapes run through Spark on local[2], each
+checked against the same script run as one plain process."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .test_cli import _explain, sparkdp
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def _alone(script: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120,
+                          cwd=script.parent, env={**os.environ, **(env or {})})
+
+
+def _accuracy(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def _launch(script: Path, *args: str) -> subprocess.CompletedProcess:
+    return sparkdp("launch", "--workers", "2", "--master", "local[2]", str(script), "--", *args, timeout=240)
+
+
+def test_an_argparse_main_with_the_one_line_matches_one_process(tmp_path):
+    script = SCRIPTS / "argparse_main.py"
+    alone = _alone(script, "--epochs", "2", "--out", str(tmp_path / "alone.json"))
+    assert alone.returncode == 0, _explain(alone)
+    spark = _launch(script, "--epochs", "2", "--out", str(tmp_path / "spark.json"))
+    assert spark.returncode == 0, _explain(spark)
+    single, launched = _accuracy(tmp_path / "alone.json"), _accuracy(tmp_path / "spark.json")
+    assert abs(launched["accuracy"] - single["accuracy"]) < 0.05, (launched, single)
+    assert launched["accuracy"] > 0.8
+    assert launched["keys"] == single["keys"] == ["fc1.bias", "fc1.weight", "fc2.bias", "fc2.weight"]
+    # every rank's progress lines reach the console (Spark's Python workers print to its stderr),
+    # prefixed; len(loader.dataset) is the full dataset, as in the single-machine script
+    console = spark.stdout + spark.stderr
+    assert "[rank 0] Train Epoch: 1 [0/2400]" in console and "[rank 1] Train Epoch: 2" in console
+    assert "never called sparkdp.distribute" not in spark.stderr
+
+
+def test_a_torchrun_script_runs_unchanged(tmp_path):
+    script = SCRIPTS / "torchrun_ddp.py"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    alone = _alone(script, "--epochs", "2", "--out", str(tmp_path / "alone.json"), env=env)
+    assert alone.returncode == 0, _explain(alone)
+    spark = _launch(script, "--epochs", "2", "--out", str(tmp_path / "spark.json"))
+    assert spark.returncode == 0, _explain(spark)
+    launched = _accuracy(tmp_path / "spark.json")
+    assert launched["world"] == 2
+    assert abs(launched["accuracy"] - _accuracy(tmp_path / "alone.json")["accuracy"]) < 0.05
+    assert "[rank 1] rank 1 finished epoch 2 of 2" in spark.stdout + spark.stderr
+
+
+def test_a_script_importing_its_sibling_module(tmp_path):
+    script = SCRIPTS / "sibling" / "train.py"
+    alone = _alone(script, "2", str(tmp_path / "alone.json"))
+    assert alone.returncode == 0, _explain(alone)
+    spark = _launch(script, "2", str(tmp_path / "spark.json"))
+    assert spark.returncode == 0, _explain(spark)
+    assert abs(_accuracy(tmp_path / "spark.json")["accuracy"] - _accuracy(tmp_path / "alone.json")["accuracy"]) < 0.05
+
+
+def test_a_non_zero_exit_names_the_rank_and_a_missing_script_is_refused(tmp_path):
+    failed = _launch(SCRIPTS / "exits.py")
+    assert failed.returncode == 2
+    assert "worker 1 failed: ScriptFailed: exits.py exited with status 3 on worker 1" in failed.stderr, _explain(failed)
+    missing = sparkdp("launch", str(tmp_path / "nope.py"), timeout=60)
+    assert missing.returncode == 2 and "no training script at" in missing.stderr

@@ -79,3 +79,10 @@ def test_a_non_zero_exit_names_the_rank_and_a_missing_script_is_refused(tmp_path
     assert "worker 1 failed: ScriptFailed: exits.py exited with status 3 on worker 1" in failed.stderr, _explain(failed)
     missing = sparkdp("launch", str(tmp_path / "nope.py"), timeout=60)
     assert missing.returncode == 2 and "no training script at" in missing.stderr
+
+
+def test_a_module_the_executors_lack_is_named_with_their_interpreter():
+    failed = _launch(SCRIPTS / "missing_module.py")
+    assert failed.returncode == 2
+    assert "No module named 'sparkdp_no_such_module'" in failed.stderr, _explain(failed)
+    assert f"the executor's interpreter is {sys.executable}" in failed.stderr

@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -139,6 +140,9 @@ def encode_error(rank: int, exc: BaseException) -> str:
     if isinstance(exc, SystemExit):
         message = (f"the code called sys.exit({exc.code!r}) on this worker (an argparse error exits with 2: "
                    f"check the arguments the workers see in sys.argv)")
+    elif isinstance(exc, ModuleNotFoundError):
+        message = (f"{message} (the executor's interpreter is {sys.executable}: install {exc.name!r} there, or "
+                   "point PYSPARK_PYTHON at an interpreter that has it)")
     payload = {"rank": rank, "type": type(exc).__name__, "message": message, "traceback": "".join(tb[-6:])}
     # base64: survives whatever quoting Spark and py4j apply to the message on its way to the driver;
     # the readable line before it is what Spark's own log shows

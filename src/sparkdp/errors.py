@@ -31,6 +31,10 @@ class TrainingDiverged(SparkdpError, ArithmeticError):
     """The loss became NaN or infinite: restarting would not help."""
 
 
+class WorkerHung(SparkdpError, RuntimeError):
+    """A worker stopped making progress: the others timed out waiting for it in a collective."""
+
+
 class EnvironmentProblem(SparkdpError, RuntimeError):
     """Something the machine lacks (Java, a dataset, a reachable master)."""
 

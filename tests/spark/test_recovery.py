@@ -71,16 +71,18 @@ def test_max_restarts_zero_fails_with_one_readable_line(spark, fashion, monkeypa
     assert "\n" not in message and "at org.apache" not in message
 
 
-def test_a_stopped_worker_is_detected_by_the_collective_timeout_and_recovered(spark, fashion, uninterrupted,
-                                                                              tmp_path, monkeypatch, caplog):
-    monkeypatch.setenv("SPARKDP_FAULT", "stop:rank=1:step=30")  # SIGSTOP: alive, but no progress
+@pytest.mark.parametrize(("stopped", "waiting"), [(1, 0)])  # a stopped rank 0: see the README
+def test_a_stopped_worker_is_detected_by_the_collective_timeout_named_and_recovered(
+        spark, fashion, uninterrupted, tmp_path, monkeypatch, caplog, stopped, waiting):
+    monkeypatch.setenv("SPARKDP_FAULT", f"stop:rank={stopped}:step=30")  # SIGSTOP: alive, but no progress
     started = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="sparkdp"):
         result = _fit(spark, fashion, checkpoint_dir=str(tmp_path), checkpoint_every=20, pg_timeout_s=15)
     elapsed = time.monotonic() - started
     restarts = [r.getMessage() for r in caplog.records if "restart" in r.getMessage()]
     assert len(restarts) == 1 and "from epoch 1, step 20" in restarts[0], restarts
-    assert "worker 0 waited 15 s in a collective: another worker stopped making progress" in restarts[0], restarts
+    assert (f"worker {stopped} stopped making progress; worker {waiting} timed out waiting for it in a "
+            "collective (after 15 s)") in restarts[0], restarts
     _same_weights(uninterrupted, result)
     assert elapsed < 15 + 120, f"the stopped worker was not detected in time ({elapsed:.0f} s)"
 

@@ -48,6 +48,11 @@ class Collective(ABC):
             self.broadcast(flat, src)
             _unflatten_into(flat, group)
 
+    def stalled_ranks(self, grace_s: float = 3.0) -> list[int] | None:
+        """After a collective timed out here: the ranks that did not time out too (so are not
+        waiting: stopped, hung). None when that cannot be told. Default: cannot."""
+        return None
+
     def teardown(self) -> None:
         """Release what setup acquired. Default: nothing."""
 

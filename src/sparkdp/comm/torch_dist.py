@@ -52,6 +52,7 @@ class TorchCollective(Collective):
         if self.backend not in ("gloo", "nccl"):
             raise ConfigError(f"Unknown torch.distributed backend {backend!r}; use 'gloo' (CPU) or 'nccl' (GPU).")
         self._owns_group = False
+        self._store: dist.Store | None = None
 
     def setup(self, *, master_addr: str, master_port: int, rank: int, world_size: int,
               timeout_s: float = 300.0, store: dist.Store | None = None) -> TorchCollective:
@@ -72,7 +73,29 @@ class TorchCollective(Collective):
                 "Check that the executors can reach each other on that address."
             ) from exc
         self._owns_group = True
+        self._store = store
         return self
+
+    def stalled_ranks(self, grace_s: float = 3.0) -> list[int] | None:
+        """Every rank that times out leaves a mark in rank 0's store; after ``grace_s`` (the others
+        time out at about the same moment) the ranks without one are the stalled ones. A stopped
+        rank 0 stops its store too: then nobody answers within the store timeout."""
+        if self._store is None:
+            return None
+        try:
+            self._store.set_timeout(timedelta(seconds=grace_s))
+            self._store.set(f"sparkdp/timed-out/{self.rank}", "1")
+            time.sleep(grace_s)
+            missing = [r for r in range(self.world_size) if not self._store.check([f"sparkdp/timed-out/{r}"])]
+        except (RuntimeError, ValueError):  # DistStoreError is a RuntimeError: the store is gone
+            return [0] if self.rank != 0 else None
+        return missing or None
+        try:
+            self._store.set_timeout(timedelta(seconds=3))
+            keys = [f"sparkdp/progress/{r}" for r in range(self.world_size)]
+            return {r: int(self._store.get(k)) if self._store.check([k]) else 0 for r, k in enumerate(keys)}
+        except (RuntimeError, ValueError):  # DistStoreError is a RuntimeError
+            return None
 
     @property
     def rank(self) -> int:

@@ -136,7 +136,10 @@ def _workers_for_restart(requested: int, minimum: int | None, slots: int | None)
 def _cause(exc: WorkerFailed, job: JobConfig) -> str:
     """One line for the log: what failed, where."""
     text = str(exc).strip()
-    if "Timed out waiting" in text or "timed out" in text.splitlines()[0].lower():
+    first = text.splitlines()[0]
+    if "WorkerHung: " in first:  # the stalled worker named by the one that waited (train.loop)
+        return f"{first.split('WorkerHung: ', 1)[1]} (after {job.pg_timeout_s:g} s)"
+    if "Timed out waiting" in text or "timed out" in first.lower():
         who = f"worker {exc.rank}" if getattr(exc, "rank", None) is not None else "a worker"
         return (f"{who} waited {job.pg_timeout_s:g} s in a collective: another worker stopped making progress "
                 "(hung, stopped or deadlocked)")

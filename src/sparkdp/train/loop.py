@@ -17,7 +17,7 @@ from .. import state as state_io
 from ..comm.base import Collective
 from ..data.base import WorkerData
 from ..data.prefetch import DEFAULT_DEPTH, prefetch
-from ..errors import ConfigError, DataError, TrainingDiverged
+from ..errors import ConfigError, DataError, TrainingDiverged, WorkerHung
 from ..strategies.base import Launcher, Strategy
 from .checkpoint import CheckpointPolicy, save_checkpoint
 from .faults import Fault
@@ -184,6 +184,23 @@ def evaluate(model: nn.Module, loss_fn: Callable, data: WorkerData, collective: 
 
 
 def fit_worker(spec: FitSpec, collective: Collective) -> WorkerReport | None:
+    """The one training loop every worker runs (:func:`_fit_worker`), with a hang named: when a
+    collective times out, the ranks that did not time out too are the stalled ones."""
+    try:
+        return _fit_worker(spec, collective)
+    except RuntimeError as exc:
+        if spec.strategy.launcher is not Launcher.BARRIER or "timed out" not in str(exc).lower():
+            raise
+        raise WorkerHung(_who_stalled(collective)) from exc
+
+
+def _who_stalled(collective: Collective) -> str:
+    me, stalled = collective.rank, collective.stalled_ranks()
+    who = f"worker {', '.join(map(str, stalled))}" if stalled else "another worker"
+    return f"{who} stopped making progress; worker {me} timed out waiting for it in a collective"
+
+
+def _fit_worker(spec: FitSpec, collective: Collective) -> WorkerReport | None:
     """The one training loop every worker runs, synchronous or asynchronous.
 
     What differs between strategies happens in their hooks: ``setup`` (DDP wrap, averaging

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,6 +72,11 @@ class JobConfig:
         min_workers: elastic restarts: when fewer task slots than ``workers`` are left after a
             failure, continue on as many as there are, down to this many (``None``: always
             ``workers``); back to ``workers`` at a later restart when the slots return.
+        run_dir: write the run log (``run.jsonl``: the configuration, every worker's metrics,
+            epochs, warnings; what ``sparkdp report`` draws) here; ``None``: no run log.
+        tensorboard: also write TensorBoard event files to ``run_dir/tensorboard``.
+        mlflow: log the run to this MLflow tracking URI (e.g. ``sqlite:///runs/mlflow.db``).
+        metrics_interval_s: how often every worker reports its metrics to the driver.
     """
 
     strategy: Any = "allreduce"
@@ -94,6 +100,10 @@ class JobConfig:
     resume: str | None = None
     max_restarts: int = 3
     min_workers: int | None = None
+    run_dir: str | None = None
+    tensorboard: bool = False
+    mlflow: str | None = None
+    metrics_interval_s: float = 2.0
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "eval_every"):
@@ -115,6 +125,17 @@ class JobConfig:
         check_memory_format(self.memory_format)
         _positive_number("start_timeout_s", self.start_timeout_s)
         _positive_number("pg_timeout_s", self.pg_timeout_s)
+        _positive_number("metrics_interval_s", self.metrics_interval_s)
+        for name in ("shuffle", "show_progress", "tensorboard"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false; got {getattr(self, name)!r}.")
+        for name in ("run_dir", "mlflow", "checkpoint_dir", "resume", "master"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, (str, os.PathLike)):
+                raise ConfigError(f"{name} must be a string (a path or URL); got {value!r}.")
+        if self.tensorboard and self.run_dir is None:
+            raise ConfigError("tensorboard=True needs run_dir (the directory its event files go to); "
+                              "on the command line, --tensorboard needs --out DIR.")
         if not isinstance(self.strategy_options, Mapping):
             raise ConfigError(f"strategy_options must be a mapping of setting -> value; got "
                               f"{type(self.strategy_options).__name__}.")

@@ -19,6 +19,8 @@ def add_parser(sub) -> None:
     p.add_argument("--master", help="Spark master URL (default: embedded local[N])")
     p.add_argument("--threads", type=int, help="torch threads per worker (default: spark.task.cpus)")
     p.add_argument("--seed", type=int, default=JOB_DEFAULTS.seed)
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="do not forward the workers' output to this console (it stays in the executors' logs)")
     p.add_argument("script", help="the training script")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="-- then the script's own arguments")
     p.set_defaults(func=run)
@@ -32,5 +34,5 @@ def run(args) -> int:
         script_args = script_args[1:]
     spark = sparkdp.session(args.master, log_level="OFF" if not getattr(args, "verbose", 0) else "WARN")
     sparkdp.launch(args.script, *script_args, workers=args.workers, strategy=args.strategy, seed=args.seed,
-                   spark=spark, threads=args.threads)
+                   spark=spark, threads=args.threads, show_progress=not args.quiet)
     return 0

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import SparkdpError
-from . import env_cmd, launch_cmd, train_cmd
+from . import env_cmd, launch_cmd, report_cmd, train_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,8 +16,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    train_cmd.add_parser(sub)
+    train = train_cmd.add_parser(sub)
+    train.set_defaults(parser=train)
     launch_cmd.add_parser(sub)
+    report_cmd.add_parser(sub)
     env_cmd.add_parser(sub)
     try:
         from . import caffe_cmd
@@ -34,6 +36,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
+        if getattr(args, "config", None):  # a job file's values become the defaults; flags win
+            from .job_file import load_job_file
+
+            args.parser.set_defaults(**load_job_file(args.config, args.parser))
+            args = parser.parse_args(argv)
         return int(args.func(args) or 0)
     except SparkdpError as exc:
         print(f"sparkdp: error: {exc}", file=sys.stderr)

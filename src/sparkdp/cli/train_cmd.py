@@ -68,8 +68,19 @@ def add_parser(sub) -> None:
                      help=f"restart a failed stage from the latest checkpoint up to N times (default {job.max_restarts})")
     rel.add_argument("--min-workers", type=int, metavar="N",
                      help="after a failure that took task slots away, continue on fewer workers, down to N")
-    p.add_argument("--out", help="directory for model.safetensors and model.json")
+    p.add_argument("--out", help="directory for model.safetensors, model.json and the run log run.jsonl "
+                                 "(sparkdp report draws it)")
     p.add_argument("--json-out", help="write a JSON summary of the run here")
+    mon = p.add_argument_group("monitoring")
+    mon.add_argument("-q", "--quiet", action="store_true", help="no live progress display and no output but errors")
+    mon.add_argument("--tensorboard", action="store_true", help="also write TensorBoard event files to OUT/tensorboard")
+    mon.add_argument("--mlflow", metavar="URI", help="log the run to MLflow at this tracking URI "
+                                                     "(e.g. sqlite:///runs/mlflow.db or http://host:5000)")
+    mon.add_argument("--metrics-interval", type=float, default=job.metrics_interval_s, metavar="S",
+                     help=f"seconds between two metrics reports of a worker (default {job.metrics_interval_s})")
+    p.add_argument("--config", metavar="JOB.yaml", help="read settings from a YAML job file (flags override it); "
+                                                        "its keys are these flags' names, e.g. batch_size: 64")
+    p.add_argument("--print-config", action="store_true", help="print the effective configuration as YAML and exit")
     caffe = p.add_argument_group("Caffe model", "train a Caffe net with its own solver (instead of --model/SCRIPT)")
     caffe.add_argument("--caffe-net", metavar="NET.prototxt",
                        help="the train/test net; takes precedence over the solver's net: path")
@@ -79,6 +90,7 @@ def add_parser(sub) -> None:
     caffe.add_argument("--caffe-weights", metavar="W.caffemodel", help="initial weights (with --out, the trained "
                                                                          "ones go to OUT/model.caffemodel)")
     p.set_defaults(func=run)
+    return p
 
 
 def optimizer_choice(args, script_optimizer: object = None) -> tuple[object, dict]:
@@ -100,6 +112,11 @@ def optimizer_choice(args, script_optimizer: object = None) -> tuple[object, dic
 
 def run(args) -> int:
     started = time.perf_counter()
+    if args.print_config:
+        from .job_file import effective_config
+
+        print(effective_config(args, args.parser), end="")
+        return 0
     import torch
 
     import sparkdp
@@ -164,7 +181,9 @@ def run(args) -> int:
                     master=args.master, threads=args.threads, eval_every=args.eval_every,
                     memory_format=args.memory_format, checkpoint_dir=args.checkpoint_dir,
                     checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
-                    resume=args.resume, max_restarts=args.max_restarts, min_workers=args.min_workers)
+                    resume=args.resume, max_restarts=args.max_restarts, min_workers=args.min_workers,
+                    show_progress=not args.quiet, run_dir=args.out, tensorboard=args.tensorboard,
+                    mlflow=args.mlflow, metrics_interval_s=args.metrics_interval)
     # Spark's own console log stays off unless -v: failures end in sparkdp's one-line message
     spark = sparkdp.session(args.master, log_level="OFF" if not getattr(args, "verbose", 0) else "WARN")
     result = sparkdp.fit_job(model, data, job, eval_data=eval_data, columns=columns, loss=loss, optimizer=optimizer,
@@ -173,17 +192,20 @@ def run(args) -> int:
     if args.out:
         model_path = str(result.save(Path(args.out) / "model.safetensors", **model_desc))
         if caffe is not None:
-            print(f"Caffe weights saved to {caffe.save(args.out, result.model)}")
-    for record in result.history:
-        print("epoch {epoch}: loss {loss:.4f}".format(**record)
-              + (f"  test_accuracy {record['test_accuracy']:.4f}" if "test_accuracy" in record else "")
-              + f"  ({record['epoch_time_s']:.1f} s)")
+            caffe_path = caffe.save(args.out, result.model)
+            if not args.quiet:
+                print(f"Caffe weights saved to {caffe_path}")
+    if not args.quiet:  # (the live display showed every epoch as it ended)
+        final = result.history[-1]
+        print("final: loss {loss:.4f}".format(**final)
+              + (f"  test_accuracy {final['test_accuracy']:.4f}" if "test_accuracy" in final else ""))
     summary = {"strategy": result.strategy, "workers": result.workers, "epochs": result.epochs,
                "test_accuracy": result.test_accuracy, "wall_s": time.perf_counter() - started,
                "samples_per_s": result.samples_per_s, "model_path": model_path,
                "train_time_s": result.train_time_s, "history": result.history, **result.details}
-    print(f"{result.samples_per_s:,.0f} samples/s over {result.train_time_s:.1f} s of training; "
-          f"{summary['wall_s']:.1f} s in all" + (f"; model saved to {model_path}" if model_path else ""))
+    if not args.quiet:
+        print(f"{result.samples_per_s:,.0f} samples/s over {result.train_time_s:.1f} s of training; "
+              f"{summary['wall_s']:.1f} s in all" + (f"; model saved to {model_path}" if model_path else ""))
     if args.json_out:
         from ..files import atomic_write
 

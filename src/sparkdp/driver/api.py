@@ -24,6 +24,7 @@ from ..data.datasets import dataset_tensors, load_dataset
 from ..data.shared import shared_with_workers
 from ..data.tensors import TensorData, as_worker_data
 from ..errors import ConfigError
+from ..monitor.probe import open_probe
 from ..strategies import resolve_strategy
 from ..strategies.base import Launcher, Strategy
 from ..train.context import WorkerContext, set_current
@@ -34,6 +35,7 @@ from ..train.optim import optimizer_factory, resolve_loss
 from ..train.report import WorkerReport
 from ..train.result import TrainResult
 from ..train.serialize import state_from_bytes
+from .monitoring import monitored, summary_of
 from .recovery import checkpoint_policy, merged_history, resume_point, resumed, run_with_restarts
 
 log = logging.getLogger(__name__)
@@ -146,7 +148,8 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
         shuffle_buffer: int = 10_000, eval_every: int = 1, memory_format: str = "auto",
         checkpoint_dir: str | None = None, checkpoint_every: int | None = None,
         checkpoint_every_s: float | None = None, keep_checkpoints: int = 3, resume: str | None = None,
-        max_restarts: int = 3, min_workers: int | None = None) -> TrainResult:
+        max_restarts: int = 3, min_workers: int | None = None, run_dir: str | None = None,
+        tensorboard: bool = False, mlflow: str | None = None, metrics_interval_s: float = 2.0) -> TrainResult:
     """Train ``model`` data-parallel on Spark and return it trained.
 
     Args:
@@ -186,6 +189,12 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
             times before ``fit`` raises (see :class:`~sparkdp.config.JobConfig`).
         min_workers: after a failure that took slots away, restart on fewer workers, down to
             this many (elastic; ``None``: always ``workers``).
+        show_progress: live progress on the terminal (epoch, step, ETA, loss, throughput and the
+            time split per worker; straggler warnings); False: quiet.
+        run_dir, tensorboard, mlflow, metrics_interval_s: live metrics sinks (``sparkdp.monitor``):
+            a JSON-lines run log in ``run_dir`` (``sparkdp report`` draws it), TensorBoard event
+            files in ``run_dir/tensorboard``, an MLflow tracking URI; workers report every
+            ``metrics_interval_s`` seconds.
 
     Example:
         >>> result = sparkdp.fit(model, (x, y), epochs=2, workers=2)   # doctest: +SKIP
@@ -198,7 +207,8 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
                     pg_timeout_s=pg_timeout_s, show_progress=show_progress, checkpoint_dir=checkpoint_dir,
                     checkpoint_every=checkpoint_every, checkpoint_every_s=checkpoint_every_s,
                     keep_checkpoints=keep_checkpoints, resume=resume, max_restarts=max_restarts,
-                    min_workers=min_workers)
+                    min_workers=min_workers, run_dir=run_dir, tensorboard=tensorboard, mlflow=mlflow,
+                    metrics_interval_s=metrics_interval_s)
     columns = Columns(features=features, label=label, feature_shape=feature_shape, drop_nulls=drop_nulls,
                       shuffle_buffer=shuffle_buffer)
     return fit_job(model, data, job, labels=labels, eval_data=eval_data, columns=columns, loss=loss,
@@ -248,9 +258,24 @@ def _fit_on_spark(spec: FitSpec, job: JobConfig, workers: int, spark: Any, start
     model, train, strategy_obj = spec.model, spec.train, spec.strategy
     log.info("training %s on %d workers with %s; data: %s", type(model).__name__, workers,
              strategy_obj.name, train.describe())
+    title = f"sparkdp {strategy_obj.name} x{workers}"
+    details = {"model": type(model).__name__, "data": train.describe(), "strategy": strategy_obj.name,
+               "strategy_options": strategy_obj.options()}
+    with monitored(job, spark, workers, title, details) as hub:
+        spec = replace(spec, monitor=hub.link if hub is not None else None)
+        result = _fit_monitored(spec, job, workers, spark, started, hub)
+        if hub is not None:
+            hub.finish(summary_of(result))
+    return result
+
+
+def _fit_monitored(spec: FitSpec, job: JobConfig, workers: int, spark: Any, started: float,
+                   hub: Any) -> TrainResult:
+    model, train, strategy_obj = spec.model, spec.train, spec.strategy
     if strategy_obj.launcher is Launcher.TASKS:
-        return _fit_async(spec, strategy_obj, workers, spark, job, started)
-    with progress(job.show_progress, f"sparkdp: training on {workers} Spark workers ({strategy_obj.name})"):
+        return _fit_async(spec, strategy_obj, workers, spark, job, started, hub)
+    spinner = job.show_progress and hub is None
+    with progress(spinner, f"sparkdp: training on {workers} Spark workers ({strategy_obj.name})"):
         if not isinstance(train, WorkerData):  # a DataFrame streamed through Spark: a stage per epoch
             out, finished = _fit_dataframe(spec, job, workers, spark)
         else:
@@ -293,7 +318,10 @@ def _fit_barrier(spec: FitSpec, job: JobConfig, workers: int, spark: Any) -> tup
 
     def run_stage(attempt: FitSpec, n: int) -> WorkerReport:
         task = in_task(lambda coll: fit_worker(attempt, coll), threads=job.threads, pg_timeout_s=job.pg_timeout_s)
-        return run_barrier(task, n, spark=spark, start_timeout_s=job.start_timeout_s)[0]
+        first = attempt.part.start_epoch + 1
+        description = (f"sparkdp {attempt.strategy.name} on {n} workers: epochs {first}-{attempt.last_epoch() + 1}"
+                       f" of {attempt.last_epoch() + 1}")
+        return run_barrier(task, n, spark=spark, start_timeout_s=job.start_timeout_s, description=description)[0]
 
     with checkpoint_policy(job, temporary_ok=on_driver_machine(spark.sparkContext)) as policy:
         return run_with_restarts(spec, job, policy, run_stage, workers,
@@ -301,7 +329,7 @@ def _fit_barrier(spec: FitSpec, job: JobConfig, workers: int, spark: Any) -> tup
 
 
 def _fit_async(spec: FitSpec, strategy: Strategy, workers: int, spark: Any, job: JobConfig,
-               started: float) -> TrainResult:
+               started: float, hub: Any = None) -> TrainResult:
     """Asynchronous strategies: a parameter server on the driver, workers as ordinary tasks."""
     from .async_job import fit_async
 
@@ -309,17 +337,17 @@ def _fit_async(spec: FitSpec, strategy: Strategy, workers: int, spark: Any, job:
         raise ConfigError(f"the asynchronous strategy {strategy.name!r} reads in-memory data or Parquet files; "
                           "a DataFrame that is not a plain Parquet scan is supported by the synchronous "
                           "strategies. Write it to Parquet and pass the path.")
-    with progress(job.show_progress, f"sparkdp: {workers} asynchronous Spark workers ({strategy.name})"):
+    with progress(job.show_progress and hub is None, f"sparkdp: {workers} asynchronous Spark workers ({strategy.name})"):
         return fit_async(spec, strategy, workers=workers, spark=spark, threads=job.threads, started=started,
                          checkpoint_dir=job.checkpoint_dir, checkpoint_every_s=job.checkpoint_every_s,
-                         keep=job.keep_checkpoints, resume=job.resume)
+                         keep=job.keep_checkpoints, resume=job.resume, hub=hub)
 
 
 def run(train_fn: Callable[..., Any], *args: Any, workers: int | None = None,
         strategy: str | Strategy = "allreduce", strategy_options: dict | None = None, seed: int = 0,
         master: str | None = None, spark: Any = None, threads: int | None = None,
         start_timeout_s: float = 60.0, pg_timeout_s: float = 60.0, show_progress: bool = True,
-        argv: list[str] | None = None) -> Any:
+        argv: list[str] | None = None, forward_output: bool = False) -> Any:
     """Run the user's own training function on ``workers`` Spark tasks; return rank 0's result.
 
     Inside ``train_fn``, :func:`~sparkdp.train.distribute.distribute` turns the single-machine model,
@@ -340,24 +368,31 @@ def run(train_fn: Callable[..., Any], *args: Any, workers: int | None = None,
     workers = job.workers or task_slots(spark.sparkContext) or 2
 
     worker_argv = list(sys.argv if argv is None else argv)
+    name = getattr(train_fn, "__name__", "train_fn")
+    # a monitoring hub only carries a launched script's output here (the loop is the user's)
+    hub_job = job if forward_output else replace(job, show_progress=False)
+    with monitored(hub_job, spark, workers, f"sparkdp {name} x{workers}") as hub:
+        link = hub.link if hub is not None else None
 
-    def body(collective):
-        ctx = WorkerContext(collective.rank, collective.world_size, collective, strategy_obj, seed,
-                            collective.device)
-        set_current(ctx)
-        saved_argv, sys.argv = sys.argv, list(worker_argv)
-        try:
-            result = train_fn(*args)
-            ctx.finish()
-            return result
-        finally:
-            sys.argv = saved_argv
-            set_current(None)
+        def body(collective):
+            probe = open_probe(link, collective.rank)
+            ctx = WorkerContext(collective.rank, collective.world_size, collective, strategy_obj, seed,
+                                collective.device, probe=probe)
+            set_current(ctx)
+            saved_argv, sys.argv = sys.argv, list(worker_argv)
+            try:
+                result = train_fn(*args)
+                ctx.finish()
+                return result
+            finally:
+                sys.argv = saved_argv
+                set_current(None)
+                probe.close()
 
-    task = in_task(body, threads=job.threads, pg_timeout_s=job.pg_timeout_s)
-    with progress(job.show_progress, f"sparkdp: running {getattr(train_fn, '__name__', 'train_fn')} "
-                                     f"on {workers} Spark workers"):
-        return run_barrier(task, workers, spark=spark, start_timeout_s=job.start_timeout_s)[0]
+        task = in_task(body, threads=job.threads, pg_timeout_s=job.pg_timeout_s)
+        with progress(job.show_progress, f"sparkdp: running {name} on {workers} Spark workers"):
+            return run_barrier(task, workers, spark=spark, start_timeout_s=job.start_timeout_s,
+                               description=f"sparkdp run {name} on {workers} workers")[0]
 
 
 def launch(script: str | os.PathLike[str], *args: str, workers: int | None = None,
@@ -387,7 +422,7 @@ def launch(script: str | os.PathLike[str], *args: str, workers: int | None = Non
     result = run(run_script, path, [str(a) for a in args], os.getcwd(), workers=workers, strategy=strategy,
                  strategy_options=strategy_options, seed=seed, master=master, spark=spark, threads=threads,
                  start_timeout_s=start_timeout_s, pg_timeout_s=pg_timeout_s, show_progress=show_progress,
-                 argv=[path, *args])
+                 argv=[path, *args], forward_output=True)
     if not result["distributed"]:
         log.warning("%s never called sparkdp.distribute(...) nor torch.distributed.init_process_group(): every worker "
                     "trained its own independent copy on all of its data. Add the one line model, optimizer, loader "

@@ -38,7 +38,8 @@ log = logging.getLogger(__name__)
 
 def fit_async(spec: FitSpec, strategy: AsyncParameterServer, *, workers: int, spark: Any,
               threads: int | None, started: float, checkpoint_dir: str | None = None,
-              checkpoint_every_s: float | None = None, keep: int = 3, resume: str | None = None) -> TrainResult:
+              checkpoint_every_s: float | None = None, keep: int = 3, resume: str | None = None,
+              hub: Any = None) -> TrainResult:
     """Start the server on the driver, run ``workers`` tasks; the model becomes the centre."""
     from ..spark.launcher import driver_host, run_tasks, task_attempt
 
@@ -48,6 +49,8 @@ def fit_async(spec: FitSpec, strategy: AsyncParameterServer, *, workers: int, sp
                              num_shards=strategy.num_shards)
     if resume is not None:
         spec = _resume_server(server, spec, strategy, workers, resume)
+    if hub is not None:  # the live display shows the server's pushes and staleness
+        hub.server_metrics = server.metrics
     transport = TcpTransport(TcpOptions(mac_payload=strategy.mac_payload, tls=strategy.tls))
     host = driver_host(spark)
     saver = _ServerCheckpoints(server, checkpoint_dir or resume, checkpoint_every_s or 60.0, keep) \

@@ -53,6 +53,7 @@ class Op(enum.IntEnum):
     PUSH_REPLY = 7
     ERROR = 8  # reply to a request that failed on the server (e.g. a NaN push)
     BYE = 9  # client closes politely
+    REPORT = 10  # client -> server: a monitoring record (JSON only, no reply; sparkdp.monitor)
 
 
 class Flag(enum.IntFlag):

@@ -139,6 +139,13 @@ class AsyncParameterServer(Strategy):
                 p.copy_(c)
         return model, SingleProcessCollective()
 
+    def comm_stats(self) -> dict[str, float]:
+        w = getattr(self, "_worker", None)
+        if w is None:
+            return super().comm_stats()
+        # dense pushes and pulls move the whole model each
+        return {"comm_s": w.comm_s, "bytes_sent": w.pushes * w.model_bytes, "bytes_recv": w.pulls * w.model_bytes}
+
     def metrics(self) -> dict[str, Any]:
         w = self._worker
         return {"pushes": w.pushes, "pulls": w.pulls, "comm_s": w.comm_s}
@@ -175,6 +182,7 @@ class AsyncWorker:
         self.pushes = 0
         self.pulls = 0
         self.comm_s = 0.0
+        self.model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         self.versions: list[int] = []
         self._since_push = 0
         self._since_pull = 0

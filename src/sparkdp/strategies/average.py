@@ -10,6 +10,7 @@ communication.
 
 from __future__ import annotations
 
+import time
 import warnings
 from typing import Any
 
@@ -20,7 +21,7 @@ from torch.optim import Optimizer
 from ..comm.base import Collective
 from ..comm.shm import DEFAULT_SLOT_BYTES, SharedMemoryCollective, SharedMemoryReducer
 from ..errors import ConfigError
-from .base import Strategy
+from .base import Strategy, ring_bytes
 
 
 class ParameterAveraging(Strategy):
@@ -104,6 +105,7 @@ class ParameterAveraging(Strategy):
         if self.average_optimizer_state:
             tensors += [v for state in self.optimizer.state.values() for v in state.values()
                         if torch.is_tensor(v) and v.is_floating_point() and v.dim() > 0]
+        started = time.perf_counter()
         total = torch.tensor([weight], dtype=torch.float64)
         coll.all_reduce(total, "sum")
         if total.item() == 0:
@@ -111,6 +113,8 @@ class ParameterAveraging(Strategy):
         for t in tensors:
             t.mul_(weight / total.item())
         coll.all_reduce_coalesced(tensors, "sum")
+        wire = ring_bytes(sum(t.numel() * t.element_size() for t in tensors), coll.world_size)
+        self.comm.add(time.perf_counter() - started, wire, wire)
 
     def state_dict(self) -> dict[str, Any]:
         """The local steps taken so far: the averaging period continues from there."""

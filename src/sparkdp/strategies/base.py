@@ -22,6 +22,27 @@ class Launcher(enum.Enum):
     TASKS = "tasks"
 
 
+class CommMeter:
+    """What a worker's strategy spent on communication: seconds, bytes sent and received.
+
+    Plain attributes the training thread adds to; a monitoring thread only reads them."""
+
+    __slots__ = ("received", "seconds", "sent")
+
+    def __init__(self) -> None:
+        self.seconds, self.sent, self.received = 0.0, 0, 0
+
+    def add(self, seconds: float, sent: int = 0, received: int = 0) -> None:
+        self.seconds += seconds
+        self.sent += sent
+        self.received += received
+
+
+def ring_bytes(nbytes: int, world: int) -> int:
+    """Bytes each rank sends (and receives) in a ring all-reduce of ``nbytes``: 2 (N-1)/N of them."""
+    return 2 * (world - 1) * nbytes // max(world, 1)
+
+
 class Strategy(ABC):
     """Turns a local model + optimizer into a distributed one.
 
@@ -40,6 +61,7 @@ class Strategy(ABC):
         self.collective: Collective | None = None
         self.model: nn.Module | None = None
         self.optimizer: Optimizer | None = None
+        self.comm = CommMeter()
 
     @abstractmethod
     def setup(self, model: nn.Module, optimizer: Optimizer, collective: Collective) -> nn.Module:
@@ -81,6 +103,12 @@ class Strategy(ABC):
         """Whether every rank holds the same model now, so rank 0's is the job's (checkpoints
         are taken only then). Default: yes, after every step (gradient all-reduce)."""
         return True
+
+    def comm_stats(self) -> dict[str, float]:
+        """Seconds spent communicating and bytes sent/received so far on this worker (live
+        monitoring reads them from another thread; ``sparkdp.monitor``)."""
+        meter = getattr(self, "comm", None) or CommMeter()  # strategies unpickled from older jobs
+        return {"comm_s": meter.seconds, "bytes_sent": meter.sent, "bytes_recv": meter.received}
 
     def metrics(self) -> dict[str, Any]:
         """Per-worker communication figures for the job summary (e.g. pushes, pulls). Default: none."""

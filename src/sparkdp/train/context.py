@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -26,6 +27,8 @@ class WorkerContext:
     seed: int = 0
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     active: list[Strategy] = field(default_factory=list)
+    #: the worker's live-monitoring probe (``sparkdp.monitor``); None: not monitored
+    probe: Any = None
 
     def new_strategy(self) -> Strategy:
         """A fresh copy of the job's strategy (one per distributed model)."""

@@ -18,6 +18,7 @@ from ..comm.base import Collective
 from ..data.base import WorkerData
 from ..data.prefetch import DEFAULT_DEPTH, prefetch
 from ..errors import ConfigError, DataError, TrainingDiverged, WorkerHung
+from ..monitor.probe import MonitorLink, open_probe
 from ..strategies.base import Launcher, Strategy
 from .checkpoint import CheckpointPolicy, save_checkpoint
 from .faults import Fault
@@ -91,11 +92,18 @@ class FitSpec:
     checkpoint: CheckpointPolicy | None = None
     #: an injected failure (``train.faults``; tests and demonstrations only)
     fault: Fault | None = None
+    #: where live metrics go (the driver's ``monitor.hub``); None: not monitored
+    monitor: MonitorLink | None = None
 
     def last_epoch(self) -> int:
         """The job's last epoch (0-based), also when this spec runs only part of the job."""
         part = self.part
         return part.start_epoch + self.epochs - 1 if part.last_epoch is None else part.last_epoch
+
+    def steps_per_epoch(self, world_size: int) -> int | None:
+        """Steps each worker takes per epoch, when the data's size is known (for progress and ETA)."""
+        rows = self.train.num_samples()
+        return None if rows is None else math.ceil(math.ceil(rows / world_size) / self.batch_size)
 
     def evaluates_after(self, epoch: int) -> bool:
         """Whether test metrics are computed after ``epoch`` (0-based)."""
@@ -186,12 +194,15 @@ def evaluate(model: nn.Module, loss_fn: Callable, data: WorkerData, collective: 
 def fit_worker(spec: FitSpec, collective: Collective) -> WorkerReport | None:
     """The one training loop every worker runs (:func:`_fit_worker`), with a hang named: when a
     collective times out, the ranks that did not time out too are the stalled ones."""
+    probe = open_probe(spec.monitor, collective.rank, spec.strategy.comm_stats)
     try:
-        return _fit_worker(spec, collective)
+        return _fit_worker(spec, collective, probe)
     except RuntimeError as exc:
         if spec.strategy.launcher is not Launcher.BARRIER or "timed out" not in str(exc).lower():
             raise
         raise WorkerHung(_who_stalled(collective)) from exc
+    finally:
+        probe.close()
 
 
 def _who_stalled(collective: Collective) -> str:
@@ -200,7 +211,7 @@ def _who_stalled(collective: Collective) -> str:
     return f"{who} stopped making progress; worker {me} timed out waiting for it in a collective"
 
 
-def _fit_worker(spec: FitSpec, collective: Collective) -> WorkerReport | None:
+def _fit_worker(spec: FitSpec, collective: Collective, probe: Any) -> WorkerReport | None:
     """The one training loop every worker runs, synchronous or asynchronous.
 
     What differs between strategies happens in their hooks: ``setup`` (DDP wrap, averaging
@@ -237,7 +248,9 @@ def _fit_worker(spec: FitSpec, collective: Collective) -> WorkerReport | None:
     policy = spec.checkpoint if strategy.launcher is Launcher.BARRIER else None
     saver = _Saver(policy, spec, strategy, optimizer, scheduler, collective) if policy is not None else None
     steps_done = 0
+    steps_per_epoch = spec.steps_per_epoch(world)
     for epoch in range(part.start_epoch, part.start_epoch + spec.epochs):
+        probe.start_epoch(epoch, steps_per_epoch, spec.last_epoch() + 1)
         model.train()
         started = time.perf_counter()
         stats = torch.zeros(2, dtype=torch.float64)  # loss*rows, rows
@@ -248,7 +261,10 @@ def _fit_worker(spec: FitSpec, collective: Collective) -> WorkerReport | None:
         batches = prefetch(itertools.islice(
             spec.train.batches(rank=rank, world_size=world, epoch=epoch, batch_size=spec.batch_size,
                                seed=spec.seed, shuffle=spec.shuffle), skip, None), spec.prefetch)
+        ready = time.perf_counter()
         for step, (x, y) in enumerate(synchronized(batches, collective, check), start=skip):
+            arrived = time.perf_counter()
+            probe.batch_arrived(arrived - ready)
             x, y = batch_layout(x.to(collective.device), channels_last), y.to(collective.device)
             if epoch == 0 and step == 0:
                 with torch.no_grad():
@@ -267,10 +283,12 @@ def _fit_worker(spec: FitSpec, collective: Collective) -> WorkerReport | None:
             stats[0] += value * len(x)
             stats[1] += len(x)
             steps_done += 1
-            if spec.fault is not None:
+            if spec.fault is not None:  # (a "slow" fault's sleep counts as this step's compute)
                 spec.fault.maybe_fire(rank, steps_done)
+            probe.step_done(time.perf_counter() - arrived, len(x), value)
             if saver is not None and saver.due(step + 1):
                 saver.save(epoch, step + 1, history, stats, before + time.perf_counter() - started)
+            ready = time.perf_counter()
         strategy.end_epoch()
         elapsed = before + time.perf_counter() - started
         train_time += elapsed
@@ -287,6 +305,8 @@ def _fit_worker(spec: FitSpec, collective: Collective) -> WorkerReport | None:
             record.update(evaluate(target[0], spec.loss, spec.eval, target[1], spec.eval_batch_size, channels_last))
         history.append(record)
         log.info("rank %d epoch %d: %s", rank, epoch + 1, record)
+        if rank == 0:
+            probe.event("epoch", **record)
         if saver is not None:
             saver.save(epoch + 1, 0, history)
     strategy.finish()

@@ -6,7 +6,9 @@ environment ``torch.distributed`` reads is set: ``RANK``, ``WORLD_SIZE``, ``MAST
 A ``torchrun``-style script's ``init_process_group()`` therefore finds the group ready and
 is a no-op, and its ``destroy_process_group()`` is left to the task; a plain script with the
 one ``sparkdp.distribute(...)`` line works as under ``sparkdp.run``. Every line the script
-prints is prefixed with its rank.
+prints reaches the driver's console with a ``[rank R]`` prefix, through the job's monitoring
+link (``sparkdp.monitor``: so also from a cluster's executors), or in the executor's own log,
+prefixed, when the job is not monitored (``show_progress=False``).
 """
 
 from __future__ import annotations
@@ -27,8 +29,21 @@ class ScriptFailed(RuntimeError):
     """The script exited with a non-zero status on a worker."""
 
 
+class _ToDriver(io.TextIOBase):
+    """A text stream whose writes go to the driver's console through the monitoring probe
+    (the hub adds the ``[rank R]`` prefix); the whole text, however long."""
+
+    def __init__(self, probe: Any, stream: str) -> None:
+        self.probe, self.stream = probe, stream
+
+    def write(self, text: str) -> int:
+        self.probe.output(self.stream, text)
+        return len(text)
+
+
 class _RankPrefixed(io.TextIOBase):
-    """A text stream that writes ``[rank R] `` before every line to the stream under it."""
+    """A text stream that writes ``[rank R] `` before every line to the stream under it
+    (where no monitoring link reaches the driver: output stays in the executor's log)."""
 
     def __init__(self, under: Any, rank: int) -> None:
         self.under, self.prefix, self.at_line_start = under, f"[rank {rank}] ", True
@@ -69,7 +84,8 @@ def _ready_process_group(calls: list[str]):
 
 def run_script(path: str, args: list[str], cwd: str) -> dict[str, Any]:
     """Run the script on this worker; returns whether it distributed anything."""
-    rank = current().rank
+    ctx = current()
+    rank, probe = ctx.rank, ctx.probe
     calls: list[str] = []
     saved_argv, saved_path, saved_cwd = list(sys.argv), list(sys.path), os.getcwd()
     saved_out, saved_err = sys.stdout, sys.stderr
@@ -77,7 +93,10 @@ def run_script(path: str, args: list[str], cwd: str) -> dict[str, Any]:
         sys.argv = [path, *args]
         sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
         os.chdir(cwd)
-        sys.stdout, sys.stderr = _RankPrefixed(saved_out, rank), _RankPrefixed(saved_err, rank)
+        if probe is not None and probe.active:
+            sys.stdout, sys.stderr = _ToDriver(probe, "stdout"), _ToDriver(probe, "stderr")
+        else:
+            sys.stdout, sys.stderr = _RankPrefixed(saved_out, rank), _RankPrefixed(saved_err, rank)
         try:
             runpy.run_path(path, run_name="__main__")
         except SystemExit as exc:

@@ -26,9 +26,11 @@ class TcpTransport(Transport):
     def __init__(self, options: TcpOptions | None = None) -> None:
         self.options = options or TcpOptions()
 
-    def serve(self, server, host="127.0.0.1", port=0, *, secret=None) -> TcpEndpoint:
+    def serve(self, server, host="127.0.0.1", port=0, *, secret=None, reports=None) -> TcpEndpoint:
+        """Listen for workers; ``server`` None with ``reports``: a monitoring-only endpoint."""
         return TcpEndpoint(
-            server, host, port, new_secret() if secret is None else check_secret(secret), self.options
+            server, host, port, new_secret() if secret is None else check_secret(secret), self.options,
+            reports=reports,
         )
 
     def connect(self, address, secret, worker_id, *, timeout=30.0, tls_cert=None) -> TcpClient:

@@ -101,9 +101,10 @@ class TcpClient(Client):
         if self._opts.mac_payload and reply.meta.get("mac_payload") is not True:
             raise AuthenticationError(f"{self.address} refused the payload MAC this client requires.")
         chan.mac_payload = reply.meta["mac_payload"] is True
-        self.plan = ShardPlan.from_json(reply.meta["plan"])
-        self.num_shards = self.plan.num_shards
-        self.last_seq = int(reply.meta["last_seq"])
+        plan = reply.meta.get("plan")  # absent: a monitoring endpoint (reports only)
+        self.plan = ShardPlan.from_json(plan) if plan is not None else None
+        self.num_shards = self.plan.num_shards if self.plan is not None else 0
+        self.last_seq = int(reply.meta.get("last_seq", -1))
 
     def _request(
         self, op: Op, meta: dict, tensors: Sequence[Tensor], reply_op: Op, into=None
@@ -132,7 +133,12 @@ class TcpClient(Client):
             raise ProtocolError(f"expected {reply_op.name} from {self.address}, got {reply.op.name}.")
         return reply
 
+    def _need_plan(self) -> None:
+        if self.plan is None:
+            raise ProtocolError(f"{self.address} is a monitoring endpoint; it holds no parameters to pull or push.")
+
     def pull(self, *, out: Sequence[Tensor] | None = None) -> Pulled:
+        self._need_plan()
         if out is not None:
             self.plan.check(out, "pull(out=...)")
         reply = self._request(Op.PULL, {}, (), Op.PULL_REPLY, into=out)  # received straight into `out`
@@ -146,11 +152,24 @@ class TcpClient(Client):
         return Pulled(reply.meta["versions"], list(out))
 
     def push(self, seq, pulled_versions, tensors, *, num_samples=1, local_steps=1) -> PushAck:
+        self._need_plan()
         self.plan.check(tensors, f"push from worker {self.worker_id}")  # fail before sending 100s of MB
         meta = {"seq": seq, "pulled": None if pulled_versions is None else list(pulled_versions),
                 "num_samples": num_samples, "local_steps": local_steps}  # fmt: skip
         reply = self._request(Op.PUSH, meta, tensors, Op.PUSH_REPLY)
         return PushAck(reply.meta["versions"], bool(reply.meta["applied"]))
+
+    def report(self, record: dict) -> None:
+        """Send one monitoring record (JSON values); no reply is awaited."""
+        with self._lock:
+            if self._broken:
+                raise ProtocolError(f"connection to {self.address} is unusable ({self._broken}).")
+            try:
+                self._chan.send(Op.REPORT, record)
+            except (ProtocolError, OSError) as exc:
+                self._broken = str(exc) or type(exc).__name__
+                self._chan.sock.close()
+                raise
 
     def close(self) -> None:
         with self._lock:

@@ -8,6 +8,8 @@ import secrets
 import socket
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -25,12 +27,17 @@ _WILDCARDS = {"", "0.0.0.0", "::"}
 
 
 class TcpEndpoint(Endpoint):
-    """The listening server; see :meth:`TcpTransport.serve`."""
+    """The listening server; see :meth:`TcpTransport.serve`.
+
+    ``server`` may be None for an endpoint that only takes monitoring records: ``reports``
+    is then called with ``(worker, record)`` for every ``REPORT`` frame (on the connection's
+    thread), and pulls and pushes are protocol errors."""
 
     def __init__(
-        self, server: ParameterServer, host: str, port: int, secret: bytes, opts: TcpOptions
+        self, server: ParameterServer | None, host: str, port: int, secret: bytes, opts: TcpOptions,
+        reports: Callable[[int, dict[str, Any]], None] | None = None,
     ) -> None:
-        self.server, self._secret, self._opts = server, secret, opts
+        self.server, self._secret, self._opts, self._reports = server, secret, opts, reports
         self._tls_ctx, cert = None, None
         if opts.tls:
             from sparkdp.ps.transport.tls import make_server_context
@@ -68,7 +75,8 @@ class TcpEndpoint(Endpoint):
         )
         self._accept_thread.start()
         log.info(
-            "parameter server listening on %s (tls=%s, mac_payload=%s)",
+            "%s listening on %s (tls=%s, mac_payload=%s)",
+            "parameter server" if server is not None else "monitoring endpoint",
             self.address,
             opts.tls,
             opts.mac_payload,
@@ -133,7 +141,11 @@ class TcpEndpoint(Endpoint):
                 msg = chan.recv(self._opts.idle_timeout, reuse_buffer=True)
                 if msg.op is Op.BYE:
                     return
-                if msg.op is Op.PULL:
+                if msg.op is Op.REPORT and self._reports is not None:
+                    self._reports(worker, msg.meta)
+                elif self.server is None:
+                    raise ProtocolError(f"{msg.op.name} sent to an endpoint without a parameter server.")
+                elif msg.op is Op.PULL:
                     if out is None:
                         out = [torch.empty(s.shape, dtype=s.dtype) for s in self.server.plan.params]
                     versions, tensors = self.server.pull(worker, out=out)
@@ -184,10 +196,11 @@ class TcpEndpoint(Endpoint):
             )
         mac_payload = self._opts.mac_payload or msg.meta.get("mac_payload") is True
         chan.set_keys(SessionKeys.derive(self._secret, server_nonce, client_nonce, worker), mac_payload)
-        chan.send(Op.AUTH_OK, {
-            "proof": server_proof(self._secret, server_nonce, client_nonce, worker).hex(),
-            "plan": self.server.plan.to_json(), "last_seq": self.server.last_seq(worker), "mac_payload": mac_payload,
-        })  # fmt: skip
+        welcome = {"proof": server_proof(self._secret, server_nonce, client_nonce, worker).hex(),
+                   "mac_payload": mac_payload}
+        if self.server is not None:
+            welcome.update(plan=self.server.plan.to_json(), last_seq=self.server.last_seq(worker))
+        chan.send(Op.AUTH_OK, welcome)
         return worker
 
     def _handle_push(self, chan: Channel, worker: int, msg: codec.Message) -> None:

@@ -1,0 +1,36 @@
+"""Live monitoring around a job on the driver: the hub starts before the Spark stage and its
+link travels to the workers inside the job (``sparkdp.monitor``)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from ..config import JobConfig
+from ..monitor.hub import MonitorHub
+
+
+@contextlib.contextmanager
+def monitored(job: JobConfig, spark: Any, workers: int, title: str,
+              details: dict[str, Any] | None = None) -> Iterator[MonitorHub | None]:
+    """The job's :class:`MonitorHub`, or None when nothing would show or keep its records
+    (``show_progress=False`` and no run directory, TensorBoard or MLflow): then the workers
+    are not monitored at all."""
+    if not (job.show_progress or job.run_dir or job.mlflow):
+        yield None
+        return
+    from ..spark.launcher import driver_host
+
+    config = {**job.defaults(), **(details or {}), "workers": workers}
+    with MonitorHub(world_size=workers, config=config, run_dir=job.run_dir, display=job.show_progress,
+                    tensorboard=job.tensorboard, mlflow=job.mlflow, interval_s=job.metrics_interval_s,
+                    host=driver_host(spark), title=title) as hub:
+        yield hub
+
+
+def summary_of(result: Any) -> dict[str, Any]:
+    """What a run's ``summary`` record holds (``sparkdp report`` tabulates it)."""
+    return {"strategy": result.strategy, "workers": result.workers, "epochs": result.epochs,
+            "test_accuracy": result.test_accuracy, "wall_s": result.wall_s, "train_time_s": result.train_time_s,
+            "samples": result.samples, "samples_per_s": result.samples_per_s, "history": result.history}

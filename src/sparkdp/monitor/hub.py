@@ -1,0 +1,198 @@
+"""The driver side of live monitoring: an authenticated endpoint the workers report to, and
+what the records become (the terminal display, the run log, TensorBoard, MLflow, warnings).
+
+Records (JSON objects, see ``sparkdp.monitor.probe``):
+
+* ``metrics``: a worker's cumulative counters and usage; the hub adds the window's rates
+  (``samples_per_s``, ``loss``, the data/compute/communication split, network bytes/s);
+* ``epoch_start``, ``epoch``: an epoch begins; an epoch's results (rank 0);
+* ``output``: a chunk of what a worker's script printed (``sparkdp launch``), shown here
+  with a ``[rank R]`` prefix;
+* ``warning``: stragglers and bottlenecks found here (``sparkdp.monitor.stragglers``);
+* ``job``: the whole job's throughput so far (and the parameter server's figures for
+  asynchronous jobs); ``summary``: the end.
+
+The endpoint is the parameter-server transport with no parameter server behind it: the
+same HMAC handshake and per-frame MACs, JSON only, bound to the driver's address.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .display import Display
+from .probe import MonitorLink
+from .sinks import MlflowSink, RunLog, TensorBoardSink
+from .stragglers import StragglerDetector
+
+log = logging.getLogger(__name__)
+
+_KINDS = {"metrics", "epoch_start", "epoch", "output"}
+_RATES = ("samples_per_s", "loss", "data_frac", "compute_frac", "comm_frac", "net_sent_per_s", "net_recv_per_s")
+
+
+class MonitorHub:
+    """Receives the workers' records while a job runs; a context manager around the job.
+
+    Args:
+        world_size: workers in the job (for straggler scores and the display).
+        config: the job's settings, for the run log's header and MLflow's parameters.
+        run_dir: where ``run.jsonl`` (and ``tensorboard/``) go; None: no run log.
+        display: show live progress on the terminal (a rich display on a terminal, a line
+            every ``line_every_s`` otherwise); False: quiet.
+        tensorboard: also write TensorBoard event files (needs ``run_dir``).
+        mlflow: an MLflow tracking URI to log the run to.
+        host: the address to listen on (the driver's, as executors reach it).
+        server_metrics: for asynchronous jobs, the parameter server's ``metrics()``.
+    """
+
+    def __init__(self, *, world_size: int, config: dict[str, Any], run_dir: str | None = None,
+                 display: bool = True, tensorboard: bool = False, mlflow: str | None = None,
+                 interval_s: float = 2.0, host: str = "127.0.0.1", title: str = "sparkdp",
+                 server_metrics: Callable[[], dict[str, Any]] | None = None, line_every_s: float = 15.0) -> None:
+        self.world_size, self.interval_s = world_size, interval_s
+        self.server_metrics = server_metrics
+        self.started = time.time()
+        self.latest: dict[int, dict[str, Any]] = {}
+        self.epochs: list[dict[str, Any]] = []
+        self.warnings: list[str] = []
+        self.detector = StragglerDetector(world_size)
+        self._lock = threading.Lock()
+        self._lines: dict[tuple[int, str], str] = {}
+        self.sinks: list[Any] = []
+        self.run_log = None
+        if run_dir is not None:
+            self.run_log = RunLog(run_dir, {"config": config, "world_size": world_size})
+            self.sinks.append(self.run_log)
+        if tensorboard:
+            if run_dir is None:
+                from ..errors import ConfigError
+
+                raise ConfigError("TensorBoard logs need an output directory: give --out DIR (run_dir=).")
+            self.sinks.append(TensorBoardSink(run_dir))
+        if mlflow:
+            self.sinks.append(MlflowSink(mlflow, {k: v for k, v in config.items() if v is not None}))
+        self.display = Display(title, world_size, enabled=display, line_every_s=line_every_s)
+        self._endpoint = None
+        self._host = host
+
+    # -- lifetime ---------------------------------------------------------------------------
+    def __enter__(self) -> MonitorHub:
+        from ..ps.transport.tcp import TcpTransport
+
+        self._endpoint = TcpTransport().serve(None, host=self._host, reports=self._on_report)
+        self.display.start()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.close(failed=exc_type is not None, error=None if exc is None else f"{type(exc).__name__}: {exc}")
+
+    @property
+    def link(self) -> MonitorLink:
+        assert self._endpoint is not None, "enter the hub first"
+        return MonitorLink(self._endpoint.info, self.interval_s)
+
+    def close(self, failed: bool = False, error: str | None = None) -> None:
+        if self._endpoint is None:
+            return
+        self._endpoint.close()
+        self._endpoint = None
+        with self._lock:
+            for (rank, stream), rest in self._lines.items():
+                if rest:
+                    self.display.output(f"[rank {rank}] {rest}", stream)
+            self._lines.clear()
+            if failed:
+                self._emit({"type": "failed", "time": time.time(), "error": error})
+            self.display.stop(self.latest, self.epochs)
+            for sink in self.sinks:
+                try:
+                    sink.close()
+                except Exception:  # a sink that fails to close must not hide the job's result
+                    log.warning("closing %s failed", type(sink).__name__, exc_info=True)
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        """The job's end: one ``summary`` record (what ``sparkdp report`` tabulates)."""
+        with self._lock:
+            self._emit({"type": "summary", "time": time.time(), **summary})
+
+    # -- records ----------------------------------------------------------------------------
+    def _on_report(self, worker: int, record: dict[str, Any]) -> None:
+        kind = record.get("type")
+        if kind not in _KINDS:
+            log.debug("ignoring a monitoring record of unknown type %r from worker %d", kind, worker)
+            return
+        record = {**record, "rank": worker}  # the authenticated id, not the claimed one
+        with self._lock:
+            if kind == "metrics":
+                self._metrics(record)
+            elif kind == "output":
+                self._output(worker, str(record.get("stream", "stdout")), str(record.get("text", "")))
+            elif kind == "epoch":
+                self.epochs.append(record)
+                self._emit(record)
+                self.display.epoch(record)
+            else:
+                self.display.epoch_start(record)
+                self._emit(record)
+
+    def _metrics(self, record: dict[str, Any]) -> None:
+        rank = record["rank"]
+        before = self.latest.get(rank)
+        if before is not None and record.get("steps", 0) < before.get("steps", 0):
+            before = None  # the worker restarted (recovery): its counters began again
+        if before is not None and record.get("steps") == before.get("steps"):
+            # no step since (a worker's last record, or one evaluating): keep the rates it had
+            record.update({k: before[k] for k in _RATES if k in before})
+        elif before is not None:
+            dt = max(record["time"] - before["time"], 1e-9)
+            rows = record["samples"] - before["samples"]
+            spent = {k: record[k] - before[k] for k in ("data_s", "compute_s", "comm_s")}
+            total = sum(spent.values()) or 1e-9
+            record.update(samples_per_s=rows / dt,
+                          loss=(record["loss_sum"] - before["loss_sum"]) / rows if rows else before.get("loss"),
+                          data_frac=spent["data_s"] / total, compute_frac=spent["compute_s"] / total,
+                          comm_frac=spent["comm_s"] / total,
+                          net_sent_per_s=max(record["net_sent"] - before["net_sent"], 0) / dt,
+                          net_recv_per_s=max(record["net_recv"] - before["net_recv"], 0) / dt)
+        self.latest[rank] = record
+        self._emit(record)
+        for text in self.detector.update(record):
+            self.warnings.append(text)
+            log.warning("%s", text)
+            self._emit({"type": "warning", "time": time.time(), "message": text})
+            self.display.warning(text)
+        if rank == min(self.latest):
+            self._emit(self._job_record())
+        self.display.update(self.latest, self.detector.scores)
+
+    def _job_record(self) -> dict[str, Any]:
+        rates = [r["samples_per_s"] for r in self.latest.values() if "samples_per_s" in r]
+        job: dict[str, Any] = {"type": "job", "time": time.time(), "elapsed_s": time.time() - self.started,
+                               "samples_per_s": sum(rates) if rates else None,
+                               "samples": sum(r["samples"] for r in self.latest.values())}
+        if self.server_metrics is not None:
+            server = self.server_metrics()
+            job.update(pushes=server.get("pushes_applied"), staleness=server.get("staleness"),
+                       ps_bytes_in=server.get("bytes_in"), ps_bytes_out=server.get("bytes_out"))
+            self.display.server(server, job["elapsed_s"])
+        return job
+
+    def _output(self, rank: int, stream: str, text: str) -> None:
+        pending = self._lines.get((rank, stream), "") + text
+        *lines, rest = pending.split("\n")
+        self._lines[(rank, stream)] = rest
+        for line in lines:
+            self.display.output(f"[rank {rank}] {line}", stream)
+
+    def _emit(self, record: dict[str, Any]) -> None:
+        for sink in self.sinks:
+            try:
+                sink.write(record)
+            except Exception as exc:  # monitoring must not fail the job
+                log.warning("%s could not write a record: %s", type(sink).__name__, exc)
+

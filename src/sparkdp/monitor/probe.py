@@ -1,0 +1,166 @@
+"""The worker side of live monitoring: counters the training loop adds to, and a thread that
+sends them to the driver's :class:`~sparkdp.monitor.hub.MonitorHub`.
+
+The loop's cost is a few float additions per step (``batch_arrived``, ``step_done``); the
+thread wakes every ``interval_s``, samples the process and the host with psutil and sends one
+record of *cumulative* values (a lost or late record is made good by the next one). Records
+travel on the parameter-server transport's authenticated channel (``Op.REPORT``, JSON only).
+Monitoring never fails training: a driver that cannot be reached turns this worker's probe off
+with one warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: text of one forwarded output record at most (JSON frames are limited to 1 MiB)
+_OUTPUT_CHUNK = 256 * 1024
+
+
+@dataclass(frozen=True)
+class MonitorLink:
+    """Where a worker sends its records (built by the driver, shipped inside the job)."""
+
+    info: Any  # sparkdp.ps.transport.base.ConnectInfo (its repr hides the secret)
+    interval_s: float = 2.0
+
+
+class Probe:
+    """One worker's monitoring: call :meth:`batch_arrived` / :meth:`step_done` from the loop."""
+
+    def __init__(self, link: MonitorLink, rank: int, comm_stats: Callable[[], dict[str, float]] | None = None,
+                 *, connect: Callable[..., Any] | None = None) -> None:
+        import psutil
+
+        self.rank, self.link = rank, link
+        self.comm_stats = comm_stats or (lambda: {})
+        self.epoch = self.step = self.steps = self.samples = 0
+        self.loss_sum, self.data_s, self.compute_s = 0.0, 0.0, 0.0
+        self.started = time.time()
+        self._process = psutil.Process()
+        self._process.cpu_percent(None)  # the first call starts the measurement
+        self._psutil = psutil
+        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self._stop = threading.Event()
+        self._client = None
+        try:
+            if connect is None:
+                from ..ps.transport.tcp import TcpTransport
+
+                connect = TcpTransport().connect
+            info = link.info
+            self._client = connect(info.address, info.secret, rank, timeout=10.0, tls_cert=info.tls_cert)
+        except Exception as exc:  # monitoring must not fail the job
+            log.warning("worker %d: live monitoring is off, the driver's monitor at %s is unreachable: %s",
+                        rank, link.info.address, exc)
+            return
+        self._thread = threading.Thread(target=self._run, name=f"sparkdp-monitor-{rank}", daemon=True)
+        self._thread.start()
+
+    @property
+    def active(self) -> bool:
+        return self._client is not None
+
+    # -- called by the training loop --------------------------------------------------------
+    def start_epoch(self, epoch: int, steps_per_epoch: int | None, epochs: int) -> None:
+        self.epoch, self.step = epoch, 0
+        self.event("epoch_start", epoch=epoch + 1, epochs=epochs, steps_per_epoch=steps_per_epoch)
+
+    def batch_arrived(self, waited_s: float) -> None:
+        self.data_s += waited_s
+
+    def step_done(self, seconds: float, rows: int, loss: float) -> None:
+        self.compute_s += seconds
+        self.steps += 1
+        self.step += 1
+        self.samples += rows
+        self.loss_sum += loss * rows
+
+    def event(self, kind: str, **fields: Any) -> None:
+        """Queue a record (epoch results, output lines, warnings) for the sending thread."""
+        if self._client is not None:
+            self._queue.put({"type": kind, "rank": self.rank, "time": time.time(), **fields})
+
+    def output(self, stream: str, text: str) -> None:
+        for i in range(0, len(text), _OUTPUT_CHUNK):
+            self.event("output", stream=stream, text=text[i:i + _OUTPUT_CHUNK])
+
+    def close(self) -> None:
+        """Send a last record and stop the thread (waits for queued records, a few seconds at most)."""
+        if self._client is None:
+            return
+        self._queue.put(self.snapshot())
+        self._queue.put(None)
+        self._thread.join(10.0)
+        try:
+            self._client.close()
+        except OSError:
+            pass
+        self._client = None
+
+    # -- the sending thread -----------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """Cumulative counters and the process's and host's usage now."""
+        comm = self.comm_stats()
+        sent, recv = _host_network(self._psutil)
+        compute = max(self.compute_s - comm.get("comm_s", 0.0), 0.0)  # comm inside the step is not compute
+        return {"type": "metrics", "rank": self.rank, "time": time.time(), "host": socket.gethostname(),
+                "epoch": self.epoch + 1, "step": self.step, "steps": self.steps, "samples": self.samples,
+                "loss_sum": self.loss_sum, "data_s": self.data_s, "compute_s": compute,
+                "comm_s": comm.get("comm_s", 0.0), "bytes_sent": comm.get("bytes_sent", 0),
+                "bytes_recv": comm.get("bytes_recv", 0), "cpu_percent": self._process.cpu_percent(None),
+                "rss_bytes": self._process.memory_info().rss, "net_sent": sent, "net_recv": recv}
+
+    def _run(self) -> None:
+        next_at = time.monotonic() + self.link.interval_s
+        while True:
+            try:
+                record = self._queue.get(timeout=max(next_at - time.monotonic(), 0.0))
+            except queue.Empty:
+                record = self.snapshot()
+                next_at = time.monotonic() + self.link.interval_s
+            if record is None:
+                return
+            try:
+                self._client.report(record)
+            except Exception as exc:  # the driver went away: stop quietly, training goes on
+                log.warning("worker %d: live monitoring stopped: %s", self.rank, exc)
+                return
+
+
+def _host_network(psutil: Any) -> tuple[int, int]:
+    """Bytes the host sent and received on its network interfaces (loopback left out: on one
+    machine it is the workers talking to each other, not the network)."""
+    sent = recv = 0
+    for name, counters in psutil.net_io_counters(pernic=True).items():
+        if name != "lo" and not name.startswith("lo"):
+            sent += counters.bytes_sent
+            recv += counters.bytes_recv
+    return sent, recv
+
+
+class NoProbe:
+    """The probe of a job without monitoring: every call does nothing."""
+
+    active = False
+
+    def start_epoch(self, *args: Any) -> None: ...
+    def batch_arrived(self, waited_s: float) -> None: ...
+    def step_done(self, seconds: float, rows: int, loss: float) -> None: ...
+    def event(self, kind: str, **fields: Any) -> None: ...
+    def output(self, stream: str, text: str) -> None: ...
+    def close(self) -> None: ...
+
+
+def open_probe(link: MonitorLink | None, rank: int, comm_stats: Callable[[], dict[str, float]] | None = None):
+    """A :class:`Probe` when the job is monitored, else a :class:`NoProbe`."""
+    return Probe(link, rank, comm_stats) if link is not None else NoProbe()

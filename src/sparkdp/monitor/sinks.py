@@ -1,0 +1,137 @@
+"""Where monitoring records go: a JSON-lines run log (always), TensorBoard and MLflow (asked for).
+
+Every sink takes the records the hub receives (``metrics``, ``epoch``, ``warning``, ``summary``;
+see ``sparkdp.monitor.hub``) through :meth:`write` and is closed once at the end of the job.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+RUN_LOG = "run.jsonl"
+
+
+def versions() -> dict[str, str]:
+    """The versions a run log's header records."""
+    import pyspark
+    import torch
+
+    from .. import __version__
+
+    return {"sparkdp": __version__, "torch": torch.__version__, "pyspark": pyspark.__version__,
+            "python": platform.python_version()}
+
+
+def writable_dir(path: str | os.PathLike[str], what: str) -> Path:
+    """Create ``path`` and check a file can be written there (at the start of a job, not its end)."""
+    directory = Path(path)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f".sparkdp-write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"cannot write the {what} to {str(directory)!r}: {exc.strerror or exc}. Give a "
+                          "directory you can write to.") from None
+    return directory
+
+
+class RunLog:
+    """``run.jsonl``: a header (the job's configuration and versions), then one line per record.
+
+    Each line is flushed as it is written, so a job that crashes leaves a log that
+    ``sparkdp report`` can still draw up to the crash."""
+
+    def __init__(self, run_dir: str | os.PathLike[str], header: dict[str, Any]) -> None:
+        self.path = writable_dir(run_dir, "run log") / RUN_LOG
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self.write({"type": "header", "time": time.time(), "versions": versions(), **header})
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(record, default=str) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class TensorBoardSink:
+    """TensorBoard event files in ``RUN_DIR/tensorboard`` (read them with ``tensorboard --logdir``)."""
+
+    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise ConfigError("--tensorboard needs the tensorboard package: pip install 'sparkdp[tensorboard]'"
+                              " (or pip install tensorboard).") from None
+        self.path = writable_dir(Path(run_dir) / "tensorboard", "TensorBoard logs")
+        self._writer = SummaryWriter(str(self.path))
+
+    def write(self, record: dict[str, Any]) -> None:
+        kind = record.get("type")
+        if kind == "metrics" and "samples_per_s" in record:
+            step, rank = int(record["steps"]), record["rank"]
+            for key in ("loss", "samples_per_s", "cpu_percent", "data_frac", "compute_frac", "comm_frac"):
+                if record.get(key) is not None:
+                    self._writer.add_scalar(f"worker{rank}/{key}", record[key], step)
+            self._writer.add_scalar(f"worker{rank}/rss_mb", record["rss_bytes"] / 2**20, step)
+        elif kind == "epoch":
+            for key, value in record.items():
+                if key not in ("type", "rank", "time", "epoch") and isinstance(value, (int, float)):
+                    self._writer.add_scalar(f"epoch/{key}", value, int(record["epoch"]))
+        elif kind == "job" and record.get("samples_per_s") is not None:
+            self._writer.add_scalar("job/samples_per_s", record["samples_per_s"], int(record.get("elapsed_s", 0)))
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class MlflowSink:
+    """An MLflow run (experiment ``sparkdp``) through MLflow's own client, against ``tracking_uri``
+    (``sqlite:///PATH/mlflow.db`` or a tracking server; MLflow 3 refuses its old ``file:`` store)."""
+
+    def __init__(self, tracking_uri: str, params: dict[str, Any], run_name: str | None = None) -> None:
+        try:
+            from mlflow.tracking import MlflowClient
+        except ImportError:
+            raise ConfigError("--mlflow needs MLflow: pip install 'sparkdp[mlflow]' (or pip install "
+                              "mlflow-skinny).") from None
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client = MlflowClient(tracking_uri=tracking_uri)
+            experiment = self.client.get_experiment_by_name("sparkdp")
+            experiment_id = (experiment.experiment_id if experiment is not None
+                             else self.client.create_experiment("sparkdp"))
+            self.run_id = self.client.create_run(experiment_id, run_name=run_name).info.run_id
+        except MlflowException as exc:
+            raise ConfigError(f"MLflow cannot log to {tracking_uri!r}: {exc.message} Give a tracking URI such "
+                              "as sqlite:///PATH/mlflow.db or http://HOST:5000.") from None
+        for key, value in sorted(params.items()):
+            self.client.log_param(self.run_id, key, str(value)[:500])
+        self._status = "FINISHED"
+
+    def write(self, record: dict[str, Any]) -> None:
+        kind = record.get("type")
+        if kind == "epoch":
+            for key, value in record.items():
+                if key not in ("type", "rank", "time", "epoch") and isinstance(value, (int, float)):
+                    self.client.log_metric(self.run_id, key, float(value), step=int(record["epoch"]))
+        elif kind == "job" and record.get("samples_per_s") is not None:
+            self.client.log_metric(self.run_id, "samples_per_s", float(record["samples_per_s"]),
+                                   step=int(record.get("elapsed_s", 0)))
+        elif kind == "failed":
+            self._status = "FAILED"
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id, self._status)

@@ -1,0 +1,91 @@
+"""The monitoring hub and probes over the real authenticated TCP transport (no Spark)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from sparkdp.errors import AuthenticationError
+from sparkdp.monitor.hub import MonitorHub
+from sparkdp.monitor.probe import MonitorLink, Probe
+from sparkdp.ps.transport.base import ConnectInfo
+from sparkdp.ps.transport.tcp import TcpTransport
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _records(run_dir, kind):
+    lines = (run_dir / "run.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["type"] == kind]
+
+
+def _wait_for(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "the hub never received the records"
+        time.sleep(0.05)
+
+
+def test_probe_records_reach_the_run_log_with_rates_from_the_counters(tmp_path):
+    with MonitorHub(world_size=1, config={"strategy": "allreduce"}, run_dir=str(tmp_path), display=False,
+                    interval_s=0.1) as hub:
+        probe = Probe(hub.link, rank=0, comm_stats=lambda: {"comm_s": 0.5, "bytes_sent": 1000, "bytes_recv": 10})
+        probe.start_epoch(0, 20, 1)
+        time.sleep(0.3)
+        for _ in range(10):  # 10 steps of 32 rows: 0.1 s waiting for data, 1.0 s in the step each
+            probe.batch_arrived(0.1)
+            probe.step_done(1.0, 32, 2.0)
+        probe.event("epoch", epoch=1, loss=2.0)
+        probe.close()
+        _wait_for(lambda: hub.epochs)
+        hub.finish({"strategy": "allreduce", "test_accuracy": 0.5})
+    header = _records(tmp_path, "header")[0]
+    assert header["config"] == {"strategy": "allreduce"} and header["versions"]["torch"]
+    last = _records(tmp_path, "metrics")[-1]
+    assert (last["steps"], last["samples"], last["rank"]) == (10, 320, 0)
+    assert last["loss"] == pytest.approx(2.0)
+    # 10 s in steps of which 0.5 s communicating: compute 9.5 s, data 1 s (hand-worked)
+    assert last["compute_s"] == pytest.approx(9.5) and last["data_s"] == pytest.approx(1.0)
+    assert last["comm_s"] == 0.5 and last["bytes_sent"] == 1000
+    assert last["data_frac"] + last["compute_frac"] + last["comm_frac"] == pytest.approx(1.0)
+    assert _records(tmp_path, "epoch")[0]["loss"] == 2.0
+    assert _records(tmp_path, "summary")[0]["test_accuracy"] == 0.5
+
+
+def test_the_hub_trusts_the_authenticated_worker_id_not_the_record(tmp_path):
+    with MonitorHub(world_size=2, config={}, run_dir=str(tmp_path), display=False) as hub:
+        info = hub.link.info
+        with TcpTransport().connect(info.address, info.secret, 1) as client:
+            client.report({"type": "epoch", "rank": 0, "epoch": 1, "loss": 1.0, "time": time.time()})
+            client.report({"type": "run_this", "code": "import os"})  # unknown kinds are dropped
+            _wait_for(lambda: hub.epochs)
+    assert [r["rank"] for r in _records(tmp_path, "epoch")] == [1]
+    assert not _records(tmp_path, "run_this")
+
+
+def test_a_client_without_the_job_secret_is_refused_and_training_goes_on(tmp_path, caplog):
+    with MonitorHub(world_size=1, config={}, run_dir=str(tmp_path), display=False) as hub:
+        info = hub.link.info
+        with pytest.raises(AuthenticationError):
+            TcpTransport().connect(info.address, b"x" * 32, 0)
+        # a probe that cannot reach the hub turns itself off with a warning instead of failing
+        wrong = MonitorLink(ConnectInfo(info.address, b"y" * 32), 0.1)
+        probe = Probe(wrong, rank=0)
+        assert not probe.active and "live monitoring is off" in caplog.text
+        probe.step_done(0.1, 1, 1.0)
+        probe.close()
+    assert not _records(tmp_path, "metrics")
+
+
+def test_script_output_is_assembled_into_prefixed_lines(tmp_path, capsys):
+    with MonitorHub(world_size=2, config={}, run_dir=None, display=True, interval_s=0.1) as hub:
+        probe = Probe(hub.link, rank=1)
+        probe.output("stdout", "hello ")
+        probe.output("stdout", "world\nsecond line\nno newline at the end")
+        probe.output("stdout", "x" * 300_000 + "\n")  # longer than one frame's chunk, whole
+        probe.close()
+        time.sleep(0.3)
+    out = capsys.readouterr().out.splitlines()
+    assert out[:3] == ["[rank 1] hello world", "[rank 1] second line", "[rank 1] no newline at the end" + "x" * 300_000]

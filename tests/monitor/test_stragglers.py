@@ -1,0 +1,48 @@
+"""Straggler and bottleneck scores on hand-built step-time splits."""
+
+from __future__ import annotations
+
+import pytest
+
+from sparkdp.monitor.stragglers import StragglerDetector
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _feed(detector, windows, per_step):
+    """``per_step[rank] = (data, compute, comm)`` seconds per step, 10 steps per window."""
+    said = []
+    totals = {r: [0, 0.0, 0.0, 0.0] for r in per_step}
+    for _ in range(windows):
+        for rank, (data, compute, comm) in per_step.items():
+            t = totals[rank]
+            t[0] += 10
+            t[1] += 10 * data
+            t[2] += 10 * compute
+            t[3] += 10 * comm
+            said += detector.update({"rank": rank, "steps": t[0], "data_s": t[1], "compute_s": t[2], "comm_s": t[3]})
+    return said
+
+
+def test_a_slow_compute_worker_is_named_once_with_its_cause():
+    detector = StragglerDetector(2, patience=3)
+    # sync training: the fast rank waits for the slow one in its communication
+    said = _feed(detector, 6, {0: (0.001, 0.010, 0.030), 1: (0.001, 0.040, 0.001)})
+    assert len(said) == 1
+    assert said[0].startswith("worker 1 is a straggler") and "slow compute" in said[0]
+    assert detector.scores[1]["relative"] == pytest.approx(0.011 / 0.041)
+    assert detector.scores[0]["relative"] == 1.0 and detector.scores[1]["individual"] == pytest.approx(1.0)
+
+
+def test_slow_data_is_told_apart_from_slow_compute():
+    said = _feed(StragglerDetector(2, patience=2), 4, {0: (0.001, 0.01, 0.0), 1: (0.05, 0.01, 0.0)})
+    assert len(said) == 1 and "worker 1" in said[0] and "slow data" in said[0]
+
+
+def test_equal_workers_raise_nothing():
+    assert _feed(StragglerDetector(3), 10, {r: (0.001, 0.01, 0.002) for r in range(3)}) == []
+
+
+def test_a_job_communicating_most_of_the_time_is_told_what_to_try():
+    said = _feed(StragglerDetector(2, comm_min_s=1.0), 5, {0: (0.0, 0.01, 0.05), 1: (0.0, 0.01, 0.06)})
+    assert len(said) == 1 and "communication-bound" in said[0] and "period" in said[0]

@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.sparkdp-ready
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-all lint fuzz bench bench-sync bench-allreduce bench-ps bench-async bench-data bench-checkpoint clean
+.PHONY: setup demo test test-all lint fuzz bench bench-sync bench-allreduce bench-ps bench-async bench-data bench-checkpoint bench-monitor clean
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh
 	bash scripts/bootstrap.sh
@@ -49,6 +49,9 @@ bench-async: $(STAMP)
 
 bench-checkpoint: $(STAMP)
 	$(PY) benchmarks/checkpoint_cost.py
+
+bench-monitor: $(STAMP)
+	$(PY) benchmarks/monitor_cost.py
 
 bench-data: $(STAMP)
 	$(PY) benchmarks/data_throughput.py

@@ -31,8 +31,9 @@ def _explain(proc) -> str:
 def test_builtin_job_writes_model_and_stable_json_summary(tmp_path):
     out, summary = tmp_path / "out", tmp_path / "summary.json"
     proc = sparkdp("train", "--dataset", "fashion-mnist", "--model", "linear", "--limit", "2000",
-                   "--workers", "2", "--epochs", "1", "--out", str(out), "--json-out", str(summary))
+                   "--workers", "2", "--epochs", "1", "--out", str(out), "--json-out", str(summary), "--quiet")
     assert proc.returncode == 0, _explain(proc)
+    assert proc.stdout == "", "--quiet printed something"
     data = json.loads(summary.read_text())
     for key in ("strategy", "workers", "epochs", "test_accuracy", "wall_s", "samples_per_s", "model_path"):
         assert key in data, f"missing {key} in {data}"
@@ -41,6 +42,21 @@ def test_builtin_job_writes_model_and_stable_json_summary(tmp_path):
     state = safetensors.torch.load_file(data["model_path"])
     assert state["1.weight"].shape == (10, 784)
     assert json.loads((out / "model.json").read_text())["model"] == "linear"
+    # the run log: header, both workers' metrics, the epoch, the summary; `report` draws it, also
+    # when a crash cut its last line short
+    records = [json.loads(line) for line in (out / "run.jsonl").read_text().splitlines()]
+    assert records[0]["type"] == "header" and records[-1]["type"] == "summary"
+    assert {r["rank"] for r in records if r["type"] == "metrics"} == {0, 1}
+    crashed = tmp_path / "crashed"
+    crashed.mkdir()
+    text = (out / "run.jsonl").read_text()
+    (crashed / "run.jsonl").write_text(text[:text.rindex('{"type": "summary"') + 20])
+    report = sparkdp("report", str(out), str(crashed), "--out", str(tmp_path / "report"))
+    assert report.returncode == 0, _explain(report)
+    table = (tmp_path / "report" / "summary.md").read_text()
+    assert "| out | allreduce | 2 | 1/1 |" in table and "| crashed | allreduce | 2 | 1/1 |" in table
+    assert "| incomplete |" in table and "| finished |" in table
+    assert (tmp_path / "report" / "loss.png").stat().st_size > 10_000
 
 
 SCRIPT = '''

@@ -25,7 +25,7 @@ class Display:
         self.live = None
         self.epochs_total: int | None = None
         self.steps_per_epoch: int | None = None
-        self.first_seen: float | None = None
+        self.first_seen: tuple[float, float] | None = None  # (time, fraction done) of the first report
         self.last_line = 0.0
         self.server_line = ""
         self._latest: dict[int, dict[str, Any]] = {}
@@ -50,8 +50,9 @@ class Display:
     def update(self, latest: dict[int, dict[str, Any]], scores: dict[int, dict[str, float]]) -> None:
         self._latest, self._scores = latest, scores
         now = time.monotonic()
-        if self.first_seen is None:
-            self.first_seen = now
+        done = self.progress()[0]
+        if self.first_seen is None and done is not None:
+            self.first_seen = (now, done)
         if self.enabled and self.live is None and now - self.last_line >= self.line_every_s:
             self.last_line = now
             self._print(self.headline())
@@ -117,9 +118,10 @@ class Display:
         rates = [r["samples_per_s"] for r in self._latest.values() if "samples_per_s" in r]
         losses = [r["loss"] for r in self._latest.values() if isinstance(r.get("loss"), (int, float))]
         eta = None
-        if done and self.first_seen is not None:
-            elapsed = time.monotonic() - self.first_seen
-            eta = elapsed / done * (1 - done) if done > 0.01 else None
+        if done is not None and self.first_seen is not None and done > self.first_seen[1]:
+            # the pace since the first report (which came after Spark's start-up)
+            seen, done_then = self.first_seen
+            eta = (time.monotonic() - seen) / (done - done_then) * (1 - done)
         of_epochs = f"/{self.epochs_total}" if self.epochs_total else ""
         of_steps = f"/{self.steps_per_epoch}" if self.steps_per_epoch else ""
         text = (f"{self.title}: epoch {epoch}{of_epochs} step {step}{of_steps}"

@@ -23,12 +23,12 @@ RUN_LOG = "run.jsonl"
 
 def versions() -> dict[str, str]:
     """The versions a run log's header records."""
+    from importlib.metadata import version
+
     import pyspark
     import torch
 
-    from .. import __version__
-
-    return {"sparkdp": __version__, "torch": torch.__version__, "pyspark": pyspark.__version__,
+    return {"sparkdp": version("sparkdp"), "torch": torch.__version__, "pyspark": pyspark.__version__,
             "python": platform.python_version()}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -85,3 +86,58 @@ def test_a_module_the_executors_lack_is_named_with_their_interpreter():
     assert failed.returncode == 2
     assert "No module named 'sparkdp_no_such_module'" in failed.stderr, _explain(failed)
     assert f"the executor's interpreter is {sys.executable}" in failed.stderr
+
+
+def test_a_hogwild_script_trains_asynchronously_through_the_parameter_server(tmp_path):
+    """The processes of a Hogwild! script become Spark workers and its shared-memory model the
+    parameter server (``--strategy hogwild``): the same file, one process per worker."""
+    script = SCRIPTS / "hogwild.py"
+    alone = _alone(script, "--epochs", "3", "--out", str(tmp_path / "alone.json"))  # 2 processes, shared memory
+    assert alone.returncode == 0, _explain(alone)
+    spark = sparkdp("launch", "--workers", "2", "--master", "local[2]", "--strategy", "hogwild",
+                    "--strategy-option", 'rule_options={"lr": 0.05}', str(script), "--",
+                    "--num-processes", "1", "--epochs", "3", "--out", str(tmp_path / "spark.json"), timeout=240)
+    assert spark.returncode == 0, _explain(spark)
+    launched, single = _accuracy(tmp_path / "spark.json"), _accuracy(tmp_path / "alone.json")
+    # rank 0 tests its copy of the centre when it finishes, which may be before worker 1 has
+    # pushed everything (asynchronous): a looser bound than the synchronous scripts'
+    assert launched["accuracy"] > 0.85 and abs(launched["accuracy"] - single["accuracy"]) < 0.07, (launched, single)
+    assert "[rank 0] Test accuracy" in spark.stdout and "[rank 1] Test accuracy" in spark.stdout
+    steps = [line.split() for line in (spark.stdout + spark.stderr).splitlines() if line.lstrip().startswith(("0 ", "1 "))]
+    assert [row[2] for row in steps] == ["114", "114"], spark.stderr  # 3 epochs x 38 batches, counted live
+    # a torchrun-style script cannot run asynchronously: its workers share no process group
+    ddp = sparkdp("launch", "--workers", "2", "--master", "local[2]", "--strategy", "asgd",
+                  str(SCRIPTS / "torchrun_ddp.py"), "--", "--epochs", "1", "--out", str(tmp_path / "ddp.json"),
+                  timeout=240)
+    assert ddp.returncode != 0 and "is asynchronous: its workers share no process group" in ddp.stderr, _explain(ddp)
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(400)
+def test_on_a_cluster_master_the_scripts_directory_is_shipped_to_the_executors(tmp_path):
+    """On a real standalone master the workers run a copy of the script's directory that Spark's
+    addFile shipped (so executors need not share the driver's filesystem), sibling modules
+    included; the result matches the script run alone."""
+    from tests.helpers.standalone import StandaloneCluster
+
+    job = tmp_path / "job"
+    shutil.copytree(SCRIPTS / "sibling", job)
+    (job / "where.py").write_text("import os, sys\nprint('ran from', os.path.abspath(sys.argv[0]))\n"
+                                  "exec(open(os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), "
+                                  "'train.py')).read())\n")
+    shutil.copy(SCRIPTS / "common_data.py", job)
+    alone = _alone(job / "train.py", "2", str(tmp_path / "alone.json"))
+    assert alone.returncode == 0, _explain(alone)
+    (tmp_path / "cluster").mkdir()
+    cluster = StandaloneCluster(tmp_path / "cluster", workers=2, cores=1).start()
+    try:
+        spark = sparkdp("launch", "--workers", "2", "--master", cluster.master_url, str(job / "where.py"), "--",
+                        "2", str(tmp_path / "spark.json"), env=cluster.env(), timeout=300)
+    finally:
+        cluster.stop()
+    assert spark.returncode == 0, _explain(spark)
+    ran_from = [line.split("ran from ", 1)[1] for line in spark.stdout.splitlines() if "ran from " in line]
+    # each executor's own unpacked copy, in its Spark work directory (not the driver's file)
+    assert len(ran_from) == 2 and all(str(tmp_path / "cluster" / "work") in p and "/job-" in p and
+                                      p.endswith(".zip/where.py") for p in ran_from), spark.stdout
+    assert abs(_accuracy(tmp_path / "spark.json")["accuracy"] - _accuracy(tmp_path / "alone.json")["accuracy"]) < 0.05

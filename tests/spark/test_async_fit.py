@@ -80,3 +80,45 @@ def test_async_fit_evaluates_after_every_eval_every_epoch(spark):
                          workers=2, epochs=5, batch_size=16, eval_every=2, spark=spark)
     assert ["test_accuracy" in h for h in result.history] == [False, True, False, True, True], result.history
     assert result.history[-1]["test_accuracy"] > 0.85
+
+
+def _own_loop_with_distribute(x, y):
+    """A user's plain loop with the one line, as sparkdp.run runs it (the model is built here)."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8, shuffle=True)
+    model, opt, loader = sparkdp.distribute(model, opt, loader)
+    for xb, yb in loader:
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(xb), yb).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_run_with_an_async_strategy_equals_torch_sgd_for_one_worker(spark):
+    """sparkdp.run + distribute under ASGD: the server starts from the worker's own model (the
+    driver has none) and, with one worker pushing and pulling every step (tau = 0), the server's
+    SGD(lr=0.3) on the pushed gradients is torch SGD(lr=0.3) on the same batches."""
+    from sparkdp.train.distribute import sharded_loader
+
+    _, x, y = _problem(64)
+    torch.manual_seed(0)
+    reference = nn.Linear(4, 2)
+    opt = torch.optim.SGD(reference.parameters(), lr=0.3)
+    same_order = sharded_loader(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8,
+                                                            shuffle=True), rank=0, world_size=1, seed=0)
+    for xb, yb in same_order:
+        opt.zero_grad()
+        nn.functional.cross_entropy(reference(xb), yb).backward()
+        opt.step()
+    trained = sparkdp.run(_own_loop_with_distribute, x, y, workers=1, strategy="asgd",
+                          strategy_options={"rule_options": {"lr": 0.3}}, spark=spark)
+    for p, q in zip(trained, reference.parameters(), strict=True):
+        assert torch.allclose(p, q, atol=1e-6), f"{p} vs {q}"
+
+
+def test_run_with_an_async_strategy_refuses_epoch_granularity(spark):
+    with pytest.raises(ConfigError, match="number of batches"):
+        sparkdp.run(_own_loop_with_distribute, *_problem(16)[1:], workers=1, strategy="easgd",
+                    strategy_options={"push_every": "epoch"}, spark=spark)

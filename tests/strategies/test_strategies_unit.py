@@ -31,10 +31,10 @@ def test_sync_and_async_strategies_are_registered():
     assert {"asgd", "hogwild", "easgd", "dcasgd", "ddcasgd", "sa-asgd"} <= set(STRATEGIES.available())
 
 
-def test_async_strategies_point_users_to_fit_when_used_with_distribute():
+def test_async_strategies_outside_a_job_say_what_starts_their_server():
     strategy = STRATEGIES.create("asgd")
     model = nn.Linear(2, 2)
-    with pytest.raises(ConfigError, match="runs through sparkdp.fit"):
+    with pytest.raises(ConfigError, match="needs the parameter server a sparkdp job starts"):
         strategy.setup(model, torch.optim.SGD(model.parameters(), lr=0.1), SingleProcessCollective())
 
 

@@ -355,6 +355,17 @@ def run(train_fn: Callable[..., Any], *args: Any, workers: int | None = None,
     arguments must be picklable (define it at module level or as a closure). The workers
     see the driver's ``sys.argv`` (so a ``main()`` that parses its flags parses the same
     ones), or ``argv`` when given.
+
+    With a synchronous strategy (``allreduce``, ``average``) the workers are one Spark barrier
+    stage sharing a ``torch.distributed`` process group. With an asynchronous one (``asgd``,
+    ``hogwild``, ``easgd``, ``dcasgd``, ``ddcasgd``...) they are ordinary Spark tasks (retried by
+    Spark) around a parameter server on the driver whose centre starts as the first worker's model;
+    every ``optimizer.step()`` then pushes and pulls as ``push_every`` / ``pull_every`` say
+    (numbers of batches: your loop's epochs are not visible to sparkdp).
+
+    Raises:
+        ConfigError: bad options (e.g. ``push_every="epoch"`` here).
+        WorkerFailed: ``train_fn`` raised on a worker (its rank and traceback in the message).
     """
     job = JobConfig(strategy=strategy, strategy_options=strategy_options or {}, workers=workers, seed=seed,
                     master=master, threads=threads, start_timeout_s=start_timeout_s, pg_timeout_s=pg_timeout_s,
@@ -374,9 +385,9 @@ def run(train_fn: Callable[..., Any], *args: Any, workers: int | None = None,
     with monitored(hub_job, spark, workers, f"sparkdp {name} x{workers}") as hub:
         link = hub.link if hub is not None else None
 
-        def body(collective):
+        def body(collective, strategy=strategy_obj):
             probe = open_probe(link, collective.rank)
-            ctx = WorkerContext(collective.rank, collective.world_size, collective, strategy_obj, seed,
+            ctx = WorkerContext(collective.rank, collective.world_size, collective, strategy, seed,
                                 collective.device, probe=probe)
             set_current(ctx)
             saved_argv, sys.argv = sys.argv, list(worker_argv)
@@ -389,10 +400,18 @@ def run(train_fn: Callable[..., Any], *args: Any, workers: int | None = None,
                 set_current(None)
                 probe.close()
 
+        description = f"sparkdp run {name} on {workers} workers"
+        if strategy_obj.launcher is Launcher.TASKS:  # a parameter server and ordinary, retried tasks
+            from .async_job import run_async
+
+            with progress(job.show_progress, f"sparkdp: running {name} on {workers} asynchronous Spark workers"):
+                return run_async(lambda _w, collective, shipped: body(collective, shipped), strategy_obj,
+                                 workers=workers, spark=spark, threads=job.threads, description=description,
+                                 hub=hub)[0]
         task = in_task(body, threads=job.threads, pg_timeout_s=job.pg_timeout_s)
         with progress(job.show_progress, f"sparkdp: running {name} on {workers} Spark workers"):
             return run_barrier(task, workers, spark=spark, start_timeout_s=job.start_timeout_s,
-                               description=f"sparkdp run {name} on {workers} workers")[0]
+                               description=description)[0]
 
 
 def launch(script: str | os.PathLike[str], *args: str, workers: int | None = None,
@@ -404,22 +423,31 @@ def launch(script: str | os.PathLike[str], *args: str, workers: int | None = Non
     The script runs as ``__main__`` with ``sys.argv = [script, *args]``, its directory on
     ``sys.path`` and this working directory (``sparkdp.train.script_runner``). A ``torchrun``
     style script (``init_process_group()``, DDP, ``DistributedSampler``) runs unchanged; a
-    single-machine one needs the one line ``model, optimizer, loader = sparkdp.distribute(...)``.
-    The script's files must be readable at the same path on every executor (local masters,
-    or a shared filesystem).
+    single-machine one needs the one line ``model, optimizer, loader = sparkdp.distribute(...)``,
+    which also makes it train asynchronously with a parameter server under an asynchronous
+    strategy (``strategy="hogwild"``...; see :func:`run`). On a cluster master the script's
+    directory (the script and the modules beside it, at most 200 MB) is shipped to every
+    executor with ``SparkContext.addArchive`` and that copy runs there; on ``local[N]`` the file
+    itself runs.
 
     Raises:
-        ConfigError: the script does not exist.
+        ConfigError: the script does not exist, or its directory is too large to ship.
         WorkerFailed: the script raised or exited with a non-zero status on a worker (with
             that worker's rank and the script's own traceback).
     """
     path = os.path.abspath(os.fspath(script))
     if not os.path.isfile(path):
         raise ConfigError(f"no training script at {path!r}; give the path of a .py file.")
+    from ..spark.files import ship_directory
+    from ..spark.launcher import on_driver_machine
+    from ..spark.session import session
     from ..train.script_runner import run_script
 
     name = os.path.basename(path)
-    result = run(run_script, path, [str(a) for a in args], os.getcwd(), workers=workers, strategy=strategy,
+    spark = spark or session(master)
+    # executors elsewhere may not see this filesystem: they run a copy of the script's directory
+    shipped = None if on_driver_machine(spark.sparkContext) else ship_directory(spark, os.path.dirname(path))
+    result = run(run_script, path, [str(a) for a in args], os.getcwd(), shipped, workers=workers, strategy=strategy,
                  strategy_options=strategy_options, seed=seed, master=master, spark=spark, threads=threads,
                  start_timeout_s=start_timeout_s, pg_timeout_s=pg_timeout_s, show_progress=show_progress,
                  argv=[path, *args], forward_output=True)

@@ -17,6 +17,7 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,41 @@ def fit_async(spec: FitSpec, strategy: AsyncParameterServer, *, workers: int, sp
         samples=sum(h["samples"] for h in history), strategy_options=strategy.options(),
         details={"server": server.metrics(),
                  "workers": [{"worker": r.worker, **r.strategy_metrics} for r in sorted(reports, key=lambda r: r.worker)]})
+
+
+def run_async(call: Callable[[int, Any, AsyncParameterServer], Any], strategy: AsyncParameterServer, *,
+              workers: int, spark: Any, threads: int | None, description: str, hub: Any = None) -> list[Any]:
+    """``sparkdp.run`` / ``launch`` with an asynchronous strategy: ``call(worker, collective, strategy)``
+    on ``workers`` ordinary Spark tasks (retried by Spark), around a parameter server on the driver
+    whose centre is the first worker's model (the model is built inside the user's function, so
+    the driver has none to start from; ``TcpTransport.serve(initial=...)``). Returns the results by
+    worker."""
+    from ..spark.launcher import driver_host, run_tasks
+
+    if "epoch" in (strategy.push_every, strategy.pull_every):
+        raise ConfigError("push_every / pull_every = 'epoch' needs the epochs of sparkdp.fit's own loop; in your "
+                          "own loop (sparkdp.run, sparkdp launch) give a number of batches instead.")
+    rule_spec = strategy.rule_spec(workers)
+
+    def build(params: list[torch.Tensor]) -> ParameterServer:
+        return ParameterServer(lambda shard: rule_spec.create(), params, num_shards=strategy.num_shards)
+
+    transport = TcpTransport(TcpOptions(mac_payload=strategy.mac_payload, tls=strategy.tls))
+    with transport.serve(None, host=driver_host(spark), port=0, initial=build) as endpoint:
+        if hub is not None:
+            hub.server_metrics = lambda: endpoint.server.metrics() if endpoint.server is not None else {}
+        shipped = copy.copy(strategy).connect_to(transport, endpoint.info, offer_centre=True)
+        n_threads = threads or 1
+
+        def task(worker: int) -> Any:
+            torch.set_num_threads(n_threads)
+            return call(worker, IndependentCollective(worker, workers), shipped)
+
+        results = run_tasks(task, workers, spark=spark, description=description)
+        server = endpoint.server
+    if server is not None:
+        log.info("parameter server: %s", {k: v for k, v in server.metrics().items() if k != "staleness"})
+    return results
 
 
 _PS_NAME = re.compile(r"^ps-(\d{6})\.safetensors$")

@@ -154,7 +154,8 @@ class MonitorHub:
             spent = {k: record[k] - before[k] for k in ("data_s", "compute_s", "comm_s")}
             total = sum(spent.values()) or 1e-9
             record.update(samples_per_s=rows / dt,
-                          loss=(record["loss_sum"] - before["loss_sum"]) / rows if rows else before.get("loss"),
+                          loss=(record["loss_sum"] - before["loss_sum"]) / rows
+                          if rows and "loss_sum" in record and "loss_sum" in before else before.get("loss"),
                           data_frac=spent["data_s"] / total, compute_frac=spent["compute_s"] / total,
                           comm_frac=spent["comm_s"] / total,
                           net_sent_per_s=max(record["net_sent"] - before["net_sent"], 0) / dt,

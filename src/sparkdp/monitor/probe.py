@@ -45,6 +45,7 @@ class Probe:
         self.comm_stats = comm_stats or (lambda: {})
         self.epoch = self.step = self.steps = self.samples = 0
         self.loss_sum, self.data_s, self.compute_s = 0.0, 0.0, 0.0
+        self.reports_loss = True
         self.started = time.time()
         self._process = psutil.Process()
         self._process.cpu_percent(None)  # the first call starts the measurement
@@ -78,12 +79,29 @@ class Probe:
     def batch_arrived(self, waited_s: float) -> None:
         self.data_s += waited_s
 
-    def step_done(self, seconds: float, rows: int, loss: float) -> None:
+    def step_done(self, seconds: float, rows: int, loss: float | None) -> None:
+        """``loss`` None: unknown (the user's own loop, counted from its optimizer steps)."""
         self.compute_s += seconds
         self.steps += 1
         self.step += 1
         self.samples += rows
-        self.loss_sum += loss * rows
+        if loss is None:
+            self.reports_loss = False
+        else:
+            self.loss_sum += loss * rows
+
+    def count_steps(self, optimizer: Any, rows: int, comm_stats: Callable[[], dict[str, float]]) -> None:
+        """Count the steps of a loop sparkdp does not run (``distribute``): every ``optimizer.step()``
+        is one step of ``rows`` rows, and the time since the one before it is the step's."""
+        self.comm_stats = comm_stats
+        last = [time.perf_counter()]
+
+        def counted(_opt: Any, _args: Any, _kwargs: Any) -> None:
+            now = time.perf_counter()
+            self.step_done(now - last[0], rows, None)
+            last[0] = now
+
+        optimizer.register_step_post_hook(counted)
 
     def event(self, kind: str, **fields: Any) -> None:
         """Queue a record (epoch results, output lines, warnings) for the sending thread."""
@@ -115,7 +133,7 @@ class Probe:
         compute = max(self.compute_s - comm.get("comm_s", 0.0), 0.0)  # comm inside the step is not compute
         return {"type": "metrics", "rank": self.rank, "time": time.time(), "host": socket.gethostname(),
                 "epoch": self.epoch + 1, "step": self.step, "steps": self.steps, "samples": self.samples,
-                "loss_sum": self.loss_sum, "data_s": self.data_s, "compute_s": compute,
+                **({"loss_sum": self.loss_sum} if self.reports_loss else {}), "data_s": self.data_s, "compute_s": compute,
                 "comm_s": comm.get("comm_s", 0.0), "bytes_sent": comm.get("bytes_sent", 0),
                 "bytes_recv": comm.get("bytes_recv", 0), "cpu_percent": self._process.cpu_percent(None),
                 "rss_bytes": self._process.memory_info().rss, "net_sent": sent, "net_recv": recv}
@@ -155,7 +173,8 @@ class NoProbe:
 
     def start_epoch(self, *args: Any) -> None: ...
     def batch_arrived(self, waited_s: float) -> None: ...
-    def step_done(self, seconds: float, rows: int, loss: float) -> None: ...
+    def step_done(self, seconds: float, rows: int, loss: float | None) -> None: ...
+    def count_steps(self, optimizer: Any, rows: int, comm_stats: Callable[..., Any]) -> None: ...
     def event(self, kind: str, **fields: Any) -> None: ...
     def output(self, stream: str, text: str) -> None: ...
     def close(self) -> None: ...

@@ -54,6 +54,8 @@ class Op(enum.IntEnum):
     ERROR = 8  # reply to a request that failed on the server (e.g. a NaN push)
     BYE = 9  # client closes politely
     REPORT = 10  # client -> server: a monitoring record (JSON only, no reply; sparkdp.monitor)
+    INIT = 11  # client -> server: the initial centre, for a server started without one (first one wins)
+    INIT_REPLY = 12  # server -> client: the model description, as in AUTH_OK
 
 
 class Flag(enum.IntFlag):

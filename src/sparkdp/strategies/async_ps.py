@@ -85,21 +85,25 @@ class AsyncParameterServer(Strategy):
     def rule_spec(self, num_workers: int) -> RuleSpec:
         return RuleSpec(self.rule, {"num_workers": num_workers, **self.rule_options})
 
-    def connect_to(self, transport: Any, info: Any) -> AsyncParameterServer:
+    def connect_to(self, transport: Any, info: Any, *, offer_centre: bool = False) -> AsyncParameterServer:
         """Where the workers find the server: a transport and its ``ConnectInfo`` (set by the driver
-        before the strategy is shipped; a TCP transport in Spark tasks, the in-process one in tests)."""
+        before the strategy is shipped; a TCP transport in Spark tasks, the in-process one in tests).
+        ``offer_centre``: the server started without a centre and takes the first worker's model
+        (``sparkdp.run``, where the model is built inside the user's function)."""
         self._server = (transport, info)
+        self._offer_centre = offer_centre
         return self
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, collective: Collective) -> nn.Module:
         """Connect as worker ``collective.rank``, pull the centre, and hook the exchanges onto the
         optimizer's steps."""
         if getattr(self, "_server", None) is None:
-            raise ConfigError(f"the asynchronous strategy {self.name!r} runs through sparkdp.fit / sparkdp train; "
-                              "sparkdp.run + distribute support the synchronous strategies (allreduce, average).")
+            raise ConfigError(f"the asynchronous strategy {self.name!r} needs the parameter server a sparkdp job "
+                              "starts: train through sparkdp.fit, sparkdp.run or sparkdp launch.")
         transport, info = self._server
+        offer = {"initial": [p.detach() for p in model.parameters()]} if getattr(self, "_offer_centre", False) else {}
         self._client = transport.connect(info.address, info.secret, collective.rank,
-                                         timeout=self.connect_timeout_s, tls_cert=info.tls_cert)
+                                         timeout=self.connect_timeout_s, tls_cert=info.tls_cert, **offer)
         self._worker = AsyncWorker(self, self._client, model, optimizer, collective.world_size)
         self._attach(model, optimizer, collective)
         self._pending = 0

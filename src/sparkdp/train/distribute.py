@@ -10,6 +10,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from ..data.base import WorkerData
 from ..data.tensors import TensorData, as_worker_data
+from ..strategies.base import Launcher
 from .context import WorkerContext, current
 
 
@@ -45,7 +46,8 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
 
     ``model, optimizer, loader = sparkdp.distribute(model, optimizer, loader)``: the
     model is wrapped as the job's strategy requires (DDP for ``allreduce``; the user's module
-    is ``model.module``, or :func:`unwrap`), all ranks start from rank 0's weights, the
+    is ``model.module``, or :func:`unwrap`), all ranks start from rank 0's weights (for an
+    asynchronous strategy: from the parameter server's centre, which is the first worker's model), the
     optimizer object is returned unchanged (its ``step()`` now also does the strategy's
     communication), and a ``DataLoader`` comes back as a real ``DataLoader`` over this rank's
     shard (``loader.dataset``, ``len(loader)``, ``loader.batch_size`` as usual), reshuffled
@@ -66,7 +68,12 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
     if returned_opt is not None:
         out.append(returned_opt)
     if data is not None:
-        out.append(_shard_loader(data, ctx, batch_size, shuffle))
+        loader = _shard_loader(data, ctx, batch_size, shuffle)
+        if strategy.launcher is Launcher.TASKS:  # pushes say how many rows they stand for (server metrics)
+            strategy.add_samples(loader.batch_size or 1)
+        if ctx.probe is not None and ctx.probe.active:  # live monitoring counts the user's loop's steps
+            ctx.probe.count_steps(optimizer, loader.batch_size or 1, strategy.comm_stats)
+        out.append(loader)
     return out[0] if len(out) == 1 else tuple(out)
 
 

@@ -22,6 +22,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from ..errors import ConfigError
+from ..strategies.base import Launcher
 from .context import current
 
 
@@ -69,6 +71,11 @@ def _ready_process_group(calls: list[str]):
 
     def init_once(*args: Any, **kwargs: Any) -> None:
         calls.append("init_process_group")
+        if current().strategy.launcher is Launcher.TASKS:
+            raise ConfigError(f"the script sets up torch.distributed itself (init_process_group), but the job's "
+                              f"strategy {current().strategy.name!r} is asynchronous: its workers share no process "
+                              "group. Launch it with --strategy allreduce or average, or use the one line "
+                              "sparkdp.distribute(model, optimizer, loader) instead of DDP.")
         if not dist.is_initialized():
             init(*args, **kwargs)
 
@@ -82,10 +89,19 @@ def _ready_process_group(calls: list[str]):
         dist.init_process_group, dist.destroy_process_group = init, destroy
 
 
-def run_script(path: str, args: list[str], cwd: str) -> dict[str, Any]:
-    """Run the script on this worker; returns whether it distributed anything."""
+def run_script(path: str, args: list[str], cwd: str, shipped: str | None = None) -> dict[str, Any]:
+    """Run the script on this worker; returns whether it distributed anything.
+
+    ``shipped``: the name the driver shipped the script's directory under
+    (``sparkdp.spark.files``, on clusters): the worker runs that copy, in the driver's working
+    directory where this machine has it, else in the copy's directory."""
     ctx = current()
     rank, probe = ctx.rank, ctx.probe
+    if shipped is not None:
+        from ..spark.files import shipped_path
+
+        path = os.path.join(shipped_path(shipped), os.path.basename(path))
+        cwd = cwd if os.path.isdir(cwd) else os.path.dirname(path)
     calls: list[str] = []
     saved_argv, saved_path, saved_cwd = list(sys.argv), list(sys.path), os.getcwd()
     saved_out, saved_err = sys.stdout, sys.stderr

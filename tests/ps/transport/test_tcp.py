@@ -333,3 +333,35 @@ def test_32_concurrent_clients_lose_no_update():
     result = run_load(clients=32, seconds=3.0, numel=10_000)
     assert result["exact"] and result["applied"] == result["pushes"] > 32
     assert result["rss_after_mb"] - result["rss_before_mb"] < 200
+
+
+def test_a_server_without_a_centre_takes_the_first_workers_model(tcp):
+    """``serve(None, initial=...)`` (sparkdp.run): the first INIT's tensors become the centre, a
+    later INIT changes nothing, a later client gets the plan at once, and a client that offers
+    nothing cannot pull before the centre exists."""
+    from sparkdp.ps import ParameterServer
+    from tests.ps.conftest import Sub
+
+    built = []
+
+    def build(params):
+        built.append([p.clone() for p in params])
+        return ParameterServer(lambda s: Sub(), params)
+
+    ep = tcp(None, initial=build)
+    early = _connect(ep, 9)
+    with pytest.raises(ProtocolError, match="has no centre yet"):
+        early.pull()
+    first = torch.tensor([1.0, 2.0, 3.0]), torch.ones(2, 2)
+    with _connect(ep, 0, initial=first) as a, _connect(ep, 1, initial=(torch.zeros(3), torch.zeros(2, 2))) as b:
+        assert len(built) == 1 and torch.equal(built[0][0], first[0])
+        assert [s.shape for s in b.plan.params] == [(3,), (2, 2)]
+        assert torch.equal(b.pull().tensors[0], first[0])  # worker 1's offer was not taken
+        b.push(0, None, [torch.ones(3), torch.zeros(2, 2)])
+        assert torch.equal(a.pull().tensors[0], first[0] - 1)
+        with _connect(ep, 2) as late:  # after the centre exists: the plan comes with the handshake
+            assert torch.equal(late.pull().tensors[0], first[0] - 1)
+    with pytest.raises(ValueError, match="shape"):  # a worker whose model differs is refused by name
+        _connect(ep, 3, initial=(torch.zeros(4), torch.zeros(2, 2)))
+    early.close()
+    assert len(built) == 1

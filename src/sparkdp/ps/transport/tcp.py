@@ -26,12 +26,14 @@ class TcpTransport(Transport):
     def __init__(self, options: TcpOptions | None = None) -> None:
         self.options = options or TcpOptions()
 
-    def serve(self, server, host="127.0.0.1", port=0, *, secret=None, reports=None) -> TcpEndpoint:
-        """Listen for workers; ``server`` None with ``reports``: a monitoring-only endpoint."""
+    def serve(self, server, host="127.0.0.1", port=0, *, secret=None, reports=None, initial=None) -> TcpEndpoint:
+        """Listen for workers; ``server`` None with ``reports``: a monitoring-only endpoint; with
+        ``initial``: a server built by ``initial(tensors)`` from the first worker's model."""
         return TcpEndpoint(
             server, host, port, new_secret() if secret is None else check_secret(secret), self.options,
-            reports=reports,
+            reports=reports, initial=initial,
         )
 
-    def connect(self, address, secret, worker_id, *, timeout=30.0, tls_cert=None) -> TcpClient:
-        return TcpClient(address, secret, worker_id, timeout, tls_cert, self.options)
+    def connect(self, address, secret, worker_id, *, timeout=30.0, tls_cert=None, initial=None) -> TcpClient:
+        """``initial``: this worker's tensors, offered as the centre to a server started without one."""
+        return TcpClient(address, secret, worker_id, timeout, tls_cert, self.options, initial=initial)

@@ -32,6 +32,7 @@ class TcpClient(Client):
         timeout: float,
         tls_cert: str | None,
         opts: TcpOptions,
+        initial: Sequence[Tensor] | None = None,
     ) -> None:
         if type(worker_id) is not int or worker_id < 0:
             raise ValueError(f"worker_id must be an int >= 0, got {worker_id!r}.")
@@ -56,6 +57,10 @@ class TcpClient(Client):
                 sock = make_client_context(tls_cert).wrap_socket(sock)
             self._chan = Channel(sock, "client", opts.limits, opts.frame_timeout)
             self._handshake(check_secret(secret), timeout)
+            if initial is not None and self._awaits_centre:
+                self._give_centre(initial)
+            elif initial is not None and self.plan is not None:  # the centre exists: the model must match it
+                self.plan.check(list(initial), f"worker {worker_id}'s model")
         except BaseException:
             sock.close()
             raise
@@ -105,6 +110,16 @@ class TcpClient(Client):
         self.plan = ShardPlan.from_json(plan) if plan is not None else None
         self.num_shards = self.plan.num_shards if self.plan is not None else 0
         self.last_seq = int(reply.meta.get("last_seq", -1))
+        self._awaits_centre = reply.meta.get("awaits_centre") is True
+
+    def _give_centre(self, initial: Sequence[Tensor]) -> None:
+        """Offer this worker's model as the initial centre of a server started without one; the
+        first offer wins, and every client gets the model description back (``sparkdp.run``)."""
+        reply = self._request(Op.INIT, {}, [t.detach().cpu().contiguous() for t in initial], Op.INIT_REPLY)
+        self.plan = ShardPlan.from_json(reply.meta["plan"])
+        self.plan.check(list(initial), f"worker {self.worker_id}'s model")
+        self.num_shards, self.last_seq = self.plan.num_shards, int(reply.meta.get("last_seq", -1))
+        self._awaits_centre = False
 
     def _request(
         self, op: Op, meta: dict, tensors: Sequence[Tensor], reply_op: Op, into=None
@@ -134,6 +149,9 @@ class TcpClient(Client):
         return reply
 
     def _need_plan(self) -> None:
+        if self.plan is None and self._awaits_centre:
+            raise ProtocolError(f"the parameter server at {self.address} has no centre yet; connect with "
+                                "initial=<the model's tensors> to give it one.")
         if self.plan is None:
             raise ProtocolError(f"{self.address} is a monitoring endpoint; it holds no parameters to pull or push.")
 

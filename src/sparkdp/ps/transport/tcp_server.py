@@ -31,13 +31,20 @@ class TcpEndpoint(Endpoint):
 
     ``server`` may be None for an endpoint that only takes monitoring records: ``reports``
     is then called with ``(worker, record)`` for every ``REPORT`` frame (on the connection's
-    thread), and pulls and pushes are protocol errors."""
+    thread), and pulls and pushes are protocol errors.
+
+    ``server`` None with ``initial``: a server whose centre comes from the workers (``sparkdp.run``,
+    where the model is built inside the user's function): the first authenticated ``INIT``
+    frame's tensors become the centre, ``initial(tensors)`` builds the server, and later
+    ``INIT`` frames only get the model description back."""
 
     def __init__(
         self, server: ParameterServer | None, host: str, port: int, secret: bytes, opts: TcpOptions,
         reports: Callable[[int, dict[str, Any]], None] | None = None,
+        initial: Callable[[list[torch.Tensor]], ParameterServer] | None = None,
     ) -> None:
         self.server, self._secret, self._opts, self._reports = server, secret, opts, reports
+        self._initial, self._init_lock = initial, threading.Lock()
         self._tls_ctx, cert = None, None
         if opts.tls:
             from sparkdp.ps.transport.tls import make_server_context
@@ -143,6 +150,8 @@ class TcpEndpoint(Endpoint):
                     return
                 if msg.op is Op.REPORT and self._reports is not None:
                     self._reports(worker, msg.meta)
+                elif msg.op is Op.INIT and self._initial is not None:
+                    self._handle_init(chan, worker, msg)
                 elif self.server is None:
                     raise ProtocolError(f"{msg.op.name} sent to an endpoint without a parameter server.")
                 elif msg.op is Op.PULL:
@@ -200,8 +209,24 @@ class TcpEndpoint(Endpoint):
                    "mac_payload": mac_payload}
         if self.server is not None:
             welcome.update(plan=self.server.plan.to_json(), last_seq=self.server.last_seq(worker))
+        elif self._initial is not None:
+            welcome.update(awaits_centre=True)
         chan.send(Op.AUTH_OK, welcome)
         return worker
+
+    def _handle_init(self, chan: Channel, worker: int, msg: codec.Message) -> None:
+        with self._init_lock:  # first one wins; the others learn the plan it made
+            first = self.server is None
+            if first:
+                try:
+                    self.server = self._initial([t.clone() for t in msg.tensors])
+                except (ValueError, TypeError) as exc:  # e.g. no tensors: the client's fault
+                    chan.send(Op.ERROR, {"kind": "ValueError", "message": f"initial centre refused: {exc}"})
+                    return
+                log.info("worker %d gave the parameter server its initial centre (%d tensors)", worker,
+                         len(msg.tensors))
+        chan.send(Op.INIT_REPLY, {"plan": self.server.plan.to_json(), "last_seq": self.server.last_seq(worker),
+                                  "first": first})
 
     def _handle_push(self, chan: Channel, worker: int, msg: codec.Message) -> None:
         m = msg.meta

@@ -31,7 +31,7 @@ class Entry(Generic[T]):
 class Registry(Generic[T]):
     """A named table of factories.
 
-    Example:
+    Examples:
         >>> r = Registry("colour")
         >>> r.register("red", dict, description="a dict", shade=1)
         >>> r.create("red")

@@ -4,9 +4,13 @@ Parsing (:mod:`.textformat`, :mod:`.spec`) needs no torch; building (:func:`load
 and :func:`inspect_net` import torch when first used.
 
 Example:
-    >>> from sparkdp.caffe import load_net                       # doctest: +SKIP
-    >>> net = load_net("lenet.prototxt", phase="TEST")           # doctest: +SKIP
-    >>> probs = net(data)                                        # doctest: +SKIP
+    >>> import torch
+    >>> from sparkdp.caffe import load_net
+    >>> net = load_net('input: "data" input_shape { dim: 1 dim: 3 } '
+    ...                'layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" '
+    ...                'inner_product_param { num_output: 2 } }', phase="TEST")
+    >>> net(data=torch.ones(1, 3)).shape
+    torch.Size([1, 2])
 
 Training a net with its solver on Spark: :func:`fit_caffe` (:mod:`.train`).
 """

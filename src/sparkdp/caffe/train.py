@@ -146,8 +146,9 @@ def fit_caffe(
         net: the net prototxt (path, text, Message or NetSpec); None takes the solver's
             ``net``/``train_net``.
         solver: the solver prototxt (path, text, Message or :class:`SolverSpec`).
-        data, eval_data: as for :func:`sparkdp.fit`; a built-in dataset name feeds its
-            training split and evaluates on its test split.
+        data: as for :func:`sparkdp.fit`; a built-in dataset name feeds its training split
+            and evaluates on its test split.
+        eval_data: as for :func:`sparkdp.fit`.
         weights: a ``.caffemodel`` to start from (all its layers must fit).
         sample_shape: one row's shape; default: taken from array/tensor data.
         raw_scale: see :class:`CaffeClassifier`; default 255 for built-in datasets

@@ -12,9 +12,16 @@ raw accumulators and are copied unchanged.  Unlike Caffe, loading is
 all-or-nothing: every layer is checked first and one error lists every mismatch.
 
 Example:
-    >>> summary = load_weights(net, "lenet_iter_10000.caffemodel")  # doctest: +SKIP
-    >>> summary.loaded  # doctest: +SKIP
-    ('conv1', 'conv2', 'ip1', 'ip2')
+    >>> import os, tempfile, torch
+    >>> from sparkdp.caffe import load_net
+    >>> prototxt = ('input: "data" input_shape { dim: 1 dim: 3 } layer { name: "ip" type: "InnerProduct" '
+    ...             'bottom: "data" top: "ip" inner_product_param { num_output: 2 weight_filler { type: "xavier" } } }')
+    >>> trained, fresh = load_net(prototxt), load_net(prototxt)
+    >>> path = save_weights(trained, os.path.join(tempfile.mkdtemp(), "tiny.caffemodel"))
+    >>> load_weights(fresh, path).loaded
+    ('ip',)
+    >>> torch.equal(fresh(data=torch.ones(1, 3)), trained(data=torch.ones(1, 3)))
+    True
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..config import JOB_DEFAULTS
-from .train_cmd import _kv
+from .train_cmd import key_value
 
 
 def add_parser(sub) -> None:
@@ -18,11 +18,11 @@ def add_parser(sub) -> None:
                                    "loader), and then also trains asynchronously (--strategy hogwild, asgd...).")
     p.add_argument("--workers", type=int, help="Spark tasks to run (default: all task slots)")
     p.add_argument("--strategy", default=JOB_DEFAULTS.strategy, help=f"one of {', '.join(STRATEGIES.available())}")
-    p.add_argument("--strategy-option", action="append", default=[], type=_kv, metavar="KEY=VALUE",
+    p.add_argument("--strategy-option", action="append", default=[], type=key_value, metavar="KEY=VALUE",
                    help="strategy setting, e.g. push_every=4 or period=4 (repeatable)")
     p.add_argument("--master", help="Spark master URL (default: embedded local[N])")
     p.add_argument("--threads", type=int, help="torch threads per worker (default: spark.task.cpus)")
-    p.add_argument("--seed", type=int, default=JOB_DEFAULTS.seed)
+    p.add_argument("--seed", type=int, default=JOB_DEFAULTS.seed, help="seed of the data shuffles (distribute)")
     p.add_argument("-q", "--quiet", action="store_true",
                    help="do not forward the workers' output to this console (it stays in the executors' logs)")
     p.add_argument("script", help="the training script")

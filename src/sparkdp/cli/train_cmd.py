@@ -10,7 +10,7 @@ from ..config import JOB_DEFAULTS, MEMORY_FORMATS, Columns, JobConfig
 from ..errors import ConfigError
 
 
-def _kv(text: str) -> tuple[str, object]:
+def key_value(text: str) -> tuple[str, object]:
     if "=" not in text:
         raise ConfigError(f"--strategy-option expects KEY=VALUE; got {text!r}.")
     key, value = text.split("=", 1)
@@ -34,7 +34,7 @@ def add_parser(sub) -> None:
     p.add_argument("--dataset", help="built-in dataset: fashion-mnist")
     p.add_argument("--model", help=f"built-in model: {', '.join(MODELS.available())}")
     p.add_argument("--strategy", default=job.strategy, help=f"one of {', '.join(STRATEGIES.available())}")
-    p.add_argument("--strategy-option", action="append", default=[], type=_kv, metavar="KEY=VALUE",
+    p.add_argument("--strategy-option", action="append", default=[], type=key_value, metavar="KEY=VALUE",
                    help="strategy setting, e.g. period=4 (repeatable)")
     p.add_argument("--workers", type=int, help="Spark tasks to train on (default: all task slots)")
     p.add_argument("--epochs", type=int, help=f"passes over the training data (default {job.epochs})")
@@ -42,7 +42,7 @@ def add_parser(sub) -> None:
     p.add_argument("--optimizer", help="sgd, adam, adamw, rmsprop, adagrad (default: the script's, else sgd)")
     p.add_argument("--lr", type=float, help=f"learning rate (default {sgd['lr']} for sgd)")
     p.add_argument("--momentum", type=float, help=f"SGD momentum (default {sgd['momentum']})")
-    p.add_argument("--seed", type=int, default=job.seed)
+    p.add_argument("--seed", type=int, default=job.seed, help="seed of the data shuffles and the workers' random streams")
     p.add_argument("--limit", type=int, help="use only the first N training and test rows (quick runs)")
     p.add_argument("--data", help="training data: a Parquet file or directory (with --features/--label)")
     p.add_argument("--eval-data", help="held-out Parquet data evaluated after every epoch")

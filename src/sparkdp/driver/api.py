@@ -6,6 +6,7 @@ This layer sits above both the per-worker engine (``sparkdp.train``) and the Spa
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -159,31 +160,43 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
             whose test split then becomes ``eval_data``).
         eval_data: optional held-out data, evaluated after every ``eval_every``-th epoch
             and always after the last one (so ``eval_every=epochs`` evaluates once, at the end).
-        features, label: with a Spark DataFrame or a Parquet path (file, directory or
-            list) as ``data``: the feature column(s) and the label column. Rows are
-            streamed to the workers as Arrow record batches (see ``sparkdp.data.arrow``
-            for the column types); ``feature_shape`` reshapes each row (e.g. ``(1, 28, 28)``),
-            ``drop_nulls`` drops rows with nulls instead of raising, ``shuffle_buffer``
-            is the rows each worker's shuffle buffer holds.
+        labels: the labels, when ``data`` is the features alone.
+        features: with a Spark DataFrame or a Parquet path (file, directory or list) as
+            ``data``: the feature column(s). Rows are streamed to the workers as Arrow
+            record batches (see ``sparkdp.data.arrow`` for the column types).
+        label: with a DataFrame or Parquet path: the label column.
+        feature_shape: the shape each row's features are reshaped to (e.g. ``(1, 28, 28)``).
+        drop_nulls: drop rows with nulls instead of raising ``DataError``.
+        shuffle_buffer: the rows each worker's shuffle buffer holds (DataFrame / Parquet).
+        shuffle: shuffle the training data every epoch (seeded by ``seed``).
+        seed: the seed of the shuffles and of every worker's random streams.
         loss: a name (``"cross_entropy"``, ``"mse"``, ...) or ``(outputs, labels) -> loss``.
-        optimizer: a name (default ``"sgd"`` with lr 0.01, momentum 0.9; ``optimizer_options``
-            overrides), a ``torch.optim`` class, an instance over ``model.parameters()``,
-            or ``params -> Optimizer``.
-        strategy: ``"allreduce"`` (default), ``"average"``, or a Strategy object;
-            ``strategy_options`` are passed to the named strategy.
+        optimizer: a name (default ``"sgd"`` with lr 0.01, momentum 0.9), a ``torch.optim``
+            class, an instance over ``model.parameters()``, or ``params -> Optimizer``.
+        optimizer_options: keyword arguments of a named or class optimizer (``{"lr": 0.05}``).
+        strategy: ``"allreduce"`` (default), ``"average"``, an asynchronous rule
+            (``"asgd"``, ``"hogwild"``, ...), or a Strategy object.
+        strategy_options: keyword arguments of the named strategy (``{"period": 4}``).
         workers: Spark tasks to train on (default: every task slot of the cluster).
-        epochs, batch_size: per-worker batch size; the global batch is ``workers * batch_size``.
+        epochs: passes over the training data.
+        batch_size: rows per worker per step; the global batch is ``workers * batch_size``.
         lr_scheduler: ``optimizer -> scheduler`` built in every worker; stepped after every
             optimizer step (e.g. ``lambda o: torch.optim.lr_scheduler.StepLR(o, 1000)``).
-        master / spark: a Spark master URL or an existing SparkSession (default: the
-            embedded ``local[N]`` session).
+        master: a Spark master URL (default: the embedded ``local[N]`` session).
+        spark: an existing SparkSession to use instead.
+        threads: torch threads per worker (default: ``spark.task.cpus``).
+        start_timeout_s: how long the workers may take to start together.
+        pg_timeout_s: how long a worker waits in a collective before the job counts it as hung.
         memory_format: ``"auto"`` (default) trains convolutional models channels-last
             (NHWC) on CPU workers, where oneDNN's kernels run them faster, if the model
             accepts it; ``"channels_last"`` forces it, ``"contiguous"`` keeps NCHW.
             The returned model is in the default layout either way (``sparkdp.train.layout``).
-        checkpoint_dir, checkpoint_every, checkpoint_every_s, keep_checkpoints: where and how
-            often synchronous jobs save checkpoints (``sparkdp.train.checkpoint``; epoch ends
-            at least). Unset, a temporary directory serves automatic recovery only.
+        checkpoint_dir: where synchronous jobs save checkpoints (``sparkdp.train.checkpoint``;
+            at every epoch end at least); asynchronous ones the parameter server's state.
+            Unset, a temporary directory serves automatic recovery only.
+        checkpoint_every: also save every this many steps.
+        checkpoint_every_s: also save when this many seconds have passed.
+        keep_checkpoints: how many of the newest checkpoints to keep.
         resume: a checkpoint directory: continue from its newest valid checkpoint.
         max_restarts: a failed worker restarts the job from the latest checkpoint this many
             times before ``fit`` raises (see :class:`~sparkdp.config.JobConfig`).
@@ -191,14 +204,28 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
             this many (elastic; ``None``: always ``workers``).
         show_progress: live progress on the terminal (epoch, step, ETA, loss, throughput and the
             time split per worker; straggler warnings); False: quiet.
-        run_dir, tensorboard, mlflow, metrics_interval_s: live metrics sinks (``sparkdp.monitor``):
-            a JSON-lines run log in ``run_dir`` (``sparkdp report`` draws it), TensorBoard event
-            files in ``run_dir/tensorboard``, an MLflow tracking URI; workers report every
-            ``metrics_interval_s`` seconds.
+        eval_every: evaluate after every this many epochs (and after the last).
+        run_dir: a directory for the JSON-lines run log (``sparkdp report`` draws it).
+        tensorboard: also write TensorBoard event files to ``run_dir/tensorboard``.
+        mlflow: an MLflow tracking URI to log the run to.
+        metrics_interval_s: seconds between two reports of every worker.
 
-    Example:
-        >>> result = sparkdp.fit(model, (x, y), epochs=2, workers=2)   # doctest: +SKIP
-        >>> result.history[-1]["loss"]                                 # doctest: +SKIP
+    Returns:
+        A :class:`~sparkdp.TrainResult`: the trained model, the per-epoch history, timings.
+
+    Raises:
+        ConfigError: a bad argument (said before any Spark work).
+        DataError: data that cannot be read or converted.
+        WorkerFailed: a worker failed more often than ``max_restarts`` allows.
+        TrainingDiverged: the loss became NaN or infinite.
+
+    Examples:
+        >>> import torch, sparkdp
+        >>> x, y = torch.randn(256, 4), torch.randint(0, 2, (256,))
+        >>> model = torch.nn.Linear(4, 2)
+        >>> result = sparkdp.fit(model, (x, y), epochs=2, workers=2, show_progress=False)
+        >>> [h["epoch"] for h in result.history], result.workers
+        ([1, 2], 2)
     """
     started = time.perf_counter()
     job = JobConfig(strategy=strategy, strategy_options=strategy_options or {}, workers=workers, epochs=epochs,
@@ -438,7 +465,7 @@ def launch(script: str | os.PathLike[str], *args: str, workers: int | None = Non
     path = os.path.abspath(os.fspath(script))
     if not os.path.isfile(path):
         raise ConfigError(f"no training script at {path!r}; give the path of a .py file.")
-    from ..spark.files import ship_directory
+    from ..spark.files import ship_directory, shipped_path
     from ..spark.launcher import on_driver_machine
     from ..spark.session import session
     from ..train.script_runner import run_script
@@ -446,7 +473,8 @@ def launch(script: str | os.PathLike[str], *args: str, workers: int | None = Non
     name = os.path.basename(path)
     spark = spark or session(master)
     # executors elsewhere may not see this filesystem: they run a copy of the script's directory
-    shipped = None if on_driver_machine(spark.sparkContext) else ship_directory(spark, os.path.dirname(path))
+    shipped = None if on_driver_machine(spark.sparkContext) else \
+        functools.partial(shipped_path, ship_directory(spark, os.path.dirname(path)))
     result = run(run_script, path, [str(a) for a in args], os.getcwd(), shipped, workers=workers, strategy=strategy,
                  strategy_options=strategy_options, seed=seed, master=master, spark=spark, threads=threads,
                  start_timeout_s=start_timeout_s, pg_timeout_s=pg_timeout_s, show_progress=show_progress,

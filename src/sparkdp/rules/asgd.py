@@ -65,7 +65,7 @@ class ASGD(UpdateRule):
             concurrent steps of a stateful optimizer would race on ``.grad`` and its state.
         num_workers: unused; accepted so that callers can pass it to every rule.
 
-    Example:
+    Examples:
         >>> import torch
         >>> w = [torch.tensor([1.0, 2.0])]
         >>> ASGD(lr=0.5).apply(w, Push(worker=0, staleness=0, tensors=(torch.tensor([2.0, -2.0]),)))

@@ -109,7 +109,7 @@ class DCASGD(DelayCompensatedRule):
             fixed momentum adds to asynchrony's own: it degrades as workers are added.
         num_workers: unused; accepted so that callers can pass it to every rule.
 
-    Example:
+    Examples:
         >>> import torch
         >>> rule = DCASGD(lr=0.1, variant="c", lambda_=0.04)
         >>> rule.on_pull(0, [torch.tensor([0.5])])  # the worker computed g at 0.5

@@ -65,7 +65,7 @@ class DDCASGD(DelayCompensatedRule):
             of one shared ``V`` (default False: a shared ``V`` warms up faster, costs ``S``
             instead of ``M*S``).
 
-    Example:
+    Examples:
         >>> import torch
         >>> rule = DDCASGD(lr=0.1, num_workers=4)
         >>> w = [torch.tensor([1.0])]

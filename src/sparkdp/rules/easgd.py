@@ -42,7 +42,7 @@ class EASGD(UpdateRule):
         locking: default ``Locking.GLOBAL`` for ``"async"``, ``Locking.NONE`` for
             ``"deepspark"`` (races may lose a server update; each exchange is small).
 
-    Example:
+    Examples:
         >>> import torch
         >>> rule = EASGD(num_workers=2)  # alpha = 0.45
         >>> x, centre = [torch.tensor([2.0])], [torch.tensor([0.0])]

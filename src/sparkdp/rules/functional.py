@@ -37,7 +37,7 @@ def pseudo_gradient(
     Returns:
         New tensors, one per parameter.
 
-    Example:
+    Examples:
         >>> import torch
         >>> pseudo_gradient([torch.tensor([1.0])], [torch.tensor([0.4])], worker_lr=0.1, k=3)
         [tensor([2.])]
@@ -67,7 +67,7 @@ def staleness_scale(tau: int, mode: str) -> float:
       staleness-aware learning rate ``alpha0 / tau`` of Zhang, Gupta, Lian, Liu (IJCAI 2016),
       docs/algorithms.md §4, with ``c = 1`` (pure asynchrony).
 
-    Example:
+    Examples:
         >>> staleness_scale(4, "inverse"), staleness_scale(0, "inverse"), staleness_scale(3, "dynsgd")
         (0.25, 1.0, 0.25)
     """
@@ -87,7 +87,7 @@ def momentum_for_delay(tau: int, mu0: float, lag_min: float = 0.0) -> float:
     asynchrony already adds about ``tau`` updates of lag, so the explicit heavy-ball
     momentum only gets what is left of the single-machine budget ``mu0 / (1 - mu0)``.
 
-    Example:
+    Examples:
         >>> [round(momentum_for_delay(t, 0.9), 4) for t in (0, 3, 7, 9, 20)]
         [0.9, 0.8571, 0.6667, 0.0, 0.0]
     """

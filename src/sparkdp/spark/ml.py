@@ -126,7 +126,7 @@ def factory_path(fn: Callable[..., nn.Module]) -> str:
 class Estimator(SparkEstimator, _SparkdpParams, DefaultParamsReadable, DefaultParamsWritable):
     """Trains a torch network on a DataFrame with sparkdp; ``fit`` returns a :class:`Model`.
 
-    Example:
+    Examples:
         >>> est = Estimator(model="linear", modelKwargs='{"image_size": 2, "num_classes": 3}',
         ...                 featuresCol="features", epochs=2, workers=2)   # doctest: +SKIP
         >>> Pipeline(stages=[VectorAssembler(...), est]).fit(df)          # doctest: +SKIP

@@ -19,6 +19,7 @@ import hashlib
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -92,7 +93,7 @@ def _outputs(model: nn.Module, converter: ArrowConverter, batch: pa.RecordBatch,
     return torch.cat(parts) if parts else torch.empty(0)
 
 
-def predict(model: nn.Module, df, *, features: str | Sequence[str], output_col: str = "prediction",
+def predict(model: nn.Module, df: Any, *, features: str | Sequence[str], output_col: str = "prediction",
             batch_size: int = 1024, feature_shape: Sequence[int] | None = None, output: str = "auto",
             probability_col: str | None = None):
     """Return ``df`` with the model's predictions in ``output_col``.
@@ -110,8 +111,13 @@ def predict(model: nn.Module, df, *, features: str | Sequence[str], output_col: 
             ``"auto"`` decides from the model's output on one row of ``df``.
         probability_col: with ``output="class"``, also a softmax probabilities column.
 
-    Example:
-        >>> scored = sparkdp.predict(model, df, features="features")   # doctest: +SKIP
+    Examples:
+        >>> import torch, sparkdp
+        >>> spark = sparkdp.session()
+        >>> df = spark.createDataFrame([([0.0, 1.0],), ([2.0, -1.0],)], ["features"])
+        >>> scored = sparkdp.predict(torch.nn.Linear(2, 3), df, features="features")
+        >>> scored.columns, scored.count()
+        (['features', 'prediction'], 2)
     """
     import pyspark.sql.functions as F
 

@@ -66,10 +66,11 @@ def session(master: str | None = None, *, app_name: str = "sparkdp", conf: Mappi
         log_level: what Spark's own log prints on the console (``"OFF"`` leaves errors to
             sparkdp's one-line messages; the command line does that unless ``-v``).
 
-    Example:
-        >>> spark = sparkdp.session()            # doctest: +SKIP
-        >>> spark.sparkContext.master            # doctest: +SKIP
-        'local[2,4]'
+    Examples:
+        >>> import sparkdp
+        >>> spark = sparkdp.session()
+        >>> spark.sparkContext.master
+        'local[...]'
     """
     from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession

@@ -33,9 +33,10 @@ class ParameterAveraging(Strategy):
         average_optimizer_state: also average floating optimizer state (momentum
             buffers, Adam moments) — DL4J's ``saveUpdater``. Needed for momentum SGD
             to stay equivalent to single-machine training at ``period=1``.
-        shared_memory, shared_memory_min_bytes: as for ``allreduce``: when every rank
-            is on one host, averages of 1 MiB or more go through a shared mapping
+        shared_memory: as for ``allreduce``: when every rank is on one host, averages of
+            ``shared_memory_min_bytes`` or more go through a shared mapping
             (``sparkdp.comm.shm``) instead of gloo's TCP.
+        shared_memory_min_bytes: the smallest average sent through shared memory (1 MiB).
     """
 
     name = "average"

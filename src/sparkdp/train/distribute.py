@@ -109,9 +109,12 @@ def _shard_loader(data: Any, ctx: WorkerContext, batch_size: int, shuffle: bool)
 def is_main_process() -> bool:
     """Whether this is rank 0 (always true outside a sparkdp job): save files, print summaries there.
 
-    Example:
-        >>> if sparkdp.is_main_process():                                   # doctest: +SKIP
-        ...     torch.save(sparkdp.unwrap(model).state_dict(), "model.pt")
+    Examples:
+        >>> import sparkdp
+        >>> sparkdp.is_main_process()   # outside a job: one process, rank 0
+        True
+
+        In a worker: ``if sparkdp.is_main_process(): torch.save(sparkdp.unwrap(model).state_dict(), path)``.
     """
     return current().rank == 0
 

@@ -17,6 +17,7 @@ import io
 import os
 import runpy
 import sys
+from collections.abc import Callable
 from contextlib import contextmanager
 from typing import Any
 
@@ -89,18 +90,16 @@ def _ready_process_group(calls: list[str]):
         dist.init_process_group, dist.destroy_process_group = init, destroy
 
 
-def run_script(path: str, args: list[str], cwd: str, shipped: str | None = None) -> dict[str, Any]:
+def run_script(path: str, args: list[str], cwd: str, shipped: Callable[[], str] | None = None) -> dict[str, Any]:
     """Run the script on this worker; returns whether it distributed anything.
 
-    ``shipped``: the name the driver shipped the script's directory under
-    (``sparkdp.spark.files``, on clusters): the worker runs that copy, in the driver's working
-    directory where this machine has it, else in the copy's directory."""
+    ``shipped``: where this executor holds the copy of the script's directory the driver
+    shipped (``sparkdp.spark.files``, on clusters): the worker runs that copy, in the driver's
+    working directory where this machine has it, else in the copy's directory."""
     ctx = current()
     rank, probe = ctx.rank, ctx.probe
     if shipped is not None:
-        from ..spark.files import shipped_path
-
-        path = os.path.join(shipped_path(shipped), os.path.basename(path))
+        path = os.path.join(shipped(), os.path.basename(path))
         cwd = cwd if os.path.isdir(cwd) else os.path.dirname(path)
     calls: list[str] = []
     saved_argv, saved_path, saved_cwd = list(sys.argv), list(sys.path), os.getcwd()

@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.sparkdp-ready
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-all lint fuzz bench bench-sync bench-allreduce bench-ps bench-async bench-data bench-checkpoint bench-monitor clean
+.PHONY: setup demo test test-all lint docs docs-serve fuzz bench bench-sync bench-allreduce bench-ps bench-async bench-data bench-checkpoint bench-monitor clean
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh
 	bash scripts/bootstrap.sh
@@ -29,6 +29,17 @@ test-all: $(STAMP)
 # The fuzz tests with 100,000 generated inputs each (make test runs 1,500).
 fuzz: $(STAMP)
 	SPARKDP_FUZZ_EXAMPLES=100000 $(PY) -m pytest -q tests/fuzz
+
+# The user guide (MkDocs + Material + mkdocstrings) into site/; strict: a warning, a broken link,
+# a missing example or an unresolved API reference fails the build.
+docs: $(STAMP)
+	@$(PY) -c "import mkdocs, material, mkdocstrings_handlers.python" 2>/dev/null || { \
+		echo "make docs: the documentation tools are not installed; run: $(VENV)/bin/pip install -e '.[docs]'" >&2; \
+		exit 1; }
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --clean
+
+docs-serve: docs
+	$(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks

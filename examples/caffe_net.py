@@ -22,8 +22,7 @@ from pathlib import Path
 
 import torch
 
-from sparkdp.caffe import fit_caffe
-from sparkdp.caffe.weights import save_weights
+from sparkdp.caffe import fit_caffe, save_weights
 from sparkdp.data.datasets import fashion_mnist
 
 ROWS = int(os.environ.get("SPARKDP_EXAMPLE_ROWS", "20000"))

@@ -19,7 +19,7 @@ import tempfile
 import pandas as pd
 import pyspark.sql.functions as F
 from pyspark.ml import Pipeline, PipelineModel
-from pyspark.ml.feature import SQLTransformer, StringIndexer
+from pyspark.ml.feature import StringIndexer
 
 import sparkdp
 from sparkdp.data.datasets import FASHION_MNIST_CLASSES, fashion_mnist
@@ -39,15 +39,14 @@ def main() -> None:
     data = fashion_mnist(limit=ROWS)
     train_df, test_df = rows(spark, data.x_train, data.y_train), rows(spark, data.x_test, data.y_test)
 
-    indexer = StringIndexer(inputCol="class", outputCol="class_index")
-    # StringIndexer writes doubles; sparkdp treats float labels as regression targets, so
-    # cast to an integer class index for the cross-entropy loss.
-    to_int = SQLTransformer(statement="SELECT *, CAST(class_index AS INT) AS label FROM __THIS__")
+    # StringIndexer writes class indices as doubles; the Estimator reads them as classes
+    # for its cross-entropy loss
+    indexer = StringIndexer(inputCol="class", outputCol="label")
     estimator = Estimator(model="cnn-small", modelKwargs=json.dumps({"num_classes": 10}),
                           featuresCol="pixels", labelCol="label", featureShape=[1, 28, 28],
                           probabilityCol="probability", optimizer="adam", learningRate=0.002,
                           epochs=1, batchSize=32, workers=2)
-    fitted = Pipeline(stages=[indexer, to_int, estimator]).fit(train_df)
+    fitted = Pipeline(stages=[indexer, estimator]).fit(train_df)
     print("training history:", fitted.stages[-1].history)
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -40,12 +40,15 @@ __all__ = [
     "inspect_net",
     "load_net",
     "load_net_spec",
+    "load_weights",
     "parse",
     "parse_file",
+    "save_weights",
 ]
 
 _LAZY = {"CaffeNet": "net", "load_net": "net", "inspect_net": "inspect", "CaffeClassifier": "classifier",
-         "CaffeLoss": "classifier", "CaffeOptimizerFactory": "solver", "fit_caffe": "train"}
+         "CaffeLoss": "classifier", "CaffeOptimizerFactory": "solver", "fit_caffe": "train",
+         "load_weights": "weights", "save_weights": "weights"}
 
 
 def __getattr__(name: str) -> Any:

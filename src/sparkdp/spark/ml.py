@@ -146,7 +146,14 @@ class Estimator(SparkEstimator, _SparkdpParams, DefaultParamsReadable, DefaultPa
 
         net = self._build_module()
         workers = self.getOrDefault(self.workers) or None
-        result = fit(net, dataset, features=self._features(), label=self.getOrDefault(self.labelCol),
+        label = self.getOrDefault(self.labelCol)
+        if self.getOrDefault(self.loss) in ("cross_entropy", "nll") and \
+                dict(dataset.dtypes).get(label) in ("double", "float"):
+            # Spark ML's own stages (StringIndexer, ...) write class indices as doubles
+            from pyspark.sql import functions as F
+
+            dataset = dataset.withColumn(label, F.col(label).cast("long"))
+        result = fit(net, dataset, features=self._features(), label=label,
                      feature_shape=self._shape(), drop_nulls=self.getOrDefault(self.dropNulls),
                      shuffle_buffer=self.getOrDefault(self.shuffleBuffer), loss=self.getOrDefault(self.loss),
                      optimizer=self.getOrDefault(self.optimizer),

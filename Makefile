@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.sparkdp-ready
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-all lint docs docs-serve fuzz bench bench-sync bench-allreduce bench-ps bench-async bench-data bench-checkpoint bench-monitor clean
+.PHONY: setup demo test test-all lint docs docs-serve fuzz bench bench-cluster bench-sync bench-allreduce bench-ps bench-async bench-data bench-checkpoint bench-monitor clean
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh
 	bash scripts/bootstrap.sh
@@ -60,6 +60,9 @@ bench-async: $(STAMP)
 
 bench-checkpoint: $(STAMP)
 	$(PY) benchmarks/checkpoint_cost.py
+
+bench-cluster: $(STAMP)
+	$(PY) benchmarks/standalone_vs_local.py
 
 bench-monitor: $(STAMP)
 	$(PY) benchmarks/monitor_cost.py

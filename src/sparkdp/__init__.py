@@ -1,11 +1,15 @@
 """sparkdp: distributed data-parallel training of PyTorch models on Apache Spark.
 
-Three ways in, one engine:
+Several ways in, one engine:
 
 * ``sparkdp.fit(model, data, ...)`` trains and returns the trained model;
 * ``sparkdp.run(train_fn, workers=N)`` runs your own loop on N Spark tasks, where
   ``sparkdp.distribute(model, optimizer, loader)`` makes it distributed;
-* ``sparkdp train SCRIPT.py`` does the same from the command line.
+* ``sparkdp.launch("train.py", ...)`` / ``sparkdp launch train.py -- ARGS`` runs a whole
+  script, unmodified or with that one line, as every worker;
+* ``sparkdp train SCRIPT.py`` trains a script's module-level ``model`` and ``train_data``.
+
+The user guide (``make docs``) has how-to guides, the API reference and runnable examples.
 """
 
 from .config import Columns, JobConfig

@@ -149,11 +149,21 @@ def test_wiring_errors(build):
             data=(1, 2),
         )
     with pytest.raises(
-        ConfigError, match=r"has type 'LSTM', which sparkdp cannot convert\. Supported types: .*Convolution"
+        ConfigError, match=r"has type 'Frobnicate', which sparkdp cannot convert\. Supported types: .*Convolution"
     ):
-        build('layer { name: "l" type: "LSTM" bottom: "data" top: "y" }', data=(1, 2))
-    with pytest.raises(ConfigError, match="case-sensitive: did you mean 'ReLU'"):
+        build('layer { name: "l" type: "Frobnicate" bottom: "data" top: "y" }', data=(1, 2))
+    with pytest.raises(ConfigError, match=r"Did you mean 'ReLU'\? \(type names are case-sensitive\)"):
         build('layer { name: "l" type: "Relu" bottom: "data" top: "y" }', data=(1, 2))
+    with pytest.raises(ConfigError, match=r"'SoftmaxLoss'.*Did you mean 'SoftmaxWithLoss'"):
+        build('layer { name: "l" type: "SoftmaxLoss" bottom: "data" top: "y" }', data=(1, 2))
+    with pytest.raises(
+        ConfigError, match=r"layer 'py' is a Python layer \(module 'my_layers', layer 'Odd'\).*own Python code"
+    ):
+        build(
+            'layer { name: "py" type: "Python" bottom: "data" top: "y" '
+            'python_param { module: "my_layers" layer: "Odd" } }',
+            data=(1, 2),
+        )
     with pytest.raises(ConfigError, match="gives 3 param specs but has only 2"):
         build(
             'layer { name: "ip" type: "InnerProduct" bottom: "data" top: "y" param {} param {} param {} '

@@ -27,7 +27,7 @@ from ..errors import ConfigError
 
 __all__ = [
     "CaffeLayerBlobs", "CaffemodelError", "DecodedNet", "V1_LAYER_TYPES",
-    "decode_net", "encode_net", "read_caffemodel", "write_caffemodel",
+    "decode_net", "encode_blob_proto", "encode_net", "read_blob_proto", "read_caffemodel", "write_caffemodel",
 ]  # fmt: skip
 
 
@@ -331,6 +331,22 @@ def read_caffemodel(path: str | os.PathLike[str]) -> list[CaffeLayerBlobs]:
     except OSError as err:
         raise ConfigError(f"cannot read .caffemodel {path!r}: {err.strerror or err}") from err
     return decode_net(data, path).layers
+
+
+def read_blob_proto(path: str | os.PathLike[str]) -> np.ndarray:
+    """One serialized ``BlobProto`` file (``.binaryproto``: a mean image, an InfogainLoss H)."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError as err:
+        raise ConfigError(f"cannot read BlobProto file {path!r}: {err.strerror or err}") from err
+    return _blob(_Reader(data, path), 0, len(data))[0]
+
+
+def encode_blob_proto(array: np.ndarray) -> bytes:
+    """``array`` as a serialized ``BlobProto`` (shape + float data), what :func:`read_blob_proto` reads."""
+    return b"".join(_blob_chunks(np.asarray(array))[1:])  # without the enclosing LayerParameter field
 
 
 # ------------------------------------------------------------------------ encoder

@@ -109,12 +109,21 @@ class CaffeNet(nn.Module):
         self, layer: LayerSpec, ctx: BuildContext, available: dict[str, None], owners: dict[str, _Learnable]
     ) -> None:
         where = f"{layer.where}: " if layer.where else ""
-        if layer.type not in SUPPORTED:
-            close = [t for t in SUPPORTED if t.lower() == layer.type.lower()]
-            hint = f" (type names are case-sensitive: did you mean {close[0]!r}?)" if close else ""
+        if layer.type == "Python":
+            p = layer.sub("python_param")
             raise ConfigError(
-                f"{where}layer {layer.name!r} has type {layer.type!r}, which sparkdp cannot convert"
-                f"{hint}. Supported types: {', '.join(sorted(SUPPORTED))}"
+                f"{where}layer {layer.name!r} is a Python layer (module {p.get('module', '?')!r}, layer "
+                f"{p.get('layer', '?')!r}): it runs your own Python code, which sparkdp does not import from a "
+                "prototxt. Replace it with a supported layer type, or write the model in PyTorch."
+            )
+        if layer.type not in SUPPORTED:
+            case = [t for t in SUPPORTED if t.lower() == layer.type.lower()]
+            close = case or difflib.get_close_matches(layer.type, SUPPORTED, n=3, cutoff=0.7)
+            hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+            hint += " (type names are case-sensitive)" if case else ""
+            raise ConfigError(
+                f"{where}layer {layer.name!r} has type {layer.type!r}, which sparkdp cannot convert."
+                f"{hint} Supported types: {', '.join(sorted(SUPPORTED))}"
             )
         for bottom in layer.bottoms:
             if bottom not in self.blob_shapes:

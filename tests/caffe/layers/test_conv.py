@@ -92,3 +92,29 @@ def test_convolution_errors(build, param, message):
             f'layer {{ name: "c" type: "Convolution" bottom: "x" top: "y" convolution_param {{ {param} }} }}',
             x=(1, 4, 5, 5),
         )
+
+
+def test_im2col_times_weights_is_convolution(build):
+    net = build(
+        'layer { name: "c" type: "Im2col" bottom: "x" top: "cols" '
+        "convolution_param { kernel_size: 3 stride: 2 pad: 1 dilation: 1 } }",
+        x=(2, 3, 7, 6),
+    )
+    x, w = torch.randn(2, 3, 7, 6), torch.randn(5, 3, 3, 3)
+    cols = net(x)
+    assert net.blob_shapes["cols"] == (2, 27, 4, 3) == tuple(cols.shape)
+    conv = torch.einsum("ok,nkhw->nohw", w.reshape(5, 27), cols)
+    torch.testing.assert_close(conv, F.conv2d(x, w, stride=2, padding=1), rtol=1e-4, atol=1e-5)
+
+
+def test_im2col_hand_worked():
+    from sparkdp.caffe.net import load_net
+
+    net = load_net(
+        'layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 1 dim: 1 dim: 2 dim: 3 } } }'
+        'layer { name: "c" type: "Im2col" bottom: "x" top: "y" convolution_param { kernel_size: 2 } }'
+    )
+    x = torch.tensor([[[[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]]])
+    # two 2x2 windows; rows are (kernel row, kernel column): the windows' [1, 2, 4, 5] and [2, 3, 5, 6]
+    expected = torch.tensor([[1.0, 2.0], [2.0, 3.0], [4.0, 5.0], [5.0, 6.0]]).reshape(1, 4, 1, 2)
+    torch.testing.assert_close(net(x), expected)

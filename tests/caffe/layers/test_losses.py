@@ -1,4 +1,4 @@
-"""Softmax, SoftmaxWithLoss, SigmoidCrossEntropyLoss, EuclideanLoss and Accuracy."""
+"""Softmax, SoftmaxWithLoss, SigmoidCrossEntropyLoss, EuclideanLoss, Accuracy, MultinomialLogisticLoss, InfogainLoss."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sparkdp.errors import DataError
+from sparkdp.errors import ConfigError, DataError
 
 SCORES = torch.tensor([[2.0, 1.0, 0.1], [0.5, 2.5, 0.0], [1.0, 1.0, 3.0], [0.0, 0.0, 0.0]])
 LABELS = torch.tensor([0.0, 2.0, 255.0, 1.0])
@@ -135,3 +135,49 @@ def test_accuracy_ties_top_k_ignore_and_per_class(build):
     # top 2: row 0 (one other class >=) and row 1 are right now; row 2 has two better classes.
     assert top2(scores, labels).item() == pytest.approx(3 / 4)
     assert top2(scores, torch.full((5,), 9.0)).item() == 0.0
+
+
+def test_multinomial_logistic_loss_is_nll_of_probabilities(build):
+    net = build(
+        'layer { name: "l" type: "MultinomialLogisticLoss" bottom: "p" bottom: "t" top: "loss" }', p=(4, 3), t=(4,)
+    )
+    prob = F.softmax(SCORES, 1)
+    labels = torch.tensor([0.0, 2.0, 1.0, 1.0])
+    torch.testing.assert_close(net(prob, labels), F.nll_loss(torch.log(prob), labels.long()))
+    zero = torch.tensor([[1.0, 0.0, 0.0]] * 4)  # p = 0 at the label: log is clamped at 1e-20
+    assert net(zero, torch.tensor([1.0, 0.0, 0.0, 0.0])).item() == pytest.approx(-math.log(1e-20) / 4)
+
+
+def _infogain(build, extra="", **shapes):
+    bottoms = "".join(f'bottom: "{name}" ' for name in shapes)
+    return build(f'layer {{ name: "l" type: "InfogainLoss" {bottoms} top: "loss" {extra} }}', **shapes)
+
+
+def test_infogain_loss_identity_is_softmax_loss_and_general_h(build, tmp_path):
+    from sparkdp.caffe.caffemodel import encode_blob_proto
+
+    labels = torch.tensor([0.0, 2.0, 1.0, 1.0])
+    net = _infogain(build, x=(4, 3), t=(4,), h=(1, 1, 3, 3))
+    torch.testing.assert_close(net(SCORES, labels, torch.eye(3)), F.cross_entropy(SCORES, labels.long()))
+    h = torch.tensor([[1.0, 0.5, 0.0], [0.0, 2.0, 0.0], [0.25, 0.0, 1.0]])
+    expected = -(h[labels.long()] * F.log_softmax(SCORES, 1)).sum(1).mean()
+    torch.testing.assert_close(net(SCORES, labels, h), expected)
+    # H from a BlobProto file, and ignore_label with the default VALID normalisation
+    (tmp_path / "H.binaryproto").write_bytes(encode_blob_proto(h.numpy().reshape(1, 1, 3, 3)))
+    net = _infogain(
+        build,
+        f'infogain_loss_param {{ source: "{tmp_path / "H.binaryproto"}" }} loss_param {{ ignore_label: 1 }}',
+        x=(4, 3),
+        t=(4,),
+    )
+    kept = -(h[labels.long()] * F.log_softmax(SCORES, 1)).sum(1)[:2].mean()
+    torch.testing.assert_close(net(SCORES, labels), kept)
+
+
+def test_infogain_loss_errors(build, tmp_path):
+    with pytest.raises(ConfigError, match="needs the H matrix"):
+        _infogain(build, x=(4, 3), t=(4,))
+    with pytest.raises(ConfigError, match=r"bottom H has shape \[2, 2\]; it must hold 3x3"):
+        _infogain(build, x=(4, 3), t=(4,), h=(2, 2))
+    with pytest.raises(ConfigError, match="cannot read BlobProto file"):
+        _infogain(build, f'infogain_loss_param {{ source: "{tmp_path / "nope"}" }}', x=(4, 3), t=(4,))

@@ -1,4 +1,4 @@
-"""LRN (numpy loops), BatchNorm (Caffe's accumulator update rule), Scale and Bias."""
+"""LRN (numpy loops), BatchNorm (Caffe's accumulator update rule), Scale, Bias and MVN (numpy)."""
 
 from __future__ import annotations
 
@@ -161,3 +161,20 @@ def test_bias_layer(build):
     assert two.blobs_of("b") == []
     x, c = torch.randn(2, 3, 2), torch.randn(3, 2)
     torch.testing.assert_close(two(x=x, c=c), x + c)
+
+
+@pytest.mark.parametrize("across", [False, True])
+@pytest.mark.parametrize("variance", [True, False])
+def test_mvn_matches_numpy(build, across, variance):
+    net = build(
+        'layer { name: "m" type: "MVN" bottom: "x" top: "y" '
+        f"mvn_param {{ across_channels: {str(across).lower()} normalize_variance: {str(variance).lower()} }} }}",
+        x=(2, 3, 4, 5),
+    )
+    x = torch.randn(2, 3, 4, 5) * 3 + 1
+    a = x.double().numpy()
+    axes = (1, 2, 3) if across else (2, 3)
+    centred = a - a.mean(axis=axes, keepdims=True)
+    if variance:  # eps (1e-9) is added to the standard deviation, not to the variance
+        centred = centred / (np.sqrt((centred**2).mean(axis=axes, keepdims=True)) + 1e-9)
+    torch.testing.assert_close(net(x), torch.from_numpy(centred).float(), rtol=1e-4, atol=1e-5)

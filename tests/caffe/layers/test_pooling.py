@@ -193,3 +193,33 @@ def test_property_matches_caffe_loops(size, k, s, data, method, ceil):
     expected, _ = caffe_pool(x.double().numpy(), k, s, p, method, ceil)
     assert pooled_size(size, k, s, p, ceil) == expected.shape[2]
     np.testing.assert_allclose(net(x).numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("size", "method"), [(8, "MAX"), (5, "MAX"), (5, "AVE"), (13, "AVE")])
+def test_spp_levels_are_caffe_poolings_concatenated(build, size, method):
+    net = build(
+        f'layer {{ name: "spp" type: "SPP" bottom: "x" top: "y" spp_param {{ pyramid_height: 3 pool: {method} }} }}',
+        x=(2, 3, size, size),
+    )
+    x = torch.randn(2, 3, size, size)
+    parts = []
+    for level in range(3):  # Caffe's SPP geometry: kernel ceil(H/bins), stride = kernel, pad (k·bins - H + 1)//2
+        bins = 2**level
+        k = math.ceil(size / bins)
+        top, _ = caffe_pool(x.double().numpy(), k, k, (k * bins - size + 1) // 2, method)
+        parts.append(torch.from_numpy(top).float().flatten(1))
+    expected = torch.cat(parts, dim=1)
+    assert net.blob_shapes["y"] == tuple(expected.shape)
+    torch.testing.assert_close(net(x), expected)
+    if size == 8:  # divisible sizes: the levels are torch's adaptive pooling at 1, 2 and 4 bins
+        adaptive = torch.cat([F.adaptive_max_pool2d(x, b).flatten(1) for b in (1, 2, 4)], dim=1)
+        torch.testing.assert_close(net(x), adaptive)
+
+
+def test_spp_single_level_keeps_pooling_shape_and_errors(build):
+    net = build('layer { name: "spp" type: "SPP" bottom: "x" top: "y" spp_param { pyramid_height: 1 } }',
+                x=(1, 2, 4, 4))
+    x = torch.randn(1, 2, 4, 4)
+    torch.testing.assert_close(net(x), x.amax(dim=(2, 3), keepdim=True))
+    with pytest.raises(ConfigError, match="pyramid_height: L"):
+        build('layer { name: "spp" type: "SPP" bottom: "x" top: "y" }', x=(1, 2, 4, 4))

@@ -1,4 +1,4 @@
-"""caffe/layers/shape.py: Reshape and ArgMax."""
+"""caffe/layers/shape.py: Reshape, ArgMax and Tile."""
 
 from __future__ import annotations
 
@@ -59,3 +59,20 @@ def test_argmax(build):
         'layer { name: "a" type: "ArgMax" bottom: "x" top: "y" argmax_param { axis: 0 } }', x=(2, 4)
     )
     assert per_axis(x).tolist() == [[0.0, 1.0, 1.0, 1.0]]
+
+
+@pytest.mark.parametrize(("axis", "tiles", "shape"), [(1, 3, (2, 2, 3)), (0, 2, (2, 3)), (-1, 2, (2, 3, 2))])
+def test_tile_matches_numpy_tile(build, axis, tiles, shape):
+    import numpy as np
+
+    net = build(
+        f'layer {{ name: "t" type: "Tile" bottom: "x" top: "y" tile_param {{ axis: {axis} tiles: {tiles} }} }}', x=shape
+    )
+    x = torch.randn(shape)
+    reps = [1] * len(shape)
+    reps[axis] = tiles
+    expected = torch.from_numpy(np.tile(x.numpy(), reps))
+    assert net.blob_shapes["y"] == tuple(expected.shape)
+    torch.testing.assert_close(net(x), expected)
+    with pytest.raises(ConfigError, match="tiles is required"):
+        build('layer { name: "t" type: "Tile" bottom: "x" top: "y" }', x=shape)

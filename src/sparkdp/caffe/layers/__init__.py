@@ -6,7 +6,21 @@ function ``fn(layer, bottom_shapes, ctx) -> Built`` decorated with ``@converter(
 
 from __future__ import annotations
 
-from . import activation, combine, conv, data, inner_product, losses, normalization, pooling, shape  # noqa: F401
+from . import (  # noqa: F401
+    activation,
+    combine,
+    conv,
+    data,
+    embed,
+    inner_product,
+    losses,
+    margin,
+    normalization,
+    pooling,
+    reduction,
+    select,
+    shape,
+)
 from .base import CONVERTERS, SUPPORTED, BuildContext, Built, CaffeLayer, Shape, converter
 from .fillers import fill_
 

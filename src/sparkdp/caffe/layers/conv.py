@@ -1,4 +1,4 @@
-"""Convolution and Deconvolution (``base_conv_layer.cpp``, ``conv_layer.cpp``, ``deconv_layer.cpp``).
+"""Convolution, Deconvolution and Im2col (``base_conv_layer.cpp``, ``conv_layer.cpp``, ``deconv_layer.cpp``).
 
 Blob layouts equal torch's: Convolution weight ``[num_output, C_in/group, *k]``,
 Deconvolution weight ``[C_in, num_output/group, *k]``, bias ``[num_output]``.
@@ -21,6 +21,7 @@ from .base import (
     canonical_axis,
     converter,
     expect_bottoms,
+    expect_tops,
     fail,
     integer,
     same_shapes,
@@ -139,3 +140,42 @@ def convolution(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Bui
         fill_(module.bias, p.get("bias_filler"), where=f"{layer.describe()}: ")
     top = (*shape[:axis], num_output, *spatial)
     return Built(module, [top] * len(shapes))
+
+
+class Im2col(CaffeLayer):
+    """``im2col_layer.cpp``: each output position's receptive field as a column, (N, C·kh·kw, H', W').
+
+    Rows are ordered channel, kernel row, kernel column — ``F.unfold``'s order, and the
+    layout Convolution's weights multiply.
+    """
+
+    def __init__(self, kernel: Shape, stride: Shape, pad: Shape, dilation: Shape, out: Shape) -> None:
+        super().__init__()
+        self.kernel, self.stride, self.pad, self.dilation, self.out = kernel, stride, pad, dilation, out
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+        cols = F.unfold(x, self.kernel, dilation=self.dilation, padding=self.pad, stride=self.stride)
+        return (cols.reshape(x.shape[0], cols.shape[1], *self.out),)
+
+
+@converter("Im2col")
+def im2col(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
+    expect_bottoms(layer, shapes, 1)
+    expect_tops(layer, 1)
+    p = layer.sub("convolution_param")
+    shape = shapes[0]
+    if len(shape) != 4 or int(p.get("axis", 1)) != 1:
+        raise fail(layer, f"supports 2-D images (N, C, H, W) with axis 1; got shape {list(shape)}")
+    kernel = _per_axis(layer, p, "kernel_size", 0, 2)
+    pad, stride = _per_axis(layer, p, "pad", 0, 2), _per_axis(layer, p, "stride", 1, 2)
+    dilation = _per_axis(layer, p, "dilation", 1, 2)
+    if min(kernel) <= 0 or min(stride) <= 0 or min(dilation) <= 0:
+        raise fail(layer, "kernel_size, stride and dilation must be positive")
+    out = tuple(
+        (size + 2 * pd - (d * (k - 1) + 1)) // s + 1
+        for size, k, s, pd, d in zip(shape[2:], kernel, stride, pad, dilation, strict=True)
+    )
+    if min(out) <= 0:
+        raise fail(layer, f"input {list(shape)} is too small for kernel {list(kernel)} and pad {list(pad)}")
+    module = Im2col(kernel, stride, pad, dilation, out)
+    return Built(module, [(shape[0], shape[1] * kernel[0] * kernel[1], *out)])

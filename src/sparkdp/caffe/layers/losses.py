@@ -219,3 +219,83 @@ def accuracy(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
     per_class = len(layer.tops) == 2
     module = Accuracy(top_k, axis, _ignore(layer, "accuracy_param"), per_class, layer.describe())
     return Built(module, [(), (shapes[0][axis],)][: len(layer.tops)])
+
+
+LOG_THRESHOLD = 1e-20  # Caffe's kLOG_THRESHOLD (loss_layer.hpp): log(max(p, 1e-20))
+
+
+class MultinomialLogisticLoss(CaffeLayer):
+    """``-Σ log(max(p[n, label_n], 1e-20)) / N`` on probabilities (pair it with Softmax)."""
+
+    def __init__(self, who: str) -> None:
+        super().__init__()
+        self.who = who
+
+    def forward(self, prob: torch.Tensor, label: torch.Tensor) -> tuple[torch.Tensor]:
+        rows = prob.reshape(prob.shape[0], -1)
+        safe, _ = _labels(label, None, rows.shape[1], self.who)
+        picked = rows.gather(1, safe[:, None])[:, 0]
+        return (-torch.log(picked.clamp(min=LOG_THRESHOLD)).sum() / prob.shape[0],)
+
+
+@converter("MultinomialLogisticLoss")
+def multinomial_logistic_loss(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
+    expect_bottoms(layer, shapes, 2)
+    expect_tops(layer, 1)
+    if count(shapes[1]) != shapes[0][0]:
+        raise fail(layer, f"needs one label per row: {shapes[0][0]} rows but label shape {list(shapes[1])}")
+    return Built(MultinomialLogisticLoss(layer.describe()), [()])
+
+
+class InfogainLoss(CaffeLayer):
+    """Softmax, then ``-Σ_n Σ_l H[label_n, l] · log(max(p[n, l], 1e-20)) / normalizer``.
+
+    Since BVLC Caffe's 2017 rewrite the layer takes unnormalised scores and applies the
+    softmax itself (like SoftmaxWithLoss); ``H`` is a third bottom or the ``source``
+    BlobProto file, K × K for K classes.  With ``H = I`` it is SoftmaxWithLoss.
+    """
+
+    def __init__(self, axis: int, ignore: int | None, normalization: str, who: str,
+                 h: torch.Tensor | None) -> None:
+        super().__init__()
+        self.axis, self.ignore, self.normalization, self.who = axis, ignore, normalization, who
+        self.register_buffer("h", h, persistent=False)
+
+    def forward(self, x: torch.Tensor, label: torch.Tensor, h: torch.Tensor | None = None) -> tuple[torch.Tensor]:
+        classes = x.shape[self.axis]
+        h = (self.h if h is None else h).reshape(classes, classes).to(x.dtype)
+        logp = torch.log(_rows(F.softmax(x, dim=self.axis), self.axis).clamp(min=LOG_THRESHOLD))
+        safe, valid = _labels(label, self.ignore, classes, self.who)
+        per_row = -(h[safe] * logp).sum(dim=1)
+        outer = math.prod(x.shape[: self.axis])
+        norm = _normalizer(self.normalization, outer, logp.shape[0] // max(outer, 1), valid)
+        return ((per_row * valid).sum() / norm,)
+
+
+@converter("InfogainLoss")
+def infogain_loss(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
+    from ..caffemodel import read_blob_proto  # the H matrix file is a BlobProto, like a mean file
+
+    expect_bottoms(layer, shapes, 2, 3)
+    expect_tops(layer, 1, 2)
+    if len(layer.tops) == 2:
+        raise fail(layer, "the optional probability top is not supported; add a Softmax layer for it")
+    p = layer.sub("infogain_loss_param")
+    axis = canonical_axis(layer, int(p.get("axis", 1)), len(shapes[0]))
+    _check_labels(layer, shapes[:2], axis)
+    classes = shapes[0][axis]
+    h = None
+    if len(shapes) == 3:
+        if count(shapes[2]) != classes * classes:
+            raise fail(layer, f"bottom H has shape {list(shapes[2])}; it must hold {classes}x{classes} values")
+    else:
+        source = str(p.get("source", ""))
+        if not source:
+            raise fail(layer, "needs the H matrix: a third bottom or infogain_loss_param { source: 'H.binaryproto' }")
+        values = read_blob_proto(source)
+        if values.size != classes * classes:
+            raise fail(layer, f"H in {source!r} has {values.size} values; {classes} classes need {classes * classes}")
+        h = torch.as_tensor(values.reshape(classes, classes), dtype=torch.float32)
+    module = InfogainLoss(axis, _ignore(layer, "loss_param"), _loss_normalization(layer, "VALID"),
+                          layer.describe(), h)
+    return Built(module, [()])

@@ -1,4 +1,4 @@
-"""LRN, BatchNorm, Scale and Bias with Caffe's exact semantics.
+"""LRN, BatchNorm, Scale, Bias and MVN with Caffe's exact semantics.
 
 BatchNorm keeps Caffe's three blobs as buffers (mean accumulator, variance
 accumulator, scale factor), because Caffe's running estimate is an EMA normalised by
@@ -202,3 +202,38 @@ def scale_bias(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Buil
         if learned is not None:
             fill_(module.bias, p.get("filler"), where=where)
     return Built(module, [shape])
+
+
+class MVN(CaffeLayer):
+    """Mean-variance normalisation per (n, c) plane, or per sample with ``across_channels``.
+
+    ``(x - mean) / (sqrt(var) + eps)`` with the biased variance and ``eps`` added after
+    the square root (``mvn_layer.cpp``), unlike BatchNorm's ``sqrt(var + eps)``.
+    """
+
+    def __init__(self, normalize_variance: bool, across_channels: bool, eps: float) -> None:
+        super().__init__()
+        self.normalize_variance, self.across_channels, self.eps = normalize_variance, across_channels, eps
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+        rows = x.reshape(x.shape[0], -1) if self.across_channels or x.dim() < 2 else x.reshape(
+            x.shape[0] * x.shape[1], -1
+        )
+        centred = rows - rows.mean(dim=1, keepdim=True)
+        if self.normalize_variance:
+            std = (centred * centred).mean(dim=1, keepdim=True).sqrt()
+            centred = centred / (std + self.eps)
+        return (centred.reshape(x.shape),)
+
+
+@converter("MVN")
+def mvn(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
+    expect_bottoms(layer, shapes, 1)
+    expect_tops(layer, 1)
+    p = layer.sub("mvn_param")
+    module = MVN(
+        flag(layer, p, "normalize_variance", True),
+        flag(layer, p, "across_channels", False),
+        number(layer, p, "eps", 1e-9),
+    )
+    return Built(module, [shapes[0]])

@@ -1,4 +1,4 @@
-"""Pooling with Caffe's exact geometry (``pooling_layer.cpp``).
+"""Pooling and spatial pyramid pooling (SPP) with Caffe's exact geometry (``pooling_layer.cpp``).
 
 Caffe rounds the output size up (CEIL, the default ``round_mode``), drops a last
 window that would start in the right padding, and divides AVE sums by the window
@@ -144,3 +144,48 @@ def pooling(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
         raise fail(layer, f"input {list(shape)} is smaller than kernel {list(kernel)}")
     top = (shape[0], shape[1], *pooled)
     return Built(module, [top] * len(layer.tops))
+
+
+class SPP(CaffeLayer):
+    """Spatial pyramid pooling (``spp_layer.cpp``): level ``i`` pools into about 2^i × 2^i bins.
+
+    Each level is a Caffe Pooling with ``kernel = ceil(H / bins)``, ``stride = kernel`` and
+    ``pad = (kernel·bins - H + 1) // 2`` (per axis); the levels are flattened and concatenated,
+    except with ``pyramid_height: 1``, whose top is the single level's (N, C, 1, 1).
+    """
+
+    def __init__(self, levels: list[Pool]) -> None:
+        super().__init__()
+        self.levels = levels  # plain list: Pool has no parameters and must not add state_dict keys
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+        if len(self.levels) == 1:
+            return self.levels[0](x)
+        return (torch.cat([level(x)[0].flatten(1) for level in self.levels], dim=1),)
+
+
+def _spp_level(method: str, h: int, w: int, bins: int) -> Pool:
+    kernel = (math.ceil(h / bins), math.ceil(w / bins))
+    pad = tuple((k * bins - size + 1) // 2 for k, size in zip(kernel, (h, w), strict=True))
+    return Pool(method, kernel, kernel, pad, True, False, False)
+
+
+@converter("SPP")
+def spp(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
+    expect_bottoms(layer, shapes, 1)
+    expect_tops(layer, 1)
+    p = layer.sub("spp_param")
+    method = enum(layer, p, "pool", "MAX", ("MAX", "AVE", "STOCHASTIC"))
+    if method == "STOCHASTIC":
+        raise fail(layer, "STOCHASTIC pooling is not supported (Caffe runs it on GPU only); use MAX or AVE")
+    shape = shapes[0]
+    if len(shape) != 4:
+        raise fail(layer, f"pools 4-D input (N, C, H, W) only; got shape {list(shape)}")
+    height = p.get("pyramid_height")
+    if not isinstance(height, int) or isinstance(height, bool) or height <= 0:
+        raise fail(layer, f"needs spp_param {{ pyramid_height: L }} with L >= 1; got {height!r}")
+    levels = [_spp_level(method, shape[2], shape[3], 2**i) for i in range(height)]
+    sizes = [level.geometry(shape[2], shape[3])[1] for level in levels]
+    if height == 1:
+        return Built(SPP(levels), [(shape[0], shape[1], *sizes[0])])
+    return Built(SPP(levels), [(shape[0], sum(shape[1] * ph * pw for ph, pw in sizes))])

@@ -1,4 +1,4 @@
-"""Flatten, Reshape and ArgMax."""
+"""Flatten, Reshape, ArgMax and Tile."""
 
 from __future__ import annotations
 
@@ -138,3 +138,30 @@ def argmax(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
     else:
         top = (shape[0], 2 if out_max_val else 1, top_k, *([1] * (len(shape) - 3)))
     return Built(ArgMax(top_k, out_max_val, axis), [top])
+
+
+class Tile(CaffeLayer):
+    """``tile_layer.cpp``: the block from ``axis`` on is repeated ``tiles`` times (like ``Tensor.repeat``)."""
+
+    def __init__(self, axis: int, tiles: int) -> None:
+        super().__init__()
+        self.axis, self.tiles = axis, tiles
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+        reps = [1] * x.dim()
+        reps[self.axis] = self.tiles
+        return (x.repeat(*reps),)
+
+
+@converter("Tile")
+def tile(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
+    expect_bottoms(layer, shapes, 1)
+    expect_tops(layer, 1)
+    p = layer.sub("tile_param")
+    axis = canonical_axis(layer, int(p.get("axis", 1)), len(shapes[0]))
+    tiles = integer(layer, p, "tiles")
+    if tiles <= 0:
+        raise fail(layer, f"tiles must be positive; got {tiles}")
+    top = list(shapes[0])
+    top[axis] *= tiles
+    return Built(Tile(axis, tiles), [tuple(top)])

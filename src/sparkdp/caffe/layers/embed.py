@@ -1,0 +1,86 @@
+"""Layers whose output is a learned table: Embed (a lookup) and Parameter (a bare blob).
+
+Embed (``embed_layer.cpp``) reads integer indices stored as floats (truncated like
+``static_cast<int>``), weight blob ``[input_dim, num_output]`` (the transpose of
+InnerProduct's), top ``bottom.shape + [num_output]``.  It equals InnerProduct on one-hot
+rows.  Parameter (``parameter_layer.cpp``) has no bottom; its one blob, zero-initialised
+as Caffe's fresh blobs are, is its top — a way to learn a tensor shared by other layers.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...errors import DataError
+from ..spec import LayerSpec
+from .base import (
+    BuildContext,
+    Built,
+    CaffeLayer,
+    Shape,
+    converter,
+    expect_bottoms,
+    expect_tops,
+    fail,
+    flag,
+    integer,
+    shape_of,
+)
+from .fillers import fill_
+
+
+class Embed(CaffeLayer):
+    def __init__(self, input_dim: int, n: int, bias: bool, who: str) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(input_dim, n))
+        self.register_parameter("bias", nn.Parameter(torch.zeros(n)) if bias else None)
+        self.blob_names = ("weight", "bias") if bias else ("weight",)
+        self.who = who
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+        index = x.to(torch.int64)
+        if bool(((index < 0) | (index >= self.weight.shape[0])).any()):
+            bad = index[(index < 0) | (index >= self.weight.shape[0])][:5].tolist()
+            raise DataError(f"{self.who}: indices must lie in [0, {self.weight.shape[0]}) (input_dim); got {bad}")
+        out = F.embedding(index, self.weight)
+        return (out + self.bias if self.bias is not None else out,)
+
+
+@converter("Embed")
+def embed(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
+    expect_bottoms(layer, shapes, 1)
+    expect_tops(layer, 1)
+    p = layer.sub("embed_param")
+    n, input_dim = integer(layer, p, "num_output"), integer(layer, p, "input_dim")
+    if n <= 0 or input_dim <= 0:
+        raise fail(layer, f"num_output and input_dim must be positive; got {n} and {input_dim}")
+    bias = flag(layer, p, "bias_term", True)
+    module = Embed(input_dim, n, bias, layer.describe())
+    fill_(module.weight, p.get("weight_filler"), where=f"{layer.describe()}: ")
+    if bias:
+        fill_(module.bias, p.get("bias_filler"), where=f"{layer.describe()}: ")
+    return Built(module, [(*shapes[0], n)])
+
+
+class Parameter(CaffeLayer):
+    blob_names = ("blob",)
+
+    def __init__(self, shape: Shape) -> None:
+        super().__init__()
+        self.blob = nn.Parameter(torch.zeros(shape))
+
+    def forward(self) -> tuple[torch.Tensor]:
+        return (self.blob,)
+
+
+@converter("Parameter")
+def parameter(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
+    expect_bottoms(layer, shapes, 0)
+    expect_tops(layer, 1)
+    p = layer.sub("parameter_param")
+    if not p.has("shape"):
+        raise fail(layer, "needs parameter_param { shape { dim: ... } }")
+    shape = shape_of(layer, p.get("shape"))
+    return Built(Parameter(shape), [shape])

@@ -48,9 +48,9 @@ def _prototxt_batch(layer: LayerSpec) -> int | None:
     return None
 
 
-def _ancestors(layers: Sequence[LayerSpec], blob: str) -> tuple[list[LayerSpec], set[str]]:
-    """The layers (in file order) ``blob``'s final value depends on (in-place ones included), and their blobs."""
-    needed, kept = {blob}, []
+def _ancestors(layers: Sequence[LayerSpec], blobs: Sequence[str]) -> tuple[list[LayerSpec], set[str]]:
+    """The layers (in file order) the blobs' final values depend on (in-place ones included), and their blobs."""
+    needed, kept = set(blobs), []
     for layer in reversed(layers):
         if needed & set(layer.tops):
             kept.append(layer)
@@ -63,18 +63,23 @@ class CaffeLoss(nn.Module):
 
     The value is ``Σ loss_weight × sum(top)`` over the layer's tops, computed by the
     layer converter's own module (e.g. SoftmaxWithLoss with its ``normalization`` and
-    ``ignore_label``).  Picklable; no parameters.
+    ``ignore_label``).  ``prediction`` is a tuple when the loss reads several predicted
+    blobs (a Siamese net's two features); ``labels`` goes to the bottom at ``label_index``.
+    Picklable; no parameters.
     """
 
-    def __init__(self, layer: nn.Module, weights: Sequence[float], name: str = "") -> None:
+    def __init__(self, layer: nn.Module, weights: Sequence[float], name: str = "", label_index: int = 1) -> None:
         super().__init__()
         self.layer = layer
         self.weights = [float(w) for w in weights]
         self.name = name
+        self.label_index = label_index
 
-    def forward(self, prediction: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        tops = self.layer(prediction, labels)
-        total = prediction.new_zeros(())
+    def forward(self, prediction: torch.Tensor | tuple[torch.Tensor, ...], labels: torch.Tensor) -> torch.Tensor:
+        bottoms = list(prediction) if isinstance(prediction, tuple) else [prediction]
+        bottoms.insert(self.label_index, labels)
+        tops = self.layer(*bottoms)
+        total = bottoms[0].new_zeros(())
         for top, weight in zip(tops, self.weights, strict=False):
             if weight:
                 total = total + weight * top.sum()
@@ -95,13 +100,16 @@ class CaffeClassifier(nn.Module):
             as pycaffe's ``Transformer.set_raw_scale``.  The Data layer's
             ``transform_param`` ``mean_value`` and ``scale`` are then applied.
 
-    The net must have exactly one loss layer, whose bottoms are the prediction and a
-    label fed by a data layer, and one other fed input (the data).  The other fed tops
-    (the label) are fed zeros, since only layers the prediction depends on are built.
+    The net must have exactly one loss layer, whose bottoms are the prediction (or several,
+    such as a Siamese net's two features) and a label fed by a data layer, and one other fed
+    input (the data).  The other fed tops (the label) are fed zeros, since only layers the
+    prediction depends on are built.  ``model(x)`` returns the prediction, or a tuple of
+    them in the loss layer's bottom order.
 
     Attributes:
         net: the :class:`CaffeNet` of those layers.
-        data_blob, label_blob, prediction_blob: the fed data, the loss's label, the output.
+        data_blob, label_blob: the fed data and the loss's label.
+        prediction_blobs: the loss's other bottoms, the outputs; ``prediction_blob`` is the first.
         batch_size: the data layer's ``batch_size`` (None when the prototxt states none).
     """
 
@@ -128,28 +136,27 @@ class CaffeClassifier(nn.Module):
                 "the others, or remove them)."
             )
         index, loss = losses[0]
-        if len(loss.bottoms) != 2:
+        source_tops = {top for layer in layers[:index] if layer.type in SOURCE_TYPES for top in layer.tops}
+        labels = [b for b in loss.bottoms if b in source_tops]
+        predictions = [b for b in loss.bottoms if b not in source_tops]
+        if len(labels) != 1 or not predictions:
             raise ConfigError(
-                f"{loss.describe()} has {len(loss.bottoms)} bottoms; sparkdp needs (prediction, label)."
+                f"{loss.describe()} reads bottoms {loss.bottoms}, of which {len(labels)} come straight from a "
+                "data layer; sparkdp needs the prediction(s) and exactly one label that a Data/Input layer "
+                "produces (sparkdp feeds the labels to the loss)."
             )
-        prediction, label = loss.bottoms
-        head, needed = _ancestors(layers[:index], prediction)
+        label = labels[0]
+        head, needed = _ancestors(layers[:index], predictions)
         sources = [layer for layer in head if layer.type in SOURCE_TYPES]
-        label_sources = [
-            layer for layer in layers[:index] if layer.type in SOURCE_TYPES and label in layer.tops
-        ]
-        if not label_sources:
-            raise ConfigError(
-                f"{loss.describe()} reads label blob {label!r}, which no data layer produces; sparkdp feeds "
-                "the labels to the loss, so the label must be a top of a Data/Input layer."
-            )
         fed = [top for layer in sources for top in layer.tops if top in needed]
         if len(fed) != 1:
             raise ConfigError(
-                f"the prediction {prediction!r} of {loss.describe()} depends on {len(fed)} fed blob(s) "
+                f"the prediction(s) {predictions} of {loss.describe()} depend on {len(fed)} fed blob(s) "
                 f"{fed}; sparkdp feeds exactly one (the features)."
             )
-        self.data_blob, self.label_blob, self.prediction_blob = fed[0], label, prediction
+        self.data_blob, self.label_blob = fed[0], label
+        self.prediction_blobs, self.prediction_blob = tuple(predictions), predictions[0]
+        self._label_index = loss.bottoms.index(label)
         source = next(layer for layer in sources if self.data_blob in layer.tops)
         self.batch_size = _prototxt_batch(source)
         shapes = None
@@ -161,9 +168,9 @@ class CaffeClassifier(nn.Module):
         self.scale, mean = _transform(source)
         self.register_buffer("mean", None if mean is None else torch.tensor(mean), persistent=False)
         self._loss_layer, self._loss_weights = loss, _loss_weights(loss)
-        self._loss_shapes = [self.net.blob_shapes[prediction], (self.net.blob_shapes[prediction][0],)]
-        if label in self.net.blob_shapes:
-            self._loss_shapes[1] = self.net.blob_shapes[label]
+        first = self.net.blob_shapes[predictions[0]]
+        label_shape = self.net.blob_shapes.get(label, (first[0],))
+        self._loss_shapes = [label_shape if b == label else self.net.blob_shapes[b] for b in loss.bottoms]
         self.caffe_loss()  # fail now, with the layer named, if the loss does not fit the prediction
 
     # ---------------------------------------------------------------- Caffe's view
@@ -185,7 +192,7 @@ class CaffeClassifier(nn.Module):
         """The net's loss layer as ``loss(prediction, labels)``, built by its converter."""
         loss = self._loss_layer
         built = CONVERTERS.get(loss.type).factory(loss, list(self._loss_shapes), BuildContext(self.net.phase))
-        return CaffeLoss(built.module, self._loss_weights, loss.name)
+        return CaffeLoss(built.module, self._loss_weights, loss.name, self._label_index)
 
     # -------------------------------------------------------------------- running
 
@@ -207,11 +214,16 @@ class CaffeClassifier(nn.Module):
         for name in self._zero_inputs:  # the label: its layers are not built, so its value is unused
             inputs[name] = x.new_zeros((x.shape[0], *self.net.input_shapes[name][1:]))
         out = self.net(**inputs)
-        return out[self.prediction_blob] if isinstance(out, dict) else out
+        if not isinstance(out, dict):
+            return out
+        if len(self.prediction_blobs) == 1:
+            return out[self.prediction_blob]
+        return tuple(out[name] for name in self.prediction_blobs)
 
     def extra_repr(self) -> str:
         return (
-            f"data={self.data_blob!r} -> prediction={self.prediction_blob!r}, loss={self._loss_layer.name!r} "
+            f"data={self.data_blob!r} -> prediction={', '.join(map(repr, self.prediction_blobs))}, "
+            f"loss={self._loss_layer.name!r} "
             f"({self._loss_layer.type}), raw_scale={self.raw_scale}, scale={self.scale}"
         )
 

@@ -96,7 +96,7 @@ def _preflight_columns(model: nn.Module, loss_fn: Callable, data: Any,
         check_batch(model, loss_fn, x, y)
         out = model(x)
     model.train(was_training)
-    if out.dim() == 2 and not y.is_floating_point() and y.dim() == 1:
+    if isinstance(out, torch.Tensor) and out.dim() == 2 and not y.is_floating_point() and y.dim() == 1:
         converter.num_classes = out.shape[1]  # every batch's labels are then checked against it
     log.info("data columns -> tensors: %s", converter.describe())
 
@@ -118,11 +118,9 @@ def _preflight(model: nn.Module, loss_fn: Callable, data: WorkerData, memory_for
             check_batch(model, loss_fn, x, y)
             labels = data.labels
             if not labels.is_floating_point() and labels.dim() == 1:
-                out = model(x)
-                if out.dim() == 2:
-                    from ..train.loop import check_labels
+                from ..train.loop import check_labels
 
-                    check_labels(out, labels)
+                check_labels(model(x), labels)  # (does nothing unless the output is class scores)
         model.train(was_training)
     return preflight_layout(memory_format, model, lambda to_batch: _forward(model, loss_fn, to_batch(sample[0]),
                                                                              sample[1]))

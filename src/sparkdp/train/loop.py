@@ -135,12 +135,22 @@ def check_batch(model: nn.Module, loss_fn: Callable, x: torch.Tensor, y: torch.T
     try:
         loss_fn(out, y)
     except (RuntimeError, ValueError, IndexError) as exc:
-        raise ConfigError(f"the loss cannot compare model outputs of shape {tuple(out.shape)} with labels of "
+        raise ConfigError(f"the loss cannot compare model outputs of shape {_shapes(out)} with labels of "
                           f"shape {tuple(y.shape)} ({y.dtype}): {exc}") from exc
 
 
+def _shapes(out: Any) -> Any:
+    return tuple(out.shape) if isinstance(out, torch.Tensor) else [tuple(o.shape) for o in out]
+
+
+def _class_scores(out: Any, y: torch.Tensor) -> bool:
+    """True when ``out`` is one (rows, classes) tensor and ``y`` integer class labels: accuracy applies.
+    (A model may return a tuple, e.g. a Siamese net's two features for a pair loss.)"""
+    return isinstance(out, torch.Tensor) and out.dim() == 2 and not y.is_floating_point()
+
+
 def check_labels(out: torch.Tensor, y: torch.Tensor) -> None:
-    if out.dim() == 2 and not y.is_floating_point() and y.dim() == 1 and len(y):
+    if _class_scores(out, y) and y.dim() == 1 and len(y):
         classes = out.shape[1]
         lo, hi = int(y.min()), int(y.max())
         if lo < 0 or hi >= classes:
@@ -173,20 +183,21 @@ def evaluate(model: nn.Module, loss_fn: Callable, data: WorkerData, collective: 
              batch_size: int, channels_last: bool = False) -> dict[str, float]:
     """Loss and (for classifiers) accuracy over all ranks' shares, each row counted once."""
     model.eval()
-    sums = torch.zeros(3, dtype=torch.float64)  # loss*rows, correct, rows
+    sums = torch.zeros(4, dtype=torch.float64)  # loss*rows, correct, rows, rows with one output tensor
     with torch.no_grad():
         for x, y in data.eval_batches(rank=collective.rank, world_size=collective.world_size,
                                       batch_size=batch_size):
             out = model(batch_layout(x, channels_last))
             sums[0] += float(loss_fn(out, y)) * len(x)
-            if out.dim() == 2 and not y.is_floating_point():
+            if _class_scores(out, y):
                 sums[1] += float((out.argmax(1) == y).sum())
             sums[2] += len(x)
+            sums[3] += len(x) if isinstance(out, torch.Tensor) else 0
     collective.all_reduce(sums, "sum")
     model.train()
     rows = max(sums[2].item(), 1.0)
     metrics = {"test_loss": sums[0].item() / rows}
-    if sums[1] > 0 or sums[2] > 0:
+    if sums[3] > 0:  # not for models returning several tensors (a Siamese net's pair of features)
         metrics["test_accuracy"] = sums[1].item() / rows
     return metrics
 

@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.sparkdp-ready
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=20  # the slowest tests, to keep `make test` inside its time budget
 
 .PHONY: setup demo test test-all lint docs docs-serve fuzz bench bench-cluster bench-sync bench-allreduce bench-ps bench-async bench-data bench-checkpoint bench-monitor clean
 

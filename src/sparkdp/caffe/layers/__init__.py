@@ -17,6 +17,7 @@ from . import (  # noqa: F401
     margin,
     normalization,
     pooling,
+    recurrent,
     reduction,
     select,
     shape,

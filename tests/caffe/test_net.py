@@ -164,6 +164,10 @@ def test_wiring_errors(build):
             'python_param { module: "my_layers" layer: "Odd" } }',
             data=(1, 2),
         )
+    with pytest.raises(ConfigError, match=r"type 'HDF5Output': it writes its bottoms to an HDF5 file"):
+        build('layer { name: "o" type: "HDF5Output" bottom: "data" }', data=(1, 2))
+    with pytest.raises(ConfigError, match=r"type 'WindowData': R-CNN's window-file layer"):
+        build('layer { name: "w" type: "WindowData" top: "d" top: "l" }', data=(1, 2))
     with pytest.raises(ConfigError, match="gives 3 param specs but has only 2"):
         build(
             'layer { name: "ip" type: "InnerProduct" bottom: "data" top: "y" param {} param {} param {} '

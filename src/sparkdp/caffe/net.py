@@ -51,6 +51,15 @@ class _Learnable:
     decay_mult: float | None
 
 
+# BVLC layer types with no meaning inside a PyTorch module, and what to do instead.
+_REFUSED = {
+    "HDF5Output": "it writes its bottoms to an HDF5 file as a side effect of the forward pass, which a "
+    "PyTorch module does not do; remove it and save the outputs of the model from Python.",
+    "WindowData": "R-CNN's window-file layer (crops around boxes listed in a window file) is not supported; "
+    "crop the windows beforehand and feed them through a Data or Input layer.",
+}
+
+
 class CaffeNet(nn.Module):
     """A Caffe net as an ``nn.Module``; build it with :func:`load_net` or :meth:`from_spec`.
 
@@ -116,6 +125,8 @@ class CaffeNet(nn.Module):
                 f"{p.get('layer', '?')!r}): it runs your own Python code, which sparkdp does not import from a "
                 "prototxt. Replace it with a supported layer type, or write the model in PyTorch."
             )
+        if layer.type in _REFUSED:
+            raise ConfigError(f"{where}layer {layer.name!r} has type {layer.type!r}: {_REFUSED[layer.type]}")
         if layer.type not in SUPPORTED:
             case = [t for t in SUPPORTED if t.lower() == layer.type.lower()]
             close = case or difflib.get_close_matches(layer.type, SUPPORTED, n=3, cutoff=0.7)

@@ -328,3 +328,26 @@ def test_cont_shape_is_checked_when_running(build):
     with pytest.raises(ValueError, match="layer 'rec'.*cont must have shape"):
         net(x=torch.randn(T, N, 2), cont=torch.ones(T, N + 1))
     assert net(x=torch.randn(7, 1, 2), cont=_cont(7, 1)).shape == (7, 1, H)  # other T and N run too
+
+
+def test_lstm_unit_is_one_torch_lstm_cell_step(build):
+    net = build(
+        'layer { name: "u" type: "LSTMUnit" bottom: "c0" bottom: "x" bottom: "cont" top: "c" top: "h" }',
+        c0=(1, 3, 4),
+        x=(1, 3, 16),
+        cont=(1, 3),
+    )
+    c0, gates = torch.randn(1, 3, 4), torch.randn(1, 3, 16)
+    # torch.nn.LSTMCell fed the gates as its input through a permutation (Caffe i,f,o,g -> torch i,f,g,o)
+    cell = torch.nn.LSTMCell(16, 4, bias=False)
+    order = torch.cat([torch.arange(0, 8), torch.arange(12, 16), torch.arange(8, 12)])
+    with torch.no_grad():
+        cell.weight_ih.copy_(torch.eye(16)[order])
+        cell.weight_hh.zero_()
+    h_ref, c_ref = cell(gates[0], (torch.zeros(3, 4), c0[0]))
+    out = net(c0, gates, torch.ones(1, 3))
+    torch.testing.assert_close(out["c"][0], c_ref)
+    torch.testing.assert_close(out["h"][0], h_ref)
+    i, _, _, g = gates[0].chunk(4, dim=1)
+    reset = net(c0, gates, torch.tensor([[0.0, 1.0, 0.0]]))  # cont 0 drops c_prev
+    torch.testing.assert_close(reset["c"][0, 0], torch.sigmoid(i[0]) * torch.tanh(g[0]))

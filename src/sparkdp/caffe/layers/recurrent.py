@@ -194,3 +194,30 @@ def lstm(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
 @converter("RNN")
 def rnn(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
     return _build(layer, shapes, RNN)
+
+
+class LSTMUnit(CaffeLayer):
+    """One LSTM step on precomputed gates (``lstm_unit_layer.cpp``), the cell LSTM unrolls into.
+
+    Bottoms ``c_prev`` (1, N, H), gates ``X`` (1, N, 4H) in Caffe's i, f, o, g order and
+    ``cont`` (1, N); tops ``c = cont·f·c_prev + i·g`` and ``h = o·tanh(c)``.
+    """
+
+    def forward(self, c_prev: torch.Tensor, gates: torch.Tensor, cont: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        i, f, o, g = gates.chunk(4, dim=-1)
+        c = cont.reshape(*c_prev.shape[:-1], 1) * torch.sigmoid(f) * c_prev + torch.sigmoid(i) * torch.tanh(g)
+        return c, torch.sigmoid(o) * torch.tanh(c)
+
+
+@converter("LSTMUnit")
+def lstm_unit(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
+    expect_bottoms(layer, shapes, 3)
+    expect_tops(layer, 2)
+    c_prev, gates, cont = shapes
+    if len(c_prev) != 3 or c_prev[0] != 1 or gates != (*c_prev[:2], 4 * c_prev[2]) or cont != c_prev[:2]:
+        raise fail(
+            layer,
+            f"needs c_prev (1, N, H), gates (1, N, 4H) and cont (1, N); got {list(c_prev)}, {list(gates)} and "
+            f"{list(cont)}",
+        )
+    return Built(LSTMUnit(), [c_prev, c_prev])

@@ -317,3 +317,13 @@ def test_data_sources():
     torch.testing.assert_close(net(**fed, d2=torch.ones(2, 2))["d2"], torch.ones(2, 2))
     with pytest.raises(ConfigError, match="HDF5Data does not transform data"):
         load_net('layer { name: "h" type: "HDF5Data" top: "h" transform_param { scale: 2 } }')
+
+
+def test_user_guide_lists_every_supported_layer_type():
+    from pathlib import Path
+
+    from sparkdp.caffe.layers import SUPPORTED
+
+    guide = (Path(__file__).parents[2] / "docs" / "guide" / "caffe.md").read_text()
+    missing = [t for t in SUPPORTED if f"`{t}`" not in guide]
+    assert not missing, f"docs/guide/caffe.md does not list {missing}"

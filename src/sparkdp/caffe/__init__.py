@@ -12,6 +12,24 @@ Example:
     >>> net(data=torch.ones(1, 3)).shape
     torch.Size([1, 2])
 
+Weights: :func:`load_weights` / :func:`save_weights` read and write ``.caffemodel`` files;
+:func:`convert_to_safetensors` / :func:`convert_to_caffemodel` (:mod:`.convert`, the
+``sparkdp caffe convert`` command) turn them into a plain PyTorch state dict and back:
+
+    >>> import os, tempfile
+    >>> from safetensors.torch import load_file
+    >>> from sparkdp.caffe import convert_to_caffemodel, convert_to_safetensors
+    >>> tiny = ('input: "data" input_shape { dim: 1 dim: 3 } layer { name: "ip" type: "InnerProduct" '
+    ...         'bottom: "data" top: "ip" inner_product_param { num_output: 2 } }')
+    >>> out = os.path.join(tempfile.mkdtemp(), "tiny.safetensors")
+    >>> convert_to_safetensors(tiny, out).path.name    # weights=...caffemodel to convert trained ones
+    'tiny.safetensors'
+    >>> fresh = load_net(tiny, phase="TEST")
+    >>> fresh.load_state_dict(load_file(out))
+    <All keys matched successfully>
+    >>> convert_to_caffemodel(tiny, out, out.replace(".safetensors", ".caffemodel")).loaded
+    ('ip',)
+
 Training a net with its solver on Spark: :func:`fit_caffe` (:mod:`.train`).
 """
 
@@ -35,6 +53,8 @@ __all__ = [
     "NetState",
     "ParamSpec",
     "TextFormatError",
+    "convert_to_caffemodel",
+    "convert_to_safetensors",
     "filter_layers",
     "fit_caffe",
     "inspect_net",
@@ -48,7 +68,8 @@ __all__ = [
 
 _LAZY = {"CaffeNet": "net", "load_net": "net", "inspect_net": "inspect", "CaffeClassifier": "classifier",
          "CaffeLoss": "classifier", "CaffeOptimizerFactory": "solver", "fit_caffe": "train",
-         "load_weights": "weights", "save_weights": "weights"}
+         "load_weights": "weights", "save_weights": "weights",
+         "convert_to_safetensors": "convert", "convert_to_caffemodel": "convert"}
 
 
 def __getattr__(name: str) -> Any:

@@ -54,7 +54,7 @@ def _image_source(layer: LayerSpec, ctx: BuildContext, batch: int, chw: Shape | 
         raise fail(
             layer,
             f"{why}; pass input_shapes={{{layer.tops[0]!r}: ({batch}, C, H, W)}} "
-            "(sparkdp caffe inspect: --input-shape N,C,H,W)",
+            f"(sparkdp caffe inspect: --input-shape {layer.tops[0]}=N,C,H,W)",
         )
     shapes = [data]
     if len(layer.tops) == 2:
@@ -135,10 +135,12 @@ def hdf5_data_layer(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) ->
     for top in layer.tops:
         shape = _fed(layer, ctx, top, None)
         if shape is None:
+            flags = " ".join(f"--input-shape {t}=N,..." for t in layer.tops)
             raise fail(
                 layer,
                 f"dataset {top!r} has a shape only the HDF5 file knows; "
-                f"pass input_shapes={{{top!r}: (N, ...)}} for every top",
+                f"pass input_shapes={{{top!r}: (N, ...)}} for every top "
+                f"(sparkdp caffe inspect/convert: {flags})",
             )
         out.append(shape)
     return Built(Source(layer.tops), out)

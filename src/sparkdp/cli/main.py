@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import SparkdpError
-from . import env_cmd, launch_cmd, report_cmd, train_cmd
+from . import env_cmd, launch_cmd, plan_cmd, report_cmd, train_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(parser=train)
     launch_cmd.add_parser(sub)
     report_cmd.add_parser(sub)
+    plan_cmd.add_parser(sub)
     env_cmd.add_parser(sub)
     try:
         from . import caffe_cmd

@@ -1,0 +1,150 @@
+"""``sparkdp plan``: which strategy wins on a given cluster, predicted by the cost model.
+
+Without ``--calibrate`` it is arithmetic on what you state (parameters, step compute,
+bandwidth, latency); with it, sparkdp measures those terms on your Spark cluster first
+(``driver/calibrate.py``) and, with ``--verify``, trains each strategy briefly and reports
+how far the predictions were from the measured step times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..errors import ConfigError
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="predict each strategy's step time and scaling up to many workers",
+        description="Predict per-step time, throughput and scaling efficiency of allreduce, average(k) and "
+        "asgd for growing worker counts (the cost model of docs/algorithms.md §8), and recommend one.",
+        epilog="examples:\n"
+        "  sparkdp plan --model cnn --step-compute-ms 70 --workers 1024 --bandwidth 10 --latency 0.05\n"
+        "  sparkdp plan --model cnn --calibrate --verify --workers 256",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    what = p.add_argument_group("the workload")
+    what.add_argument("--model", help="a built-in model (its parameter count; what --calibrate measures)")
+    what.add_argument("--params", type=int, help="parameter count (instead of --model)")
+    what.add_argument("--step-compute-ms", type=float, help="one worker's forward+backward+step time on its batch")
+    what.add_argument("--batch", type=int, default=64, help="rows per worker per step (default 64)")
+    net = p.add_argument_group("the cluster")
+    net.add_argument("--workers", type=int, default=64, help="largest worker count to predict (default 64)")
+    net.add_argument("--bandwidth", type=float, default=10.0, help="link bandwidth in Gbit/s (default 10)")
+    net.add_argument("--latency", type=float, default=0.05, help="one message's latency in ms (default 0.05)")
+    opts = p.add_argument_group("strategy options")
+    opts.add_argument("--average-k", type=int, default=8, help="average's period in steps (default 8)")
+    opts.add_argument("--ps-k", type=int, default=1, help="asgd's push_every (default 1)")
+    opts.add_argument("--shards", type=int, default=1, help="parameter-server shards (default 1)")
+    opts.add_argument("--overlap", type=float, default=0.0,
+                      help="fraction of the all-reduce hidden behind backward (default 0: none)")
+    cal = p.add_argument_group("measuring instead of assuming")
+    cal.add_argument("--calibrate", action="store_true",
+                     help="measure step compute, all-reduce and parameter-server terms on the cluster (--model)")
+    cal.add_argument("--verify", action="store_true",
+                     help="with --calibrate: train each strategy briefly and report the prediction error")
+    cal.add_argument("--master", help="Spark master for --calibrate (default: local[*] or SPARKDP_MASTER)")
+    cal.add_argument("--calibration-workers", type=int, help="tasks to calibrate with (default: all task slots)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=run)
+
+
+def _params(args) -> int:
+    if args.params is not None:
+        if args.params < 1:
+            raise ConfigError(f"--params must be positive; got {args.params}")
+        return args.params
+    if not args.model:
+        raise ConfigError("give --model NAME (a built-in model) or --params COUNT")
+    from ..models import build_model
+
+    return sum(p.numel() for p in build_model(args.model).parameters())
+
+
+def run(args) -> int:
+    from .. import costmodel
+
+    if args.verify and not args.calibrate:
+        raise ConfigError("--verify compares predictions with measured runs; it needs --calibrate")
+    params = _params(args)
+    net = costmodel.Network.from_link(args.bandwidth, args.latency)
+    report: dict = {}
+    if args.calibrate:
+        net, compute_s, report = _calibrated(args)
+    elif args.step_compute_ms is None or args.step_compute_ms <= 0:
+        raise ConfigError("give --step-compute-ms (> 0), or --calibrate to measure it on your cluster")
+    else:
+        compute_s = args.step_compute_ms / 1e3
+    work = costmodel.Workload(params, compute_s, batch=args.batch)
+    rows = costmodel.table(work, net, costmodel.worker_counts(args.workers), average_k=args.average_k,
+                           ps_k=args.ps_k, shards=args.shards, overlap=args.overlap)
+    advice = costmodel.recommend(rows, args.workers)
+    if args.verify:
+        report["verify"] = _verify(args, rows, report["calibration"]["workers"])
+    if args.json:
+        print(json.dumps({"params": params, "step_compute_s": compute_s, "network": net.__dict__,
+                          "predictions": [{**r.__dict__, "label": r.label} for r in rows],
+                          "recommendation": advice, **report}, indent=2, default=str))
+        return 0
+    _print(params, compute_s, net, rows, advice, report)
+    return 0
+
+
+def _calibrated(args):
+    import sparkdp
+
+    from ..driver.calibrate import calibrate
+    from ..models import build_model
+    from ..spark.launcher import task_slots
+
+    if not args.model:
+        raise ConfigError("--calibrate measures a built-in model's step: give --model NAME")
+    spark = sparkdp.session(args.master, log_level="OFF")
+    workers = args.calibration_workers or task_slots(spark.sparkContext) or 2
+    cal = calibrate(build_model(args.model), spark=spark, workers=workers, batch=args.batch)
+    return cal.network(), cal.step_compute_s, {"calibration": cal.as_dict()}
+
+
+def _verify(args, rows, workers: int) -> list[dict]:
+    import sparkdp
+
+    from ..driver.calibrate import measure_steps
+
+    measured = measure_steps(args.model, spark=sparkdp.session(args.master, log_level="OFF"), workers=workers,
+                             batch=args.batch, average_k=args.average_k, ps_k=args.ps_k)
+    out = []
+    for row in rows:
+        if row.workers == workers and row.label in measured:
+            real = measured[row.label]
+            out.append({"strategy": row.label, "workers": workers, "predicted_step_s": row.step_s,
+                        "measured_step_s": real, "error": row.step_s / real - 1.0})
+    return out
+
+
+def _print(params, compute_s, net, rows, advice, report) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    cal = report.get("calibration")
+    source = f"measured on {cal['workers']} workers" if cal else "as given"
+    console.print(f"{params:,} parameters ({params * 4 / 1e6:.1f} MB), step compute {compute_s * 1e3:.1f} ms; "
+                  f"network {source}: α {net.latency_s * 1e6:.0f} µs, {8 / net.seconds_per_byte / 1e9:.2f} Gbit/s "
+                  f"(parameter server: α {net.ps_alpha * 1e6:.0f} µs, {8 / net.ps_beta / 1e9:.2f} Gbit/s)")
+    labels = list(dict.fromkeys(r.label for r in rows))
+    table = Table(title="predicted step time (ms) / scaling efficiency")
+    table.add_column("workers", justify="right")
+    for label in labels:
+        table.add_column(label, justify="right")
+    for m in dict.fromkeys(r.workers for r in rows):
+        cells = {r.label: f"{r.step_s * 1e3:.1f} / {r.efficiency:.0%}" + (" *" if r.bound == "server" else "")
+                 for r in rows if r.workers == m}
+        table.add_row(str(m), *(cells[label] for label in labels))
+    console.print(table)
+    console.print("* limited by the parameter server's link (add shards: --shards)")
+    for v in report.get("verify", []):
+        console.print(f"verify {v['strategy']} x{v['workers']}: predicted {v['predicted_step_s'] * 1e3:.1f} ms, "
+                      f"measured {v['measured_step_s'] * 1e3:.1f} ms ({v['error']:+.0%})")
+    console.print(f"recommendation: {advice}")

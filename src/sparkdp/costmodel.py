@@ -1,0 +1,162 @@
+"""Predicted step time of each strategy on a cluster: the cost model of docs/algorithms.md §8.
+
+Plain arithmetic, no Spark or torch, so ``sparkdp plan`` answers instantly for any worker
+count.  A step is one optimizer step on every worker (``batch`` rows each); its time is the
+compute ``C`` plus what communication the strategy adds per step:
+
+* ``allreduce`` — ring all-reduce of the gradient, ``2(M-1)α + 2(M-1)/M·S·β`` (sparkdp's DDP
+  overlaps part of it with the backward pass; ``overlap`` is that fraction, 0 by default,
+  which is conservative);
+* ``average`` — the same ring over the parameters, every ``k`` steps;
+* ``asgd`` — a push and a pull of ``S`` bytes to a parameter server every ``k`` steps,
+  ``(2α_ps + 2S·β_ps)/k`` on the worker, but one server's link carries all ``M`` workers'
+  traffic, so a step can be no faster than ``M·2S·β_ps/(K·k)`` with ``K`` server shards.
+
+Scaling efficiency is ``C / T``: the fraction of a communication-free worker's throughput
+each worker keeps.  ``calibrate`` (``sparkdp plan --calibrate``) measures ``C``, ``α``,
+``β`` and the parameter-server terms on the user's own cluster.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from .errors import ConfigError
+
+STRATEGIES = ("allreduce", "average", "asgd")
+
+
+@dataclass(frozen=True)
+class Network:
+    """The measured or assumed links.  ``ps_*`` default to the all-reduce link's figures."""
+
+    latency_s: float  # α: one message's fixed cost
+    seconds_per_byte: float  # β: 1 / bandwidth in bytes per second
+    ps_latency_s: float | None = None  # α_ps: one push or pull's fixed cost
+    ps_seconds_per_byte: float | None = None  # β_ps
+
+    @classmethod
+    def from_link(cls, gbit_per_s: float, latency_ms: float) -> Network:
+        if gbit_per_s <= 0 or latency_ms < 0:
+            raise ConfigError(f"bandwidth must be > 0 Gbit/s and latency >= 0 ms; got {gbit_per_s} and {latency_ms}")
+        return cls(latency_ms / 1e3, 8.0 / (gbit_per_s * 1e9))
+
+    @property
+    def ps_alpha(self) -> float:
+        return self.latency_s if self.ps_latency_s is None else self.ps_latency_s
+
+    @property
+    def ps_beta(self) -> float:
+        return self.seconds_per_byte if self.ps_seconds_per_byte is None else self.ps_seconds_per_byte
+
+
+@dataclass(frozen=True)
+class Workload:
+    params: int
+    step_compute_s: float  # C: forward + backward + optimizer step of one worker's batch
+    bytes_per_param: int = 4
+    batch: int = 64  # rows per worker per step (for samples/s)
+
+    @property
+    def nbytes(self) -> int:
+        return self.params * self.bytes_per_param
+
+
+@dataclass(frozen=True)
+class Prediction:
+    strategy: str
+    workers: int
+    step_s: float
+    comm_s: float
+    samples_per_s: float
+    efficiency: float  # C / T
+    bound: str  # what dominates: "compute", "network" or "server"
+    options: dict = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        extra = ",".join(f"{k}={v}" for k, v in self.options.items())
+        return f"{self.strategy}({extra})" if extra else self.strategy
+
+
+def ring_allreduce_s(nbytes: float, workers: int, net: Network) -> float:
+    """``2(M-1)α + 2(M-1)/M·S·β``; 0 for one worker."""
+    if workers <= 1:
+        return 0.0
+    m = workers
+    return 2 * (m - 1) * net.latency_s + 2 * (m - 1) / m * nbytes * net.seconds_per_byte
+
+
+def predict(strategy: str, work: Workload, net: Network, workers: int, *, k: int = 1, shards: int = 1,
+            overlap: float = 0.0) -> Prediction:
+    """The predicted step of ``strategy`` on ``workers`` workers (see the module docstring)."""
+    if strategy not in STRATEGIES:
+        raise ConfigError(f"the cost model knows {', '.join(STRATEGIES)}; got {strategy!r}")
+    if workers < 1 or k < 1 or shards < 1 or not 0.0 <= overlap < 1.0:
+        raise ConfigError(f"need workers >= 1, k >= 1, shards >= 1 and 0 <= overlap < 1; got {workers}, {k}, "
+                          f"{shards}, {overlap}")
+    c, s = work.step_compute_s, work.nbytes
+    options: dict = {}
+    bound = "compute"
+    if strategy == "allreduce":
+        comm = ring_allreduce_s(s, workers, net)
+        hidden = min(overlap * comm, c)
+        step = c + comm - hidden
+        comm -= hidden
+    elif strategy == "average":
+        comm = ring_allreduce_s(s, workers, net) / k
+        step = c + comm
+        options = {"k": k}
+    else:
+        per_worker = (2 * net.ps_alpha + 2 * s * net.ps_beta) / k
+        server = workers * 2 * s * net.ps_beta / (shards * k)  # the server link's time per round
+        comm = per_worker
+        step = max(c + per_worker, server)
+        if server > c + per_worker:
+            bound, comm = "server", server - c
+        options = {"k": k, "shards": shards}
+    if bound == "compute" and comm > c:
+        bound = "network"
+    return Prediction(strategy, workers, step, comm, workers * work.batch / step, c / step, bound, options)
+
+
+def worker_counts(maximum: int) -> list[int]:
+    """1, 2, 4, ... up to ``maximum`` (and ``maximum`` itself)."""
+    if maximum < 1:
+        raise ConfigError(f"workers must be >= 1; got {maximum}")
+    counts = [2**i for i in range(int(math.log2(maximum)) + 1)]
+    return counts if counts[-1] == maximum else [*counts, maximum]
+
+
+def table(work: Workload, net: Network, counts: Sequence[int], *, average_k: int = 8, ps_k: int = 1,
+          shards: int = 1, overlap: float = 0.0) -> list[Prediction]:
+    """Every strategy at every worker count: allreduce, average(k), asgd(k, shards)."""
+    rows = []
+    for m in counts:
+        rows.append(predict("allreduce", work, net, m, overlap=overlap))
+        rows.append(predict("average", work, net, m, k=average_k))
+        rows.append(predict("asgd", work, net, m, k=ps_k, shards=shards))
+    return rows
+
+
+def recommend(rows: Sequence[Prediction], workers: int) -> str:
+    """One sentence: the fastest strategy at ``workers``, and whether synchronous training still scales."""
+    at = [r for r in rows if r.workers == workers]
+    if not at:
+        raise ConfigError(f"no prediction for {workers} workers")
+    sync = next(r for r in at if r.strategy == "allreduce")
+    best = max(at, key=lambda r: r.samples_per_s)
+    if sync.efficiency >= 0.8 or best is sync:
+        return (f"allreduce: {sync.efficiency:.0%} scaling efficiency at {workers} workers; it trains exactly like "
+                "one process on the combined batch, so prefer it.")
+    return (f"{best.label}: {best.samples_per_s / sync.samples_per_s:.2f}x allreduce's throughput at {workers} "
+            f"workers, where allreduce keeps only {sync.efficiency:.0%} of each worker's compute speed; "
+            f"{best.strategy} communicates less often or without a barrier, which can need more epochs to reach "
+            "the same accuracy.")
+
+
+def with_measured(net: Network, **measured: float | None) -> Network:
+    """``net`` with the measured terms (None keeps the assumed one)."""
+    return replace(net, **{k: v for k, v in measured.items() if v is not None})

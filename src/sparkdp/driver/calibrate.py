@@ -1,0 +1,191 @@
+"""``sparkdp plan --calibrate``: measure the cost model's terms on the user's own Spark cluster.
+
+Three short measurements, each with what training itself uses:
+
+* **compute** ``C`` — a barrier stage of ``workers`` tasks, each timing forward + backward +
+  SGD step of the model on one batch, all at once (so CPU sharing between co-located tasks
+  counts, as it does in training);
+* **all-reduce** ``α, β`` — in the same stage, the ranks all-reduce a tiny and a model-sized
+  tensor through the collective ``allreduce`` trains with (shared memory between co-located
+  ranks, gloo otherwise); the two medians fix ``2(M-1)α`` and ``2(M-1)/M·β``;
+* **parameter server** ``α_ps, β_ps`` — a server on the driver (authenticated TCP and the ASGD
+  update, as in asynchronous training) and one task pushing and pulling a tiny and a
+  model-sized tensor.
+
+Each figure is a median of ``reps`` timings after a warm-up.  Everything runs for a few
+seconds; ``sparkdp plan`` then predicts larger worker counts from it (``costmodel.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..costmodel import Network
+from ..errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+TINY = 256  # floats: a message whose time is all latency
+
+
+@dataclass(frozen=True)
+class Calibration:
+    workers: int
+    params: int
+    batch: int
+    step_compute_s: float
+    allreduce_tiny_s: float | None  # None with one worker
+    allreduce_full_s: float | None
+    ps_tiny_s: float
+    ps_full_s: float
+
+    def network(self) -> Network:
+        """α, β from the two all-reduce points; α_ps, β_ps from the two push+pull points."""
+        s = self.params * 4
+        ps_beta = max((self.ps_full_s - self.ps_tiny_s) / (2 * (s - TINY * 4)), 1e-15)
+        ps_alpha = max(self.ps_tiny_s / 2 - TINY * 4 * ps_beta, 0.0)
+        if self.allreduce_full_s is None or self.allreduce_tiny_s is None or self.workers < 2:
+            return Network(ps_alpha, ps_beta, ps_alpha, ps_beta)  # no all-reduce to measure: assume the PS link
+        m = self.workers
+        beta = max((self.allreduce_full_s - self.allreduce_tiny_s) / (2 * (m - 1) / m * (s - TINY * 4)), 1e-15)
+        alpha = max((self.allreduce_tiny_s - 2 * (m - 1) / m * TINY * 4 * beta) / (2 * (m - 1)), 0.0)
+        return Network(alpha, beta, ps_alpha, ps_beta)
+
+    def as_dict(self) -> dict[str, Any]:
+        net = self.network()
+        return {**self.__dict__, "alpha_s": net.latency_s, "beta_s_per_byte": net.seconds_per_byte,
+                "ps_alpha_s": net.ps_alpha, "ps_beta_s_per_byte": net.ps_beta}
+
+
+def _median_time(fn, reps: int) -> float:
+    fn()  # warm-up: allocations, page faults, lazy initialisation
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _compute_step(model: nn.Module, batch: int, sample_shape: tuple[int, ...]):
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)  # training's default optimizer
+    x, y = torch.randn(batch, *sample_shape), torch.randint(0, 10, (batch,))
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+    return step
+
+
+def _stage_task(model: nn.Module, batch: int, sample_shape: tuple[int, ...], reps: int, threads: int | None):
+    def body(collective) -> dict[str, float]:
+        from ..comm.shm import SharedMemoryCollective, SharedMemoryReducer
+        from ..strategies.allreduce import SHARED_MEMORY_MIN_BYTES
+
+        params = sum(p.numel() for p in model.parameters())
+        collective.barrier()
+        out = {"compute": _median_time(_compute_step(model, batch, sample_shape), reps)}
+        if collective.world_size > 1:
+            reducer = SharedMemoryReducer.connect(collective, slot_bytes=min(16 << 20, params * 4))
+            coll = SharedMemoryCollective(collective, reducer, SHARED_MEMORY_MIN_BYTES) if reducer else collective
+            for name, n in (("tiny", TINY), ("full", params)):
+                t = torch.ones(n)
+                collective.barrier()
+                out[name] = _median_time(lambda t=t: coll.all_reduce(t), reps)
+        return out
+
+    from ..train.jobs import in_task
+
+    return in_task(body, threads=threads, pg_timeout_s=120.0)
+
+
+def _ps_task(info: dict[str, Any], sizes: dict[str, int], reps: int):
+    def task(_index: int) -> dict[str, float]:
+        from ..ps.transport import TcpTransport
+
+        out = {}
+        for name, n in sizes.items():
+            client = TcpTransport().connect(info[name].address, info[name].secret, worker_id=0,
+                                            tls_cert=info[name].tls_cert)
+            try:
+                out[name] = _push_pull_time(client, n, reps)
+            finally:
+                client.close()
+        return out
+
+    return task
+
+
+def _push_pull_time(client, n: int, reps: int) -> float:  # noqa: ANN001
+    grads, centre = [torch.full((n,), 1e-6)], [torch.empty(n)]
+    state = {"versions": client.pull(out=centre).versions, "seq": 0}
+
+    def round_trip() -> None:
+        state["seq"] += 1
+        client.push(state["seq"], state["versions"], grads)
+        state["versions"] = client.pull(out=centre).versions
+
+    return _median_time(round_trip, reps)
+
+
+def calibrate(model: nn.Module, *, spark, workers: int, batch: int = 64, sample_shape: tuple[int, ...] = (1, 28, 28),
+              reps: int = 10, threads: int | None = None) -> Calibration:
+    """Measure ``C``, the all-reduce and the parameter-server terms with ``workers`` tasks."""
+    from ..ps import ParameterServer
+    from ..ps.transport import TcpTransport
+    from ..spark.launcher import driver_host, run_barrier, run_tasks
+
+    if workers < 1 or reps < 3:
+        raise ConfigError(f"calibration needs workers >= 1 and reps >= 3; got {workers} and {reps}")
+    params = sum(p.numel() for p in model.parameters())
+    results = run_barrier(_stage_task(model, batch, sample_shape, reps, threads), workers, spark=spark,
+                          description="sparkdp plan --calibrate: compute and all-reduce")
+    from ..rules import RULES
+
+    # the server applies what training's would (ASGD), so the round trip includes its update
+    servers = {name: ParameterServer(lambda shard: RULES.create("asgd", lr=1e-3), [torch.zeros(n)]) for name, n in
+               (("tiny", TINY), ("full", params))}
+    transport = TcpTransport()
+    host = driver_host(spark)
+    with transport.serve(servers["tiny"], host=host) as tiny, transport.serve(servers["full"], host=host) as full:
+        info = {"tiny": tiny.info, "full": full.info}
+        (ps,) = run_tasks(_ps_task(info, {"tiny": TINY, "full": params}, reps), 1, spark=spark,
+                          description="sparkdp plan --calibrate: parameter server")
+    median = lambda key: statistics.median(r[key] for r in results) if key in results[0] else None  # noqa: E731
+    return Calibration(workers, params, batch, median("compute"), median("tiny"), median("full"),
+                       ps["tiny"], ps["full"])
+
+
+def measure_steps(model_name: str, *, spark, workers: int, batch: int = 64, rows: int = 12_000, average_k: int = 8,
+                  ps_k: int = 1) -> dict[str, float]:
+    """Real training on Fashion-MNIST: seconds per step of each strategy, from its second epoch.
+
+    What ``sparkdp plan --calibrate --verify`` compares the predictions with: the second epoch
+    (the first pays for start-up) divided by each worker's steps in it.
+    """
+    import math
+
+    from ..data.datasets import dataset_tensors, load_dataset
+    from ..models import build_model
+    from .api import fit
+
+    train, _ = dataset_tensors(load_dataset("fashion-mnist", limit=rows))
+    steps = math.ceil(train.num_samples() / (workers * batch))
+    runs = {"allreduce": ("allreduce", {}), f"average(k={average_k})": ("average", {"period": average_k}),
+            f"asgd(k={ps_k},shards=1)": ("asgd", {"push_every": ps_k})}
+    measured = {}
+    for label, (strategy, options) in runs.items():
+        torch.manual_seed(0)
+        result = fit(build_model(model_name), train, strategy=strategy, strategy_options=options, workers=workers,
+                     epochs=2, batch_size=batch, spark=spark, show_progress=False)
+        measured[label] = result.history[-1]["epoch_time_s"] / steps
+    return measured

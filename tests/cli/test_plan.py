@@ -1,0 +1,54 @@
+"""``sparkdp plan``: predictions from stated figures, and calibration on a real local Spark cluster."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sparkdp.cli.main import main
+
+
+def test_plan_json_from_stated_figures(capsys):
+    assert main(["plan", "--model", "cnn", "--step-compute-ms", "70", "--workers", "16", "--bandwidth", "10",
+                 "--latency", "0", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["params"] == 3_274_634 and report["step_compute_s"] == pytest.approx(0.070)
+    rows = {(r["label"], r["workers"]): r for r in report["predictions"]}
+    assert {w for _, w in rows} == {1, 2, 4, 8, 16}
+    assert rows[("allreduce", 2)]["step_s"] == pytest.approx(0.070 + 3_274_634 * 4 * 0.8e-9, rel=1e-6)
+    assert rows[("asgd(k=1,shards=1)", 16)]["bound"] == "server"
+    assert report["recommendation"].startswith("average(k=8): 1.24x")  # allreduce keeps 78 % < 80 % at 16
+
+
+def test_plan_table_and_errors(capsys):
+    assert main(["plan", "--params", "1000000", "--step-compute-ms", "5", "--workers", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "predicted step time" in out and "recommendation:" in out and "average(k=8)" in out
+    assert main(["plan", "--model", "cnn"]) == 2
+    assert "give --step-compute-ms" in capsys.readouterr().err
+    assert main(["plan", "--step-compute-ms", "5"]) == 2
+    assert "give --model NAME" in capsys.readouterr().err
+    assert main(["plan", "--params", "10", "--step-compute-ms", "5", "--verify"]) == 2
+    assert "needs --calibrate" in capsys.readouterr().err
+    assert main(["plan", "--model", "nope", "--step-compute-ms", "5"]) == 2
+    assert "nope" in capsys.readouterr().err
+
+
+@pytest.mark.spark
+def test_calibration_measures_every_term(spark):
+    from sparkdp.driver.calibrate import calibrate
+    from sparkdp.models import build_model
+
+    cal = calibrate(build_model("mlp"), spark=spark, workers=2, reps=3)
+    net = cal.network()
+    assert cal.params == 784 * 256 + 256 + 256 * 10 + 10
+    assert 0 < cal.step_compute_s < 1.0
+    # a model-sized transfer takes longer than a tiny one, and the fitted terms are positive
+    assert cal.allreduce_full_s > cal.allreduce_tiny_s > 0 and cal.ps_full_s > cal.ps_tiny_s > 0
+    assert net.latency_s >= 0 and net.seconds_per_byte > 0 and net.ps_beta > 0
+    # the fit reproduces the two measured points it came from
+    from sparkdp.costmodel import ring_allreduce_s
+
+    assert ring_allreduce_s(cal.params * 4, 2, net) == pytest.approx(cal.allreduce_full_s, rel=1e-6)
+    assert 2 * net.ps_alpha + 2 * cal.params * 4 * net.ps_beta == pytest.approx(cal.ps_full_s, rel=1e-6)

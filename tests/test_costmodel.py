@@ -1,0 +1,68 @@
+"""costmodel.py: the cost model against hand-worked numbers (docs/algorithms.md §8's example)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sparkdp import costmodel
+from sparkdp.costmodel import Network, Workload, predict
+
+CNN = Workload(params=3_274_634, step_compute_s=0.070)  # 13.1 MB of float32
+TEN_GBIT = Network.from_link(10.0, 0.0)  # β = 0.8 ns per byte, no latency
+
+
+def test_ring_allreduce_matches_the_documented_example():
+    s = CNN.nbytes
+    # M = 2: 2(M-1)/M·S = S bytes -> 13.1 MB at 1.25 GB/s = 10.48 ms
+    assert costmodel.ring_allreduce_s(s, 2, TEN_GBIT) == pytest.approx(s * 0.8e-9)
+    assert costmodel.ring_allreduce_s(s, 2, TEN_GBIT) == pytest.approx(0.01048, rel=1e-3)
+    # M = 8: 2·7/8·S = 22.9 MB -> 18.3 ms; latency adds 2(M-1)α
+    assert costmodel.ring_allreduce_s(s, 8, TEN_GBIT) == pytest.approx(0.01834, rel=1e-3)
+    slow = Network.from_link(10.0, 1.0)
+    assert costmodel.ring_allreduce_s(s, 8, slow) - costmodel.ring_allreduce_s(s, 8, TEN_GBIT) == pytest.approx(0.014)
+    assert costmodel.ring_allreduce_s(s, 1, slow) == 0.0
+
+
+def test_predictions_per_strategy():
+    allreduce = predict("allreduce", CNN, TEN_GBIT, 2)
+    assert allreduce.step_s == pytest.approx(0.070 + 0.01048, rel=1e-3)
+    assert allreduce.efficiency == pytest.approx(0.070 / allreduce.step_s)
+    assert allreduce.samples_per_s == pytest.approx(2 * 64 / allreduce.step_s)
+    assert predict("allreduce", CNN, TEN_GBIT, 2, overlap=0.5).step_s == pytest.approx(0.070 + 0.00524, rel=1e-3)
+    assert predict("average", CNN, TEN_GBIT, 2, k=8).step_s == pytest.approx(0.070 + 0.01048 / 8, rel=1e-3)
+    # one server at M = 8: its link moves 8 × 2 × 13.1 MB = 209.6 MB per round -> 167.7 ms > the worker's 91 ms
+    asgd = predict("asgd", CNN, TEN_GBIT, 8)
+    assert asgd.step_s == pytest.approx(8 * 2 * CNN.nbytes * 0.8e-9) and asgd.bound == "server"
+    # worker-bound at M = 2: C + push + pull of S = 70 + 2 × 10.48 ms
+    assert predict("asgd", CNN, TEN_GBIT, 2).step_s == pytest.approx(0.070 + 0.02096, rel=1e-3)
+    # 8 shards take the server's link back under the worker's own time
+    assert predict("asgd", CNN, TEN_GBIT, 8, shards=8).bound == "compute"
+
+
+def test_worker_counts_table_and_recommendation():
+    assert costmodel.worker_counts(1) == [1]
+    assert costmodel.worker_counts(8) == [1, 2, 4, 8]
+    assert costmodel.worker_counts(100) == [1, 2, 4, 8, 16, 32, 64, 100]
+    rows = costmodel.table(CNN, TEN_GBIT, [1, 2, 1024], average_k=8)
+    assert [r.label for r in rows[:3]] == ["allreduce", "average(k=8)", "asgd(k=1,shards=1)"]
+    assert costmodel.recommend(rows, 2).startswith("allreduce: 87% scaling efficiency")
+    slow = Network.from_link(1.0, 0.5)
+    far = costmodel.table(CNN, slow, [1024], average_k=8)
+    assert costmodel.recommend(far, 1024).startswith("average(k=8):")
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: predict("sgd", CNN, TEN_GBIT, 2), "knows allreduce, average, asgd"),
+        (lambda: predict("average", CNN, TEN_GBIT, 2, k=0), "k >= 1"),
+        (lambda: predict("allreduce", CNN, TEN_GBIT, 0), "workers >= 1"),
+        (lambda: Network.from_link(0, 1), "bandwidth must be > 0"),
+        (lambda: costmodel.worker_counts(0), "workers must be >= 1"),
+    ],
+)
+def test_bad_input(call, message):
+    from sparkdp.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        call()

@@ -55,6 +55,8 @@ def test_a_failed_async_task_is_retried_and_its_replayed_pushes_are_not_double_a
         capture_output=True, text=True, timeout=240, env=dict(os.environ))
     assert proc.returncode == 0, proc.stderr[-4000:]
     data = json.loads(summary.read_text())
+    # the same keys as a synchronous run: workers is the count; per-worker figures have their own key
+    assert data["workers"] == 2 and [w["worker"] for w in data["per_worker"]] == [0, 1]
     server = data["server"]
     # each worker pushes 8 batches x 2 epochs. The failed attempt of worker 1 ran forward 5 times
     # (the first-batch check + 4 steps) and pushed after 3 completed steps before dying; its retry

@@ -95,7 +95,7 @@ def fit_async(spec: FitSpec, strategy: AsyncParameterServer, *, workers: int, sp
         train_time_s=max(r.wall_end for r in reports) - min(r.wall_start for r in reports) if reports else 0.0,
         samples=sum(h["samples"] for h in history), strategy_options=strategy.options(),
         details={"server": server.metrics(),
-                 "workers": [{"worker": r.worker, **r.strategy_metrics} for r in sorted(reports, key=lambda r: r.worker)]})
+                 "per_worker": [{"worker": r.worker, **r.strategy_metrics} for r in sorted(reports, key=lambda r: r.worker)]})
 
 
 def run_async(call: Callable[[int, Any, AsyncParameterServer], Any], strategy: AsyncParameterServer, *,

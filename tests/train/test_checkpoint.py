@@ -221,3 +221,21 @@ def test_an_elastic_restart_continues_on_the_slots_left_and_grows_back(tmp_path,
     assert "restart 1 of 3 from epoch 1, step 6 on 1 of 2 workers (task slots gone)" in caplog.text
     with pytest.raises(ConfigError, match=r"min_workers \(3\) cannot exceed workers \(2\)"):
         JobConfig(workers=2, min_workers=3)
+
+
+def test_slow_by_factor_stretches_the_chosen_ranks_steps():
+    import time
+
+    fault = fault_from_env({"SPARKDP_FAULT": "slow:rank=1,3:step=1:factor=3"})
+    assert (fault.rank, fault.more_ranks, fault.factor) == (1, (3,), 3.0)
+    for rank in (3, 0):
+        fault.maybe_fire(rank, 1)  # rank 3's first step: nothing to scale yet; rank 0 is not slowed
+        start = time.perf_counter()
+        time.sleep(0.05)  # the step's own work
+        fault.maybe_fire(rank, 2)
+        took = time.perf_counter() - start
+        assert (took >= 0.05 * 3 * 0.95) if rank == 3 else (took < 0.05 * 2), (rank, took)
+    with pytest.raises(ConfigError, match="F >= 1"):
+        fault_from_env({"SPARKDP_FAULT": "slow:rank=1:step=1:factor=0.5"})
+    with pytest.raises(ConfigError, match="ACTION:rank=R:step=S"):
+        fault_from_env({"SPARKDP_FAULT": "kill:rank=1,2:step=3"})  # several ranks: slow only

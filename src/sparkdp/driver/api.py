@@ -314,7 +314,9 @@ def _fit_monitored(spec: FitSpec, job: JobConfig, workers: int, spark: Any, star
     return TrainResult(model=model, history=history, strategy=strategy_obj.name, workers=workers,
                        epochs=spec.epochs, wall_s=time.perf_counter() - started, train_time_s=train_time,
                        samples=samples, strategy_options=out.strategy_options,
-                       details={"strategy_state": out.strategy_state})
+                       details={"strategy_state": out.strategy_state,
+                                # rank 0's communication figures; a synchronous strategy's are every rank's
+                                "comm": dict(out.strategy_metrics)})
 
 
 def _fit_dataframe(spec: FitSpec, job: JobConfig, workers: int, spark: Any) -> tuple[WorkerReport, FitSpec]:

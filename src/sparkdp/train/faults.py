@@ -8,6 +8,9 @@ Set ``SPARKDP_FAULT`` on the driver (it travels to the workers inside the job) t
 * ``raise:rank=R:step=S`` -- worker R raises ``RuntimeError`` after its S-th step;
 * ``slow:rank=R:step=S:ms=M`` -- from its S-th step on, worker R sleeps M ms in every step, as
   a busy or slower machine would (a straggler; ``sparkdp.monitor.stragglers`` names it);
+  ``slow:rank=R1,R2:step=S:factor=F`` -- those workers take F times as long per step (they sleep
+  F - 1 times their last step's time): heterogeneous machines, so that asynchronous staleness
+  is real even where every worker shares one CPU (``sparkdp bench --slow``);
 * ``kill-driver:step=S`` -- worker 0 kills the driver (SIGKILL) after its S-th step, as a lost
   driver machine would (same machine only: the driver's process id travels with the job).
 
@@ -35,10 +38,17 @@ class Fault:
     step: int
     driver_pid: int = 0
     delay_ms: int = 0
+    factor: float = 0.0  # slow: the step-time multiplier (instead of delay_ms)
+    more_ranks: tuple[int, ...] = ()  # slow: the other slowed workers
 
     def maybe_fire(self, rank: int, steps_done: int) -> None:
-        if self.action == "slow" and rank == self.rank and steps_done >= self.step:
-            time.sleep(self.delay_ms / 1000)
+        if self.action == "slow" and rank in (self.rank, *self.more_ranks) and steps_done >= self.step:
+            now = time.perf_counter()
+            if not self.factor:
+                time.sleep(self.delay_ms / 1000)
+            elif _last_step_end.get(rank) is not None:
+                time.sleep((self.factor - 1.0) * (now - _last_step_end[rank]))
+            _last_step_end[rank] = time.perf_counter()
             return
         if rank != self.rank or steps_done != self.step:
             return
@@ -50,6 +60,9 @@ class Fault:
         os.kill(os.getpid(), signal.SIGKILL if self.action == "kill" else signal.SIGSTOP)
 
 
+_last_step_end: dict[int, float] = {}  # slow by factor: when each slowed rank's previous step ended
+
+
 def fault_from_env(environ: dict[str, str] | None = None) -> Fault | None:
     """The fault ``SPARKDP_FAULT`` asks for, or None when it is unset or empty."""
     text = (os.environ if environ is None else environ).get(ENV, "").strip()
@@ -58,14 +71,18 @@ def fault_from_env(environ: dict[str, str] | None = None) -> Fault | None:
     action, *fields = text.split(":")
     try:
         values = dict(f.split("=", 1) for f in fields)
-        rank = 0 if action == "kill-driver" else int(values.pop("rank"))
-        delay = int(values.pop("ms")) if action == "slow" else 0
-        fault = Fault(action, rank, int(values.pop("step")), driver_pid=os.getpid(), delay_ms=delay)
-        ok = action in ACTIONS and not values and fault.rank >= 0 and fault.step >= 1 and delay >= 0
+        ranks = [0] if action == "kill-driver" else [int(r) for r in values.pop("rank").split(",")]
+        factor = float(values.pop("factor")) if action == "slow" and "factor" in values else 0.0
+        delay = int(values.pop("ms")) if action == "slow" and not factor else 0
+        fault = Fault(action, ranks[0], int(values.pop("step")), driver_pid=os.getpid(), delay_ms=delay,
+                      factor=factor, more_ranks=tuple(ranks[1:]))
+        ok = (action in ACTIONS and not values and min(ranks) >= 0 and fault.step >= 1 and delay >= 0
+              and (len(ranks) == 1 or action == "slow") and (not factor or factor >= 1.0))
     except (KeyError, ValueError):
         ok = False
     if not ok:
         raise ConfigError(f"{ENV}={text!r} is not a fault sparkdp knows; use ACTION:rank=R:step=S with ACTION one "
                           f"of kill, stop, raise, R >= 0 and S >= 1 (e.g. kill:rank=1:step=30), "
-                          "slow:rank=R:step=S:ms=M, or kill-driver:step=S; or unset it.")
+                          "slow:rank=R:step=S:ms=M, slow:rank=R1,R2:step=S:factor=F (F >= 1), or kill-driver:step=S; "
+                          "or unset it.")
     return fault

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import SparkdpError
-from . import env_cmd, launch_cmd, plan_cmd, report_cmd, train_cmd
+from . import bench_cmd, env_cmd, launch_cmd, plan_cmd, report_cmd, train_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     launch_cmd.add_parser(sub)
     report_cmd.add_parser(sub)
     plan_cmd.add_parser(sub)
+    bench_cmd.add_parser(sub)
     env_cmd.add_parser(sub)
     try:
         from . import caffe_cmd
@@ -31,7 +32,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _session_running() -> bool:
+    if "pyspark" not in sys.modules:
+        return False
+    from pyspark.sql import SparkSession
+
+    return SparkSession.getActiveSession() is not None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    caller_session = _session_running()  # a caller's session (a notebook, a test) is theirs to stop
     parser = build_parser()
     args = parser.parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
@@ -50,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("sparkdp: interrupted", file=sys.stderr)
         return 130
     finally:  # a command leaves no JVM behind, and nothing printed after it returns
-        if "pyspark" in sys.modules:
+        if "pyspark" in sys.modules and not caller_session:
             from ..spark.session import stop_quietly
 
             stop_quietly()

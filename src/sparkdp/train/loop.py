@@ -333,7 +333,7 @@ def _fit_worker(spec: FitSpec, collective: Collective, probe: Any) -> WorkerRepo
                         data_counters=counters,
                         optimizer_state=(optimizer_state_to_bytes(optimizer, scheduler)
                                          if spec.part.return_optimizer_state else b""),
-                        worker=rank, strategy_metrics=strategy.metrics(), wall_start=wall_start,
+                        worker=rank, strategy_metrics={**strategy.comm_stats(), **strategy.metrics()}, wall_start=wall_start,
                         wall_end=time.time())
 
 

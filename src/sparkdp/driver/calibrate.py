@@ -86,7 +86,8 @@ def _compute_step(model: nn.Module, batch: int, sample_shape: tuple[int, ...]):
     return step
 
 
-def _stage_task(model: nn.Module, batch: int, sample_shape: tuple[int, ...], reps: int, threads: int | None):
+def _stage_task(model: nn.Module, batch: int, sample_shape: tuple[int, ...], reps: int, threads: int | None,
+                shared_memory: bool):
     def body(collective) -> dict[str, float]:
         from ..comm.shm import SharedMemoryCollective, SharedMemoryReducer
         from ..strategies.allreduce import SHARED_MEMORY_MIN_BYTES
@@ -95,7 +96,8 @@ def _stage_task(model: nn.Module, batch: int, sample_shape: tuple[int, ...], rep
         collective.barrier()
         out = {"compute": _median_time(_compute_step(model, batch, sample_shape), reps)}
         if collective.world_size > 1:
-            reducer = SharedMemoryReducer.connect(collective, slot_bytes=min(16 << 20, params * 4))
+            reducer = (SharedMemoryReducer.connect(collective, slot_bytes=min(16 << 20, params * 4))
+                       if shared_memory else None)
             coll = SharedMemoryCollective(collective, reducer, SHARED_MEMORY_MIN_BYTES) if reducer else collective
             for name, n in (("tiny", TINY), ("full", params)):
                 t = torch.ones(n)
@@ -138,8 +140,11 @@ def _push_pull_time(client, n: int, reps: int) -> float:  # noqa: ANN001
 
 
 def calibrate(model: nn.Module, *, spark, workers: int, batch: int = 64, sample_shape: tuple[int, ...] = (1, 28, 28),
-              reps: int = 10, threads: int | None = None) -> Calibration:
-    """Measure ``C``, the all-reduce and the parameter-server terms with ``workers`` tasks."""
+              reps: int = 10, threads: int | None = None, shared_memory: bool = True) -> Calibration:
+    """Measure ``C``, the all-reduce and the parameter-server terms with ``workers`` tasks.
+
+    ``shared_memory=False`` times gloo's TCP all-reduce even between co-located ranks (for a
+    strategy run with ``shared_memory=False``)."""
     from ..ps import ParameterServer
     from ..ps.transport import TcpTransport
     from ..spark.launcher import driver_host, run_barrier, run_tasks
@@ -147,7 +152,7 @@ def calibrate(model: nn.Module, *, spark, workers: int, batch: int = 64, sample_
     if workers < 1 or reps < 3:
         raise ConfigError(f"calibration needs workers >= 1 and reps >= 3; got {workers} and {reps}")
     params = sum(p.numel() for p in model.parameters())
-    results = run_barrier(_stage_task(model, batch, sample_shape, reps, threads), workers, spark=spark,
+    results = run_barrier(_stage_task(model, batch, sample_shape, reps, threads, shared_memory), workers, spark=spark,
                           description="sparkdp plan --calibrate: compute and all-reduce")
     from ..rules import RULES
 

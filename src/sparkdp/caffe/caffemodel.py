@@ -18,7 +18,7 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -59,8 +59,8 @@ _V0_LAYER_TYPES = {
     "tanh": "TanH", "window_data": "WindowData",
 }  # fmt: skip
 
-_VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
-_WIRE_NAMES = {0: "varint", 1: "64-bit", 2: "length-delimited", 5: "32-bit"}
+VARINT, I64, LEN, I32 = 0, 1, 2, 5
+WIRE_NAMES = {0: "varint", 1: "64-bit", 2: "length-delimited", 5: "32-bit"}
 
 
 @dataclass
@@ -101,14 +101,22 @@ class DecodedNet:
     input_shapes: list[tuple[int, ...]] = field(default_factory=list)
 
 
-class _Reader:
-    """Bounds-checked protobuf wire reading over one buffer, absolute offsets."""
+class WireReader:
+    """Bounds-checked protobuf wire reading over one buffer, absolute offsets.
 
-    def __init__(self, buf: bytes | memoryview, source: str) -> None:
+    ``error(offset, expected)`` makes the exception for corrupt input (default: a
+    :class:`CaffemodelError` that says what a ``.caffemodel`` should be); the Datum reader
+    (``caffe/datum.py``) passes its own."""
+
+    def __init__(self, buf: bytes | memoryview, source: str,
+                 error: Callable[[int, str], Exception] | None = None) -> None:
         self.buf = memoryview(buf).cast("B")
         self.source = source
+        self._error = error
 
-    def fail(self, offset: int, expected: str) -> CaffemodelError:
+    def fail(self, offset: int, expected: str) -> Exception:
+        if self._error is not None:
+            return self._error(offset, expected)
         return CaffemodelError(
             f"{self.source}: truncated or corrupt .caffemodel at byte offset {offset}: expected "
             f"{expected}. Is this a complete Caffe NetParameter binary file (not a prototxt, "
@@ -142,15 +150,15 @@ class _Reader:
             number, wire = tag >> 3, tag & 7
             if number == 0:
                 raise self.fail(tag_at, "a field tag with a field number > 0")
-            if wire == _VARINT:
+            if wire == VARINT:
                 value, pos = self.varint(pos, end)
                 yield number, wire, value, pos, tag_at
                 continue
-            if wire == _LEN:
+            if wire == LEN:
                 length, pos = self.varint(pos, end)
                 size = length
-            elif wire in (_I64, _I32):
-                size = 8 if wire == _I64 else 4
+            elif wire in (I64, I32):
+                size = 8 if wire == I64 else 4
             else:
                 raise self.fail(tag_at, f"wire type 0, 1, 2 or 5 for field {number}, found {wire}")
             if pos + size > end:
@@ -164,7 +172,7 @@ class _Reader:
     def expect(self, wire: int, want: int, number: int, where: str, tag_at: int) -> None:
         if wire != want:
             raise self.fail(
-                tag_at, f"{where} field {number} as {_WIRE_NAMES[want]}, found {_WIRE_NAMES.get(wire, wire)}"
+                tag_at, f"{where} field {number} as {WIRE_NAMES[want]}, found {WIRE_NAMES.get(wire, wire)}"
             )
 
 
@@ -173,7 +181,7 @@ def _signed(v: int) -> int:
     return v - (1 << 64) if v >= 1 << 63 else v
 
 
-def _varints(r: _Reader, start: int, end: int) -> list[int]:
+def _varints(r: WireReader, start: int, end: int) -> list[int]:
     out, pos = [], start
     while pos < end:
         v, pos = r.varint(pos, end)
@@ -181,45 +189,45 @@ def _varints(r: _Reader, start: int, end: int) -> list[int]:
     return out
 
 
-def _dims(r: _Reader, start: int, end: int) -> list[int]:
+def _dims(r: WireReader, start: int, end: int) -> list[int]:
     """BlobShape.dim (int64), packed or not."""
     dims: list[int] = []
     for number, wire, a, b, tag_at in r.fields(start, end):
-        if number == 1 and wire == _LEN:
+        if number == 1 and wire == LEN:
             dims.extend(_varints(r, a, b))
-        elif number == 1 and wire == _VARINT:
+        elif number == 1 and wire == VARINT:
             dims.append(_signed(a))
         elif number == 1:
             raise r.fail(tag_at, f"BlobShape.dim as varints, found wire type {wire}")
     return dims
 
 
-def _scalars(r: _Reader, wire: int, start: int, end: int, dtype: str, tag_at: int, what: str) -> np.ndarray:
+def _scalars(r: WireReader, wire: int, start: int, end: int, dtype: str, tag_at: int, what: str) -> np.ndarray:
     """A packed (LEN) or single unpacked (fixed-width) run of floats/doubles."""
     size = np.dtype(dtype).itemsize
-    fixed = _I32 if size == 4 else _I64
-    if wire not in (_LEN, fixed):
-        raise r.fail(tag_at, f"{what} as packed or {_WIRE_NAMES[fixed]} values, found wire type {wire}")
+    fixed = I32 if size == 4 else I64
+    if wire not in (LEN, fixed):
+        raise r.fail(tag_at, f"{what} as packed or {WIRE_NAMES[fixed]} values, found wire type {wire}")
     if (end - start) % size:
         raise r.fail(start, f"{what}: a multiple of {size} bytes, found {end - start}")
     return np.frombuffer(r.buf, dtype=dtype, count=(end - start) // size, offset=start)
 
 
-def _blob(r: _Reader, start: int, end: int) -> tuple[np.ndarray, bool]:
+def _blob(r: WireReader, start: int, end: int) -> tuple[np.ndarray, bool]:
     floats: list[np.ndarray] = []
     doubles: list[np.ndarray] = []
     legacy: dict[int, int] = {}
     dims: list[int] | None = None
     for number, wire, a, b, tag_at in r.fields(start, end):
         if number in (1, 2, 3, 4):  # num, channels, height, width
-            r.expect(wire, _VARINT, number, "BlobProto", tag_at)
+            r.expect(wire, VARINT, number, "BlobProto", tag_at)
             legacy[number] = _signed(a)
         elif number == 5:
             floats.append(_scalars(r, wire, a, b, "<f4", tag_at, "BlobProto.data"))
         elif number == 8:
             doubles.append(_scalars(r, wire, a, b, "<f8", tag_at, "BlobProto.double_data"))
         elif number == 7:
-            r.expect(wire, _LEN, number, "BlobProto", tag_at)
+            r.expect(wire, LEN, number, "BlobProto", tag_at)
             dims = (dims or []) + _dims(r, a, b)
     is_legacy = bool(legacy)
     if is_legacy:  # Blob::FromProto: any legacy field -> 4-D, absent ones are 0
@@ -243,30 +251,30 @@ def _blob(r: _Reader, start: int, end: int) -> tuple[np.ndarray, bool]:
     return values.astype(dtype, copy=True).reshape(shape), is_legacy
 
 
-def _layer(r: _Reader, start: int, end: int, version: str) -> CaffeLayerBlobs:
+def _layer(r: WireReader, start: int, end: int, version: str) -> CaffeLayerBlobs:
     # Field numbers of name/type/blobs in LayerParameter (V2), V1LayerParameter and V0.
     name_f, type_f, blobs_f = {"V2": (1, 2, 7), "V1": (4, 5, 6), "V0": (1, 2, 50)}[version]
     layer = CaffeLayerBlobs(name="", type="")
     v0: CaffeLayerBlobs | None = None
     for number, wire, a, b, tag_at in r.fields(start, end):
         if number == name_f:
-            r.expect(wire, _LEN, number, f"{version} layer name", tag_at)
+            r.expect(wire, LEN, number, f"{version} layer name", tag_at)
             layer.name = r.string(a, b)
         elif number == type_f:
             if version == "V1":
-                r.expect(wire, _VARINT, number, "V1 layer type (enum)", tag_at)
+                r.expect(wire, VARINT, number, "V1 layer type (enum)", tag_at)
                 layer.type = V1_LAYER_TYPES.get(a, f"V1_LAYER_TYPE_{a}")
             else:
-                r.expect(wire, _LEN, number, f"{version} layer type", tag_at)
+                r.expect(wire, LEN, number, f"{version} layer type", tag_at)
                 raw = r.string(a, b)
                 layer.type = _V0_LAYER_TYPES.get(raw, raw) if version == "V0" else raw
         elif number == blobs_f:
-            r.expect(wire, _LEN, number, f"{version} layer blobs", tag_at)
+            r.expect(wire, LEN, number, f"{version} layer blobs", tag_at)
             blob, legacy = _blob(r, a, b)
             layer.blobs.append(blob)
             layer.legacy_4d.append(legacy)
         elif number == 1 and version == "V1":  # V0 layer nested in a V1 `layers`
-            r.expect(wire, _LEN, number, "V0 layer", tag_at)
+            r.expect(wire, LEN, number, "V0 layer", tag_at)
             v0 = _layer(r, a, b, "V0")
     if v0 is not None:  # UpgradeV0Net: the V0 sub-message holds name/type/blobs
         return v0
@@ -279,30 +287,30 @@ def decode_net(data: bytes | memoryview, source: str = "<bytes>") -> DecodedNet:
     Raises:
         CaffemodelError: truncated/corrupt data, or both V1 and V2 layers present.
     """
-    r = _Reader(data, source)
+    r = WireReader(data, source)
     name, v2, v1 = "", [], []
     inputs: list[str] = []
     input_dims: list[int] = []
     input_shapes: list[tuple[int, ...]] = []
     for number, wire, a, b, tag_at in r.fields(0, len(r.buf)):
         if number == 1:
-            r.expect(wire, _LEN, number, "NetParameter name", tag_at)
+            r.expect(wire, LEN, number, "NetParameter name", tag_at)
             name = r.string(a, b)
         elif number == 100:
-            r.expect(wire, _LEN, number, "NetParameter layer", tag_at)
+            r.expect(wire, LEN, number, "NetParameter layer", tag_at)
             v2.append(_layer(r, a, b, "V2"))
         elif number == 2:
-            r.expect(wire, _LEN, number, "NetParameter layers (V1)", tag_at)
+            r.expect(wire, LEN, number, "NetParameter layers (V1)", tag_at)
             v1.append((a, b))
         elif number == 3:
-            r.expect(wire, _LEN, number, "NetParameter input", tag_at)
+            r.expect(wire, LEN, number, "NetParameter input", tag_at)
             inputs.append(r.string(a, b))
         elif number == 4:  # input_dim: int32, packed or not
-            if wire not in (_LEN, _VARINT):
+            if wire not in (LEN, VARINT):
                 raise r.fail(tag_at, f"NetParameter input_dim as varints, found wire type {wire}")
-            input_dims += _varints(r, a, b) if wire == _LEN else [_signed(a)]
+            input_dims += _varints(r, a, b) if wire == LEN else [_signed(a)]
         elif number == 8:
-            r.expect(wire, _LEN, number, "NetParameter input_shape", tag_at)
+            r.expect(wire, LEN, number, "NetParameter input_shape", tag_at)
             input_shapes.append(tuple(_dims(r, a, b)))
     if not input_shapes and input_dims:  # legacy: 4 dims (N, C, H, W) per input
         input_shapes = [tuple(input_dims[i : i + 4]) for i in range(0, len(input_dims), 4)]
@@ -318,30 +326,29 @@ def decode_net(data: bytes | memoryview, source: str = "<bytes>") -> DecodedNet:
     return DecodedNet(name, layers, "V0" if v0 else "V1", inputs, input_shapes)
 
 
-def _has_v0(r: _Reader, start: int, end: int) -> bool:
-    return any(n == 1 and w == _LEN for n, w, *_ in r.fields(start, end))
+def _has_v0(r: WireReader, start: int, end: int) -> bool:
+    return any(n == 1 and w == LEN for n, w, *_ in r.fields(start, end))
 
 
 def read_caffemodel(path: str | os.PathLike[str]) -> list[CaffeLayerBlobs]:
     """The layers (name, type, blobs) of a ``.caffemodel`` file."""
     path = os.fspath(path)
+    return decode_net(_read(path, ".caffemodel"), path).layers
+
+
+def _read(path: str, what: str) -> bytes:
     try:
         with open(path, "rb") as handle:
-            data = handle.read()
+            return handle.read()
     except OSError as err:
-        raise ConfigError(f"cannot read .caffemodel {path!r}: {err.strerror or err}") from err
-    return decode_net(data, path).layers
+        raise ConfigError(f"cannot read {what} {path!r}: {err.strerror or err}") from err
 
 
 def read_blob_proto(path: str | os.PathLike[str]) -> np.ndarray:
     """One serialized ``BlobProto`` file (``.binaryproto``: a mean image, an InfogainLoss H)."""
     path = os.fspath(path)
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read()
-    except OSError as err:
-        raise ConfigError(f"cannot read BlobProto file {path!r}: {err.strerror or err}") from err
-    return _blob(_Reader(data, path), 0, len(data))[0]
+    data = _read(path, "BlobProto file")
+    return _blob(WireReader(data, path), 0, len(data))[0]
 
 
 def encode_blob_proto(array: np.ndarray) -> bytes:
@@ -364,7 +371,7 @@ def _varint_bytes(v: int) -> bytes:
 
 
 def _len_field(number: int, payload_len: int) -> bytes:
-    return _varint_bytes((number << 3) | _LEN) + _varint_bytes(payload_len)
+    return _varint_bytes((number << 3) | LEN) + _varint_bytes(payload_len)
 
 
 def _blob_chunks(arr: np.ndarray) -> list[bytes]:

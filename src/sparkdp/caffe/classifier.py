@@ -99,6 +99,11 @@ class CaffeClassifier(nn.Module):
             images scaled to [0, 1], like sparkdp's built-in datasets; 1 for raw pixels),
             as pycaffe's ``Transformer.set_raw_scale``.  The Data layer's
             ``transform_param`` ``mean_value`` and ``scale`` are then applied.
+        apply_transform: False when the fed values come transformed already (the data
+            layer's own source read by ``caffe/sources/``, which also applies crop_size,
+            mirror and mean_file): transform_param is then not applied here (leave raw_scale at 1).
+        input_shapes: shapes of other fed tops, e.g. an HDF5Data layer's label
+            ``{"label": (N,)}`` (HDF5Data layers state no shapes).
 
     The net must have exactly one loss layer, whose bottoms are the prediction (or several,
     such as a Siamese net's two features) and a label fed by a data layer, and one other fed
@@ -122,6 +127,8 @@ class CaffeClassifier(nn.Module):
         level: int = 0,
         sample_shape: Sequence[int] | None = None,
         raw_scale: float = 1.0,
+        apply_transform: bool = True,
+        input_shapes: dict[str, Sequence[int]] | None = None,
     ) -> None:
         super().__init__()
         spec = net if isinstance(net, NetSpec) else load_net_spec(net)
@@ -159,13 +166,14 @@ class CaffeClassifier(nn.Module):
         self._label_index = loss.bottoms.index(label)
         source = next(layer for layer in sources if self.data_blob in layer.tops)
         self.batch_size = _prototxt_batch(source)
-        shapes = None
+        shapes = {name: tuple(int(d) for d in s) for name, s in (input_shapes or {}).items()} or None
         if sample_shape is not None:
-            shapes = {self.data_blob: (self.batch_size or 1, *(int(d) for d in sample_shape))}
+            shapes = {**(shapes or {}), self.data_blob: (self.batch_size or 1, *(int(d) for d in sample_shape))}
         self.net = CaffeNet(dataclasses.replace(spec, layers=head, state=state), state, shapes)
         self._zero_inputs = [n for n in self.net.input_names if n != self.data_blob]
         self.raw_scale = float(raw_scale)
-        self.scale, mean = _transform(source)
+        # apply_transform=False: the data source already applied transform_param (caffe/sources/)
+        self.scale, mean = _transform(source) if apply_transform else (1.0, None)
         self.register_buffer("mean", None if mean is None else torch.tensor(mean), persistent=False)
         self._loss_layer, self._loss_weights = loss, _loss_weights(loss)
         first = self.net.blob_shapes[predictions[0]]
@@ -236,8 +244,10 @@ def _transform(layer: LayerSpec) -> tuple[float, np.ndarray | None]:
     ]
     if unsupported:
         raise ConfigError(
-            f"{layer.describe()}: transform_param {', '.join(unsupported)} is not applied by sparkdp's data "
-            "feeding yet; preprocess the data accordingly and remove it (mean_file: use mean_value)."
+            f"{layer.describe()}: transform_param {', '.join(unsupported)} is not applied to data given to sparkdp "
+            "(--dataset/--data, fit_caffe's data=), only when it reads the layer's own source (no --dataset/--data; "
+            "fit_caffe(net, solver) without data); else preprocess the data so and remove it (mean_file: use "
+            "mean_value)."
         )
     scale = float(param.get("scale", 1.0))
     means = [float(v) for v in param.getall("mean_value")]

@@ -11,7 +11,9 @@ other without touching the net's semantics:
   rebuilds the solver's optimizer on every worker, with the ``lr_policy`` and
   ``clip_gradients`` attached as optimizer step hooks.
 * :func:`fit_caffe` puts them together: solver + net (+ initial ``.caffemodel``) in,
-  :class:`~sparkdp.train.result.TrainResult` out.
+  :class:`~sparkdp.train.result.TrainResult` out.  Without ``data`` it trains from the
+  sources the net's own TRAIN/TEST Data or HDF5Data layers name (LMDB, LevelDB, HDF5 lists),
+  read on the workers with the layer's ``transform_param`` applied there (``caffe/sources/``).
 
 Solver settings and how they map: ``type``/``base_lr``/``momentum``/``weight_decay``/
 ``regularization_type``/``lr_policy`` and its parameters as in Caffe; ``max_iter`` sets
@@ -45,7 +47,10 @@ from .classifier import CaffeClassifier
 from .solver import CaffeOptimizerFactory
 from .solver_spec import SolverSpec, read_solver_spec
 
-__all__ = ["build_model", "data_sample_shape", "effective_batch_size", "fit_caffe", "plan_epochs", "solver_net_source"]
+__all__ = [
+    "build_model", "data_sample_shape", "effective_batch_size", "fit_caffe", "net_sources", "plan_epochs",
+    "solver_net_source",
+]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +152,9 @@ def fit_caffe(
             ``net``/``train_net``.
         solver: the solver prototxt (path, text, Message or :class:`SolverSpec`).
         data: as for :func:`sparkdp.fit`; a built-in dataset name feeds its training split
-            and evaluates on its test split.
+            and evaluates on its test split; None reads the source of the net's TRAIN-phase
+            Data/HDF5Data layer (and evaluates on the TEST-phase one's), relative paths from
+            the working directory, then from the prototxt's directory.
         eval_data: as for :func:`sparkdp.fit`.
         weights: a ``.caffemodel`` to start from (all its layers must fit).
         sample_shape: one row's shape; default: taken from array/tensor data.
@@ -170,6 +177,12 @@ def fit_caffe(
     solver_path = solver if isinstance(solver, (str, os.PathLike)) and os.path.isfile(solver) else None
     if net is None:
         net = solver_net_source(spec, solver_path)
+    sources = None
+    if data is None:
+        sources = net_sources(net, solver_path, sample_shape)
+        data = sources.train
+        eval_data = sources.eval if eval_data is None else eval_data
+        sample_shape, raw_scale = sources.sample_shape, 1.0
     if isinstance(data, str):
         data = load_dataset(data)
     if isinstance(data, BuiltinDataset):
@@ -184,7 +197,11 @@ def fit_caffe(
         raw_scale=1.0 if raw_scale is None else raw_scale,
         weights=weights,
         seed=seed,
+        apply_transform=sources is None,
+        input_shapes=sources.fed_shapes if sources is not None else None,
     )
+    if sources is not None:
+        sources.check_model(model)
     batch = effective_batch_size(model, spec, batch_size)
     if epochs is None:
         if workers is None:
@@ -211,6 +228,31 @@ def fit_caffe(
     )
 
 
+def net_sources(net: Any, solver_path: Any = None, sample_shape: Sequence[int] | None = None,
+                limit: int | None = None) -> Any:
+    """The :class:`~sparkdp.caffe.sources.NetData` of a net's own data layers.
+
+    Relative sources are looked up from the working directory, then from the net prototxt's
+    directory (the solver's for a net inline in the solver).  A given ``sample_shape`` must
+    match the records'.
+    """
+    from .sources import net_data
+
+    base = None
+    if isinstance(net, os.PathLike) or (isinstance(net, str) and "{" not in net and "\n" not in net):
+        base = Path(net).parent
+    elif solver_path is not None:
+        base = Path(solver_path).parent
+    sources = net_data(net, base_dir=base, limit=limit)
+    if sample_shape is not None and tuple(int(d) for d in sample_shape) != tuple(sources.sample_shape):
+        raise ConfigError(
+            f"sample_shape {tuple(sample_shape)} does not match the rows the net's data layer feeds "
+            f"({tuple(sources.sample_shape)} from {sources.train.describe()}); leave sample_shape out."
+        )
+    log.info("Caffe data: %s", sources.describe())
+    return sources
+
+
 def _rows(data: Any) -> int | None:
     try:
         return len(data[0]) if isinstance(data, tuple) else len(data)
@@ -226,13 +268,21 @@ def build_model(
     raw_scale: float,
     weights: str | os.PathLike[str] | None = None,
     seed: int = 0,
+    apply_transform: bool = True,
+    input_shapes: dict[str, Sequence[int]] | None = None,
 ) -> CaffeClassifier:
-    """The :class:`CaffeClassifier` to train (fillers seeded by ``seed``), with initial weights if given."""
+    """The :class:`CaffeClassifier` to train (fillers seeded by ``seed``), with initial weights if given.
+
+    ``apply_transform=False`` when the data comes transformed (the net's own sources,
+    ``caffe/sources/``); ``input_shapes`` gives the shapes of other fed tops (HDF5Data labels).
+    """
     from .weights import load_weights
 
     _note_ignored(spec)
     torch.manual_seed(seed)
-    model = CaffeClassifier(net, sample_shape=sample_shape, raw_scale=raw_scale)
+    model = CaffeClassifier(
+        net, sample_shape=sample_shape, raw_scale=raw_scale, apply_transform=apply_transform, input_shapes=input_shapes
+    )
     if weights is not None:
         summary = load_weights(model, weights)
         log.info(

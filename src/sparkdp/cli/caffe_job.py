@@ -1,4 +1,10 @@
-"""``sparkdp train --caffe-net/--caffe-solver``: the Caffe model, loss and optimizer for a CLI run."""
+"""``sparkdp train --caffe-net/--caffe-solver``: the Caffe model, loss and optimizer for a CLI run.
+
+Without ``--dataset``/``--data`` the data is the net's own: the TRAIN-phase Data/HDF5Data
+layer's source for training and the TEST-phase one's for evaluation, read on the workers
+with ``transform_param`` applied there (``caffe/sources/``); the model is then built
+without applying the transform itself.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +17,14 @@ from torch import nn
 from ..caffe.classifier import CaffeClassifier
 from ..caffe.solver import CaffeOptimizerFactory
 from ..caffe.solver_spec import SolverSpec, read_solver_spec
-from ..caffe.train import build_model, data_sample_shape, effective_batch_size, plan_epochs, solver_net_source
+from ..caffe.train import (
+    build_model,
+    data_sample_shape,
+    effective_batch_size,
+    net_sources,
+    plan_epochs,
+    solver_net_source,
+)
 from ..errors import ConfigError
 
 
@@ -19,9 +32,12 @@ class CaffeCLIJob:
     """What ``sparkdp train --caffe-net/--caffe-solver`` adds to a run (see :func:`cli_job`)."""
 
     def __init__(
-        self, model: CaffeClassifier, spec: SolverSpec, batch_size: int, epochs: int, desc: dict[str, Any]
+        self, model: CaffeClassifier, spec: SolverSpec, batch_size: int, epochs: int, desc: dict[str, Any],
+        data: Any = None, eval_data: Any = None,
     ) -> None:
         self.model, self.spec, self.batch_size, self.epochs, self.desc = model, spec, batch_size, epochs, desc
+        #: the net's own sources when the run gave no data (else None)
+        self.data, self.eval_data = data, eval_data
         self.loss = model.caffe_loss()
         self.optimizer = CaffeOptimizerFactory(spec, model)
 
@@ -43,7 +59,8 @@ def cli_job(args: Any, data: Any, model_desc: dict[str, Any]) -> CaffeCLIJob:
 
     ``args`` has ``caffe_net``, ``caffe_solver``, ``caffe_weights``, ``script``, ``model``,
     ``optimizer``, ``lr``, ``momentum``, ``dataset``, ``batch_size``, ``epochs``, ``workers``,
-    ``master`` and ``seed``; ``data`` is the training WorkerData.
+    ``master`` and ``seed`` (and ``limit``); ``data`` is the training WorkerData, or None to
+    read the sources the net's data layers name (then in ``job.data``/``job.eval_data``).
     """
     if not args.caffe_solver:
         raise ConfigError(
@@ -70,16 +87,24 @@ def cli_job(args: Any, data: Any, model_desc: dict[str, Any]) -> CaffeCLIJob:
     net = Path(args.caffe_net) if args.caffe_net else solver_net_source(spec, args.caffe_solver)
     if isinstance(net, Path) and not net.is_file():
         raise ConfigError(f"Caffe net prototxt {str(net)!r} does not exist.")
+    sources = None
+    if data is None:
+        sources = net_sources(net, args.caffe_solver, limit=getattr(args, "limit", None))
+        data = sources.train
     # sparkdp's built-in datasets hold images scaled to [0, 1]; Caffe's data layers see raw pixels.
     raw_scale = 255.0 if args.dataset else 1.0
     model = build_model(
         net,
         spec,
-        sample_shape=data_sample_shape(data),
+        sample_shape=sources.sample_shape if sources is not None else data_sample_shape(data),
         raw_scale=raw_scale,
         weights=args.caffe_weights,
         seed=args.seed,
+        apply_transform=sources is None,
+        input_shapes=sources.fed_shapes if sources is not None else None,
     )
+    if sources is not None:
+        sources.check_model(model)
     batch = effective_batch_size(model, spec, args.batch_size)
     epochs = args.epochs
     if epochs is None:
@@ -99,4 +124,9 @@ def cli_job(args: Any, data: Any, model_desc: dict[str, Any]) -> CaffeCLIJob:
     )
     if args.caffe_weights:
         model_desc["caffe_weights"] = str(Path(args.caffe_weights).resolve())
+    if sources is not None:
+        model_desc["caffe_data"] = sources.train.describe()
+        if sources.eval is not None:
+            model_desc["caffe_eval_data"] = sources.eval.describe()
+        return CaffeCLIJob(model, spec, batch, epochs, model_desc, sources.train, sources.eval)
     return CaffeCLIJob(model, spec, batch, epochs, model_desc)

@@ -43,7 +43,8 @@ def add_parser(sub) -> None:
     p.add_argument("--lr", type=float, help=f"learning rate (default {sgd['lr']} for sgd)")
     p.add_argument("--momentum", type=float, help=f"SGD momentum (default {sgd['momentum']})")
     p.add_argument("--seed", type=int, default=job.seed, help="seed of the data shuffles and the workers' random streams")
-    p.add_argument("--limit", type=int, help="use only the first N training and test rows (quick runs)")
+    p.add_argument("--limit", type=int, help="use only the first N training and test rows (quick runs; also of "
+                                             "a Caffe net's own LMDB/LevelDB/HDF5 sources)")
     p.add_argument("--data", help="training data: a Parquet file or directory (with --features/--label)")
     p.add_argument("--eval-data", help="held-out Parquet data evaluated after every epoch")
     p.add_argument("--eval-every", type=int, default=job.eval_every, metavar="K",
@@ -81,7 +82,9 @@ def add_parser(sub) -> None:
     p.add_argument("--config", metavar="JOB.yaml", help="read settings from a YAML job file (flags override it); "
                                                         "its keys are these flags' names, e.g. batch_size: 64")
     p.add_argument("--print-config", action="store_true", help="print the effective configuration as YAML and exit")
-    caffe = p.add_argument_group("Caffe model", "train a Caffe net with its own solver (instead of --model/SCRIPT)")
+    caffe = p.add_argument_group("Caffe model", "train a Caffe net with its own solver (instead of --model/SCRIPT); "
+                                                "without --dataset/--data, from the sources its Data/HDF5Data "
+                                                "layers name (TRAIN phase: training, TEST phase: evaluation)")
     caffe.add_argument("--caffe-net", metavar="NET.prototxt",
                        help="the train/test net; takes precedence over the solver's net: path")
     caffe.add_argument("--caffe-solver", metavar="SOLVER.prototxt",
@@ -165,15 +168,18 @@ def run(args) -> int:
         columns = Columns(features=feature_list[0] if len(feature_list) == 1 else feature_list, label=args.label,
                           feature_shape=shape, drop_nulls=args.drop_nulls)
         model_desc["data"] = str(args.data)
-    if data is None:
+    caffe_run = bool(args.caffe_net or args.caffe_solver or args.caffe_weights)
+    if data is None and not caffe_run:  # (a Caffe net without data reads its own data layers' sources)
         raise ConfigError("no training data: give --dataset, --data PATH.parquet, or a script defining `train_data`.")
     caffe = None
-    if args.caffe_net or args.caffe_solver or args.caffe_weights:
+    if caffe_run:
         from .caffe_job import cli_job
 
         caffe = cli_job(args, data, model_desc)
         model, loss, optimizer, batch_size, epochs = (caffe.model, caffe.loss, caffe.optimizer, caffe.batch_size,
                                                       caffe.epochs)
+        if data is None:
+            data, eval_data = caffe.data, caffe.eval_data
     optimizer, opt_options = optimizer_choice(args, optimizer)
     job = JobConfig(strategy=args.strategy, strategy_options=dict(args.strategy_option), workers=args.workers,
                     epochs=JOB_DEFAULTS.epochs if epochs is None else epochs,

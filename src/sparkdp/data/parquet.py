@@ -21,7 +21,6 @@ rank, rows are mixed by a bounded shuffle buffer seeded by (seed, epoch, rank).
 from __future__ import annotations
 
 import logging
-import math
 import os
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -35,7 +34,7 @@ import torch
 from ..errors import DataError
 from .arrow import ArrowConverter
 from .base import WorkerData
-from .shuffle import rebatch, seeded_generator
+from .shuffle import rank_segments, rebatch, seeded_generator
 
 log = logging.getLogger(__name__)
 
@@ -109,30 +108,7 @@ class ParquetData(WorkerData):
         without it the rows are split without repetition (for evaluation).
         """
         order = self.unit_order(epoch, seed, shuffle)
-        n = self.rows
-        if pad:
-            per = math.ceil(n / world_size)
-            lo, hi = rank * per, (rank + 1) * per
-        else:
-            lo, hi = rank * n // world_size, (rank + 1) * n // world_size
-        out: list[Segment] = []
-        while lo < hi:  # walk [lo, hi) over the virtual stream order * ceil(...), wrapping at n
-            start, stop = lo % n, min(hi - lo, n - lo % n) + lo % n
-            out.extend(self._cut(order, start, stop))
-            lo += stop - start
-        return out
-
-    def _cut(self, order: list[int], start: int, stop: int) -> list[Segment]:
-        out, offset = [], 0
-        for unit in order:
-            rows = self.units[unit][2]
-            a, b = max(start, offset), min(stop, offset + rows)
-            if a < b:
-                out.append((unit, a - offset, b - offset))
-            offset += rows
-            if offset >= stop:
-                break
-        return out
+        return rank_segments([unit[2] for unit in self.units], order, rank=rank, world_size=world_size, pad=pad)
 
     # ------------------------------------------------------------------ reading
     def record_batches(self, segments: list[Segment]) -> Iterator[pa.RecordBatch]:

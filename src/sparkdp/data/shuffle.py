@@ -20,6 +20,37 @@ import torch
 Chunk = Sequence[torch.Tensor]
 
 
+def rank_segments(sizes: Sequence[int], order: Sequence[int], *, rank: int, world_size: int,
+                  pad: bool = True) -> list[tuple[int, int, int]]:
+    """The ``(unit, first, end)`` row ranges rank ``rank`` reads when units of ``sizes`` rows are
+    laid end to end in ``order`` (file row groups, database key blocks).
+
+    With ``pad`` every rank gets ``ceil(rows / world_size)`` rows, the last rank wrapping around
+    to the first rows like torch's ``DistributedSampler`` (equal batches on every rank); without
+    it the rows are split without repetition (evaluation).
+    """
+    n = sum(sizes)
+    if pad:
+        per = -(-n // world_size)
+        lo, hi = rank * per, (rank + 1) * per
+    else:
+        lo, hi = rank * n // world_size, (rank + 1) * n // world_size
+    out: list[tuple[int, int, int]] = []
+    while lo < hi:  # walk [lo, hi) over the units laid end to end, wrapping at n
+        start = lo % n
+        stop = start + min(hi - lo, n - start)
+        offset = 0
+        for unit in order:
+            a, b = max(start, offset), min(stop, offset + sizes[unit])
+            if a < b:
+                out.append((unit, a - offset, b - offset))
+            offset += sizes[unit]
+            if offset >= stop:
+                break
+        lo += stop - start
+    return out
+
+
 def seeded_generator(*parts: int) -> torch.Generator:
     """A torch generator seeded from several integers (seed, epoch, rank) without collisions
     between nearby tuples."""

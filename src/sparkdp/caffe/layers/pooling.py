@@ -108,17 +108,21 @@ def _geometry(layer: LayerSpec, p: Message, name: str, default: int | None) -> t
     return default, default
 
 
+def _method_and_input(layer: LayerSpec, p: Message, shapes: list[Shape]) -> tuple[str, Shape]:
+    method = enum(layer, p, "pool", "MAX", ("MAX", "AVE", "STOCHASTIC"))
+    if method == "STOCHASTIC":
+        raise fail(layer, "STOCHASTIC pooling is not supported (Caffe runs it on GPU only); use MAX or AVE")
+    if len(shapes[0]) != 4:
+        raise fail(layer, f"pools 4-D input (N, C, H, W) only; got shape {list(shapes[0])}")
+    return method, shapes[0]
+
+
 @converter("Pooling")
 def pooling(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
     expect_bottoms(layer, shapes, 1)
     expect_tops(layer, 1, 2)
     p = layer.sub("pooling_param")
-    method = enum(layer, p, "pool", "MAX", ("MAX", "AVE", "STOCHASTIC"))
-    if method == "STOCHASTIC":
-        raise fail(layer, "STOCHASTIC pooling is not supported (Caffe runs it on GPU only); use MAX or AVE")
-    shape = shapes[0]
-    if len(shape) != 4:
-        raise fail(layer, f"pools 4-D input (N, C, H, W) only; got shape {list(shape)}")
+    method, shape = _method_and_input(layer, p, shapes)
     global_ = flag(layer, p, "global_pooling", False)
     pad, stride = _geometry(layer, p, "pad", 0), _geometry(layer, p, "stride", 1)
     if global_:
@@ -175,12 +179,7 @@ def spp(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
     expect_bottoms(layer, shapes, 1)
     expect_tops(layer, 1)
     p = layer.sub("spp_param")
-    method = enum(layer, p, "pool", "MAX", ("MAX", "AVE", "STOCHASTIC"))
-    if method == "STOCHASTIC":
-        raise fail(layer, "STOCHASTIC pooling is not supported (Caffe runs it on GPU only); use MAX or AVE")
-    shape = shapes[0]
-    if len(shape) != 4:
-        raise fail(layer, f"pools 4-D input (N, C, H, W) only; got shape {list(shape)}")
+    method, shape = _method_and_input(layer, p, shapes)
     height = p.get("pyramid_height")
     if not isinstance(height, int) or isinstance(height, bool) or height <= 0:
         raise fail(layer, f"needs spp_param {{ pyramid_height: L }} with L >= 1; got {height!r}")

@@ -1,6 +1,6 @@
 """Sync vs async communication study (the Hopsworks claim), measured against the cost model.
 
-    python benchmarks/comm_study.py [--workers 1,2,4] [--epochs 2] [--limit 4000] [--netem "rate 1gbit delay 0.25ms"]
+    python benchmarks/comm_study.py [--workers 1,2,4] [--epochs 2] [--limit 4000] [--qdisc "tbf rate 4gbit burst 256kb latency 50ms"]
 
 On the ``comm-bound`` workload (a 4.3 M-parameter MLP, 8 rows per step: 17 MB moved per
 all-reduce for a few ms of compute), for ``allreduce``, ``average`` (k = 4) and ``asgd`` at
@@ -9,10 +9,13 @@ Spark training — next to what ``sparkdp plan``'s cost model predicts from a ca
 (``driver/calibrate.py``) taken under the same conditions, with each configuration's error.
 
 The synchronous strategies run with ``shared_memory=False`` so that their bytes cross the
-network stack (gloo over TCP) like the parameter server's.  ``--netem`` shapes the loopback
-interface with Linux ``tc netem`` (root and iproute2 needed) so the bandwidth and latency terms
-are those of a real link rather than of memory copies; the qdisc is removed on exit, even on
-failure or Ctrl-C.  Without root the script says so and runs on plain loopback.
+network stack (gloo over TCP) like the parameter server's.  ``--qdisc`` shapes the loopback
+interface with a Linux ``tc`` queueing discipline (root and iproute2 needed; ``netem rate 1gbit
+delay 0.25ms`` where the kernel has netem, ``tbf rate ...`` otherwise) so the bandwidth term is
+a link's rather than memory copies'; the qdisc is removed on exit, even on failure or Ctrl-C.
+Without root, or when the kernel refuses the qdisc, the script says so and runs on plain
+loopback.  Note that shaping ``lo`` limits all workers' traffic *together* (one shared link),
+whereas the cost model's ring gives every worker its own link.
 """
 
 from __future__ import annotations
@@ -36,14 +39,14 @@ def _tc(*args: str) -> subprocess.CompletedProcess:
 
 
 def shape_loopback(spec: str) -> bool:
-    """Add ``netem <spec>`` on lo; False (with the reason printed) when not permitted."""
+    """Add the qdisc ``spec`` on lo; False (with the reason printed) when not permitted."""
     if os.geteuid() != 0 or not shutil.which("tc"):
-        print("netem: needs root and iproute2's tc; running on plain loopback", file=sys.stderr)
+        print("qdisc: needs root and iproute2's tc; running on plain loopback", file=sys.stderr)
         return False
     _tc("qdisc", "del", "dev", DEV, "root")  # a qdisc a crashed earlier run left behind
-    done = _tc("qdisc", "add", "dev", DEV, "root", "netem", *spec.split())
+    done = _tc("qdisc", "add", "dev", DEV, "root", *spec.split())
     if done.returncode != 0:
-        print(f"netem: tc refused ({done.stderr.strip()}); running on plain loopback", file=sys.stderr)
+        print(f"qdisc: tc refused ({done.stderr.strip()}); running on plain loopback", file=sys.stderr)
         return False
     atexit.register(unshape_loopback)
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -60,7 +63,7 @@ def main() -> None:
     ap.add_argument("--workers", default="1,2,4")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--limit", type=int, default=4000)
-    ap.add_argument("--netem", default="", help='e.g. "rate 1gbit delay 0.25ms" (empty: plain loopback)')
+    ap.add_argument("--qdisc", default="", help='e.g. "tbf rate 4gbit burst 256kb latency 50ms" (empty: plain loopback)')
     args = ap.parse_args()
     counts = [int(v) for v in args.workers.split(",")]
 
@@ -69,14 +72,15 @@ def main() -> None:
     from sparkdp.driver import bench
     from sparkdp.driver.calibrate import calibrate
 
-    shaped = shape_loopback(args.netem) if args.netem else False
+    shaped = shape_loopback(args.qdisc) if args.qdisc else False
     try:
         work = bench.workload("comm-bound")
         spark = sparkdp.session(f"local[{max(counts)}]", log_level="OFF")
         cal = calibrate(work.build_model(), spark=spark, workers=max(2, min(counts[-1], 2)), batch=work.batch,
                         sample_shape=(64,), reps=10, shared_memory=False)
         net = cal.network()
-        load = costmodel.Workload(cal.params, cal.step_compute_s, batch=work.batch)
+        # every worker shares this machine's cores: more workers than cores stretch each step
+        load = costmodel.Workload(cal.params, cal.step_compute_s, batch=work.batch, cpu_slots=os.cpu_count())
         choices = {
             "allreduce": (bench.StrategyChoice("allreduce", {"shared_memory": False}), ("allreduce", {})),
             "average(k=4)": (bench.StrategyChoice("average", {"period": 4, "shared_memory": False}),
@@ -99,7 +103,7 @@ def main() -> None:
         if shaped:
             unshape_loopback()
     print(machine_info())
-    link = f"loopback shaped by tc netem '{args.netem}'" if shaped else "plain loopback (no netem)"
+    link = f"loopback shaped by tc qdisc '{args.qdisc}'" if shaped else "plain loopback (no shaping)"
     print(f"comm-bound: {cal.params:,} parameters, batch {work.batch}; {link}; calibration: C "
           f"{cal.step_compute_s * 1e3:.1f} ms, α {net.latency_s * 1e6:.0f} µs, {8 / net.seconds_per_byte / 1e9:.2f} "
           f"Gbit/s all-reduce; α_ps {net.ps_alpha * 1e6:.0f} µs, {8 / net.ps_beta / 1e9:.2f} Gbit/s parameter server")

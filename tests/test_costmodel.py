@@ -66,3 +66,11 @@ def test_bad_input(call, message):
 
     with pytest.raises(ConfigError, match=message):
         call()
+
+
+def test_workers_sharing_one_machines_cores_stretch_the_step():
+    shared = Workload(params=CNN.params, step_compute_s=0.070, cpu_slots=2)
+    assert predict("allreduce", shared, TEN_GBIT, 2).step_s == predict("allreduce", CNN, TEN_GBIT, 2).step_s
+    four = predict("allreduce", shared, TEN_GBIT, 4)
+    assert four.step_s == pytest.approx(2 * 0.070 + costmodel.ring_allreduce_s(CNN.nbytes, 4, TEN_GBIT))
+    assert four.efficiency == pytest.approx(0.070 / four.step_s)

@@ -13,7 +13,9 @@ compute ``C`` plus what communication the strategy adds per step:
   traffic, so a step can be no faster than ``M·2S·β_ps/(K·k)`` with ``K`` server shards.
 
 Scaling efficiency is ``C / T``: the fraction of a communication-free worker's throughput
-each worker keeps.  ``calibrate`` (``sparkdp plan --calibrate``) measures ``C``, ``α``,
+each worker keeps.  With ``cpu_slots`` (workers sharing one machine's cores) the compute of
+M > slots workers takes M/slots times as long: every worker gets that share of a core (the
+communication terms, calibrated under the same sharing, are left as measured).  ``calibrate`` (``sparkdp plan --calibrate``) measures ``C``, ``α``,
 ``β`` and the parameter-server terms on the user's own cluster.
 """
 
@@ -58,6 +60,12 @@ class Workload:
     step_compute_s: float  # C: forward + backward + optimizer step of one worker's batch
     bytes_per_param: int = 4
     batch: int = 64  # rows per worker per step (for samples/s)
+    #: cores all workers share (one machine); None: every worker has its own, as on a cluster
+    #: that grows with the workers. More workers than cores stretch every worker's step.
+    cpu_slots: int | None = None
+
+    def cpu_share(self, workers: int) -> float:
+        return max(1.0, workers / self.cpu_slots) if self.cpu_slots else 1.0
 
     @property
     def nbytes(self) -> int:
@@ -97,7 +105,7 @@ def predict(strategy: str, work: Workload, net: Network, workers: int, *, k: int
     if workers < 1 or k < 1 or shards < 1 or not 0.0 <= overlap < 1.0:
         raise ConfigError(f"need workers >= 1, k >= 1, shards >= 1 and 0 <= overlap < 1; got {workers}, {k}, "
                           f"{shards}, {overlap}")
-    c, s = work.step_compute_s, work.nbytes
+    c, s = work.step_compute_s * work.cpu_share(workers), work.nbytes
     options: dict = {}
     bound = "compute"
     if strategy == "allreduce":
@@ -119,7 +127,8 @@ def predict(strategy: str, work: Workload, net: Network, workers: int, *, k: int
         options = {"k": k, "shards": shards}
     if bound == "compute" and comm > c:
         bound = "network"
-    return Prediction(strategy, workers, step, comm, workers * work.batch / step, c / step, bound, options)
+    return Prediction(strategy, workers, step, comm, workers * work.batch / step,
+                      work.step_compute_s / step, bound, options)
 
 
 def worker_counts(maximum: int) -> list[int]:

@@ -15,6 +15,8 @@ def test_strategy_choices_parse_and_unknown_names_are_listed():
     choice = bench.StrategyChoice.parse("average:period=8:average_optimizer_state=true")
     assert choice.name == "average" and choice.options == {"period": 8, "average_optimizer_state": True}
     assert choice.label == "average(period=8,average_optimizer_state=True)"
+    nested = bench.StrategyChoice.parse('ddcasgd:rule_options={"lr": 0.05, "mu0": 0.8}:push_every=2')
+    assert nested.options == {"rule_options": {"lr": 0.05, "mu0": 0.8}, "push_every": 2}
     with pytest.raises(ConfigError, match="unknown strategy 'nope'; choose from .*ddcasgd"):
         bench.StrategyChoice.parse("nope")
     with pytest.raises(ConfigError, match="must be KEY=VALUE"):
@@ -36,7 +38,7 @@ def test_summary_is_mean_and_sd_over_seeds_and_failures_are_kept_out():
     assert row["accuracy_sd"] == pytest.approx(0.028284, rel=1e-4)  # sample sd of 0.80 and 0.84
     assert row["staleness"] == {"0": 4, "1": 3, "2": 1} and row["reached_target"] == "1/2"
     table = bench.markdown([row])
-    assert "| w | asgd | 4 | 2 | 0.8200 ± 0.0283 | 100 | 2.0 | 5.0 | 1/2 | 50% | 0.62 |" in table
+    assert "| w | asgd | 4 | 2 | 0.8200 ± 0.0283 | 100 | 2.0 | 5.0 | 1/2 | 50% | 0.62 / 0 / 2 / 2 / 2 |" in table
 
 
 def test_a_matrix_too_large_for_the_budget_asks_first(capsys):

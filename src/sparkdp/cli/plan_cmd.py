@@ -30,6 +30,8 @@ def add_parser(sub) -> None:
     what.add_argument("--params", type=int, help="parameter count (instead of --model)")
     what.add_argument("--step-compute-ms", type=float, help="one worker's forward+backward+step time on its batch")
     what.add_argument("--batch", type=int, default=64, help="rows per worker per step (default 64)")
+    what.add_argument("--cpu-slots", type=int,
+                      help="cores all workers share (one machine); default: each worker has its own")
     net = p.add_argument_group("the cluster")
     net.add_argument("--workers", type=int, default=64, help="largest worker count to predict (default 64)")
     net.add_argument("--bandwidth", type=float, default=10.0, help="link bandwidth in Gbit/s (default 10)")
@@ -77,7 +79,7 @@ def run(args) -> int:
         raise ConfigError("give --step-compute-ms (> 0), or --calibrate to measure it on your cluster")
     else:
         compute_s = args.step_compute_ms / 1e3
-    work = costmodel.Workload(params, compute_s, batch=args.batch)
+    work = costmodel.Workload(params, compute_s, batch=args.batch, cpu_slots=args.cpu_slots)
     rows = costmodel.table(work, net, costmodel.worker_counts(args.workers), average_k=args.average_k,
                            ps_k=args.ps_k, shards=args.shards, overlap=args.overlap)
     advice = costmodel.recommend(rows, args.workers)

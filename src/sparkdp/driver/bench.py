@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -104,7 +105,10 @@ class StrategyChoice:
         """``name`` or ``name:key=value:key=value`` (values as JSON, else strings)."""
         from ..strategies import STRATEGIES
 
-        name, *pairs = text.split(":")
+        name, *pairs = re.split(r":(?=[A-Za-z_][A-Za-z0-9_]*=)", text)  # JSON values may hold colons
+        if ":" in name:
+            name, bad = name.split(":", 1)
+            pairs.insert(0, bad)
         if name not in STRATEGIES:
             raise ConfigError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES.available())}")
         options = {}
@@ -265,20 +269,33 @@ def summarise(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def staleness_quantile(histogram: dict[str, int], q: float) -> int:
+    """The smallest τ with at least a fraction ``q`` of the pushes at or below it."""
+    total, seen = sum(histogram.values()), 0
+    for tau, n in sorted(histogram.items(), key=lambda kv: int(kv[0])):
+        seen += n
+        if seen >= q * total:
+            return int(tau)
+    return max(int(t) for t in histogram)
+
+
 def markdown(rows: Sequence[dict[str, Any]]) -> str:
     lines = ["| workload | strategy | workers | seeds | test accuracy (mean ± sd) | samples/s | kB/sample | "
-             "time to target (s) | reached | CPU | mean staleness |",
+             "time to target (s) | reached | CPU | staleness mean / p50 / p90 / p99 / max |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         st = r["staleness"]
-        mean_tau = (sum(int(k) * v for k, v in st.items()) / sum(st.values())) if st else None
+        tau = "—"
+        if st:
+            mean = sum(int(k) * v for k, v in st.items()) / sum(st.values())
+            tau = f"{mean:.2f} / " + " / ".join(str(staleness_quantile(st, q)) for q in (0.5, 0.9, 0.99, 1.0))
         target = "—" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.1f}"
         lines.append(
             f"| {r['workload']} | {r['strategy']} | {r['workers']} | {r['seeds']} | "
             f"{r['accuracy_mean']:.4f} ± {r['accuracy_sd']:.4f} | {r['samples_per_s']:,.0f} | "
             f"{r['bytes_per_sample'] / 1e3:,.1f} | "
             f"{target} | {r['reached_target']} | "
-            f"{r['cpu_util']:.0%} | {'—' if mean_tau is None else f'{mean_tau:.2f}'} |")
+            f"{r['cpu_util']:.0%} | {tau} |")
     return "\n".join(lines) + "\n"
 
 
@@ -302,7 +319,8 @@ def plot(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]], path
             total = sum(r["staleness"].values())
             axes[2].plot(taus, [v / total for v in r["staleness"].values()], marker="o",
                          label=f"{r['strategy']} x{r['workers']}")
-    axes[2].set(title="staleness of applied pushes", xlabel="τ (updates since the pull)", ylabel="fraction")
+    axes[2].set(title="staleness of applied pushes", xlabel="τ (updates since the pull)", ylabel="fraction",
+                xlim=(-0.5, 20.5))
     if any(r["staleness"] for r in rows):
         axes[2].legend(fontsize=7)
     for ax in axes[:2]:

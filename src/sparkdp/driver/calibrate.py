@@ -74,6 +74,20 @@ def _median_time(fn, reps: int) -> float:
     return statistics.median(times)
 
 
+def _after_compute(step, fn, reps: int) -> float:
+    """Median time of ``fn`` when it follows a compute step, as a step's communication does in
+    training: a collective then also waits for the rank whose compute ran longest."""
+    step()
+    fn()  # warm-up
+    times = []
+    for _ in range(reps):
+        step()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def _compute_step(model: nn.Module, batch: int, sample_shape: tuple[int, ...]):
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)  # training's default optimizer
     x, y = torch.randn(batch, *sample_shape), torch.randint(0, 10, (batch,))
@@ -94,7 +108,8 @@ def _stage_task(model: nn.Module, batch: int, sample_shape: tuple[int, ...], rep
 
         params = sum(p.numel() for p in model.parameters())
         collective.barrier()
-        out = {"compute": _median_time(_compute_step(model, batch, sample_shape), reps)}
+        step = _compute_step(model, batch, sample_shape)
+        out = {"compute": _median_time(step, reps)}
         if collective.world_size > 1:
             reducer = (SharedMemoryReducer.connect(collective, slot_bytes=min(16 << 20, params * 4))
                        if shared_memory else None)
@@ -102,7 +117,7 @@ def _stage_task(model: nn.Module, batch: int, sample_shape: tuple[int, ...], rep
             for name, n in (("tiny", TINY), ("full", params)):
                 t = torch.ones(n)
                 collective.barrier()
-                out[name] = _median_time(lambda t=t: coll.all_reduce(t), reps)
+                out[name] = _after_compute(step, lambda t=t: coll.all_reduce(t), reps)
         return out
 
     from ..train.jobs import in_task
@@ -128,13 +143,18 @@ def _ps_task(info: dict[str, Any], sizes: dict[str, int], reps: int):
 
 
 def _push_pull_time(client, n: int, reps: int) -> float:  # noqa: ANN001
-    grads, centre = [torch.full((n,), 1e-6)], [torch.empty(n)]
+    """One exchange as an ASGD worker makes it: the pseudo-gradient from the last pulled centre
+    and its parameters, the push, the pull, and the centre copied into its parameters."""
+    params, ref, centre = torch.zeros(n), torch.zeros(n), [torch.empty(n)]
     state = {"versions": client.pull(out=centre).versions, "seq": 0}
 
     def round_trip() -> None:
         state["seq"] += 1
+        grads = [ref.sub(params).div_(1e-2)]
         client.push(state["seq"], state["versions"], grads)
         state["versions"] = client.pull(out=centre).versions
+        params.copy_(centre[0])
+        ref.copy_(centre[0])
 
     return _median_time(round_trip, reps)
 

@@ -309,3 +309,22 @@ def test_fit_caffe_trains_on_spark(spark, lenet_path):
                        workers=2, epochs=2, batch_size=16, spark=spark, show_progress=False)
     assert isinstance(result.model, CaffeClassifier) and result.epochs == 2
     assert result.history[-1]["test_accuracy"] > 0.9, result.history
+
+
+def test_hdf5_data_net_trains_on_given_data_with_labels_shaped_as_caffe_does():
+    """An HDF5Data layer states no shapes: the data's row shape gives `data`, labels are (N,)."""
+    from tests.caffe.test_inspect_cli import HDF5_CLASSIFICATION
+
+    model = CaffeClassifier(HDF5_CLASSIFICATION, sample_shape=(4,))
+    x, y = torch.randn(6, 4), torch.tensor([0, 1, 1, 0, 1, 0])
+    assert model(x).shape == (6, 2)
+    torch.testing.assert_close(model.caffe_loss()(model(x), y), F.cross_entropy(model(x), y))
+
+
+def test_caffe_input_shape_flag_takes_named_shapes():
+    from sparkdp.cli.main import build_parser
+
+    args = build_parser().parse_args(["train", "--caffe-input-shape", "label=10", "--caffe-input-shape", "aux=10,3"])
+    assert args.caffe_input_shape == {"label": (10,), "aux": (10, 3)}
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "--caffe-input-shape", "label=", "--caffe-input-shape", "x=1"])

@@ -169,6 +169,8 @@ class CaffeClassifier(nn.Module):
         shapes = {name: tuple(int(d) for d in s) for name, s in (input_shapes or {}).items()} or None
         if sample_shape is not None:
             shapes = {**(shapes or {}), self.data_blob: (self.batch_size or 1, *(int(d) for d in sample_shape))}
+            if label in {top for layer in sources for top in layer.tops}:  # (N,): Caffe's class labels
+                shapes.setdefault(label, (self.batch_size or 1,))
         self.net = CaffeNet(dataclasses.replace(spec, layers=head, state=state), state, shapes)
         self._zero_inputs = [n for n in self.net.input_names if n != self.data_blob]
         self.raw_scale = float(raw_scale)

@@ -27,7 +27,7 @@ def _shape(text: str) -> tuple[int, ...]:
     return dims
 
 
-def _input_shape(text: str) -> tuple[str | None, tuple[int, ...]]:
+def input_shape_arg(text: str) -> tuple[str | None, tuple[int, ...]]:
     """``NAME=N,C,H,W`` → ``(NAME, dims)``; a bare ``N,C,H,W`` → ``(None, dims)`` (the first input)."""
     if "=" not in text:
         return None, _shape(text)
@@ -48,7 +48,7 @@ def _input_shape(text: str) -> tuple[str | None, tuple[int, ...]]:
         raise argparse.ArgumentTypeError(f"in {text!r}: {err}") from None
 
 
-class _InputShapes(argparse.Action):
+class InputShapes(argparse.Action):
     """Collects repeated ``--input-shape`` values into ``{name or None: dims}``; each input once."""
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
@@ -73,8 +73,8 @@ def _add_net_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--input-shape",
         dest="input_shapes",
-        type=_input_shape,
-        action=_InputShapes,
+        type=input_shape_arg,
+        action=InputShapes,
         metavar="[NAME=]N,C,H,W",
         help=_SHAPE_HELP,
     )

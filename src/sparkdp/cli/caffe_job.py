@@ -93,6 +93,9 @@ def cli_job(args: Any, data: Any, model_desc: dict[str, Any]) -> CaffeCLIJob:
         data = sources.train
     # sparkdp's built-in datasets hold images scaled to [0, 1]; Caffe's data layers see raw pixels.
     raw_scale = 255.0 if args.dataset else 1.0
+    given = dict(getattr(args, "caffe_input_shape", None) or {})
+    if None in given:
+        raise ConfigError("--caffe-input-shape needs the top's name: NAME=N,C,H,W (e.g. label=64).")
     model = build_model(
         net,
         spec,
@@ -101,7 +104,7 @@ def cli_job(args: Any, data: Any, model_desc: dict[str, Any]) -> CaffeCLIJob:
         weights=args.caffe_weights,
         seed=args.seed,
         apply_transform=sources is None,
-        input_shapes=sources.fed_shapes if sources is not None else None,
+        input_shapes={**(sources.fed_shapes if sources is not None else {}), **given} or None,
     )
     if sources is not None:
         sources.check_model(model)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..config import JOB_DEFAULTS, MEMORY_FORMATS, Columns, JobConfig
 from ..errors import ConfigError
+from .caffe_cmd import InputShapes, input_shape_arg
 
 
 def key_value(text: str) -> tuple[str, object]:
@@ -90,6 +91,9 @@ def add_parser(sub) -> None:
     caffe.add_argument("--caffe-solver", metavar="SOLVER.prototxt",
                        help="sets optimizer, lr_policy, weight decay; max_iter sets the epochs unless --epochs "
                             "is given; the Data layer's batch_size is the per-worker batch unless --batch-size")
+    caffe.add_argument("--caffe-input-shape", action=InputShapes, type=input_shape_arg, metavar="NAME=N,C,H,W",
+                       help="the shape of a fed top the data does not tell (repeatable), e.g. an HDF5Data "
+                            "layer's second dataset")
     caffe.add_argument("--caffe-weights", metavar="W.caffemodel", help="initial weights (with --out, the trained "
                                                                          "ones go to OUT/model.caffemodel)")
     p.set_defaults(func=run)

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from sparkdp.errors import ConfigError, RendezvousTimeout, WorkerFailed
+from sparkdp.errors import ConfigError, EnvironmentProblem, RendezvousTimeout, WorkerFailed
 from sparkdp.spark.launcher import listening_store, run_barrier, task_slots
 
 pytestmark = pytest.mark.spark
@@ -74,3 +74,17 @@ def test_sparkdp_errors_keep_their_type(spark):
 def test_bad_worker_counts(spark, workers):
     with pytest.raises(ConfigError, match="workers must be a positive integer"):
         run_barrier(_rank_and_world, workers, spark=spark)
+
+
+def test_a_module_the_executors_lack_is_named_with_what_to_do(spark, tmp_path, monkeypatch):
+    """The peers' most common failure: the task's pickle names a module only the driver has."""
+    import importlib
+
+    (tmp_path / "driver_only_helpers.py").write_text("def work(info):\n    return info.rank\n")
+    monkeypatch.syspath_prepend(str(tmp_path))  # the driver finds it; the executors' Python does not
+    helpers = importlib.import_module("driver_only_helpers")
+    with pytest.raises(EnvironmentProblem) as caught:
+        run_barrier(helpers.work, 1, spark=spark)
+    message = str(caught.value)
+    assert "could not import 'driver_only_helpers'" in message, message
+    assert "spark.archives=env.tar.gz#env" in message and "--py-files" in message

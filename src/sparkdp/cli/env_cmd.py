@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import sys
+from pathlib import Path
 
 
 def add_parser(sub) -> None:
@@ -32,6 +33,7 @@ def collect() -> dict:
         "java_major": java_major_version(),
         "cpu_count": os.cpu_count(),
         "fashion_mnist": str(FASHION_MNIST_DIR) if FASHION_MNIST_DIR.is_dir() else None,
+        "spark_submit_entry": str(Path(__file__).with_name("submit.py")),
     }
 
 

@@ -348,6 +348,9 @@ def translate_error(exc: BaseException, requested: int, master: str) -> BaseExce
     log.info("the Spark job failed with:\n%s", text)
     task = re.search(r"ResultTask\(\d+, (\d+)\)|[Tt]ask (\d+)(?:\.\d+)? in stage", text)
     who = f"worker {next(g for g in task.groups() if g is not None)}" if task else "a worker"
+    missing = re.search(r"ModuleNotFoundError: No module named '([^']+)'", text)
+    if missing:  # raised while the executor unpickled the task, before any sparkdp code ran there
+        return EnvironmentProblem(missing_module_message(missing.group(1), who, text))
     for pattern, what in _SPARK_FAILURES:
         if pattern in text:
             return WorkerFailed(f"{who} {what} (the full Spark error is logged with -v).")
@@ -356,6 +359,17 @@ def translate_error(exc: BaseException, requested: int, master: str) -> BaseExce
              and "An error occurred while calling" not in ln]
     summary = "\n".join(lines[:8]) if lines else type(exc).__name__
     return WorkerFailed(f"the Spark job failed: {summary[:2000]}")
+
+
+def missing_module_message(module: str, who: str, text: str) -> str:
+    """What to do when an executor's Python lacks a module the job needs (the peers' most common failure)."""
+    where = re.search(r"\(([^\s()]+) executor ([^\s()]+)\)", text)
+    place = f" (host {where.group(1)}, executor {where.group(2)})" if where else ""
+    top = module.split(".")[0]
+    return (f"{who}{place} could not import {module!r}: the executors' Python does not have {top!r}. Install "
+            f"it on every node with the same interpreter (spark.pyspark.python / PYSPARK_PYTHON), ship your own "
+            "modules with --py-files or SparkContext.addPyFile, or ship a whole environment: venv-pack -o env.tar.gz, "
+            "then --conf spark.archives=env.tar.gz#env and PYSPARK_PYTHON=./env/bin/python (docs/guide/clusters.md).")
 
 
 # What Spark's error text says -> one readable line (translate_error)

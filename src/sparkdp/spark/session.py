@@ -39,6 +39,19 @@ def _set_python_env() -> None:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 
+def _submitted_conf() -> dict[str, str]:
+    """What spark-submit gave this driver (its JVM's settings), or {} outside spark-submit.
+
+    spark-submit starts the JVM first and hands the Python driver its gateway port; the master,
+    deploy mode and ``--conf`` values are then the JVM's, and sparkdp must not replace them."""
+    if not os.environ.get("PYSPARK_GATEWAY_PORT"):
+        return {}
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()
+    return dict(SparkConf().getAll())
+
+
 #: task attempts an embedded session allows: Spark's own cluster default (spark.task.maxFailures),
 #: so that a lost asynchronous worker is retried there too (barrier stages are never retried)
 LOCAL_TASK_ATTEMPTS = 4
@@ -79,13 +92,17 @@ def session(master: str | None = None, *, app_name: str = "sparkdp", conf: Mappi
     if active is not None and (master is None or active.sparkContext.master == master):
         return active
     check_java()
-    master = master or default_master()
+    submitted = _submitted_conf()
+    master = master or submitted.get("spark.master") or default_master()
     check_master_reachable(master)
     _set_python_env()
     settings = dict(_DEFAULT_CONF)
     settings["spark.pyspark.python"] = os.environ["PYSPARK_PYTHON"]
     settings["spark.pyspark.driver.python"] = os.environ["PYSPARK_DRIVER_PYTHON"]
     settings["spark.executorEnv.PYSPARK_PYTHON"] = os.environ["PYSPARK_PYTHON"]
+    for key in ("spark.pyspark.python", "spark.pyspark.driver.python", "spark.executorEnv.PYSPARK_PYTHON"):
+        if key in submitted:  # spark-submit's choice (e.g. a shipped venv-pack archive's python) wins
+            settings[key] = submitted[key]
     settings["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile={_LOG4J.as_uri()}"
     if master.startswith("local"):
         # Everything stays on loopback; the hostname may resolve to a non-loopback address.

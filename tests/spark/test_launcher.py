@@ -88,3 +88,20 @@ def test_a_module_the_executors_lack_is_named_with_what_to_do(spark, tmp_path, m
     message = str(caught.value)
     assert "could not import 'driver_only_helpers'" in message, message
     assert "spark.archives=env.tar.gz#env" in message and "--py-files" in message
+
+
+def test_an_unreachable_driver_address_fails_fast_and_names_it(spark):
+    import socket
+
+    from sparkdp.spark.launcher import check_reachable
+
+    with socket.create_server(("127.0.0.1", 0)) as listening:  # reachable: returns quietly
+        check_reachable(spark, f"127.0.0.1:{listening.getsockname()[1]}")
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    started = time.monotonic()
+    with pytest.raises(EnvironmentProblem, match=rf"cannot reach the parameter server on the driver at "
+                                                 rf"127.0.0.1:{closed} within 5 s .*spark.driver.host"):
+        check_reachable(spark, f"127.0.0.1:{closed}")
+    assert time.monotonic() - started < 30

@@ -61,6 +61,7 @@ def fit_async(spec: FitSpec, strategy: AsyncParameterServer, *, workers: int, sp
         log.info("parameter server for %s on %s with %d shard(s)", strategy.rule, info.address, server.num_shards)
         n_threads = threads or 1
         shipped = replace(spec, strategy=copy.copy(strategy).connect_to(transport, info), fault=fault_from_env())
+        _check_reachable(spark, info.address)
 
         def task(worker: int) -> WorkerReport:
             torch.set_num_threads(n_threads)
@@ -98,6 +99,15 @@ def fit_async(spec: FitSpec, strategy: AsyncParameterServer, *, workers: int, sp
                  "per_worker": [{"worker": r.worker, **r.strategy_metrics} for r in sorted(reports, key=lambda r: r.worker)]})
 
 
+def _check_reachable(spark: Any, address: str) -> None:
+    """On a cluster, a few seconds' check that executors can connect to the server before the
+    tasks start (each would otherwise wait out its own connect timeout); local masters skip it."""
+    from ..spark.launcher import check_reachable
+
+    if not spark.sparkContext.master.startswith("local"):
+        check_reachable(spark, address)
+
+
 def run_async(call: Callable[[int, Any, AsyncParameterServer], Any], strategy: AsyncParameterServer, *,
               workers: int, spark: Any, threads: int | None, description: str, hub: Any = None) -> list[Any]:
     """``sparkdp.run`` / ``launch`` with an asynchronous strategy: ``call(worker, collective, strategy)``
@@ -120,6 +130,7 @@ def run_async(call: Callable[[int, Any, AsyncParameterServer], Any], strategy: A
         if hub is not None:
             hub.server_metrics = lambda: endpoint.server.metrics() if endpoint.server is not None else {}
         shipped = copy.copy(strategy).connect_to(transport, endpoint.info, offer_centre=True)
+        _check_reachable(spark, endpoint.info.address)
         n_threads = threads or 1
 
         def task(worker: int) -> Any:

@@ -274,6 +274,41 @@ def driver_host(spark) -> str:
     return spark.sparkContext.getConf().get("spark.driver.host", "127.0.0.1")
 
 
+def check_reachable(spark, address: str, *, timeout_s: float = 5.0, what: str = "the parameter server") -> None:
+    """Fail fast, naming the address, when executors cannot open a TCP connection to ``address``
+    (``host:port`` on the driver) — instead of every task waiting out its connect timeout.
+
+    One small task per task slot (at most 16) tries to connect; on a local master this is the
+    loopback and costs a fraction of a second."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    sc = spark.sparkContext
+    tries = max(1, min(task_slots(sc) or 1, 16))
+
+    def probe(_index, _rows):
+        import socket as sock
+
+        where = sock.gethostname()
+        try:
+            with sock.create_connection((host, int(port)), timeout=timeout_s):
+                yield (where, None)
+        except OSError as exc:
+            yield (where, f"{type(exc).__name__}: {exc}")
+
+    sc.setJobDescription(f"sparkdp: can executors reach {what} at {address}?")
+    try:
+        failed = [(h, err) for h, err in sc.parallelize(range(tries), tries).mapPartitionsWithIndex(probe).collect()
+                  if err is not None]
+    finally:
+        sc.setJobDescription(None)
+    if failed:
+        hosts = ", ".join(sorted({h for h, _ in failed}))
+        raise EnvironmentProblem(
+            f"executors on {hosts} cannot reach {what} on the driver at {address} within {timeout_s:g} s "
+            f"({failed[0][1]}). Set spark.driver.host to an address of the driver that the executors can "
+            "reach, and let a firewall between them pass TCP to the driver (docs/guide/clusters.md).")
+
+
 def task_attempt() -> int:
     """Which attempt of its Spark task is running (0: the first; 0 outside Spark)."""
     from pyspark import TaskContext

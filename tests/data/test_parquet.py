@@ -96,3 +96,10 @@ def test_drop_nulls_counts_and_unequal_batches(tmp_path):
     ys = [y for _x, y in lenient.batches(rank=0, world_size=1, epoch=0, batch_size=2, seed=0, shuffle=False)]
     assert torch.cat(ys).tolist() == [0, 1]
     assert lenient.counters() == {"dropped_null_rows": 2}
+
+
+def test_sample_reads_the_first_rows_on_the_driver(parquet_dir):
+    data = ParquetData(parquet_dir, features="x", label="id")
+    assert data.sample(2).num_rows == 2
+    first = data.sample(data.units[0][2] + 3)  # the first record batch: at most the first row group
+    assert 1 <= first.num_rows <= data.units[0][2] + 3

@@ -149,7 +149,15 @@ class ParquetData(WorkerData):
 
     def sample(self, rows: int = 2) -> pa.RecordBatch:
         """The first ``rows`` rows (read on the driver, for checks before training)."""
-        return next(self.record_batches(self._cut(list(range(len(self.units))), 0, min(rows, self.rows))))
+        segments, left = [], min(rows, self.rows)
+        for unit, first, end in rank_segments([u[2] for u in self.units], range(len(self.units)), rank=0,
+                                              world_size=1, pad=False):
+            take = min(end - first, left)
+            segments.append((unit, first, first + take))
+            left -= take
+            if not left:
+                break
+        return next(self.record_batches(segments))
 
     def describe(self) -> str:
         return (f"Parquet {self.source!r}: {self.rows} rows in {len(self.units)} row groups of "

@@ -105,3 +105,12 @@ def test_an_unreachable_driver_address_fails_fast_and_names_it(spark):
                                                  rf"127.0.0.1:{closed} within 5 s .*spark.driver.host"):
         check_reachable(spark, f"127.0.0.1:{closed}")
     assert time.monotonic() - started < 30
+
+
+def test_dynamic_allocation_is_explained_before_a_barrier_stage():
+    from sparkdp.spark.launcher import barrier_refusal
+
+    assert barrier_refusal({"spark.master": "yarn"}) is None
+    assert barrier_refusal({"spark.dynamicAllocation.enabled": "false"}) is None
+    message = barrier_refusal({"spark.dynamicAllocation.enabled": "True"})
+    assert "does not allow with dynamic allocation" in message and "strategy='asgd'" in message

@@ -179,6 +179,20 @@ def _task_body(fn: Callable[[TaskInfo], Any]) -> Callable:
     return run_partition
 
 
+def barrier_refusal(conf: dict[str, str]) -> str | None:
+    """Why Spark would refuse a barrier stage with these settings, in words (None: it would not).
+
+    Barrier stages need a fixed set of executors (SPARK-24942): with dynamic allocation on,
+    Spark fails the job at submission with a message that names neither sparkdp nor the fix."""
+    if conf.get("spark.dynamicAllocation.enabled", "false").strip().lower() == "true":
+        return ("synchronous strategies (allreduce, average) run as a Spark barrier stage, which Spark does not "
+                "allow with dynamic allocation (spark.dynamicAllocation.enabled=true): all workers must hold "
+                "their executors for the whole stage. Turn it off for this application (--conf "
+                "spark.dynamicAllocation.enabled=false), or train asynchronously (e.g. strategy='asgd'), whose "
+                "workers are ordinary tasks that tolerate executors coming and going.")
+    return None
+
+
 class BarrierStage:
     """One Spark job whose barrier stage needs ``num_workers`` tasks running at once.
 
@@ -215,6 +229,9 @@ class BarrierStage:
     def run(self, collect: Callable[[], list[Any]]) -> list[Any]:
         """Run ``collect()`` (the action that runs the stage) and return what it returned."""
         sc, n = self.sc, self.num_workers
+        refusal = barrier_refusal(dict(sc.getConf().getAll()))
+        if refusal:
+            raise ConfigError(refusal)
         slots = task_slots(sc)
         if slots is not None and n > slots:
             raise RendezvousTimeout(too_few_slots_message(n, slots, sc.master))

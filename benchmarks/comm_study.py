@@ -106,7 +106,8 @@ def main() -> None:
     link = f"loopback shaped by tc qdisc '{args.qdisc}'" if shaped else "plain loopback (no shaping)"
     print(f"comm-bound: {cal.params:,} parameters, batch {work.batch}; {link}; calibration: C "
           f"{cal.step_compute_s * 1e3:.1f} ms, α {net.latency_s * 1e6:.0f} µs, {8 / net.seconds_per_byte / 1e9:.2f} "
-          f"Gbit/s all-reduce; α_ps {net.ps_alpha * 1e6:.0f} µs, {8 / net.ps_beta / 1e9:.2f} Gbit/s parameter server")
+          f"Gbit/s all-reduce; α_ps {net.ps_alpha * 1e6:.0f} µs, {8 / net.ps_beta / 1e9:.2f} Gbit/s parameter server, "
+          f"its ASGD update {cal.server_apply_s * 1e3:.1f} ms per push")
     print(markdown_table(["strategy", "workers", "MB on the wire per worker-step", "measured step (ms)",
                           "predicted step (ms)", "prediction error", "test accuracy"], rows))
 

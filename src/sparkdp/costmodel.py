@@ -10,7 +10,8 @@ compute ``C`` plus what communication the strategy adds per step:
 * ``average`` — the same ring over the parameters, every ``k`` steps;
 * ``asgd`` — a push and a pull of ``S`` bytes to a parameter server every ``k`` steps,
   ``(2α_ps + 2S·β_ps)/k`` on the worker, but one server's link carries all ``M`` workers'
-  traffic, so a step can be no faster than ``M·2S·β_ps/(K·k)`` with ``K`` server shards.
+  traffic and its update rule applies every push, so a step can be no faster than
+  ``M·S·(2β_ps + σ)/(K·k)`` with ``K`` server shards (σ: the rule's seconds per byte).
 
 Scaling efficiency is ``C / T``: the fraction of a communication-free worker's throughput
 each worker keeps.  With ``cpu_slots`` (workers sharing one machine's cores) the compute of
@@ -38,6 +39,7 @@ class Network:
     seconds_per_byte: float  # β: 1 / bandwidth in bytes per second
     ps_latency_s: float | None = None  # α_ps: one push or pull's fixed cost
     ps_seconds_per_byte: float | None = None  # β_ps
+    server_seconds_per_byte: float = 0.0  # σ: the server's own work per pushed byte (its update rule)
 
     @classmethod
     def from_link(cls, gbit_per_s: float, latency_ms: float) -> Network:
@@ -119,7 +121,8 @@ def predict(strategy: str, work: Workload, net: Network, workers: int, *, k: int
         options = {"k": k}
     else:
         per_worker = (2 * net.ps_alpha + 2 * s * net.ps_beta) / k
-        server = workers * 2 * s * net.ps_beta / (shards * k)  # the server link's time per round
+        # the server's link and its update rule, per round of every worker's push
+        server = workers * s * (2 * net.ps_beta + net.server_seconds_per_byte) / (shards * k)
         comm = per_worker
         step = max(c + per_worker, server)
         if server > c + per_worker:

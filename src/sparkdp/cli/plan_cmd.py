@@ -134,7 +134,8 @@ def _print(params, compute_s, net, rows, advice, report) -> None:
     source = f"measured on {cal['workers']} workers" if cal else "as given"
     console.print(f"{params:,} parameters ({params * 4 / 1e6:.1f} MB), step compute {compute_s * 1e3:.1f} ms; "
                   f"network {source}: α {net.latency_s * 1e6:.0f} µs, {8 / net.seconds_per_byte / 1e9:.2f} Gbit/s "
-                  f"(parameter server: α {net.ps_alpha * 1e6:.0f} µs, {8 / net.ps_beta / 1e9:.2f} Gbit/s)")
+                  f"(parameter server: α {net.ps_alpha * 1e6:.0f} µs, {8 / net.ps_beta / 1e9:.2f} Gbit/s, its update "
+                  f"rule {net.server_seconds_per_byte * 4e9:.2f} ms per million parameters)")
     labels = list(dict.fromkeys(r.label for r in rows))
     table = Table(title="predicted step time (ms) / scaling efficiency")
     table.add_column("workers", justify="right")

@@ -45,18 +45,20 @@ class Calibration:
     allreduce_full_s: float | None
     ps_tiny_s: float
     ps_full_s: float
+    server_apply_s: float = 0.0  # the server applying one model-sized push (ASGD), on the driver
 
     def network(self) -> Network:
         """α, β from the two all-reduce points; α_ps, β_ps from the two push+pull points."""
         s = self.params * 4
         ps_beta = max((self.ps_full_s - self.ps_tiny_s) / (2 * (s - TINY * 4)), 1e-15)
         ps_alpha = max(self.ps_tiny_s / 2 - TINY * 4 * ps_beta, 0.0)
+        sigma = self.server_apply_s / s
         if self.allreduce_full_s is None or self.allreduce_tiny_s is None or self.workers < 2:
-            return Network(ps_alpha, ps_beta, ps_alpha, ps_beta)  # no all-reduce to measure: assume the PS link
+            return Network(ps_alpha, ps_beta, ps_alpha, ps_beta, sigma)  # no all-reduce measured: the PS link
         m = self.workers
         beta = max((self.allreduce_full_s - self.allreduce_tiny_s) / (2 * (m - 1) / m * (s - TINY * 4)), 1e-15)
         alpha = max((self.allreduce_tiny_s - 2 * (m - 1) / m * TINY * 4 * beta) / (2 * (m - 1)), 0.0)
-        return Network(alpha, beta, ps_alpha, ps_beta)
+        return Network(alpha, beta, ps_alpha, ps_beta, sigma)
 
     def as_dict(self) -> dict[str, Any]:
         net = self.network()
@@ -187,7 +189,19 @@ def calibrate(model: nn.Module, *, spark, workers: int, batch: int = 64, sample_
                           description="sparkdp plan --calibrate: parameter server")
     median = lambda key: statistics.median(r[key] for r in results) if key in results[0] else None  # noqa: E731
     return Calibration(workers, params, batch, median("compute"), median("tiny"), median("full"),
-                       ps["tiny"], ps["full"])
+                       ps["tiny"], ps["full"], _server_apply_s(servers["full"], params, reps))
+
+
+def _server_apply_s(server, params: int, reps: int) -> float:  # noqa: ANN001
+    """Seconds the driver's server takes to apply one model-sized push (its update rule and locking)."""
+    push = [torch.full((params,), 1e-6)]
+    state = {"seq": 10**6, "versions": server.pull(10**6).versions}
+
+    def apply() -> None:
+        state["seq"] += 1
+        server.push(worker=10**6, seq=state["seq"], pulled_versions=state["versions"], tensors=push)
+
+    return _median_time(apply, reps)
 
 
 def measure_steps(model_name: str, *, spark, workers: int, batch: int = 64, rows: int = 12_000, average_k: int = 8,

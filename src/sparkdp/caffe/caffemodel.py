@@ -359,7 +359,7 @@ def encode_blob_proto(array: np.ndarray) -> bytes:
 # ------------------------------------------------------------------------ encoder
 
 
-def _varint_bytes(v: int) -> bytes:
+def varint_bytes(v: int) -> bytes:
     if v < 0:
         v += 1 << 64
     out = bytearray()
@@ -370,17 +370,17 @@ def _varint_bytes(v: int) -> bytes:
     return bytes(out)
 
 
-def _len_field(number: int, payload_len: int) -> bytes:
-    return _varint_bytes((number << 3) | LEN) + _varint_bytes(payload_len)
+def len_field(number: int, payload_len: int) -> bytes:
+    return varint_bytes((number << 3) | LEN) + varint_bytes(payload_len)
 
 
 def _blob_chunks(arr: np.ndarray) -> list[bytes]:
     # Fields in number order, as protobuf writes them: data (5), then shape (7).
     data = np.ascontiguousarray(arr, dtype="<f4").tobytes()
-    dims = b"".join(_varint_bytes(int(d)) for d in arr.shape)
-    shape = _len_field(1, len(dims)) + dims if arr.ndim else b""
-    body = [_len_field(5, len(data)), data, _len_field(7, len(shape)), shape]
-    return [_len_field(7, sum(len(c) for c in body)), *body]
+    dims = b"".join(varint_bytes(int(d)) for d in arr.shape)
+    shape = len_field(1, len(dims)) + dims if arr.ndim else b""
+    body = [len_field(5, len(data)), data, len_field(7, len(shape)), shape]
+    return [len_field(7, sum(len(c) for c in body)), *body]
 
 
 def encode_net(layers: Iterable[CaffeLayerBlobs], name: str = "") -> bytes:
@@ -397,15 +397,15 @@ def _encode_chunks(layers: Iterable[CaffeLayerBlobs], name: str) -> list[bytes]:
     chunks: list[bytes] = []
     if name:
         raw = name.encode()
-        chunks += [_len_field(1, len(raw)), raw]
+        chunks += [len_field(1, len(raw)), raw]
     for layer in layers:
         body: list[bytes] = []
         for number, text in ((1, layer.name), (2, layer.type)):
             raw = text.encode()
-            body += [_len_field(number, len(raw)), raw]
+            body += [len_field(number, len(raw)), raw]
         for blob in layer.blobs:
             body += _blob_chunks(np.asarray(blob))
-        chunks += [_len_field(100, sum(len(c) for c in body)), *body]
+        chunks += [len_field(100, sum(len(c) for c in body)), *body]
     return chunks
 
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import DataError
-from .caffemodel import I32, I64, LEN, VARINT, WireReader
+from .caffemodel import I32, I64, LEN, VARINT, WireReader, len_field, varint_bytes
 
 __all__ = ["Datum", "datum_array", "decode_datum", "encode_datum", "parse_datum"]
 
@@ -254,16 +254,16 @@ def encode_datum(array: np.ndarray, label: int = 0, *, encoding: str | None = No
     out = bytearray()
     if encoding is not None:
         out += _field_bytes(4, _encode_image(arr, encoding))
-        out += _varint_bytes(5 << 3) + _varint_bytes(int(label))
-        out += _varint_bytes(7 << 3) + _varint_bytes(1)
+        out += varint_bytes(5 << 3) + varint_bytes(int(label))
+        out += varint_bytes(7 << 3) + varint_bytes(1)
         return bytes(out)
     for number, value in zip((1, 2, 3), arr.shape):
-        out += _varint_bytes(number << 3) + _varint_bytes(int(value))
+        out += varint_bytes(number << 3) + varint_bytes(int(value))
     if arr.dtype == np.uint8:
         out += _field_bytes(4, np.ascontiguousarray(arr).tobytes())
-        out += _varint_bytes(5 << 3) + _varint_bytes(int(label))
+        out += varint_bytes(5 << 3) + varint_bytes(int(label))
     elif np.issubdtype(arr.dtype, np.floating):
-        out += _varint_bytes(5 << 3) + _varint_bytes(int(label))
+        out += varint_bytes(5 << 3) + varint_bytes(int(label))
         flat = np.ascontiguousarray(arr, dtype="<f4").reshape(-1)
         rows = np.empty((flat.size, 5), dtype=np.uint8)  # unpacked: tag (6 << 3 | 5) + 4 bytes per float
         rows[:, 0] = (6 << 3) | I32
@@ -274,19 +274,8 @@ def encode_datum(array: np.ndarray, label: int = 0, *, encoding: str | None = No
     return bytes(out)
 
 
-def _varint_bytes(v: int) -> bytes:
-    if v < 0:
-        v += 1 << 64
-    out = bytearray()
-    while v >= 0x80:
-        out.append((v & 0x7F) | 0x80)
-        v >>= 7
-    out.append(v)
-    return bytes(out)
-
-
 def _field_bytes(number: int, payload: bytes) -> bytes:
-    return _varint_bytes((number << 3) | LEN) + _varint_bytes(len(payload)) + payload
+    return len_field(number, len(payload)) + payload
 
 
 def _encode_image(arr: np.ndarray, encoding: str) -> bytes:

@@ -46,7 +46,8 @@ class JobConfig:
     Attributes:
         strategy: a strategy name (``sparkdp.strategies.STRATEGIES``) or a Strategy object.
         strategy_options: settings of the named strategy (e.g. ``{"period": 4}``).
-        workers: Spark tasks to train on; ``None``: every task slot of the cluster.
+        workers: Spark tasks to train on; ``None``: every task slot (of a local master, or of the
+            executors registered when the job starts; 2 while none has).
         epochs: passes over the training data.
         batch_size: rows per worker per step; the global batch is ``workers * batch_size``.
         seed: seeds the model's initial state, shuffling and dropout on every worker.

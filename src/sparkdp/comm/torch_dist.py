@@ -64,7 +64,9 @@ class TorchCollective(Collective):
             if store is None:
                 store = dist.TCPStore(master_addr, master_port, world_size, is_master=(rank == 0),
                                       timeout=timedelta(seconds=timeout_s))
-            dist.init_process_group(self.backend, store=store, rank=rank, world_size=world_size,
+            # under NCCL the loop's small CPU tensors (loss sums, batch counts) go through gloo
+            backend = "cpu:gloo,cuda:nccl" if self.backend == "nccl" else self.backend
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                     timeout=timedelta(seconds=timeout_s))
         except (RuntimeError, TimeoutError) as exc:  # torch raises DistStoreError (RuntimeError) on timeout
             raise RendezvousTimeout(

@@ -175,7 +175,8 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
         strategy: ``"allreduce"`` (default), ``"average"``, an asynchronous rule
             (``"asgd"``, ``"hogwild"``, ...), or a Strategy object.
         strategy_options: keyword arguments of the named strategy (``{"period": 4}``).
-        workers: Spark tasks to train on (default: every task slot of the cluster).
+        workers: Spark tasks to train on (default: every task slot: of a local master, or of the
+            executors registered when the job starts; 2 while none has).
         epochs: passes over the training data.
         batch_size: rows per worker per step; the global batch is ``workers * batch_size``.
         lr_scheduler: ``optimizer -> scheduler`` built in every worker; stepped after every
@@ -260,11 +261,11 @@ def fit_job(model: nn.Module, data: Any, job: JobConfig, *, labels: Any = None, 
         train, test = _resolve_data(data, labels, eval_data)
     memory_format = _preflight(model, loss_fn, train, job.memory_format)
 
-    from ..spark.launcher import on_driver_machine, task_slots
+    from ..spark.launcher import on_driver_machine
     from ..spark.session import session
 
     spark = spark or session(job.master)
-    workers = job.workers or task_slots(spark.sparkContext) or 2
+    workers = _workers(spark, job)
     if job.min_workers is not None and job.min_workers > workers:
         raise ConfigError(f"min_workers ({job.min_workers}) cannot exceed the {workers} workers this job runs on.")
     rows = train.num_samples()
@@ -277,6 +278,18 @@ def fit_job(model: nn.Module, data: Any, job: JobConfig, *, labels: Any = None, 
     # Same-machine executors map in-memory data from files instead of unpickling a copy each.
     with shared_with_workers(on_driver_machine(spark.sparkContext), train, test) as (train, test):
         return _fit_on_spark(replace(spec, train=train, eval=test), job, workers, spark, started)
+
+
+def _workers(spark: Any, job: JobConfig) -> int:
+    """The job's worker count (``default_workers`` unless given), with a warning when the
+    workers' torch threads would outnumber their cores."""
+    from ..spark.launcher import default_workers, oversubscription
+
+    workers = job.workers or default_workers(spark.sparkContext)
+    problem = oversubscription(spark.sparkContext, workers, job.threads)
+    if problem:
+        log.warning("sparkdp: %s", problem)
+    return workers
 
 
 def _fit_on_spark(spec: FitSpec, job: JobConfig, workers: int, spark: Any, started: float) -> TrainResult:
@@ -399,11 +412,11 @@ def run(train_fn: Callable[..., Any], *args: Any, workers: int | None = None,
                     show_progress=show_progress)
     strategy_obj = resolve_strategy(job.strategy, **job.strategy_options)
 
-    from ..spark.launcher import run_barrier, task_slots
+    from ..spark.launcher import run_barrier
     from ..spark.session import session
 
     spark = spark or session(job.master)
-    workers = job.workers or task_slots(spark.sparkContext) or 2
+    workers = _workers(spark, job)
 
     worker_argv = list(sys.argv if argv is None else argv)
     name = getattr(train_fn, "__name__", "train_fn")

@@ -30,6 +30,7 @@ from ..ps import ParameterServer
 from ..ps.transport import TcpOptions, TcpTransport
 from ..strategies.async_ps import AsyncParameterServer
 from ..train.faults import fault_from_env
+from ..train.jobs import task_device
 from ..train.loop import FitSpec, evaluate, fit_worker
 from ..train.report import WorkerReport
 from ..train.result import TrainResult
@@ -59,16 +60,14 @@ def fit_async(spec: FitSpec, strategy: AsyncParameterServer, *, workers: int, sp
     with transport.serve(server, host=host, port=0) as endpoint, saver or contextlib.nullcontext():
         info = endpoint.info
         log.info("parameter server for %s on %s with %d shard(s)", strategy.rule, info.address, server.num_shards)
-        n_threads = threads or 1
         shipped = replace(spec, strategy=copy.copy(strategy).connect_to(transport, info), fault=fault_from_env())
         _check_reachable(spark, info.address)
 
         def task(worker: int) -> WorkerReport:
-            torch.set_num_threads(n_threads)
             # a retried task (Spark retries failed ordinary tasks) pulls the current centre and
             # trains its share again; an injected fault fires in the first attempt only
             attempt = shipped if task_attempt() == 0 else replace(shipped, fault=None)
-            return fit_worker(attempt, IndependentCollective(worker, workers))
+            return fit_worker(attempt, task_collective(worker, workers, threads))
 
         reports = run_tasks(task, workers, spark=spark, description=f"sparkdp async {strategy.rule}") \
             if spec.epochs else []
@@ -97,6 +96,16 @@ def fit_async(spec: FitSpec, strategy: AsyncParameterServer, *, workers: int, sp
         samples=sum(h["samples"] for h in history), strategy_options=strategy.options(),
         details={"server": server.metrics(),
                  "per_worker": [{"worker": r.worker, **r.strategy_metrics} for r in sorted(reports, key=lambda r: r.worker)]})
+
+
+def task_collective(worker: int, workers: int, threads: int | None) -> IndependentCollective:
+    """Inside an asynchronous task: torch threads from ``spark.task.cpus`` (or ``threads``) and
+    the GPU Spark assigned to the task, if any, as the worker's device."""
+    from ..spark.launcher import task_resources
+
+    gpus, cpus = task_resources()
+    torch.set_num_threads(threads or cpus)
+    return IndependentCollective(worker, workers, device=task_device(gpus))
 
 
 def _check_reachable(spark: Any, address: str) -> None:
@@ -131,11 +140,9 @@ def run_async(call: Callable[[int, Any, AsyncParameterServer], Any], strategy: A
             hub.server_metrics = lambda: endpoint.server.metrics() if endpoint.server is not None else {}
         shipped = copy.copy(strategy).connect_to(transport, endpoint.info, offer_centre=True)
         _check_reachable(spark, endpoint.info.address)
-        n_threads = threads or 1
 
         def task(worker: int) -> Any:
-            torch.set_num_threads(n_threads)
-            return call(worker, IndependentCollective(worker, workers), shipped)
+            return call(worker, task_collective(worker, workers, threads), shipped)
 
         results = run_tasks(task, workers, spark=spark, description=description)
         server = endpoint.server

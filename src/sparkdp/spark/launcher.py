@@ -59,18 +59,23 @@ class TaskInfo:
     store: Any = field(default=None, compare=False, repr=False)
 
 
+def cpus_per_task(conf) -> float:
+    """``spark.task.cpus`` (Spark accepts fractions of a core)."""
+    return float(conf.get("spark.task.cpus", "1"))
+
+
 def task_slots(sc) -> int | None:
     """How many tasks the cluster can run at once, when it can be known up front."""
     master = sc.master
-    cpus_per_task = int(sc.getConf().get("spark.task.cpus", "1"))
+    per_task = cpus_per_task(sc.getConf())
     match = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?", master)
     if match:
         n = match.group(1)
         cores = (sc.defaultParallelism if n == "*" else int(n)) if n else 1
-        return cores // cpus_per_task
+        return int(cores // per_task)
     if master.startswith("local-cluster"):
         m = re.fullmatch(r"local-cluster\[(\d+),\s*(\d+),\s*\d+\]", master)
-        return (int(m.group(1)) * int(m.group(2))) // cpus_per_task if m else None
+        return int((int(m.group(1)) * int(m.group(2))) // per_task) if m else None
     return None  # cluster managers: executors may still be arriving; the start timeout decides
 
 
@@ -84,7 +89,29 @@ def available_slots(sc) -> int | None:
         cores = int(sc._jsc.sc().schedulerBackend().totalCoreCount())
     except Exception:  # noqa: BLE001 - another backend, or py4j could not reach it
         return fixed
-    return cores // int(sc.getConf().get("spark.task.cpus", "1"))
+    return int(cores // cpus_per_task(sc.getConf()))
+
+
+def default_workers(sc) -> int:
+    """Workers when the user gives none: every task slot of a local master, or of the executors
+    registered on a cluster when the job starts; 2 while none has registered yet."""
+    return task_slots(sc) or available_slots(sc) or 2
+
+
+def oversubscription(sc, workers: int, threads: int | None) -> str | None:
+    """Why ``workers`` workers with ``threads`` torch threads each would run more threads than
+    their cores (each thread then waits for a core), or None."""
+    per_task = cpus_per_task(sc.getConf())
+    if threads is not None and threads > per_task:
+        return (f"threads={threads} torch threads per worker, but each Spark task holds spark.task.cpus={per_task:g} "
+                f"core(s): workers sharing an executor will compete for its cores. Set spark.task.cpus={threads}, "
+                "or leave threads unset (sparkdp then uses spark.task.cpus).")
+    cores = os.cpu_count() or 1
+    if on_driver_machine(sc) and workers * (threads or max(1, int(per_task))) > cores:
+        return (f"{workers} workers x {threads or max(1, int(per_task))} torch thread(s) on this machine's {cores} "
+                "core(s): they will compete for the cores and each step will be slower. Use fewer workers or "
+                "threads, or a cluster.")
+    return None
 
 
 def on_driver_machine(sc) -> bool:
@@ -129,9 +156,21 @@ def rendezvous() -> TaskInfo:
     # process can take a "free" port between choosing and binding it.
     store = listening_store(master_addr, len(infos)) if rank == 0 else None
     ports = ctx.allGather(str(store.port if store is not None else 0))
-    gpus = tuple(ctx.resources()["gpu"].addresses) if "gpu" in ctx.resources() else ()
-    cpus = int(ctx.cpus()) if hasattr(ctx, "cpus") else 1
+    gpus, cpus = task_resources()
     return TaskInfo(rank, len(infos), master_addr, int(ports[0]), gpus, cpus, store)
+
+
+def task_resources() -> tuple[tuple[str, ...], int]:
+    """The GPU addresses Spark assigned to the running task (``spark.task.resource.gpu.amount``)
+    and its cores (``spark.task.cpus``); no GPUs and one core outside a Spark task."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if ctx is None:
+        return (), 1
+    resources = ctx.resources()
+    gpus = tuple(resources["gpu"].addresses) if "gpu" in resources else ()
+    return gpus, max(1, int(ctx.cpus()))
 
 
 def encode_error(rank: int, exc: BaseException) -> str:

@@ -100,15 +100,15 @@ def session(master: str | None = None, *, app_name: str = "sparkdp", conf: Mappi
     settings["spark.pyspark.python"] = os.environ["PYSPARK_PYTHON"]
     settings["spark.pyspark.driver.python"] = os.environ["PYSPARK_DRIVER_PYTHON"]
     settings["spark.executorEnv.PYSPARK_PYTHON"] = os.environ["PYSPARK_PYTHON"]
-    for key in ("spark.pyspark.python", "spark.pyspark.driver.python", "spark.executorEnv.PYSPARK_PYTHON"):
-        if key in submitted:  # spark-submit's choice (e.g. a shipped venv-pack archive's python) wins
-            settings[key] = submitted[key]
     settings["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile={_LOG4J.as_uri()}"
     if master.startswith("local"):
         # Everything stays on loopback; the hostname may resolve to a non-loopback address.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         settings["spark.driver.host"] = "127.0.0.1"
         settings["spark.driver.bindAddress"] = "127.0.0.1"
+    # spark-submit's --conf values (e.g. a shipped venv-pack archive's python) win over sparkdp's
+    # defaults, and the caller's conf over both
+    settings.update({key: value for key, value in submitted.items() if key in settings})
     settings.update(conf or {})
     log.info("starting Spark (%s)", master)
     # What SparkSession.builder.getOrCreate() does, in two steps: the warm-up job needs only

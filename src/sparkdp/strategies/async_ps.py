@@ -199,6 +199,8 @@ class AsyncWorker:
     def pull(self, merge: bool) -> list[torch.Tensor]:
         started = time.perf_counter()
         self.versions, center = self.client.pull()
+        if self.params and self.params[0].device.type != "cpu":  # the wire carries CPU tensors
+            center = [c.to(p.device, non_blocking=True) for c, p in zip(center, self.params, strict=True)]
         self.pulls += 1
         self.comm_s += time.perf_counter() - started
         if merge:

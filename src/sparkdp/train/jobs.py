@@ -12,6 +12,7 @@ import torch
 
 from ..comm.base import Collective
 from ..comm.torch_dist import TorchCollective
+from ..errors import EnvironmentProblem
 
 log = logging.getLogger(__name__)
 
@@ -21,11 +22,7 @@ def in_task(body: Callable[[Collective], Any], *, threads: int | None, pg_timeou
 
     def task(info) -> Any:
         torch.set_num_threads(threads or max(1, info.cpus))
-        if info.gpus:
-            device = torch.device("cuda", int(info.gpus[0]))
-            torch.cuda.set_device(device)
-        else:
-            device = torch.device("cpu")
+        device = task_device(info.gpus)
         collective = TorchCollective(device=device).setup(
             master_addr=info.master_addr, master_port=info.master_port, rank=info.rank,
             world_size=info.world_size, timeout_s=pg_timeout_s, store=info.store)
@@ -35,6 +32,33 @@ def in_task(body: Callable[[Collective], Any], *, threads: int | None, pg_timeou
             collective.teardown()
 
     return task
+
+
+def task_device(gpus: tuple[str, ...]) -> torch.device:
+    """The device a worker computes on: the first GPU Spark assigned to its task
+    (``spark.task.resource.gpu.amount``), made current; the CPU when Spark assigned none."""
+    if not gpus:
+        return torch.device("cpu")
+    if len(gpus) > 1:
+        log.warning("Spark assigned GPUs %s to one task; a sparkdp worker uses one (%s). Set "
+                    "spark.task.resource.gpu.amount=1 and run one worker per GPU.", list(gpus), gpus[0])
+    try:
+        index = int(gpus[0])
+    except ValueError:
+        raise EnvironmentProblem(f"Spark assigned the GPU address {gpus[0]!r} to this task; sparkdp needs CUDA "
+                                 "device ordinals (0, 1, ...). Check the GPU discovery script "
+                                 "(spark.executor.resource.gpu.discoveryScript).") from None
+    if not torch.cuda.is_available():
+        raise EnvironmentProblem(
+            f"Spark assigned GPU {index} to this task (spark.task.resource.gpu.amount), but torch "
+            f"{torch.__version__} on this executor cannot use CUDA (a CPU-only build, or no driver). Install a "
+            "CUDA build of torch in the executors' Python, or drop the GPU resource settings to train on CPUs.")
+    if index >= torch.cuda.device_count():
+        raise EnvironmentProblem(f"Spark assigned GPU {index} to this task, but torch sees {torch.cuda.device_count()} "
+                                 "GPU(s) on this executor; check CUDA_VISIBLE_DEVICES and the discovery script.")
+    device = torch.device("cuda", index)
+    torch.cuda.set_device(device)
+    return device
 
 
 def progress(enabled: bool, message: str):

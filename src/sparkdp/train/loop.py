@@ -183,10 +183,12 @@ def evaluate(model: nn.Module, loss_fn: Callable, data: WorkerData, collective: 
              batch_size: int, channels_last: bool = False) -> dict[str, float]:
     """Loss and (for classifiers) accuracy over all ranks' shares, each row counted once."""
     model.eval()
+    device = next(model.parameters(), torch.empty(0)).device  # a GPU worker's model, or the CPU
     sums = torch.zeros(4, dtype=torch.float64)  # loss*rows, correct, rows, rows with one output tensor
     with torch.no_grad():
         for x, y in data.eval_batches(rank=collective.rank, world_size=collective.world_size,
                                       batch_size=batch_size):
+            x, y = x.to(device), y.to(device)
             out = model(batch_layout(x, channels_last))
             sums[0] += float(loss_fn(out, y)) * len(x)
             if _class_scores(out, y):

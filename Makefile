@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.sparkdp-ready
 PYTEST_ARGS ?= --durations=20  # the slowest tests, to keep `make test` inside its time budget
 
-.PHONY: setup demo test test-all lint docs docs-serve fuzz bench bench-cluster bench-sync bench-allreduce bench-ps bench-async bench-data bench-checkpoint bench-monitor clean
+.PHONY: setup demo test test-all test-cluster-env lint docs docs-serve fuzz bench bench-cluster bench-sync bench-allreduce bench-ps bench-async bench-data bench-checkpoint bench-monitor clean
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh
 	bash scripts/bootstrap.sh
@@ -25,6 +25,11 @@ test: $(STAMP)
 
 test-all: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# A venv-pack archive shipped to a standalone cluster whose executors lack torch and sparkdp
+# (installs torch into a fresh venv and packs it: about 5 minutes, so not in make test).
+test-cluster-env: $(STAMP)
+	$(PY) -m pytest -m slow $(PYTEST_ARGS) tests/cli/test_packed_env.py
 
 # The fuzz tests with 100,000 generated inputs each (make test runs 1,500).
 fuzz: $(STAMP)

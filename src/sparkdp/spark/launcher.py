@@ -456,8 +456,11 @@ def missing_module_message(module: str, who: str, text: str) -> str:
     """What to do when an executor's Python lacks a module the job needs (the peers' most common failure)."""
     where = re.search(r"\(([^\s()]+) executor ([^\s()]+)\)", text)
     place = f" (host {where.group(1)}, executor {where.group(2)})" if where else ""
+    # a Python worker that could not even start names its interpreter ("/usr/bin/python3: Error while ...")
+    python = re.search(r"(/\S+): (?:Error while finding module|No module named)", text)
+    interpreter = f" ({python.group(1)})" if python else ""
     top = module.split(".")[0]
-    return (f"{who}{place} could not import {module!r}: the executors' Python does not have {top!r}. Install "
+    return (f"{who}{place} could not import {module!r}: the executors' Python{interpreter} does not have {top!r}. Install "
             f"it on every node with the same interpreter (spark.pyspark.python / PYSPARK_PYTHON), ship your own "
             "modules with --py-files or SparkContext.addPyFile, or ship a whole environment: venv-pack -o env.tar.gz, "
             "then --conf spark.archives=env.tar.gz#env and PYSPARK_PYTHON=./env/bin/python (docs/guide/clusters.md).")

@@ -81,3 +81,48 @@ def test_training_on_spark_assigned_gpus(tmp_path):
     for strategy in ("allreduce", "asgd"):
         assert "error" not in out[strategy], out
         assert out[strategy]["accuracy"] > 0.9, out
+
+
+NO_EXECUTOR = textwrap.dedent('''
+    import json, sys, time
+    import torch
+    from torch import nn
+    import sparkdp
+
+    # executors that want a GPU from Workers that have none: Spark never launches one
+    spark = sparkdp.session("local-cluster[2,1,1024]", conf={
+        "spark.executor.resource.gpu.amount": "1", "spark.executor.resource.gpu.discoveryScript": sys.argv[1],
+        "spark.task.resource.gpu.amount": "1"})
+    x, y = torch.randn(64, 8), torch.randint(0, 2, (64,))
+    out = {}
+    for strategy in ("asgd", "allreduce"):
+        started = time.monotonic()
+        try:
+            sparkdp.fit(nn.Linear(8, 2), (x, y), strategy=strategy, workers=2, epochs=1, start_timeout_s=8,
+                        spark=spark, show_progress=False)
+            out[strategy] = {"error": None}
+        except Exception as exc:
+            out[strategy] = {"error": type(exc).__name__, "message": str(exc), "s": time.monotonic() - started}
+    print("RESULT " + json.dumps(out))
+''')
+
+
+def test_jobs_no_executor_can_take_stop_within_the_start_timeout(tmp_path):
+    """Never a hang: tasks that no executor can hold (here: a GPU no Worker has) end in a
+    RendezvousTimeout after ``start_timeout_s``, for asynchronous jobs as for barrier stages."""
+    script = tmp_path / "gpus.sh"
+    script.write_text("#!/bin/sh\necho '{\"name\": \"gpu\", \"addresses\": [\"0\"]}'\n")
+    script.chmod(0o755)
+    env = {**os.environ, "SPARK_HOME": str(Path(pyspark.__file__).parent), "PYSPARK_PYTHON": sys.executable}
+    proc = subprocess.run([sys.executable, "-c", NO_EXECUTOR, str(script)], capture_output=True, text=True,
+                          timeout=200, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    for strategy in ("asgd", "allreduce"):
+        assert out[strategy]["error"] == "RendezvousTimeout", out
+        assert out[strategy]["s"] < 60, out  # 8 s of waiting, plus cancelling
+    assert "did not start within 8 s" in out["asgd"]["message"], out
+    assert "no executor took any of its tasks" in out["asgd"]["message"], out
+    # the barrier stage: Spark's own slot check (3 tries, 2 s apart, as sparkdp sets it) or sparkdp's watchdog
+    assert "fewer task slots right now" in out["allreduce"]["message"] \
+        or "did not start them all within 8 s" in out["allreduce"]["message"], out

@@ -380,7 +380,7 @@ def _fit_async(spec: FitSpec, strategy: Strategy, workers: int, spark: Any, job:
     with progress(job.show_progress and hub is None, f"sparkdp: {workers} asynchronous Spark workers ({strategy.name})"):
         return fit_async(spec, strategy, workers=workers, spark=spark, threads=job.threads, started=started,
                          checkpoint_dir=job.checkpoint_dir, checkpoint_every_s=job.checkpoint_every_s,
-                         keep=job.keep_checkpoints, resume=job.resume, hub=hub)
+                         keep=job.keep_checkpoints, resume=job.resume, hub=hub, start_timeout_s=job.start_timeout_s)
 
 
 def run(train_fn: Callable[..., Any], *args: Any, workers: int | None = None,
@@ -447,7 +447,7 @@ def run(train_fn: Callable[..., Any], *args: Any, workers: int | None = None,
             with progress(job.show_progress, f"sparkdp: running {name} on {workers} asynchronous Spark workers"):
                 return run_async(lambda _w, collective, shipped: body(collective, shipped), strategy_obj,
                                  workers=workers, spark=spark, threads=job.threads, description=description,
-                                 hub=hub)[0]
+                                 hub=hub, start_timeout_s=job.start_timeout_s)[0]
         task = in_task(body, threads=job.threads, pg_timeout_s=job.pg_timeout_s)
         with progress(job.show_progress, f"sparkdp: running {name} on {workers} Spark workers"):
             return run_barrier(task, workers, spark=spark, start_timeout_s=job.start_timeout_s,

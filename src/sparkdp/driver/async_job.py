@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 def fit_async(spec: FitSpec, strategy: AsyncParameterServer, *, workers: int, spark: Any,
               threads: int | None, started: float, checkpoint_dir: str | None = None,
               checkpoint_every_s: float | None = None, keep: int = 3, resume: str | None = None,
-              hub: Any = None) -> TrainResult:
+              hub: Any = None, start_timeout_s: float = 60.0) -> TrainResult:
     """Start the server on the driver, run ``workers`` tasks; the model becomes the centre."""
     from ..spark.launcher import driver_host, run_tasks, task_attempt
 
@@ -61,7 +61,7 @@ def fit_async(spec: FitSpec, strategy: AsyncParameterServer, *, workers: int, sp
         info = endpoint.info
         log.info("parameter server for %s on %s with %d shard(s)", strategy.rule, info.address, server.num_shards)
         shipped = replace(spec, strategy=copy.copy(strategy).connect_to(transport, info), fault=fault_from_env())
-        _check_reachable(spark, info.address)
+        _check_reachable(spark, info.address, start_timeout_s)
 
         def task(worker: int) -> WorkerReport:
             # a retried task (Spark retries failed ordinary tasks) pulls the current centre and
@@ -69,7 +69,8 @@ def fit_async(spec: FitSpec, strategy: AsyncParameterServer, *, workers: int, sp
             attempt = shipped if task_attempt() == 0 else replace(shipped, fault=None)
             return fit_worker(attempt, task_collective(worker, workers, threads))
 
-        reports = run_tasks(task, workers, spark=spark, description=f"sparkdp async {strategy.rule}") \
+        reports = run_tasks(task, workers, spark=spark, description=f"sparkdp async {strategy.rule}",
+                            start_timeout_s=start_timeout_s) \
             if spec.epochs else []
     if saver is not None:
         saver.save()  # the finished job: a later resume has nothing left to do
@@ -108,17 +109,18 @@ def task_collective(worker: int, workers: int, threads: int | None) -> Independe
     return IndependentCollective(worker, workers, device=task_device(gpus))
 
 
-def _check_reachable(spark: Any, address: str) -> None:
+def _check_reachable(spark: Any, address: str, start_timeout_s: float) -> None:
     """On a cluster, a few seconds' check that executors can connect to the server before the
     tasks start (each would otherwise wait out its own connect timeout); local masters skip it."""
     from ..spark.launcher import check_reachable
 
     if not spark.sparkContext.master.startswith("local"):
-        check_reachable(spark, address)
+        check_reachable(spark, address, start_timeout_s=start_timeout_s)
 
 
 def run_async(call: Callable[[int, Any, AsyncParameterServer], Any], strategy: AsyncParameterServer, *,
-              workers: int, spark: Any, threads: int | None, description: str, hub: Any = None) -> list[Any]:
+              workers: int, spark: Any, threads: int | None, description: str, hub: Any = None,
+              start_timeout_s: float = 60.0) -> list[Any]:
     """``sparkdp.run`` / ``launch`` with an asynchronous strategy: ``call(worker, collective, strategy)``
     on ``workers`` ordinary Spark tasks (retried by Spark), around a parameter server on the driver
     whose centre is the first worker's model (the model is built inside the user's function, so
@@ -139,12 +141,12 @@ def run_async(call: Callable[[int, Any, AsyncParameterServer], Any], strategy: A
         if hub is not None:
             hub.server_metrics = lambda: endpoint.server.metrics() if endpoint.server is not None else {}
         shipped = copy.copy(strategy).connect_to(transport, endpoint.info, offer_centre=True)
-        _check_reachable(spark, endpoint.info.address)
+        _check_reachable(spark, endpoint.info.address, start_timeout_s)
 
         def task(worker: int) -> Any:
             return call(worker, task_collective(worker, workers, threads), shipped)
 
-        results = run_tasks(task, workers, spark=spark, description=description)
+        results = run_tasks(task, workers, spark=spark, description=description, start_timeout_s=start_timeout_s)
         server = endpoint.server
     if server is not None:
         log.info("parameter server: %s", {k: v for k, v in server.metrics().items() if k != "staleness"})

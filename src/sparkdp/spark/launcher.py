@@ -275,39 +275,60 @@ class BarrierStage:
         if slots is not None and n > slots:
             raise RendezvousTimeout(too_few_slots_message(n, slots, sc.master))
         self._wait_for_executors()
-        group = f"sparkdp-{uuid.uuid4().hex[:12]}"
-        outcome: dict[str, Any] = {}
-        done = threading.Event()
+        return run_watched(sc, collect, n, description=self.description, start_timeout_s=self.start_timeout_s,
+                           need_all=True, too_slow=(
+                               f"requested {n} workers, but Spark did not start them all within "
+                               f"{self.start_timeout_s:.0f} s on master {sc.master!r} (a barrier stage needs all of "
+                               "them at once). Lower `workers`, add executors/cores, or raise `start_timeout_s`."))
 
-        def submit() -> None:
-            try:
-                sc.setJobGroup(group, self.description, interruptOnCancel=True)
-                outcome["results"] = collect()
-            except BaseException as exc:  # handed to the waiting thread below
-                outcome["error"] = exc
-            finally:
-                done.set()
 
-        threading.Thread(target=submit, name=group, daemon=True).start()
-        deadline = time.monotonic() + self.start_timeout_s
-        started, seen = False, -1
+def run_watched(sc, collect: Callable[[], list[Any]], num_tasks: int, *, description: str, start_timeout_s: float,
+                need_all: bool, too_slow: str) -> list[Any]:
+    """Run ``collect()`` (a Spark action of ``num_tasks`` tasks) in a thread under its own job
+    group; cancel it and raise ``RendezvousTimeout(too_slow)`` when its tasks have not started
+    within ``start_timeout_s`` — all of them (``need_all``, a barrier stage) or any — the clock
+    restarting whenever a task makes progress (a DataFrame's job may run ordinary stages
+    first). A task's error becomes the sparkdp error it carried."""
+    group = f"sparkdp-{uuid.uuid4().hex[:12]}"
+    outcome: dict[str, Any] = {}
+    done = threading.Event()
+
+    def submit() -> None:
+        try:
+            sc.setJobGroup(group, description, interruptOnCancel=True)
+            outcome["results"] = collect()
+        except BaseException as exc:  # handed to the waiting thread below
+            outcome["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=submit, name=group, daemon=True).start()
+    deadline = time.monotonic() + start_timeout_s
+    started, seen = False, -1
+    try:
         while not done.wait(0.2):
             if started:
                 continue
-            progress, started = _task_progress(sc, group, n)
+            progress, all_started = _task_progress(sc, group, num_tasks)
+            started = all_started if need_all else progress > 0
             if progress != seen:
-                seen, deadline = progress, time.monotonic() + self.start_timeout_s
+                seen, deadline = progress, time.monotonic() + start_timeout_s
             if not started and time.monotonic() > deadline:
                 sc.cancelJobGroup(group)
                 done.wait(30)
-                raise RendezvousTimeout(
-                    f"requested {n} workers, but Spark did not start them all within {self.start_timeout_s:.0f} s "
-                    f"on master {sc.master!r} (a barrier stage needs all of them at once). Lower `workers`, "
-                    "add executors/cores, or raise `start_timeout_s`."
-                )
-        if "error" in outcome:
-            raise translate_error(outcome["error"], n, sc.master) from None
-        return outcome["results"]
+                raise RendezvousTimeout(too_slow)
+    except KeyboardInterrupt:  # Ctrl-C on the driver: the job's tasks stop too
+        sc.cancelJobGroup(group)
+        raise
+    if "error" in outcome:
+        raise translate_error(outcome["error"], num_tasks, sc.master) from None
+    return outcome["results"]
+
+
+def _none_started(seconds: float, master: str, what: str) -> str:
+    return (f"{what} did not start within {seconds:.0f} s on master {master!r}: no executor took any of its tasks. "
+            "Check that the cluster has free cores and executors that can hold the tasks' resources "
+            "(spark.task.cpus, spark.task.resource.*, spark.executor.resource.*), or raise `start_timeout_s`.")
 
 
 def run_barrier(fn: Callable[[TaskInfo], Any], num_workers: int, *, spark,
@@ -330,7 +351,8 @@ def driver_host(spark) -> str:
     return spark.sparkContext.getConf().get("spark.driver.host", "127.0.0.1")
 
 
-def check_reachable(spark, address: str, *, timeout_s: float = 5.0, what: str = "the parameter server") -> None:
+def check_reachable(spark, address: str, *, timeout_s: float = 5.0, what: str = "the parameter server",
+                    start_timeout_s: float = 60.0) -> None:
     """Fail fast, naming the address, when executors cannot open a TCP connection to ``address``
     (``host:port`` on the driver) — instead of every task waiting out its connect timeout.
 
@@ -351,12 +373,11 @@ def check_reachable(spark, address: str, *, timeout_s: float = 5.0, what: str = 
         except OSError as exc:
             yield (where, f"{type(exc).__name__}: {exc}")
 
-    sc.setJobDescription(f"sparkdp: can executors reach {what} at {address}?")
-    try:
-        failed = [(h, err) for h, err in sc.parallelize(range(tries), tries).mapPartitionsWithIndex(probe).collect()
-                  if err is not None]
-    finally:
-        sc.setJobDescription(None)
+    description = f"sparkdp: can executors reach {what} at {address}?"
+    rdd = sc.parallelize(range(tries), tries).mapPartitionsWithIndex(probe)
+    results = run_watched(sc, rdd.collect, tries, description=description, start_timeout_s=start_timeout_s,
+                          need_all=False, too_slow=_none_started(start_timeout_s, sc.master, "the connectivity check"))
+    failed = [(h, err) for h, err in results if err is not None]
     if failed:
         hosts = ", ".join(sorted({h for h, _ in failed}))
         raise EnvironmentProblem(
@@ -373,12 +394,15 @@ def task_attempt() -> int:
     return ctx.attemptNumber() if ctx is not None else 0
 
 
-def run_tasks(fn: Callable[[int], Any], num_workers: int, *, spark, description: str = "sparkdp workers") -> list[Any]:
+def run_tasks(fn: Callable[[int], Any], num_workers: int, *, spark, description: str = "sparkdp workers",
+              start_timeout_s: float = 60.0) -> list[Any]:
     """Run ``fn(worker_index)`` as ``num_workers`` ordinary (non-barrier) Spark tasks.
 
     Unlike a barrier stage, Spark retries a failed task on its own (up to
     ``spark.task.maxFailures``; ``local[N,F]`` in local mode), and the tasks need not
-    all run at once: with fewer slots than workers they run in waves.
+    all run at once: with fewer slots than workers they run in waves. If none of them has started
+    within ``start_timeout_s`` (no executor can take one), the job is cancelled with a
+    ``RendezvousTimeout`` instead of waiting for ever.
     """
     if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
         raise ConfigError(f"workers must be a positive integer; got {num_workers!r}.")
@@ -394,13 +418,10 @@ def run_tasks(fn: Callable[[int], Any], num_workers: int, *, spark, description:
         except BaseException as exc:  # re-raised with a parseable summary for the driver
             raise RuntimeError(encode_error(index, exc)) from None
 
-    sc.setJobDescription(description)
-    try:
-        return sc.parallelize(range(num_workers), num_workers).mapPartitionsWithIndex(run_partition).collect()
-    except Exception as exc:  # py4j / PySpark wrap the worker's error; translate it
-        raise translate_error(exc, num_workers, sc.master) from None
-    finally:
-        sc.setJobDescription(None)
+    rdd = sc.parallelize(range(num_workers), num_workers).mapPartitionsWithIndex(run_partition)
+    return run_watched(sc, rdd.collect, num_workers, description=description, start_timeout_s=start_timeout_s,
+                       need_all=False, too_slow=_none_started(start_timeout_s, sc.master,
+                                                              f"the {num_workers} asynchronous workers"))
 
 
 def _task_progress(sc, group: str, num_workers: int) -> tuple[int, bool]:

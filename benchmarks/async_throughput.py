@@ -65,7 +65,7 @@ def sparkdp_async(strategy: str, x, y, xt, yt, batch: int, seed: int, spark) -> 
     return {"samples_per_s": result.samples_per_s, "train_s": result.train_time_s,
             "wall_s": time.perf_counter() - started, "test_accuracy": result.test_accuracy,
             "pushes": server["pushes_applied"], "mean_staleness": _mean(server["staleness"]),
-            "comm_s": sum(w["comm_s"] for w in result.details["workers"])}
+            "comm_s": sum(w["comm_s"] for w in result.details["per_worker"])}
 
 
 def _mean(hist: dict) -> float:

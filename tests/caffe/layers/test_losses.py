@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -181,3 +182,16 @@ def test_infogain_loss_errors(build, tmp_path):
         _infogain(build, x=(4, 3), t=(4,), h=(2, 2))
     with pytest.raises(ConfigError, match="cannot read BlobProto file"):
         _infogain(build, f'infogain_loss_param {{ source: "{tmp_path / "nope"}" }}', x=(4, 3), t=(4,))
+
+
+@pytest.mark.parametrize(
+    ("layer", "message"),
+    [
+        ('type: "Softmax" bottom: "x" bottom: "t" top: "y"', "needs 1 bottom blob(s), got 2"),
+        ('type: "SoftmaxWithLoss" bottom: "x" top: "y"', "needs 2 bottom blob(s), got 1"),
+        ('type: "SoftmaxWithLoss" bottom: "x" bottom: "t"', "needs 1 to 2 top blob(s), got 0"),
+    ],
+)
+def test_converters_check_their_blob_counts_first(build, layer, message):
+    with pytest.raises(ConfigError, match=r"layer 'l' \(type \w+\): " + re.escape(message)):
+        build(f'layer {{ name: "l" {layer} }}', x=(4, 3), t=(4,))

@@ -21,8 +21,6 @@ from .base import (
     CaffeLayer,
     Shape,
     converter,
-    expect_bottoms,
-    expect_tops,
     fail,
     flag,
     number,
@@ -113,10 +111,8 @@ def _args(layer: LayerSpec) -> dict[str, Any]:
     return {}
 
 
-@converter(*_FUNCTIONS)
+@converter(*_FUNCTIONS, bottoms=1, tops=1)
 def neuron(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
-    expect_bottoms(layer, shapes, 1)
-    expect_tops(layer, 1)
     return Built(Neuron(layer.type, **_args(layer)), [shapes[0]])
 
 
@@ -136,10 +132,8 @@ class PReLU(CaffeLayer):
         return (torch.where(x > 0, x, a * x),)
 
 
-@converter("PReLU")
+@converter("PReLU", bottoms=1, tops=1)
 def prelu(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
-    expect_bottoms(layer, shapes, 1)
-    expect_tops(layer, 1)
     p = layer.sub("prelu_param")
     shape = shapes[0]
     channels = 1 if len(shape) < 2 else shape[1]  # Caffe: 1 channel for 1-D input
@@ -159,10 +153,8 @@ class Dropout(CaffeLayer):
         return (F.dropout(x, self.ratio, self.training and self.train_phase),)
 
 
-@converter("Dropout")
+@converter("Dropout", bottoms=1, tops=1)
 def dropout(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
-    expect_bottoms(layer, shapes, 1)
-    expect_tops(layer, 1)
     ratio = number(layer, layer.sub("dropout_param"), "dropout_ratio", 0.5)
     if not 0.0 <= ratio < 1.0:
         raise fail(layer, f"dropout_ratio must be in [0, 1); got {ratio}")

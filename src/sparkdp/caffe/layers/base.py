@@ -29,14 +29,29 @@ CONVERTERS: Registry[Callable[..., Built]] = Registry("Caffe layer type")
 SUPPORTED: list[str] = []  # Caffe's exact (case-sensitive) type names, in registration order
 
 
-def converter(*types: str) -> Callable[[Callable[..., Built]], Callable[..., Built]]:
-    """Register ``fn(layer, shapes, ctx) -> Built`` for one or more Caffe type names."""
+Count = int | tuple[int, int] | None
+
+
+def converter(
+    *types: str, bottoms: Count = None, tops: Count = None
+) -> Callable[[Callable[..., Built]], Callable[..., Built]]:
+    """Register ``fn(layer, shapes, ctx) -> Built`` for one or more Caffe type names.
+
+    ``bottoms``/``tops`` (a count or a ``(low, high)`` range) are checked before ``fn``
+    runs; converters whose counts depend on their parameters check for themselves."""
 
     def deco(fn: Callable[..., Built]) -> Callable[..., Built]:
+        def checked(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
+            if bottoms is not None:
+                expect_bottoms(layer, shapes, *((bottoms,) if isinstance(bottoms, int) else bottoms))
+            if tops is not None:
+                expect_tops(layer, *((tops,) if isinstance(tops, int) else tops))
+            return fn(layer, shapes, ctx)
+
         for name in types:
-            CONVERTERS.register(name, fn)
+            CONVERTERS.register(name, checked)
             SUPPORTED.append(name)
-        return fn
+        return checked
 
     return deco
 

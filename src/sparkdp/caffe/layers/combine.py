@@ -14,8 +14,6 @@ from .base import (
     canonical_axis,
     converter,
     enum,
-    expect_bottoms,
-    expect_tops,
     fail,
     same_shapes,
 )
@@ -42,10 +40,8 @@ class Concat(CaffeLayer):
         return (torch.cat(xs, dim=self.axis),)
 
 
-@converter("Concat")
+@converter("Concat", bottoms=(1, 99), tops=1)
 def concat(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
-    expect_bottoms(layer, shapes, 1, 99)
-    expect_tops(layer, 1)
     axis = _legacy_axis(layer, layer.sub("concat_param"), "concat_dim", len(shapes[0]))
     first = shapes[0]
     for name, shape in zip(layer.bottoms[1:], shapes[1:], strict=True):
@@ -70,10 +66,8 @@ class Slice(CaffeLayer):
         return tuple(torch.split(x, self.sizes, dim=self.axis))
 
 
-@converter("Slice")
+@converter("Slice", bottoms=1, tops=(1, 999))
 def slice_layer(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
-    expect_bottoms(layer, shapes, 1)
-    expect_tops(layer, 1, 999)
     p = layer.sub("slice_param")
     shape = shapes[0]
     axis = _legacy_axis(layer, p, "slice_dim", len(shape))
@@ -105,10 +99,8 @@ class Split(CaffeLayer):
         return (x,) * self.n  # autograd sums the consumers' gradients, like Caffe's Split backward
 
 
-@converter("Split")
+@converter("Split", bottoms=1, tops=(1, 999))
 def split(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
-    expect_bottoms(layer, shapes, 1)
-    expect_tops(layer, 1, 999)
     return Built(Split(len(layer.tops)), [shapes[0]] * len(layer.tops))
 
 
@@ -134,10 +126,8 @@ class Eltwise(CaffeLayer):
         return (out,)
 
 
-@converter("Eltwise")
+@converter("Eltwise", bottoms=(2, 99), tops=1)
 def eltwise(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
-    expect_bottoms(layer, shapes, 2, 99)
-    expect_tops(layer, 1)
     same_shapes(layer, shapes)
     p = layer.sub("eltwise_param")
     operation = enum(layer, p, "operation", "SUM", ("PROD", "SUM", "MAX"))
@@ -161,10 +151,8 @@ class Crop(CaffeLayer):
         return (x,)
 
 
-@converter("Crop")
+@converter("Crop", bottoms=2, tops=1)
 def crop(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
-    expect_bottoms(layer, shapes, 2)
-    expect_tops(layer, 1)
     p = layer.sub("crop_param")
     big, like = shapes
     if len(big) != len(like):
@@ -191,8 +179,6 @@ class Silence(CaffeLayer):
         return ()
 
 
-@converter("Silence")
+@converter("Silence", bottoms=(1, 99), tops=0)
 def silence(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
-    expect_bottoms(layer, shapes, 1, 99)
-    expect_tops(layer, 0)
     return Built(Silence(), [])

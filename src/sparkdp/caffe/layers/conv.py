@@ -20,8 +20,6 @@ from .base import (
     Shape,
     canonical_axis,
     converter,
-    expect_bottoms,
-    expect_tops,
     fail,
     integer,
     same_shapes,
@@ -89,9 +87,8 @@ class Conv(CaffeLayer):
         return tuple(self._one(x) for x in xs)
 
 
-@converter("Convolution", "Deconvolution")
+@converter("Convolution", "Deconvolution", bottoms=(1, 99))
 def convolution(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
-    expect_bottoms(layer, shapes, 1, 99)
     if len(layer.tops) != len(shapes):
         raise fail(layer, f"needs one top per bottom; got {len(shapes)} bottoms and {len(layer.tops)} tops")
     same_shapes(layer, shapes)
@@ -158,10 +155,8 @@ class Im2col(CaffeLayer):
         return (cols.reshape(x.shape[0], cols.shape[1], *self.out),)
 
 
-@converter("Im2col")
+@converter("Im2col", bottoms=1, tops=1)
 def im2col(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
-    expect_bottoms(layer, shapes, 1)
-    expect_tops(layer, 1)
     p = layer.sub("convolution_param")
     shape = shapes[0]
     if len(shape) != 4 or int(p.get("axis", 1)) != 1:

@@ -21,8 +21,6 @@ from .base import (
     CaffeLayer,
     Shape,
     converter,
-    expect_bottoms,
-    expect_tops,
     fail,
     flag,
     integer,
@@ -48,10 +46,8 @@ class Embed(CaffeLayer):
         return (out + self.bias if self.bias is not None else out,)
 
 
-@converter("Embed")
+@converter("Embed", bottoms=1, tops=1)
 def embed(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
-    expect_bottoms(layer, shapes, 1)
-    expect_tops(layer, 1)
     p = layer.sub("embed_param")
     n, input_dim = integer(layer, p, "num_output"), integer(layer, p, "input_dim")
     if n <= 0 or input_dim <= 0:
@@ -75,10 +71,8 @@ class Parameter(CaffeLayer):
         return (self.blob,)
 
 
-@converter("Parameter")
+@converter("Parameter", bottoms=0, tops=1)
 def parameter(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
-    expect_bottoms(layer, shapes, 0)
-    expect_tops(layer, 1)
     p = layer.sub("parameter_param")
     if not p.has("shape"):
         raise fail(layer, "needs parameter_param { shape { dim: ... } }")

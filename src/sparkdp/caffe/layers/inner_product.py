@@ -19,8 +19,6 @@ from .base import (
     canonical_axis,
     converter,
     count,
-    expect_bottoms,
-    expect_tops,
     fail,
     flag,
     integer,
@@ -42,10 +40,8 @@ class InnerProduct(CaffeLayer):
         return (F.linear(flat, weight, self.bias),)
 
 
-@converter("InnerProduct")
+@converter("InnerProduct", bottoms=1, tops=1)
 def inner_product(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
-    expect_bottoms(layer, shapes, 1)
-    expect_tops(layer, 1)
     p = layer.sub("inner_product_param")
     shape = shapes[0]
     axis = canonical_axis(layer, int(p.get("axis", 1)), len(shape))

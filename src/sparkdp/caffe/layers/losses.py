@@ -93,10 +93,8 @@ class Softmax(CaffeLayer):
         return (F.softmax(x, dim=self.axis),)
 
 
-@converter("Softmax")
+@converter("Softmax", bottoms=1, tops=1)
 def softmax(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
-    expect_bottoms(layer, shapes, 1)
-    expect_tops(layer, 1)
     axis = canonical_axis(layer, int(layer.sub("softmax_param").get("axis", 1)), len(shapes[0]))
     return Built(Softmax(axis), [shapes[0]])
 
@@ -119,10 +117,8 @@ class SoftmaxWithLoss(CaffeLayer):
         return (loss, F.softmax(x, dim=self.axis)) if self.with_prob else (loss,)
 
 
-@converter("SoftmaxWithLoss")
+@converter("SoftmaxWithLoss", bottoms=2, tops=(1, 2))
 def softmax_with_loss(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
-    expect_bottoms(layer, shapes, 2)
-    expect_tops(layer, 1, 2)
     axis = canonical_axis(layer, int(layer.sub("softmax_param").get("axis", 1)), len(shapes[0]))
     _check_labels(layer, shapes, axis)
     module = SoftmaxWithLoss(
@@ -153,10 +149,8 @@ class SigmoidCrossEntropyLoss(CaffeLayer):
         return ((per * valid).sum() / norm,)
 
 
-@converter("SigmoidCrossEntropyLoss")
+@converter("SigmoidCrossEntropyLoss", bottoms=2, tops=1)
 def sigmoid_cross_entropy_loss(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
-    expect_bottoms(layer, shapes, 2)
-    expect_tops(layer, 1)
     if count(shapes[0]) != count(shapes[1]):
         raise fail(layer, f"inputs need the same count; got shapes {list(shapes[0])} and {list(shapes[1])}")
     # Unlike SoftmaxWithLoss, the default here is BATCH_SIZE.
@@ -170,10 +164,8 @@ class EuclideanLoss(CaffeLayer):
         return ((diff * diff).sum() / (2.0 * a.shape[0]),)
 
 
-@converter("EuclideanLoss")
+@converter("EuclideanLoss", bottoms=2, tops=1)
 def euclidean_loss(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
-    expect_bottoms(layer, shapes, 2)
-    expect_tops(layer, 1)
     if count(shapes[0]) != count(shapes[1]):
         raise fail(layer, f"inputs need the same count; got shapes {list(shapes[0])} and {list(shapes[1])}")
     return Built(EuclideanLoss(), [()])
@@ -206,10 +198,8 @@ class Accuracy(CaffeLayer):
         return tuple(out)
 
 
-@converter("Accuracy")
+@converter("Accuracy", bottoms=2, tops=(1, 2))
 def accuracy(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
-    expect_bottoms(layer, shapes, 2)
-    expect_tops(layer, 1, 2)
     p = layer.sub("accuracy_param")
     axis = canonical_axis(layer, int(p.get("axis", 1)), len(shapes[0]))
     top_k = integer(layer, p, "top_k", 1)
@@ -238,10 +228,8 @@ class MultinomialLogisticLoss(CaffeLayer):
         return (-torch.log(picked.clamp(min=LOG_THRESHOLD)).sum() / prob.shape[0],)
 
 
-@converter("MultinomialLogisticLoss")
+@converter("MultinomialLogisticLoss", bottoms=2, tops=1)
 def multinomial_logistic_loss(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
-    expect_bottoms(layer, shapes, 2)
-    expect_tops(layer, 1)
     if count(shapes[1]) != shapes[0][0]:
         raise fail(layer, f"needs one label per row: {shapes[0][0]} rows but label shape {list(shapes[1])}")
     return Built(MultinomialLogisticLoss(layer.describe()), [()])

@@ -20,8 +20,6 @@ from .base import (
     converter,
     count,
     enum,
-    expect_bottoms,
-    expect_tops,
     fail,
     flag,
     number,
@@ -55,10 +53,8 @@ class ContrastiveLoss(CaffeLayer):
         return (per_pair.sum() / (2.0 * n),)
 
 
-@converter("ContrastiveLoss")
+@converter("ContrastiveLoss", bottoms=3, tops=1)
 def contrastive_loss(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
-    expect_bottoms(layer, shapes, 3)
-    expect_tops(layer, 1)
     a, b, y = shapes
     if a[0] != b[0] or count(a, 1) != count(b, 1):
         raise fail(layer, f"the two feature bottoms need equal shapes; got {list(a)} and {list(b)}")
@@ -89,10 +85,8 @@ class HingeLoss(CaffeLayer):
         return (total / x.shape[0],)
 
 
-@converter("HingeLoss")
+@converter("HingeLoss", bottoms=2, tops=1)
 def hinge_loss(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
-    expect_bottoms(layer, shapes, 2)
-    expect_tops(layer, 1)
     if count(shapes[1]) != shapes[0][0]:
         raise fail(layer, f"needs one label per row: {shapes[0][0]} rows but label shape {list(shapes[1])}")
     norm = enum(layer, layer.sub("hinge_loss_param"), "norm", "L1", ("", "L1", "L2"))  # proto enum: L1 = 1

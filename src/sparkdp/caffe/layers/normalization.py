@@ -20,8 +20,6 @@ from .base import (
     canonical_axis,
     converter,
     enum,
-    expect_bottoms,
-    expect_tops,
     fail,
     flag,
     integer,
@@ -44,10 +42,8 @@ class LRN(CaffeLayer):
         return (x * (1.0 + self.alpha * avg) ** (-self.beta),)
 
 
-@converter("LRN")
+@converter("LRN", bottoms=1, tops=1)
 def lrn(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
-    expect_bottoms(layer, shapes, 1)
-    expect_tops(layer, 1)
     p = layer.sub("lrn_param")
     size = integer(layer, p, "local_size", 5)
     if size <= 0 or size % 2 == 0:
@@ -112,10 +108,8 @@ class BatchNorm(CaffeLayer):
         self.var_acc.mul_(self.fraction).add_(correction * var)
 
 
-@converter("BatchNorm")
+@converter("BatchNorm", bottoms=1, tops=1)
 def batch_norm(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
-    expect_bottoms(layer, shapes, 1)
-    expect_tops(layer, 1)
     bad = [p.lr_mult for p in layer.params if p.lr_mult not in (None, 0, 0.0)]
     if bad or len(layer.params) > 3:
         raise fail(
@@ -162,10 +156,8 @@ class ScaleBias(CaffeLayer):
         return (y if bias is None else y + self._view(bias, x),)
 
 
-@converter("Scale", "Bias")
+@converter("Scale", "Bias", bottoms=(1, 2), tops=1)
 def scale_bias(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
-    expect_bottoms(layer, shapes, 1, 2)
-    expect_tops(layer, 1)
     is_scale = layer.type == "Scale"
     p = layer.sub("scale_param" if is_scale else "bias_param")
     shape = shapes[0]
@@ -226,10 +218,8 @@ class MVN(CaffeLayer):
         return (centred.reshape(x.shape),)
 
 
-@converter("MVN")
+@converter("MVN", bottoms=1, tops=1)
 def mvn(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
-    expect_bottoms(layer, shapes, 1)
-    expect_tops(layer, 1)
     p = layer.sub("mvn_param")
     module = MVN(
         flag(layer, p, "normalize_variance", True),

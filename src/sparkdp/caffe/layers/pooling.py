@@ -26,8 +26,6 @@ from .base import (
     Shape,
     converter,
     enum,
-    expect_bottoms,
-    expect_tops,
     fail,
     flag,
 )
@@ -117,10 +115,8 @@ def _method_and_input(layer: LayerSpec, p: Message, shapes: list[Shape]) -> tupl
     return method, shapes[0]
 
 
-@converter("Pooling")
+@converter("Pooling", bottoms=1, tops=(1, 2))
 def pooling(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
-    expect_bottoms(layer, shapes, 1)
-    expect_tops(layer, 1, 2)
     p = layer.sub("pooling_param")
     method, shape = _method_and_input(layer, p, shapes)
     global_ = flag(layer, p, "global_pooling", False)
@@ -174,10 +170,8 @@ def _spp_level(method: str, h: int, w: int, bins: int) -> Pool:
     return Pool(method, kernel, kernel, pad, True, False, False)
 
 
-@converter("SPP")
+@converter("SPP", bottoms=1, tops=1)
 def spp(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
-    expect_bottoms(layer, shapes, 1)
-    expect_tops(layer, 1)
     p = layer.sub("spp_param")
     method, shape = _method_and_input(layer, p, shapes)
     height = p.get("pyramid_height")

@@ -209,10 +209,8 @@ class LSTMUnit(CaffeLayer):
         return c, torch.sigmoid(o) * torch.tanh(c)
 
 
-@converter("LSTMUnit")
+@converter("LSTMUnit", bottoms=3, tops=2)
 def lstm_unit(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
-    expect_bottoms(layer, shapes, 3)
-    expect_tops(layer, 2)
     c_prev, gates, cont = shapes
     if len(c_prev) != 3 or c_prev[0] != 1 or gates != (*c_prev[:2], 4 * c_prev[2]) or cont != c_prev[:2]:
         raise fail(

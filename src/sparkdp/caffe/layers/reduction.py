@@ -17,8 +17,6 @@ from .base import (
     canonical_axis,
     converter,
     enum,
-    expect_bottoms,
-    expect_tops,
     number,
 )
 
@@ -41,10 +39,8 @@ class Reduction(CaffeLayer):
         return (out * self.coeff if self.coeff != 1.0 else out,)
 
 
-@converter("Reduction")
+@converter("Reduction", bottoms=1, tops=1)
 def reduction(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
-    expect_bottoms(layer, shapes, 1)
-    expect_tops(layer, 1)
     p = layer.sub("reduction_param")
     op = enum(layer, p, "operation", "SUM", _OPS)
     axis = canonical_axis(layer, int(p.get("axis", 0)), len(shapes[0]))

@@ -10,7 +10,7 @@ import torch
 
 from ...errors import DataError
 from ..spec import LayerSpec
-from .base import BuildContext, Built, CaffeLayer, Shape, converter, count, expect_bottoms, expect_tops, fail
+from .base import BuildContext, Built, CaffeLayer, Shape, converter, count, fail
 
 
 class BatchReindex(CaffeLayer):
@@ -26,10 +26,8 @@ class BatchReindex(CaffeLayer):
         return (x.index_select(0, rows),)
 
 
-@converter("BatchReindex")
+@converter("BatchReindex", bottoms=2, tops=1)
 def batch_reindex(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
-    expect_bottoms(layer, shapes, 2)
-    expect_tops(layer, 1)
     if len(shapes[1]) != 1:
         raise fail(layer, f"the index bottom must be 1-D; got shape {list(shapes[1])}")
     return Built(BatchReindex(layer.describe()), [(shapes[1][0], *shapes[0][1:])])
@@ -41,9 +39,8 @@ class Filter(CaffeLayer):
         return tuple(b.index_select(0, keep) for b in bottoms[:-1])
 
 
-@converter("Filter")
+@converter("Filter", bottoms=(2, 99))
 def filter_layer(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
-    expect_bottoms(layer, shapes, 2, 99)
     if len(layer.tops) != len(shapes) - 1:
         raise fail(layer, f"needs one top per filtered bottom ({len(shapes) - 1}); got {len(layer.tops)}")
     selector = shapes[-1]

@@ -16,8 +16,6 @@ from .base import (
     canonical_axis,
     converter,
     count,
-    expect_bottoms,
-    expect_tops,
     fail,
     flag,
     integer,
@@ -33,10 +31,8 @@ class Flatten(CaffeLayer):
         return (torch.flatten(x, self.axis, self.end_axis),)
 
 
-@converter("Flatten")
+@converter("Flatten", bottoms=1, tops=1)
 def flatten(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
-    expect_bottoms(layer, shapes, 1)
-    expect_tops(layer, 1)
     p, shape = layer.sub("flatten_param"), shapes[0]
     axis = canonical_axis(layer, int(p.get("axis", 1)), len(shape))
     end = canonical_axis(layer, int(p.get("end_axis", -1)), len(shape))
@@ -89,10 +85,8 @@ class Reshape(CaffeLayer):
         return (x.reshape(reshaped(self.dims, tuple(x.shape), self.axis, self.num_axes, self.who)),)
 
 
-@converter("Reshape")
+@converter("Reshape", bottoms=1, tops=1)
 def reshape(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
-    expect_bottoms(layer, shapes, 1)
-    expect_tops(layer, 1)
     p = layer.sub("reshape_param")
     dims = tuple(int(d) for d in (p.get("shape").getall("dim") if p.has("shape") else []))
     axis, num_axes = integer(layer, p, "axis", 0), integer(layer, p, "num_axes", -1)
@@ -123,10 +117,8 @@ class ArgMax(CaffeLayer):
         return (out.reshape(*out.shape, *([1] * (x.dim() - 3))),)
 
 
-@converter("ArgMax")
+@converter("ArgMax", bottoms=1, tops=1)
 def argmax(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
-    expect_bottoms(layer, shapes, 1)
-    expect_tops(layer, 1)
     p, shape = layer.sub("argmax_param"), shapes[0]
     top_k, out_max_val = integer(layer, p, "top_k", 1), flag(layer, p, "out_max_val", False)
     axis = canonical_axis(layer, int(p.get("axis")), len(shape)) if p.has("axis") else None
@@ -153,10 +145,8 @@ class Tile(CaffeLayer):
         return (x.repeat(*reps),)
 
 
-@converter("Tile")
+@converter("Tile", bottoms=1, tops=1)
 def tile(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
-    expect_bottoms(layer, shapes, 1)
-    expect_tops(layer, 1)
     p = layer.sub("tile_param")
     axis = canonical_axis(layer, int(p.get("axis", 1)), len(shapes[0]))
     tiles = integer(layer, p, "tiles")

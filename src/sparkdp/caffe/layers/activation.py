@@ -65,9 +65,7 @@ _FUNCTIONS: dict[str, Callable[[torch.Tensor, dict[str, float]], torch.Tensor]] 
 class Neuron(CaffeLayer):
     """One element-wise function, chosen by Caffe type name (picklable: no closures stored)."""
 
-    def __init__(self, kind: str, **args: float) -> None:
-        super().__init__()
-        self.kind, self.args = kind, args
+    config = ("kind", "args")  # args: the function's settings by name
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
         return (_FUNCTIONS[self.kind](x, self.args),)
@@ -113,7 +111,7 @@ def _args(layer: LayerSpec) -> dict[str, Any]:
 
 @converter(*_FUNCTIONS, bottoms=1, tops=1)
 def neuron(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
-    return Built(Neuron(layer.type, **_args(layer)), [shapes[0]])
+    return Built(Neuron(layer.type, _args(layer)), [shapes[0]])
 
 
 class PReLU(CaffeLayer):
@@ -145,9 +143,7 @@ def prelu(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
 class Dropout(CaffeLayer):
     """Inverted dropout in TRAIN phase while ``module.training``; identity otherwise."""
 
-    def __init__(self, ratio: float, train_phase: bool) -> None:
-        super().__init__()
-        self.ratio, self.train_phase = ratio, train_phase
+    config = ("ratio", "train_phase")
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
         return (F.dropout(x, self.ratio, self.training and self.train_phase),)

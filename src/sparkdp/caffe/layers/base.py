@@ -70,10 +70,18 @@ class CaffeLayer(nn.Module):
     Attributes:
         blob_names: attribute names of the layer's Caffe blobs, in Caffe blob order.
         is_source: True for data layers, whose tops are fed by sparkdp (net inputs).
+        config: names under which ``__init__`` keeps its positional arguments (a layer
+            with more to set up than its settings writes its own ``__init__``).
     """
 
     blob_names: tuple[str, ...] = ()
     is_source = False
+    config: tuple[str, ...] = ()
+
+    def __init__(self, *values: Any) -> None:
+        super().__init__()
+        for name, value in zip(self.config, values, strict=True):
+            setattr(self, name, value)
 
     def caffe_blobs(self) -> list[torch.Tensor]:
         return [getattr(self, name) for name in self.blob_names]

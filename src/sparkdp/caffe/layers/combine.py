@@ -32,9 +32,7 @@ def _legacy_axis(layer: LayerSpec, p: Message, legacy: str, ndim: int) -> int:
 
 
 class Concat(CaffeLayer):
-    def __init__(self, axis: int) -> None:
-        super().__init__()
-        self.axis = axis
+    config = ("axis",)
 
     def forward(self, *xs: torch.Tensor) -> tuple[torch.Tensor]:
         return (torch.cat(xs, dim=self.axis),)
@@ -58,9 +56,7 @@ def concat(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
 
 
 class Slice(CaffeLayer):
-    def __init__(self, axis: int, sizes: list[int]) -> None:
-        super().__init__()
-        self.axis, self.sizes = axis, sizes
+    config = ("axis", "sizes")
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return tuple(torch.split(x, self.sizes, dim=self.axis))
@@ -91,9 +87,7 @@ def slice_layer(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Bui
 
 
 class Split(CaffeLayer):
-    def __init__(self, n: int) -> None:
-        super().__init__()
-        self.n = n
+    config = ("n",)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return (x,) * self.n  # autograd sums the consumers' gradients, like Caffe's Split backward
@@ -105,9 +99,7 @@ def split(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
 
 
 class Eltwise(CaffeLayer):
-    def __init__(self, operation: str, coeffs: list[float]) -> None:
-        super().__init__()
-        self.operation, self.coeffs = operation, coeffs
+    config = ("operation", "coeffs")
 
     def forward(self, *xs: torch.Tensor) -> tuple[torch.Tensor]:
         out = xs[0]
@@ -140,9 +132,7 @@ def eltwise(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
 
 
 class Crop(CaffeLayer):
-    def __init__(self, axis: int, offsets: list[int]) -> None:
-        super().__init__()
-        self.axis, self.offsets = axis, offsets
+    config = ("axis", "offsets")
 
     def forward(self, x: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor]:
         for i, offset in enumerate(self.offsets):

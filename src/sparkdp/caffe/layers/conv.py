@@ -146,9 +146,7 @@ class Im2col(CaffeLayer):
     layout Convolution's weights multiply.
     """
 
-    def __init__(self, kernel: Shape, stride: Shape, pad: Shape, dilation: Shape, out: Shape) -> None:
-        super().__init__()
-        self.kernel, self.stride, self.pad, self.dilation, self.out = kernel, stride, pad, dilation, out
+    config = ("kernel", "stride", "pad", "dilation", "out")
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
         cols = F.unfold(x, self.kernel, dilation=self.dilation, padding=self.pad, stride=self.stride)

@@ -85,9 +85,7 @@ def _check_labels(layer: LayerSpec, shapes: list[Shape], axis: int) -> None:
 
 
 class Softmax(CaffeLayer):
-    def __init__(self, axis: int) -> None:
-        super().__init__()
-        self.axis = axis
+    config = ("axis",)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
         return (F.softmax(x, dim=self.axis),)
@@ -132,9 +130,7 @@ def softmax_with_loss(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) 
 
 
 class SigmoidCrossEntropyLoss(CaffeLayer):
-    def __init__(self, ignore: int | None, normalization: str) -> None:
-        super().__init__()
-        self.ignore, self.normalization = ignore, normalization
+    config = ("ignore", "normalization")
 
     def forward(self, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor]:
         target = target.reshape(x.shape).to(x.dtype)
@@ -174,9 +170,7 @@ def euclidean_loss(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> 
 class Accuracy(CaffeLayer):
     """Correct iff fewer than ``top_k`` other classes score >= the true class (ties are errors)."""
 
-    def __init__(self, top_k: int, axis: int, ignore: int | None, per_class: bool, who: str) -> None:
-        super().__init__()
-        self.top_k, self.axis, self.ignore, self.per_class, self.who = top_k, axis, ignore, per_class, who
+    config = ("top_k", "axis", "ignore", "per_class", "who")
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor, label: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -217,9 +211,7 @@ LOG_THRESHOLD = 1e-20  # Caffe's kLOG_THRESHOLD (loss_layer.hpp): log(max(p, 1e-
 class MultinomialLogisticLoss(CaffeLayer):
     """``-Σ log(max(p[n, label_n], 1e-20)) / N`` on probabilities (pair it with Softmax)."""
 
-    def __init__(self, who: str) -> None:
-        super().__init__()
-        self.who = who
+    config = ("who",)
 
     def forward(self, prob: torch.Tensor, label: torch.Tensor) -> tuple[torch.Tensor]:
         rows = prob.reshape(prob.shape[0], -1)

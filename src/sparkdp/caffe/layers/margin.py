@@ -33,9 +33,7 @@ class ContrastiveLoss(CaffeLayer):
     ``y`` is truncated to an integer; nonzero means similar.
     """
 
-    def __init__(self, margin: float, legacy: bool) -> None:
-        super().__init__()
-        self.margin, self.legacy = margin, legacy
+    config = ("margin", "legacy")
 
     def forward(self, a: torch.Tensor, b: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor]:
         n = a.shape[0]
@@ -68,9 +66,7 @@ def contrastive_loss(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -
 class HingeLoss(CaffeLayer):
     """``1/N Σ_n Σ_k max(0, 1 - δ(l_n = k) x_nk)^p`` with δ = +1 for the true class, -1 otherwise."""
 
-    def __init__(self, squared: bool, who: str) -> None:
-        super().__init__()
-        self.squared, self.who = squared, who
+    config = ("squared", "who")
 
     def forward(self, x: torch.Tensor, label: torch.Tensor) -> tuple[torch.Tensor]:
         rows = x.reshape(x.shape[0], -1)

@@ -29,9 +29,7 @@ from .fillers import fill_
 
 
 class LRN(CaffeLayer):
-    def __init__(self, size: int, alpha: float, beta: float, k: float, across: bool) -> None:
-        super().__init__()
-        self.size, self.alpha, self.beta, self.k, self.across = size, alpha, beta, k, across
+    config = ("size", "alpha", "beta", "k", "across")
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
         if self.across:  # x_c (k + alpha/n Σ x_c'^2)^-beta, zero outside [0, C)
@@ -203,9 +201,7 @@ class MVN(CaffeLayer):
     the square root (``mvn_layer.cpp``), unlike BatchNorm's ``sqrt(var + eps)``.
     """
 
-    def __init__(self, normalize_variance: bool, across_channels: bool, eps: float) -> None:
-        super().__init__()
-        self.normalize_variance, self.across_channels, self.eps = normalize_variance, across_channels, eps
+    config = ("normalize_variance", "across_channels", "eps")
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
         rows = x.reshape(x.shape[0], -1) if self.across_channels or x.dim() < 2 else x.reshape(

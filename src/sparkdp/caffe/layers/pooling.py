@@ -154,9 +154,7 @@ class SPP(CaffeLayer):
     except with ``pyramid_height: 1``, whose top is the single level's (N, C, 1, 1).
     """
 
-    def __init__(self, levels: list[Pool]) -> None:
-        super().__init__()
-        self.levels = levels  # plain list: Pool has no parameters and must not add state_dict keys
+    config = ("levels",)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
         if len(self.levels) == 1:

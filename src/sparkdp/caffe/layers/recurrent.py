@@ -48,9 +48,7 @@ class _Recurrent(CaffeLayer):
 
     state_names: tuple[str, ...] = ()
 
-    def __init__(self, hidden: int, static: bool, expose: bool, who: str) -> None:
-        super().__init__()
-        self.hidden, self.static, self.expose, self.who = hidden, static, expose, who
+    config = ("hidden", "static", "expose", "who")
 
     def forward(self, x: torch.Tensor, cont: torch.Tensor, *rest: torch.Tensor) -> tuple[torch.Tensor, ...]:
         steps, batch = x.shape[0], x.shape[1]

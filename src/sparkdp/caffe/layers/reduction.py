@@ -25,9 +25,7 @@ _OPS = ("", "SUM", "ASUM", "SUMSQ", "MEAN")
 
 
 class Reduction(CaffeLayer):
-    def __init__(self, op: str, axis: int, coeff: float) -> None:
-        super().__init__()
-        self.op, self.axis, self.coeff = op, axis, coeff
+    config = ("op", "axis", "coeff")
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
         rows = x.reshape(*x.shape[: self.axis], -1)

@@ -14,9 +14,7 @@ from .base import BuildContext, Built, CaffeLayer, Shape, converter, count, fail
 
 
 class BatchReindex(CaffeLayer):
-    def __init__(self, who: str) -> None:
-        super().__init__()
-        self.who = who
+    config = ("who",)
 
     def forward(self, x: torch.Tensor, index: torch.Tensor) -> tuple[torch.Tensor]:
         rows = index.reshape(-1).to(torch.int64)

@@ -23,9 +23,7 @@ from .base import (
 
 
 class Flatten(CaffeLayer):
-    def __init__(self, axis: int, end_axis: int) -> None:
-        super().__init__()
-        self.axis, self.end_axis = axis, end_axis
+    config = ("axis", "end_axis")
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
         return (torch.flatten(x, self.axis, self.end_axis),)
@@ -77,9 +75,7 @@ def reshaped(dims: Shape, bottom: Shape, axis: int, num_axes: int, who: str = "R
 
 
 class Reshape(CaffeLayer):
-    def __init__(self, dims: Shape, axis: int, num_axes: int, who: str) -> None:
-        super().__init__()
-        self.dims, self.axis, self.num_axes, self.who = dims, axis, num_axes, who
+    config = ("dims", "axis", "num_axes", "who")
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
         return (x.reshape(reshaped(self.dims, tuple(x.shape), self.axis, self.num_axes, self.who)),)
@@ -103,9 +99,7 @@ def _top_k(x: torch.Tensor, k: int, dim: int) -> tuple[torch.Tensor, torch.Tenso
 
 
 class ArgMax(CaffeLayer):
-    def __init__(self, top_k: int, out_max_val: bool, axis: int | None) -> None:
-        super().__init__()
-        self.top_k, self.out_max_val, self.axis = top_k, out_max_val, axis
+    config = ("top_k", "out_max_val", "axis")
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
         if self.axis is not None:
@@ -135,9 +129,7 @@ def argmax(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
 class Tile(CaffeLayer):
     """``tile_layer.cpp``: the block from ``axis`` on is repeated ``tiles`` times (like ``Tensor.repeat``)."""
 
-    def __init__(self, axis: int, tiles: int) -> None:
-        super().__init__()
-        self.axis, self.tiles = axis, tiles
+    config = ("axis", "tiles")
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
         reps = [1] * x.dim()

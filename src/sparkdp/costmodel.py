@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from .errors import ConfigError
 
@@ -168,7 +168,3 @@ def recommend(rows: Sequence[Prediction], workers: int) -> str:
             f"{best.strategy} communicates less often or without a barrier, which can need more epochs to reach "
             "the same accuracy.")
 
-
-def with_measured(net: Network, **measured: float | None) -> Network:
-    """``net`` with the measured terms (None keeps the assumed one)."""
-    return replace(net, **{k: v for k, v in measured.items() if v is not None})

@@ -8,27 +8,15 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import SparkdpError
-from . import bench_cmd, env_cmd, launch_cmd, plan_cmd, report_cmd, train_cmd
+from . import bench_cmd, caffe_cmd, env_cmd, launch_cmd, plan_cmd, report_cmd, train_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sparkdp", description="Data-parallel PyTorch training on Apache Spark.")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
-    train = train_cmd.add_parser(sub)
-    train.set_defaults(parser=train)
-    launch_cmd.add_parser(sub)
-    report_cmd.add_parser(sub)
-    plan_cmd.add_parser(sub)
-    bench_cmd.add_parser(sub)
-    env_cmd.add_parser(sub)
-    try:
-        from . import caffe_cmd
-    except ImportError:  # the Caffe importer is optional at this stage of the tree
-        caffe_cmd = None
-    if caffe_cmd is not None:
-        caffe_cmd.add_parser(sub)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command in (train_cmd, launch_cmd, report_cmd, plan_cmd, bench_cmd, env_cmd, caffe_cmd):
+        command.add_parser(sub)
     return parser
 
 

@@ -96,8 +96,7 @@ def add_parser(sub) -> None:
                             "layer's second dataset")
     caffe.add_argument("--caffe-weights", metavar="W.caffemodel", help="initial weights (with --out, the trained "
                                                                          "ones go to OUT/model.caffemodel)")
-    p.set_defaults(func=run)
-    return p
+    p.set_defaults(func=run, parser=p)  # main() re-parses with a job file's values as defaults
 
 
 def optimizer_choice(args, script_optimizer: object = None) -> tuple[object, dict]:

@@ -92,12 +92,6 @@ class TorchCollective(Collective):
         except (RuntimeError, ValueError):  # DistStoreError is a RuntimeError: the store is gone
             return [0] if self.rank != 0 else None
         return missing or None
-        try:
-            self._store.set_timeout(timedelta(seconds=3))
-            keys = [f"sparkdp/progress/{r}" for r in range(self.world_size)]
-            return {r: int(self._store.get(k)) if self._store.check([k]) else 0 for r, k in enumerate(keys)}
-        except (RuntimeError, ValueError):  # DistStoreError is a RuntimeError
-            return None
 
     @property
     def rank(self) -> int:

@@ -31,12 +31,12 @@ from ..strategies.base import Launcher, Strategy
 from ..train.context import WorkerContext, set_current
 from ..train.jobs import in_task, progress
 from ..train.layout import preflight_layout
-from ..train.loop import FitSpec, check_batch, fit_worker
+from ..train.loop import FitSpec, check_batch, check_labels, class_scores, fit_worker
 from ..train.optim import optimizer_factory, resolve_loss
 from ..train.report import WorkerReport
 from ..train.result import TrainResult
 from ..train.serialize import state_from_bytes
-from .monitoring import monitored, summary_of
+from .monitoring import monitored
 from .recovery import checkpoint_policy, merged_history, resume_point, resumed, run_with_restarts
 
 log = logging.getLogger(__name__)
@@ -76,62 +76,35 @@ def _columnar(data: Any, columns: Columns, what: str) -> Any:
                       "(features, labels) without features=.")
 
 
-def _sample_batch(data: WorkerData) -> tuple[torch.Tensor, torch.Tensor] | None:
-    if hasattr(data, "converter") and hasattr(data, "sample"):
-        return data.converter.preview(data.sample())
-    if isinstance(data, TensorData):
-        return next(data.eval_batches(rank=0, world_size=1, batch_size=2))
-    return None
-
-
-def _preflight_columns(model: nn.Module, loss_fn: Callable, data: Any,
-                       sample: tuple[torch.Tensor, torch.Tensor]) -> None:
-    """Convert two rows on the driver: column errors, the model's input shape and the label range
-    fail here, and the column -> tensor mapping is logged before any Spark job."""
-    converter = data.converter
-    x, y = sample
-    was_training = model.training
-    model.eval()
-    with torch.no_grad():
-        check_batch(model, loss_fn, x, y)
-        out = model(x)
-    model.train(was_training)
-    if isinstance(out, torch.Tensor) and out.dim() == 2 and not y.is_floating_point() and y.dim() == 1:
-        converter.num_classes = out.shape[1]  # every batch's labels are then checked against it
-    log.info("data columns -> tensors: %s", converter.describe())
-
-
 def _preflight(model: nn.Module, loss_fn: Callable, data: WorkerData, memory_format: str) -> str:
-    """Check on the driver, in milliseconds, what would otherwise fail inside every Spark task.
+    """Check on the driver, in milliseconds, what would otherwise fail inside every Spark task: the
+    column conversion, the model's input shape, the loss and the label range. Columns' mapping to
+    tensors is logged before any Spark job.
 
     Returns the memory format the workers train in (see ``train.layout``)."""
-    sample = _sample_batch(data)
-    if sample is None:  # nothing to probe the layout with: "auto" stays on the safe side
+    columnar = hasattr(data, "converter") and hasattr(data, "sample")
+    if columnar:
+        x, y = data.converter.preview(data.sample())
+    elif isinstance(data, TensorData):
+        x, y = next(data.eval_batches(rank=0, world_size=1, batch_size=2))
+    else:  # nothing to probe the layout with: "auto" stays on the safe side
         return "contiguous" if memory_format == "auto" else memory_format
-    if hasattr(data, "converter") and hasattr(data, "sample"):
-        _preflight_columns(model, loss_fn, data, sample)
-    if isinstance(data, TensorData):
-        x, y = sample
-        was_training = model.training
-        model.eval()
-        with torch.no_grad():
-            check_batch(model, loss_fn, x, y)
-            labels = data.labels
-            if not labels.is_floating_point() and labels.dim() == 1:
-                from ..train.loop import check_labels
-
-                check_labels(model(x), labels)  # (does nothing unless the output is class scores)
-        model.train(was_training)
-    return preflight_layout(memory_format, model, lambda to_batch: _forward(model, loss_fn, to_batch(sample[0]),
-                                                                             sample[1]))
+    out = _forward(model, loss_fn, x, y)
+    if columnar:
+        if class_scores(out, y) and y.dim() == 1:
+            data.converter.num_classes = out.shape[1]  # every batch's labels are then checked against it
+        log.info("data columns -> tensors: %s", data.converter.describe())
+    else:
+        check_labels(out, data.labels)  # every label, not only the sample's
+    return preflight_layout(memory_format, model, lambda to_batch: _forward(model, loss_fn, to_batch(x), y))
 
 
-def _forward(model: nn.Module, loss_fn: Callable, x: torch.Tensor, y: torch.Tensor) -> None:
+def _forward(model: nn.Module, loss_fn: Callable, x: torch.Tensor, y: torch.Tensor) -> Any:
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            check_batch(model, loss_fn, x, y)
+            return check_batch(model, loss_fn, x, y)
     finally:
         model.train(was_training)
 
@@ -303,7 +276,7 @@ def _fit_on_spark(spec: FitSpec, job: JobConfig, workers: int, spark: Any, start
         spec = replace(spec, monitor=hub.link if hub is not None else None)
         result = _fit_monitored(spec, job, workers, spark, started, hub)
         if hub is not None:
-            hub.finish(summary_of(result))
+            hub.finish(result.summary())
     return result
 
 

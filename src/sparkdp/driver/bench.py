@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from ..models import build_model
 
 log = logging.getLogger(__name__)
 
@@ -38,20 +40,20 @@ log = logging.getLogger(__name__)
 class Workload:
     name: str
     build_model: Callable[[], nn.Module]
-    load: Callable[[int | None, int], tuple[Any, Any]]  # (limit, seed) -> (train, test)
+    load: Callable[[int | None], tuple[Any, Any]]  # limit -> (train, test), the same for every seed
     batch: int
     lr: float
     target: float  # the test accuracy "time to target" waits for
     samples_per_s_guess: float  # on this project's 2-core reference machine, 2 workers (for estimates)
 
 
-def _fashion(limit: int | None, seed: int):
+def _fashion(limit: int | None):
     from ..data.datasets import dataset_tensors, load_dataset
 
     return dataset_tensors(load_dataset("fashion-mnist", limit=limit))
 
 
-def _synthetic(limit: int | None, seed: int):
+def _synthetic(limit: int | None):
     """10 Gaussian clusters in 64 dimensions (fixed centres, so every seed sees the same task)."""
     from ..data.tensors import TensorData
 
@@ -71,20 +73,11 @@ def _comm_bound_model() -> nn.Module:
     return nn.Sequential(nn.Linear(64, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 10))
 
 
-def _zoo(name: str) -> Callable[[], nn.Module]:
-    def build() -> nn.Module:
-        from ..models import build_model
-
-        return build_model(name)
-
-    return build
-
-
 WORKLOADS = {
     w.name: w
     for w in (
-        Workload("fashion-mnist-cnn", _zoo("cnn"), _fashion, 64, 0.05, 0.85, 1300.0),
-        Workload("fashion-mnist-mlp", _zoo("mlp"), _fashion, 64, 0.05, 0.80, 9000.0),
+        Workload("fashion-mnist-cnn", partial(build_model, "cnn"), _fashion, 64, 0.05, 0.85, 1300.0),
+        Workload("fashion-mnist-mlp", partial(build_model, "mlp"), _fashion, 64, 0.05, 0.80, 9000.0),
         Workload("comm-bound", _comm_bound_model, _synthetic, 8, 0.02, 0.90, 900.0),
     )
 }
@@ -127,11 +120,6 @@ def workload(name: str) -> Workload:
     if name not in WORKLOADS:
         raise ConfigError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
     return WORKLOADS[name]
-
-
-def estimate_s(work: Workload, runs: int, epochs: int, rows: int) -> float:
-    """A rough duration of ``runs`` runs: start-up plus rows at the reference machine's speed."""
-    return runs * (8.0 + epochs * rows / work.samples_per_s_guess)
 
 
 @contextmanager
@@ -205,12 +193,12 @@ def run_matrix(work: Workload, choices: Sequence[StrategyChoice], worker_counts:
     """Every combination, appended to ``out`` (JSON lines) as each run ends; failures recorded, not fatal."""
     out.parent.mkdir(parents=True, exist_ok=True)
     records = []
-    data = {seed: work.load(limit, seed) for seed in sorted(set(seeds))}
+    data = work.load(limit)
     for choice in choices:
         for m in worker_counts:
             for seed in seeds:
                 try:
-                    record = run_one(work, choice, m, seed, epochs=epochs, data=data[seed], spark=spark, slow=slow)
+                    record = run_one(work, choice, m, seed, epochs=epochs, data=data, spark=spark, slow=slow)
                 except Exception as exc:  # noqa: BLE001 - one failed run must not lose the others
                     log.exception("run %s x%d seed %d failed", choice.label, m, seed)
                     record = {"workload": work.name, "strategy": choice.label, "workers": m, "seed": seed,
@@ -230,12 +218,7 @@ def _one_line(r: dict[str, Any]) -> str:
 
 
 def read_records(paths: Iterable[Path]) -> list[dict[str, Any]]:
-    records = []
-    for path in paths:
-        for line in Path(path).read_text().splitlines():
-            if line.strip():
-                records.append(json.loads(line))
-    return records
+    return [json.loads(line) for path in paths for line in Path(path).read_text().splitlines() if line.strip()]
 
 
 def _mean_sd(values: list[float]) -> tuple[float, float]:
@@ -332,11 +315,7 @@ def plot(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]], path
     return path
 
 
-def rows_of(work: Workload, limit: int | None) -> int:
-    train, _ = work.load(limit, 0)
-    n = train.num_samples()
-    return n if n is not None else (limit or 0)
-
-
 def planned(work: Workload, runs: int, epochs: int, limit: int | None) -> float:
-    return estimate_s(work, runs, epochs, rows_of(work, limit))
+    """A rough duration of ``runs`` runs: start-up plus rows at the reference machine's speed."""
+    rows = work.load(limit)[0].num_samples() or limit or 0
+    return runs * (8.0 + epochs * rows / work.samples_per_s_guess)

@@ -66,28 +66,17 @@ class Calibration:
                 "ps_alpha_s": net.ps_alpha, "ps_beta_s_per_byte": net.ps_beta}
 
 
-def _median_time(fn, reps: int) -> float:
-    fn()  # warm-up: allocations, page faults, lazy initialisation
+def _median_time(fn, reps: int, before=lambda: None) -> float:
+    """Median time of ``fn`` over ``reps`` runs after one warm-up (allocations, page faults, lazy
+    initialisation). ``before`` runs untimed ahead of each: timing a collective after a compute step
+    makes it also wait for the rank whose compute ran longest, as a step's communication does."""
     times = []
-    for _ in range(reps):
+    for _ in range(reps + 1):
+        before()
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def _after_compute(step, fn, reps: int) -> float:
-    """Median time of ``fn`` when it follows a compute step, as a step's communication does in
-    training: a collective then also waits for the rank whose compute ran longest."""
-    step()
-    fn()  # warm-up
-    times = []
-    for _ in range(reps):
-        step()
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(times[1:])
 
 
 def _compute_step(model: nn.Module, batch: int, sample_shape: tuple[int, ...]):
@@ -119,7 +108,7 @@ def _stage_task(model: nn.Module, batch: int, sample_shape: tuple[int, ...], rep
             for name, n in (("tiny", TINY), ("full", params)):
                 t = torch.ones(n)
                 collective.barrier()
-                out[name] = _after_compute(step, lambda t=t: coll.all_reduce(t), reps)
+                out[name] = _median_time(lambda t=t: coll.all_reduce(t), reps, before=step)
         return out
 
     from ..train.jobs import in_task

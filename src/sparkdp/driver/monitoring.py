@@ -28,9 +28,3 @@ def monitored(job: JobConfig, spark: Any, workers: int, title: str,
                     host=driver_host(spark), title=title) as hub:
         yield hub
 
-
-def summary_of(result: Any) -> dict[str, Any]:
-    """What a run's ``summary`` record holds (``sparkdp report`` tabulates it)."""
-    return {"strategy": result.strategy, "workers": result.workers, "epochs": result.epochs,
-            "test_accuracy": result.test_accuracy, "wall_s": result.wall_s, "train_time_s": result.train_time_s,
-            "samples": result.samples, "samples_per_s": result.samples_per_s, "history": result.history}

@@ -43,31 +43,28 @@ class MonitorHub:
         config: the job's settings, for the run log's header and MLflow's parameters.
         run_dir: where ``run.jsonl`` (and ``tensorboard/``) go; None: no run log.
         display: show live progress on the terminal (a rich display on a terminal, a line
-            every ``line_every_s`` otherwise); False: quiet.
+            every 15 s otherwise); False: quiet.
         tensorboard: also write TensorBoard event files (needs ``run_dir``).
         mlflow: an MLflow tracking URI to log the run to.
         host: the address to listen on (the driver's, as executors reach it).
-        server_metrics: for asynchronous jobs, the parameter server's ``metrics()``.
+
+    An asynchronous job sets ``server_metrics`` to its parameter server's ``metrics()``.
     """
 
     def __init__(self, *, world_size: int, config: dict[str, Any], run_dir: str | None = None,
                  display: bool = True, tensorboard: bool = False, mlflow: str | None = None,
-                 interval_s: float = 2.0, host: str = "127.0.0.1", title: str = "sparkdp",
-                 server_metrics: Callable[[], dict[str, Any]] | None = None, line_every_s: float = 15.0) -> None:
-        self.world_size, self.interval_s = world_size, interval_s
-        self.server_metrics = server_metrics
+                 interval_s: float = 2.0, host: str = "127.0.0.1", title: str = "sparkdp") -> None:
+        self.interval_s = interval_s
+        self.server_metrics: Callable[[], dict[str, Any]] | None = None
         self.started = time.time()
         self.latest: dict[int, dict[str, Any]] = {}
         self.epochs: list[dict[str, Any]] = []
-        self.warnings: list[str] = []
         self.detector = StragglerDetector(world_size)
         self._lock = threading.Lock()
         self._lines: dict[tuple[int, str], str] = {}
         self.sinks: list[Any] = []
-        self.run_log = None
         if run_dir is not None:
-            self.run_log = RunLog(run_dir, {"config": config, "world_size": world_size})
-            self.sinks.append(self.run_log)
+            self.sinks.append(RunLog(run_dir, {"config": config, "world_size": world_size}))
         if tensorboard:
             if run_dir is None:
                 from ..errors import ConfigError
@@ -76,7 +73,7 @@ class MonitorHub:
             self.sinks.append(TensorBoardSink(run_dir))
         if mlflow:
             self.sinks.append(MlflowSink(mlflow, {k: v for k, v in config.items() if v is not None}))
-        self.display = Display(title, world_size, enabled=display, line_every_s=line_every_s)
+        self.display = Display(title, world_size, enabled=display)
         self._endpoint = None
         self._host = host
 
@@ -163,7 +160,6 @@ class MonitorHub:
         self.latest[rank] = record
         self._emit(record)
         for text in self.detector.update(record):
-            self.warnings.append(text)
             log.warning("%s", text)
             self._emit({"type": "warning", "time": time.time(), "message": text})
             self.display.warning(text)

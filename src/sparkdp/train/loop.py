@@ -118,14 +118,9 @@ def optimizer_state_to_bytes(optimizer: torch.optim.Optimizer, scheduler: Any = 
     return state_io.to_bytes({"optimizer": optimizer.state_dict(), "scheduler": sched})
 
 
-def optimizer_state_from_bytes(data: bytes) -> dict[str, Any]:
-    """The ``state_dict`` that :func:`optimizer_state_to_bytes` encoded (plus ``"scheduler"``)."""
-    saved = state_io.from_bytes(data)
-    return {**saved["optimizer"], "scheduler": saved["scheduler"]}
-
-
-def check_batch(model: nn.Module, loss_fn: Callable, x: torch.Tensor, y: torch.Tensor) -> None:
-    """Run one forward pass and the loss on a batch; turn torch's shape errors into ours."""
+def check_batch(model: nn.Module, loss_fn: Callable, x: torch.Tensor, y: torch.Tensor) -> Any:
+    """Run one forward pass and the loss on a batch; turn torch's shape errors into ours.
+    Returns the model's output."""
     try:
         out = model(x)
     except RuntimeError as exc:
@@ -137,20 +132,21 @@ def check_batch(model: nn.Module, loss_fn: Callable, x: torch.Tensor, y: torch.T
     except (RuntimeError, ValueError, IndexError) as exc:
         raise ConfigError(f"the loss cannot compare model outputs of shape {_shapes(out)} with labels of "
                           f"shape {tuple(y.shape)} ({y.dtype}): {exc}") from exc
+    return out
 
 
 def _shapes(out: Any) -> Any:
     return tuple(out.shape) if isinstance(out, torch.Tensor) else [tuple(o.shape) for o in out]
 
 
-def _class_scores(out: Any, y: torch.Tensor) -> bool:
+def class_scores(out: Any, y: torch.Tensor) -> bool:
     """True when ``out`` is one (rows, classes) tensor and ``y`` integer class labels: accuracy applies.
     (A model may return a tuple, e.g. a Siamese net's two features for a pair loss.)"""
     return isinstance(out, torch.Tensor) and out.dim() == 2 and not y.is_floating_point()
 
 
 def check_labels(out: torch.Tensor, y: torch.Tensor) -> None:
-    if _class_scores(out, y) and y.dim() == 1 and len(y):
+    if class_scores(out, y) and y.dim() == 1 and len(y):
         classes = out.shape[1]
         lo, hi = int(y.min()), int(y.max())
         if lo < 0 or hi >= classes:
@@ -191,7 +187,7 @@ def evaluate(model: nn.Module, loss_fn: Callable, data: WorkerData, collective: 
             x, y = x.to(device), y.to(device)
             out = model(batch_layout(x, channels_last))
             sums[0] += float(loss_fn(out, y)) * len(x)
-            if _class_scores(out, y):
+            if class_scores(out, y):
                 sums[1] += float((out.argmax(1) == y).sum())
             sums[2] += len(x)
             sums[3] += len(x) if isinstance(out, torch.Tensor) else 0
@@ -248,10 +244,10 @@ def _fit_worker(spec: FitSpec, collective: Collective, probe: Any) -> WorkerRepo
     optimizer = spec.optimizer.build(model)
     scheduler = spec.scheduler(optimizer) if spec.scheduler is not None else None
     if part.optimizer_state:
-        resumed = optimizer_state_from_bytes(part.optimizer_state)
-        optimizer.load_state_dict({"state": resumed["state"], "param_groups": resumed["param_groups"]})
-        if scheduler is not None and resumed.get("scheduler") is not None:
-            scheduler.load_state_dict(resumed["scheduler"])  # the schedule continues across stages
+        saved = state_io.from_bytes(part.optimizer_state)  # what optimizer_state_to_bytes encoded
+        optimizer.load_state_dict(saved["optimizer"])
+        if scheduler is not None and saved["scheduler"] is not None:
+            scheduler.load_state_dict(saved["scheduler"])  # the schedule continues across stages
     net = strategy.setup(model, optimizer, collective)
     rank, world = collective.rank, collective.world_size
     check = not spec.train.equal_batches

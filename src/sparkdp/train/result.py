@@ -54,6 +54,7 @@ class TrainResult:
                                                           "epochs": self.epochs, **metadata})
 
     def summary(self) -> dict[str, Any]:
+        """What a run's ``summary`` record holds (``sparkdp report`` tabulates it)."""
         return {"strategy": self.strategy, "workers": self.workers, "epochs": self.epochs,
-                "test_accuracy": self.test_accuracy, "train_time_s": self.train_time_s,
-                "samples_per_s": self.samples_per_s, "history": self.history}
+                "test_accuracy": self.test_accuracy, "wall_s": self.wall_s, "train_time_s": self.train_time_s,
+                "samples": self.samples, "samples_per_s": self.samples_per_s, "history": self.history}

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import ConfigError
+from . import spec
 
 __all__ = [
     "CaffeLayerBlobs", "CaffemodelError", "DecodedNet", "V1_LAYER_TYPES",
@@ -35,17 +36,10 @@ class CaffemodelError(ConfigError):
     """A ``.caffemodel`` that is truncated, corrupt or not a NetParameter."""
 
 
-# V1LayerParameter.LayerType enum (caffe.proto) -> V2 type string (UpgradeV1LayerType).
+# V1LayerParameter.LayerType enum number -> V2 type string (UpgradeV1LayerType); 0 (NONE) -> "".
 V1_LAYER_TYPES: dict[int, str] = {
-    0: "", 1: "Accuracy", 2: "BNLL", 3: "Concat", 4: "Convolution", 5: "Data", 6: "Dropout",
-    7: "EuclideanLoss", 8: "Flatten", 9: "HDF5Data", 10: "HDF5Output", 11: "Im2col",
-    12: "ImageData", 13: "InfogainLoss", 14: "InnerProduct", 15: "LRN",
-    16: "MultinomialLogisticLoss", 17: "Pooling", 18: "ReLU", 19: "Sigmoid", 20: "Softmax",
-    21: "SoftmaxWithLoss", 22: "Split", 23: "TanH", 24: "WindowData", 25: "Eltwise",
-    26: "Power", 27: "SigmoidCrossEntropyLoss", 28: "HingeLoss", 29: "MemoryData",
-    30: "ArgMax", 31: "Threshold", 32: "DummyData", 33: "Slice", 34: "MVN", 35: "AbsVal",
-    36: "Silence", 37: "ContrastiveLoss", 38: "Exp", 39: "Deconvolution",
-}  # fmt: skip
+    n: spec.V1_LAYER_TYPES.get(name, "") for n, name in spec.V1_LAYER_TYPE_NUMBERS.items()
+}
 
 # V0 type strings (UpgradeV0LayerType) for the layers that can carry blobs or matter.
 _V0_LAYER_TYPES = {

@@ -131,7 +131,7 @@ class CaffeClassifier(nn.Module):
         input_shapes: dict[str, Sequence[int]] | None = None,
     ) -> None:
         super().__init__()
-        spec = net if isinstance(net, NetSpec) else load_net_spec(net)
+        spec = load_net_spec(net)
         state = NetState(str(phase).upper(), int(level), tuple(stages))
         layers = filter_layers(spec, state).layers
         losses = [(i, layer) for i, layer in enumerate(layers) if any(_loss_weights(layer))]

@@ -87,7 +87,7 @@ def _build(
     input_shape: Sequence[int] | None,
     input_shapes: Mapping[str, Sequence[int]] | None,
 ) -> tuple[CaffeNet, dict[str, tuple[int, ...]]]:
-    spec = prototxt if isinstance(prototxt, NetSpec) else load_net_spec(prototxt)
+    spec = load_net_spec(prototxt)
     shapes = resolve_input_shapes(spec, phase, stages, input_shape, input_shapes)
     return load_net(spec, phase=phase, stages=stages, input_shapes=shapes), shapes
 

@@ -108,7 +108,7 @@ def inspect_net(
         ConfigError: the net does not build, or a shape names no input of the net.
     """
     phase = str(phase).upper()
-    spec = prototxt if isinstance(prototxt, NetSpec) else load_net_spec(prototxt)
+    spec = load_net_spec(prototxt)
     shapes = resolve_input_shapes(spec, phase, stages, input_shape, input_shapes)
     net = load_net(spec, phase=phase, stages=stages, input_shapes=shapes)
     net.eval()  # no dropout, no BatchNorm statistics updates while probing shapes

@@ -379,5 +379,5 @@ def load_net(
     Raises:
         ConfigError: on unknown layer types, unwired blobs, bad shapes or parameters.
     """
-    spec = prototxt if isinstance(prototxt, NetSpec) else load_net_spec(prototxt)
+    spec = load_net_spec(prototxt)
     return CaffeNet.from_spec(spec, phase, stages, level, input_shapes)

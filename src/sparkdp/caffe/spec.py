@@ -376,12 +376,13 @@ def _input_layer(net: Message) -> LayerSpec | None:
     return LayerSpec(name="input", type="Input", tops=inputs, param=param, where=net.where())
 
 
-def load_net_spec(source: str | os.PathLike[str] | Message) -> NetSpec:
+def load_net_spec(source: str | os.PathLike[str] | Message | NetSpec) -> NetSpec:
     """Parse, validate and upgrade a Caffe net definition.
 
     Args:
         source: a path to a ``.prototxt``, the text itself, or a parsed :class:`Message`.
-            A ``str`` without ``{`` or a newline is taken as a path.
+            A ``str`` without ``{`` or a newline is taken as a path.  A :class:`NetSpec`
+            is returned as it is.
 
     Returns:
         The upgraded net with every layer of the file (not yet filtered by phase).
@@ -389,6 +390,8 @@ def load_net_spec(source: str | os.PathLike[str] | Message) -> NetSpec:
     Raises:
         ConfigError: unknown fields, V1 and V2 layers in one file, bad ``input_dim``…
     """
+    if isinstance(source, NetSpec):
+        return source
     if isinstance(source, Message):
         net = source
     elif isinstance(source, os.PathLike) or ("{" not in source and "\n" not in source):

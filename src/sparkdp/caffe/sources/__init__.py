@@ -36,32 +36,19 @@ in key order without shuffling (databases are shuffled when written: ``convert_i
 --shuffle``); sparkdp shuffles a ``Data`` layer's records unless ``shuffle=False``, and an
 ``HDF5Data`` layer's only when it says ``hdf5_data_param { shuffle: true }``, as Caffe does.
 
-``transform_param`` is applied on the workers exactly as Caffe's ``DataTransformer``
-(``Transform(const Datum&, ...)``) does, in float32 and in its order: an optional crop
-(``crop_size``: at a random offset in the TRAIN phase, the centre in TEST), then
-``(pixel - mean) * scale`` with the mean a ``mean_file`` (a ``BlobProto``, read with
-``caffe/caffemodel.py``'s blob decoder, of the records' full size and indexed at the
-cropped position) or ``mean_value`` (one, or one per channel), and a random horizontal
-flip when ``mirror`` is set (Caffe draws it in whichever phase sets ``mirror``; the BVLC
-TEST layers do not set it).  The random choices are seeded by (seed, epoch, rank), so a
-run is reproducible.  The :class:`~sparkdp.caffe.classifier.CaffeClassifier` is then built
-with ``apply_transform=False`` so nothing is applied twice.  ``HDF5Data`` has no
-transformation (Caffe refuses ``transform_param`` there, as ``caffe/layers/data.py``
-does); its datasets are read as float32, as Caffe does, named by the layer's tops.
+``transform_param`` is applied on the workers as Caffe's ``DataTransformer`` does
+(``transform.py``), with its random choices seeded by (seed, epoch, rank); the
+:class:`~sparkdp.caffe.classifier.CaffeClassifier` is then built with
+``apply_transform=False`` so nothing is applied twice.  ``HDF5Data`` has no transformation
+(Caffe refuses ``transform_param`` there); its datasets are read as float32, named by the
+layer's tops.
 
 Paths.  A relative ``source`` (and ``mean_file``) is looked up from the working directory,
 as Caffe does, then from the prototxt's directory; the paths in an HDF5 list likewise from
 the working directory, then from the list's directory.  They are made absolute on the
 driver, since Spark tasks run in other directories.
 
-Backends.  LMDB needs the ``lmdb`` package and HDF5 ``h5py`` (``pip install
-'sparkdp[caffe-data]'``); LevelDB needs ``plyvel`` (``pip install 'sparkdp[caffe-leveldb]'``,
-a separate extra because plyvel has wheels only for Linux up to Python 3.12 and otherwise
-needs the LevelDB library to build).  LevelDB lets one process open a database at
-a time, so each rank opens it for one block's read and closes it again, retrying while
-another rank holds its lock; it also writes a new log file when opened, so its directory
-must be writable.  LMDB is opened read-only without its lock file (``lock=False``): no
-process may write to it during training.
+Backends (optional packages, locking): see ``backends.py``.
 
 Example (``net_data("lenet_train_test.prototxt")`` gives a net's TRAIN and TEST sources):
     >>> import tempfile
@@ -220,7 +207,7 @@ def net_data(net: str | os.PathLike[str] | Message | NetSpec, *, base_dir: str |
         text = os.fspath(net)
         if "{" not in text and "\n" not in text:
             base_dir = Path(text).parent
-    spec = net if isinstance(net, NetSpec) else load_net_spec(net)
+    spec = load_net_spec(net)
     base_dirs = [Path(base_dir)] if base_dir is not None else []
     train_layer, others = _source_layers(spec, "TRAIN")
     if train_layer is None:

@@ -8,6 +8,10 @@ block of consecutive records per call (a cursor scan from the block's first key)
 ``caffe/sources/__init__.py`` for why blocks.  LevelDB admits one process per database, so
 its reader opens and closes it around every block read, retrying while another rank holds
 the lock: a rank never holds the lock while it waits for the others in a collective.
+LevelDB also writes a new log file when opened, so its directory must be writable.  plyvel
+is a separate extra because it has wheels only for Linux up to Python 3.12 and otherwise
+needs the LevelDB library to build.  LMDB is opened read-only without its lock file
+(``lock=False``): no process may write to it during training.
 Relative paths are looked up as Caffe does (the working directory), then from the
 prototxt's (or list's) directory.
 """

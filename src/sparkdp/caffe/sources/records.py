@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -209,13 +208,6 @@ class DatumDBSource(CaffeDataSource):
                 f"{len(self.blocks)} blocks of {self.block_rows}; {self.phase} transform: {self.transform.describe()}")
 
 
-@dataclass
-class _H5File:
-    path: str
-    rows: int
-    where: str  # list file:line
-
-
 class HDF5Source(CaffeDataSource):
     """An ``HDF5Data`` layer's files: ``source`` lists ``.h5`` files, one per line.
 
@@ -263,7 +255,7 @@ class HDF5Source(CaffeDataSource):
                 f"{where}: {len(missing)} file(s) named in {str(listing)!r} do not exist (relative paths are looked "
                 "up from the working directory, then from the list's directory): " + "; ".join(missing)
             )
-        self.files: list[_H5File] = []
+        self.files: list[str] = []  # the files with rows to read
         self.units: list[tuple[int, int]] = []  # (file index, first row) per block
         row_shapes: dict[str, tuple[tuple[int, ...], str]] = {}
         remaining = limit
@@ -297,7 +289,7 @@ class HDF5Source(CaffeDataSource):
                 )
             rows = counts[0] if remaining is None else min(counts[0], remaining)
             if rows:
-                self.files.append(_H5File(path, rows, at))
+                self.files.append(path)
                 for first in range(0, rows, self.block_rows):
                     self.units.append((len(self.files) - 1, first))
                     self.blocks.append(min(self.block_rows, rows - first))
@@ -326,7 +318,7 @@ class HDF5Source(CaffeDataSource):
             for block, start, stop in segments:
                 index, first = self.units[block]
                 if index not in handles:
-                    handles[index] = h5py.File(self.files[index].path, "r")
+                    handles[index] = h5py.File(self.files[index], "r")
                 handle = handles[index]
                 a, b = first + start, first + stop
                 x = np.asarray(handle[self.data_top][a:b], dtype=np.float32)

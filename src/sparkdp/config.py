@@ -20,11 +20,13 @@ from .errors import ConfigError
 MEMORY_FORMATS = ("auto", "channels_last", "contiguous")
 
 
-def _positive_int(name: str, value: Any, *, optional: bool = False) -> None:
+def check_int(name: str, value: Any, low: int | None = 1, *, optional: bool = False) -> None:
+    """``value`` is an int (not a bool) ``>= low`` (any int when ``low`` is None), or None if optional."""
     if optional and value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name} must be a positive integer; got {value!r}.")
+    if isinstance(value, bool) or not isinstance(value, int) or (low is not None and value < low):
+        need = "an integer" if low is None else "a positive integer" if low == 1 else f"an integer >= {low}"
+        raise ConfigError(f"{name} must be {need}; got {value!r}.")
 
 
 def check_memory_format(value: Any) -> str:
@@ -107,22 +109,17 @@ class JobConfig:
     metrics_interval_s: float = 2.0
 
     def __post_init__(self) -> None:
-        for name in ("epochs", "batch_size", "eval_every"):
-            _positive_int(name, getattr(self, name))
-        _positive_int("workers", self.workers, optional=True)
-        _positive_int("threads", self.threads, optional=True)
-        _positive_int("checkpoint_every", self.checkpoint_every, optional=True)
-        _positive_int("keep_checkpoints", self.keep_checkpoints)
+        for name in ("epochs", "batch_size", "eval_every", "keep_checkpoints"):
+            check_int(name, getattr(self, name))
+        for name in ("workers", "threads", "checkpoint_every", "min_workers"):
+            check_int(name, getattr(self, name), optional=True)
         if self.checkpoint_every_s is not None:
             _positive_number("checkpoint_every_s", self.checkpoint_every_s)
-        _positive_int("min_workers", self.min_workers, optional=True)
         if self.min_workers is not None and self.workers is not None and self.min_workers > self.workers:
             raise ConfigError(f"min_workers ({self.min_workers}) cannot exceed workers ({self.workers}); "
                               "min_workers is how far an elastic restart may shrink the job.")
-        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
-            raise ConfigError(f"max_restarts must be an integer >= 0; got {self.max_restarts!r}.")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ConfigError(f"seed must be an integer; got {self.seed!r}.")
+        check_int("max_restarts", self.max_restarts, 0)
+        check_int("seed", self.seed, None)
         check_memory_format(self.memory_format)
         _positive_number("start_timeout_s", self.start_timeout_s)
         _positive_number("pg_timeout_s", self.pg_timeout_s)
@@ -178,7 +175,7 @@ class Columns:
     def __post_init__(self) -> None:
         if self.features is None and self.label is not None:
             raise ConfigError("label= was given without features=; name the feature column(s) too.")
-        _positive_int("shuffle_buffer", self.shuffle_buffer)
+        check_int("shuffle_buffer", self.shuffle_buffer)
 
     @property
     def given(self) -> bool:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-import math
 import os
 import re
 import threading
@@ -46,9 +45,7 @@ def fit_async(spec: FitSpec, strategy: AsyncParameterServer, *, workers: int, sp
     from ..spark.launcher import driver_host, run_tasks, task_attempt
 
     model = spec.model
-    rule_spec = strategy.rule_spec(workers)
-    server = ParameterServer(lambda shard: rule_spec.create(), list(model.parameters()),
-                             num_shards=strategy.num_shards)
+    server = _server_factory(strategy, workers)(list(model.parameters()))
     if resume is not None:
         spec = _resume_server(server, spec, strategy, workers, resume)
     if hub is not None:  # the live display shows the server's pushes and staleness
@@ -74,10 +71,7 @@ def fit_async(spec: FitSpec, strategy: AsyncParameterServer, *, workers: int, sp
             if spec.epochs else []
     if saver is not None:
         saver.save()  # the finished job: a later resume has nothing left to do
-    center = server.pull(worker=workers).tensors  # an id no task uses, so no task's bookkeeping moves
-    with torch.no_grad():
-        for p, c in zip(model.parameters(), center):
-            p.copy_(c)
+    _copy_centre(server, model, workers)
     history = []
     first = next((r for r in reports if r.worker == 0), None)
     for epoch, evaluated in enumerate(first.history if first is not None else []):
@@ -131,13 +125,8 @@ def run_async(call: Callable[[int, Any, AsyncParameterServer], Any], strategy: A
     if "epoch" in (strategy.push_every, strategy.pull_every):
         raise ConfigError("push_every / pull_every = 'epoch' needs the epochs of sparkdp.fit's own loop; in your "
                           "own loop (sparkdp.run, sparkdp launch) give a number of batches instead.")
-    rule_spec = strategy.rule_spec(workers)
-
-    def build(params: list[torch.Tensor]) -> ParameterServer:
-        return ParameterServer(lambda shard: rule_spec.create(), params, num_shards=strategy.num_shards)
-
     transport = TcpTransport(TcpOptions(mac_payload=strategy.mac_payload, tls=strategy.tls))
-    with transport.serve(None, host=driver_host(spark), port=0, initial=build) as endpoint:
+    with transport.serve(None, host=driver_host(spark), port=0, initial=_server_factory(strategy, workers)) as endpoint:
         if hub is not None:
             hub.server_metrics = lambda: endpoint.server.metrics() if endpoint.server is not None else {}
         shipped = copy.copy(strategy).connect_to(transport, endpoint.info, offer_centre=True)
@@ -204,9 +193,7 @@ def _resume_server(server: ParameterServer, spec: FitSpec, strategy: AsyncParame
     else:
         raise ConfigError(f"resume={directory!r}: no readable parameter-server checkpoint (ps-*.safetensors) "
                           "there. Point resume at the checkpoint_dir of an earlier asynchronous run.")
-    with torch.no_grad():
-        for p, c in zip(spec.model.parameters(), server.pull(worker=workers).tensors, strict=True):
-            p.copy_(c)
+    _copy_centre(server, spec.model, workers)
     done = _epochs_done(server, spec, strategy, workers)
     log.info("resuming the parameter server from %s: %d of %d epoch(s) covered by the applied pushes", name,
              done, spec.epochs)
@@ -216,9 +203,22 @@ def _resume_server(server: ParameterServer, spec: FitSpec, strategy: AsyncParame
 
 def _epochs_done(server: ParameterServer, spec: FitSpec, strategy: AsyncParameterServer, workers: int) -> int:
     """Epochs every worker has finished, from its last applied push sequence (0 if unknown)."""
-    rows = spec.train.num_samples()
-    if rows is None:
+    steps = spec.steps_per_epoch(workers)
+    if steps is None:
         return 0
-    steps = math.ceil(math.ceil(rows / workers) / spec.batch_size)
     per_epoch = 1 if strategy.push_every == "epoch" else steps / strategy.push_every
     return min(spec.epochs, min(int((server.last_seq(w) + 1) / per_epoch) for w in range(workers)))
+
+
+def _server_factory(strategy: AsyncParameterServer,
+                    workers: int) -> Callable[[list[torch.Tensor]], ParameterServer]:
+    rule_spec = strategy.rule_spec(workers)
+    return lambda params: ParameterServer(lambda shard: rule_spec.create(), params, num_shards=strategy.num_shards)
+
+
+def _copy_centre(server: ParameterServer, model: torch.nn.Module, workers: int) -> None:
+    """The server's centre into ``model``, pulled as worker ``workers``: an id no task uses, so no
+    task's bookkeeping moves."""
+    with torch.no_grad():
+        for p, c in zip(model.parameters(), server.pull(worker=workers).tensors, strict=True):
+            p.copy_(c)

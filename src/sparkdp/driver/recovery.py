@@ -143,7 +143,7 @@ def _cause(exc: WorkerFailed, job: JobConfig) -> str:
         who = f"worker {exc.rank}" if getattr(exc, "rank", None) is not None else "a worker"
         return (f"{who} waited {job.pg_timeout_s:g} s in a collective: another worker stopped making progress "
                 "(hung, stopped or deadlocked)")
-    return text.splitlines()[0]
+    return first
 
 
 def merged_history(report: WorkerReport, finished: FitSpec) -> tuple[list[dict[str, Any]], int, float]:

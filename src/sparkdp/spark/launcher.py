@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..config import check_int
 from ..errors import (
     ConfigError,
     DataError,
@@ -106,9 +107,9 @@ def oversubscription(sc, workers: int, threads: int | None) -> str | None:
         return (f"threads={threads} torch threads per worker, but each Spark task holds spark.task.cpus={per_task:g} "
                 f"core(s): workers sharing an executor will compete for its cores. Set spark.task.cpus={threads}, "
                 "or leave threads unset (sparkdp then uses spark.task.cpus).")
-    cores = os.cpu_count() or 1
-    if on_driver_machine(sc) and workers * (threads or max(1, int(per_task))) > cores:
-        return (f"{workers} workers x {threads or max(1, int(per_task))} torch thread(s) on this machine's {cores} "
+    cores, threads = os.cpu_count() or 1, threads or max(1, int(per_task))
+    if on_driver_machine(sc) and workers * threads > cores:
+        return (f"{workers} workers x {threads} torch thread(s) on this machine's {cores} "
                 "core(s): they will compete for the cores and each step will be slower. Use fewer workers or "
                 "threads, or a cluster.")
     return None
@@ -243,8 +244,7 @@ class BarrierStage:
     """
 
     def __init__(self, spark, num_workers: int, *, description: str, start_timeout_s: float = 60.0) -> None:
-        if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
-            raise ConfigError(f"workers must be a positive integer; got {num_workers!r}.")
+        check_int("workers", num_workers)
         self.sc = spark.sparkContext
         self.num_workers = num_workers
         self.description = description
@@ -404,8 +404,7 @@ def run_tasks(fn: Callable[[int], Any], num_workers: int, *, spark, description:
     within ``start_timeout_s`` (no executor can take one), the job is cancelled with a
     ``RendezvousTimeout`` instead of waiting for ever.
     """
-    if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
-        raise ConfigError(f"workers must be a positive integer; got {num_workers!r}.")
+    check_int("workers", num_workers)
     sc = spark.sparkContext
     slots = task_slots(sc)
     if slots is not None and num_workers > slots:

@@ -26,6 +26,7 @@ import pyarrow as pa
 import torch
 from torch import nn
 
+from ..config import check_int
 from ..data.arrow import ArrowConverter
 from ..errors import ConfigError
 from ..train.serialize import state_from_bytes, state_to_bytes
@@ -123,8 +124,7 @@ def predict(model: nn.Module, df: Any, *, features: str | Sequence[str], output_
 
     if output not in OUTPUTS:
         raise ConfigError(f"output must be one of {', '.join(OUTPUTS)}; got {output!r}.")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigError(f"batch_size must be a positive integer; got {batch_size!r}.")
+    check_int("batch_size", batch_size)
     names = [features] if isinstance(features, str) else list(features)
     missing = [c for c in names if c not in df.columns]
     if missing:

@@ -24,7 +24,7 @@ from .base import (
     integer,
     same_shapes,
 )
-from .fillers import fill_
+from .fillers import fill_blobs
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _DECONV = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
@@ -132,9 +132,7 @@ def convolution(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Bui
     )
     bias = bool(p.get("bias_term", True))
     module = Conv(w_shape, bias, axis, stride, pad, dilation, groups, transposed)
-    fill_(module.weight, p.get("weight_filler"), where=f"{layer.describe()}: ")
-    if bias:
-        fill_(module.bias, p.get("bias_filler"), where=f"{layer.describe()}: ")
+    fill_blobs(layer, module, p)
     top = (*shape[:axis], num_output, *spatial)
     return Built(module, [top] * len(shapes))
 

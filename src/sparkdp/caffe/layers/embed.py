@@ -26,7 +26,7 @@ from .base import (
     integer,
     shape_of,
 )
-from .fillers import fill_
+from .fillers import fill_blobs
 
 
 class Embed(CaffeLayer):
@@ -54,9 +54,7 @@ def embed(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
         raise fail(layer, f"num_output and input_dim must be positive; got {n} and {input_dim}")
     bias = flag(layer, p, "bias_term", True)
     module = Embed(input_dim, n, bias, layer.describe())
-    fill_(module.weight, p.get("weight_filler"), where=f"{layer.describe()}: ")
-    if bias:
-        fill_(module.bias, p.get("bias_filler"), where=f"{layer.describe()}: ")
+    fill_blobs(layer, module, p)
     return Built(module, [(*shapes[0], n)])
 
 

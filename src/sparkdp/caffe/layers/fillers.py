@@ -12,7 +12,9 @@ import math
 import torch
 
 from ...errors import ConfigError
+from ..spec import LayerSpec
 from ..textformat import Message
+from .base import CaffeLayer
 
 FILLERS = ("constant", "uniform", "gaussian", "positive_unitball", "xavier", "msra", "bilinear")
 
@@ -86,3 +88,11 @@ def _bilinear_(tensor: torch.Tensor, where: str) -> None:
     coords = torch.arange(k, dtype=torch.float64)
     line = 1 - torch.abs(coords / f - c)
     tensor.copy_((line[:, None] * line[None, :]).expand_as(tensor))
+
+
+def fill_blobs(layer: LayerSpec, module: CaffeLayer, param: Message) -> None:
+    """Fill a layer's learnable blobs in Caffe's blob order: ``param``'s ``bias_filler`` for
+    the biases (``bias``, ``b_*``), its ``weight_filler`` for the others."""
+    for name in module.blob_names:
+        filler = "bias_filler" if name == "bias" or name.startswith("b_") else "weight_filler"
+        fill_(getattr(module, name), param.get(filler), where=f"{layer.describe()}: ")

@@ -23,7 +23,7 @@ from .base import (
     flag,
     integer,
 )
-from .fillers import fill_
+from .fillers import fill_blobs
 
 
 class InnerProduct(CaffeLayer):
@@ -50,7 +50,5 @@ def inner_product(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> B
         raise fail(layer, f"num_output must be positive; got {n}")
     bias = flag(layer, p, "bias_term", True)
     module = InnerProduct(count(shape, axis), n, axis, bias, flag(layer, p, "transpose", False))
-    fill_(module.weight, p.get("weight_filler"), where=f"{layer.describe()}: ")
-    if bias:
-        fill_(module.bias, p.get("bias_filler"), where=f"{layer.describe()}: ")
+    fill_blobs(layer, module, p)
     return Built(module, [(*shape[:axis], n)])

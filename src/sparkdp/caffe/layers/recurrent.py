@@ -40,7 +40,7 @@ from .base import (
     flag,
     integer,
 )
-from .fillers import fill_
+from .fillers import fill_blobs
 
 
 class _Recurrent(CaffeLayer):
@@ -177,10 +177,7 @@ def _build(layer: LayerSpec, shapes: list[Shape], cls: type[_Recurrent]) -> Buil
                     f"got {list(shape)}",
                 )
     module = cls(count(x, 2), hidden, d_static, expose, layer.describe())
-    where = f"{layer.describe()}: "
-    for name in module.blob_names:
-        filler = "bias_filler" if name.startswith("b_") else "weight_filler"
-        fill_(getattr(module, name), p.get(filler), where=where)
+    fill_blobs(layer, module, p)
     return Built(module, [(steps, batch, hidden)] + [state_shape] * n_states)
 
 

@@ -2,8 +2,9 @@
 
 The tensors become safetensors entries; the nesting around them is JSON stored in the
 safetensors metadata under ``"sparkdp"``. Reading therefore never runs an unpickler. Used
-for optimizer state between stages (``train.loop``) and parameter-server checkpoints
-(``ps.checkpoint``).
+for optimizer state between stages (``train.loop``, as bytes) and parameter-server
+checkpoints (``ps.server``, as one file: one ``os.replace``, so a crash mid-save leaves the
+previous checkpoint intact).
 
 Example:
     >>> import torch
@@ -15,12 +16,17 @@ Example:
 from __future__ import annotations
 
 import json
+import os
 import struct
 from typing import Any
 
+from safetensors import safe_open
 from safetensors.torch import load as _st_load
 from safetensors.torch import save as _st_save
+from safetensors.torch import save_file
 from torch import Tensor
+
+from .files import atomic_write
 
 _RESERVED = ("__tensor__", "__items__", "__tuple__")
 META_KEY = "sparkdp"
@@ -48,6 +54,21 @@ def from_bytes(data: bytes) -> Any:
     if META_KEY not in metadata:
         raise ValueError("these bytes are safetensors but not sparkdp state (no 'sparkdp' metadata).")
     return unflatten(metadata[META_KEY], _st_load(bytes(data)))
+
+
+def save(obj: Any, path: str | os.PathLike[str]) -> None:
+    """Write ``obj`` to ``path`` atomically (:func:`sparkdp.files.atomic_write`)."""
+    skeleton, tensors = flatten(obj)
+    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata={META_KEY: skeleton}), make_dirs=False)
+
+
+def load(path: str | os.PathLike[str]) -> Any:
+    """Read a file written by :func:`save`."""
+    with safe_open(str(path), framework="pt") as fh:
+        meta = fh.metadata() or {}
+        if META_KEY not in meta:
+            raise ValueError(f"{path} is a safetensors file but not sparkdp state (no 'sparkdp' metadata).")
+        return unflatten(meta[META_KEY], {k: fh.get_tensor(k) for k in fh.keys()})
 
 
 def _encode(obj: Any, tensors: dict[str, Tensor], where: str) -> Any:

@@ -4,9 +4,9 @@ import threading
 import pytest
 import torch
 
+from sparkdp import state as state_module
 from sparkdp.errors import AuthenticationError, ConfigError
 from sparkdp.ps import ParameterServer, PushRejected
-from sparkdp.ps import checkpoint as checkpoint_module
 from sparkdp.ps.transport import ConnectFailed, InProcTransport
 from sparkdp.rules.base import Locking
 from tests.ps.conftest import Recorder, Sub, make_ps
@@ -221,7 +221,7 @@ def test_failed_save_leaves_the_old_checkpoint_intact(tmp_path, monkeypatch):
             fh.write(b"half a checkpoint")
         raise OSError("disk full")
 
-    monkeypatch.setattr(checkpoint_module, "save_file", crash)
+    monkeypatch.setattr(state_module, "save_file", crash)
     v, _ = ps.pull(0)
     ps.push(0, 1, v, [torch.ones(300, 300), torch.ones(7)])
     with pytest.raises(OSError, match="disk full"):

@@ -13,7 +13,9 @@ histogram counts one entry per push, ``max_s tau_s``.
 Locking, per shard, from ``rule.locking`` (or the ``locking`` override):
 ``GLOBAL`` — apply, on_pull and the pull copy run under the shard's mutex, so no update
 is lost and pulls are consistent per shard; ``NONE`` (Hogwild!) — no lock: updates may
-be lost and pulls torn, by design; only the version ticket is atomic.
+be lost and pulls torn, by design; only the version ticket is atomic.  Every lock is
+taken through ``with``, so an exception inside ``rule.apply`` never leaves it held
+(design rule 2, docs/architecture.md).
 
 Idempotency: each push carries ``(worker, seq)``.  A push whose seq is at most the last
 seq applied for that worker is acknowledged (``applied=False``) but not applied, so a
@@ -41,6 +43,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections import Counter
@@ -50,11 +53,38 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from sparkdp import state as state_io
 from sparkdp.errors import ConfigError, SparkdpError
-from sparkdp.ps.checkpoint import load_state, save_state
-from sparkdp.ps.locking import VersionCounter, make_lock
 from sparkdp.ps.sharding import MIN_SPLIT_BYTES, ShardPlan
 from sparkdp.rules.base import Locking, Push, UpdateRule
+
+
+class VersionCounter:
+    """A shard's version: read-and-increment is atomic even when the shard is lock-free.
+
+    Under Hogwild the apply itself is unlocked, but two pushes must never get the same
+    version ticket (dist-keras increments ``num_updates`` outside its mutex, a race on
+    the staleness counter — design rule 2).  The tiny lock here guards only the integer.
+    """
+
+    def __init__(self) -> None:
+        self._value = 0
+        self._lock = threading.Lock()
+
+    @property
+    def value(self) -> int:
+        return self._value
+
+    def ticket(self) -> int:
+        """Increment and return the version *before* the increment."""
+        with self._lock:
+            before = self._value
+            self._value = before + 1
+            return before
+
+    def set(self, value: int) -> None:
+        with self._lock:
+            self._value = int(value)
 
 
 class PushRejected(SparkdpError, ValueError):
@@ -117,7 +147,8 @@ class ParameterServer:
                 )
             self._rules.append(rule)
         self.locking = [Locking(locking if locking is not None else r.locking) for r in self._rules]
-        self._locks = [make_lock(k) for k in self.locking]
+        self._locks = [threading.Lock() if k is Locking.GLOBAL else contextlib.nullcontext()
+                       for k in self.locking]  # nullcontext: Hogwild's shards take no lock
         self._versions = [VersionCounter() for _ in self._rules]
         self._views = [self.plan.views(self._center, s) for s in range(self.plan.num_shards)]
         self._book = threading.Lock()  # guards the per-worker books and the metrics below
@@ -323,10 +354,10 @@ class ParameterServer:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write :meth:`state_dict` atomically to ``path`` (safetensors + JSON, no pickle)."""
-        save_state(self.state_dict(), path)
+        state_io.save(self.state_dict(), path)
 
     def load(self, path: str | os.PathLike[str]) -> None:
-        self.load_state_dict(load_state(path))
+        self.load_state_dict(state_io.load(path))
 
 
 def _check_worker(worker: object) -> int:

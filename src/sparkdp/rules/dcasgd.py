@@ -27,7 +27,8 @@ class DelayCompensatedRule(UpdateRule):
 
     locking = Locking.GLOBAL  # per-worker state and momentum are read-modify-write
 
-    def __init__(self, lr: float, momentum: float) -> None:
+    def __init__(self, lr: float, momentum: float, lambda_: float, mean_square_decay: float, eps: float,
+                 num_workers: int | None) -> None:
         name = type(self).__name__
         self.lr = check_number(
             name,
@@ -46,6 +47,15 @@ class DelayCompensatedRule(UpdateRule):
             high_open=True,
             hint="0.9 is the usual single-machine value; 0 disables momentum.",
         )
+        self.lambda_ = check_number(
+            name, "lambda_", lambda_, low=0, hint="lambda_ scales the delay compensation: 2.0 (DC-ASGD-a), 0.04 (-c)."
+        )
+        self.mean_square_decay = check_number(
+            name, "mean_square_decay", mean_square_decay, low=0, high=1, high_open=True, hint="0.95 is DC-ASGD's value."
+        )
+        self.eps = check_number(name, "eps", eps, low=0, low_open=True, hint="1e-7 is DC-ASGD's value.")
+        if num_workers is not None:
+            check_int(name, "num_workers", num_workers, low=1)
         self._backup = Slots()  # worker -> index -> w_bak(m)
         self._mean_square = Slots()  # worker (or ALL) -> index -> MeanSquare
         self._buffer = Slots()  # ALL -> index -> heavy-ball buffer u
@@ -130,17 +140,11 @@ class DCASGD(DelayCompensatedRule):
         momentum: float = 0.0,
         num_workers: int | None = None,
     ) -> None:
-        super().__init__(lr, momentum)
-        self.variant = check_choice("DCASGD", "variant", variant, ("a", "c"))
+        variant = check_choice("DCASGD", "variant", variant, ("a", "c"))
         if lambda_ is None:
-            lambda_ = 2.0 if self.variant == "a" else 0.04
-        self.lambda_ = check_number(
-            "DCASGD",
-            "lambda_",
-            lambda_,
-            low=0,
-            hint="lambda_ scales the delay compensation; 2.0 (variant 'a') or 0.04 ('c').",
-        )
+            lambda_ = 2.0 if variant == "a" else 0.04
+        super().__init__(lr, momentum, lambda_, mean_square_decay, eps, num_workers)
+        self.variant = variant
         if self.lambda_ == 0:
             warnings.warn(
                 "DCASGD with lambda_=0 is equivalent to ASGD (no delay compensation); "
@@ -148,18 +152,6 @@ class DCASGD(DelayCompensatedRule):
                 UserWarning,
                 stacklevel=2,
             )
-        self.mean_square_decay = check_number(
-            "DCASGD",
-            "mean_square_decay",
-            mean_square_decay,
-            low=0,
-            high=1,
-            high_open=True,
-            hint="0.95 is the paper's value.",
-        )
-        self.eps = check_number("DCASGD", "eps", eps, low=0, low_open=True, hint="1e-7 is the paper's value.")
-        if num_workers is not None:
-            check_int("DCASGD", "num_workers", num_workers, low=1)
 
     @torch.no_grad()
     def apply(self, center: Sequence[Tensor], push: Push) -> None:

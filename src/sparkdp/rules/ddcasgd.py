@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError
-from ._checks import check_int, check_number, check_push, check_staleness, like
+from ._checks import check_number, check_push, check_staleness, like
 from .base import Push, PushKind
 from .dcasgd import ALL, DelayCompensatedRule
 from .functional import delay_cap, delay_compensation, momentum_for_delay
@@ -91,7 +91,7 @@ class DDCASGD(DelayCompensatedRule):
         num_workers: int | None = None,
         per_worker_mean_square: bool = False,
     ) -> None:
-        super().__init__(lr, momentum)
+        super().__init__(lr, momentum, lambda_, mean_square_decay, eps, num_workers)
         self.lag_min = check_number(
             "DDCASGD",
             "lag_min",
@@ -100,7 +100,6 @@ class DDCASGD(DelayCompensatedRule):
             high=1e9,
             hint="lag_min is a number of updates; 0 is the default.",
         )
-        self.lambda_ = check_number("DDCASGD", "lambda_", lambda_, low=0, hint="2.0 is the DC-ASGD-a value.")
         if self.lambda_ == 0:
             warnings.warn(
                 "DDCASGD with lambda_=0 applies no delay compensation (only the delay-dependent "
@@ -108,20 +107,6 @@ class DDCASGD(DelayCompensatedRule):
                 UserWarning,
                 stacklevel=2,
             )
-        self.mean_square_decay = check_number(
-            "DDCASGD",
-            "mean_square_decay",
-            mean_square_decay,
-            low=0,
-            high=1,
-            high_open=True,
-            hint="0.95 is the DC-ASGD-a value.",
-        )
-        self.eps = check_number(
-            "DDCASGD", "eps", eps, low=0, low_open=True, hint="1e-7 is the DC-ASGD-a value."
-        )
-        if num_workers is not None:
-            check_int("DDCASGD", "num_workers", num_workers, low=1)
         if tau_c is None:
             if num_workers is None:
                 raise ConfigError(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -36,17 +36,11 @@ class Collective(ABC):
     def all_reduce_coalesced(self, tensors: Sequence[torch.Tensor], op: str = "sum") -> None:
         """All-reduce many tensors in place through one flat buffer per dtype
         (one message instead of one per tensor)."""
-        for group in _by_dtype(tensors).values():
-            flat = torch.cat([t.detach().reshape(-1) for t in group])
-            self.all_reduce(flat, op)
-            _unflatten_into(flat, group)
+        _coalesced(tensors, lambda flat: self.all_reduce(flat, op))
 
     def broadcast_coalesced(self, tensors: Sequence[torch.Tensor], src: int = 0) -> None:
         """Broadcast many tensors in place from ``src`` through one flat buffer per dtype."""
-        for group in _by_dtype(tensors).values():
-            flat = torch.cat([t.detach().reshape(-1) for t in group])
-            self.broadcast(flat, src)
-            _unflatten_into(flat, group)
+        _coalesced(tensors, lambda flat: self.broadcast(flat, src))
 
     def stalled_ranks(self, grace_s: float = 3.0) -> list[int] | None:
         """After a collective timed out here: the ranks that did not time out too (so are not
@@ -57,17 +51,14 @@ class Collective(ABC):
         """Release what setup acquired. Default: nothing."""
 
 
-def _by_dtype(tensors: Sequence[torch.Tensor]) -> dict[torch.dtype, list[torch.Tensor]]:
+def _coalesced(tensors: Sequence[torch.Tensor], collective: Callable[[torch.Tensor], object]) -> None:
+    """Run ``collective`` in place on one flat copy per dtype, then copy the results back."""
     groups: dict[torch.dtype, list[torch.Tensor]] = {}
     for t in tensors:
         groups.setdefault(t.dtype, []).append(t)
-    return groups
-
-
-def _unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
-    offset = 0
-    for t in tensors:
-        n = t.numel()
+    for group in groups.values():
+        flat = torch.cat([t.detach().reshape(-1) for t in group])
+        collective(flat)
         with torch.no_grad():
-            t.copy_(flat[offset:offset + n].view_as(t))
-        offset += n
+            for t, part in zip(group, flat.split([t.numel() for t in group]), strict=True):
+                t.copy_(part.view_as(t))

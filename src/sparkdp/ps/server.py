@@ -58,6 +58,8 @@ from sparkdp.errors import ConfigError, SparkdpError
 from sparkdp.ps.sharding import MIN_SPLIT_BYTES, ShardPlan
 from sparkdp.rules.base import Locking, Push, UpdateRule
 
+_METRICS = ("pulls", "pushes_applied", "duplicates_dropped", "rejected", "bytes_in", "bytes_out")
+
 
 class VersionCounter:
     """A shard's version: read-and-increment is atomic even when the shard is lock-free.
@@ -173,19 +175,7 @@ class ParameterServer:
     def metrics(self) -> dict[str, Any]:
         """Snapshot: pulls, pushes_applied, duplicates_dropped, rejected, bytes_in, bytes_out, staleness."""
         with self._book:
-            out: dict[str, Any] = {
-                k: self._counts[k]
-                for k in (
-                    "pulls",
-                    "pushes_applied",
-                    "duplicates_dropped",
-                    "rejected",
-                    "bytes_in",
-                    "bytes_out",
-                )
-            }
-            out["staleness"] = dict(sorted(self._staleness.items()))
-        return out
+            return {**{k: self._counts[k] for k in _METRICS}, "staleness": dict(sorted(self._staleness.items()))}
 
     # ------------------------------------------------------------------ pull / push
     def pull(

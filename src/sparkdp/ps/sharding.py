@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
 from collections.abc import Sequence
@@ -163,12 +164,5 @@ class ShardPlan:
 
 
 def _shard_of(byte_position: float, bounds: list[float]) -> int:
-    """Index s with bounds[s] <= position < bounds[s+1] (clamped to the last shard)."""
-    lo, hi = 0, len(bounds) - 2
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if bounds[mid] <= byte_position:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+    """Index s with bounds[s] <= position < bounds[s+1] (clamped to the first and last shard)."""
+    return max(bisect.bisect_right(bounds, byte_position, 0, len(bounds) - 1) - 1, 0)

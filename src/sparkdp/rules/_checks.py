@@ -120,9 +120,6 @@ class Slots:
     def get(self, key: Hashable, i: int) -> Tensor | None:
         return self._d.get(key, {}).get(i)
 
-    def has(self, key: Hashable) -> bool:
-        return key in self._d
-
     def put(self, key: Hashable, i: int, t: Tensor) -> Tensor:
         self._d.setdefault(key, {})[i] = t
         return t

@@ -96,12 +96,6 @@ class Channel:
         self.send_seq = 0  # per direction, from 0 (handshake frames) and +1 per frame
         self.recv_seq = 0
         self._rbuf: Tensor | None = None
-        self.bytes_in = 0
-        self.bytes_out = 0
-
-    @property
-    def authenticated(self) -> bool:
-        return self._keys is not None
 
     def set_keys(self, keys: SessionKeys, mac_payload: bool) -> None:
         if self.role == "client":
@@ -115,11 +109,10 @@ class Channel:
         if not (self.mac_payload and tensors and self._keys is not None):
             parts = self.encode_frame(op, meta, tensors)
             send_buffers(self.sock, parts)
-            self.bytes_out += sum(len(memoryview(p).cast("B")) for p in parts)
             return
         # Payload MAC: hash each chunk right before sending it, while it is still in cache
         # (same bytes on the wire as encode_frame; measured ~1.3x faster than hash-then-send).
-        header, body, buffers, payload_len = codec.encode(
+        header, body, buffers, _ = codec.encode(
             op, self.send_seq, meta, tensors, codec.Flag.PAYLOAD_MAC
         )
         header_mac = mac(self._keys[0], header, body)
@@ -129,7 +122,6 @@ class Channel:
             h.update(chunk)
             send_buffers(self.sock, [chunk])
         send_buffers(self.sock, [h.digest()])
-        self.bytes_out += len(header) + len(body) + 2 * MAC_SIZE + payload_len
         self.send_seq += 1
 
     def encode_frame(
@@ -213,7 +205,6 @@ class Channel:
                     f"payload MAC mismatch on frame {head.seq} (tensor bytes altered in transit)."
                 )
         tensors = list(into) if scattered is not None else codec.decode_tensors(descs, payload)
-        self.bytes_in += codec.HEADER_SIZE + head.json_len + head.payload_len
         self.recv_seq += 1
         return codec.Message(head.op, head.seq, meta, tensors)
 

@@ -31,11 +31,9 @@ from ..errors import ConfigError
 class CaffeCLIJob:
     """What ``sparkdp train --caffe-net/--caffe-solver`` adds to a run (see :func:`cli_job`)."""
 
-    def __init__(
-        self, model: CaffeClassifier, spec: SolverSpec, batch_size: int, epochs: int, desc: dict[str, Any],
-        data: Any = None, eval_data: Any = None,
-    ) -> None:
-        self.model, self.spec, self.batch_size, self.epochs, self.desc = model, spec, batch_size, epochs, desc
+    def __init__(self, model: CaffeClassifier, spec: SolverSpec, batch_size: int, epochs: int,
+                 data: Any = None, eval_data: Any = None) -> None:
+        self.model, self.batch_size, self.epochs = model, batch_size, epochs
         #: the net's own sources when the run gave no data (else None)
         self.data, self.eval_data = data, eval_data
         self.loss = model.caffe_loss()
@@ -57,10 +55,9 @@ class CaffeCLIJob:
 def cli_job(args: Any, data: Any, model_desc: dict[str, Any]) -> CaffeCLIJob:
     """Build the Caffe model, loss, optimizer, batch size and epochs for ``sparkdp train``.
 
-    ``args`` has ``caffe_net``, ``caffe_solver``, ``caffe_weights``, ``script``, ``model``,
-    ``optimizer``, ``lr``, ``momentum``, ``dataset``, ``batch_size``, ``epochs``, ``workers``,
-    ``master`` and ``seed`` (and ``limit``); ``data`` is the training WorkerData, or None to
-    read the sources the net's data layers name (then in ``job.data``/``job.eval_data``).
+    ``args`` are ``sparkdp train``'s flags; ``data`` is the training WorkerData, or None to read
+    the sources the net's data layers name (then in ``job.data``/``job.eval_data``). What the
+    run was built from is added to ``model_desc`` (``model.json``).
     """
     if not args.caffe_solver:
         raise ConfigError(
@@ -119,17 +116,13 @@ def cli_job(args: Any, data: Any, model_desc: dict[str, Any]) -> CaffeCLIJob:
             workers = task_slots(session(args.master).sparkContext) or 2
         num_samples = getattr(data, "num_samples", None)
         epochs = plan_epochs(spec, batch, workers, num_samples() if callable(num_samples) else None)
-    model_desc.update(
-        {
-            "caffe_net": str(Path(net).resolve()) if isinstance(net, Path) else "(inline in solver)",
-            "caffe_solver": str(Path(args.caffe_solver).resolve()),
-        }
-    )
+    model_desc["caffe_net"] = str(Path(net).resolve()) if isinstance(net, Path) else "(inline in solver)"
+    model_desc["caffe_solver"] = str(Path(args.caffe_solver).resolve())
     if args.caffe_weights:
         model_desc["caffe_weights"] = str(Path(args.caffe_weights).resolve())
     if sources is not None:
         model_desc["caffe_data"] = sources.train.describe()
         if sources.eval is not None:
             model_desc["caffe_eval_data"] = sources.eval.describe()
-        return CaffeCLIJob(model, spec, batch, epochs, model_desc, sources.train, sources.eval)
-    return CaffeCLIJob(model, spec, batch, epochs, model_desc)
+        return CaffeCLIJob(model, spec, batch, epochs, sources.train, sources.eval)
+    return CaffeCLIJob(model, spec, batch, epochs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -130,7 +131,7 @@ def run(args) -> int:
     from ..data.datasets import dataset_tensors, load_dataset
     from ..models import build_model
 
-    model_args: dict = {}
+    caffe_run = bool(args.caffe_net or args.caffe_solver or args.caffe_weights)
     optimizer = None
     loss = "cross_entropy"
     eval_data = None
@@ -145,16 +146,15 @@ def run(args) -> int:
         batch_size = script.batch_size if batch_size is None else batch_size
         epochs = script.epochs if epochs is None else epochs
         model_desc = {"script": str(Path(args.script).resolve())}
-    elif args.caffe_net or args.caffe_solver or args.caffe_weights:
+    elif caffe_run:
         model, model_desc, data = None, {}, None  # built below, once the data's row shape is known
     else:
         if not args.model:
             raise ConfigError("give a training script, or --model (and --dataset) for a built-in job, e.g. "
                               "`sparkdp train --dataset fashion-mnist --model cnn`.")
         torch.manual_seed(args.seed)
-        model_args = {}
-        model = build_model(args.model, **model_args)
-        model_desc = {"model": args.model, "model_args": model_args}
+        model = build_model(args.model)
+        model_desc = {"model": args.model, "model_args": {}}
         data = None
     if args.dataset:
         ds = load_dataset(args.dataset, limit=args.limit)
@@ -171,7 +171,6 @@ def run(args) -> int:
         columns = Columns(features=feature_list[0] if len(feature_list) == 1 else feature_list, label=args.label,
                           feature_shape=shape, drop_nulls=args.drop_nulls)
         model_desc["data"] = str(args.data)
-    caffe_run = bool(args.caffe_net or args.caffe_solver or args.caffe_weights)
     if data is None and not caffe_run:  # (a Caffe net without data reads its own data layers' sources)
         raise ConfigError("no training data: give --dataset, --data PATH.parquet, or a script defining `train_data`.")
     caffe = None
@@ -184,15 +183,12 @@ def run(args) -> int:
         if data is None:
             data, eval_data = caffe.data, caffe.eval_data
     optimizer, opt_options = optimizer_choice(args, optimizer)
-    job = JobConfig(strategy=args.strategy, strategy_options=dict(args.strategy_option), workers=args.workers,
-                    epochs=JOB_DEFAULTS.epochs if epochs is None else epochs,
-                    batch_size=JOB_DEFAULTS.batch_size if batch_size is None else batch_size, seed=args.seed,
-                    master=args.master, threads=args.threads, eval_every=args.eval_every,
-                    memory_format=args.memory_format, checkpoint_dir=args.checkpoint_dir,
-                    checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
-                    resume=args.resume, max_restarts=args.max_restarts, min_workers=args.min_workers,
-                    show_progress=not args.quiet, run_dir=args.out, tensorboard=args.tensorboard,
-                    mlflow=args.mlflow, metrics_interval_s=args.metrics_interval)
+    # flags named like JobConfig's fields pass as they are; these four are spelled for the command line
+    flags = {**vars(args), "strategy_options": dict(args.strategy_option), "run_dir": args.out,
+             "show_progress": not args.quiet, "metrics_interval_s": args.metrics_interval,
+             "epochs": JOB_DEFAULTS.epochs if epochs is None else epochs,
+             "batch_size": JOB_DEFAULTS.batch_size if batch_size is None else batch_size}
+    job = JobConfig(**{f.name: flags[f.name] for f in dataclasses.fields(JobConfig) if f.name in flags})
     # Spark's own console log stays off unless -v: failures end in sparkdp's one-line message
     spark = sparkdp.session(args.master, log_level="OFF" if not getattr(args, "verbose", 0) else "WARN")
     result = sparkdp.fit_job(model, data, job, eval_data=eval_data, columns=columns, loss=loss, optimizer=optimizer,

@@ -11,7 +11,7 @@ NVIDIA's resiliency extension scores stragglers:
 
 A rank whose relative score stays below ``threshold`` for ``patience`` windows in a row is
 named once, with its cause: the part of its step (data or compute) furthest above the
-fastest rank's, or the network when its communication alone is.
+fastest rank's.
 
 A job whose *least* communicating rank still spends more than half of its time
 communicating is communication-bound (the Hopsworks study's network bottleneck); that is
@@ -24,8 +24,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 _PARTS = ("data_s", "compute_s", "comm_s")
-_CAUSES = {"data_s": "slow data (waiting for batches)", "compute_s": "slow compute",
-           "comm_s": "slow network (communication)"}
+_CAUSES = {  # part of a step -> (what it means, what to check)
+    "data_s": ("slow data (waiting for batches)",
+               "Check the worker's input (disk, Parquet fragments, shuffle buffer) or raise prefetch."),
+    "compute_s": ("slow compute",
+                  "Check for a busy or slower machine (other processes, CPU throttling, fewer cores)."),
+}
 
 
 @dataclass
@@ -62,8 +66,7 @@ class StragglerDetector:
         state.window = {k: (now[k] - last[k]) / steps for k in _PARTS}
         own = state.window["data_s"] + state.window["compute_s"]
         state.best_own = min(state.best_own, own)
-        warnings = self._score(rank) + self._communication_bound()
-        return warnings
+        return self._score(rank) + self._communication_bound()
 
     def _score(self, rank: int) -> list[str]:
         windows = {r: s.window for r, s in self.ranks.items() if s.window}
@@ -80,12 +83,12 @@ class StragglerDetector:
             return []
         state.named = True
         mine, best = windows[rank], windows[fastest]
-        cause = max(("data_s", "compute_s"), key=lambda k: mine[k] - best[k])
+        cause = max(_CAUSES, key=lambda k: mine[k] - best[k])
+        meaning, advice = _CAUSES[cause]
         return [f"worker {rank} is a straggler: {1000 * own[rank]:.1f} ms of its own work per step against "
                 f"{1000 * own[fastest]:.1f} ms on worker {fastest} (relative score {relative:.2f}, individual "
-                f"{individual:.2f}); cause: {_CAUSES[cause]} ({1000 * mine[cause]:.1f} against "
-                f"{1000 * best[cause]:.1f} ms per step). "
-                + _advice(cause)]
+                f"{individual:.2f}); cause: {meaning} ({1000 * mine[cause]:.1f} against "
+                f"{1000 * best[cause]:.1f} ms per step). {advice}"]
 
     def _communication_bound(self) -> list[str]:
         if self.comm_bound_said or len(self.ranks) < max(self.world_size, 2):
@@ -104,8 +107,3 @@ class StragglerDetector:
                 "time communicating. Communicate less often: --strategy average with a larger period "
                 "(--strategy-option period=8), or an asynchronous rule (asgd, easgd) with push_every > 1."]
 
-
-def _advice(cause: str) -> str:
-    return {"data_s": "Check the worker's input (disk, Parquet fragments, shuffle buffer) or raise prefetch.",
-            "compute_s": "Check for a busy or slower machine (other processes, CPU throttling, fewer cores).",
-            "comm_s": "Check the worker's network link."}[cause]

@@ -45,9 +45,7 @@ class ConnectInfo:
 class Endpoint(ABC):
     """A running server side; closing it stops accepting and ends every connection."""
 
-    @property
-    @abstractmethod
-    def info(self) -> ConnectInfo: ...
+    info: ConnectInfo  # what a client needs to connect (set by the implementation)
 
     @property
     def address(self) -> str:

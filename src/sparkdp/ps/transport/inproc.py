@@ -25,13 +25,9 @@ class InProcEndpoint(Endpoint):
         self, transport: InProcTransport, server: ParameterServer, address: str, secret: bytes
     ) -> None:
         self.server = server
-        self._info = ConnectInfo(address, secret)
+        self.info = ConnectInfo(address, secret)
         self._transport = transport
         self.closed = False
-
-    @property
-    def info(self) -> ConnectInfo:
-        return self._info
 
     def close(self) -> None:
         self.closed = True

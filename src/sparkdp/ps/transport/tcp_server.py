@@ -68,7 +68,7 @@ class TcpEndpoint(Endpoint):
             self._listener.bind((host, 0))
         self._listener.listen(128)
         bound_host, bound_port = self._listener.getsockname()[:2]
-        self._info = ConnectInfo(format_address(bound_host, bound_port), secret, cert)
+        self.info = ConnectInfo(format_address(bound_host, bound_port), secret, cert)
         self.rejected_connections = 0  # protocol / auth failures, for tests and monitoring
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -88,10 +88,6 @@ class TcpEndpoint(Endpoint):
             opts.tls,
             opts.mac_payload,
         )
-
-    @property
-    def info(self) -> ConnectInfo:
-        return self._info
 
     def threads(self) -> list[threading.Thread]:
         with self._lock:

@@ -82,31 +82,25 @@ def _base(layer: LayerSpec, value: float) -> float:
     return math.log(value)
 
 
+_EXP_ARGS = (("log_base", "base", -1.0), ("scale", "scale", 1.0), ("shift", "shift", 0.0))
+_ARGS = {  # type -> (its parameter message, ((argument, field, default), ...))
+    "ReLU": ("relu_param", (("slope", "negative_slope", 0.0),)),
+    "ELU": ("elu_param", (("alpha", "alpha", 1.0),)),
+    "Power": ("power_param", (("power", "power", 1.0), ("scale", "scale", 1.0), ("shift", "shift", 0.0))),
+    "Exp": ("exp_param", _EXP_ARGS),
+    "Log": ("log_param", _EXP_ARGS),
+    "Threshold": ("threshold_param", (("threshold", "threshold", 0.0),)),
+    "Clip": ("clip_param", (("min", "min", -math.inf), ("max", "max", math.inf))),
+    "Swish": ("swish_param", (("beta", "beta", 1.0),)),
+}
+
+
 def _args(layer: LayerSpec) -> dict[str, Any]:
-    sub = layer.sub
-    t = layer.type
-    if t == "ReLU":
-        return {"slope": number(layer, sub("relu_param"), "negative_slope", 0.0)}
-    if t == "ELU":
-        return {"alpha": number(layer, sub("elu_param"), "alpha", 1.0)}
-    if t == "Power":
-        p = sub("power_param")
-        return {k: number(layer, p, k, d) for k, d in (("power", 1.0), ("scale", 1.0), ("shift", 0.0))}
-    if t in ("Exp", "Log"):
-        p = sub("exp_param" if t == "Exp" else "log_param")
-        return {
-            "log_base": _base(layer, number(layer, p, "base", -1.0)),
-            "scale": number(layer, p, "scale", 1.0),
-            "shift": number(layer, p, "shift", 0.0),
-        }
-    if t == "Threshold":
-        return {"threshold": number(layer, sub("threshold_param"), "threshold", 0.0)}
-    if t == "Clip":
-        p = sub("clip_param")
-        return {"min": number(layer, p, "min", -math.inf), "max": number(layer, p, "max", math.inf)}
-    if t == "Swish":
-        return {"beta": number(layer, sub("swish_param"), "beta", 1.0)}
-    return {}
+    param, fields = _ARGS.get(layer.type, ("", ()))
+    args = {arg: number(layer, layer.sub(param), name, default) for arg, name, default in fields}
+    if "log_base" in args:
+        args["log_base"] = _base(layer, args["log_base"])
+    return args
 
 
 @converter(*_FUNCTIONS, bottoms=1, tops=1)

@@ -33,8 +33,11 @@ from ..datum import encode_datum
 EXTRA = "pip install 'sparkdp[caffe-data]'"
 
 
-def optional_module(name: str, what: str) -> Any:
-    """Import an optional package, or say which extra provides it."""
+_SOURCES = {"lmdb": "LMDB sources", "plyvel": "LevelDB sources", "h5py": "HDF5 sources"}
+
+
+def optional_module(name: str) -> Any:
+    """Import an optional package (lmdb, plyvel, h5py), or say which extra provides it."""
     import importlib
 
     try:
@@ -47,21 +50,9 @@ def optional_module(name: str, what: str) -> Any:
             else EXTRA
         )
         raise ConfigError(
-            f"{what} need the {name} package: {hint} ({name} is not installed here). Or train from other "
+            f"{_SOURCES[name]} need the {name} package: {hint} ({name} is not installed here). Or train from other "
             "data (--dataset / --data PATH.parquet)."
         ) from exc
-
-
-def lmdb_module() -> Any:
-    return optional_module("lmdb", "LMDB sources")
-
-
-def plyvel_module() -> Any:
-    return optional_module("plyvel", "LevelDB sources")
-
-
-def h5py_module() -> Any:
-    return optional_module("h5py", "HDF5 sources")
 
 
 # ------------------------------------------------------------------------- paths
@@ -93,7 +84,7 @@ class LMDBReader:
     """Read-only LMDB access for one rank: block scans from a first key."""
 
     def __init__(self, path: str) -> None:
-        lmdb = lmdb_module()
+        lmdb = optional_module("lmdb")
         self.path = path
         try:
             self.env = lmdb.open(path, readonly=True, lock=False, subdir=os.path.isdir(path))
@@ -125,7 +116,7 @@ class LevelDBReader:
     LOCK_WAIT_S = 600.0
 
     def __init__(self, path: str) -> None:
-        self.plyvel = plyvel_module()
+        self.plyvel = optional_module("plyvel")
         self.path = path
 
     def _open(self) -> Any:
@@ -206,7 +197,7 @@ def write_datum_db(path: str | os.PathLike[str], images: Any, labels: Any, *, ba
     records = [(key_format.format(i).encode(), encode_datum(images[i], int(labels[i]), encoding=encoding))
                for i in range(len(images))]
     if backend.lower() == "lmdb":
-        lmdb = lmdb_module()
+        lmdb = optional_module("lmdb")
         size = sum(len(k) + len(v) for k, v in records)
         env = lmdb.open(str(target), map_size=max(2 * size + (4 << 20) + 64 * len(records), 1 << 20))
         try:
@@ -216,7 +207,7 @@ def write_datum_db(path: str | os.PathLike[str], images: Any, labels: Any, *, ba
         finally:
             env.close()
     elif backend.lower() == "leveldb":
-        plyvel = plyvel_module()
+        plyvel = optional_module("plyvel")
         db = plyvel.DB(str(target), create_if_missing=True, error_if_exists=True)
         try:
             with db.write_batch() as batch:
@@ -232,7 +223,7 @@ def write_datum_db(path: str | os.PathLike[str], images: Any, labels: Any, *, ba
 def write_hdf5_source(list_path: str | os.PathLike[str], parts: Sequence[dict[str, Any]]) -> list[Path]:
     """Write one ``.h5`` file per dict of datasets (``{"data": ..., "label": ...}``) next to
     ``list_path`` and the list naming them (relative names, one per line); returns the files."""
-    h5py = h5py_module()
+    h5py = optional_module("h5py")
     listing = Path(os.fspath(list_path))
     files = []
     for i, datasets in enumerate(parts):

@@ -21,7 +21,14 @@ from ...data.base import WorkerData
 from ...data.shuffle import rank_segments, rebatch, seeded_generator
 from ...errors import ConfigError, DataError
 from ..datum import datum_array, parse_datum
-from .backends import LevelDBReader, LMDBReader, changed_error, detect_backend, h5py_module, path_candidates
+from .backends import (
+    LevelDBReader,
+    LMDBReader,
+    changed_error,
+    detect_backend,
+    optional_module,
+    path_candidates,
+)
 from .transform import DatumTransform
 
 SHUFFLE_BUFFER_BYTES = 64 << 20
@@ -226,7 +233,7 @@ class HDF5Source(CaffeDataSource):
                  phase: str = "TRAIN") -> None:
         super().__init__(layer=layer, phase=phase, shuffle=shuffle, shuffle_buffer=shuffle_buffer,
                          block_rows=block_rows)
-        h5py = h5py_module()
+        h5py = optional_module("h5py")
         where = layer or "HDF5Data source"
         listing = Path(os.fspath(list_path)).expanduser().absolute()
         if not listing.is_file():
@@ -312,7 +319,7 @@ class HDF5Source(CaffeDataSource):
         return () if self.class_labels else self.label_shape
 
     def _chunks(self, segments, rng):
-        h5py = h5py_module()
+        h5py = optional_module("h5py")
         handles: dict[int, Any] = {}
         try:
             for block, start, stop in segments:

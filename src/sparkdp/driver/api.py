@@ -282,13 +282,25 @@ def _fit_on_spark(spec: FitSpec, job: JobConfig, workers: int, spark: Any, start
 
 def _fit_monitored(spec: FitSpec, job: JobConfig, workers: int, spark: Any, started: float,
                    hub: Any) -> TrainResult:
-    model, train, strategy_obj = spec.model, spec.train, spec.strategy
-    if strategy_obj.launcher is Launcher.TASKS:
-        return _fit_async(spec, strategy_obj, workers, spark, job, started, hub)
+    model, strategy_obj = spec.model, spec.strategy
+    streamed = not isinstance(spec.train, WorkerData)  # a DataFrame streamed through Spark: a stage per epoch
     spinner = job.show_progress and hub is None
+    if strategy_obj.launcher is Launcher.TASKS:  # a parameter server on the driver, workers as ordinary tasks
+        if streamed:
+            raise ConfigError(f"the asynchronous strategy {strategy_obj.name!r} reads in-memory data or Parquet "
+                              "files; a DataFrame that is not a plain Parquet scan is supported by the synchronous "
+                              "strategies. Write it to Parquet and pass the path.")
+        from .async_job import fit_async
+
+        with progress(spinner, f"sparkdp: {workers} asynchronous Spark workers ({strategy_obj.name})"):
+            return fit_async(spec, job, workers=workers, spark=spark, started=started, hub=hub)
+    start = resume_point(job)
+    if start is not None:
+        log.info("resuming from %s", start.path)
+        spec = resumed(spec, start)
     with progress(spinner, f"sparkdp: training on {workers} Spark workers ({strategy_obj.name})"):
-        if not isinstance(train, WorkerData):  # a DataFrame streamed through Spark: a stage per epoch
-            out, finished = _fit_dataframe(spec, job, workers, spark)
+        if streamed:
+            out, finished = _fit_dataframe(spec, job, workers, spark), spec
         else:
             out, finished, workers = _fit_barrier(spec, job, workers, spark)
     dropped = out.data_counters.get("dropped_null_rows", 0)
@@ -305,29 +317,19 @@ def _fit_monitored(spec: FitSpec, job: JobConfig, workers: int, spark: Any, star
                                 "comm": dict(out.strategy_metrics)})
 
 
-def _fit_dataframe(spec: FitSpec, job: JobConfig, workers: int, spark: Any) -> tuple[WorkerReport, FitSpec]:
+def _fit_dataframe(spec: FitSpec, job: JobConfig, workers: int, spark: Any) -> WorkerReport:
     """A streamed DataFrame: one stage per epoch; the driver restarts a failed epoch itself."""
     from ..spark.dataframe import fit_stream
 
-    start = resume_point(job)
-    if start is not None:
-        log.info("resuming from %s", start.path)
-        spec = resumed(spec, start)
     with checkpoint_policy(job, temporary_ok=False) as policy:  # the driver keeps every epoch's state anyway
-        out = fit_stream(spec, spec.train, workers=workers, spark=spark, threads=job.threads,
-                         pg_timeout_s=job.pg_timeout_s, start_timeout_s=job.start_timeout_s,
-                         max_restarts=job.max_restarts, checkpoint=policy)
-    return out, spec
+        return fit_stream(spec, spec.train, workers=workers, spark=spark, threads=job.threads,
+                          pg_timeout_s=job.pg_timeout_s, start_timeout_s=job.start_timeout_s,
+                          max_restarts=job.max_restarts, checkpoint=policy)
 
 
 def _fit_barrier(spec: FitSpec, job: JobConfig, workers: int, spark: Any) -> tuple[WorkerReport, FitSpec, int]:
     """One barrier stage (in-memory or Parquet data), resumed and restarted from checkpoints."""
     from ..spark.launcher import available_slots, on_driver_machine, run_barrier
-
-    start = resume_point(job)
-    if start is not None:
-        log.info("resuming from %s", start.path)
-        spec = resumed(spec, start)
 
     def run_stage(attempt: FitSpec, n: int) -> WorkerReport:
         task = in_task(lambda coll: fit_worker(attempt, coll), threads=job.threads, pg_timeout_s=job.pg_timeout_s)
@@ -339,21 +341,6 @@ def _fit_barrier(spec: FitSpec, job: JobConfig, workers: int, spark: Any) -> tup
     with checkpoint_policy(job, temporary_ok=on_driver_machine(spark.sparkContext)) as policy:
         return run_with_restarts(spec, job, policy, run_stage, workers,
                                  slots=lambda: available_slots(spark.sparkContext))
-
-
-def _fit_async(spec: FitSpec, strategy: Strategy, workers: int, spark: Any, job: JobConfig,
-               started: float, hub: Any = None) -> TrainResult:
-    """Asynchronous strategies: a parameter server on the driver, workers as ordinary tasks."""
-    from .async_job import fit_async
-
-    if not isinstance(spec.train, WorkerData):
-        raise ConfigError(f"the asynchronous strategy {strategy.name!r} reads in-memory data or Parquet files; "
-                          "a DataFrame that is not a plain Parquet scan is supported by the synchronous "
-                          "strategies. Write it to Parquet and pass the path.")
-    with progress(job.show_progress and hub is None, f"sparkdp: {workers} asynchronous Spark workers ({strategy.name})"):
-        return fit_async(spec, strategy, workers=workers, spark=spark, threads=job.threads, started=started,
-                         checkpoint_dir=job.checkpoint_dir, checkpoint_every_s=job.checkpoint_every_s,
-                         keep=job.keep_checkpoints, resume=job.resume, hub=hub, start_timeout_s=job.start_timeout_s)
 
 
 def run(train_fn: Callable[..., Any], *args: Any, workers: int | None = None,

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from ..comm.single import IndependentCollective, SingleProcessCollective
+from ..config import JobConfig
 from ..errors import ConfigError
 from ..ps import ParameterServer
 from ..ps.transport import TcpOptions, TcpTransport
@@ -37,14 +38,14 @@ from ..train.result import TrainResult
 log = logging.getLogger(__name__)
 
 
-def fit_async(spec: FitSpec, strategy: AsyncParameterServer, *, workers: int, spark: Any,
-              threads: int | None, started: float, checkpoint_dir: str | None = None,
-              checkpoint_every_s: float | None = None, keep: int = 3, resume: str | None = None,
-              hub: Any = None, start_timeout_s: float = 60.0) -> TrainResult:
+def fit_async(spec: FitSpec, job: JobConfig, *, workers: int, spark: Any, started: float,
+              hub: Any = None) -> TrainResult:
     """Start the server on the driver, run ``workers`` tasks; the model becomes the centre."""
     from ..spark.launcher import driver_host, run_tasks, task_attempt
 
-    model = spec.model
+    model, strategy = spec.model, spec.strategy
+    threads, checkpoint_dir, resume, start_timeout_s = job.threads, job.checkpoint_dir, job.resume, \
+        job.start_timeout_s
     server = _server_factory(strategy, workers)(list(model.parameters()))
     if resume is not None:
         spec = _resume_server(server, spec, strategy, workers, resume)
@@ -52,7 +53,8 @@ def fit_async(spec: FitSpec, strategy: AsyncParameterServer, *, workers: int, sp
         hub.server_metrics = server.metrics
     transport = TcpTransport(TcpOptions(mac_payload=strategy.mac_payload, tls=strategy.tls))
     host = driver_host(spark)
-    saver = _ServerCheckpoints(server, checkpoint_dir or resume, checkpoint_every_s or 60.0, keep) \
+    saver = _ServerCheckpoints(server, checkpoint_dir or resume, job.checkpoint_every_s or 60.0,
+                               job.keep_checkpoints) \
         if (checkpoint_dir or resume) else None
     with transport.serve(server, host=host, port=0) as endpoint, saver or contextlib.nullcontext():
         info = endpoint.info

@@ -45,41 +45,8 @@ def _positive_number(name: str, value: Any) -> None:
 class JobConfig:
     """How a job trains and where it runs (the data, model, loss and optimizer aside).
 
-    Attributes:
-        strategy: a strategy name (``sparkdp.strategies.STRATEGIES``) or a Strategy object.
-        strategy_options: settings of the named strategy (e.g. ``{"period": 4}``).
-        workers: Spark tasks to train on; ``None``: every task slot (of a local master, or of the
-            executors registered when the job starts; 2 while none has).
-        epochs: passes over the training data.
-        batch_size: rows per worker per step; the global batch is ``workers * batch_size``.
-        seed: seeds the model's initial state, shuffling and dropout on every worker.
-        shuffle: reshuffle the rows every epoch.
-        eval_every: evaluate after every ``eval_every``-th epoch and after the last one.
-        memory_format: ``"auto"``, ``"channels_last"`` or ``"contiguous"`` (``train.layout``).
-        master: a Spark master URL; ``None``: the embedded ``local[N]`` session.
-        threads: torch threads per worker; ``None``: ``spark.task.cpus``.
-        start_timeout_s: how long every task of a barrier stage may take to start.
-        pg_timeout_s: how long one collective operation may block: the hang detector. A worker
-            that stops making progress (stopped, deadlocked, a dead peer) leaves the others
-            waiting in a collective; after this long they fail the stage, which is then
-            restarted like any other failure (torch's own default would be 30 minutes).
-        show_progress: show Spark's progress bar on the driver.
-        checkpoint_dir: save checkpoints here (a directory or a pyarrow filesystem URL); ``None``:
-            a temporary directory on the driver's machine, for automatic recovery only.
-        checkpoint_every: also save every this many steps of an epoch (``None``: epoch ends).
-        checkpoint_every_s: also save when this many seconds passed since the last checkpoint.
-        keep_checkpoints: how many of the newest checkpoints to keep.
-        resume: continue from the newest valid checkpoint in this directory.
-        max_restarts: how many times a failed synchronous stage is restarted from the latest
-            checkpoint before the job fails (0: never).
-        min_workers: elastic restarts: when fewer task slots than ``workers`` are left after a
-            failure, continue on as many as there are, down to this many (``None``: always
-            ``workers``); back to ``workers`` at a later restart when the slots return.
-        run_dir: write the run log (``run.jsonl``: the configuration, every worker's metrics,
-            epochs, warnings; what ``sparkdp report`` draws) here; ``None``: no run log.
-        tensorboard: also write TensorBoard event files to ``run_dir/tensorboard``.
-        mlflow: log the run to this MLflow tracking URI (e.g. ``sqlite:///runs/mlflow.db``).
-        metrics_interval_s: how often every worker reports its metrics to the driver.
+    Every field is the keyword argument of :func:`sparkdp.fit` of the same name, documented
+    there, with the same default; ``sparkdp train`` flags and job-file keys map onto them.
     """
 
     strategy: Any = "allreduce"

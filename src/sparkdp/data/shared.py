@@ -16,11 +16,11 @@ ends; a directory left by a driver that was killed is removed by the next one.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,11 +48,9 @@ class MappedTensor:
 
     def load(self) -> torch.Tensor:
         dtype = getattr(torch, self.dtype)
-        numel = 1
-        for dim in self.shape:
-            numel *= dim
         try:
-            flat = torch.from_file(self.path, shared=False, size=numel, dtype=dtype)  # MAP_PRIVATE: copy-on-write
+            # shared=False: MAP_PRIVATE, copy-on-write
+            flat = torch.from_file(self.path, shared=False, size=math.prod(self.shape), dtype=dtype)
         except RuntimeError as exc:
             raise DataError(
                 f"this worker cannot read the training data the driver shared through {self.path!r} ({exc}). "
@@ -116,11 +114,6 @@ def remove_orphans(root: Path, prefix: str = _PREFIX) -> None:
             continue
 
 
-def shareable_bytes(datas: Sequence[object]) -> int:
-    """Bytes of the in-memory tensors among ``datas`` that sharing would move out of the closure."""
-    return sum(d.shareable_bytes() for d in datas if isinstance(d, WorkerData))
-
-
 @contextmanager
 def shared_with_workers(enabled: bool, *datas):
     """Yield ``datas`` with large in-memory ones backed by shared files (when ``enabled``).
@@ -128,7 +121,7 @@ def shared_with_workers(enabled: bool, *datas):
     Other data sources (Parquet, DataFrames) and small arrays pass through unchanged.
     The files are deleted when the block exits, however it exits.
     """
-    total = shareable_bytes(datas)
+    total = sum(d.shareable_bytes() for d in datas if isinstance(d, WorkerData))  # what sharing moves
     if not enabled or total < MIN_SHARED_BYTES:
         yield datas
         return

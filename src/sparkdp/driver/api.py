@@ -158,7 +158,10 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
         spark: an existing SparkSession to use instead.
         threads: torch threads per worker (default: ``spark.task.cpus``).
         start_timeout_s: how long the workers may take to start together.
-        pg_timeout_s: how long a worker waits in a collective before the job counts it as hung.
+        pg_timeout_s: how long one collective operation may block: the hang detector. A worker
+            that stops making progress (stopped, deadlocked, a dead peer) leaves the others
+            waiting in a collective; after this long they fail the stage, which is then
+            restarted like any other failure (torch's own default would be 30 minutes).
         memory_format: ``"auto"`` (default) trains convolutional models channels-last
             (NHWC) on CPU workers, where oneDNN's kernels run them faster, if the model
             accepts it; ``"channels_last"`` forces it, ``"contiguous"`` keeps NCHW.
@@ -170,14 +173,16 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
         checkpoint_every_s: also save when this many seconds have passed.
         keep_checkpoints: how many of the newest checkpoints to keep.
         resume: a checkpoint directory: continue from its newest valid checkpoint.
-        max_restarts: a failed worker restarts the job from the latest checkpoint this many
-            times before ``fit`` raises (see :class:`~sparkdp.config.JobConfig`).
+        max_restarts: a failed synchronous stage restarts from the latest checkpoint this many
+            times before ``fit`` raises (0: never).
         min_workers: after a failure that took slots away, restart on fewer workers, down to
-            this many (elastic; ``None``: always ``workers``).
+            this many (elastic; ``None``: always ``workers``); back to ``workers`` at a later
+            restart when the slots return.
         show_progress: live progress on the terminal (epoch, step, ETA, loss, throughput and the
             time split per worker; straggler warnings); False: quiet.
         eval_every: evaluate after every this many epochs (and after the last).
-        run_dir: a directory for the JSON-lines run log (``sparkdp report`` draws it).
+        run_dir: a directory for the run log ``run.jsonl`` (the configuration, every worker's
+            metrics, epochs, warnings; what ``sparkdp report`` draws); ``None``: no run log.
         tensorboard: also write TensorBoard event files to ``run_dir/tensorboard``.
         mlflow: an MLflow tracking URI to log the run to.
         metrics_interval_s: seconds between two reports of every worker.

@@ -75,10 +75,6 @@ def _save(fig, out: Path, name: str) -> Path:
     return path
 
 
-def _rank0_metrics(run: Run) -> list[dict[str, Any]]:
-    return [r for r in run.of("metrics") if r.get("rank") == 0 and "loss" in r]
-
-
 def write_report(runs: list[Run], out_dir: str | os.PathLike[str]) -> list[Path]:
     """Write the plots and ``summary.md`` for ``runs`` into ``out_dir``; return the files."""
     plt = _plt()
@@ -91,7 +87,7 @@ def write_report(runs: list[Run], out_dir: str | os.PathLike[str]) -> list[Path]
         for run in runs:
             epochs = [e for e in run.of("epoch") if isinstance(e.get(metric), (int, float))]
             if metric == "loss":  # the training loss is reported live, between epochs too
-                live = _rank0_metrics(run)
+                live = [r for r in run.of("metrics") if r.get("rank") == 0 and "loss" in r]
                 by_time.plot([r["time"] - run.start for r in live], [r["loss"] for r in live], label=run.label())
             else:
                 by_time.plot([e["time"] - run.start for e in epochs], [e[metric] for e in epochs], marker="o",
@@ -131,11 +127,7 @@ def write_report(runs: list[Run], out_dir: str | os.PathLike[str]) -> list[Path]
     files.append(_save(fig, out, "staleness.png"))
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    names, values = [], []
-    for run in runs:
-        names.append(run.label())
-        values.append(bytes_per_sample(run) or 0.0)
-    ax.barh(names, [v / 1e3 for v in values])
+    ax.barh([run.label() for run in runs], [(bytes_per_sample(run) or 0.0) / 1e3 for run in runs])
     ax.set(xlabel="kB sent per training sample (all workers)", title="bytes on the wire per sample")
     files.append(_save(fig, out, "bytes_per_sample.png"))
 
@@ -163,9 +155,7 @@ def write_report(runs: list[Run], out_dir: str | os.PathLike[str]) -> list[Path]
 
 
 def bytes_per_sample(run: Run) -> float | None:
-    last: dict[int, dict[str, Any]] = {}
-    for r in run.of("metrics"):
-        last[r["rank"]] = r
+    last = {r["rank"]: r for r in run.of("metrics")}  # every rank's latest record
     samples = sum(r.get("samples", 0) for r in last.values())
     return sum(r.get("bytes_sent", 0) for r in last.values()) / samples if samples else None
 

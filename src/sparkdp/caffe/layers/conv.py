@@ -87,6 +87,28 @@ class Conv(CaffeLayer):
         return tuple(self._one(x) for x in xs)
 
 
+def _geometry(layer: LayerSpec, p: Message, shape: Shape, sizes: Shape,
+              transposed: bool = False) -> tuple[Shape, Shape, Shape, Shape, Shape]:
+    """Kernel, pad, stride and dilation per spatial axis (``sizes``: the input's spatial
+    extent), and the output's spatial size by Caffe's formulas."""
+    n = len(sizes)
+    kernel = _per_axis(layer, p, "kernel_size", 0, n)
+    if any(k <= 0 for k in kernel):
+        raise fail(layer, f"needs kernel_size (or kernel_h and kernel_w) > 0; got {list(kernel)}")
+    pad, stride = _per_axis(layer, p, "pad", 0, n), _per_axis(layer, p, "stride", 1, n)
+    dilation = _per_axis(layer, p, "dilation", 1, n)
+    if any(s <= 0 for s in stride) or any(d <= 0 for d in dilation):
+        raise fail(layer, "stride and dilation must be positive")
+    out = []
+    for size, k, s, pd, d in zip(sizes, kernel, stride, pad, dilation, strict=True):
+        extent = d * (k - 1) + 1
+        out.append(s * (size - 1) + extent - 2 * pd if transposed else (size + 2 * pd - extent) // s + 1)
+    if min(out) <= 0:
+        raise fail(layer, f"input {list(shape)} is too small for kernel {list(kernel)}, pad {list(pad)}, "
+                          f"stride {list(stride)}, dilation {list(dilation)}")
+    return kernel, pad, stride, dilation, tuple(out)
+
+
 @converter("Convolution", "Deconvolution", bottoms=(1, 99))
 def convolution(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
     if len(layer.tops) != len(shapes):
@@ -100,13 +122,8 @@ def convolution(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Bui
         raise fail(
             layer, f"supports 1 to 3 spatial axes after the channel axis; input shape {list(shape)} has {n}"
         )
-    kernel = _per_axis(layer, p, "kernel_size", 0, n)
-    if any(k <= 0 for k in kernel):
-        raise fail(layer, f"needs kernel_size (or kernel_h and kernel_w) > 0; got {list(kernel)}")
-    pad, stride = _per_axis(layer, p, "pad", 0, n), _per_axis(layer, p, "stride", 1, n)
-    dilation = _per_axis(layer, p, "dilation", 1, n)
-    if any(s <= 0 for s in stride) or any(d <= 0 for d in dilation):
-        raise fail(layer, "stride and dilation must be positive")
+    transposed = layer.type == "Deconvolution"
+    kernel, pad, stride, dilation, spatial = _geometry(layer, p, shape, shape[axis + 1 :], transposed)
     num_output, groups = integer(layer, p, "num_output"), integer(layer, p, "group", 1)
     channels = shape[axis]
     if num_output <= 0 or groups <= 0 or channels % groups or num_output % groups:
@@ -115,18 +132,6 @@ def convolution(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Bui
             f"input channels ({channels}) and num_output ({num_output}) must be positive "
             f"and divisible by group ({groups})",
         )
-    transposed = layer.type == "Deconvolution"
-    spatial = []
-    for size, k, s, pd, d in zip(shape[axis + 1 :], kernel, stride, pad, dilation, strict=True):
-        extent = d * (k - 1) + 1
-        out = s * (size - 1) + extent - 2 * pd if transposed else (size + 2 * pd - extent) // s + 1
-        if out <= 0:
-            raise fail(
-                layer,
-                f"input {list(shape)} is too small for kernel {list(kernel)}, "
-                f"pad {list(pad)}, stride {list(stride)}, dilation {list(dilation)}",
-            )
-        spatial.append(out)
     w_shape = (
         (channels, num_output // groups, *kernel) if transposed else (num_output, channels // groups, *kernel)
     )
@@ -157,16 +162,6 @@ def im2col(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
     shape = shapes[0]
     if len(shape) != 4 or int(p.get("axis", 1)) != 1:
         raise fail(layer, f"supports 2-D images (N, C, H, W) with axis 1; got shape {list(shape)}")
-    kernel = _per_axis(layer, p, "kernel_size", 0, 2)
-    pad, stride = _per_axis(layer, p, "pad", 0, 2), _per_axis(layer, p, "stride", 1, 2)
-    dilation = _per_axis(layer, p, "dilation", 1, 2)
-    if min(kernel) <= 0 or min(stride) <= 0 or min(dilation) <= 0:
-        raise fail(layer, "kernel_size, stride and dilation must be positive")
-    out = tuple(
-        (size + 2 * pd - (d * (k - 1) + 1)) // s + 1
-        for size, k, s, pd, d in zip(shape[2:], kernel, stride, pad, dilation, strict=True)
-    )
-    if min(out) <= 0:
-        raise fail(layer, f"input {list(shape)} is too small for kernel {list(kernel)} and pad {list(pad)}")
+    kernel, pad, stride, dilation, out = _geometry(layer, p, shape, shape[2:])
     module = Im2col(kernel, stride, pad, dilation, out)
     return Built(module, [(shape[0], shape[1] * kernel[0] * kernel[1], *out)])

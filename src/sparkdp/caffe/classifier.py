@@ -33,13 +33,6 @@ _BATCH_PARAM = {"Data": "data_param", "ImageData": "image_data_param", "MemoryDa
                 "HDF5Data": "hdf5_data_param"}  # fmt: skip
 
 
-def _loss_weights(layer: LayerSpec) -> list[float]:
-    """Caffe's per-top loss weights (``*Loss`` layers default to 1 on their first top)."""
-    if layer.loss_weights:
-        return [float(w) for w in layer.loss_weights]
-    return [1.0] + [0.0] * (len(layer.tops) - 1) if layer.type.endswith("Loss") else []
-
-
 def _prototxt_batch(layer: LayerSpec) -> int | None:
     """The batch size a data layer states, if any."""
     if layer.type in _BATCH_PARAM:
@@ -134,7 +127,7 @@ class CaffeClassifier(nn.Module):
         spec = load_net_spec(net)
         state = NetState(str(phase).upper(), int(level), tuple(stages))
         layers = filter_layers(spec, state).layers
-        losses = [(i, layer) for i, layer in enumerate(layers) if any(_loss_weights(layer))]
+        losses = [(i, layer) for i, layer in enumerate(layers) if any(layer.top_loss_weights())]
         if len(losses) != 1:
             found = ", ".join(f"{layer.name!r} ({layer.type})" for _, layer in losses) or "none"
             raise ConfigError(
@@ -177,7 +170,7 @@ class CaffeClassifier(nn.Module):
         # apply_transform=False: the data source already applied transform_param (caffe/sources/)
         self.scale, mean = _transform(source) if apply_transform else (1.0, None)
         self.register_buffer("mean", None if mean is None else torch.tensor(mean), persistent=False)
-        self._loss_layer, self._loss_weights = loss, _loss_weights(loss)
+        self._loss_layer, self._loss_weights = loss, loss.top_loss_weights()
         first = self.net.blob_shapes[predictions[0]]
         label_shape = self.net.blob_shapes.get(label, (first[0],))
         self._loss_shapes = [label_shape if b == label else self.net.blob_shapes[b] for b in loss.bottoms]

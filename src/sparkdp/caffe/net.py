@@ -167,10 +167,7 @@ class CaffeNet(nn.Module):
             available[top] = None
             if built.module.is_source:
                 self.input_shapes[top] = tuple(shape)
-        weights = layer.loss_weights or (
-            [1.0] + [0.0] * (len(layer.tops) - 1) if layer.type.endswith("Loss") else []
-        )
-        for top, weight in zip(layer.tops, weights, strict=False):
+        for top, weight in zip(layer.tops, layer.top_loss_weights(), strict=False):
             if weight:
                 self.loss_weights[top] = weight
 

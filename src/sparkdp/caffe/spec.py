@@ -206,6 +206,12 @@ class LayerSpec:
     def describe(self) -> str:
         return f"layer {self.name!r} (type {self.type})"
 
+    def top_loss_weights(self) -> list[float]:
+        """Caffe's per-top loss weights (``*Loss`` layers default to 1 on their first top)."""
+        if self.loss_weights:
+            return [float(w) for w in self.loss_weights]
+        return [1.0] + [0.0] * (len(self.tops) - 1) if self.type.endswith("Loss") else []
+
 
 @dataclass
 class NetSpec:

@@ -5,6 +5,6 @@ Importing this module imports pyspark (the implementation lives in
 alone does not.
 """
 
-from .spark.ml import Estimator, Model, factory_path
+from .spark.ml import Estimator, Model, factory_path, trust_factory
 
-__all__ = ["Estimator", "Model", "factory_path"]
+__all__ = ["Estimator", "Model", "factory_path", "trust_factory"]

@@ -63,3 +63,78 @@ def test_estimator_params_round_trip_and_errors(spark, tmp_path):
         Estimator(model="mlp", modelKwargs="[1]")._build_module()
     with pytest.raises(ConfigError, match="cannot be imported"):
         Estimator(moduleFactory="nowhere.at_all:f")._build_module()
+
+
+def make_small_net(width: int = 3):
+    """A module-level factory, as a user's package would define one (trusted only when told)."""
+    from torch import nn
+
+    return nn.Linear(4, width)
+
+
+def _saved_with_factory(tmp_path, name="m"):
+    from sparkdp.ml import Model
+    from sparkdp.spark.ml import factory_path
+
+    model = Model()
+    # set as Spark's reader sets loaded params: not through the constructor, so nothing is trusted
+    model.set(model.moduleFactory, factory_path(make_small_net))
+    model.set(model.modelKwargs, '{"width": 2}')
+    model.module = make_small_net(2)
+    model.write().overwrite().save(str(tmp_path / name))
+    return tmp_path / name
+
+
+def _edit_saved_params(folder, **params):
+    meta_dir = folder / "metadata"
+    part = next(p for p in meta_dir.iterdir() if p.name.startswith("part-"))
+    meta = json.loads(part.read_text())
+    meta["paramMap"].update(params)
+    part.write_text(json.dumps(meta) + "\n")
+    for crc in meta_dir.glob(".*.crc"):  # Hadoop would reject the edited file against its old checksum
+        crc.unlink()
+
+
+def test_loading_never_calls_a_factory_nobody_trusted(spark, tmp_path, monkeypatch):
+    """Saved metadata edited to name os:system must not run a command on Model.load."""
+    import sparkdp.spark.ml as ml_impl
+    from sparkdp.ml import Model
+
+    monkeypatch.setattr(ml_impl, "_TRUSTED", set())
+    folder = _saved_with_factory(tmp_path)
+    canary = tmp_path / "pwned"
+    _edit_saved_params(folder, moduleFactory="os:system", modelKwargs=json.dumps({"command": f"touch {canary}"}))
+    with pytest.raises(ConfigError, match=r"moduleFactory 'os:system'.*not been told to trust.*trusted_factories"):
+        Model.load(str(folder))
+    from pyspark.ml import PipelineModel
+
+    pipe = PipelineModel(stages=[Model.load(str(_saved_with_factory(tmp_path, "ok")),
+                                            trusted_factories=[make_small_net])])
+    pipe.write().overwrite().save(str(tmp_path / "pipe"))
+    stage_dir = next((tmp_path / "pipe" / "stages").iterdir())
+    _edit_saved_params(stage_dir, moduleFactory="os:system", modelKwargs=json.dumps({"command": f"touch {canary}"}))
+    with pytest.raises(ConfigError, match="not been told to trust"):
+        PipelineModel.load(str(tmp_path / "pipe"))
+    assert not canary.exists()
+
+
+def test_a_factory_loads_when_trusted_explicitly_or_registered(spark, tmp_path, monkeypatch):
+    import torch
+
+    import sparkdp.spark.ml as ml_impl
+    from sparkdp.ml import Estimator, Model, trust_factory
+
+    monkeypatch.setattr(ml_impl, "_TRUSTED", set())
+    folder = _saved_with_factory(tmp_path)
+    with pytest.raises(ConfigError, match="test_ml:make_small_net"):
+        Model.load(str(folder))
+    loaded = Model.load(str(folder), trusted_factories=[make_small_net])
+    assert isinstance(loaded.module, torch.nn.Linear) and loaded.module.out_features == 2
+    assert ml_impl._TRUSTED == set()  # an explicit allow-list applies to that one load only
+    assert trust_factory(make_small_net) is make_small_net  # usable as a decorator
+    assert Model.load(str(folder)).module.out_features == 2
+    monkeypatch.setattr(ml_impl, "_TRUSTED", set())
+    Estimator(moduleFactory="tests.spark.test_ml:make_small_net")  # named in this process's code: trusted
+    assert Model.load(str(folder)).module.out_features == 2
+    with pytest.raises(ConfigError, match="trust_factory takes"):
+        trust_factory("no-colon")

@@ -5,8 +5,18 @@ model name from :data:`sparkdp.models.MODELS` plus JSON keyword arguments, or th
 import path of a module factory (``"my_pkg.nets:make_net"``). A saved model is
 Spark's usual params metadata plus ``module.safetensors`` (the trained state
 dict) and ``module.json`` (how to rebuild the network, the column layout and the
-training history) — loading it executes no pickle and no user code other than
-the named factory.
+training history) — loading it executes no pickle, and a named factory only when
+this process trusts it.
+
+Which factories are trusted: a factory is code, and a saved model's metadata is a file
+anyone who can write the model's directory could have edited (``moduleFactory="os:system"``
+would run a command on load). So loading imports and calls a factory only if this process
+said it trusts it: set through ``Estimator(moduleFactory=...)``/``setParams`` in this process,
+registered with :func:`trust_factory` (a decorator, also for pipelines loaded with
+``PipelineModel.load``), or passed to ``Model.load(path, trusted_factories=[...])`` — the way
+``torch.load(weights_only=True)`` needs ``add_safe_globals``. Built-in model names
+(:data:`sparkdp.models.MODELS`) are always allowed: they are sparkdp's own code, and their
+keyword arguments are JSON values.
 
 Model files are written with Python file I/O, so the save path must be on a
 filesystem the driver can write (local disk, NFS, a FUSE mount such as /dbfs).
@@ -17,7 +27,8 @@ from __future__ import annotations
 import importlib
 import json
 import os
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from pyspark import keyword_only
@@ -38,6 +49,32 @@ from ..train.serialize import load_state, save_state
 from .predict import predict
 
 _MODULE_FILE, _DESC_FILE = "module.safetensors", "module.json"
+_TRUSTED: set[str] = set()  # 'module:qualname' of the factories this process may import and call
+_TRUSTED_LOCK = threading.Lock()
+
+
+def trust_factory(factory: Callable[..., nn.Module] | str) -> Callable[..., nn.Module] | str:
+    """Allow this process to import and call ``factory`` when a saved model names it.
+
+    Takes the function (usable as a decorator) or its ``'package.module:function'`` path and
+    returns it unchanged.
+
+    Examples:
+        >>> @trust_factory                                     # doctest: +SKIP
+        ... def make_net(hidden=32): ...
+        >>> PipelineModel.load("/models/churn")                # doctest: +SKIP
+    """
+    path = factory if isinstance(factory, str) else factory_path(factory)
+    if not isinstance(path, str) or path.count(":") != 1 or not all(path.split(":")):
+        raise ConfigError(f"trust_factory takes a function or 'package.module:function'; got {factory!r}.")
+    with _TRUSTED_LOCK:
+        _TRUSTED.add(path)
+    return factory
+
+
+def _is_trusted(path: str, extra: Iterable[str] = ()) -> bool:
+    with _TRUSTED_LOCK:
+        return path in _TRUSTED or path in set(extra)
 
 
 def _p(name: str, doc: str, conv) -> Param:
@@ -91,9 +128,23 @@ class _SparkdpParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasSeed):
             raise ConfigError(f"{param.name} must be a JSON object such as '{{\"num_classes\": 3}}'; got {text!r}.")
         return value
 
-    def _build_module(self) -> nn.Module:
+    def _trust_given_factory(self, kwargs: dict[str, Any]) -> None:
+        """A factory named in this process's own code (constructor, setParams) is the user's choice."""
+        if kwargs.get("moduleFactory"):
+            trust_factory(kwargs["moduleFactory"])
+
+    def _build_module(self, trusted: Iterable[str] = (), where: str = "") -> nn.Module:
         if self.isDefined(self.moduleFactory) and self.getOrDefault(self.moduleFactory):
-            return _factory(self.getOrDefault(self.moduleFactory))(**self._json(self.modelKwargs))
+            path = self.getOrDefault(self.moduleFactory)
+            if not _is_trusted(path, trusted):
+                raise ConfigError(
+                    f"{where or 'these params'} name moduleFactory {path!r}, which this process has not been "
+                    "told to trust: loading would import and call it, and saved metadata may have been edited "
+                    "by anyone who could write the files. If you trust it, pass it explicitly: "
+                    f"Model.load(path, trusted_factories=[{path!r}]), or register it before loading with "
+                    f"sparkdp.ml.trust_factory({path!r}) (or @trust_factory on the function). Built-in model "
+                    "names (model=...) need no trust.")
+            return _factory(path)(**self._json(self.modelKwargs))
         if not self.isDefined(self.model):
             raise ConfigError("no network given: set model= to a built-in name (see sparkdp.models.MODELS) "
                               "or moduleFactory='package.module:function'.")
@@ -135,10 +186,12 @@ class Estimator(SparkEstimator, _SparkdpParams, DefaultParamsReadable, DefaultPa
     @keyword_only
     def __init__(self, **kwargs: Any) -> None:
         super().__init__()
+        self._trust_given_factory(self._input_kwargs)
         self._set(**self._input_kwargs)
 
     @keyword_only
     def setParams(self, **kwargs: Any) -> Estimator:
+        self._trust_given_factory(self._input_kwargs)
         return self._set(**self._input_kwargs)
 
     def _fit(self, dataset) -> Model:
@@ -192,6 +245,11 @@ class Model(SparkModel, _SparkdpParams, DefaultParamsReadable, DefaultParamsWrit
     def read(cls) -> _ModelReader:
         return _ModelReader(cls)
 
+    @classmethod
+    def load(cls, path: str, trusted_factories: Iterable[Callable[..., nn.Module] | str] = ()) -> Model:
+        """Load a saved Model; a ``moduleFactory`` it names is called only if trusted (module docstring)."""
+        return cls.read().trusting(trusted_factories).load(path)
+
 
 def _local(path: str) -> str:
     return path[len("file:"):] if path.startswith("file:") else path
@@ -215,16 +273,25 @@ class _ModelWriter(DefaultParamsWriter):
 
 
 class _ModelReader(DefaultParamsReader):
+    def __init__(self, cls: type) -> None:
+        super().__init__(cls)
+        self._trusted: tuple[str, ...] = ()
+
+    def trusting(self, factories: Iterable[Callable[..., nn.Module] | str]) -> _ModelReader:
+        self._trusted = tuple(f if isinstance(f, str) else factory_path(f) for f in factories)
+        return self
+
     def load(self, path: str) -> Model:
         model = super().load(path)
         folder = _local(path)
         with open(os.path.join(folder, _DESC_FILE)) as f:
             desc = json.load(f)
-        net = model._build_module()  # from the saved params: model/moduleFactory + modelKwargs
+        # from the saved params: model/moduleFactory + modelKwargs; a factory only if trusted
+        net = model._build_module(self._trusted, where=f"the saved model at {path}")
         net.load_state_dict(load_state(os.path.join(folder, _MODULE_FILE)))
         model.module = net.eval()
         model.history = desc.get("history", [])
         return model
 
 
-__all__ = ["Estimator", "Model", "factory_path"]
+__all__ = ["Estimator", "Model", "factory_path", "trust_factory"]

@@ -4,8 +4,10 @@ divergence, and the driver's restart loop (with a stand-in for the Spark stage).
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import os
+import struct
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,8 +18,15 @@ from torch import nn
 from sparkdp.comm import SingleProcessCollective
 from sparkdp.config import JobConfig
 from sparkdp.data.tensors import TensorData
-from sparkdp.driver.recovery import merged_history, resume_point, resumed, run_with_restarts
+from sparkdp.driver.recovery import (
+    merged_history,
+    refuse_foreign_checkpoints,
+    resume_point,
+    resumed,
+    run_with_restarts,
+)
 from sparkdp.errors import ConfigError, TrainingDiverged, WorkerFailed
+from sparkdp.state import META_KEY
 from sparkdp.strategies import STRATEGIES
 from sparkdp.train.checkpoint import (
     CheckpointPolicy,
@@ -56,8 +65,8 @@ def _spec(tmp_path: Path | None, epochs: int = 3, every: int | None = None, lr: 
                    batch_size=16, seed=5, checkpoint=policy)
 
 
-def _save(directory: Path, epoch: int, step: int, keep: int = 3) -> str:
-    return save_checkpoint(CheckpointPolicy(str(directory), keep=keep), epoch=epoch, step=step,
+def _save(directory: Path, epoch: int, step: int, keep: int = 3, job_id: str = "job-a") -> str:
+    return save_checkpoint(CheckpointPolicy(str(directory), keep=keep, job_id=job_id), epoch=epoch, step=step,
                            model=_model().state_dict(), optimizer=b"\x01\x02", strategy_state={"steps": step},
                            rng=[torch.get_rng_state()], history=[{"epoch": 1, "loss": 0.5, "samples": 10,
                                                                   "epoch_time_s": 1.0}], workers=1)
@@ -239,3 +248,114 @@ def test_slow_by_factor_stretches_the_chosen_ranks_steps():
         fault_from_env({"SPARKDP_FAULT": "slow:rank=1:step=1:factor=0.5"})
     with pytest.raises(ConfigError, match="ACTION:rank=R:step=S"):
         fault_from_env({"SPARKDP_FAULT": "kill:rank=1,2:step=3"})  # several ranks: slow only
+
+
+# ----------------------------------------------------------- two jobs, one directory
+def _rewrite_header(path: Path, edit) -> None:
+    """Apply ``edit`` to a safetensors file's JSON header, keeping the header's length (padded with spaces)."""
+    data = path.read_bytes()
+    (size,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + size])
+    edit(header)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    assert len(text) <= size
+    path.write_bytes(data[:8] + text.ljust(size) + data[8 + size:])
+
+
+def test_rotation_never_deletes_the_file_just_written_nor_another_jobs(tmp_path):
+    """An earlier, longer job left newer-named checkpoints and a damaged one; a second job writing
+    there with keep=2 must keep its own newest two and touch nothing else."""
+    for epoch in (4, 5):
+        _save(tmp_path, epoch, 0, job_id="earlier-long-job")
+    damaged = tmp_path / "ckpt-e00009-s00000000.safetensors"
+    damaged.write_bytes(b"\x00" * 40)
+    written = [Path(_save(tmp_path, 0, step, keep=2, job_id="second-job")).name for step in (10, 20, 30)]
+    names = checkpoint_names(tmp_path)
+    assert written[1:] == [n for n in names if n.startswith("ckpt-e00000")]  # its newest two, the last included
+    assert {"ckpt-e00004-s00000000.safetensors", "ckpt-e00005-s00000000.safetensors", damaged.name} <= set(names)
+
+
+def test_a_restart_resumes_this_jobs_checkpoint_never_another_jobs(tmp_path):
+    _save(tmp_path, 5, 0, job_id="other-job")  # newer by name than anything this job writes
+    policy = CheckpointPolicy(str(tmp_path), keep=100, job_id="this-job")
+    save_checkpoint(policy, epoch=0, step=6, model=_model().state_dict(), optimizer=b"", strategy_state={},
+                    rng=[torch.get_rng_state()], history=[], workers=1)
+    assert latest_checkpoint(tmp_path, "this-job").step == 6
+    assert latest_checkpoint(tmp_path, "nobody") is None
+    starts = []
+
+    def stage(attempt: FitSpec, workers: int):
+        starts.append((attempt.part.start_epoch, attempt.part.start_step))
+        if len(starts) == 1:
+            raise WorkerFailed("worker 0 died")
+        return "report"
+
+    run_with_restarts(_spec(None, epochs=2), JobConfig(max_restarts=1), policy, stage, 1)
+    assert starts == [(0, 0), (0, 6)]  # epoch 6 of the other job would have been (5, 0)
+
+
+def test_a_new_job_refuses_a_directory_holding_another_jobs_checkpoints(tmp_path):
+    refuse_foreign_checkpoints(JobConfig(checkpoint_dir=str(tmp_path / "absent")))  # nothing there: fine
+    (tmp_path / "notes.txt").write_text("not a checkpoint")
+    refuse_foreign_checkpoints(JobConfig(checkpoint_dir=str(tmp_path)))
+    first = Path(_save(tmp_path, 2, 0, job_id="earlier"))
+    with pytest.raises(ConfigError, match=r"already holds checkpoints of another job.*resume=.*empty or new"):
+        refuse_foreign_checkpoints(JobConfig(checkpoint_dir=str(tmp_path)))
+    # resuming that job in place is its own lineage, a damaged file beside it is skipped, not foreign
+    (tmp_path / "ckpt-e00003-s00000000.safetensors").write_bytes(b"junk")
+    refuse_foreign_checkpoints(JobConfig(checkpoint_dir=str(tmp_path), resume=str(tmp_path)), "earlier")
+    with pytest.raises(ConfigError, match="another job"):  # but not a third job's identity
+        refuse_foreign_checkpoints(JobConfig(checkpoint_dir=str(tmp_path), resume=str(tmp_path)), "third")
+    elsewhere = tmp_path / "new"
+    elsewhere.mkdir()
+    (elsewhere / first.name).write_bytes(first.read_bytes())
+    (elsewhere / "ps-000001.safetensors").write_bytes(b"a server checkpoint of some asynchronous job")
+    with pytest.raises(ConfigError, match="ps-000001"):  # resuming from one directory into another's
+        refuse_foreign_checkpoints(JobConfig(checkpoint_dir=str(elsewhere), resume=str(tmp_path)), "earlier")
+
+
+def test_a_job_that_resumes_keeps_its_identity_in_new_checkpoints(tmp_path):
+    from sparkdp.driver.recovery import checkpoint_policy
+
+    _save(tmp_path, 0, 10, job_id="lineage")
+    start = resume_point(JobConfig(resume=str(tmp_path)))
+    assert start.job_id == "lineage"
+    with checkpoint_policy(JobConfig(resume=str(tmp_path)), temporary_ok=False, job_id=start.job_id) as policy:
+        assert policy.job_id == "lineage"
+    with checkpoint_policy(JobConfig(checkpoint_dir=str(tmp_path / "b")), temporary_ok=False) as fresh:
+        assert fresh.job_id and fresh.job_id != "lineage"
+
+
+# ----------------------------------------------------------- what the digest covers
+def test_the_digest_covers_dtypes_and_shapes(tmp_path):
+    """The same bytes read as another dtype and shape are not the checkpoint that was written."""
+    _save(tmp_path, 0, 10)
+    path = Path(_save(tmp_path, 0, 20))
+
+    def reinterpret(header):
+        entry = next(v for k, v in header.items() if k != "__metadata__" and v["dtype"] == "F32"
+                     and len(v["shape"]) == 2)
+        entry["dtype"] = "I32"  # same size per element: the bytes alone still hash the same
+        entry["shape"] = [entry["shape"][0] * entry["shape"][1]]
+
+    _rewrite_header(path, reinterpret)
+    with pytest.raises(ValueError, match="SHA-256 does not match"):
+        load_checkpoint(str(tmp_path), path.name)
+    assert latest_checkpoint(tmp_path).step == 10
+
+
+@pytest.mark.parametrize("skeleton", ["[]", '{"format": 1}', '{"format": 1, "epoch": "x", "step": 0}',
+                                      '{"__tensor__": "missing"}', '{"__items__": 5}'])
+def test_a_malformed_checkpoint_with_a_correct_digest_is_skipped_like_a_damaged_one(tmp_path, skeleton, caplog):
+    from safetensors.torch import save as st_save
+
+    from sparkdp.train.checkpoint import _digest
+
+    _save(tmp_path, 0, 10)
+    bad = tmp_path / "ckpt-e00000-s00000020.safetensors"
+    bad.write_bytes(st_save({}, metadata={META_KEY: skeleton, "sha256": _digest({}, skeleton), "digest": "v2"}))
+    with pytest.raises(ValueError):
+        load_checkpoint(str(tmp_path), bad.name)
+    with caplog.at_level(logging.WARNING):
+        assert latest_checkpoint(tmp_path).step == 10
+    assert bad.name in caplog.text

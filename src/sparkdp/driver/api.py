@@ -37,7 +37,14 @@ from ..train.report import WorkerReport
 from ..train.result import TrainResult
 from ..train.serialize import state_from_bytes
 from .monitoring import monitored
-from .recovery import checkpoint_policy, merged_history, resume_point, resumed, run_with_restarts
+from .recovery import (
+    checkpoint_policy,
+    merged_history,
+    refuse_foreign_checkpoints,
+    resume_point,
+    resumed,
+    run_with_restarts,
+)
 
 log = logging.getLogger(__name__)
 
@@ -297,17 +304,20 @@ def _fit_monitored(spec: FitSpec, job: JobConfig, workers: int, spark: Any, star
                               "strategies. Write it to Parquet and pass the path.")
         from .async_job import fit_async
 
+        refuse_foreign_checkpoints(job)
         with progress(spinner, f"sparkdp: {workers} asynchronous Spark workers ({strategy_obj.name})"):
             return fit_async(spec, job, workers=workers, spark=spark, started=started, hub=hub)
     start = resume_point(job)
+    lineage = start.job_id or None if start is not None else None  # a resumed job keeps its identity
+    refuse_foreign_checkpoints(job, lineage)
     if start is not None:
         log.info("resuming from %s", start.path)
         spec = resumed(spec, start)
     with progress(spinner, f"sparkdp: training on {workers} Spark workers ({strategy_obj.name})"):
         if streamed:
-            out, finished = _fit_dataframe(spec, job, workers, spark), spec
+            out, finished = _fit_dataframe(spec, job, workers, spark, lineage), spec
         else:
-            out, finished, workers = _fit_barrier(spec, job, workers, spark)
+            out, finished, workers = _fit_barrier(spec, job, workers, spark, lineage)
     dropped = out.data_counters.get("dropped_null_rows", 0)
     if dropped:
         log.warning("dropped %d row(s) with null features or labels (drop_nulls=True), counted over all epochs",
@@ -322,17 +332,18 @@ def _fit_monitored(spec: FitSpec, job: JobConfig, workers: int, spark: Any, star
                                 "comm": dict(out.strategy_metrics)})
 
 
-def _fit_dataframe(spec: FitSpec, job: JobConfig, workers: int, spark: Any) -> WorkerReport:
+def _fit_dataframe(spec: FitSpec, job: JobConfig, workers: int, spark: Any, lineage: str | None) -> WorkerReport:
     """A streamed DataFrame: one stage per epoch; the driver restarts a failed epoch itself."""
     from ..spark.dataframe import fit_stream
 
-    with checkpoint_policy(job, temporary_ok=False) as policy:  # the driver keeps every epoch's state anyway
+    with checkpoint_policy(job, temporary_ok=False, job_id=lineage) as policy:  # the driver keeps every epoch's state anyway
         return fit_stream(spec, spec.train, workers=workers, spark=spark, threads=job.threads,
                           pg_timeout_s=job.pg_timeout_s, start_timeout_s=job.start_timeout_s,
                           max_restarts=job.max_restarts, checkpoint=policy)
 
 
-def _fit_barrier(spec: FitSpec, job: JobConfig, workers: int, spark: Any) -> tuple[WorkerReport, FitSpec, int]:
+def _fit_barrier(spec: FitSpec, job: JobConfig, workers: int, spark: Any,
+                 lineage: str | None) -> tuple[WorkerReport, FitSpec, int]:
     """One barrier stage (in-memory or Parquet data), resumed and restarted from checkpoints."""
     from ..spark.launcher import available_slots, on_driver_machine, run_barrier
 
@@ -343,7 +354,7 @@ def _fit_barrier(spec: FitSpec, job: JobConfig, workers: int, spark: Any) -> tup
                        f" of {attempt.last_epoch() + 1}")
         return run_barrier(task, n, spark=spark, start_timeout_s=job.start_timeout_s, description=description)[0]
 
-    with checkpoint_policy(job, temporary_ok=on_driver_machine(spark.sparkContext)) as policy:
+    with checkpoint_policy(job, temporary_ok=on_driver_machine(spark.sparkContext), job_id=lineage) as policy:
         return run_with_restarts(spec, job, policy, run_stage, workers,
                                  slots=lambda: available_slots(spark.sparkContext))
 

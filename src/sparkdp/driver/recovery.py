@@ -10,6 +10,8 @@ at once.
 from __future__ import annotations
 
 import logging
+import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -24,7 +26,10 @@ from ..train.checkpoint import (
     CheckpointPolicy,
     check_compatible,
     check_writable,
+    checkpoint_names,
+    job_of,
     latest_checkpoint,
+    new_job_id,
 )
 from ..train.faults import fault_from_env
 from ..train.loop import FitSpec, StagePart
@@ -33,11 +38,58 @@ from ..train.report import WorkerReport
 log = logging.getLogger(__name__)
 
 
+# Every checkpoint kind sparkdp writes: synchronous (train/checkpoint.py) and parameter-server
+# (driver/async_job.py) files. A job must not rotate or resume another job's.
+_ANY_CHECKPOINT = re.compile(r"^(ckpt-e\d{5}-s\d{8}|ps-\d{6})\.safetensors$")
+
+
+def refuse_foreign_checkpoints(job: JobConfig, lineage: str | None = None) -> None:
+    """Refuse, before training, a checkpoint directory that holds another job's checkpoints.
+
+    A job that does not resume owns none of the checkpoints already there: writing beside them
+    would rotate them away (or, with newer names, its own), and a restart could resume their
+    weights. A job that resumes (``lineage``: the job identity of the checkpoint it resumes)
+    may write beside its own checkpoints and beside files that do not read (resume skips those),
+    not beside another job's."""
+    directory = job.checkpoint_dir or job.resume
+    if directory is None:
+        return
+    directory = str(directory)
+    if "://" in directory:
+        names = checkpoint_names(directory)
+    else:
+        names = sorted(n for n in os.listdir(directory) if _ANY_CHECKPOINT.match(n)) if os.path.isdir(directory) \
+            else []
+    if job.resume is not None:
+        in_place = _same_place(str(job.resume), directory)
+
+        def foreign(name: str) -> bool:
+            if name.startswith("ps-"):  # server checkpoints carry no identity: ours only where we resume
+                return not in_place
+            owner = job_of(directory, name)
+            return owner != lineage if owner is not None else not in_place
+
+        names = [n for n in names if foreign(n)]
+    if names:
+        shown = ", ".join(names[-3:]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        raise ConfigError(
+            f"checkpoint_dir={directory!r} already holds checkpoints of another job ({shown}). Writing beside "
+            "them would delete some of them in rotation, and a restart could resume the wrong weights. To "
+            f"continue that job, resume it: resume={directory!r} (--resume {directory}); to start afresh, "
+            "give an empty or new directory (or delete those files).")
+
+
+def _same_place(a: str, b: str) -> bool:
+    return a.rstrip("/") == b.rstrip("/") if "://" in a or "://" in b else os.path.realpath(a) == os.path.realpath(b)
+
+
 @contextmanager
-def checkpoint_policy(job: JobConfig, temporary_ok: bool) -> Iterator[CheckpointPolicy | None]:
+def checkpoint_policy(job: JobConfig, temporary_ok: bool, job_id: str | None = None
+                      ) -> Iterator[CheckpointPolicy | None]:
     """The job's checkpoint policy. Without ``checkpoint_dir``/``resume``, a temporary directory
     (removed afterwards) still lets the driver restart a failed stage, when ``temporary_ok``
-    (the executors share the driver's disk) and restarts are allowed."""
+    (the executors share the driver's disk) and restarts are allowed. ``job_id``: the identity
+    of the checkpoint a resumed job started from, so its new checkpoints continue that job's."""
     directory, temporary = job.checkpoint_dir or job.resume, None
     if directory is None:
         if not temporary_ok or job.max_restarts == 0:
@@ -46,7 +98,8 @@ def checkpoint_policy(job: JobConfig, temporary_ok: bool) -> Iterator[Checkpoint
         directory = temporary = tempfile.mkdtemp(prefix="sparkdp-checkpoints-")
     try:
         check_writable(directory)
-        yield CheckpointPolicy(str(directory), job.checkpoint_every, job.checkpoint_every_s, job.keep_checkpoints)
+        yield CheckpointPolicy(str(directory), job.checkpoint_every, job.checkpoint_every_s, job.keep_checkpoints,
+                               job_id or new_job_id())
     finally:
         if temporary is not None:
             shutil.rmtree(temporary, ignore_errors=True)
@@ -105,7 +158,7 @@ def run_with_restarts(spec: FitSpec, job: JobConfig, policy: CheckpointPolicy | 
         try:
             return run_stage(attempt, now), attempt, now
         except TrainingDiverged as exc:
-            last = latest_checkpoint(policy.directory) if policy is not None else None
+            last = latest_checkpoint(policy.directory, policy.job_id) if policy is not None else None
             raise TrainingDiverged(f"{exc} The last good checkpoint: "
                                    f"{last.path if last is not None else 'none'}.") from None
         except WorkerFailed as exc:
@@ -118,7 +171,7 @@ def run_with_restarts(spec: FitSpec, job: JobConfig, policy: CheckpointPolicy | 
                 raise WorkerFailed(f"the job failed {len(failures)} times, more than max_restarts="
                                    f"{job.max_restarts} allows ({listed}). Fix the cause, or raise "
                                    "max_restarts.") from exc
-            latest = latest_checkpoint(policy.directory)
+            latest = latest_checkpoint(policy.directory, policy.job_id)
             now = _workers_for_restart(workers, job.min_workers, slots())
             log.warning("sparkdp: %s -- restart %d of %d from %s%s", cause, len(failures), job.max_restarts,
                         _where(latest), f" on {now} of {workers} workers (task slots gone)" if now < workers else "")

@@ -3,10 +3,21 @@
 One checkpoint is one ``.safetensors`` file (``sparkdp.state``: tensors as safetensors entries,
 the nesting around them as JSON metadata; nothing executes code on load) holding the model,
 the optimizer and scheduler state, the strategy's state, every rank's RNG state, the position
-in the data (epoch, steps done in it) and the history so far, plus a SHA-256 of its tensors.
-It is written under a temporary name and renamed (``sparkdp.files.atomic_write``), so a crash
-never leaves a half-written file where a good one was; a file whose digest does not match is
-skipped on resume with a warning, and the previous one is used.
+in the data (epoch, steps done in it), the history so far and the identity of the job that
+wrote it, plus a SHA-256 over its tensors' names, dtypes, shapes and bytes and the JSON around
+them. It is written under a temporary name and renamed (``sparkdp.files.atomic_write``), so a
+crash never leaves a half-written file where a good one was; a file that does not read, whose
+digest does not match or whose contents are malformed is skipped on resume with a warning, and
+the previous one is used. The digest guards against accidents (a truncated copy, a flipped bit,
+a file from another tool), not against tampering: anyone who can write the directory can
+compute it too. Nothing in a checkpoint is executed on load, so a forged one can change the
+weights a job resumes from, not run code.
+
+A checkpoint's job identity (``job_id``, random per job and kept by a job that resumes) keeps
+two jobs from destroying each other's recovery in one directory: keep-last-K rotation deletes
+only this job's files older than the one just written, and an automatic restart resumes only
+this job's checkpoints (:func:`sparkdp.driver.recovery.refuse_foreign_checkpoints` refuses, at
+the start, a directory that holds another job's).
 
 The directory is a local path (on a cluster: one every executor and the driver can reach) or a
 pyarrow filesystem URL (``hdfs://...``, ``s3://...``); rank 0 writes, the driver reads.
@@ -22,8 +33,9 @@ import json
 import logging
 import os
 import re
+import secrets
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +51,13 @@ log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^ckpt-e(\d{5})-s(\d{8})\.safetensors$")
 FORMAT = 1
+_DIGEST_V2 = "v2"  # metadata["digest"]: the SHA-256 covers dtypes and shapes (files without it: bytes only)
+_MAX_HEADER = 100 << 20  # a safetensors JSON header larger than this is not one of ours
+
+
+def new_job_id() -> str:
+    """A random identity for a job's checkpoints (kept across resumes of that job)."""
+    return secrets.token_hex(8)
 
 
 @dataclass(frozen=True)
@@ -50,12 +69,15 @@ class CheckpointPolicy:
         every_steps: also save every this many optimizer steps (``None``: epoch ends only).
         every_seconds: also save when this many seconds passed since the last save.
         keep: how many checkpoints to keep (the newest; older ones are deleted).
+        job_id: the identity written into every checkpoint; rotation deletes only files
+            carrying it, and restarts resume only from them.
     """
 
     directory: str
     every_steps: int | None = None
     every_seconds: float | None = None
     keep: int = 3
+    job_id: str = field(default_factory=new_job_id)
 
     def __post_init__(self) -> None:
         if self.every_steps is not None and (isinstance(self.every_steps, bool) or not isinstance(self.every_steps, int)
@@ -82,6 +104,7 @@ class Checkpoint:
     history: list[dict[str, float]]
     workers: int
     epoch_stats: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    job_id: str = ""  # '' for a checkpoint written before checkpoints carried one
 
 
 def _is_url(directory: str) -> bool:
@@ -133,26 +156,56 @@ def _join(directory: str, name: str) -> str:
     return f"{directory.rstrip('/')}/{name}" if _is_url(directory) else str(Path(directory) / name)
 
 
-def _digest(tensors: dict[str, torch.Tensor], skeleton: str) -> str:
+def _digest(tensors: dict[str, torch.Tensor], skeleton: str, version: str | None = _DIGEST_V2) -> str:
+    """SHA-256 of the skeleton and every tensor; ``v2`` also hashes each tensor's dtype and shape
+    (bytes alone would accept a float32 [4] read back as an int8 [16])."""
     h = hashlib.sha256(skeleton.encode())
     for name in sorted(tensors):
         h.update(name.encode())
+        if version == _DIGEST_V2:
+            h.update(f"|{tensors[name].dtype}|{list(tensors[name].shape)}|".encode())
         h.update(tensors[name].contiguous().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
+
+
+def _header_metadata(directory: str, name: str) -> dict[str, str] | None:
+    """The safetensors metadata of a checkpoint file, reading only its header; None if unreadable."""
+    try:
+        if _is_url(directory):
+            filesystem, base = _filesystem(directory)
+            fh = filesystem.open_input_file(f"{base}/{name}")
+        else:
+            fh = open(Path(directory) / name, "rb")
+        with fh:
+            (size,) = struct.unpack("<Q", fh.read(8))
+            if size > _MAX_HEADER:
+                return None
+            meta = json.loads(fh.read(size)).get("__metadata__")
+    except (OSError, ValueError, struct.error, AttributeError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def job_of(directory: str | os.PathLike[str], name: str) -> str | None:
+    """The job identity a checkpoint file carries: None when it has none or does not read."""
+    meta = _header_metadata(os.fspath(directory), name)
+    job = meta.get("job_id") if meta else None
+    return job if isinstance(job, str) and job else None
 
 
 def save_checkpoint(policy: CheckpointPolicy, *, epoch: int, step: int, model: dict[str, torch.Tensor],
                     optimizer: bytes, strategy_state: dict[str, Any], rng: list[torch.Tensor],
                     history: list[dict[str, float]], workers: int,
                     epoch_stats: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> str:
-    """Write one checkpoint atomically, then delete all but the newest ``policy.keep``."""
-    payload = {"format": FORMAT, "epoch": epoch, "step": step, "model": dict(model),
+    """Write one checkpoint atomically, then delete this job's older ones beyond ``policy.keep``."""
+    payload = {"format": FORMAT, "job_id": policy.job_id, "epoch": epoch, "step": step, "model": dict(model),
                "optimizer": torch.frombuffer(bytearray(optimizer), dtype=torch.uint8) if optimizer
                else torch.zeros(0, dtype=torch.uint8),
                "strategy_state": strategy_state, "rng": list(rng), "history": history,
                "workers": workers, "epoch_stats": list(epoch_stats)}
     skeleton, tensors = state_io.flatten(payload)
-    data = st_save(tensors, metadata={state_io.META_KEY: skeleton, "sha256": _digest(tensors, skeleton)})
+    data = st_save(tensors, metadata={state_io.META_KEY: skeleton, "sha256": _digest(tensors, skeleton),
+                                      "digest": _DIGEST_V2, "job_id": policy.job_id})
     name = f"ckpt-e{epoch:05d}-s{step:08d}.safetensors"
     directory = policy.directory
     path = _join(directory, name)
@@ -164,9 +217,21 @@ def save_checkpoint(policy: CheckpointPolicy, *, epoch: int, step: int, model: d
         filesystem.move(tmp, f"{base}/{name}")
     else:
         atomic_write(path, lambda tmp: Path(tmp).write_bytes(data))
-    for old in checkpoint_names(directory)[:-policy.keep]:
-        _delete(directory, old)
+    _rotate(policy, name)
     return path
+
+
+def _rotate(policy: CheckpointPolicy, written: str) -> None:
+    """Keep the newest ``policy.keep`` of this job's checkpoints up to the one just ``written``.
+
+    Only files that carry this job's identity and sort before ``written`` are candidates: the
+    file just written is never deleted, nor a newer-named file (another job's, or a damaged
+    one), nor anything whose header does not read."""
+    older = [n for n in checkpoint_names(policy.directory)
+             if n < written and job_of(policy.directory, n) == policy.job_id]
+    surplus = len(older) - (policy.keep - 1)
+    for old in older[:max(surplus, 0)]:
+        _delete(policy.directory, old)
 
 
 def _delete(directory: str, name: str) -> None:
@@ -190,33 +255,68 @@ def _read(directory: str, name: str) -> bytes:
 
 def load_checkpoint(directory: str, name: str) -> Checkpoint:
     """Read and verify one checkpoint; ``ValueError`` if it is truncated, altered or not one."""
-    data = _read(directory, name)
+    return parse_checkpoint(_read(directory, name), _join(directory, name))
+
+
+def parse_checkpoint(data: bytes, path: str) -> Checkpoint:
+    """Verify and decode a checkpoint file's bytes (``path``: where they came from, for messages);
+    ``ValueError`` for anything that is not an intact checkpoint."""
     try:
         (size,) = struct.unpack("<Q", data[:8])
         meta = json.loads(data[8:8 + size]).get("__metadata__") or {}
         tensors = st_load(bytes(data))
     except Exception as exc:  # safetensors raises its own error types for a damaged file
         raise ValueError(f"not a readable safetensors file ({exc})") from exc
-    skeleton = meta.get(state_io.META_KEY)
-    if skeleton is None or meta.get("sha256") != _digest(tensors, skeleton):
+    skeleton = meta.get(state_io.META_KEY) if isinstance(meta, dict) else None
+    version = meta.get("digest") if isinstance(meta, dict) else None
+    if not isinstance(skeleton, str) or meta.get("sha256") != _digest(tensors, skeleton, version):
         raise ValueError("its SHA-256 does not match its contents (damaged or altered)")
-    obj = state_io.unflatten(skeleton, tensors)
+    try:
+        return _checkpoint_from(path, state_io.unflatten(skeleton, tensors))
+    except ValueError:
+        raise
+    except Exception as exc:  # a skeleton that is JSON but not a checkpoint's: damaged, like a bad digest
+        raise ValueError(f"its contents are not a checkpoint's ({type(exc).__name__}: {exc})") from exc
+
+
+def _checkpoint_from(path: str, obj: Any) -> Checkpoint:
+    """The verified file's contents as a Checkpoint, checking every field's type on the way."""
+    if not isinstance(obj, dict):
+        raise ValueError("its contents are not a checkpoint's (not a mapping)")
     if obj.get("format") != FORMAT:
         raise ValueError(f"checkpoint format {obj.get('format')!r}; this sparkdp reads format {FORMAT}")
-    return Checkpoint(path=_join(directory, name), epoch=obj["epoch"], step=obj["step"], model=obj["model"],
-                      optimizer=obj["optimizer"].numpy().tobytes(), strategy_state=obj["strategy_state"],
-                      rng=list(obj["rng"]), history=list(obj["history"]), workers=obj["workers"],
-                      epoch_stats=tuple(obj["epoch_stats"]))
+    ints = {k: obj.get(k) for k in ("epoch", "step", "workers")}
+    bad = [k for k, v in ints.items() if isinstance(v, bool) or not isinstance(v, int) or v < 0]
+    model, optimizer, stats = obj.get("model"), obj.get("optimizer"), obj.get("epoch_stats")
+    if bad or not (isinstance(model, dict) and all(isinstance(v, torch.Tensor) for v in model.values())) \
+            or not isinstance(optimizer, torch.Tensor) or not isinstance(obj.get("strategy_state"), dict) \
+            or not isinstance(obj.get("rng"), list) or not all(isinstance(r, torch.Tensor) for r in obj["rng"]) \
+            or not isinstance(obj.get("history"), list) or not isinstance(stats, list) or len(stats) != 3 \
+            or not all(isinstance(x, (int, float)) for x in stats):
+        raise ValueError("its contents are not a checkpoint's (a field is missing or of the wrong type"
+                         f"{': ' + ', '.join(bad) if bad else ''})")
+    job = obj.get("job_id", "")
+    return Checkpoint(path=path, epoch=ints["epoch"], step=ints["step"], model=model,
+                      optimizer=optimizer.numpy().tobytes(), strategy_state=obj["strategy_state"],
+                      rng=list(obj["rng"]), history=list(obj["history"]), workers=ints["workers"],
+                      epoch_stats=(float(stats[0]), float(stats[1]), float(stats[2])),
+                      job_id=job if isinstance(job, str) else "")
 
 
-def latest_checkpoint(directory: str | os.PathLike[str]) -> Checkpoint | None:
-    """The newest checkpoint that reads and verifies; damaged newer ones are skipped with a warning."""
+def latest_checkpoint(directory: str | os.PathLike[str], job_id: str | None = None) -> Checkpoint | None:
+    """The newest checkpoint that reads and verifies (of job ``job_id`` only, when given); damaged
+    newer ones are skipped with a warning."""
     directory = os.fspath(directory)
     for name in reversed(checkpoint_names(directory)):
+        if job_id is not None and job_of(directory, name) not in (job_id, None):
+            continue  # another job's: never resume from it (a restart would train that job's weights)
         try:
-            return load_checkpoint(directory, name)
-        except (OSError, ValueError, KeyError) as exc:
+            found = load_checkpoint(directory, name)
+        except (OSError, ValueError) as exc:
             log.warning("skipping the checkpoint %s: %s; trying the one before it", _join(directory, name), exc)
+            continue
+        if job_id is None or found.job_id == job_id:
+            return found
     return None
 
 
@@ -237,5 +337,5 @@ def check_compatible(model: torch.nn.Module, checkpoint: Checkpoint) -> None:
                       "Resume with the model it was saved from, or point resume at another directory.")
 
 
-__all__ = ["Checkpoint", "CheckpointPolicy", "check_compatible", "check_writable", "checkpoint_names",
-           "latest_checkpoint", "load_checkpoint", "save_checkpoint"]
+__all__ = ["Checkpoint", "CheckpointPolicy", "check_compatible", "check_writable", "checkpoint_names", "job_of",
+           "latest_checkpoint", "load_checkpoint", "new_job_id", "parse_checkpoint", "save_checkpoint"]

@@ -89,3 +89,51 @@ def test_script_output_is_assembled_into_prefixed_lines(tmp_path, capsys):
         time.sleep(0.3)
     out = capsys.readouterr().out.splitlines()
     assert out[:3] == ["[rank 1] hello world", "[rank 1] second line", "[rank 1] no newline at the end" + "x" * 300_000]
+
+
+def test_carriage_return_redraws_are_lines_and_pending_text_is_bounded(capsys):
+    """A progress bar redrawn with \\r 20,000 times must neither pile up nor take quadratic time."""
+    from sparkdp.monitor.hub import MAX_PENDING_CHARS
+
+    with MonitorHub(world_size=1, config={}, run_dir=None, display=True, interval_s=0.1) as hub:
+        started = time.perf_counter()
+        for i in range(20_000):
+            hub._on_report(0, {"type": "output", "stream": "stderr", "text": f"\rtraining {i / 200:5.1f}%"})
+            assert len(hub._lines.get((0, "stderr"), "")) < 100
+        elapsed = time.perf_counter() - started
+        hub._on_report(0, {"type": "output", "stream": "stdout", "text": "a\rb\rc\rdone\n"})  # one chunk
+        hub._on_report(0, {"type": "output", "stream": "stdout", "text": "y" * (3 * MAX_PENDING_CHARS + 5)})
+        assert len(hub._lines[(0, "stdout")]) == 5
+        for stream in ("evil", "x" * 1000, None):
+            hub._on_report(0, {"type": "output", "stream": stream, "text": "z" * 1000})
+        assert set(hub._lines) <= {(0, "stdout"), (0, "stderr")}
+    assert elapsed < 10, f"20,000 redraws took {elapsed:.1f} s"
+    captured = capsys.readouterr()
+    assert "[rank 0] training  99.9%" in captured.err  # the last redraw, shown at the end
+    out = captured.out.splitlines()
+    assert "[rank 0] done" in out and not {"[rank 0] a", "[rank 0] b", "[rank 0] c"} & set(out)  # overdrawn
+    assert out.count("[rank 0] " + "y" * MAX_PENDING_CHARS) == 3 and "[rank 0] yyyyy" in out
+    assert not any("z" in line for line in out + captured.err.splitlines())
+
+
+def test_the_monitoring_endpoint_uses_tls_when_the_job_does(tmp_path, monkeypatch):
+    import ssl
+
+    import sparkdp.spark.launcher as launcher
+    from sparkdp.config import JobConfig
+    from sparkdp.driver.monitoring import monitored
+
+    monkeypatch.setattr(launcher, "driver_host", lambda spark: "127.0.0.1")
+    job = JobConfig(run_dir=str(tmp_path), show_progress=False)
+    with monitored(job, None, 1, "t", tls=True) as hub:
+        info = hub.link.info
+        assert info.tls_cert is not None and "BEGIN CERTIFICATE" in info.tls_cert
+        probe = Probe(hub.link, rank=0)
+        assert probe.active
+        probe.output("stdout", "secret line\n")
+        probe.close()
+        plain = ConnectInfo(info.address, info.secret, None)  # a client that does not speak TLS is refused
+        with pytest.raises((AuthenticationError, OSError, ssl.SSLError, EOFError, Exception)):
+            TcpTransport().connect(plain.address, plain.secret, 1, timeout=3.0).close()
+    with monitored(job, None, 1, "t") as hub:
+        assert hub.link.info.tls_cert is None

@@ -13,10 +13,11 @@ from ..monitor.hub import MonitorHub
 
 @contextlib.contextmanager
 def monitored(job: JobConfig, spark: Any, workers: int, title: str,
-              details: dict[str, Any] | None = None) -> Iterator[MonitorHub | None]:
+              details: dict[str, Any] | None = None, tls: bool = False) -> Iterator[MonitorHub | None]:
     """The job's :class:`MonitorHub`, or None when nothing would show or keep its records
     (``show_progress=False`` and no run directory, TensorBoard or MLflow): then the workers
-    are not monitored at all."""
+    are not monitored at all. ``tls``: the job's strategy encrypts its traffic, so the
+    monitoring connections are encrypted too."""
     if not (job.show_progress or job.run_dir or job.mlflow):
         yield None
         return
@@ -25,6 +26,6 @@ def monitored(job: JobConfig, spark: Any, workers: int, title: str,
     config = {**job.defaults(), **(details or {}), "workers": workers}
     with MonitorHub(world_size=workers, config=config, run_dir=job.run_dir, display=job.show_progress,
                     tensorboard=job.tensorboard, mlflow=job.mlflow, interval_s=job.metrics_interval_s,
-                    host=driver_host(spark), title=title) as hub:
+                    host=driver_host(spark), title=title, tls=tls) as hub:
         yield hub
 

@@ -13,12 +13,19 @@ Records (JSON objects, see ``sparkdp.monitor.probe``):
   asynchronous jobs); ``summary``: the end.
 
 The endpoint is the parameter-server transport with no parameter server behind it: the
-same HMAC handshake and per-frame MACs, JSON only, bound to the driver's address.
+same HMAC handshake and per-frame MACs, JSON only, bound to the driver's address, and TLS
+when the job asks for it (a launched script's whole output crosses the network here).
+
+Forwarded output is handled as a terminal would: ``\n`` ends a line and ``\r`` does too (a
+progress bar redrawn with ``\r`` is shown as its latest state, once per chunk, instead of
+piling up); a line without an end is flushed once it reaches ``MAX_PENDING_CHARS``; only
+``stdout`` and ``stderr`` are streams, so what a worker sends cannot grow the hub's memory.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -32,6 +39,10 @@ from .stragglers import StragglerDetector
 log = logging.getLogger(__name__)
 
 _KINDS = {"metrics", "epoch_start", "epoch", "output"}
+_STREAMS = ("stdout", "stderr")
+#: a line longer than this without a line end is shown in pieces of this size
+MAX_PENDING_CHARS = 1 << 20
+_LINE_END = re.compile(r"\r\n|\n|\r")
 _RATES = ("samples_per_s", "loss", "data_frac", "compute_frac", "comm_frac", "net_sent_per_s", "net_recv_per_s")
 
 
@@ -47,13 +58,15 @@ class MonitorHub:
         tensorboard: also write TensorBoard event files (needs ``run_dir``).
         mlflow: an MLflow tracking URI to log the run to.
         host: the address to listen on (the driver's, as executors reach it).
+        tls: encrypt the workers' connections (as the job's parameter server does with ``tls=True``).
 
     An asynchronous job sets ``server_metrics`` to its parameter server's ``metrics()``.
     """
 
     def __init__(self, *, world_size: int, config: dict[str, Any], run_dir: str | None = None,
                  display: bool = True, tensorboard: bool = False, mlflow: str | None = None,
-                 interval_s: float = 2.0, host: str = "127.0.0.1", title: str = "sparkdp") -> None:
+                 interval_s: float = 2.0, host: str = "127.0.0.1", title: str = "sparkdp",
+                 tls: bool = False) -> None:
         self.interval_s = interval_s
         self.server_metrics: Callable[[], dict[str, Any]] | None = None
         self.started = time.time()
@@ -75,13 +88,15 @@ class MonitorHub:
             self.sinks.append(MlflowSink(mlflow, {k: v for k, v in config.items() if v is not None}))
         self.display = Display(title, world_size, enabled=display)
         self._endpoint = None
-        self._host = host
+        self._host, self._tls = host, tls
 
     # -- lifetime ---------------------------------------------------------------------------
     def __enter__(self) -> MonitorHub:
         from ..ps.transport.tcp import TcpTransport
+        from ..ps.transport.tcp_options import TcpOptions
 
-        self._endpoint = TcpTransport().serve(None, host=self._host, reports=self._on_report)
+        self._endpoint = TcpTransport(TcpOptions(tls=self._tls)).serve(None, host=self._host,
+                                                                        reports=self._on_report)
         self.display.start()
         return self
 
@@ -128,7 +143,11 @@ class MonitorHub:
             if kind == "metrics":
                 self._metrics(record)
             elif kind == "output":
-                self._output(worker, str(record.get("stream", "stdout")), str(record.get("text", "")))
+                stream = record.get("stream", "stdout")
+                if stream not in _STREAMS:
+                    log.debug("ignoring output of worker %d on stream %r (only stdout, stderr)", worker, stream)
+                    return
+                self._output(worker, stream, str(record.get("text", "")))
             elif kind == "epoch":
                 self.epochs.append(record)
                 self._emit(record)
@@ -181,9 +200,21 @@ class MonitorHub:
 
     def _output(self, rank: int, stream: str, text: str) -> None:
         pending = self._lines.get((rank, stream), "") + text
-        *lines, rest = pending.split("\n")
+        pieces = _LINE_END.split(pending)
+        ends = _LINE_END.findall(pending)
+        rest = pieces.pop()
+        shown: list[tuple[str, str]] = []
+        for line, end in zip(pieces, ends):
+            if end == "\r" and not line:
+                continue  # a redraw's leading carriage return ends no visible line
+            if shown and shown[-1][1] == "\r":
+                shown.pop()  # a redraw replaces the line it was drawn over: show only its latest state
+            shown.append((line, end))
+        while len(rest) >= MAX_PENDING_CHARS:  # no line end yet: show what a terminal would have shown
+            shown.append((rest[:MAX_PENDING_CHARS], ""))
+            rest = rest[MAX_PENDING_CHARS:]
         self._lines[(rank, stream)] = rest
-        for line in lines:
+        for line, _end in shown:
             self.display.output(f"[rank {rank}] {line}", stream)
 
     def _emit(self, record: dict[str, Any]) -> None:

@@ -137,3 +137,28 @@ def test_the_monitoring_endpoint_uses_tls_when_the_job_does(tmp_path, monkeypatc
             TcpTransport().connect(plain.address, plain.secret, 1, timeout=3.0).close()
     with monitored(job, None, 1, "t") as hub:
         assert hub.link.info.tls_cert is None
+
+
+def test_credentials_in_urls_never_reach_the_run_log_or_mlflow(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from sparkdp.monitor.sinks import redact
+
+    secrets_ = ["AKIAKEYID", "S3CR3T/value", "hunter2", "tok3n", "pw0rd"]
+    config = {"checkpoint_dir": "s3://AKIAKEYID:S3CR3T/value@bucket/ckpt", "resume": None,
+              "data": ["hdfs://alice:hunter2@namenode:8020/train?token=tok3n&part=1"],
+              "master": "spark://u:pw0rd@host:7077", "mlflow": "https://bob:pw0rd@mlflow.example/x",
+              "plain": "s3://bucket/no-credentials", "epochs": 3}
+    assert redact(config["plain"]) == "s3://bucket/no-credentials"
+    assert redact(config["checkpoint_dir"]) == "s3://***@bucket/ckpt"
+    assert redact(config["data"]) == ["hdfs://***@namenode:8020/train?token=***&part=1"]
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    with MonitorHub(world_size=1, config=config, run_dir=str(tmp_path / "run"), display=False, mlflow=uri) as hub:
+        hub.finish({"data": config["data"][0], "samples": 10})
+    logged = (tmp_path / "run" / "run.jsonl").read_text()
+    client = MlflowClient(tracking_uri=uri)
+    run = client.search_runs([client.get_experiment_by_name("sparkdp").experiment_id])[0]
+    params = json.dumps(run.data.params)
+    for secret in secrets_:
+        assert secret not in logged and secret not in params, secret
+    assert "s3://***@bucket/ckpt" in logged and "spark://***@host:7077" in params and '"epochs": "3"' in params

@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import platform
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,27 @@ from ..errors import ConfigError
 log = logging.getLogger(__name__)
 
 RUN_LOG = "run.jsonl"
+
+# user:password@ in any URL (s3://KEY:SECRET@bucket, https://user:pw@mlflow-host, spark://u:p@host); a
+# '/' is allowed before the '@' because cloud secret keys contain it unencoded (a path with an '@' in it
+# is redacted too: better a log shows too little than a key)
+_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)[^@?#\s]*@")
+# credentials passed as query parameters (presigned URLs, SAS tokens, ?password=)
+_SECRET_QUERY = re.compile(r"(?i)(?P<key>[?&;](?:password|passwd|pwd|secret|token|access[_-]?key(?:[_-]?id)?|"
+                           r"secret[_-]?key|api[_-]?key|sig|signature|x-amz-credential|x-amz-signature)=)[^&;#\s]*")
+
+
+def redact(value: Any) -> Any:
+    """``value`` with the credentials in any URL it holds replaced by ``***`` (strings inside
+    dicts, lists and tuples too): what run logs and MLflow keep is read by more people than
+    the job's own settings."""
+    if isinstance(value, str):
+        return _SECRET_QUERY.sub(r"\g<key>***", _USERINFO.sub(r"\g<scheme>***@", value))
+    if isinstance(value, dict):
+        return {k: redact(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(redact(v) for v in value)
+    return value
 
 
 def versions() -> dict[str, str]:
@@ -55,7 +77,7 @@ class RunLog:
     def __init__(self, run_dir: str | os.PathLike[str], header: dict[str, Any]) -> None:
         self.path = writable_dir(run_dir, "run log") / RUN_LOG
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
-        self.write({"type": "header", "time": time.time(), "versions": versions(), **header})
+        self.write({"type": "header", "time": time.time(), "versions": versions(), **redact(header)})
 
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record, default=str) + "\n")
@@ -115,9 +137,9 @@ class MlflowSink:
                              else self.client.create_experiment("sparkdp"))
             self.run_id = self.client.create_run(experiment_id, run_name=run_name).info.run_id
         except MlflowException as exc:
-            raise ConfigError(f"MLflow cannot log to {tracking_uri!r}: {exc.message} Give a tracking URI such "
+            raise ConfigError(f"MLflow cannot log to {redact(tracking_uri)!r}: {exc.message} Give a tracking URI such "
                               "as sqlite:///PATH/mlflow.db or http://HOST:5000.") from None
-        for key, value in sorted(params.items()):
+        for key, value in sorted(redact(params).items()):
             self.client.log_param(self.run_id, key, str(value)[:500])
         self._status = "FINISHED"
 

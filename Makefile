@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.sparkdp-ready
 PYTEST_ARGS ?= --durations=20  # the slowest tests, to keep `make test` inside its time budget
 
-.PHONY: setup demo test test-all test-cluster-env lint docs docs-serve fuzz bench bench-cluster bench-sync bench-allreduce bench-ps bench-async bench-data bench-checkpoint bench-monitor clean
+.PHONY: setup demo test test-fast test-gpu typecheck test-all test-cluster-env lint docs docs-serve fuzz bench bench-cluster bench-sync bench-allreduce bench-ps bench-async bench-data bench-checkpoint bench-monitor clean
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh
 	bash scripts/bootstrap.sh
@@ -22,6 +22,15 @@ test: $(STAMP)
 	@$(PY) -m pytest -m "not slow and not gpu" $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc = 5 ]; then echo "make test: pytest collected no tests - the suite is missing" >&2; exit 1; fi; \
 	exit $$rc
+
+# The inner loop: unit, threaded and torch.distributed tests; nothing that starts a JVM (tests
+# taking the spark fixture are marked spark by tests/conftest.py).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not spark and not e2e and not slow and not gpu" $(PYTEST_ARGS)
+
+# CUDA/NCCL tests: run them on a machine with a GPU (make test skips them).
+test-gpu: $(STAMP)
+	$(PY) -m pytest -m gpu $(PYTEST_ARGS)
 
 test-all: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -48,6 +57,9 @@ docs-serve: docs
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks
+
+typecheck: $(STAMP)
+	$(PY) -m mypy src/sparkdp
 
 bench: bench-sync bench-allreduce bench-ps bench-async bench-data
 

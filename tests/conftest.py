@@ -53,6 +53,14 @@ def no_zombie_threads():
     assert not alive, f"threads left running: {alive}"
 
 
+def pytest_collection_modifyitems(items):
+    """A test that takes the ``spark`` fixture needs a JVM: mark it, so ``make test-fast`` (which
+    deselects ``spark``) cannot start one through a forgotten marker."""
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("spark"):
+            item.add_marker(pytest.mark.spark)
+
+
 @pytest.fixture(scope="session")
 def spark():
     """One local[2,4] SparkSession (2 slots, 4 task attempts) for all Spark tests, always stopped."""

@@ -71,6 +71,7 @@ def test_a_task_given_a_gpu_without_cuda_says_which_gpu_and_what_to_do(tmp_path)
         assert "cannot use CUDA" in message and "Install a CUDA build of torch" in message, message
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(),
                     reason=f"no CUDA GPU here (torch {torch.__version__}, torch.cuda.is_available() is False): "
                            "the Spark-scheduled GPU path trains only where a GPU is")

@@ -59,19 +59,36 @@ def test_world_size_one_runs_the_same_code_as_plain_sgd(name):
         assert torch.equal(p, q)
 
 
-@pytest.mark.parametrize("name", STRATEGIES.available())
+STATEFUL = ["average"]  # strategies whose schedule position must survive a restart
+
+
+@pytest.mark.parametrize("name", STATEFUL)
 def test_strategy_state_round_trips(name):
-    strategy = STRATEGIES.create(name, **({"period": 3} if name == "average" else {}))
+    strategy = STRATEGIES.create(name, period=3)
+    model = nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    strategy.setup(model, opt, SingleProcessCollective())
+    for _ in range(4):
+        opt.step()
+    state = strategy.state_dict()
+    assert state == {"steps": 4}
+    restored = STRATEGIES.create(name, period=3)
+    assert restored.state_dict() != state  # a fresh one starts elsewhere: the load below must move it
+    restored.load_state_dict(state)
+    assert restored.state_dict() == state
+
+
+@pytest.mark.parametrize("name", [n for n in STRATEGIES.available() if n not in STATEFUL])
+def test_the_other_strategies_keep_no_schedule_state(name):
+    """A strategy listed here that gains state must move to STATEFUL, whose test round-trips it (an
+    asynchronous strategy's state lives in its parameter server, checkpointed by the driver)."""
+    strategy = STRATEGIES.create(name)
     if name in SYNC:
         model = nn.Linear(3, 2)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         strategy.setup(model, opt, SingleProcessCollective())
-        for _ in range(4):
-            opt.step()
-    state = strategy.state_dict()
-    restored = STRATEGIES.create(name, **({"period": 3} if name == "average" else {}))
-    restored.load_state_dict(state)
-    assert restored.state_dict() == state
+        opt.step()
+    assert strategy.state_dict() == {}
 
 
 def test_the_averaging_period_continues_after_a_state_round_trip():

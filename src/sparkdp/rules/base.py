@@ -37,7 +37,7 @@ class PushKind(enum.Enum):
     PSEUDO_GRADIENT = "pseudo_gradient"
     #: the mean of the raw mini-batch gradients of the ``k`` local steps. For rules that apply
     #: their own momentum (and Taylor correction) to gradients: a pseudo-gradient from a momentum
-    #: worker would get momentum twice (issue 16: DDC-ASGD diverged that way).
+    #: worker would get momentum twice (DDC-ASGD diverged that way: the CNN stayed at chance).
     GRADIENT = "gradient"
     #: ``make_push(local, centre)`` right after a fresh pull; the rule moves the worker itself
     #: (``merge`` is then not used). EASGD.

@@ -40,7 +40,7 @@ class DDCASGD(DelayCompensatedRule):
     pseudo-gradient of a momentum worker (its momentum buffer, up to ``1/(1 - mu_w)``
     times the gradient) the server's momentum compounds it, the step is about
     ``lr / ((1 - mu_w)(1 - mu_tau))`` times the gradient (0.9 for lr 0.01 and 0.9/0.9)
-    and training diverges -- the built-in CNN stayed at chance that way (issue 16). The
+    and training diverges -- the built-in CNN stayed at chance that way. The
     worker optimizer still takes the local steps between pushes (``push_every > 1``).
 
     Args:

@@ -4,6 +4,7 @@ Each attack runs while an honest client is connected; the attacker's connection 
 be closed, nothing it sent applied, and the honest client must keep working.
 """
 
+import datetime
 import logging
 import os
 import socket
@@ -369,3 +370,17 @@ def test_a_server_without_a_centre_takes_the_first_workers_model(tcp):
         _connect(ep, 3, initial=(torch.zeros(4), torch.zeros(2, 2)))
     early.close()
     assert len(built) == 1
+
+
+def test_the_pinned_certificate_outlasts_any_job():
+    """The pin is the trust anchor, so its validity must not end while a long async job runs;
+    it starts a day early for executors whose clocks lag the driver's."""
+    from cryptography import x509
+
+    from sparkdp.ps.transport.tls import make_server_context
+
+    _, pem = make_server_context()
+    cert = x509.load_pem_x509_certificate(pem.encode())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    assert cert.not_valid_before_utc <= now - datetime.timedelta(hours=1)
+    assert cert.not_valid_after_utc >= now + datetime.timedelta(days=3653)

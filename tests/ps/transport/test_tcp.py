@@ -384,3 +384,65 @@ def test_the_pinned_certificate_outlasts_any_job():
     now = datetime.datetime.now(datetime.timezone.utc)
     assert cert.not_valid_before_utc <= now - datetime.timedelta(hours=1)
     assert cert.not_valid_after_utc >= now + datetime.timedelta(days=3653)
+
+
+@pytest.fixture
+def thread_deaths(monkeypatch):
+    """Exceptions that escaped a thread (each would print a traceback and be counted nowhere)."""
+    died = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: died.append(args.exc_value))
+    return died
+
+
+def _raw_auth(ep, meta: dict) -> socket.socket:
+    """An anonymous connection that reads HELLO and sends an AUTH frame with ``meta`` as its JSON."""
+    sock = socket.create_connection(ep.address.rsplit(":", 1), timeout=10)
+    sock.recv(4096)  # HELLO
+    body = codec.dump_json(meta)
+    sock.sendall(HEADER.pack(MAGIC, codec.PROTOCOL_VERSION, Op.AUTH, 0, 0, len(body), 0) + body)
+    return sock
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("shape", [[0, 10**30], [0, 2**63 - 1, 2**63 - 1], [0]])
+def test_a_handshake_frame_carrying_tensor_descriptors_is_rejected(setup, caplog, thread_deaths, shape):
+    """Handshake frames carry no tensors, so no descriptor is decoded before authentication
+    (torch.empty([0, 10**30]) raised TypeError, which killed the connection's thread)."""
+    ps, ep, _ = setup
+    meta = {"worker": 0, "nonce": "00" * 32, "proof": "00" * 32,
+            "tensors": [{"dtype": "float32", "shape": shape, "offset": 0}]}
+    with caplog.at_level(logging.WARNING, logger="sparkdp.ps.transport.tcp_server"):
+        sock = _raw_auth(ep, meta)
+        try:
+            assert_closed(sock)
+        finally:
+            sock.close()
+        deadline = time.monotonic() + 10
+        while ep.rejected_connections < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert ep.rejected_connections == 1 and not thread_deaths
+    assert "handshake frame" in caplog.text and "tensor" in caplog.text
+
+
+@pytest.mark.timeout(60)
+def test_an_unexpected_error_in_a_connection_thread_closes_it_once_and_counts_as_rejected(
+    setup, caplog, thread_deaths, monkeypatch
+):
+    ps, ep, _ = setup
+
+    def broken_handshake(chan):
+        raise RuntimeError("something no handler expected")
+
+    monkeypatch.setattr(ep, "_handshake", broken_handshake)
+    with caplog.at_level(logging.WARNING, logger="sparkdp.ps.transport.tcp_server"):
+        with pytest.raises((ProtocolError, OSError)):
+            TcpTransport().connect(ep.address, ep.info.secret, 3, timeout=2)
+        deadline = time.monotonic() + 10
+        while ep.rejected_connections < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    monkeypatch.undo()  # the fixture's honest client goes on after this test
+    assert not thread_deaths and ep.rejected_connections >= 1
+    records = [r for r in caplog.records if "something no handler expected" in r.getMessage()]
+    assert len(records) == ep.rejected_connections  # one line per connection ...
+    assert all(r.levelno == logging.WARNING and r.exc_info is None for r in records)  # ... no traceback
+    assert "RuntimeError" in records[0].getMessage()

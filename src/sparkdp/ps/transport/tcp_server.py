@@ -166,6 +166,17 @@ class TcpEndpoint(Endpoint):
                 self.rejected_connections += 1
             if not self._stop.is_set():
                 log.warning("closing connection from %s (worker %s): %s", peer, worker, exc)
+        except Exception as exc:
+            # Anything else is a bug reached through this peer's input; it must end this
+            # connection only, and as a counted rejection, not as a dead thread's traceback on
+            # stderr (one per connection an attacker opens).  One warning line; the traceback
+            # goes to debug for whoever hunts the bug.
+            with self._lock:
+                self.rejected_connections += 1
+            if not self._stop.is_set():
+                log.warning("closing connection from %s (worker %s) after an unexpected %s: %s",
+                            peer, worker, type(exc).__name__, str(exc)[:300])
+                log.debug("unexpected error on the connection from %s", peer, exc_info=True)
         finally:
             sock.close()
             with self._lock:

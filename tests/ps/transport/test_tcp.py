@@ -115,9 +115,11 @@ def test_binds_loopback_by_default_and_falls_back_from_a_taken_port(tcp, caplog)
 def test_connect_failure_names_the_address():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # bound, not listening: connection refused
-        with pytest.raises(ConnectFailed, match=rf"127\.0\.0\.1:{port}.*Is the driver still running"):
-            TcpTransport().connect(f"127.0.0.1:{port}", os.urandom(32), 0, timeout=5)
+        port = s.getsockname()[1]  # bound, not listening: connection refused, retried until the deadline
+        started = time.monotonic()
+        with pytest.raises(ConnectFailed, match=rf"127\.0\.0\.1:{port} \(\d+ attempts.*Is the driver still running"):
+            TcpTransport().connect(f"127.0.0.1:{port}", os.urandom(32), 0, timeout=1)
+        assert time.monotonic() - started < 3
 
 
 def test_wrong_secret_is_rejected_and_nothing_applied(setup):
@@ -446,3 +448,119 @@ def test_an_unexpected_error_in_a_connection_thread_closes_it_once_and_counts_as
     assert len(records) == ep.rejected_connections  # one line per connection ...
     assert all(r.levelno == logging.WARNING and r.exc_info is None for r in records)  # ... no traceback
     assert "RuntimeError" in records[0].getMessage()
+
+
+def _from(source: str, address: str) -> socket.socket:
+    """A connection from ``source`` (127.0.0.2, 127.0.0.3, ... are loopback too on Linux)."""
+    host, port = address.rsplit(":", 1)
+    sock = socket.socket()
+    try:
+        sock.settimeout(2)
+        sock.bind((source, 0))
+        sock.connect((host, int(port)))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _still_open(sock: socket.socket) -> bool:
+    """Drain what the server sent (HELLO) without blocking; False once it closed the socket."""
+    try:
+        while True:
+            if not sock.recv(65536, socket.MSG_DONTWAIT):
+                return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.timeout(90)
+def test_one_peer_holding_idle_connections_does_not_lock_honest_clients_out(tcp):
+    """A peer from 127.0.0.2 keeps more idle connections open than there are handshake slots,
+    reopening each one the server closes; honest clients from 127.0.0.1 still connect, pull
+    and push, and the peer never holds more than its per-source share."""
+    ps = make_ps(SHAPES)
+    opts = TcpOptions(handshake_timeout=1.0)
+    ep = tcp(ps, opts)
+    stop, flooding = threading.Event(), threading.Event()
+    held: list[socket.socket] = []
+    errors: list[BaseException] = []
+    most_held_by_peer = []
+
+    def flood():
+        try:
+            ends = time.monotonic() + 60  # bounded even if the test body hangs
+            while not stop.is_set() and time.monotonic() < ends:
+                held[:] = [s for s in held if _still_open(s) or s.close()]
+                while len(held) < opts.max_unauthenticated + 16 and not stop.is_set():
+                    try:
+                        held.append(_from("127.0.0.2", ep.address))
+                    except OSError:
+                        break  # backlog full: try again on the next sweep
+                with ep._lock:
+                    most_held_by_peer.append(getattr(ep, "_unauthenticated_from", {}).get("127.0.0.2", 0))
+                flooding.set()
+                time.sleep(0.1)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            for s in held:
+                s.close()
+
+    flooder = threading.Thread(target=flood, name="flooder")
+    flooder.start()
+    try:
+        assert flooding.wait(20)
+        with _connect(ep, 0) as long_lived:
+            for seq in range(6):  # over more than one handshake timeout: the peer reopens meanwhile
+                with _connect(ep, 1 + seq) as client:  # a retried task, rank 0's evaluation, a probe
+                    honest_round(client, 0)
+                honest_round(long_lived, seq)
+                time.sleep(0.3)
+    finally:
+        stop.set()
+        flooder.join(30)
+    assert not flooder.is_alive() and not errors, errors
+    assert ep.rejected_connections > 0  # the peer did try for more than its share
+    assert max(most_held_by_peer) <= opts.max_unauthenticated_per_source
+    assert ps.metrics()["pushes_applied"] == 12
+    assert torch.equal(ps.pull(0).tensors[0], torch.full((1000,), -12.0))
+
+
+@pytest.mark.timeout(60)
+def test_a_client_refused_at_the_handshake_limit_retries_until_a_slot_frees(tcp):
+    ps = make_ps(SHAPES)
+    ep = tcp(ps, TcpOptions(handshake_timeout=0.5, max_unauthenticated=1))
+    idle = socket.create_connection(ep.address.rsplit(":", 1), timeout=10)  # takes the only slot
+    try:
+        deadline = time.monotonic() + 10
+        while ep._unauthenticated < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with _connect(ep, 0) as client:  # refused until the server cuts the idle one at 0.5 s
+            honest_round(client, 0)
+        assert ep.rejected_connections >= 2  # at least one refusal, and the idle connection
+    finally:
+        idle.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_wrong_secret_fails_at_once_and_is_not_retried(setup):
+    ps, ep, _ = setup
+    started = time.monotonic()
+    with pytest.raises(AuthenticationError, match="secret"):
+        TcpTransport().connect(ep.address, os.urandom(32), 9, timeout=30)
+    assert time.monotonic() - started < 5 and ep.rejected_connections == 1
+
+
+def test_an_observers_pull_is_not_the_workers_pull(tcp):
+    """Worker 0 evaluates the centre over its own connection without moving its books."""
+    ps = make_ps(SHAPES)
+    ep = tcp(ps)
+    with _connect(ep, 0) as client:
+        centre = client.pull(observe=True).tensors
+        assert torch.equal(centre[0], torch.zeros(1000))
+        with pytest.raises(PushRejected, match="never pulled"):  # no pull recorded
+            client.push(0, None, ones())
+        honest_round(client, 0)

@@ -283,14 +283,17 @@ class ParameterServer:
                 )
             pulled = list(record)
         else:
-            pulled = list(pulled_versions)
+            try:
+                pulled = list(pulled_versions)
+            except TypeError:  # e.g. a number off the wire: a rejected push, not a server error
+                pulled = None
         now = self.versions()
-        if len(pulled) != self.num_shards or not all(
+        if pulled is None or len(pulled) != self.num_shards or not all(
             type(v) is int and 0 <= v <= n for v, n in zip(pulled, now, strict=True)
         ):
             raise PushRejected(
-                f"push from worker {worker}: pulled_versions={pulled!r:.200} must be {self.num_shards} ints, each "
-                f"between 0 and the shard's current version {now}; pass the versions pull() returned."
+                f"push from worker {worker}: pulled_versions={pulled_versions if pulled is None else pulled!r:.200} "
+                f"must be {self.num_shards} ints, each between 0 and the shard's current version {now}; pass the versions pull() returned."
             )
         for i, t in enumerate(tensors):
             if not all_finite(t):

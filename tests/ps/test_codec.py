@@ -93,11 +93,23 @@ def test_malformed_frames_raise_protocol_error(frame, match):
         ([{"dtype": "float32", "shape": [1], "offset": 3}], "aligned"),
         ([{"dtype": "float32", "shape": [2**40], "offset": 0}], "exceed the payload"),
         ("nope", "must be a list"),
+        # zero-size tensors whose other dimensions torch cannot hold (TypeError / RuntimeError there)
+        ([{"dtype": "float32", "shape": [0, 10**30], "offset": 0}], "dimensions other than 0 multiply"),
+        ([{"dtype": "float32", "shape": [0, 2**63 - 1, 2**63 - 1], "offset": 0}], "dimensions other than 0"),
+        ([{"dtype": "uint8", "shape": [0] * 65, "offset": 0}], "65 dimensions, at most 32"),
     ],
 )
 def test_bad_tensor_descriptors(descs, match):
     with pytest.raises(ProtocolError, match=match):
         codec.decode_tensors(descs, bytearray(64))
+
+
+def test_the_largest_allowed_zero_size_shape_decodes():
+    widest = [0, 2**24, 2**24]  # the non-zero dimensions multiply to exactly the bound
+    [t] = codec.decode_tensors([{"dtype": "float64", "shape": widest, "offset": 0}], bytearray(0))
+    assert list(t.shape) == widest and t.numel() == 0
+    [t] = codec.decode_tensors([{"dtype": "bool", "shape": [1] * 32, "offset": 0}], bytearray(1))
+    assert t.dim() == 32
 
 
 def test_limits_are_configurable_and_checked_before_allocation():

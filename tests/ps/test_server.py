@@ -146,6 +146,8 @@ def test_large_finite_values_are_not_mistaken_for_overflow():
         ([torch.ones(3)], [1], "pulled_versions"),
         ([torch.ones(3)], [0, 0], "pulled_versions"),
         ([torch.ones(3)], None, "never pulled"),
+        ([torch.ones(3)], 0, "pulled_versions=0 must be 1 ints"),  # e.g. a number off the wire
+        ([torch.ones(3)], 0.5, "pulled_versions=0.5 must be 1 ints"),
     ],
 )
 def test_bad_pushes_are_rejected_clearly(tensors, versions, match):

@@ -144,12 +144,21 @@ def test_worker_zero_evaluates_the_centre_every_eval_every_epochs_without_moving
                    train=TensorData(x, y), eval=TensorData(x, y), epochs=5, batch_size=8, eval_every=2)
     rule = strategy.rule_spec(1)
     server = ParameterServer(lambda shard: rule.create(), list(model.parameters()))
-    transport = InProcTransport()
+    connected = []
+
+    class CountingTransport(InProcTransport):
+        def connect(self, address, secret, worker_id, **kw):
+            connected.append(worker_id)
+            return super().connect(address, secret, worker_id, **kw)
+
+    transport = CountingTransport(use_codec=True)
     with transport.serve(server) as endpoint:
         report = fit_worker(replace(spec, strategy=strategy.connect_to(transport, endpoint.info)),
                             IndependentCollective(0, 1))
     # epochs 2 and 4 (1-based) by worker 0; the last one is the driver's, after every worker is done
     assert ["test_accuracy" in h for h in report.history] == [False, True, False, True, False]
+    # over the worker's own connection: a second one could be refused while the server is busy
+    assert connected == [0]
     assert 0.0 <= report.history[1]["test_accuracy"] <= 1.0
     # the observer's pulls left worker 0 fresh: one worker never sees a stale push
     assert server.metrics()["staleness"] == {0: 20}

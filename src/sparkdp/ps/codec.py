@@ -39,6 +39,12 @@ PROTOCOL_VERSION = 1
 HEADER = struct.Struct("!4sBBHQIQ")
 HEADER_SIZE = HEADER.size  # 28
 ALIGN = 64
+#: Bounds of a tensor descriptor's shape.  The payload length already bounds a tensor's bytes,
+#: but not a zero-size tensor's other dimensions ([0, 10**30] would pass), and torch refuses
+#: shapes whose strides overflow int64 with TypeError/RuntimeError, not ProtocolError.  No
+#: parameter comes near either bound.
+MAX_NDIM = 32
+MAX_ELEMENTS = 2**48  # product of the non-zero dimensions: strides stay far inside int64
 
 
 class Op(enum.IntEnum):
@@ -195,6 +201,13 @@ def decode_tensors(descs: object, payload: Tensor | bytes | bytearray | memoryvi
         dtype, shape, offset = dtype_from_name(d["dtype"]), d["shape"], d["offset"]
         if not (isinstance(shape, list) and all(type(x) is int and x >= 0 for x in shape)):
             raise ProtocolError(f"tensor {i}: shape must be a list of non-negative ints, got {shape!r:.200}.")
+        if len(shape) > MAX_NDIM:
+            raise ProtocolError(f"tensor {i}: shape has {len(shape)} dimensions, at most {MAX_NDIM} are allowed.")
+        if math.prod(x for x in shape if x) > MAX_ELEMENTS:
+            raise ProtocolError(
+                f"tensor {i}: shape {shape!r:.200}'s dimensions other than 0 multiply to more than "
+                f"{MAX_ELEMENTS} (2**48), the most a descriptor may declare."
+            )
         if type(offset) is not int or offset < end or offset % ALIGN:
             raise ProtocolError(
                 f"tensor {i}: offset {offset!r} is not {ALIGN}-aligned and increasing (previous end {end})."

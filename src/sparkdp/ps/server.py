@@ -179,12 +179,15 @@ class ParameterServer:
 
     # ------------------------------------------------------------------ pull / push
     def pull(
-        self, worker: int, shards: Sequence[int] | None = None, *, out: Sequence[Tensor] | None = None
+        self, worker: int, shards: Sequence[int] | None = None, *, out: Sequence[Tensor] | None = None,
+        observe: bool = False,
     ) -> Pulled:
         """Copy the centre (the requested shards of it) for ``worker``.
 
         ``out`` (parameter-shaped contiguous tensors) is filled instead of allocating;
         regions of unrequested shards are left as they were (zeros when allocated here).
+        ``observe``: a look at the centre that is not ``worker``'s pull (evaluation): its
+        pulled versions (staleness) and the rule's ``on_pull`` (DC-ASGD's backup) stay as they were.
         """
         worker = _check_worker(worker)
         wanted = self._check_shards(shards)
@@ -199,15 +202,17 @@ class ParameterServer:
             dst = self.plan.views(out, s)
             with self._locks[s]:
                 versions.append(self._versions[s].value)
-                self._rules[s].on_pull(worker, self._views[s])
+                if not observe:
+                    self._rules[s].on_pull(worker, self._views[s])
                 for d, c in zip(dst, self._views[s], strict=True):
                     d.copy_(c)
         shard_bytes = self.plan.shard_bytes()
         nbytes = sum(shard_bytes[s] for s in wanted)
         with self._book:
-            record = self._last_pulled.setdefault(worker, [0] * self.num_shards)
-            for s, v in zip(wanted, versions, strict=True):
-                record[s] = v
+            if not observe:
+                record = self._last_pulled.setdefault(worker, [0] * self.num_shards)
+                for s, v in zip(wanted, versions, strict=True):
+                    record[s] = v
             self._counts["pulls"] += 1
             self._counts["bytes_out"] += nbytes
         return Pulled(versions, list(out))
@@ -278,14 +283,17 @@ class ParameterServer:
                 )
             pulled = list(record)
         else:
-            pulled = list(pulled_versions)
+            try:
+                pulled = list(pulled_versions)
+            except TypeError:  # e.g. a number off the wire: a rejected push, not a server error
+                pulled = None
         now = self.versions()
-        if len(pulled) != self.num_shards or not all(
+        if pulled is None or len(pulled) != self.num_shards or not all(
             type(v) is int and 0 <= v <= n for v, n in zip(pulled, now, strict=True)
         ):
             raise PushRejected(
-                f"push from worker {worker}: pulled_versions={pulled!r:.200} must be {self.num_shards} ints, each "
-                f"between 0 and the shard's current version {now}; pass the versions pull() returned."
+                f"push from worker {worker}: pulled_versions={pulled_versions if pulled is None else pulled!r:.200} "
+                f"must be {self.num_shards} ints, each between 0 and the shard's current version {now}; pass the versions pull() returned."
             )
         for i, t in enumerate(tensors):
             if not all_finite(t):

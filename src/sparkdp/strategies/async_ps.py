@@ -129,14 +129,12 @@ class AsyncParameterServer(Strategy):
         """Worker 0 evaluates the server's centre on all the test data as it finishes an epoch (the
         others go on); after the last epoch the driver evaluates the final centre instead.
 
-        The centre is pulled under an id no task uses (``world_size``, the driver's too): a pull
-        as worker 0 would move its staleness version and its DC-ASGD backup."""
+        The centre comes over worker 0's own connection as an observer's pull: a second connection
+        would take one more handshake slot and could be refused while the server is busy, and an
+        ordinary pull would move worker 0's staleness version and its DC-ASGD backup."""
         if collective.rank != 0 or last:
             return None
-        transport, info = self._server
-        with transport.connect(info.address, info.secret, collective.world_size, timeout=self.connect_timeout_s,
-                               tls_cert=info.tls_cert) as client:
-            centre = client.pull().tensors
+        centre = self._client.pull(observe=True).tensors
         model = copy.deepcopy(self.unwrap())
         with torch.no_grad():
             for p, c in zip(model.parameters(), centre, strict=True):

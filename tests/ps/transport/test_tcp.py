@@ -4,6 +4,7 @@ Each attack runs while an honest client is connected; the attacker's connection 
 be closed, nothing it sent applied, and the honest client must keep working.
 """
 
+import datetime
 import logging
 import os
 import socket
@@ -114,9 +115,11 @@ def test_binds_loopback_by_default_and_falls_back_from_a_taken_port(tcp, caplog)
 def test_connect_failure_names_the_address():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # bound, not listening: connection refused
-        with pytest.raises(ConnectFailed, match=rf"127\.0\.0\.1:{port}.*Is the driver still running"):
-            TcpTransport().connect(f"127.0.0.1:{port}", os.urandom(32), 0, timeout=5)
+        port = s.getsockname()[1]  # bound, not listening: connection refused, retried until the deadline
+        started = time.monotonic()
+        with pytest.raises(ConnectFailed, match=rf"127\.0\.0\.1:{port} \(\d+ attempts.*Is the driver still running"):
+            TcpTransport().connect(f"127.0.0.1:{port}", os.urandom(32), 0, timeout=1)
+        assert time.monotonic() - started < 3
 
 
 def test_wrong_secret_is_rejected_and_nothing_applied(setup):
@@ -369,3 +372,195 @@ def test_a_server_without_a_centre_takes_the_first_workers_model(tcp):
         _connect(ep, 3, initial=(torch.zeros(4), torch.zeros(2, 2)))
     early.close()
     assert len(built) == 1
+
+
+def test_the_pinned_certificate_outlasts_any_job():
+    """The pin is the trust anchor, so its validity must not end while a long async job runs;
+    it starts a day early for executors whose clocks lag the driver's."""
+    from cryptography import x509
+
+    from sparkdp.ps.transport.tls import make_server_context
+
+    _, pem = make_server_context()
+    cert = x509.load_pem_x509_certificate(pem.encode())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    assert cert.not_valid_before_utc <= now - datetime.timedelta(hours=1)
+    assert cert.not_valid_after_utc >= now + datetime.timedelta(days=3653)
+
+
+@pytest.fixture
+def thread_deaths(monkeypatch):
+    """Exceptions that escaped a thread (each would print a traceback and be counted nowhere)."""
+    died = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: died.append(args.exc_value))
+    return died
+
+
+def _raw_auth(ep, meta: dict) -> socket.socket:
+    """An anonymous connection that reads HELLO and sends an AUTH frame with ``meta`` as its JSON."""
+    sock = socket.create_connection(ep.address.rsplit(":", 1), timeout=10)
+    sock.recv(4096)  # HELLO
+    body = codec.dump_json(meta)
+    sock.sendall(HEADER.pack(MAGIC, codec.PROTOCOL_VERSION, Op.AUTH, 0, 0, len(body), 0) + body)
+    return sock
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("shape", [[0, 10**30], [0, 2**63 - 1, 2**63 - 1], [0]])
+def test_a_handshake_frame_carrying_tensor_descriptors_is_rejected(setup, caplog, thread_deaths, shape):
+    """Handshake frames carry no tensors, so no descriptor is decoded before authentication
+    (torch.empty([0, 10**30]) raised TypeError, which killed the connection's thread)."""
+    ps, ep, _ = setup
+    meta = {"worker": 0, "nonce": "00" * 32, "proof": "00" * 32,
+            "tensors": [{"dtype": "float32", "shape": shape, "offset": 0}]}
+    with caplog.at_level(logging.WARNING, logger="sparkdp.ps.transport.tcp_server"):
+        sock = _raw_auth(ep, meta)
+        try:
+            assert_closed(sock)
+        finally:
+            sock.close()
+        deadline = time.monotonic() + 10
+        while ep.rejected_connections < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert ep.rejected_connections == 1 and not thread_deaths
+    assert "handshake frame" in caplog.text and "tensor" in caplog.text
+
+
+@pytest.mark.timeout(60)
+def test_an_unexpected_error_in_a_connection_thread_closes_it_once_and_counts_as_rejected(
+    setup, caplog, thread_deaths, monkeypatch
+):
+    ps, ep, _ = setup
+
+    def broken_handshake(chan):
+        raise RuntimeError("something no handler expected")
+
+    monkeypatch.setattr(ep, "_handshake", broken_handshake)
+    with caplog.at_level(logging.WARNING, logger="sparkdp.ps.transport.tcp_server"):
+        with pytest.raises((ProtocolError, OSError)):
+            TcpTransport().connect(ep.address, ep.info.secret, 3, timeout=2)
+        deadline = time.monotonic() + 10
+        while ep.rejected_connections < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    monkeypatch.undo()  # the fixture's honest client goes on after this test
+    assert not thread_deaths and ep.rejected_connections >= 1
+    records = [r for r in caplog.records if "something no handler expected" in r.getMessage()]
+    assert len(records) == ep.rejected_connections  # one line per connection ...
+    assert all(r.levelno == logging.WARNING and r.exc_info is None for r in records)  # ... no traceback
+    assert "RuntimeError" in records[0].getMessage()
+
+
+def _from(source: str, address: str) -> socket.socket:
+    """A connection from ``source`` (127.0.0.2, 127.0.0.3, ... are loopback too on Linux)."""
+    host, port = address.rsplit(":", 1)
+    sock = socket.socket()
+    try:
+        sock.settimeout(2)
+        sock.bind((source, 0))
+        sock.connect((host, int(port)))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _still_open(sock: socket.socket) -> bool:
+    """Drain what the server sent (HELLO) without blocking; False once it closed the socket."""
+    try:
+        while True:
+            if not sock.recv(65536, socket.MSG_DONTWAIT):
+                return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.timeout(90)
+def test_one_peer_holding_idle_connections_does_not_lock_honest_clients_out(tcp):
+    """A peer from 127.0.0.2 keeps more idle connections open than there are handshake slots,
+    reopening each one the server closes; honest clients from 127.0.0.1 still connect, pull
+    and push, and the peer never holds more than its per-source share."""
+    ps = make_ps(SHAPES)
+    opts = TcpOptions(handshake_timeout=1.0)
+    ep = tcp(ps, opts)
+    stop, flooding = threading.Event(), threading.Event()
+    held: list[socket.socket] = []
+    errors: list[BaseException] = []
+    most_held_by_peer = []
+
+    def flood():
+        try:
+            ends = time.monotonic() + 60  # bounded even if the test body hangs
+            while not stop.is_set() and time.monotonic() < ends:
+                held[:] = [s for s in held if _still_open(s) or s.close()]
+                while len(held) < opts.max_unauthenticated + 16 and not stop.is_set():
+                    try:
+                        held.append(_from("127.0.0.2", ep.address))
+                    except OSError:
+                        break  # backlog full: try again on the next sweep
+                with ep._lock:
+                    most_held_by_peer.append(getattr(ep, "_unauthenticated_from", {}).get("127.0.0.2", 0))
+                flooding.set()
+                time.sleep(0.1)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            for s in held:
+                s.close()
+
+    flooder = threading.Thread(target=flood, name="flooder")
+    flooder.start()
+    try:
+        assert flooding.wait(20)
+        with _connect(ep, 0) as long_lived:
+            for seq in range(6):  # over more than one handshake timeout: the peer reopens meanwhile
+                with _connect(ep, 1 + seq) as client:  # a retried task, rank 0's evaluation, a probe
+                    honest_round(client, 0)
+                honest_round(long_lived, seq)
+                time.sleep(0.3)
+    finally:
+        stop.set()
+        flooder.join(30)
+    assert not flooder.is_alive() and not errors, errors
+    assert ep.rejected_connections > 0  # the peer did try for more than its share
+    assert max(most_held_by_peer) <= opts.max_unauthenticated_per_source
+    assert ps.metrics()["pushes_applied"] == 12
+    assert torch.equal(ps.pull(0).tensors[0], torch.full((1000,), -12.0))
+
+
+@pytest.mark.timeout(60)
+def test_a_client_refused_at_the_handshake_limit_retries_until_a_slot_frees(tcp):
+    ps = make_ps(SHAPES)
+    ep = tcp(ps, TcpOptions(handshake_timeout=0.5, max_unauthenticated=1))
+    idle = socket.create_connection(ep.address.rsplit(":", 1), timeout=10)  # takes the only slot
+    try:
+        deadline = time.monotonic() + 10
+        while ep._unauthenticated < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with _connect(ep, 0) as client:  # refused until the server cuts the idle one at 0.5 s
+            honest_round(client, 0)
+        assert ep.rejected_connections >= 2  # at least one refusal, and the idle connection
+    finally:
+        idle.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_wrong_secret_fails_at_once_and_is_not_retried(setup):
+    ps, ep, _ = setup
+    started = time.monotonic()
+    with pytest.raises(AuthenticationError, match="secret"):
+        TcpTransport().connect(ep.address, os.urandom(32), 9, timeout=30)
+    assert time.monotonic() - started < 5 and ep.rejected_connections == 1
+
+
+def test_an_observers_pull_is_not_the_workers_pull(tcp):
+    """Worker 0 evaluates the centre over its own connection without moving its books."""
+    ps = make_ps(SHAPES)
+    ep = tcp(ps)
+    with _connect(ep, 0) as client:
+        centre = client.pull(observe=True).tensors
+        assert torch.equal(centre[0], torch.zeros(1000))
+        with pytest.raises(PushRejected, match="never pulled"):  # no pull recorded
+            client.push(0, None, ones())
+        honest_round(client, 0)

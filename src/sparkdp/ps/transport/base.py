@@ -73,10 +73,12 @@ class Client(ABC):
     last_seq: int
 
     @abstractmethod
-    def pull(self, *, out: Sequence[Tensor] | None = None) -> Pulled:
+    def pull(self, *, out: Sequence[Tensor] | None = None, observe: bool = False) -> Pulled:
         """The whole centre: ``(versions per shard, parameter-shaped tensors)``.
 
-        With ``out`` the centre is copied into those tensors (e.g. reusable buffers)."""
+        With ``out`` the centre is copied into those tensors (e.g. reusable buffers).
+        ``observe``: look at the centre without it counting as this worker's pull (no
+        staleness record, no rule hook): worker 0 evaluates the centre on its own connection."""
 
     @abstractmethod
     def push(

@@ -182,6 +182,12 @@ class Channel:
                 raise ProtocolError("payload without the payload MAC this connection requires.")
         meta = codec.load_json(body)
         descs = meta.pop("tensors", [])
+        if self._keys is None and descs != []:
+            # The handshake carries no tensors; decoding none before authentication keeps the
+            # descriptor parser (and torch) out of an anonymous peer's reach.
+            raise ProtocolError(
+                f"handshake frame {head.op.name} declares tensors ({descs!r:.100}); handshake frames carry none."
+            )
         scattered = _scatter_views(descs, into, head.payload_len) if into is not None else None
         if scattered is None:
             payload = self._payload_buffer(head.payload_len, reuse_buffer)

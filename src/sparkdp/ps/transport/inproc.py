@@ -51,12 +51,12 @@ class InProcClient(Client):
     def _through_codec(self, op: codec.Op, meta: dict, tensors: Sequence[Tensor]) -> codec.Message:
         return codec.decode_from_bytes(codec.encode_to_bytes(op, next(self._seq), meta, tensors))
 
-    def pull(self, *, out: Sequence[Tensor] | None = None) -> Pulled:
+    def pull(self, *, out: Sequence[Tensor] | None = None, observe: bool = False) -> Pulled:
         self._check_open()
         if not self._use_codec:
-            return self._server.pull(self.worker_id, out=out)
-        self._through_codec(codec.Op.PULL, {}, ())
-        versions, tensors = self._server.pull(self.worker_id)
+            return self._server.pull(self.worker_id, out=out, observe=observe)
+        msg = self._through_codec(codec.Op.PULL, {"observe": True} if observe else {}, ())
+        versions, tensors = self._server.pull(self.worker_id, observe=msg.meta.get("observe") is True)
         reply = self._through_codec(codec.Op.PULL_REPLY, {"versions": versions}, tensors)
         if out is not None:
             for dst, src in zip(out, reply.tensors, strict=True):

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
+import logging
+import random
 import secrets
 import socket
+import ssl
 import threading
+import time
 from collections.abc import Sequence
 
 from torch import Tensor
@@ -19,6 +24,21 @@ from sparkdp.ps.transport.channel import Channel, PeerClosed
 from sparkdp.ps.transport.tcp_options import ERROR_KINDS, TcpOptions, parse_address, tune_socket
 
 Op = codec.Op
+log = logging.getLogger(__name__)
+_BACKOFF_BASE_S = 0.05
+_BACKOFF_CAP_S = 2.0
+
+
+class _ClosedBeforeHello(ProtocolError):
+    """The server closed the connection on arrival (it does so at its handshake limits)."""
+
+
+#: Failures of a connect or handshake worth another attempt within the deadline: nobody listens
+#: yet, or the server refused / reset the connection before authenticating.  Never an
+#: AuthenticationError (a wrong secret stays wrong), a timeout (the deadline is spent) or a
+#: certificate that is not the pinned one.
+_RETRYABLE = (ConnectionRefusedError, ConnectionResetError, ConnectionAbortedError, BrokenPipeError,
+              ssl.SSLEOFError, ssl.SSLZeroReturnError, _ClosedBeforeHello)
 
 
 class TcpClient(Client):
@@ -40,27 +60,57 @@ class TcpClient(Client):
         self._lock = threading.Lock()
         self._broken: str | None = None
         host, port = parse_address(address)
+        secret = check_secret(secret)
+        deadline = time.monotonic() + timeout
+        for attempt in itertools.count(1):
+            try:
+                self._connect_once(host, port, secret, tls_cert, max(deadline - time.monotonic(), 0.001))
+                break
+            except _RETRYABLE as exc:
+                # Exponential backoff with jitter: the server refuses connections while too many
+                # handshakes are open (from our address or in all) and workers started together
+                # must not come back in lockstep.
+                delay = min(_BACKOFF_CAP_S, _BACKOFF_BASE_S * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
+                if time.monotonic() + delay >= deadline:
+                    raise ConnectFailed(
+                        f"worker {worker_id} cannot connect to the parameter server at {address} "
+                        f"({attempt} attempts in {timeout:g}s, the last: {exc or type(exc).__name__}). "
+                        "Is the driver still running, and can executors reach the driver's host (firewall, "
+                        "spark.driver.host)? A server busy with many handshakes refuses connections for a "
+                        "while: raise the connect timeout."
+                    ) from exc
+                log.debug("connect to %s failed (%s); retrying in %.2fs", address, exc, delay)
+                time.sleep(delay)
+        try:
+            if initial is not None and self._awaits_centre:
+                self._give_centre(initial)
+            elif initial is not None and self.plan is not None:  # the centre exists: the model must match it
+                self.plan.check(list(initial), f"worker {worker_id}'s model")
+        except BaseException:
+            self._chan.sock.close()
+            raise
+
+    def _connect_once(self, host: str, port: int, secret: bytes, tls_cert: str | None, timeout: float) -> None:
+        """One connect and handshake; raises what :data:`_RETRYABLE` lists when worth another try."""
         try:
             sock = socket.create_connection((host, port), timeout=timeout)
-        except OSError as exc:
+        except _RETRYABLE:
+            raise
+        except OSError as exc:  # no such host, unreachable network, connect timed out
             raise ConnectFailed(
-                f"worker {worker_id} cannot connect to the parameter server at {address}: {exc}. "
+                f"worker {self.worker_id} cannot connect to the parameter server at {self.address}: {exc}. "
                 "Is the driver still running, and can executors reach the driver's host (firewall, "
                 "spark.driver.host)?"
             ) from exc
         try:
-            tune_socket(sock, opts)
+            tune_socket(sock, self._opts)
             if tls_cert is not None:
                 from sparkdp.ps.transport.tls import make_client_context
 
                 sock.settimeout(timeout)
                 sock = make_client_context(tls_cert).wrap_socket(sock)
-            self._chan = Channel(sock, "client", opts.limits, opts.frame_timeout)
-            self._handshake(check_secret(secret), timeout)
-            if initial is not None and self._awaits_centre:
-                self._give_centre(initial)
-            elif initial is not None and self.plan is not None:  # the centre exists: the model must match it
-                self.plan.check(list(initial), f"worker {worker_id}'s model")
+            self._chan = Channel(sock, "client", self._opts.limits, self._opts.frame_timeout)
+            self._handshake(secret, timeout)
         except BaseException:
             sock.close()
             raise
@@ -70,8 +120,8 @@ class TcpClient(Client):
         try:
             hello = chan.recv(timeout)
             server_nonce = bytes.fromhex(hello.meta.get("nonce", "")) if hello.op is Op.HELLO else b""
-        except PeerClosed:
-            raise ProtocolError(f"{self.address} closed the connection before the handshake.") from None
+        except PeerClosed:  # what a server at its handshake limit does: retried by the caller
+            raise _ClosedBeforeHello(f"{self.address} closed the connection before the handshake.") from None
         except (ValueError, TypeError):  # nonce not hex / not a string
             server_nonce = b""
         if len(server_nonce) != NONCE_BYTES:
@@ -155,11 +205,12 @@ class TcpClient(Client):
         if self.plan is None:
             raise ProtocolError(f"{self.address} is a monitoring endpoint; it holds no parameters to pull or push.")
 
-    def pull(self, *, out: Sequence[Tensor] | None = None) -> Pulled:
+    def pull(self, *, out: Sequence[Tensor] | None = None, observe: bool = False) -> Pulled:
         self._need_plan()
         if out is not None:
             self.plan.check(out, "pull(out=...)")
-        reply = self._request(Op.PULL, {}, (), Op.PULL_REPLY, into=out)  # received straight into `out`
+        meta = {"observe": True} if observe else {}
+        reply = self._request(Op.PULL, meta, (), Op.PULL_REPLY, into=out)  # received straight into `out`
         self.plan.check(reply.tensors, f"pull reply from {self.address}")
         if out is None or all(a is b for a, b in zip(reply.tensors, out, strict=True)):
             return Pulled(reply.meta["versions"], reply.tensors)

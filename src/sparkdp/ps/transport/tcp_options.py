@@ -31,6 +31,11 @@ class TcpOptions:
             are closed on arrival, so a flood of idle or half-open connections from peers
             without the secret cannot take threads and memory from the workers (each one is
             also closed after ``handshake_timeout``).
+        max_unauthenticated_per_source: how many of those may come from one source address;
+            more from that address are closed on arrival, so one peer cannot take every slot and
+            lock the workers out.  Honest handshakes last milliseconds and clients retry a
+            refused connect with backoff, so a burst of more tasks from one executor host still
+            gets in; raise it only for many workers behind one NAT address.
         max_connections: authenticated connections allowed at once.
     """
 
@@ -43,6 +48,7 @@ class TcpOptions:
     socket_buffer: int | None = None
     join_timeout: float = 5.0
     max_unauthenticated: int = 64
+    max_unauthenticated_per_source: int = 8
     max_connections: int = 1024
 
 

@@ -8,6 +8,7 @@ import secrets
 import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -77,6 +78,7 @@ class TcpEndpoint(Endpoint):
         # still inside torch when the interpreter exits aborts the process.
         self._conns: dict[threading.Thread, socket.socket | None] = {}
         self._unauthenticated = 0  # connections still in their handshake (bounded, see TcpOptions)
+        self._unauthenticated_from: Counter[str] = Counter()  # the same, per source address
         self._accept_thread = threading.Thread(
             target=self._accept_loop, name=f"sparkdp-ps-accept-{bound_port}", daemon=True
         )
@@ -112,19 +114,35 @@ class TcpEndpoint(Endpoint):
                 for done in [t for t in self._conns if not t.is_alive()]:
                     del self._conns[done]
                 busy = sum(s is not None for s in self._conns.values())
-                full = (self._unauthenticated >= self._opts.max_unauthenticated
+                # A source at its limit is refused, not served by evicting its oldest handshake:
+                # a refusal costs one accept() and no thread, while eviction would let a peer
+                # that reconnects whenever it is closed spin the server through a thread per
+                # connection, and would not keep an honest client from a flooded source in
+                # either (the flooder's newer sockets evict it).  Other sources keep their slots,
+                # and an honest client of this source retries with backoff (TcpClient).
+                from_source = self._unauthenticated_from[peer[0]]
+                full = (from_source >= self._opts.max_unauthenticated_per_source
+                        or self._unauthenticated >= self._opts.max_unauthenticated
                         or busy >= self._opts.max_connections + self._opts.max_unauthenticated)
                 if full:
                     self.rejected_connections += 1
                 else:
                     self._unauthenticated += 1
+                    self._unauthenticated_from[peer[0]] += 1
                     self._conns[thread] = sock
             if full:  # closed at once, without a thread: the cost of a refused peer is one accept()
-                log.warning("refusing a connection from %s: %d unauthenticated and %d connections open",
-                            peer, self._unauthenticated, busy)
+                log.warning("refusing a connection from %s: %d handshakes open from that address, %d in all, "
+                            "%d connections open", peer, from_source, self._unauthenticated, busy)
                 sock.close()
                 continue
             thread.start()
+
+    def _handshake_over(self, source: str) -> None:
+        """Give back the connection's unauthenticated slot (with ``self._lock`` held)."""
+        self._unauthenticated -= 1
+        self._unauthenticated_from[source] -= 1
+        if not self._unauthenticated_from[source]:
+            del self._unauthenticated_from[source]  # a Counter of every address ever seen would only grow
 
     def _serve_conn(self, sock: socket.socket, peer: tuple) -> None:
         worker = None
@@ -138,7 +156,7 @@ class TcpEndpoint(Endpoint):
             chan = Channel(sock, "server", self._opts.limits, self._opts.frame_timeout)
             worker = self._handshake(chan)
             with self._lock:
-                self._unauthenticated -= 1
+                self._handshake_over(peer[0])
             out = None  # reusable pull buffers: the reply is sent before the next request arrives
             while not self._stop.is_set():
                 msg = chan.recv(self._opts.idle_timeout, reuse_buffer=True)
@@ -153,7 +171,7 @@ class TcpEndpoint(Endpoint):
                 elif msg.op is Op.PULL:
                     if out is None:
                         out = [torch.empty(s.shape, dtype=s.dtype) for s in self.server.plan.params]
-                    versions, tensors = self.server.pull(worker, out=out)
+                    versions, tensors = self.server.pull(worker, out=out, observe=msg.meta.get("observe") is True)
                     chan.send(Op.PULL_REPLY, {"versions": versions}, tensors)
                 elif msg.op is Op.PUSH:
                     self._handle_push(chan, worker, msg)
@@ -166,12 +184,23 @@ class TcpEndpoint(Endpoint):
                 self.rejected_connections += 1
             if not self._stop.is_set():
                 log.warning("closing connection from %s (worker %s): %s", peer, worker, exc)
+        except Exception as exc:
+            # Anything else is a bug reached through this peer's input; it must end this
+            # connection only, and as a counted rejection, not as a dead thread's traceback on
+            # stderr (one per connection an attacker opens).  One warning line; the traceback
+            # goes to debug for whoever hunts the bug.
+            with self._lock:
+                self.rejected_connections += 1
+            if not self._stop.is_set():
+                log.warning("closing connection from %s (worker %s) after an unexpected %s: %s",
+                            peer, worker, type(exc).__name__, str(exc)[:300])
+                log.debug("unexpected error on the connection from %s", peer, exc_info=True)
         finally:
             sock.close()
             with self._lock:
                 self._conns[threading.current_thread()] = None
                 if worker is None:  # it never finished its handshake
-                    self._unauthenticated -= 1
+                    self._handshake_over(peer[0])
 
     def _handshake(self, chan: Channel) -> int:
         server_nonce = secrets.token_bytes(NONCE_BYTES)

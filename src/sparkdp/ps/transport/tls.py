@@ -16,6 +16,8 @@ import tempfile
 
 from sparkdp.errors import EnvironmentProblem
 
+_VALID_DAYS = 36525  # ~100 years; dates past 2049 are encoded as GeneralizedTime (RFC 5280)
+
 
 def make_server_context() -> tuple[ssl.SSLContext, str]:
     """(server SSL context, certificate PEM to hand to the workers)."""
@@ -32,14 +34,17 @@ def make_server_context() -> tuple[ssl.SSLContext, str]:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "sparkdp-parameter-server")])
     now = datetime.datetime.now(datetime.timezone.utc)
+    # The pinned certificate is the trust anchor, not a rotating credential: a fresh key is made
+    # for every server, so a short lifetime protects nothing and would only break async jobs
+    # that run longer than it.  notBefore a day back: executors whose clocks lag the driver's.
     cert = (
         x509.CertificateBuilder()
         .subject_name(name)
         .issuer_name(name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=7))
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=_VALID_DAYS))
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(key, hashes.SHA256())
     )

@@ -1,9 +1,11 @@
-"""The driver's parameter-server checkpoints: resume skips damaged files. No Spark: the server
-and the resume step directly."""
+"""The driver's parameter-server checkpoints: resume skips damaged files, a failed periodic save
+does not end periodic saving. No Spark: the server, the saver and the resume step directly."""
 
 from __future__ import annotations
 
+import errno
 import logging
+import threading
 
 import pytest
 import torch
@@ -12,7 +14,7 @@ from torch import nn
 
 from sparkdp import state as state_io
 from sparkdp.data.tensors import TensorData
-from sparkdp.driver.async_job import _resume_server, _server_factory
+from sparkdp.driver.async_job import _resume_server, _server_factory, _ServerCheckpoints
 from sparkdp.errors import ConfigError
 from sparkdp.strategies import AsyncParameterServer
 from sparkdp.train.loop import FitSpec
@@ -118,3 +120,21 @@ def test_a_checkpoint_without_a_digest_still_loads(tmp_path):
     for got, want in zip(fresh.pull(worker=1).tensors, centres[1], strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
+
+def test_a_failed_periodic_checkpoint_is_logged_and_the_next_period_saves(tmp_path, caplog, monkeypatch):
+    server = _server(nn.Linear(4, 3))
+    real_save, calls, saved = server.save, [], threading.Event()
+
+    def save(path):
+        calls.append(path)
+        if len(calls) == 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_save(path)
+        saved.set()
+
+    monkeypatch.setattr(server, "save", save)
+    with caplog.at_level(logging.WARNING, logger="sparkdp"), _ServerCheckpoints(server, str(tmp_path), 0.05, 3):
+        assert saved.wait(10), "no checkpoint was saved after the failed one"
+    assert (tmp_path / "ps-000000.safetensors").exists()  # the failed one's name, retried
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings and "ps-000000.safetensors" in warnings[0] and "No space left on device" in warnings[0]

@@ -168,10 +168,17 @@ class _ServerCheckpoints:
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
-            self.save()
+            try:
+                self.save()
+            except Exception as exc:  # a full or read-only disk: training goes on, the next period retries
+                log.warning("the parameter-server checkpoint %s failed (%s: %s); training goes on and the next "
+                            "save is tried in %g s", self._path(), type(exc).__name__, exc, self.every_s)
+
+    def _path(self) -> Path:
+        return self.directory / f"ps-{self.count:06d}.safetensors"
 
     def save(self) -> None:
-        path = self.directory / f"ps-{self.count:06d}.safetensors"
+        path = self._path()
         self.server.save(path)
         self.count += 1
         for old in _server_checkpoints(self.directory)[:-self.keep]:

@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.sparkdp-ready
 PYTEST_ARGS ?= --durations=20  # the slowest tests, to keep `make test` inside its time budget
 
-.PHONY: setup demo test test-fast test-gpu typecheck test-all test-cluster-env lint docs docs-serve fuzz bench bench-cluster bench-sync bench-allreduce bench-ps bench-async bench-data bench-checkpoint bench-monitor clean
+.PHONY: setup demo test test-fast test-gpu typecheck test-all test-cluster-env lint docs docs-serve fuzz bench bench-cluster bench-sync bench-allreduce bench-ps bench-ps-load bench-async bench-data bench-checkpoint bench-monitor clean
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh
 	bash scripts/bootstrap.sh
@@ -71,6 +71,13 @@ bench-allreduce: $(STAMP)
 
 bench-ps: $(STAMP)
 	$(PY) benchmarks/ps_bandwidth.py
+
+# 32 client processes pushing and pulling a 1M-parameter model for 60 s against one server;
+# fails if any acknowledged push is lost or doubled (PS_LOAD_CLIENTS=, PS_LOAD_SECONDS= to change).
+PS_LOAD_CLIENTS ?= 32
+PS_LOAD_SECONDS ?= 60
+bench-ps-load: $(STAMP)
+	$(PY) benchmarks/ps_load.py --clients $(PS_LOAD_CLIENTS) --seconds $(PS_LOAD_SECONDS)
 
 bench-async: $(STAMP)
 	$(PY) benchmarks/async_throughput.py

@@ -31,3 +31,18 @@ def test_values_outside_the_format_are_named():
 def test_plain_safetensors_are_not_taken_for_state():
     with pytest.raises(ValueError, match="not sparkdp state"):
         state.from_bytes(save({"w": torch.zeros(2)}))
+
+
+@pytest.mark.parametrize("cut", [4, 100, -5], ids=["header length", "header", "tensor data"])
+def test_a_truncated_file_is_a_value_error_naming_it(tmp_path, cut):
+    path = tmp_path / "state.safetensors"
+    state.save({"w": torch.arange(50.0), "n": 3}, path)
+    data = path.read_bytes()
+    path.write_bytes(data[:cut])
+    with pytest.raises(ValueError, match=f"{path.name} is not a readable sparkdp state file"):
+        state.load(path)
+
+
+def test_a_missing_file_stays_an_os_error(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        state.load(tmp_path / "absent.safetensors")

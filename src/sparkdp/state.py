@@ -63,12 +63,18 @@ def save(obj: Any, path: str | os.PathLike[str]) -> None:
 
 
 def load(path: str | os.PathLike[str]) -> Any:
-    """Read a file written by :func:`save`."""
-    with safe_open(str(path), framework="pt") as fh:
-        meta = fh.metadata() or {}
-        if META_KEY not in meta:
-            raise ValueError(f"{path} is a safetensors file but not sparkdp state (no 'sparkdp' metadata).")
-        return unflatten(meta[META_KEY], {k: fh.get_tensor(k) for k in fh.keys()})
+    """Read a file written by :func:`save`; ``ValueError`` if it is damaged or not one, ``OSError``
+    if it cannot be opened."""
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            meta = fh.metadata() or {}
+            if META_KEY not in meta:
+                raise ValueError(f"{path} is a safetensors file but not sparkdp state (no 'sparkdp' metadata).")
+            return unflatten(meta[META_KEY], {k: fh.get_tensor(k) for k in fh.keys()})
+    except (OSError, ValueError):
+        raise
+    except Exception as exc:  # safetensors raises its own error type (not a ValueError) for a damaged file
+        raise ValueError(f"{path} is not a readable sparkdp state file ({type(exc).__name__}: {exc}).") from exc
 
 
 def _encode(obj: Any, tensors: dict[str, Tensor], where: str) -> Any:

@@ -168,10 +168,17 @@ class _ServerCheckpoints:
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
-            self.save()
+            try:
+                self.save()
+            except Exception as exc:  # a full or read-only disk: training goes on, the next period retries
+                log.warning("the parameter-server checkpoint %s failed (%s: %s); training goes on and the next "
+                            "save is tried in %g s", self._path(), type(exc).__name__, exc, self.every_s)
+
+    def _path(self) -> Path:
+        return self.directory / f"ps-{self.count:06d}.safetensors"
 
     def save(self) -> None:
-        path = self.directory / f"ps-{self.count:06d}.safetensors"
+        path = self._path()
         self.server.save(path)
         self.count += 1
         for old in _server_checkpoints(self.directory)[:-self.keep]:
@@ -186,21 +193,32 @@ def _server_checkpoints(directory: str | os.PathLike[str]) -> list[str]:
 def _resume_server(server: ParameterServer, spec: FitSpec, strategy: AsyncParameterServer, workers: int,
                    directory: str) -> FitSpec:
     """Load the newest readable server checkpoint; return ``spec`` for the epochs still to run."""
-    for name in reversed(_server_checkpoints(directory)):
-        try:
-            server.load(Path(directory) / name)
-            break
-        except (OSError, ValueError, KeyError) as exc:
-            log.warning("skipping the parameter-server checkpoint %s: %s; trying the one before it", name, exc)
-    else:
-        raise ConfigError(f"resume={directory!r}: no readable parameter-server checkpoint (ps-*.safetensors) "
-                          "there. Point resume at the checkpoint_dir of an earlier asynchronous run.")
+    name = _load_latest(server, directory)
     _copy_centre(server, spec.model, workers)
     done = _epochs_done(server, spec, strategy, workers)
     log.info("resuming the parameter server from %s: %d of %d epoch(s) covered by the applied pushes", name,
              done, spec.epochs)
     return replace(spec, epochs=max(spec.epochs - done, 0),
                    part=replace(spec.part, start_epoch=done, last_epoch=spec.epochs - 1))
+
+
+def _load_latest(server: ParameterServer, directory: str | os.PathLike[str]) -> str:
+    """Load the newest server checkpoint in ``directory`` that reads and verifies into ``server``
+    and return its name; damaged newer ones are skipped with a warning, as the synchronous
+    path's ``latest_checkpoint`` does."""
+    for name in reversed(_server_checkpoints(directory)):
+        path = Path(directory) / name
+        try:
+            server.load(path)
+            return name
+        except ConfigError:
+            raise  # a checkpoint of another model or shard layout: the older ones are too
+        except (OSError, ValueError, KeyError) as exc:
+            reason = str(exc).rstrip(".") if str(path) in str(exc) else f"{path}: {exc}"
+            log.warning("skipping the parameter-server checkpoint %s; trying the one before it", reason)
+    raise ConfigError(f"resume={os.fspath(directory)!r}: no readable parameter-server checkpoint (ps-*.safetensors) "
+                      "there. Point resume at the checkpoint_dir of an earlier asynchronous run, or leave it "
+                      "unset to start afresh.")
 
 
 def _epochs_done(server: ParameterServer, spec: FitSpec, strategy: AsyncParameterServer, workers: int) -> int:

@@ -332,16 +332,6 @@ def test_a_slow_loris_handshake_is_cut_at_the_deadline(setup, tcp):
     assert ep.rejected_connections == 1
 
 
-@pytest.mark.timeout(120)
-def test_32_concurrent_clients_lose_no_update():
-    """The load benchmark's loop, bounded to 3 s (``benchmarks/ps_load.py`` runs 60)."""
-    from benchmarks.ps_load import run_load
-
-    result = run_load(clients=32, seconds=3.0, numel=10_000)
-    assert result["exact"] and result["applied"] == result["pushes"] > 32
-    assert result["rss_after_mb"] - result["rss_before_mb"] < 200
-
-
 def test_a_server_without_a_centre_takes_the_first_workers_model(tcp):
     """``serve(None, initial=...)`` (sparkdp.run): the first INIT's tensors become the centre, a
     later INIT changes nothing, a later client gets the plan at once, and a client that offers

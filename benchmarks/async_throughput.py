@@ -1,6 +1,6 @@
 """Asynchronous training throughput: sparkdp ``asgd`` / ``hogwild`` vs one PyTorch process.
 
-The issue-5 job: Fashion-MNIST, the 2-conv CNN of 16/32 channels + fc128 (``cnn-small``),
+The job: Fashion-MNIST, the 2-conv CNN of 16/32 channels + fc128 (``cnn-small``),
 batch 64, 2 workers pushing and pulling **every batch**, 1 epoch. Each worker trains with
 its own SGD (lr 0.05, no momentum) and the server applies the pushes with SGD lr 0.05.
 In the same invocation a plain single-process PyTorch loop (2 threads, same model, batch
@@ -8,7 +8,7 @@ and optimizer) is timed on the same data. Training throughput = training rows pe
 of training time (Spark start-up excluded for sparkdp; it is reported separately).
 Ways run interleaved; with ``--repeats R`` the medians are reported.
 
-Reference (issue 5): Dpplee3 0.2.5 (Flask + pickle per batch) reached ~1,600 samples/s on
+Reference: Dpplee3 0.2.5 (Flask + pickle per batch) reached ~1,600 samples/s on
 this job here, about a third of the single-process loop. Target: >= 1.0x single process.
 
 Run:  python benchmarks/async_throughput.py [--repeats 3] [--limit N] [--json-out FILE]

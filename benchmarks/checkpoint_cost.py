@@ -4,7 +4,7 @@ The same Fashion-MNIST job (built-in CNN, 2 workers on local[2], SGD lr 0.05 mom
 runs alternately with no checkpoints (``max_restarts=0``, no ``checkpoint_dir``), with the
 default epoch-end checkpoints, and with checkpoints every ``--every`` steps as well; the
 report gives each variant's median samples/s and its ratio to no checkpoints.
-Target (issue 20): epoch-end checkpoints cost <= 3 %.
+Target: epoch-end checkpoints cost <= 3 %.
 
     python benchmarks/checkpoint_cost.py --repeats 3 --limit 30000 --epochs 2
 """

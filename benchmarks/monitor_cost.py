@@ -4,7 +4,7 @@ The same Fashion-MNIST job (built-in CNN, 2 workers on local[2], SGD lr 0.05 mom
 runs alternately quiet with every sink off (``show_progress=False``: the workers are not
 monitored at all) and monitored at the default level (the live display, every worker reporting
 every 2 s, straggler scores, a run log in a temporary directory); the report gives each
-variant's median samples/s and the ratio. Target (issue 14): <= 3 % difference.
+variant's median samples/s and the ratio. Target: <= 3 % difference.
 
     python benchmarks/monitor_cost.py --repeats 3 --limit 30000 --epochs 1
 """

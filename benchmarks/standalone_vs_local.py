@@ -5,7 +5,7 @@ the installed pyspark (``tests/helpers/standalone.py``), so every worker is a se
 JVM with its own Python workers, as on a real cluster; only the network is loopback. The job is
 ``sparkdp train`` on Fashion-MNIST (built-in CNN, allreduce, 2 workers, SGD lr 0.05), run
 alternately on the cluster and on the embedded ``local[2]``; the report gives each side's median
-samples/s over the training time and epoch time, and the ratio. Target (issue 15): the
+samples/s over the training time and epoch time, and the ratio. Target: the
 cluster's epoch time at most 1.15x local[2]'s.
 
     python benchmarks/standalone_vs_local.py --repeats 2 --limit 30000

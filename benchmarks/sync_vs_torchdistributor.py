@@ -17,7 +17,7 @@ r), the same permutation of the rows per epoch (seed r * 1_000_003 + epoch; the 
 DistributedSampler gets seed r * 1_000_003), each worker every world-th row of it, and the
 single process the union of one step's worker batches. So they run one optimisation and
 differ only in rounding: the single process is "one process on the concatenated batch",
-the equivalence issue 2 defines for ``allreduce``.
+the equivalence ``allreduce`` promises.
 
 All three evaluate the test set once, after the last epoch (sparkdp: ``eval_every=epochs``;
 its default evaluates after every epoch, which the other two loops do not do).
@@ -28,7 +28,7 @@ parent around the child). Each child prints one JSON line that the parent collec
 With ``--repeats R`` the ways run interleaved (A B C A B C ...) and medians are reported;
 repeat r (0-based) seeds every way with r, so accuracies are compared over R seeds.
 
-Targets (issue 2): sparkdp training throughput >= 1.0x TorchDistributor's; sparkdp total
+Targets: sparkdp training throughput >= 1.0x TorchDistributor's; sparkdp total
 wall time <= 0.9x TorchDistributor's; sparkdp test accuracy within 0.5 points of the
 single-process run. Each is checked on the median of the per-repeat (paired) values.
 
@@ -446,7 +446,7 @@ def paired(runs: dict[str, list[dict]], a: str, b: str, value) -> list[float]:
 
 
 def build_checks(summaries: dict[str, dict], runs: dict[str, list[dict]]) -> list[dict]:
-    """The issue's three checks, each on the median of the per-repeat (paired) values.
+    """The three targets (module docstring), each checked on the median of the per-repeat (paired) values.
 
     Ways of one repeat run back to back, so a ratio within a repeat is what drifts in
     machine speed between repeats disturb least; the ratio of the medians is shown beside it.

@@ -158,7 +158,7 @@ def test_ragged_arrays_against_feature_shape(spark, tmp_path):
 
 def test_the_averaging_period_continues_across_dataframe_epochs(spark):
     """A streamed DataFrame trains one barrier stage per epoch; the strategy's step count (where its
-    averaging period stands) travels from stage to stage instead of restarting at 0 (issue 12)."""
+    averaging period stands) travels from stage to stage instead of restarting at 0 every epoch."""
     x, y = _rows(seed=2)
     df = spark.createDataFrame([(float(a), float(b), float(c), float(t)) for (a, b, c), t in zip(x, y, strict=True)],
                                ["a", "b", "c", "y"]).repartition(2).cache()

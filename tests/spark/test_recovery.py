@@ -71,7 +71,7 @@ def test_max_restarts_zero_fails_with_one_readable_line(spark, fashion, monkeypa
     assert "\n" not in message and "at org.apache" not in message
 
 
-@pytest.mark.parametrize(("stopped", "waiting"), [(1, 0)])  # a stopped rank 0: see the README
+@pytest.mark.parametrize(("stopped", "waiting"), [(1, 0)])  # a stopped rank 0 is not recovered: see docs/guide/reliability.md
 def test_a_stopped_worker_is_detected_by_the_collective_timeout_named_and_recovered(
         spark, fashion, uninterrupted, tmp_path, monkeypatch, caplog, stopped, waiting):
     monkeypatch.setenv("SPARKDP_FAULT", f"stop:rank={stopped}:step=30")  # SIGSTOP: alive, but no progress

@@ -1,4 +1,4 @@
-"""Every registered update rule, with its defaults, trains the built-in CNN (issue 16).
+"""Every registered update rule, with its defaults, trains the built-in CNN.
 
 The rules' algebra is checked against references in tests/rules; this checks that each
 one *learns*: two workers run the Spark task loop (``fit_worker``) in threads

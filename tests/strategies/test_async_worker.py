@@ -83,7 +83,7 @@ def test_rules_declare_what_their_workers_push():
 @pytest.mark.parametrize("worker_momentum", [0.0, 0.9])
 def test_one_ddcasgd_worker_is_torch_momentum_sgd_whatever_the_worker_optimizer(worker_momentum):
     """DDC-ASGD's reduction M = 1 -> SGD(lr, momentum) holds end to end: the server owns the momentum,
-    so a momentum worker must not add its own (issue 16's double momentum)."""
+    so a momentum worker must not add its own (two momenta compound and training diverges)."""
     batches = _batches(12)
     strategy = AsyncParameterServer("ddcasgd", {"lr": 0.1, "momentum": 0.9})
     got = _run_one_worker(strategy, lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=worker_momentum), batches)

@@ -424,3 +424,14 @@ def test_fit_caffe_trains_from_the_nets_hdf5_sources(spark, tmp_path):
     result = fit_caffe(tmp_path / "net.prototxt", solver, workers=2, epochs=3, spark=spark, show_progress=False)
     assert result.epochs == 3 and result.history[-1]["samples"] == 2000
     assert result.history[-1]["test_accuracy"] > 0.7, result.history
+
+
+def test_hdf5_rows_larger_than_a_caffe_blob_are_refused(tmp_path):
+    """Unwritten HDF5 chunks take no space: a 2 KB file can declare rows of 2**32 x 2**32 values."""
+    with h5py.File(tmp_path / "huge.h5", "w") as f:
+        f.create_dataset("data", shape=(2, 1 << 32, 1 << 32), dtype="f4", chunks=(1, 1, 1))
+        f["label"] = np.zeros(2, np.float32)
+    (tmp_path / "list.txt").write_text("huge.h5\n")
+    with pytest.raises(DataError, match=r"rows of shape \(4294967296, 4294967296\); a Caffe blob has at most 32 "
+                                        r"axes and 2,147,483,647 values"):
+        HDF5Source(tmp_path / "list.txt")

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import io
 import pickle
+import struct
 import sys
 import threading
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -118,6 +120,21 @@ def test_corrupt_datums_are_data_errors():
         decode_datum(b"\x22\x03abc\x38\x01")
     with pytest.raises(DataError, match="Datum field 5 as varint"):
         parse_datum(b"\x2a\x01\x00")
+    with pytest.raises(DataError, match="Datum field 6 as 32-bit, found 64-bit"):
+        parse_datum(b"\x31" + bytes(8))  # float_data with a double's wire type
+
+
+def _png_chunk(kind: bytes, body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+
+def test_an_encoded_image_declaring_billions_of_pixels_is_a_data_error():
+    """A 60-byte PNG header can declare 100,000 x 100,000 pixels: Pillow's own error escaped."""
+    png = (b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", struct.pack(">IIBBBBB", 100_000, 100_000, 8, 0, 0, 0, 0))
+           + _png_chunk(b"IDAT", zlib.compress(b"")) + _png_chunk(b"IEND", b""))
+    record = b"\x22" + bytes([len(png)]) + png + b"\x38\x01"
+    with pytest.raises(DataError, match="declares more pixels than Pillow will decode"):
+        decode_datum(record)
 
 
 # ------------------------------------------------------------------------- transform

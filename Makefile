@@ -40,7 +40,7 @@ test-all: $(STAMP)
 test-cluster-env: $(STAMP)
 	$(PY) -m pytest -m slow $(PYTEST_ARGS) tests/cli/test_packed_env.py
 
-# The fuzz tests with 100,000 generated inputs each (make test runs 1,500).
+# The fuzz tests with 100,000 generated inputs each (make test runs 1,500 per parser target, 500 per decoder target).
 fuzz: $(STAMP)
 	SPARKDP_FUZZ_EXAMPLES=100000 $(PY) -m pytest -q tests/fuzz
 

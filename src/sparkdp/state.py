@@ -20,7 +20,7 @@ import os
 import struct
 from typing import Any
 
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load as _st_load
 from safetensors.torch import save as _st_save
 from safetensors.torch import save_file
@@ -49,11 +49,29 @@ def to_bytes(obj: Any) -> bytes:
 
 
 def from_bytes(data: bytes) -> Any:
+    """The value :func:`to_bytes` encoded.
+
+    Raises:
+        ValueError: ``data`` is not sparkdp state, or is truncated or damaged.
+    """
+    data = bytes(data)
+    try:
+        # first, so that everything read below comes from a header safetensors has checked
+        # (a JSON object, string metadata, tensor byte ranges inside the data)
+        tensors = _st_load(data)
+    except SafetensorError as err:
+        raise ValueError(f"these bytes are not sparkdp state: they do not read as safetensors ({err}). "
+                         "Are they truncated or damaged?") from err
     (size,) = struct.unpack("<Q", data[:8])  # safetensors: u64 header size, then the JSON header
     metadata = json.loads(data[8:8 + size]).get("__metadata__") or {}
     if META_KEY not in metadata:
         raise ValueError("these bytes are safetensors but not sparkdp state (no 'sparkdp' metadata).")
-    return unflatten(metadata[META_KEY], _st_load(bytes(data)))
+    try:
+        return unflatten(metadata[META_KEY], tensors)
+    except (ValueError, KeyError, TypeError, RecursionError) as err:
+        # the skeleton is JSON of our own shape; anything else means the bytes were damaged
+        raise ValueError(f"these bytes hold damaged sparkdp state: its 'sparkdp' metadata does not describe "
+                         f"the stored values ({type(err).__name__}: {err}).") from err
 
 
 def save(obj: Any, path: str | os.PathLike[str]) -> None:

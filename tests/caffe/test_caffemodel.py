@@ -222,3 +222,47 @@ def test_large_file_decodes_fast():
     elapsed = time.perf_counter() - start
     assert len(net.layers) == 5 and net.layers[4].blobs[0].shape == (1000, 2500)
     assert elapsed < 1.0, f"decoding 50 MB took {elapsed:.2f}s"
+
+
+def _one_blob_net(blob: bytes) -> bytes:
+    return lfield(100, lfield(1, "ip") + lfield(7, blob))
+
+
+@pytest.mark.parametrize(
+    "blob, message",
+    [
+        # 2**32 * 2**32 = 2**64: an int64 product wraps to 0 and passed for an empty blob
+        (blob_v2((1 << 32, 1 << 32), []), r"at most 2,147,483,647 values .* found shape \(4294967296, 4294967296\)"),
+        # 3 * 6148914691236517206 = 2**64 + 2: wrapped to 2, the number of values given
+        (blob_v2((3, 6148914691236517206), [1, 2]), "at most 2,147,483,647 values"),
+        # an empty blob still needs a shape an array can have
+        (blob_v2((0, 1 << 40, 1 << 40), []), "at most 2,147,483,647 values"),
+        (blob_legacy(1 << 20, 1 << 20, 1 << 20, 0, []), "at most 2,147,483,647 values"),
+        (blob_v2((1,) * 33, [1]), "at most 32 axes"),
+        (blob_v2((1,) * 70, [1]), r"at most 32 axes .*, found 70\b"),
+    ],
+    ids=["wraps-to-0", "wraps-to-2", "empty-but-huge", "legacy-empty-but-huge", "33-axes", "70-axes"],
+)
+def test_crafted_blob_shapes_raise_caffemodel_error(blob, message):
+    with pytest.raises(CaffemodelError, match=message):
+        decode_net(_one_blob_net(blob), "x.caffemodel")
+
+
+def test_a_dimension_varint_with_bits_beyond_64_is_cut_to_64_bits():
+    """A 10-byte varint can carry 70 bits; protobuf keeps the low 64 (here: int64 -1)."""
+    dims = lfield(1, b"\xff" * 9 + b"\x7f")
+    with pytest.raises(CaffemodelError, match=r"non-negative blob dimensions, found shape \(-1,\)"):
+        decode_net(_one_blob_net(packed_floats(5, [1.0]) + lfield(7, dims)))
+    big = lfield(1, b"\x80" * 9 + b"\x7e" + varint(1))  # 2**69 + 2**70: nothing left in 64 bits -> 0
+    assert decode_net(_one_blob_net(lfield(7, big))).layers[0].blobs[0].shape == (0, 1)
+
+
+@pytest.mark.timeout(120)
+def test_many_repeated_shape_fields_decode_in_linear_time():
+    """BlobProto.shape repeated 100,000 times (protobuf merges them): a list copied per field was quadratic."""
+    data = _one_blob_net(packed_floats(5, [1.0]) + lfield(7, lfield(1, varint(1))) * 100_000)
+    start = time.perf_counter()
+    with pytest.raises(CaffemodelError, match=r"at most 32 axes .*, found 100000\b"):
+        decode_net(data)
+    elapsed = time.perf_counter() - start
+    assert elapsed < 5.0, f"decoding 100,000 shape fields took {elapsed:.1f} s"

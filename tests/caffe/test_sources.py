@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import io
 import pickle
+import struct
 import sys
 import threading
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -118,6 +120,21 @@ def test_corrupt_datums_are_data_errors():
         decode_datum(b"\x22\x03abc\x38\x01")
     with pytest.raises(DataError, match="Datum field 5 as varint"):
         parse_datum(b"\x2a\x01\x00")
+    with pytest.raises(DataError, match="Datum field 6 as 32-bit, found 64-bit"):
+        parse_datum(b"\x31" + bytes(8))  # float_data with a double's wire type
+
+
+def _png_chunk(kind: bytes, body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+
+def test_an_encoded_image_declaring_billions_of_pixels_is_a_data_error():
+    """A 60-byte PNG header can declare 100,000 x 100,000 pixels: Pillow's own error escaped."""
+    png = (b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", struct.pack(">IIBBBBB", 100_000, 100_000, 8, 0, 0, 0, 0))
+           + _png_chunk(b"IDAT", zlib.compress(b"")) + _png_chunk(b"IEND", b""))
+    record = b"\x22" + bytes([len(png)]) + png + b"\x38\x01"
+    with pytest.raises(DataError, match="declares more pixels than Pillow will decode"):
+        decode_datum(record)
 
 
 # ------------------------------------------------------------------------- transform
@@ -424,3 +441,14 @@ def test_fit_caffe_trains_from_the_nets_hdf5_sources(spark, tmp_path):
     result = fit_caffe(tmp_path / "net.prototxt", solver, workers=2, epochs=3, spark=spark, show_progress=False)
     assert result.epochs == 3 and result.history[-1]["samples"] == 2000
     assert result.history[-1]["test_accuracy"] > 0.7, result.history
+
+
+def test_hdf5_rows_larger_than_a_caffe_blob_are_refused(tmp_path):
+    """Unwritten HDF5 chunks take no space: a 2 KB file can declare rows of 2**32 x 2**32 values."""
+    with h5py.File(tmp_path / "huge.h5", "w") as f:
+        f.create_dataset("data", shape=(2, 1 << 32, 1 << 32), dtype="f4", chunks=(1, 1, 1))
+        f["label"] = np.zeros(2, np.float32)
+    (tmp_path / "list.txt").write_text("huge.h5\n")
+    with pytest.raises(DataError, match=r"rows of shape \(4294967296, 4294967296\); a Caffe blob has at most 32 "
+                                        r"axes and 2,147,483,647 values"):
+        HDF5Source(tmp_path / "list.txt")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 
@@ -118,3 +119,46 @@ def test_parses_every_example_file(examples):
     solver = parse_file(examples / "lenet_solver.prototxt")
     assert solver.get("base_lr") == 0.01 and solver.get("lr_policy") == "inv"
     assert solver.get("solver_mode") == "GPU" and isinstance(solver.get("solver_mode"), Identifier)
+
+
+def _seconds_to_parse(text: str) -> float:
+    """The best of three runs (the machine may be busy), whether ``text`` parses or not."""
+    best = math.inf
+    for _ in range(3):
+        start = time.perf_counter()
+        try:
+            parse(text)
+        except TextFormatError:
+            pass
+        best = min(best, time.perf_counter() - start)
+        if best > 1.0:  # already too slow: no need to wait for the other runs
+            break
+    return best
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("make", [
+    lambda n: "a: " + "1" * n + "x",  # a digit run followed by a letter
+    lambda n: "a: " + "1" * n + "." + "1" * n + "e",  # digits, '.', digits, an exponent without digits
+    lambda n: "a: 1." + "1" * n + "e",
+    lambda n: "a: " + "1" * n + "e" + "1" * n + "_",
+    lambda n: "a: 0x" + "f" * n + "g",
+    lambda n: "a: " + "1" * n + "." * n,
+], ids=["digits-letter", "digits-dot-digits-e", "one-dot-digits-e", "exponent-digits-underscore",
+        "hex-digits-letter", "digits-dots"])
+def test_tokenizing_a_long_number_takes_linear_time(make):
+    """A number pattern that backtracks over digit runs took quadratic time: 12 s for 16,000 digits."""
+    small = _seconds_to_parse(make(20_000))
+    assert small < 1.0, f"20,000 characters took {small:.2f} s to tokenize"  # quadratic would be about 20 s
+    large = _seconds_to_parse(make(200_000))
+    assert large < 3.0, f"200,000 characters took {large:.2f} s to tokenize"
+    assert large < 30 * max(small, 1e-3), f"10x the input took {large / small:.0f}x the time: not linear"
+
+
+def test_long_numbers_keep_their_meaning():
+    with pytest.raises(TextFormatError, match="found '1'"):
+        parse("a: " + "1" * 50_000 + "x")
+    with pytest.raises(TextFormatError, match="does not fit in 64 bits"):
+        parse("a: " + "1" * 50_000)
+    assert parse("a: 1." + "0" * 50_000 + "e1").get("a") == 10.0
+    assert parse("a: " + "0" * 50_000 + "1.5f").get("a") == 1.5

@@ -33,10 +33,26 @@ _NUMBERS = st.one_of(st.integers(min_value=-(1 << 70), max_value=1 << 70).map(st
                      st.text("0123456789", min_size=1, max_size=6000),
                      st.text("0123456789abcdefABCDEF", min_size=1, max_size=40).map(lambda s: "0x" + s),
                      st.sampled_from(["1e999999", "1.5f", ".5", "-0", "0x", "1e", "--1"]))
+# Long digit runs glued to what may not follow a number: a pattern that backtracks over the
+# run takes quadratic time on these (seconds at 10,000 digits).  Runs are drawn as a length,
+# since Hypothesis does not draw strings that long character by character.
+_DIGIT_RUN = st.text("0123456789", min_size=1, max_size=50) | st.builds(
+    lambda head, digit, n: head + digit * n, st.text("0123456789", max_size=5), st.sampled_from("0123456789"),
+    st.integers(1, 50_000))
+_GLUED_NUMBERS = st.one_of(
+    st.tuples(_DIGIT_RUN, st.sampled_from("xeEfF_a.Z")).map("".join),
+    _DIGIT_RUN.map(lambda s: "1." + s + "e"),
+    st.tuples(_DIGIT_RUN, _DIGIT_RUN).map(lambda p: p[0] + "." + p[1] + "ex"),
+    st.tuples(_DIGIT_RUN, _DIGIT_RUN).map(lambda p: p[0] + "e" + p[1] + "_"),
+    _DIGIT_RUN.map(lambda s: "0x" + s + "fg"),
+    st.integers(1, 50_000).map(lambda n: "-" * n + "1"),
+    st.integers(1, 50_000).map(lambda n: "1" + "." * n),
+)
 _STRINGS = st.text(max_size=30).map(lambda s: '"' + s.replace('"', "") + '"') | st.sampled_from(
     ['"\\U00110000"', '"\\xZZ"', '"\\777"', '"\\u12"', '"unterminated', "'single'", '"\\U0010FFFF"'])
 _SYMBOLS = st.sampled_from(["{", "}", "<", ">", ":", "[", "]", ",", ";", "#c\n", "\n", " "])
 _TOKENS = st.lists(st.one_of(_WORDS, _NUMBERS, _STRINGS, _SYMBOLS), max_size=60).map(" ".join)
+_GLUED = st.tuples(st.sampled_from(["a: ", "a: -", "a: [", "a { b: ", ""]), _GLUED_NUMBERS).map("".join)
 
 
 def _parse_or_documented_error(text: str) -> None:
@@ -53,6 +69,12 @@ def test_token_soup_parses_or_raises_text_format_error(text):
 
 
 @FUZZ
+@given(_GLUED)
+def test_long_numbers_glued_to_letters_parse_or_raise_text_format_error(text):
+    _parse_or_documented_error(text)
+
+
+@FUZZ
 @given(st.text(max_size=200))
 def test_noise_parses_or_raises_text_format_error(text):
     _parse_or_documented_error(text)
@@ -61,6 +83,9 @@ def test_noise_parses_or_raises_text_format_error(text):
 @pytest.mark.parametrize("text", [
     "a {" * 5000, "a <" * 5000, "a: [" + "{" * 5000, "a: " + "9" * 5000, "a: -" + "9" * 5000,
     "a: 0x" + "f" * 5000, 'a: "\\U00110000"', "a: 18446744073709551616",
+    # a digit run followed by what cannot follow a number (these took quadratic time)
+    "a: " + "9" * 200_000 + "x", "a: 1." + "9" * 200_000 + "e", "a: " + "9" * 100_000 + "." + "9" * 100_000 + "e",
+    "a: " + "9" * 200_000 + "." * 10, "a: " + "-" * 50_000 + "1", "a: 0x" + "f" * 200_000 + "g",
 ])
 def test_crafted_inputs_raise_text_format_error(text):
     with pytest.raises(TextFormatError):

@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -55,6 +56,11 @@ _V0_LAYER_TYPES = {
 
 VARINT, I64, LEN, I32 = 0, 1, 2, 5
 WIRE_NAMES = {0: "varint", 1: "64-bit", 2: "length-delimited", 5: "32-bit"}
+_U64 = (1 << 64) - 1
+#: Caffe's limits on a blob (``blob.hpp``): at most 32 axes (``kMaxBlobAxes``), and at most
+#: INT_MAX values, since ``Blob::Reshape`` counts them in an ``int``.
+MAX_BLOB_AXES = 32
+MAX_BLOB_VALUES = (1 << 31) - 1
 
 
 @dataclass
@@ -127,7 +133,9 @@ class WireReader:
             pos += 1
             result |= (b & 0x7F) << shift
             if b < 0x80:
-                return result, pos
+                # a 10th byte can carry bits beyond 64: protobuf drops them, and so must we, or a
+                # "64-bit" value would be larger than any int64/uint64 the fields can hold
+                return result & _U64, pos
             shift += 7
             if shift >= 70:
                 raise self.fail(start, "a varint of at most 10 bytes")
@@ -222,14 +230,15 @@ def _blob(r: WireReader, start: int, end: int) -> tuple[np.ndarray, bool]:
             doubles.append(_scalars(r, wire, a, b, "<f8", tag_at, "BlobProto.double_data"))
         elif number == 7:
             r.expect(wire, LEN, number, "BlobProto", tag_at)
-            dims = (dims or []) + _dims(r, a, b)
+            # extend in place: a file may repeat the field many times (protobuf merges them)
+            dims = dims if dims is not None else []
+            dims.extend(_dims(r, a, b))
     is_legacy = bool(legacy)
     if is_legacy:  # Blob::FromProto: any legacy field -> 4-D, absent ones are 0
         shape = tuple(legacy.get(k, 0) for k in (1, 2, 3, 4))
     else:
         shape = tuple(dims or ())
-    if any(d < 0 for d in shape):
-        raise r.fail(start, f"non-negative blob dimensions, found shape {shape}")
+    count = _blob_count(r, start, shape)
     # Blob::FromProto: double_data wins when non-empty.
     use_double = any(len(d) for d in doubles)
     parts = doubles if use_double else floats
@@ -237,12 +246,29 @@ def _blob(r: WireReader, start: int, end: int) -> tuple[np.ndarray, bool]:
         values = parts[0]
     else:
         values = np.concatenate(parts) if parts else np.zeros(0, dtype="<f4")
-    count = int(np.prod(shape, dtype=np.int64))
     if values.size != count:
         raise r.fail(start, f"a blob with {count} values for shape {shape}, found {values.size}")
     # Copy: frombuffer views are read-only and would keep the whole file alive.
     dtype = np.float64 if use_double else np.float32
     return values.astype(dtype, copy=True).reshape(shape), is_legacy
+
+
+def _blob_count(r: WireReader, start: int, shape: tuple[int, ...]) -> int:
+    """The number of values ``shape`` holds, checked against Caffe's blob limits.
+
+    Counted with exact Python integers: a product in int64 wraps around, so dimensions
+    multiplying to 2**64 would count as 0 values and pass for an empty blob.
+    """
+    if len(shape) > MAX_BLOB_AXES:
+        raise r.fail(start, f"a blob of at most {MAX_BLOB_AXES} axes (Caffe's kMaxBlobAxes), found {len(shape)}")
+    if any(d < 0 for d in shape):
+        raise r.fail(start, f"non-negative blob dimensions, found shape {shape}")
+    # The non-zero dimensions too: an empty blob of shape (0, 2**40, 2**40) holds nothing, but
+    # no array (and no Caffe blob) can have that shape.
+    if math.prod(d for d in shape if d) > MAX_BLOB_VALUES:
+        raise r.fail(start, f"a blob of at most {MAX_BLOB_VALUES:,} values (Caffe counts them in an int), "
+                            f"found shape {shape}")
+    return math.prod(shape)
 
 
 def _layer(r: WireReader, start: int, end: int, version: str) -> CaffeLayerBlobs:

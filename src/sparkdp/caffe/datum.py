@@ -145,8 +145,8 @@ def parse_datum(record: bytes | memoryview, source: str = "<Datum>") -> Datum:
                     run, pos = np.frombuffer(r.buf, dtype="<f4", count=1, offset=pos), pos + 4
                 floats.append(run)
                 continue
-            if number in (1, 2, 3, 4, 5, 6, 7):
-                r.expect(wire, LEN if number == 4 else VARINT, number, "Datum", tag_at)
+            if number in (1, 2, 3, 4, 5, 6, 7):  # float_data (6) takes 32-bit values, never 64-bit ones
+                r.expect(wire, {4: LEN, 6: I32}.get(number, VARINT), number, "Datum", tag_at)
             pos += size
         else:
             raise r.fail(tag_at, f"wire type 0, 1, 2 or 5 for field {number}, found {wire}")
@@ -179,6 +179,12 @@ def _image(data: bytes | memoryview, color: bool | None, source: str) -> np.ndar
                     "(CV_8U): store 8-bit grey or colour JPEG/PNG files."
                 )
             arr = np.asarray(img)
+    except Image.DecompressionBombError as exc:
+        # a few bytes of header can declare billions of pixels; Pillow refuses to allocate them
+        raise DataError(
+            f"{source}: the Datum's encoded image declares more pixels than Pillow will decode ({exc}); "
+            "is the record damaged?"
+        ) from exc
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
         if isinstance(exc, DataError):
             raise

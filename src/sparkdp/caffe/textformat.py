@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,11 +81,20 @@ class Message:
 
 # --------------------------------------------------------------------------- lexer
 
+# A number is matched longest-first inside an atomic group, ``(?>...)``: when the character
+# after it is one a number cannot be followed by, the match fails at once instead of
+# backtracking over every way of splitting a digit run (``\d+\.?\d*`` could split N digits
+# N ways, each re-checked: quadratic time, hours for a megabyte of digits).  No shorter
+# match could succeed anyway: it would end before a digit, '.', or letter of the number
+# itself, all of which the look-ahead refuses.  The pattern is kept unambiguous too
+# (``\d+(?:\.\d*)?``), so it stays linear where atomic groups are not available.
+_NUMBER = r"(?:0[xX][0-9a-fA-F]+|(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?[fF]?)"
+_ATOMIC_NUMBER = f"(?>{_NUMBER})" if sys.version_info >= (3, 11) else _NUMBER
 _TOKEN = re.compile(
     r"""
     (?P<ws>[ \t\r\f\v]+) | (?P<nl>\n) | (?P<comment>\#[^\n]*)
   | (?P<string>"(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*')
-  | (?P<number>(?:0[xX][0-9a-fA-F]+|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?[fF]?)(?![A-Za-z0-9_.]))
+  | (?P<number>""" + _ATOMIC_NUMBER + r"""(?![A-Za-z0-9_.]))
   | (?P<ident>[A-Za-z_][A-Za-z0-9_]*)
   | (?P<symbol>[{}<>\[\]:;,\-])
     """,

@@ -9,6 +9,7 @@ the HDF5 files' row counts), never an open database or file.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ import torch
 from ...data.base import WorkerData
 from ...data.shuffle import rank_segments, rebatch, seeded_generator
 from ...errors import ConfigError, DataError
+from ..caffemodel import MAX_BLOB_AXES, MAX_BLOB_VALUES
 from ..datum import datum_array, parse_datum
 from .backends import (
     LevelDBReader,
@@ -67,7 +69,7 @@ class CaffeDataSource(WorkerData):
     def shuffle_buffer(self) -> int:
         if self._shuffle_buffer is not None:
             return int(self._shuffle_buffer)
-        row_bytes = 4 * max(1, int(np.prod(self.sample_shape, dtype=np.int64)))
+        row_bytes = 4 * max(1, math.prod(self.sample_shape))  # exact: an int64 product can wrap to 0
         return max(1, min(10_000, SHUFFLE_BUFFER_BYTES // row_bytes))
 
     # ------------------------------------------------------------- assignment
@@ -280,6 +282,13 @@ class HDF5Source(CaffeDataSource):
                         shape = tuple(int(d) for d in handle[top].shape)
                         if not shape:
                             raise DataError(f"{at}: dataset {top!r} of {path!r} is a scalar; it needs rows (N, ...).")
+                        # HDF5 stores unwritten chunks as nothing, so a tiny file can declare rows no
+                        # array can hold; Caffe's loader refuses them too (blob axes and count limits)
+                        if len(shape) > MAX_BLOB_AXES or math.prod(shape[1:]) > MAX_BLOB_VALUES:
+                            raise DataError(
+                                f"{at}: dataset {top!r} of {path!r} has rows of shape {shape[1:]}; a Caffe blob has "
+                                f"at most {MAX_BLOB_AXES} axes and {MAX_BLOB_VALUES:,} values. Is the file damaged?"
+                            )
                         seen = row_shapes.setdefault(top, (shape[1:], at))
                         if seen[0] != shape[1:]:
                             raise DataError(
@@ -308,7 +317,7 @@ class HDF5Source(CaffeDataSource):
             raise DataError(f"{where}: the HDF5 files listed in {str(listing)!r} hold no rows.")
         self.sample_shape = row_shapes[data_top][0]
         self.label_shape = row_shapes[label_top][0] if label_top else ()
-        if self.class_labels and int(np.prod(self.label_shape, dtype=np.int64)) != 1:
+        if self.class_labels and math.prod(self.label_shape) != 1:
             raise DataError(
                 f"{where}: dataset {label_top!r} has rows of shape {self.label_shape}, but the net's loss reads one "
                 "class index per row; store labels as (N,) or (N, 1)."

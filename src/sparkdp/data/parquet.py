@@ -57,7 +57,7 @@ class ParquetData(WorkerData):
                  label: str | None, feature_shape: Sequence[int] | None = None, drop_nulls: bool = False,
                  num_classes: int | None = None, shuffle_buffer: int = 10_000, read_rows: int = 8192,
                  filesystem: Any = None) -> None:
-        source = [os.fspath(p) for p in path] if isinstance(path, (list, tuple)) else os.fspath(path)
+        source = os.fspath(path) if isinstance(path, (str, os.PathLike)) else [os.fspath(p) for p in path]
         try:
             dataset = pds.dataset(source, format="parquet", filesystem=filesystem)
         except (OSError, ValueError, pa.ArrowInvalid) as exc:

@@ -33,6 +33,7 @@ class TensorData(WorkerData):
     """
 
     equal_batches = True
+    _handles: tuple[MappedTensor, MappedTensor]  # set on the copies shared() makes only
 
     def __init__(self, features: Any, labels: Any, *, divisor: float | None = None) -> None:
         self.divisor = divisor

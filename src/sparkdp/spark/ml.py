@@ -183,6 +183,8 @@ class Estimator(SparkEstimator, _SparkdpParams, DefaultParamsReadable, DefaultPa
         >>> Pipeline(stages=[VectorAssembler(...), est]).fit(df)          # doctest: +SKIP
     """
 
+    _input_kwargs: dict[str, Any]  # set by pyspark's @keyword_only
+
     @keyword_only
     def __init__(self, **kwargs: Any) -> None:
         super().__init__()

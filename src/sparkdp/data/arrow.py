@@ -313,8 +313,8 @@ class ArrowConverter:
             return self.feature_shape or first.image_shape
         if self.feature_shape is not None:
             return self.feature_shape
-        widths = [c.width for c in self.features]
-        return None if None in widths else (sum(widths),)  # type: ignore[arg-type]
+        widths = [c.width for c in self.features if c.width is not None]
+        return None if len(widths) < len(self.features) else (sum(widths),)
 
     def layout(self) -> dict[str, Any]:
         """Which columns became which tensor with which per-row shape (None: not yet seen)."""

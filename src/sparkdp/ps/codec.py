@@ -136,7 +136,7 @@ class FrameHeader:
 
 def dtype_from_name(name: object) -> torch.dtype:
     try:
-        return DTYPES[name]  # type: ignore[index]
+        return DTYPES[name]  # type: ignore[index]  # any wire value: a non-str or unhashable one fails below
     except (KeyError, TypeError):
         raise ProtocolError(f"dtype {name!r} is not allowed; allowed: {', '.join(DTYPES)}.") from None
 

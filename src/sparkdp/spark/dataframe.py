@@ -29,7 +29,7 @@ import logging
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 import torch
@@ -106,7 +106,7 @@ class StreamData(WorkerData):
             raise RuntimeError("StreamData.batches ran without a stream (or twice in one stage)")
         stream, self._stream = self._stream, None
         chunks = (self.converter.convert(rb) for rb in stream if rb.num_rows)
-        yield from rebatch(chunks, batch_size, buffer_rows=self.shuffle_buffer if shuffle else 0,  # type: ignore[misc]
+        yield from rebatch(chunks, batch_size, buffer_rows=self.shuffle_buffer if shuffle else 0,  # type: ignore[misc]  # rebatch yields tuple[Tensor, ...]: these chunks are (features, labels)
                            generator=seeded_generator(seed, epoch, rank))
 
     def counters(self) -> dict[str, int]:
@@ -171,7 +171,8 @@ def _epoch_task(spec: FitSpec, threads: int | None, pg_timeout_s: float):
         info = None
         try:
             info = rendezvous()
-            data = StreamData(spec.train.converter, spec.train.shuffle_buffer).attach(stream)  # type: ignore[attr-defined]
+            source = cast(DataFrameSource, spec.train)  # fit_stream's stage spec carries the driver's source
+            data = StreamData(source.converter, source.shuffle_buffer).attach(stream)
             job = in_task(lambda coll: fit_worker(replace(spec, train=data), coll), threads=threads,
                           pg_timeout_s=pg_timeout_s)
             out = job(info)

@@ -26,6 +26,8 @@ class RendezvousTimeout(SparkdpError, TimeoutError):
 class WorkerFailed(SparkdpError, RuntimeError):
     """A training task failed; the message carries the worker's own error."""
 
+    rank: int | None = None  # the failed worker, when its task reported the error itself
+
 
 class TrainingDiverged(SparkdpError, ArithmeticError):
     """The loss became NaN or infinite: restarting would not help."""

@@ -169,6 +169,7 @@ class CaffeClassifier(nn.Module):
         self.raw_scale = float(raw_scale)
         # apply_transform=False: the data source already applied transform_param (caffe/sources/)
         self.scale, mean = _transform(source) if apply_transform else (1.0, None)
+        self.mean: torch.Tensor | None
         self.register_buffer("mean", None if mean is None else torch.tensor(mean), persistent=False)
         self._loss_layer, self._loss_weights = loss, loss.top_loss_weights()
         first = self.net.blob_shapes[predictions[0]]
@@ -211,7 +212,7 @@ class CaffeClassifier(nn.Module):
             x = x * self.scale
         return x
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         x = self.transform(x)
         inputs = {self.data_blob: x}
         for name in self._zero_inputs:  # the label: its layers are not built, so its value is unused

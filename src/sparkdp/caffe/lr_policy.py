@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+from torch import Tensor
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
@@ -129,7 +130,7 @@ class CaffeLRScheduler(LRScheduler):
         self._applies_mult = isinstance(optimizer, CaffeOptimizer)
         super().__init__(optimizer, last_epoch)
 
-    def get_lr(self) -> list[float]:
+    def get_lr(self) -> list[float | Tensor]:
         """Rates for iteration ``last_epoch``, advancing multistep's counter once."""
         it = max(self.last_epoch, 0)
         self.previous_step = self.current_step

@@ -19,7 +19,7 @@ import difflib
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -241,7 +241,7 @@ class CaffeNet(nn.Module):
         """The layer's live tensors in Caffe blob order and shape (copy into them to load weights)."""
         for step in self._steps:
             if step.spec.name == layer_name:
-                return self.layers[step.key].caffe_blobs()
+                return cast(CaffeLayer, self.layers[step.key]).caffe_blobs()  # layers holds CaffeLayers only
         raise ConfigError(
             f"no layer named {layer_name!r} in the {self.phase} net; layers: "
             f"{', '.join(name for name, _ in self.caffe_layers)}"

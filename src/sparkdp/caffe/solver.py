@@ -26,7 +26,7 @@ import math
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import torch
 from torch import nn
@@ -37,6 +37,8 @@ from .lr_policy import advance_current_step, learning_rate
 from .optim import make_optimizer
 from .solver_spec import SolverSpec, read_solver_spec
 from .textformat import Message
+
+_Opt = TypeVar("_Opt", bound=Optimizer)
 
 __all__ = ["CaffeOptimizerFactory", "CaffeSolver", "CaffeSolverHooks", "SolverSpec", "load_solver", "read_solver_spec"]
 
@@ -85,7 +87,7 @@ class CaffeSolverHooks:
     def __init__(self, spec: SolverSpec) -> None:
         self.spec = spec
 
-    def attach(self, optimizer: Optimizer) -> Optimizer:
+    def attach(self, optimizer: _Opt) -> _Opt:
         for group in optimizer.param_groups:
             group.setdefault("caffe_iter", 0)
             group.setdefault("caffe_step", 0)
@@ -276,7 +278,7 @@ class CaffeOptimizerFactory:
         index = {id(p): i for i, p in enumerate(params)}
         self.num_params = len(params)
         if hasattr(model, "param_groups") and hasattr(model, "caffe_layers"):
-            groups = model.param_groups(spec.base_lr, spec.weight_decay)
+            groups = cast(Any, model).param_groups(spec.base_lr, spec.weight_decay)  # duck-typed CaffeNet
             self.groups = [
                 ([index[id(p)] for p in g["params"]], float(g["lr_mult"]), float(g["decay_mult"]))
                 for g in groups

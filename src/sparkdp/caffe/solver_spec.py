@@ -209,7 +209,7 @@ def _default_prefix(prefix: str, filename: str) -> str:
     return prefix
 
 
-def read_solver_spec(source: Message | str | os.PathLike[str]) -> SolverSpec:
+def read_solver_spec(source: Message | str | os.PathLike[str] | SolverSpec) -> SolverSpec:
     """A :class:`SolverSpec` from a Message, a solver file path, or solver text."""
     if isinstance(source, SolverSpec):
         return source

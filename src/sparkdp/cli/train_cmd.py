@@ -6,6 +6,7 @@ import dataclasses
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 from ..config import JOB_DEFAULTS, MEMORY_FORMATS, Columns, JobConfig
 from ..errors import ConfigError
@@ -133,8 +134,9 @@ def run(args) -> int:
 
     caffe_run = bool(args.caffe_net or args.caffe_solver or args.caffe_weights)
     optimizer = None
-    loss = "cross_entropy"
+    loss: Any = "cross_entropy"  # a loss name, the script's callable, or a Caffe net's loss layer
     eval_data = None
+    model_desc: dict[str, Any]
     batch_size = args.batch_size
     epochs = args.epochs
     if args.script:
@@ -191,6 +193,7 @@ def run(args) -> int:
     job = JobConfig(**{f.name: flags[f.name] for f in dataclasses.fields(JobConfig) if f.name in flags})
     # Spark's own console log stays off unless -v: failures end in sparkdp's one-line message
     spark = sparkdp.session(args.master, log_level="OFF" if not getattr(args, "verbose", 0) else "WARN")
+    assert model is not None  # the script, --model or (caffe_run) cli_job built it
     result = sparkdp.fit_job(model, data, job, eval_data=eval_data, columns=columns, loss=loss, optimizer=optimizer,
                              optimizer_options=opt_options, spark=spark, started=started)
     model_path = None

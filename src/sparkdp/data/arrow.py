@@ -22,7 +22,7 @@ import io
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard, cast
 
 import numpy as np
 import pyarrow as pa
@@ -35,6 +35,8 @@ SUPPORTED = ("integer, floating-point or boolean scalars; array<float|double|int
              "Spark ML vectors (VectorUDT, dense or sparse); binary PNG/JPEG image bytes")
 _VECTOR_FIELDS = {"type", "size", "indices", "values"}
 _IMAGE_MODES = {1: "L", 3: "RGB", 4: "RGBA"}
+# the Arrow arrays of an "array" column (and of a Spark ML vector's values/indices)
+_ListArray = pa.ListArray | pa.LargeListArray | pa.FixedSizeListArray
 
 
 @dataclass
@@ -52,7 +54,7 @@ def _is_numeric(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
 
 
-def _is_list(t: pa.DataType) -> bool:
+def _is_list(t: pa.DataType) -> TypeGuard[pa.ListType | pa.LargeListType | pa.FixedSizeListType]:
     return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
 
 
@@ -121,7 +123,7 @@ class ArrowConverter:
                                 "(int for classes, float for regression) or numeric arrays.")
             self.label = ColumnInfo(label, kind, str(t), width=1 if kind == "scalar" else None)
         self.label_dtype = (torch.int64 if self.label and self.label.kind == "scalar"
-                            and pa.types.is_integer(schema.field(label).type) else torch.float32)
+                            and pa.types.is_integer(schema.field(self.label.name).type) else torch.float32)
         if any(c.kind == "image" for c in self.features) and len(self.features) > 1:
             raise DataError(f"image column(s) {[c.name for c in self.features if c.kind == 'image']} must be the "
                             "only feature column; train on images and other columns with separate models.")
@@ -221,11 +223,11 @@ class ArrowConverter:
         if info.kind == "scalar":
             return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=np.float32).reshape(n, 1)
         if info.kind == "vector":
-            return self._vectors(info, arr)
+            return self._vectors(info, cast(pa.StructArray, arr))  # column_kind: a vector is a struct
         lengths = (np.full(n, arr.type.list_size) if pa.types.is_fixed_size_list(arr.type)
                    else pc.list_value_length(arr).to_numpy(zero_copy_only=False))
         width = self._check_widths(info, lengths)
-        values = arr.flatten().to_numpy(zero_copy_only=False)
+        values = cast(_ListArray, arr).flatten().to_numpy(zero_copy_only=False)  # kind "array": a list column
         return np.asarray(values, dtype=np.float32).reshape(n, width)
 
     def _check_widths(self, info: ColumnInfo, lengths: np.ndarray) -> int:
@@ -249,7 +251,7 @@ class ArrowConverter:
         fields = dict(zip([arr.type.field(i).name for i in range(arr.type.num_fields)], arr.flatten(), strict=True))
         n = len(arr)
         kinds = fields["type"].to_numpy(zero_copy_only=False)
-        values = fields["values"]
+        values = cast(_ListArray, fields["values"])  # Spark ML's VectorUDT: values and indices are lists
         lengths = pc.list_value_length(values).fill_null(0).to_numpy(zero_copy_only=False)
         sizes = fields["size"].fill_null(-1).to_numpy(zero_copy_only=False)
         widths = np.where(kinds == 1, lengths, sizes)
@@ -260,7 +262,7 @@ class ArrowConverter:
         cols = np.arange(len(flat)) - np.repeat(starts, lengths)
         sparse = kinds[rows] == 0
         if sparse.any():
-            cols[sparse] = fields["indices"].flatten().to_numpy(zero_copy_only=False)
+            cols[sparse] = cast(_ListArray, fields["indices"]).flatten().to_numpy(zero_copy_only=False)
         out = np.zeros((n, width), dtype=np.float32)
         out[rows, cols] = flat
         return out
@@ -268,13 +270,14 @@ class ArrowConverter:
     def _images(self, info: ColumnInfo, arr: pa.Array) -> np.ndarray:
         from PIL import Image, UnidentifiedImageError
 
-        blobs = _plain(arr).to_pylist()
+        blobs = cast(list[bytes], _plain(arr).to_pylist())  # _handle_nulls has dropped or refused null rows
         if info.image_shape is None and self.feature_shape is not None:
             shape = self.feature_shape if len(self.feature_shape) == 3 else (1,) + self.feature_shape
             if len(shape) != 3 or shape[0] not in _IMAGE_MODES:
                 raise DataError(f"feature_shape {self.feature_shape} does not fit image column {info.name!r}: "
                                 "give (channels, height, width) with 1, 3 or 4 channels, or (height, width).")
-            info.image_shape = tuple(shape)  # type: ignore[assignment]
+            c, h, w = shape
+            info.image_shape = (c, h, w)
         out = None
         for i, blob in enumerate(blobs):
             try:
@@ -310,8 +313,8 @@ class ArrowConverter:
             return self.feature_shape or first.image_shape
         if self.feature_shape is not None:
             return self.feature_shape
-        widths = [c.width for c in self.features]
-        return None if None in widths else (sum(widths),)  # type: ignore[arg-type]
+        widths = [c.width for c in self.features if c.width is not None]
+        return None if len(widths) < len(self.features) else (sum(widths),)
 
     def layout(self) -> dict[str, Any]:
         """Which columns became which tensor with which per-row shape (None: not yet seen)."""
@@ -374,9 +377,10 @@ def _valid_rows(arr: pa.Array, kind: str) -> np.ndarray | None:
     if kind == "array":
         child = arr
     elif kind == "vector":
-        child = arr.flatten()[[arr.type.field(i).name for i in range(arr.type.num_fields)].index("values")]
-    if child is not None and len(child) and child.flatten().null_count:
-        inner = child.flatten()
+        struct = cast(pa.StructArray, arr)
+        child = struct.flatten()[[struct.type.field(i).name for i in range(struct.type.num_fields)].index("values")]
+    if child is not None and len(child) and cast(_ListArray, child).flatten().null_count:
+        inner = cast(_ListArray, child).flatten()
         parents = pc.list_parent_indices(child).to_numpy(zero_copy_only=False)
         bad_rows = np.unique(parents[~inner.is_valid().to_numpy(zero_copy_only=False)])
         valid = np.ones(len(arr), bool) if valid is None else valid.copy()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +33,7 @@ class Dataset:
     x_test_uint8: np.ndarray | None = None
 
 
-DATASETS: Registry[Callable[..., Dataset]] = Registry("dataset")
+DATASETS: Registry[Dataset] = Registry("dataset")
 
 
 def _idx_dir(env_var: str, default: Path, package: str) -> Path:

@@ -57,7 +57,7 @@ class ParquetData(WorkerData):
                  label: str | None, feature_shape: Sequence[int] | None = None, drop_nulls: bool = False,
                  num_classes: int | None = None, shuffle_buffer: int = 10_000, read_rows: int = 8192,
                  filesystem: Any = None) -> None:
-        source = [os.fspath(p) for p in path] if isinstance(path, (list, tuple)) else os.fspath(path)
+        source = os.fspath(path) if isinstance(path, (str, os.PathLike)) else [os.fspath(p) for p in path]
         try:
             dataset = pds.dataset(source, format="parquet", filesystem=filesystem)
         except (OSError, ValueError, pa.ArrowInvalid) as exc:
@@ -139,13 +139,13 @@ class ParquetData(WorkerData):
         segs = self.segments(rank=rank, world_size=world_size, epoch=epoch, seed=seed, shuffle=shuffle)
         chunks = (self.converter.convert(rb) for rb in self.record_batches(segs))
         buffer = self.shuffle_buffer if shuffle else 0
-        yield from rebatch(chunks, batch_size, buffer_rows=buffer,  # type: ignore[misc]
+        yield from rebatch(chunks, batch_size, buffer_rows=buffer,  # type: ignore[misc]  # rebatch yields tuple[Tensor, ...]: these chunks are (features, labels)
                            generator=seeded_generator(seed, epoch, rank))
 
     def eval_batches(self, *, rank: int, world_size: int, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         segs = self.segments(rank=rank, world_size=world_size, epoch=0, seed=0, shuffle=False, pad=False)
         chunks = (self.converter.convert(rb) for rb in self.record_batches(segs))
-        yield from rebatch(chunks, batch_size)  # type: ignore[misc]
+        yield from rebatch(chunks, batch_size)  # type: ignore[misc]  # rebatch yields tuple[Tensor, ...]: these chunks are (features, labels)
 
     def sample(self, rows: int = 2) -> pa.RecordBatch:
         """The first ``rows`` rows (read on the driver, for checks before training)."""

@@ -107,7 +107,7 @@ def prefetch(items: Iterable[T], depth: int = DEFAULT_DEPTH, *, max_bytes: int =
                 return
             if isinstance(item, _Failure):
                 raise item.exc
-            yield item  # type: ignore[misc]
+            yield item  # type: ignore[misc]  # anything but the _DONE/_Failure markers is a produced item
     finally:
         with cond:
             stop.set()

@@ -33,6 +33,7 @@ class TensorData(WorkerData):
     """
 
     equal_batches = True
+    _handles: tuple[MappedTensor, MappedTensor]  # set on the copies shared() makes only
 
     def __init__(self, features: Any, labels: Any, *, divisor: float | None = None) -> None:
         self.divisor = divisor
@@ -123,7 +124,7 @@ def _as_tensor(value: Any, what: str) -> torch.Tensor:
 
 def _from_torch_dataset(ds: Dataset) -> TensorData:
     try:
-        n = len(ds)  # type: ignore[arg-type]
+        n = len(ds)  # type: ignore[arg-type]  # torch's Dataset declares no __len__; map-style ones have it
     except TypeError as exc:
         raise DataError("a torch Dataset must have a length (map-style) to be sharded; "
                         "wrap an IterableDataset's output in arrays first.") from exc

@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -90,8 +90,9 @@ def _preflight(model: nn.Module, loss_fn: Callable, data: WorkerData, memory_for
 
     Returns the memory format the workers train in (see ``train.layout``)."""
     columnar = hasattr(data, "converter") and hasattr(data, "sample")
+    columns = cast(Any, data)  # when columnar: ParquetData or a streamed DataFrameSource (duck-typed)
     if columnar:
-        x, y = data.converter.preview(data.sample())
+        x, y = columns.converter.preview(columns.sample())
     elif isinstance(data, TensorData):
         x, y = next(data.eval_batches(rank=0, world_size=1, batch_size=2))
     else:  # nothing to probe the layout with: "auto" stays on the safe side
@@ -99,9 +100,10 @@ def _preflight(model: nn.Module, loss_fn: Callable, data: WorkerData, memory_for
     out = _forward(model, loss_fn, x, y)
     if columnar:
         if class_scores(out, y) and y.dim() == 1:
-            data.converter.num_classes = out.shape[1]  # every batch's labels are then checked against it
-        log.info("data columns -> tensors: %s", data.converter.describe())
+            columns.converter.num_classes = out.shape[1]  # every batch's labels are then checked against it
+        log.info("data columns -> tensors: %s", columns.converter.describe())
     else:
+        assert isinstance(data, TensorData)  # any other data returned above
         check_labels(out, data.labels)  # every label, not only the sample's
     return preflight_layout(memory_format, model, lambda to_batch: _forward(model, loss_fn, to_batch(x), y))
 
@@ -334,10 +336,11 @@ def _fit_monitored(spec: FitSpec, job: JobConfig, workers: int, spark: Any, star
 
 def _fit_dataframe(spec: FitSpec, job: JobConfig, workers: int, spark: Any, lineage: str | None) -> WorkerReport:
     """A streamed DataFrame: one stage per epoch; the driver restarts a failed epoch itself."""
-    from ..spark.dataframe import fit_stream
+    from ..spark.dataframe import DataFrameSource, fit_stream
 
     with checkpoint_policy(job, temporary_ok=False, job_id=lineage) as policy:  # the driver keeps every epoch's state anyway
-        return fit_stream(spec, spec.train, workers=workers, spark=spark, threads=job.threads,
+        source = cast(DataFrameSource, spec.train)  # a streamed DataFrame's spec carries its source on the driver
+        return fit_stream(spec, source, workers=workers, spark=spark, threads=job.threads,
                           pg_timeout_s=job.pg_timeout_s, start_timeout_s=job.start_timeout_s,
                           max_restarts=job.max_restarts, checkpoint=policy)
 
@@ -419,10 +422,12 @@ def run(train_fn: Callable[..., Any], *args: Any, workers: int | None = None,
 
         description = f"sparkdp run {name} on {workers} workers"
         if strategy_obj.launcher is Launcher.TASKS:  # a parameter server and ordinary, retried tasks
+            from ..strategies.async_ps import AsyncParameterServer
             from .async_job import run_async
 
             with progress(job.show_progress, f"sparkdp: running {name} on {workers} asynchronous Spark workers"):
-                return run_async(lambda _w, collective, shipped: body(collective, shipped), strategy_obj,
+                return run_async(lambda _w, collective, shipped: body(collective, shipped),
+                                 cast(AsyncParameterServer, strategy_obj),  # the Launcher.TASKS strategy
                                  workers=workers, spark=spark, threads=job.threads, description=description,
                                  hub=hub, start_timeout_s=job.start_timeout_s)[0]
         task = in_task(body, threads=job.threads, pg_timeout_s=job.pg_timeout_s)

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -43,7 +43,7 @@ def fit_async(spec: FitSpec, job: JobConfig, *, workers: int, spark: Any, starte
     """Start the server on the driver, run ``workers`` tasks; the model becomes the centre."""
     from ..spark.launcher import driver_host, run_tasks, task_attempt
 
-    model, strategy = spec.model, spec.strategy
+    model, strategy = spec.model, cast(AsyncParameterServer, spec.strategy)  # Launcher.TASKS: this strategy's
     threads, checkpoint_dir, resume, start_timeout_s = job.threads, job.checkpoint_dir, job.resume, \
         job.start_timeout_s
     server = _server_factory(strategy, workers)(list(model.parameters()))
@@ -53,9 +53,9 @@ def fit_async(spec: FitSpec, job: JobConfig, *, workers: int, spark: Any, starte
         hub.server_metrics = server.metrics
     transport = TcpTransport(TcpOptions(mac_payload=strategy.mac_payload, tls=strategy.tls))
     host = driver_host(spark)
-    saver = _ServerCheckpoints(server, checkpoint_dir or resume, job.checkpoint_every_s or 60.0,
-                               job.keep_checkpoints) \
-        if (checkpoint_dir or resume) else None
+    saver_dir = checkpoint_dir or resume
+    saver = _ServerCheckpoints(server, saver_dir, job.checkpoint_every_s or 60.0, job.keep_checkpoints) \
+        if saver_dir else None
     with transport.serve(server, host=host, port=0) as endpoint, saver or contextlib.nullcontext():
         info = endpoint.info
         log.info("parameter server for %s on %s with %d shard(s)", strategy.rule, info.address, server.num_shards)
@@ -66,7 +66,9 @@ def fit_async(spec: FitSpec, job: JobConfig, *, workers: int, spark: Any, starte
             # a retried task (Spark retries failed ordinary tasks) pulls the current centre and
             # trains its share again; an injected fault fires in the first attempt only
             attempt = shipped if task_attempt() == 0 else replace(shipped, fault=None)
-            return fit_worker(attempt, task_collective(worker, workers, threads))
+            report = fit_worker(attempt, task_collective(worker, workers, threads))
+            assert report is not None  # an asynchronous (Launcher.TASKS) worker returns its own report
+            return report
 
         reports = run_tasks(task, workers, spark=spark, description=f"sparkdp async {strategy.rule}",
                             start_timeout_s=start_timeout_s) \
@@ -154,7 +156,8 @@ class _ServerCheckpoints:
         self.server, self.directory, self.every_s, self.keep = server, Path(directory), every_s, keep
         self.directory.mkdir(parents=True, exist_ok=True)
         names = _server_checkpoints(self.directory)
-        self.count = int(_PS_NAME.match(names[-1]).group(1)) + 1 if names else 0
+        last = _PS_NAME.match(names[-1]) if names else None  # _server_checkpoints keeps matching names only
+        self.count = int(last.group(1)) + 1 if last else 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sparkdp-ps-checkpoints", daemon=True)
 

@@ -177,7 +177,8 @@ def calibrate(model: nn.Module, *, spark, workers: int, batch: int = 64, sample_
         (ps,) = run_tasks(_ps_task(info, {"tiny": TINY, "full": params}, reps), 1, spark=spark,
                           description="sparkdp plan --calibrate: parameter server")
     median = lambda key: statistics.median(r[key] for r in results) if key in results[0] else None  # noqa: E731
-    return Calibration(workers, params, batch, median("compute"), median("tiny"), median("full"),
+    compute = statistics.median(r["compute"] for r in results)  # every stage task times its compute step
+    return Calibration(workers, params, batch, compute, median("tiny"), median("full"),
                        ps["tiny"], ps["full"], _server_apply_s(servers["full"], params, reps))
 
 

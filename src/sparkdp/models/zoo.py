@@ -8,13 +8,11 @@ used in ENVIRONMENT.md's reference timings.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from torch import nn
 
 from ..registry import Registry
 
-MODELS: Registry[Callable[..., nn.Module]] = Registry("model")
+MODELS: Registry[nn.Module] = Registry("model")
 
 
 def _two_conv(c1: int, c2: int, hidden: int, in_channels: int, image_size: int, num_classes: int,

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.live import Live
 
 
 def _eta(seconds: float | None) -> str:
@@ -22,7 +25,7 @@ class Display:
         self.title, self.world_size, self.enabled = title, world_size, enabled
         self.line_every_s = line_every_s
         self.stream = stream or sys.stderr
-        self.live = None
+        self.live: Live | None = None
         self.epochs_total: int | None = None
         self.steps_per_epoch: int | None = None
         self.first_seen: tuple[float, float] | None = None  # (time, fraction done) of the first report

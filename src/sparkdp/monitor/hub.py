@@ -29,12 +29,15 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .display import Display
 from .probe import MonitorLink
 from .sinks import MlflowSink, RunLog, TensorBoardSink, redact
 from .stragglers import StragglerDetector
+
+if TYPE_CHECKING:
+    from ..ps.transport.base import Endpoint
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +90,7 @@ class MonitorHub:
         if mlflow:
             self.sinks.append(MlflowSink(mlflow, {k: v for k, v in config.items() if v is not None}))
         self.display = Display(title, world_size, enabled=display)
-        self._endpoint = None
+        self._endpoint: Endpoint | None = None
         self._host, self._tls = host, tls
 
     # -- lifetime ---------------------------------------------------------------------------

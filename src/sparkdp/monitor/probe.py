@@ -139,6 +139,8 @@ class Probe:
                 "rss_bytes": self._process.memory_info().rss, "net_sent": sent, "net_recv": recv}
 
     def _run(self) -> None:
+        client = self._client
+        assert client is not None  # the thread starts once connected
         next_at = time.monotonic() + self.link.interval_s
         while True:
             try:
@@ -149,7 +151,7 @@ class Probe:
             if record is None:
                 return
             try:
-                self._client.report(record)
+                client.report(record)
             except Exception as exc:  # the driver went away: stop quietly, training goes on
                 log.warning("worker %d: live monitoring stopped: %s", self.rank, exc)
                 return

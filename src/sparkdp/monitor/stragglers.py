@@ -73,7 +73,7 @@ class StragglerDetector:
         if len(windows) < max(self.world_size, 2):
             return []
         own = {r: w["data_s"] + w["compute_s"] for r, w in windows.items()}
-        fastest = min(own, key=own.get)
+        fastest = min(own, key=own.__getitem__)
         state = self.ranks[rank]
         relative = own[fastest] / own[rank] if own[rank] > 0 else 1.0
         individual = state.best_own / own[rank] if own[rank] > 0 else 1.0

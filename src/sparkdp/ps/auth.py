@@ -85,7 +85,7 @@ class SessionKeys:
         )
 
 
-def mac(key: bytes, *parts: bytes | memoryview) -> bytes:
+def mac(key: bytes, *parts: bytes | bytearray | memoryview) -> bytes:
     """HMAC-SHA256 over the concatenation of ``parts`` (hashlib drops the GIL on big updates)."""
     h = hmac.new(key, digestmod=hashlib.sha256)
     for p in parts:

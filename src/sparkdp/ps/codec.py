@@ -136,7 +136,7 @@ class FrameHeader:
 
 def dtype_from_name(name: object) -> torch.dtype:
     try:
-        return DTYPES[name]  # type: ignore[index]
+        return DTYPES[name]  # type: ignore[index]  # any wire value: a non-str or unhashable one fails below
     except (KeyError, TypeError):
         raise ProtocolError(f"dtype {name!r} is not allowed; allowed: {', '.join(DTYPES)}.") from None
 
@@ -168,7 +168,7 @@ def layout(tensors: Sequence[Tensor]) -> tuple[list[dict[str, Any]], list[memory
         t = t.detach().to("cpu").contiguous()
         nbytes = t.numel() * t.element_size()
         if nbytes:
-            buffers.append(memoryview(t.view(-1).view(torch.uint8).numpy()))
+            buffers.append(t.view(-1).view(torch.uint8).numpy().data)
         descs.append({"dtype": name, "shape": list(t.shape), "offset": start})
         offset = start + nbytes
     return descs, buffers, offset

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -115,7 +115,9 @@ class ASGD(UpdateRule):
                     f"{name}: unknown server_optimizer {server_optimizer!r}. Available: {', '.join(sorted(classes))}; "
                     "or pass a callable params -> torch.optim.Optimizer."
                 )
-            self._factory: OptimizerFactory = functools.partial(classes[key], lr=self.lr, **kwargs)
+            # every torch.optim class takes (params, lr=...), which the base Optimizer's signature does not say
+            optimizer_class = cast(Callable[..., Optimizer], classes[key])
+            self._factory: OptimizerFactory = functools.partial(optimizer_class, lr=self.lr, **kwargs)
             try:  # surface bad kwargs (momentum=-1, betas=...) now, not at the first push
                 self._factory([torch.nn.Parameter(torch.zeros(1))])
             except (TypeError, ValueError) as e:

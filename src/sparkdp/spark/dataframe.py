@@ -29,7 +29,7 @@ import logging
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 import torch
@@ -106,7 +106,7 @@ class StreamData(WorkerData):
             raise RuntimeError("StreamData.batches ran without a stream (or twice in one stage)")
         stream, self._stream = self._stream, None
         chunks = (self.converter.convert(rb) for rb in stream if rb.num_rows)
-        yield from rebatch(chunks, batch_size, buffer_rows=self.shuffle_buffer if shuffle else 0,  # type: ignore[misc]
+        yield from rebatch(chunks, batch_size, buffer_rows=self.shuffle_buffer if shuffle else 0,  # type: ignore[misc]  # rebatch yields tuple[Tensor, ...]: these chunks are (features, labels)
                            generator=seeded_generator(seed, epoch, rank))
 
     def counters(self) -> dict[str, int]:
@@ -171,7 +171,8 @@ def _epoch_task(spec: FitSpec, threads: int | None, pg_timeout_s: float):
         info = None
         try:
             info = rendezvous()
-            data = StreamData(spec.train.converter, spec.train.shuffle_buffer).attach(stream)  # type: ignore[attr-defined]
+            source = cast(DataFrameSource, spec.train)  # fit_stream's stage spec carries the driver's source
+            data = StreamData(source.converter, source.shuffle_buffer).attach(stream)
             job = in_task(lambda coll: fit_worker(replace(spec, train=data), coll), threads=threads,
                           pg_timeout_s=pg_timeout_s)
             out = job(info)
@@ -207,12 +208,12 @@ def fit_stream(spec: FitSpec, source: DataFrameSource, *, workers: int, spark, t
         # One partition per worker as given. An empty or much smaller partition would end every
         # rank's epoch early (the per-step MIN check), so count rows once (a cheap job over a
         # cached DataFrame) and rebalance when the partitions are that uneven.
-        rows = _partition_rows(df)
-        if sum(rows) == 0:
+        counts = _partition_rows(df)
+        if sum(counts) == 0:
             raise DataError("the DataFrame is empty (0 rows); nothing to train on. Check the filters upstream.")
-        if min(rows) == 0 or max(rows) > 2 * min(rows) + 1:
+        if min(counts) == 0 or max(counts) > 2 * min(counts) + 1:
             log.info("the DataFrame's %d partitions are uneven (rows per partition: %s): repartitioning to %d "
-                     "so no worker runs out early", workers, rows, workers)
+                     "so no worker runs out early", workers, counts, workers)
             df = df.repartition(workers)
     if spec.epochs > 1 and not source.cached:
         log.info("the DataFrame is not cached: its lineage runs again in each of the %d epochs; call "
@@ -238,8 +239,8 @@ def fit_stream(spec: FitSpec, source: DataFrameSource, *, workers: int, spark, t
                 restarts += 1
                 log.warning("sparkdp: %s -- restart %d of %d from the start of epoch %d", str(exc).splitlines()[0],
                             restarts, max_restarts, epoch + 1)
-        first = next(r for r in rows if r["rank"] == 0)
-        report = WorkerReport.from_parts(first["info"], first["state"], first["optimizer_state"])
+        rank0 = next(r for r in rows if r["rank"] == 0)
+        report = WorkerReport.from_parts(rank0["info"], rank0["state"], rank0["optimizer_state"])
         spec.model.load_state_dict(state_from_bytes(report.state))  # shipped with the next stage
         opt_state = report.optimizer_state or None
         # the next stage ships the strategy object: its schedule (e.g. the averaging period's
@@ -261,7 +262,9 @@ def _partition_rows(df) -> list[int]:
         from pyspark import TaskContext
 
         rows = sum(rb.num_rows for rb in stream)
-        yield pa.RecordBatch.from_pydict({"p": [TaskContext.get().partitionId()], "n": [rows]})
+        task = TaskContext.get()
+        assert task is not None  # runs in a Spark task
+        yield pa.RecordBatch.from_pydict({"p": [task.partitionId()], "n": [rows]})
 
     return [r["n"] for r in sorted(df.mapInArrow(count, "p long, n long").collect(), key=lambda r: r["p"])]
 

@@ -29,7 +29,7 @@ import json
 import os
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 from pyspark import keyword_only
 from pyspark.ml import Estimator as SparkEstimator
@@ -183,6 +183,8 @@ class Estimator(SparkEstimator, _SparkdpParams, DefaultParamsReadable, DefaultPa
         >>> Pipeline(stages=[VectorAssembler(...), est]).fit(df)          # doctest: +SKIP
     """
 
+    _input_kwargs: dict[str, Any]  # set by pyspark's @keyword_only
+
     @keyword_only
     def __init__(self, **kwargs: Any) -> None:
         super().__init__()
@@ -260,7 +262,7 @@ class _ModelWriter(DefaultParamsWriter):
 
     def saveImpl(self, path: str) -> None:
         super().saveImpl(path)
-        model: Model = self.instance  # type: ignore[assignment]
+        model = cast(Model, self.instance)  # the writer Model.write() made
         if model.module is None:
             raise ConfigError("cannot save a Model without a trained network.")
         folder = _local(path)

@@ -19,7 +19,7 @@ import hashlib
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -143,13 +143,14 @@ def predict(model: nn.Module, df: Any, *, features: str | Sequence[str], output_
     else:
         ret = "double" if output == "value" else "array<float>"
 
-    def score(cols: pa.Array) -> pa.Array:
+    def score(cols: pa.Array) -> pa.Array:  # exactly pa.Array: PySpark infers the UDF kind from these hints
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
         torch.set_num_threads(max(1, int(ctx.cpus())) if ctx is not None else 1)
         net = packed.load()
-        out = _outputs(net, converter, pa.RecordBatch.from_struct_array(cols), batch_size)
+        batch = pa.RecordBatch.from_struct_array(cast(pa.StructArray, cols))  # the argument is F.struct(...)
+        out = _outputs(net, converter, batch, batch_size)
         if output == "class":
             pred = pa.array(out.argmax(1).numpy().astype(np.int64))
             if not with_probs:
@@ -164,7 +165,8 @@ def predict(model: nn.Module, df: Any, *, features: str | Sequence[str], output_
         return pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1)), flat.shape[1]).cast(
             pa.list_(pa.float32()))
 
-    udf = F.arrow_udf(score, ret)
+    # the hinted form (no functionType) is PySpark's documented one, but its stubs overload only the others
+    udf = F.arrow_udf(score, ret)  # type: ignore[call-overload]
     scored = udf(F.struct(*[F.col(c) for c in names]))
     if not with_probs:
         return df.withColumn(output_col, scored)

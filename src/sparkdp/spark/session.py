@@ -113,7 +113,7 @@ def session(master: str | None = None, *, app_name: str = "sparkdp", conf: Mappi
     log.info("starting Spark (%s)", master)
     # What SparkSession.builder.getOrCreate() does, in two steps: the warm-up job needs only
     # the SparkContext, so it runs while the JVM builds the SparkSession (about 2.7 s here).
-    sc = SparkContext.getOrCreate(SparkConf().setMaster(master).setAppName(app_name).setAll(settings.items()))
+    sc = SparkContext.getOrCreate(SparkConf().setMaster(master).setAppName(app_name).setAll(list(settings.items())))
     sc.setLogLevel(log_level)
     if warm_up and settings["spark.python.daemon.module"] == _DEFAULT_CONF["spark.python.daemon.module"]:
         _start_warm_up(sc)

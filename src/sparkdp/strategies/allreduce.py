@@ -120,7 +120,9 @@ def _shared_memory_hook(state: tuple[SharedMemoryReducer, int, CommMeter], bucke
     started = time.perf_counter()
     if buffer.numel() * buffer.element_size() < min_bytes or buffer.dtype not in REDUCIBLE:
         # gloo, asynchronous, as DDP does by default; timed until it completes (it overlaps backward)
-        return default_hooks.allreduce_hook(None, bucket).then(lambda done: _timed(done, meter, started))
+        # None is the default group: torch's allreduce_hook handles it but annotates ProcessGroup
+        return default_hooks.allreduce_hook(None, bucket).then(  # type: ignore[arg-type]
+            lambda done: _timed(done, meter, started))
     future: torch.futures.Future = torch.futures.Future()
     try:
         future.set_result(reducer.all_reduce_(buffer, 1.0 / reducer.world))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -32,9 +32,12 @@ from .base import Launcher, Strategy
 log = logging.getLogger(__name__)
 
 
-def _every(name: str, value: int | str) -> int | str:
+Every = int | Literal["epoch"]  # batches between exchanges, or once an epoch
+
+
+def _every(name: str, value: int | str) -> Every:
     if value == "epoch":
-        return value
+        return "epoch"
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"{name} must be a positive number of batches or 'epoch'; got {value!r}.")
     return value

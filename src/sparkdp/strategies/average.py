@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from typing import Any
+from typing import Any, Literal, cast
 
 import torch
 from torch import nn
@@ -50,7 +50,7 @@ class ParameterAveraging(Strategy):
             warnings.warn("average with period=1 communicates the whole model every step; the 'allreduce' "
                           "strategy gives the same result for SGD with overlapped, bucketed communication.",
                           stacklevel=2)
-        self.period = period
+        self.period: int | Literal["epoch"] = "epoch" if period == "epoch" else cast(int, period)  # checked above
         self.average_optimizer_state = bool(average_optimizer_state)
         self.shared_memory = bool(shared_memory)
         self.shared_memory_min_bytes = int(shared_memory_min_bytes)

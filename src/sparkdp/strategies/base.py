@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 from torch.optim import Optimizer
 
 from ..comm.base import Collective
+
+if TYPE_CHECKING:
+    from torch.utils.hooks import RemovableHandle
 
 
 class Launcher(enum.Enum):
@@ -56,6 +59,7 @@ class Strategy(ABC):
     #: Whether conv weights may train channels-last (``train.layout``); batches go NHWC either way.
     channels_last_weights: bool = True
     name: str = "strategy"
+    _hook: RemovableHandle | None  # the optimizer step hook that calls after_step (set by _attach)
 
     def __init__(self) -> None:
         self.collective: Collective | None = None

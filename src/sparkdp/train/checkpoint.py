@@ -285,7 +285,7 @@ def _checkpoint_from(path: str, obj: Any) -> Checkpoint:
         raise ValueError("its contents are not a checkpoint's (not a mapping)")
     if obj.get("format") != FORMAT:
         raise ValueError(f"checkpoint format {obj.get('format')!r}; this sparkdp reads format {FORMAT}")
-    ints = {k: obj.get(k) for k in ("epoch", "step", "workers")}
+    ints: dict[str, Any] = {k: obj.get(k) for k in ("epoch", "step", "workers")}  # checked on the next line
     bad = [k for k, v in ints.items() if isinstance(v, bool) or not isinstance(v, int) or v < 0]
     model, optimizer, stats = obj.get("model"), obj.get("optimizer"), obj.get("epoch_stats")
     if bad or not (isinstance(model, dict) and all(isinstance(v, torch.Tensor) for v in model.values())) \

@@ -31,7 +31,7 @@ def sharded_loader(loader: DataLoader, rank: int, world_size: int, seed: int) ->
     shuffle = not isinstance(loader.sampler, torch.utils.data.SequentialSampler)
     sampler = EpochSampler(loader.dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed,
                            drop_last=False)
-    extra = {}
+    extra: dict[str, Any] = {}
     if loader.num_workers > 0:  # DataLoader accepts these only with worker processes
         extra = {"persistent_workers": loader.persistent_workers, "prefetch_factor": loader.prefetch_factor}
     return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler, collate_fn=loader.collate_fn,

@@ -311,6 +311,7 @@ def _fit_worker(spec: FitSpec, collective: Collective, probe: Any) -> WorkerRepo
         target = strategy.evaluation(collective, last=epoch == spec.last_epoch()) \
             if spec.evaluates_after(epoch) else None
         if target is not None:
+            assert spec.eval is not None  # evaluates_after(epoch) holds only with evaluation data
             record.update(evaluate(target[0], spec.loss, spec.eval, target[1], spec.eval_batch_size, channels_last))
         history.append(record)
         log.info("rank %d epoch %d: %s", rank, epoch + 1, record)

@@ -66,6 +66,8 @@ class Neuron(CaffeLayer):
     """One element-wise function, chosen by Caffe type name (picklable: no closures stored)."""
 
     config = ("kind", "args")  # args: the function's settings by name
+    kind: str
+    args: dict[str, float]
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
         return (_FUNCTIONS[self.kind](x, self.args),)
@@ -118,7 +120,7 @@ class PReLU(CaffeLayer):
         self.weight = nn.Parameter(torch.zeros(() if channels is None else (channels,)))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
-        a = self.weight
+        a: torch.Tensor = self.weight
         if a.dim() and x.dim() >= 2:
             a = a.view(1, -1, *([1] * (x.dim() - 2)))
         return (torch.where(x > 0, x, a * x),)
@@ -138,6 +140,8 @@ class Dropout(CaffeLayer):
     """Inverted dropout in TRAIN phase while ``module.training``; identity otherwise."""
 
     config = ("ratio", "train_phase")
+    ratio: float
+    train_phase: bool
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
         return (F.dropout(x, self.ratio, self.training and self.train_phase),)

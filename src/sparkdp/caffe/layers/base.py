@@ -25,7 +25,7 @@ Shape = tuple[int, ...]
 FLT_MAX = 3.4028234663852886e38  # std::numeric_limits<float>::max(), Caffe's "minus infinity" seed
 FLT_MIN = 1.1754943508222875e-38  # clamp used by Caffe's log-losses
 
-CONVERTERS: Registry[Callable[..., Built]] = Registry("Caffe layer type")
+CONVERTERS: Registry[Built] = Registry("Caffe layer type")
 SUPPORTED: list[str] = []  # Caffe's exact (case-sensitive) type names, in registration order
 
 

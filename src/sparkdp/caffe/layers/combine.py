@@ -33,6 +33,7 @@ def _legacy_axis(layer: LayerSpec, p: Message, legacy: str, ndim: int) -> int:
 
 class Concat(CaffeLayer):
     config = ("axis",)
+    axis: int
 
     def forward(self, *xs: torch.Tensor) -> tuple[torch.Tensor]:
         return (torch.cat(xs, dim=self.axis),)
@@ -57,6 +58,8 @@ def concat(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
 
 class Slice(CaffeLayer):
     config = ("axis", "sizes")
+    axis: int
+    sizes: list[int]
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return tuple(torch.split(x, self.sizes, dim=self.axis))
@@ -88,6 +91,7 @@ def slice_layer(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Bui
 
 class Split(CaffeLayer):
     config = ("n",)
+    n: int
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return (x,) * self.n  # autograd sums the consumers' gradients, like Caffe's Split backward
@@ -100,6 +104,8 @@ def split(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
 
 class Eltwise(CaffeLayer):
     config = ("operation", "coeffs")
+    operation: str
+    coeffs: list[float]
 
     def forward(self, *xs: torch.Tensor) -> tuple[torch.Tensor]:
         out = xs[0]
@@ -133,6 +139,8 @@ def eltwise(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
 
 class Crop(CaffeLayer):
     config = ("axis", "offsets")
+    axis: int
+    offsets: list[int]
 
     def forward(self, x: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor]:
         for i, offset in enumerate(self.offsets):

@@ -50,6 +50,8 @@ def _per_axis(layer: LayerSpec, p: Message, name: str, default: int, n: int) -> 
 
 
 class Conv(CaffeLayer):
+    bias: nn.Parameter | None  # registered with register_parameter (None without bias_term)
+
     def __init__(
         self,
         weight_shape: Shape,
@@ -150,6 +152,11 @@ class Im2col(CaffeLayer):
     """
 
     config = ("kernel", "stride", "pad", "dilation", "out")
+    kernel: Shape
+    stride: Shape
+    pad: Shape
+    dilation: Shape
+    out: Shape
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
         cols = F.unfold(x, self.kernel, dilation=self.dilation, padding=self.pad, stride=self.stride)

@@ -30,6 +30,8 @@ from .fillers import fill_blobs
 
 
 class Embed(CaffeLayer):
+    bias: nn.Parameter | None  # registered with register_parameter (None without bias_term)
+
     def __init__(self, input_dim: int, n: int, bias: bool, who: str) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(input_dim, n))

@@ -27,6 +27,8 @@ from .fillers import fill_blobs
 
 
 class InnerProduct(CaffeLayer):
+    bias: nn.Parameter | None  # registered with register_parameter (None without bias_term)
+
     def __init__(self, k: int, n: int, axis: int, bias: bool, transpose: bool) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.zeros((k, n) if transpose else (n, k)))

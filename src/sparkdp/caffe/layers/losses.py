@@ -86,6 +86,7 @@ def _check_labels(layer: LayerSpec, shapes: list[Shape], axis: int) -> None:
 
 class Softmax(CaffeLayer):
     config = ("axis",)
+    axis: int
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
         return (F.softmax(x, dim=self.axis),)
@@ -131,6 +132,8 @@ def softmax_with_loss(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) 
 
 class SigmoidCrossEntropyLoss(CaffeLayer):
     config = ("ignore", "normalization")
+    ignore: int | None
+    normalization: str
 
     def forward(self, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor]:
         target = target.reshape(x.shape).to(x.dtype)
@@ -171,6 +174,11 @@ class Accuracy(CaffeLayer):
     """Correct iff fewer than ``top_k`` other classes score >= the true class (ties are errors)."""
 
     config = ("top_k", "axis", "ignore", "per_class", "who")
+    top_k: int
+    axis: int
+    ignore: int | None
+    per_class: bool
+    who: str
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor, label: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -212,6 +220,7 @@ class MultinomialLogisticLoss(CaffeLayer):
     """``-Σ log(max(p[n, label_n], 1e-20)) / N`` on probabilities (pair it with Softmax)."""
 
     config = ("who",)
+    who: str
 
     def forward(self, prob: torch.Tensor, label: torch.Tensor) -> tuple[torch.Tensor]:
         rows = prob.reshape(prob.shape[0], -1)
@@ -235,6 +244,8 @@ class InfogainLoss(CaffeLayer):
     BlobProto file, K × K for K classes.  With ``H = I`` it is SoftmaxWithLoss.
     """
 
+    h: torch.Tensor | None  # the ``source`` matrix; None when H is the third bottom
+
     def __init__(self, axis: int, ignore: int | None, normalization: str, who: str,
                  h: torch.Tensor | None) -> None:
         super().__init__()
@@ -243,7 +254,10 @@ class InfogainLoss(CaffeLayer):
 
     def forward(self, x: torch.Tensor, label: torch.Tensor, h: torch.Tensor | None = None) -> tuple[torch.Tensor]:
         classes = x.shape[self.axis]
-        h = (self.h if h is None else h).reshape(classes, classes).to(x.dtype)
+        if h is None:
+            h = self.h
+            assert h is not None, "the converter gives InfogainLoss a source H or a third bottom"
+        h = h.reshape(classes, classes).to(x.dtype)
         logp = torch.log(_rows(F.softmax(x, dim=self.axis), self.axis).clamp(min=LOG_THRESHOLD))
         safe, valid = _labels(label, self.ignore, classes, self.who)
         per_row = -(h[safe] * logp).sum(dim=1)

@@ -34,6 +34,8 @@ class ContrastiveLoss(CaffeLayer):
     """
 
     config = ("margin", "legacy")
+    margin: float
+    legacy: bool
 
     def forward(self, a: torch.Tensor, b: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor]:
         n = a.shape[0]
@@ -67,6 +69,8 @@ class HingeLoss(CaffeLayer):
     """``1/N Σ_n Σ_k max(0, 1 - δ(l_n = k) x_nk)^p`` with δ = +1 for the true class, -1 otherwise."""
 
     config = ("squared", "who")
+    squared: bool
+    who: str
 
     def forward(self, x: torch.Tensor, label: torch.Tensor) -> tuple[torch.Tensor]:
         rows = x.reshape(x.shape[0], -1)

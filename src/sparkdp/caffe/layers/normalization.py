@@ -30,6 +30,11 @@ from .fillers import fill_
 
 class LRN(CaffeLayer):
     config = ("size", "alpha", "beta", "k", "across")
+    size: int
+    alpha: float
+    beta: float
+    k: float
+    across: bool
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
         if self.across:  # x_c (k + alpha/n Σ x_c'^2)^-beta, zero outside [0, C)
@@ -68,6 +73,9 @@ class BatchNorm(CaffeLayer):
     """
 
     blob_names = ("mean_acc", "var_acc", "scale_factor")
+    mean_acc: torch.Tensor
+    var_acc: torch.Tensor
+    scale_factor: torch.Tensor
 
     def __init__(
         self, channels: int, eps: float, fraction: float, use_global: bool | None, train: bool
@@ -202,6 +210,9 @@ class MVN(CaffeLayer):
     """
 
     config = ("normalize_variance", "across_channels", "eps")
+    normalize_variance: bool
+    across_channels: bool
+    eps: float
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
         rows = x.reshape(x.shape[0], -1) if self.across_channels or x.dim() < 2 else x.reshape(

@@ -155,6 +155,7 @@ class SPP(CaffeLayer):
     """
 
     config = ("levels",)
+    levels: list[Pool]
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
         if len(self.levels) == 1:

@@ -49,6 +49,10 @@ class _Recurrent(CaffeLayer):
     state_names: tuple[str, ...] = ()
 
     config = ("hidden", "static", "expose", "who")
+    hidden: int
+    static: bool
+    expose: bool
+    who: str
 
     def forward(self, x: torch.Tensor, cont: torch.Tensor, *rest: torch.Tensor) -> tuple[torch.Tensor, ...]:
         steps, batch = x.shape[0], x.shape[1]
@@ -178,7 +182,8 @@ def _build(layer: LayerSpec, shapes: list[Shape], cls: type[_Recurrent]) -> Buil
                 )
     module = cls(count(x, 2), hidden, d_static, expose, layer.describe())
     fill_blobs(layer, module, p)
-    return Built(module, [(steps, batch, hidden)] + [state_shape] * n_states)
+    tops: list[Shape] = [(steps, batch, hidden)]
+    return Built(module, tops + [state_shape] * n_states)
 
 
 @converter("LSTM")

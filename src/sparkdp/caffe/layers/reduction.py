@@ -26,6 +26,9 @@ _OPS = ("", "SUM", "ASUM", "SUMSQ", "MEAN")
 
 class Reduction(CaffeLayer):
     config = ("op", "axis", "coeff")
+    op: str
+    axis: int
+    coeff: float
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
         rows = x.reshape(*x.shape[: self.axis], -1)

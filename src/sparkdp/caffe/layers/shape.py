@@ -24,6 +24,8 @@ from .base import (
 
 class Flatten(CaffeLayer):
     config = ("axis", "end_axis")
+    axis: int
+    end_axis: int
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
         return (torch.flatten(x, self.axis, self.end_axis),)
@@ -76,6 +78,10 @@ def reshaped(dims: Shape, bottom: Shape, axis: int, num_axes: int, who: str = "R
 
 class Reshape(CaffeLayer):
     config = ("dims", "axis", "num_axes", "who")
+    dims: Shape
+    axis: int
+    num_axes: int
+    who: str
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
         return (x.reshape(reshaped(self.dims, tuple(x.shape), self.axis, self.num_axes, self.who)),)
@@ -100,6 +106,9 @@ def _top_k(x: torch.Tensor, k: int, dim: int) -> tuple[torch.Tensor, torch.Tenso
 
 class ArgMax(CaffeLayer):
     config = ("top_k", "out_max_val", "axis")
+    top_k: int
+    out_max_val: bool
+    axis: int | None
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
         if self.axis is not None:
@@ -130,6 +139,8 @@ class Tile(CaffeLayer):
     """``tile_layer.cpp``: the block from ``axis`` on is repeated ``tiles`` times (like ``Tensor.repeat``)."""
 
     config = ("axis", "tiles")
+    axis: int
+    tiles: int
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
         reps = [1] * x.dim()

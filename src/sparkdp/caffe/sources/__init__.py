@@ -219,11 +219,11 @@ def net_data(net: str | os.PathLike[str] | Message | NetSpec, *, base_dir: str |
         )
     label_top = train_layer.tops[1] if len(train_layer.tops) > 1 else None
     class_labels = _class_labels(spec, label_top)
-    options = dict(base_dirs=base_dirs, class_labels=class_labels, limit=limit, shuffle_buffer=shuffle_buffer,
+    options: dict[str, Any] = dict(base_dirs=base_dirs, class_labels=class_labels, limit=limit, shuffle_buffer=shuffle_buffer,
                    block_rows=block_rows)
-    train = source_for_layer(train_layer, "TRAIN", **options)  # type: ignore[arg-type]
+    train = source_for_layer(train_layer, "TRAIN", **options)
     test_layer, _ = _source_layers(spec, "TEST")
-    evaluation = source_for_layer(test_layer, "TEST", **options) if test_layer is not None else None  # type: ignore[arg-type]
+    evaluation = source_for_layer(test_layer, "TEST", **options) if test_layer is not None else None
     if test_layer is None:
         log.info("the net has no Data/HDF5Data layer in its TEST phase: training without evaluation")
     if evaluation is not None and evaluation.sample_shape != train.sample_shape:

@@ -98,14 +98,14 @@ class CaffeDataSource(WorkerData):
         shuffle = shuffle and self.layer_shuffle
         segs = self.segments(rank=rank, world_size=world_size, epoch=epoch, seed=seed, shuffle=shuffle)
         rng = np.random.default_rng([int(seed) % 2**32, int(epoch), int(rank), 0xCAFFE])
-        yield from rebatch(self._chunks(segs, rng), batch_size,  # type: ignore[misc]
+        yield from rebatch(self._chunks(segs, rng), batch_size,  # type: ignore[misc]  # rebatch yields tuple[Tensor, ...]: these chunks are (features, labels)
                            buffer_rows=self.shuffle_buffer if shuffle else 0,
                            generator=seeded_generator(seed, epoch, rank))
 
     def eval_batches(self, *, rank: int, world_size: int, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         segs = self.segments(rank=rank, world_size=world_size, epoch=0, seed=0, shuffle=False, pad=False)
         rng = np.random.default_rng([0, 0, int(rank), 0xCAFFE])
-        yield from rebatch(self._chunks(segs, rng), batch_size)  # type: ignore[misc]
+        yield from rebatch(self._chunks(segs, rng), batch_size)  # type: ignore[misc]  # rebatch yields tuple[Tensor, ...]: these chunks are (features, labels)
 
 
 class DatumDBSource(CaffeDataSource):
@@ -171,6 +171,7 @@ class DatumDBSource(CaffeDataSource):
         finally:
             reader.close()
         first = datum_array(parse_datum(value, self._name(key)), color=self.transform.color, source=self._name(key))
+        # datum_array gives (C, H, W)
         self.record_shape: tuple[int, int, int] = tuple(int(d) for d in first.shape)  # type: ignore[assignment]
         self.record_dtype = str(first.dtype)
         self.transform.check(self.record_shape, f"{where} ({self.path})")

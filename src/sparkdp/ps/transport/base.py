@@ -16,6 +16,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from torch import Tensor
 
@@ -42,6 +43,9 @@ class ConnectInfo:
         return f"ConnectInfo(address={self.address!r}, secret=<{len(self.secret)} bytes>, tls={self.tls_cert is not None})"
 
 
+_E = TypeVar("_E", bound="Endpoint")
+
+
 class Endpoint(ABC):
     """A running server side; closing it stops accepting and ends every connection."""
 
@@ -55,7 +59,7 @@ class Endpoint(ABC):
     def close(self) -> None:
         """Idempotent; returns once the serving threads have ended (or a bounded wait passed)."""
 
-    def __enter__(self) -> Endpoint:
+    def __enter__(self: _E) -> _E:
         return self
 
     def __exit__(self, *exc: object) -> None:

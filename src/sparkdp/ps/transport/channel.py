@@ -191,7 +191,7 @@ class Channel:
         scattered = _scatter_views(descs, into, head.payload_len) if into is not None else None
         if scattered is None:
             payload = self._payload_buffer(head.payload_len, reuse_buffer)
-            views = [memoryview(payload.numpy())] if head.payload_len else []
+            views = [payload.numpy().data] if head.payload_len else []
         else:
             views = scattered
         if not head.flags & codec.Flag.PAYLOAD_MAC:
@@ -210,7 +210,7 @@ class Channel:
                 raise ProtocolError(
                     f"payload MAC mismatch on frame {head.seq} (tensor bytes altered in transit)."
                 )
-        tensors = list(into) if scattered is not None else codec.decode_tensors(descs, payload)
+        tensors = list(into) if scattered is not None and into is not None else codec.decode_tensors(descs, payload)
         self.recv_seq += 1
         return codec.Message(head.op, head.seq, meta, tensors)
 
@@ -252,6 +252,6 @@ def _scatter_views(descs: object, into: Sequence[Tensor], payload_len: int) -> l
             views.append(memoryview(bytearray(offset - pos)))
         nbytes = t.numel() * t.element_size()
         if nbytes:
-            views.append(memoryview(t.view(-1).view(torch.uint8).numpy()))
+            views.append(t.view(-1).view(torch.uint8).numpy().data)
         pos = offset + nbytes
     return views if pos == payload_len else None

@@ -192,26 +192,27 @@ class TcpClient(Client):
                     ) from exc
                 raise
         if reply.op is Op.ERROR:
-            kind = ERROR_KINDS.get(reply.meta.get("kind"), ProtocolError)
+            kind = ERROR_KINDS.get(reply.meta.get("kind", ""), ProtocolError)
             raise kind(f"parameter server: {reply.meta.get('message')}")
         if reply.op is not reply_op:
             raise ProtocolError(f"expected {reply_op.name} from {self.address}, got {reply.op.name}.")
         return reply
 
-    def _need_plan(self) -> None:
+    def _need_plan(self) -> ShardPlan:
         if self.plan is None and self._awaits_centre:
             raise ProtocolError(f"the parameter server at {self.address} has no centre yet; connect with "
                                 "initial=<the model's tensors> to give it one.")
         if self.plan is None:
             raise ProtocolError(f"{self.address} is a monitoring endpoint; it holds no parameters to pull or push.")
+        return self.plan
 
     def pull(self, *, out: Sequence[Tensor] | None = None, observe: bool = False) -> Pulled:
-        self._need_plan()
+        plan = self._need_plan()
         if out is not None:
-            self.plan.check(out, "pull(out=...)")
+            plan.check(out, "pull(out=...)")
         meta = {"observe": True} if observe else {}
         reply = self._request(Op.PULL, meta, (), Op.PULL_REPLY, into=out)  # received straight into `out`
-        self.plan.check(reply.tensors, f"pull reply from {self.address}")
+        plan.check(reply.tensors, f"pull reply from {self.address}")
         if out is None or all(a is b for a, b in zip(reply.tensors, out, strict=True)):
             return Pulled(reply.meta["versions"], reply.tensors)
         for dst, src in zip(
@@ -221,8 +222,8 @@ class TcpClient(Client):
         return Pulled(reply.meta["versions"], list(out))
 
     def push(self, seq, pulled_versions, tensors, *, num_samples=1, local_steps=1) -> PushAck:
-        self._need_plan()
-        self.plan.check(tensors, f"push from worker {self.worker_id}")  # fail before sending 100s of MB
+        plan = self._need_plan()
+        plan.check(tensors, f"push from worker {self.worker_id}")  # fail before sending 100s of MB
         meta = {"seq": seq, "pulled": None if pulled_versions is None else list(pulled_versions),
                 "num_samples": num_samples, "local_steps": local_steps}  # fmt: skip
         reply = self._request(Op.PUSH, meta, tensors, Op.PUSH_REPLY)

@@ -240,25 +240,31 @@ class TcpEndpoint(Endpoint):
         return worker
 
     def _handle_init(self, chan: Channel, worker: int, msg: codec.Message) -> None:
+        initial = self._initial
+        assert initial is not None  # INIT is dispatched here only to an endpoint with an initial factory
         with self._init_lock:  # first one wins; the others learn the plan it made
-            first = self.server is None
-            if first:
+            server = self.server
+            first = server is None
+            if server is None:
                 try:
-                    self.server = self._initial([t.clone() for t in msg.tensors])
+                    server = self.server = initial([t.clone() for t in msg.tensors])
                 except (ValueError, TypeError) as exc:  # e.g. no tensors: the client's fault
                     chan.send(Op.ERROR, {"kind": "ValueError", "message": f"initial centre refused: {exc}"})
                     return
                 log.info("worker %d gave the parameter server its initial centre (%d tensors)", worker,
                          len(msg.tensors))
-        chan.send(Op.INIT_REPLY, {"plan": self.server.plan.to_json(), "last_seq": self.server.last_seq(worker),
+        chan.send(Op.INIT_REPLY, {"plan": server.plan.to_json(), "last_seq": server.last_seq(worker),
                                   "first": first})
 
     def _handle_push(self, chan: Channel, worker: int, msg: codec.Message) -> None:
         m = msg.meta
+        server = self.server
+        assert server is not None  # the dispatcher refuses PUSH to an endpoint without a server
+        seq: Any = m.get("seq")  # untrusted, like the other fields: push() validates them
         try:
-            ack = self.server.push(
+            ack = server.push(
                 worker,
-                m.get("seq"),
+                seq,
                 m.get("pulled"),
                 msg.tensors,
                 m.get("num_samples", 1),

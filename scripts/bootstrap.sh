@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Make this machine ready for sparkdp: Java 17+, the Fashion-MNIST files, a .venv with
-# torch pinned to the CPU build and the package with its test extras.
+# torch pinned to the CPU build and the package with its test and development extras.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -54,5 +54,5 @@ if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split(
   echo "bootstrap: installing torch==$TORCH_VERSION (CPU build)"
   "$VENV/bin/python" -m pip install -q "torch==$TORCH_VERSION"
 fi
-echo "bootstrap: installing sparkdp and its test extras"
-"$VENV/bin/python" -m pip install -q -e ".[test]"
+echo "bootstrap: installing sparkdp with its test and development extras (pytest, ruff, mypy)"
+"$VENV/bin/python" -m pip install -q -e ".[dev]"

@@ -21,6 +21,7 @@ import math
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -434,10 +435,11 @@ def write_caffemodel(
 ) -> None:
     """Write a V2 ``.caffemodel`` to a path or an open binary file (not atomic)."""
     chunks = _encode_chunks(layers, name)
-    if hasattr(handle_or_path, "write"):
+    write = getattr(handle_or_path, "write", None)
+    if write is not None:  # an open binary file
         for chunk in chunks:
-            handle_or_path.write(chunk)  # type: ignore[attr-defined]
+            write(chunk)
         return
-    with open(os.fspath(handle_or_path), "wb") as handle:  # type: ignore[arg-type]
+    with open(os.fspath(cast("str | os.PathLike[str]", handle_or_path)), "wb") as handle:
         for chunk in chunks:
             handle.write(chunk)

@@ -138,3 +138,39 @@ def test_a_factory_loads_when_trusted_explicitly_or_registered(spark, tmp_path, 
     assert Model.load(str(folder)).module.out_features == 2
     with pytest.raises(ConfigError, match="trust_factory takes"):
         trust_factory("no-colon")
+
+
+def test_loading_never_imports_the_class_the_metadata_names(spark, tmp_path, monkeypatch):
+    """Spark's own reader imports and calls metadata['class']; sparkdp's readers check it instead."""
+    from sparkdp.ml import Estimator, Model
+
+    canary = tmp_path / "imported"
+    module_dir = tmp_path / "mods"
+    module_dir.mkdir()
+    (module_dir / "planted_module.py").write_text(
+        f"open({str(canary)!r}, 'w').close()\nclass Thing:\n    pass\n")
+    monkeypatch.syspath_prepend(str(module_dir))
+    model_dir = _saved_with_factory(tmp_path)
+    Estimator(model="mlp").write().overwrite().save(str(tmp_path / "est"))
+    for folder, cls in ((model_dir, Model), (tmp_path / "est", Estimator)):
+        part = next(p for p in (folder / "metadata").iterdir() if p.name.startswith("part-"))
+        meta = json.loads(part.read_text())
+        meta["class"] = "planted_module.Thing"
+        part.write_text(json.dumps(meta) + "\n")
+        for crc in (folder / "metadata").glob(".*.crc"):
+            crc.unlink()
+        with pytest.raises(ConfigError, match=r"for class 'planted_module.Thing', not 'sparkdp.spark.ml"):
+            cls.load(str(folder))
+    assert not canary.exists()
+
+
+def test_a_loaded_estimator_names_trust_factory_when_its_factory_is_not_trusted(spark, tmp_path, monkeypatch):
+    import sparkdp.spark.ml as ml_impl
+    from sparkdp.ml import Estimator
+
+    Estimator(moduleFactory="tests.spark.test_ml:make_small_net").write().overwrite().save(str(tmp_path / "e"))
+    monkeypatch.setattr(ml_impl, "_TRUSTED", set())  # as in a new process
+    loaded = Estimator.load(str(tmp_path / "e"))
+    with pytest.raises(ConfigError, match=r"loaded or copied.*register it before fitting with "
+                                          r"sparkdp.ml.trust_factory"):
+        loaded._build_module()

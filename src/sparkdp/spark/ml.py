@@ -16,7 +16,10 @@ registered with :func:`trust_factory` (a decorator, also for pipelines loaded wi
 ``PipelineModel.load``), or passed to ``Model.load(path, trusted_factories=[...])`` — the way
 ``torch.load(weights_only=True)`` needs ``add_safe_globals``. Built-in model names
 (:data:`sparkdp.models.MODELS`) are always allowed: they are sparkdp's own code, and their
-keyword arguments are JSON values.
+keyword arguments are JSON values. For the same reason the class the params metadata names is
+checked, never imported: Spark's own ``DefaultParamsReader`` imports and calls it.
+(``PipelineModel.load`` is Spark's code and imports each stage's class by name before the
+stage's own reader runs: load pipelines only from directories you trust.)
 
 Model files are written with Python file I/O, so the save path must be on a
 filesystem the driver can write (local disk, NFS, a FUSE mount such as /dbfs).
@@ -137,13 +140,14 @@ class _SparkdpParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasSeed):
         if self.isDefined(self.moduleFactory) and self.getOrDefault(self.moduleFactory):
             path = self.getOrDefault(self.moduleFactory)
             if not _is_trusted(path, trusted):
+                how = (f"pass it explicitly: Model.load(path, trusted_factories=[{path!r}]), or register it "
+                       "before loading" if where else "register it before fitting")
                 raise ConfigError(
-                    f"{where or 'these params'} name moduleFactory {path!r}, which this process has not been "
-                    "told to trust: loading would import and call it, and saved metadata may have been edited "
-                    "by anyone who could write the files. If you trust it, pass it explicitly: "
-                    f"Model.load(path, trusted_factories=[{path!r}]), or register it before loading with "
-                    f"sparkdp.ml.trust_factory({path!r}) (or @trust_factory on the function). Built-in model "
-                    "names (model=...) need no trust.")
+                    f"{where or 'these params (loaded or copied, not set in this process)'} name moduleFactory "
+                    f"{path!r}, which this process has not been told to trust: this would import and call it, "
+                    "and saved metadata may have been edited by anyone who could write the files. If you trust "
+                    f"it, {how} with sparkdp.ml.trust_factory({path!r}) (or @trust_factory on the function). "
+                    "Built-in model names (model=...) need no trust.")
             return _factory(path)(**self._json(self.modelKwargs))
         if not self.isDefined(self.model):
             raise ConfigError("no network given: set model= to a built-in name (see sparkdp.models.MODELS) "
@@ -195,6 +199,10 @@ class Estimator(SparkEstimator, _SparkdpParams, DefaultParamsReadable, DefaultPa
     def setParams(self, **kwargs: Any) -> Estimator:
         self._trust_given_factory(self._input_kwargs)
         return self._set(**self._input_kwargs)
+
+    @classmethod
+    def read(cls) -> _CheckedReader:
+        return _CheckedReader(cls)
 
     def _fit(self, dataset) -> Model:
         from ..driver.api import fit
@@ -274,7 +282,24 @@ class _ModelWriter(DefaultParamsWriter):
             json.dump(desc, f, indent=2)
 
 
-class _ModelReader(DefaultParamsReader):
+class _CheckedReader(DefaultParamsReader):
+    """Spark's params reader without its one unsafe step: ``DefaultParamsReader.load`` imports the
+    class the metadata names and calls it, so an edited ``"class"`` would run code on load. This
+    reader builds the class it reads for, after checking the metadata names that class."""
+
+    def load(self, path: str) -> Any:
+        metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
+        expected = f"{self.cls.__module__}.{self.cls.__name__}"  # what DefaultParamsWriter records
+        if metadata.get("class") != expected:
+            raise ConfigError(f"the saved params at {path} are for class {metadata.get('class')!r}, not "
+                              f"{expected!r}: load them with that class's own load(), or check the directory.")
+        instance: Any = self.cls()
+        instance._resetUid(metadata["uid"])
+        DefaultParamsReader.getAndSetParams(instance, metadata)
+        return instance
+
+
+class _ModelReader(_CheckedReader):
     def __init__(self, cls: type) -> None:
         super().__init__(cls)
         self._trusted: tuple[str, ...] = ()

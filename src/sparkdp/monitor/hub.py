@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from .display import Display
 from .probe import MonitorLink
-from .sinks import MlflowSink, RunLog, TensorBoardSink, redact
+from .sinks import MlflowSink, RunLog, TensorBoardSink
 from .stragglers import StragglerDetector
 
 if TYPE_CHECKING:
@@ -133,7 +133,7 @@ class MonitorHub:
     def finish(self, summary: dict[str, Any]) -> None:
         """The job's end: one ``summary`` record (what ``sparkdp report`` tabulates)."""
         with self._lock:
-            self._emit({"type": "summary", "time": time.time(), **redact(summary)})
+            self._emit({"type": "summary", "time": time.time(), **summary})
 
     # -- records ----------------------------------------------------------------------------
     def _on_report(self, worker: int, record: dict[str, Any]) -> None:

@@ -25,9 +25,10 @@ RUN_LOG = "run.jsonl"
 # '/' is allowed before the '@' because cloud secret keys contain it unencoded (a path with an '@' in it
 # is redacted too: better a log shows too little than a key)
 _USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)[^@?#\s]*@")
-# credentials passed as query parameters (presigned URLs, SAS tokens, ?password=)
-_SECRET_QUERY = re.compile(r"(?i)(?P<key>[?&;](?:password|passwd|pwd|secret|token|access[_-]?key(?:[_-]?id)?|"
-                           r"secret[_-]?key|api[_-]?key|sig|signature|x-amz-credential|x-amz-signature)=)[^&;#\s]*")
+# credentials passed as query parameters (presigned URLs, SAS tokens, ?password=): any parameter whose
+# name contains one of these words (access_token, X-Goog-Signature, X-Amz-Security-Token, client_secret)
+_SECRET_QUERY = re.compile(r"(?i)(?P<key>[?&;][\w.\-]*?(?:passw(?:or)?d|pwd|secret|token|signature|sig|"
+                           r"credential|api[_\-]?key|access[_\-]?key|sas)[\w.\-]*=)[^&;#\s]*")
 
 
 def redact(value: Any) -> Any:
@@ -77,10 +78,11 @@ class RunLog:
     def __init__(self, run_dir: str | os.PathLike[str], header: dict[str, Any]) -> None:
         self.path = writable_dir(run_dir, "run log") / RUN_LOG
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
-        self.write({"type": "header", "time": time.time(), "versions": versions(), **redact(header)})
+        self.write({"type": "header", "time": time.time(), "versions": versions(), **header})
 
     def write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(record, default=str) + "\n")
+        # every record, not only the header: an error message may quote a URL with its credentials
+        self._file.write(json.dumps(redact(record), default=str) + "\n")
         self._file.flush()
 
     def close(self) -> None:
@@ -137,7 +139,7 @@ class MlflowSink:
                              else self.client.create_experiment("sparkdp"))
             self.run_id = self.client.create_run(experiment_id, run_name=run_name).info.run_id
         except MlflowException as exc:
-            raise ConfigError(f"MLflow cannot log to {redact(tracking_uri)!r}: {exc.message} Give a tracking URI such "
+            raise ConfigError(f"MLflow cannot log to {redact(tracking_uri)!r}: {redact(exc.message)} Give a tracking URI such "
                               "as sqlite:///PATH/mlflow.db or http://HOST:5000.") from None
         for key, value in sorted(redact(params).items()):
             self.client.log_param(self.run_id, key, str(value)[:500])

@@ -359,3 +359,41 @@ def test_a_malformed_checkpoint_with_a_correct_digest_is_skipped_like_a_damaged_
     with caplog.at_level(logging.WARNING):
         assert latest_checkpoint(tmp_path).step == 10
     assert bad.name in caplog.text
+
+
+def test_a_file_whose_header_does_not_read_has_no_owner_and_breaks_nothing(tmp_path):
+    """A checkpoint-named file with a deeply nested header: job_of must say 'no owner', not raise
+    RecursionError from rotation, restarts or the start-of-job check."""
+    from sparkdp.train.checkpoint import job_of
+
+    deep = b"[" * 100_000 + b"]" * 100_000
+    bad = tmp_path / "ckpt-e00009-s00000000.safetensors"
+    bad.write_bytes(struct.pack("<Q", len(deep)) + deep)
+    assert job_of(tmp_path, bad.name) is None
+    written = Path(_save(tmp_path, 0, 10, keep=1, job_id="j"))
+    Path(_save(tmp_path, 0, 20, keep=1, job_id="j"))
+    assert not written.exists() and bad.exists()  # rotation ran past the unreadable file
+    assert latest_checkpoint(tmp_path, "j").step == 20
+    with pytest.raises(ConfigError, match="another job"):
+        refuse_foreign_checkpoints(JobConfig(checkpoint_dir=str(tmp_path)))
+
+
+def test_resuming_an_old_checkpoint_into_a_new_directory_can_be_run_again(tmp_path):
+    """A checkpoint without a job identity (written before they had one) resumed into another
+    directory: the first run writes there under an identity derived from that checkpoint, so the
+    same command run again (after the driver died) is not refused as another job's."""
+    from dataclasses import replace as dc_replace
+
+    from sparkdp.train.checkpoint import lineage_of
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    ck = load_checkpoint(str(old), Path(_save(old, 1, 0, job_id="")).name)
+    assert ck.job_id == "" and lineage_of(ck) == lineage_of(ck) and lineage_of(ck).startswith("resumed-")
+    assert lineage_of(dc_replace(ck, job_id="abc")) == "abc"
+    job = JobConfig(resume=str(old), checkpoint_dir=str(new))
+    refuse_foreign_checkpoints(job, lineage_of(ck))  # new is empty
+    _save(new, 1, 10, job_id=lineage_of(ck))  # the first run's checkpoint, then the driver died
+    refuse_foreign_checkpoints(job, lineage_of(resume_point(job)))  # the same command again
+    _save(new, 1, 20, job_id="someone-else")
+    with pytest.raises(ConfigError, match="This job resumes from .*: give it a checkpoint_dir of its own"):
+        refuse_foreign_checkpoints(job, lineage_of(resume_point(job)))

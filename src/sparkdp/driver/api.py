@@ -28,6 +28,7 @@ from ..errors import ConfigError
 from ..monitor.probe import open_probe
 from ..strategies import resolve_strategy
 from ..strategies.base import Launcher, Strategy
+from ..train.checkpoint import lineage_of
 from ..train.context import WorkerContext, set_current
 from ..train.jobs import in_task, progress
 from ..train.layout import preflight_layout
@@ -310,7 +311,7 @@ def _fit_monitored(spec: FitSpec, job: JobConfig, workers: int, spark: Any, star
         with progress(spinner, f"sparkdp: {workers} asynchronous Spark workers ({strategy_obj.name})"):
             return fit_async(spec, job, workers=workers, spark=spark, started=started, hub=hub)
     start = resume_point(job)
-    lineage = start.job_id or None if start is not None else None  # a resumed job keeps its identity
+    lineage = lineage_of(start) if start is not None else None  # a resumed job keeps its identity
     refuse_foreign_checkpoints(job, lineage)
     if start is not None:
         log.info("resuming from %s", start.path)

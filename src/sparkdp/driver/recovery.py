@@ -72,11 +72,13 @@ def refuse_foreign_checkpoints(job: JobConfig, lineage: str | None = None) -> No
         names = [n for n in names if foreign(n)]
     if names:
         shown = ", ".join(names[-3:]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        todo = (f"To continue that job, resume it: resume={directory!r} (--resume {directory}); to start "
+                "afresh, give an empty or new directory (or delete those files).") if job.resume is None else \
+            (f"This job resumes from {str(job.resume)!r}: give it a checkpoint_dir of its own (an empty or new "
+             "directory), or remove the other job's files.")
         raise ConfigError(
             f"checkpoint_dir={directory!r} already holds checkpoints of another job ({shown}). Writing beside "
-            "them would delete some of them in rotation, and a restart could resume the wrong weights. To "
-            f"continue that job, resume it: resume={directory!r} (--resume {directory}); to start afresh, "
-            "give an empty or new directory (or delete those files).")
+            f"them would delete some of them in rotation, and a restart could resume the wrong weights. {todo}")
 
 
 def _same_place(a: str, b: str) -> bool:

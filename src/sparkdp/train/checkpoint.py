@@ -60,6 +60,16 @@ def new_job_id() -> str:
     return secrets.token_hex(8)
 
 
+def lineage_of(checkpoint: Checkpoint) -> str:
+    """The identity a job resuming from ``checkpoint`` writes its checkpoints under: the
+    checkpoint's own, or for one written before checkpoints carried one, an identity derived from
+    it, so that running the same resume again recognises the files its first run wrote."""
+    if checkpoint.job_id:
+        return checkpoint.job_id
+    where = f"{checkpoint.path}|{checkpoint.epoch}|{checkpoint.step}".encode()
+    return "resumed-" + hashlib.sha256(where).hexdigest()[:16]
+
+
 @dataclass(frozen=True)
 class CheckpointPolicy:
     """Where and how often a job saves checkpoints.
@@ -181,7 +191,7 @@ def _header_metadata(directory: str, name: str) -> dict[str, str] | None:
             if size > _MAX_HEADER:
                 return None
             meta = json.loads(fh.read(size)).get("__metadata__")
-    except (OSError, ValueError, struct.error, AttributeError):
+    except Exception:  # any file that does not read (deep JSON's RecursionError included) has no owner
         return None
     return meta if isinstance(meta, dict) else None
 
@@ -338,4 +348,5 @@ def check_compatible(model: torch.nn.Module, checkpoint: Checkpoint) -> None:
 
 
 __all__ = ["Checkpoint", "CheckpointPolicy", "check_compatible", "check_writable", "checkpoint_names", "job_of",
-           "latest_checkpoint", "load_checkpoint", "new_job_id", "parse_checkpoint", "save_checkpoint"]
+           "latest_checkpoint", "lineage_of", "load_checkpoint", "new_job_id", "parse_checkpoint",
+           "save_checkpoint"]

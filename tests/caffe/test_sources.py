@@ -443,12 +443,15 @@ def test_fit_caffe_trains_from_the_nets_hdf5_sources(spark, tmp_path):
     assert result.history[-1]["test_accuracy"] > 0.7, result.history
 
 
-def test_hdf5_rows_larger_than_a_caffe_blob_are_refused(tmp_path):
-    """Unwritten HDF5 chunks take no space: a 2 KB file can declare rows of 2**32 x 2**32 values."""
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("shape", [(2, 1 << 32, 1 << 32), (1 << 60, 1)], ids=["huge rows", "huge row count"])
+def test_hdf5_datasets_larger_than_a_caffe_blob_are_refused(tmp_path, shape):
+    """Unwritten HDF5 chunks take no space: a 2 KB file can declare rows of 2**32 x 2**32 values, or
+    2**60 rows (which would have become 2**52 read units)."""
     with h5py.File(tmp_path / "huge.h5", "w") as f:
-        f.create_dataset("data", shape=(2, 1 << 32, 1 << 32), dtype="f4", chunks=(1, 1, 1))
+        f.create_dataset("data", shape=shape, dtype="f4", chunks=(1,) * len(shape))
         f["label"] = np.zeros(2, np.float32)
     (tmp_path / "list.txt").write_text("huge.h5\n")
-    with pytest.raises(DataError, match=r"rows of shape \(4294967296, 4294967296\); a Caffe blob has at most 32 "
+    with pytest.raises(DataError, match=r"has shape \(.*\); Caffe loads it into one blob, which has at most 32 "
                                         r"axes and 2,147,483,647 values"):
         HDF5Source(tmp_path / "list.txt")

@@ -285,10 +285,13 @@ class HDF5Source(CaffeDataSource):
                             raise DataError(f"{at}: dataset {top!r} of {path!r} is a scalar; it needs rows (N, ...).")
                         # HDF5 stores unwritten chunks as nothing, so a tiny file can declare rows no
                         # array can hold; Caffe's loader refuses them too (blob axes and count limits)
-                        if len(shape) > MAX_BLOB_AXES or math.prod(shape[1:]) > MAX_BLOB_VALUES:
+                        # (the whole dataset too: Caffe's HDF5 layer loads a file into one blob, and a row
+                        # count of 2**60 would otherwise become 2**52 read units here)
+                        if len(shape) > MAX_BLOB_AXES or math.prod(shape) > MAX_BLOB_VALUES:
                             raise DataError(
-                                f"{at}: dataset {top!r} of {path!r} has rows of shape {shape[1:]}; a Caffe blob has "
-                                f"at most {MAX_BLOB_AXES} axes and {MAX_BLOB_VALUES:,} values. Is the file damaged?"
+                                f"{at}: dataset {top!r} of {path!r} has shape {shape}; Caffe loads it into one blob, "
+                                f"which has at most {MAX_BLOB_AXES} axes and {MAX_BLOB_VALUES:,} values. Is the "
+                                "file damaged?"
                             )
                         seen = row_shapes.setdefault(top, (shape[1:], at))
                         if seen[0] != shape[1:]:

@@ -171,8 +171,8 @@ def _epoch_task(spec: FitSpec, threads: int | None, pg_timeout_s: float):
         info = None
         try:
             info = rendezvous()
-            source = cast(DataFrameSource, spec.train)  # fit_stream's stage spec carries the driver's source
-            data = StreamData(source.converter, source.shuffle_buffer).attach(stream)
+            template = cast(StreamData, spec.train)  # fit_stream's stage spec carries an unattached StreamData
+            data = StreamData(template.converter, template.shuffle_buffer).attach(stream)
             job = in_task(lambda coll: fit_worker(replace(spec, train=data), coll), threads=threads,
                           pg_timeout_s=pg_timeout_s)
             out = job(info)

@@ -155,8 +155,8 @@ class _ServerCheckpoints:
     def __init__(self, server: ParameterServer, directory: str, every_s: float, keep: int) -> None:
         self.server, self.directory, self.every_s, self.keep = server, Path(directory), every_s, keep
         self.directory.mkdir(parents=True, exist_ok=True)
-        names = _server_checkpoints(self.directory)
-        last = _PS_NAME.match(names[-1]) if names else None  # _server_checkpoints keeps matching names only
+        names = server_checkpoint_names(self.directory)
+        last = _PS_NAME.match(names[-1]) if names else None  # server_checkpoint_names keeps matching names only
         self.count = int(last.group(1)) + 1 if last else 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sparkdp-ps-checkpoints", daemon=True)
@@ -184,12 +184,13 @@ class _ServerCheckpoints:
         path = self._path()
         self.server.save(path)
         self.count += 1
-        for old in _server_checkpoints(self.directory)[:-self.keep]:
+        for old in server_checkpoint_names(self.directory)[:-self.keep]:
             (self.directory / old).unlink(missing_ok=True)
         log.info("parameter-server checkpoint %s", path)
 
 
-def _server_checkpoints(directory: str | os.PathLike[str]) -> list[str]:
+def server_checkpoint_names(directory: str | os.PathLike[str]) -> list[str]:
+    """The parameter-server checkpoint files in ``directory``, oldest first."""
     return sorted(n for n in os.listdir(directory) if _PS_NAME.match(n)) if os.path.isdir(directory) else []
 
 
@@ -209,7 +210,7 @@ def _load_latest(server: ParameterServer, directory: str | os.PathLike[str]) -> 
     """Load the newest server checkpoint in ``directory`` that reads and verifies into ``server``
     and return its name; damaged newer ones are skipped with a warning, as the synchronous
     path's ``latest_checkpoint`` does."""
-    for name in reversed(_server_checkpoints(directory)):
+    for name in reversed(server_checkpoint_names(directory)):
         path = Path(directory) / name
         try:
             server.load(path)

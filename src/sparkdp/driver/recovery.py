@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -34,13 +33,9 @@ from ..train.checkpoint import (
 from ..train.faults import fault_from_env
 from ..train.loop import FitSpec, StagePart
 from ..train.report import WorkerReport
+from .async_job import server_checkpoint_names
 
 log = logging.getLogger(__name__)
-
-
-# Every checkpoint kind sparkdp writes: synchronous (train/checkpoint.py) and parameter-server
-# (driver/async_job.py) files. A job must not rotate or resume another job's.
-_ANY_CHECKPOINT = re.compile(r"^(ckpt-e\d{5}-s\d{8}|ps-\d{6})\.safetensors$")
 
 
 def refuse_foreign_checkpoints(job: JobConfig, lineage: str | None = None) -> None:
@@ -55,11 +50,8 @@ def refuse_foreign_checkpoints(job: JobConfig, lineage: str | None = None) -> No
     if directory is None:
         return
     directory = str(directory)
-    if "://" in directory:
-        names = checkpoint_names(directory)
-    else:
-        names = sorted(n for n in os.listdir(directory) if _ANY_CHECKPOINT.match(n)) if os.path.isdir(directory) \
-            else []
+    # both kinds sparkdp writes: synchronous and (local only) parameter-server checkpoints
+    names = checkpoint_names(directory) + ([] if "://" in directory else server_checkpoint_names(directory))
     if job.resume is not None:
         in_place = _same_place(str(job.resume), directory)
 

@@ -1,39 +1,80 @@
-"""JobConfig is the one source of a job's defaults: fit, run and the command line agree with it."""
+"""The settings are defined once (sparkdp.config): fit's keywords, the flags and job files derive from them."""
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+from dataclasses import dataclass
 
 import pytest
 import torch
+import yaml
 
 import sparkdp
+from sparkdp import config
+from sparkdp.cli.fields import effective_config, load_job_file
 from sparkdp.cli.main import build_parser
 from sparkdp.cli.train_cmd import optimizer_choice
-from sparkdp.config import COLUMN_DEFAULTS, JOB_DEFAULTS, Columns, JobConfig
+from sparkdp.config import GROUPS, JOB_DEFAULTS, Columns, JobConfig, MonitorConfig, field_docs, setting
 from sparkdp.errors import ConfigError
 from sparkdp.train.optim import optimizer_factory
 
 pytestmark = pytest.mark.timeout(60)
 
 
-def _defaults(fn) -> dict:
-    return {name: p.default for name, p in inspect.signature(fn).parameters.items()
-            if p.default is not inspect.Parameter.empty}
+def test_fit_and_run_take_settings_only_through_the_config():
+    fit_keywords = set(inspect.signature(sparkdp.fit).parameters)
+    settings = set(JobConfig.of().settings())
+    assert not fit_keywords & settings  # no second copy of a setting's name or default
+    with pytest.raises(ConfigError, match="fit has no setting 'epoch'.*Did you mean 'epochs'"):
+        sparkdp.fit(torch.nn.Linear(2, 2), (torch.zeros(4, 2), torch.zeros(4, dtype=torch.long)), epoch=2)
+    with pytest.raises(ConfigError, match="run has no setting 'epochs'; allowed: .*workers"):
+        sparkdp.run(print, epochs=2)
 
 
-@pytest.mark.parametrize("fn", [sparkdp.fit, sparkdp.run])
-def test_fit_and_run_signature_defaults_are_the_configs(fn):
-    given = _defaults(fn)
-    shared = {f.name for f in dataclasses.fields(JobConfig)} & set(given)
-    assert len(shared) >= (13 if fn is sparkdp.fit else 8)
-    for name in shared:
-        want = getattr(JOB_DEFAULTS, name)
-        assert given[name] == (None if want == {} else want), name  # options: None stands for {}
-    for field in dataclasses.fields(Columns):
-        if field.name in given:
-            assert given[field.name] == getattr(COLUMN_DEFAULTS, field.name), field.name
+def test_every_setting_has_help_text_and_one_owner():
+    names = [f.name for cls in GROUPS.values() for f in dataclasses.fields(cls)]
+    assert len(names) == len(set(names)) >= 30
+    for cls in GROUPS.values():
+        docs = field_docs(cls)
+        assert set(docs) == {f.name for f in dataclasses.fields(cls)}, cls.__name__
+        assert all(len(text) > 10 for text in docs.values()), cls.__name__
+
+
+@dataclass(frozen=True)
+class _MonitorWithAKnob(MonitorConfig):
+    """What the job shows and records while it runs.
+
+    Attributes:
+        flush_every: a setting added to a group, to see it reach every way in.
+    """
+
+    flush_every: int = setting(5, metavar="N")
+
+
+def test_a_new_setting_reaches_the_flags_job_files_and_keywords_without_cli_changes(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(GROUPS, "monitor", _MonitorWithAKnob)
+    parser = build_parser()
+    train = parser._subparsers._group_actions[0].choices["train"]
+    assert "--flush-every N" in train.format_help() and "a setting added to a group" in train.format_help()
+    args = parser.parse_args(["train", "--flush-every", "7", "--print-config"])
+    assert yaml.safe_load(effective_config(args, args.settings))["flush_every"] == 7
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text("flush_every: 9\n")
+    assert load_job_file(str(job_file), args.settings)["flush_every"] == 9
+    job_file.write_text("flush_every: nine\n")
+    with pytest.raises(ConfigError, match="flush_every is 'nine' \\(str\\); expected an integer"):
+        load_job_file(str(job_file), args.settings)
+    assert JobConfig.of(flush_every=3, epochs=2).monitor.flush_every == 3
+    assert JobConfig.of(epochs=2).monitor.flush_every == 5
+
+
+def test_groups_can_be_given_whole_and_settings_read_back_flat():
+    job = JobConfig.of(scaling=config.ScalingConfig(workers=4), threads=2, epochs=3)
+    assert (job.scaling.workers, job.scaling.threads, job.training.epochs) == (4, 2, 3)
+    assert JobConfig.of(job.settings()) == job
+    with pytest.raises(ConfigError, match="scaling must be a ScalingConfig; got dict"):
+        JobConfig.of(scaling={"workers": 4})
 
 
 def _train_args(*argv: str):
@@ -41,10 +82,11 @@ def _train_args(*argv: str):
 
 
 def test_command_line_defaults_are_the_configs():
-    args = _train_args()
-    assert (args.strategy, args.seed, args.eval_every, args.memory_format) == (
-        JOB_DEFAULTS.strategy, JOB_DEFAULTS.seed, JOB_DEFAULTS.eval_every, JOB_DEFAULTS.memory_format)
-    assert args.epochs is None and args.batch_size is None  # a script's own values, else JobConfig's
+    args = _train_args("--print-config")
+    printed = yaml.safe_load(effective_config(args, args.settings))
+    for name, value in JOB_DEFAULTS.settings().items():
+        assert printed[name] == (dict(value) if name == "strategy_options" else value), name
+    assert args.epochs is None and args.batch_size is None  # not given: a script's own values, else the config's
 
 
 def test_command_line_and_api_build_the_same_default_optimizer():
@@ -78,20 +120,21 @@ def test_command_line_optimizer_flag_errors():
 ])
 def test_bad_settings_say_what_is_allowed(settings, message):
     with pytest.raises(ConfigError, match=message):
-        JobConfig(**settings)
+        JobConfig.of(**settings)
 
 
-def test_from_mapping_takes_a_job_file_and_names_unknown_keys():
-    job = JobConfig.from_mapping({"epochs": 3, "strategy": "average", "strategy_options": {"period": 4}})
-    assert (job.epochs, job.strategy, dict(job.strategy_options), job.batch_size) == (3, "average", {"period": 4}, 64)
-    assert JobConfig.from_mapping(job.defaults()) == job
-    with pytest.raises(ConfigError, match="unknown job setting 'epoch'.*Did you mean 'epochs'"):
-        JobConfig.from_mapping({"epoch": 3})
+def test_flat_settings_make_a_config_and_unknown_names_are_refused():
+    job = JobConfig.of({"epochs": 3, "strategy": "average", "strategy_options": {"period": 4}})
+    assert (job.training.epochs, job.training.strategy, dict(job.training.strategy_options),
+            job.training.batch_size) == (3, "average", {"period": 4}, 64)
+    assert JobConfig.of(job.settings()) == job
+    with pytest.raises(ConfigError, match="has no setting 'epoch'.*Did you mean 'epochs'"):
+        JobConfig.of(epoch=3)
     with pytest.raises(dataclasses.FrozenInstanceError):
-        job.epochs = 4  # type: ignore[misc]
+        job.training.epochs = 4  # type: ignore[misc]
 
 
 def test_columns_need_features_when_a_label_is_named():
     with pytest.raises(ConfigError, match="label= was given without features="):
         Columns(label="y")
-    assert not COLUMN_DEFAULTS.given and Columns(features="x", label="y").given
+    assert not Columns().given and Columns(features="x", label="y").given

@@ -1,9 +1,10 @@
-"""A training job's settings as frozen dataclasses: the one place their defaults and checks live.
+"""A training job's settings, grouped by concern as frozen dataclasses: the one place each
+setting's name, type, default, check and help text is written.
 
-``sparkdp.fit(...)`` keeps its keyword arguments as the friendly face and turns them into a
-:class:`JobConfig`; ``sparkdp train`` takes its flags' defaults from here; a job file (a
-mapping, e.g. parsed YAML) becomes one with :meth:`JobConfig.from_mapping`.  ``fit``'s and
-``run``'s signature defaults are checked against these by ``tests/test_config.py``.
+Everything else is derived from these classes: ``sparkdp.fit``'s keywords (any field, by
+name, mapped by :meth:`JobConfig.of`), the ``sparkdp train``/``launch`` flags and the YAML job
+files (``sparkdp.cli.fields`` reads the fields' types, defaults and the ``Attributes:`` section
+of each class's docstring). A field added here is a keyword, a flag and a job-file key at once.
 """
 
 from __future__ import annotations
@@ -11,13 +12,50 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from .errors import ConfigError
 
 MEMORY_FORMATS = ("auto", "channels_last", "contiguous")
+
+
+def setting(default: Any = dataclasses.MISSING, *, factory: Callable[[], Any] | None = None,
+            flag: str | None = None, aliases: tuple[str, ...] = (), negative: tuple[str, ...] = (),
+            choices: tuple[Any, ...] | None = None, metavar: str | None = None,
+            parse: Callable[[str], Any] | None = None, positional: bool = False, action: Any = None) -> Any:
+    """A dataclass field with how it appears on the command line.
+
+    ``flag`` replaces the ``--field-name`` spelling; ``aliases`` are further spellings (also
+    accepted as job-file keys); ``negative`` are flags that set a bool field to False;
+    ``parse`` turns a flag's text into the value (a job file gives typed YAML values);
+    ``positional`` makes it an optional positional argument; ``action`` an argparse action."""
+    meta = {"flag": flag, "aliases": aliases, "negative": negative, "choices": choices, "metavar": metavar,
+            "parse": parse, "positional": positional, "action": action}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """``{field: help}`` from the ``Attributes:`` sections of ``cls``'s docstring and its bases'."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        inside, name = False, None
+        for line in (klass.__dict__.get("__doc__") or "").splitlines():
+            if line.strip() == "Attributes:":
+                inside = True
+            elif inside and not line.strip():
+                break
+            elif inside and (entry := re.match(r"\s{8}(\w+): (.*)", line)) and entry.group(1) in names:
+                name = entry.group(1)
+                docs[name] = entry.group(2).strip()
+            elif inside and name is not None:
+                docs[name] += " " + line.strip()
+    return docs
 
 
 def check_int(name: str, value: Any, low: int | None = 1, *, optional: bool = False) -> None:
@@ -36,89 +74,180 @@ def check_memory_format(value: Any) -> str:
     return value
 
 
-def _positive_number(name: str, value: Any) -> None:
+def _seconds(name: str, value: Any, *, optional: bool = False) -> None:
+    if optional and value is None:
+        return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ConfigError(f"{name} must be a number of seconds > 0; got {value!r}.")
 
 
-@dataclass(frozen=True)
-class JobConfig:
-    """How a job trains and where it runs (the data, model, loss and optimizer aside).
+def _flags(obj: Any, *names: str) -> None:
+    for name in names:
+        if not isinstance(getattr(obj, name), bool):
+            raise ConfigError(f"{name} must be true or false; got {getattr(obj, name)!r}.")
 
-    Every field is the keyword argument of :func:`sparkdp.fit` of the same name, documented
-    there, with the same default; ``sparkdp train`` flags and job-file keys map onto them.
+
+def _paths(obj: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            raise ConfigError(f"{name} must be a string (a path or URL); got {value!r}.")
+
+
+def strategy_option(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` (the value read as JSON when it is, e.g. ``period=4``) → ``(KEY, VALUE)``."""
+    import json
+
+    if "=" not in text:
+        raise ConfigError(f"--strategy-option expects KEY=VALUE; got {text!r}.")
+    key, value = text.split("=", 1)
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """What is trained how: the update strategy and the training loop.
+
+    Attributes:
+        strategy: how workers combine their work: allreduce, average, or an asynchronous rule (asgd, hogwild, easgd, dcasgd, ddcasgd); or a Strategy object.
+        strategy_options: the strategy's settings, e.g. {"period": 4}.
+        epochs: passes over the training data.
+        batch_size: rows per worker per step; the global batch is workers * batch_size.
+        seed: the seed of the data shuffles and of every worker's random streams.
+        shuffle: shuffle the training data every epoch.
+        eval_every: evaluate after every this many epochs, and after the last.
+        memory_format: layout of conv weights and image batches: auto (channels_last for convolutional models on CPU), channels_last or contiguous.
     """
 
-    strategy: Any = "allreduce"
-    strategy_options: Mapping[str, Any] = field(default_factory=dict)
-    workers: int | None = None
-    epochs: int = 1
-    batch_size: int = 64
-    seed: int = 0
-    shuffle: bool = True
-    eval_every: int = 1
-    memory_format: str = "auto"
-    master: str | None = None
-    threads: int | None = None
-    start_timeout_s: float = 60.0
-    pg_timeout_s: float = 60.0
-    show_progress: bool = True
-    checkpoint_dir: str | None = None
-    checkpoint_every: int | None = None
-    checkpoint_every_s: float | None = None
-    keep_checkpoints: int = 3
-    resume: str | None = None
-    max_restarts: int = 3
-    min_workers: int | None = None
-    run_dir: str | None = None
-    tensorboard: bool = False
-    mlflow: str | None = None
-    metrics_interval_s: float = 2.0
+    strategy: Any = setting("allreduce")
+    strategy_options: Mapping[str, Any] = setting(factory=dict, flag="--strategy-option", metavar="KEY=VALUE",
+                                                  parse=strategy_option)
+    epochs: int = setting(1)
+    batch_size: int = setting(64)
+    seed: int = setting(0)
+    shuffle: bool = setting(True)
+    eval_every: int = setting(1, metavar="K")
+    memory_format: str = setting("auto", choices=MEMORY_FORMATS)
 
     def __post_init__(self) -> None:
-        for name in ("epochs", "batch_size", "eval_every", "keep_checkpoints"):
+        for name in ("epochs", "batch_size", "eval_every"):
             check_int(name, getattr(self, name))
-        for name in ("workers", "threads", "checkpoint_every", "min_workers"):
-            check_int(name, getattr(self, name), optional=True)
-        if self.checkpoint_every_s is not None:
-            _positive_number("checkpoint_every_s", self.checkpoint_every_s)
-        if self.min_workers is not None and self.workers is not None and self.min_workers > self.workers:
-            raise ConfigError(f"min_workers ({self.min_workers}) cannot exceed workers ({self.workers}); "
-                              "min_workers is how far an elastic restart may shrink the job.")
-        check_int("max_restarts", self.max_restarts, 0)
         check_int("seed", self.seed, None)
         check_memory_format(self.memory_format)
-        _positive_number("start_timeout_s", self.start_timeout_s)
-        _positive_number("pg_timeout_s", self.pg_timeout_s)
-        _positive_number("metrics_interval_s", self.metrics_interval_s)
-        for name in ("shuffle", "show_progress", "tensorboard"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{name} must be true or false; got {getattr(self, name)!r}.")
-        for name in ("run_dir", "mlflow", "checkpoint_dir", "resume", "master"):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, (str, os.PathLike)):
-                raise ConfigError(f"{name} must be a string (a path or URL); got {value!r}.")
-        if self.tensorboard and self.run_dir is None:
-            raise ConfigError("tensorboard=True needs run_dir (the directory its event files go to); "
-                              "on the command line, --tensorboard needs --out DIR.")
+        _flags(self, "shuffle")
         if not isinstance(self.strategy_options, Mapping):
             raise ConfigError(f"strategy_options must be a mapping of setting -> value; got "
                               f"{type(self.strategy_options).__name__}.")
 
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> JobConfig:
-        """A config from a job file's mapping; an unknown key is an error naming the known ones."""
-        known = [f.name for f in dataclasses.fields(cls)]
-        for key in values:
-            if key not in known:
-                close = difflib.get_close_matches(str(key), known, n=1)
-                hint = f" Did you mean {close[0]!r}?" if close else ""
-                raise ConfigError(f"unknown job setting {key!r}; allowed: {', '.join(known)}.{hint}")
-        return cls(**values)
 
-    def defaults(self) -> dict[str, Any]:
-        """The settings as a plain dict (for summaries and job files)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+@dataclass(frozen=True)
+class ScalingConfig:
+    """Where the job runs and on how many workers.
+
+    Attributes:
+        workers: Spark tasks to train on (default: every task slot of a local master, or of the executors registered when the job starts; 2 while none has).
+        master: a Spark master URL (default: the embedded local[N] session).
+        threads: torch threads per worker (default: spark.task.cpus).
+    """
+
+    workers: int | None = setting(None)
+    master: str | None = setting(None)
+    threads: int | None = setting(None)
+
+    def __post_init__(self) -> None:
+        check_int("workers", self.workers, optional=True)
+        check_int("threads", self.threads, optional=True)
+        _paths(self, "master")
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Checkpoints: where, how often, how many, and where to resume from.
+
+    Attributes:
+        checkpoint_dir: where synchronous jobs save checkpoints (a directory or an hdfs:// or s3:// URL; at every epoch end at least), asynchronous ones the parameter server's state; unset, a temporary directory serves automatic recovery only.
+        checkpoint_every: also save every this many steps of an epoch.
+        checkpoint_every_s: also save when this many seconds have passed.
+        keep_checkpoints: how many of the newest checkpoints to keep.
+        resume: a checkpoint directory: continue from its newest valid checkpoint.
+    """
+
+    checkpoint_dir: str | None = setting(None, metavar="DIR")
+    checkpoint_every: int | None = setting(None, metavar="STEPS")
+    checkpoint_every_s: float | None = setting(None, metavar="S")
+    keep_checkpoints: int = setting(3, metavar="K")
+    resume: str | None = setting(None, metavar="DIR")
+
+    def __post_init__(self) -> None:
+        check_int("checkpoint_every", self.checkpoint_every, optional=True)
+        check_int("keep_checkpoints", self.keep_checkpoints)
+        _seconds("checkpoint_every_s", self.checkpoint_every_s, optional=True)
+        _paths(self, "checkpoint_dir", "resume")
+
+
+@dataclass(frozen=True)
+class FailureConfig:
+    """What a failure costs: restarts, elastic shrinking, and how long to wait before calling a worker lost.
+
+    Attributes:
+        max_restarts: a failed stage restarts from the latest checkpoint this many times before the job fails (0: never).
+        min_workers: after a failure that took task slots away, continue on fewer workers, down to this many (default: always the full count); back to the full count at a later restart when the slots return.
+        start_timeout_s: how long the workers may take to start together.
+        pg_timeout_s: how long one collective operation may block before the workers fail the stage (the hang detector; torch's own default would be 30 minutes).
+    """
+
+    max_restarts: int = setting(3, metavar="N")
+    min_workers: int | None = setting(None, metavar="N")
+    start_timeout_s: float = setting(60.0, metavar="S")
+    pg_timeout_s: float = setting(60.0, metavar="S")
+
+    def __post_init__(self) -> None:
+        check_int("max_restarts", self.max_restarts, 0)
+        check_int("min_workers", self.min_workers, optional=True)
+        _seconds("start_timeout_s", self.start_timeout_s)
+        _seconds("pg_timeout_s", self.pg_timeout_s)
+
+
+@dataclass(frozen=True)
+class MonitorConfig:
+    """What the job shows and records while it runs.
+
+    Attributes:
+        show_progress: live progress on the terminal (epoch, step, ETA, loss, throughput, the time split per worker, straggler warnings).
+        run_dir: a directory for the run log run.jsonl (the configuration, every worker's metrics, epochs, warnings; what sparkdp report draws) and, from sparkdp train, the trained model.
+        tensorboard: also write TensorBoard event files to run_dir/tensorboard.
+        mlflow: an MLflow tracking URI to log the run to (e.g. sqlite:///runs/mlflow.db or http://host:5000).
+        metrics_interval_s: seconds between two metrics reports of a worker.
+    """
+
+    show_progress: bool = setting(True, negative=("-q", "--quiet"))
+    run_dir: str | None = setting(None, aliases=("--out",), metavar="DIR")
+    tensorboard: bool = setting(False)
+    mlflow: str | None = setting(None, metavar="URI")
+    metrics_interval_s: float = setting(2.0, aliases=("--metrics-interval",), metavar="S")
+
+    def __post_init__(self) -> None:
+        _flags(self, "show_progress", "tensorboard")
+        _paths(self, "run_dir", "mlflow")
+        _seconds("metrics_interval_s", self.metrics_interval_s)
+        if self.tensorboard and self.run_dir is None:
+            raise ConfigError("tensorboard=True needs run_dir (the directory its event files go to); "
+                              "on the command line, --tensorboard needs --run-dir DIR.")
+
+
+def _comma_list(text: str) -> Any:
+    items = [c.strip() for c in text.split(",") if c.strip()]
+    return items[0] if len(items) == 1 else items
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise ConfigError(f"feature_shape expects comma-separated integers such as 1,28,28; got {text!r}.") from None
 
 
 @dataclass(frozen=True)
@@ -126,23 +255,24 @@ class Columns:
     """Which columns of a Spark DataFrame or Parquet data are the features and the label.
 
     Attributes:
-        features: the feature column, or several (concatenated per row).
+        features: the feature column, or several (concatenated per row; comma-separated on the command line).
         label: the label column.
-        feature_shape: each row's features reshaped to this (e.g. ``(1, 28, 28)``).
+        feature_shape: each row's features reshaped to this, e.g. (1, 28, 28) (1,28,28 on the command line).
         drop_nulls: drop rows with nulls instead of failing.
         shuffle_buffer: rows each worker's shuffle buffer holds.
     """
 
-    features: Any = None
-    label: str | None = None
-    feature_shape: Any = None
-    drop_nulls: bool = False
-    shuffle_buffer: int = 10_000
+    features: Any = setting(None, metavar="COLS", parse=_comma_list)
+    label: str | None = setting(None, metavar="COL")
+    feature_shape: Any = setting(None, metavar="DIMS", parse=_shape)
+    drop_nulls: bool = setting(False)
+    shuffle_buffer: int = setting(10_000, metavar="ROWS")
 
     def __post_init__(self) -> None:
         if self.features is None and self.label is not None:
             raise ConfigError("label= was given without features=; name the feature column(s) too.")
         check_int("shuffle_buffer", self.shuffle_buffer)
+        _flags(self, "drop_nulls")
 
     @property
     def given(self) -> bool:
@@ -152,7 +282,85 @@ class Columns:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
-JOB_DEFAULTS = JobConfig()
-COLUMN_DEFAULTS = Columns()
+@dataclass(frozen=True)
+class JobConfig:
+    """A whole job's settings (the data, model, loss and optimizer aside), one group per concern.
 
-__all__ = ["COLUMN_DEFAULTS", "JOB_DEFAULTS", "MEMORY_FORMATS", "Columns", "JobConfig"]
+    Build one from flat settings with :meth:`JobConfig.of` (``JobConfig.of(epochs=2,
+    workers=4)``), which is what ``sparkdp.fit``'s keywords do.
+    """
+
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    scaling: ScalingConfig = field(default_factory=ScalingConfig)
+    checkpoints: CheckpointConfig = field(default_factory=CheckpointConfig)
+    failures: FailureConfig = field(default_factory=FailureConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    columns: Columns = field(default_factory=Columns)
+
+    def __post_init__(self) -> None:
+        for group in dataclasses.fields(self):
+            if not isinstance(getattr(self, group.name), GROUPS[group.name]):
+                raise ConfigError(f"{group.name} must be a {GROUPS[group.name].__name__}; got "
+                                  f"{type(getattr(self, group.name)).__name__}.")
+        low, high = self.failures.min_workers, self.scaling.workers
+        if low is not None and high is not None and low > high:
+            raise ConfigError(f"min_workers ({low}) cannot exceed workers ({high}); "
+                              "min_workers is how far an elastic restart may shrink the job.")
+
+    @classmethod
+    def of(cls, settings: Mapping[str, Any] | None = None, /, *, allowed: Collection[str] | None = None,
+           caller: str = "the job", **more: Any) -> JobConfig:
+        """A config from flat settings (``epochs=2``) or whole groups (``scaling=ScalingConfig(...)``).
+
+        ``allowed`` limits which settings the caller takes; anything else is a ``ConfigError``
+        naming the allowed ones and the closest match."""
+        values = {**(settings or {}), **more}
+        owner = {name: group for group, cls in GROUPS.items() for name in setting_names(cls)}
+        known = list(owner)
+        permitted = list(known if allowed is None else allowed) + list(GROUPS)
+        groups: dict[str, Any] = {}
+        flat: dict[str, dict[str, Any]] = {name: {} for name in GROUPS}
+        for key, value in values.items():
+            if key not in permitted:
+                close = difflib.get_close_matches(str(key), permitted, n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                what = "setting" if key in known or key not in GROUPS else "group"
+                raise ConfigError(f"{caller} has no {what} {key!r}; allowed: "
+                                  f"{', '.join(sorted(permitted))}.{hint}")
+            if key in GROUPS:
+                groups[key] = value
+            else:
+                flat[owner[key]][key] = value
+        for name, group in GROUPS.items():
+            base = groups.setdefault(name, group())
+            if flat[name] and isinstance(base, group):  # (else JobConfig's check names the wrong type)
+                groups[name] = dataclasses.replace(cast(Any, base), **flat[name])
+        return cls(**groups)
+
+    def settings(self) -> dict[str, Any]:
+        """Every setting by its flat name (for run logs, summaries and job files)."""
+        return {name: getattr(getattr(self, group), name) for group, cls in GROUPS.items()
+                for name in setting_names(cls)}
+
+
+def setting_names(cls: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def group_of(name: str) -> str:
+    """The JobConfig group a flat setting belongs to."""
+    return next(group for group, cls in GROUPS.items() if name in setting_names(cls))
+
+
+#: JobConfig's groups by attribute name
+GROUPS: dict[str, type] = {"training": TrainingConfig, "scaling": ScalingConfig, "checkpoints": CheckpointConfig,
+                           "failures": FailureConfig, "monitor": MonitorConfig, "columns": Columns}
+
+JOB_DEFAULTS = JobConfig()
+
+#: the settings ``sparkdp.run`` and ``sparkdp.launch`` take: the user's own loop sets the rest
+RUN_SETTINGS = ("strategy", "strategy_options", "seed", "workers", "master", "threads", "start_timeout_s",
+                "pg_timeout_s", "show_progress")
+
+__all__ = ["GROUPS", "JOB_DEFAULTS", "MEMORY_FORMATS", "RUN_SETTINGS", "CheckpointConfig", "Columns", "FailureConfig", "JobConfig",
+           "MonitorConfig", "ScalingConfig", "TrainingConfig", "field_docs", "group_of", "setting"]

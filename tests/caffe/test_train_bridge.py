@@ -279,6 +279,7 @@ def test_cli_job_builds_model_batch_epochs_and_initial_weights(lenet, lenet_path
     from argparse import Namespace
 
     from sparkdp.cli.caffe_job import cli_job
+    from sparkdp.config import JobConfig
     from sparkdp.data.tensors import TensorData
 
     weights = save_weights(lenet, tmp_path / "init.caffemodel")
@@ -287,7 +288,7 @@ def test_cli_job_builds_model_batch_epochs_and_initial_weights(lenet, lenet_path
                      dataset="fashion-mnist", batch_size=None, epochs=2, workers=2, master=None, seed=5)
     data = TensorData(torch.rand(10, 1, 28, 28), torch.randint(0, 10, (10,)))
     desc: dict = {}
-    job = cli_job(args, data, desc)
+    job = cli_job(args, JobConfig.of(workers=2, seed=5), data, desc)
     assert job.batch_size == 64 and job.epochs == 2 and job.model.raw_scale == 255.0
     x = torch.rand(2, 1, 28, 28)
     torch.testing.assert_close(job.model(x), lenet(x))  # started from the given .caffemodel

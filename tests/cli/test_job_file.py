@@ -31,7 +31,7 @@ def test_a_job_file_sets_defaults_and_flags_override_it(tmp_path):
     ("epochs: 2\nbatch_sise: 32\n", "unknown setting 'batch_sise' (did you mean 'batch_size'?)"),
     ("epochs: two\n", "epochs is 'two' (str); expected an integer"),
     ("memory_format: nhwc\n", "expected one of auto, channels_last, contiguous"),
-    ("quiet: 1\n", "quiet is 1 (int); expected true or false"),
+    ("show_progress: 1\n", "show_progress is 1 (int); expected true or false"),
     ("- epochs\n", "must be a mapping of setting: value"),
     ("epochs: [1\n", "is not valid YAML"),
 ])

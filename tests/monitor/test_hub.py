@@ -123,7 +123,7 @@ def test_the_monitoring_endpoint_uses_tls_when_the_job_does(tmp_path, monkeypatc
     from sparkdp.driver.monitoring import monitored
 
     monkeypatch.setattr(launcher, "driver_host", lambda spark: "127.0.0.1")
-    job = JobConfig(run_dir=str(tmp_path), show_progress=False)
+    job = JobConfig.of(run_dir=str(tmp_path), show_progress=False)
     with monitored(job, None, 1, "t", tls=True) as hub:
         info = hub.link.info
         assert info.tls_cert is not None and "BEGIN CERTIFICATE" in info.tls_cert

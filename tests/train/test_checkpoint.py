@@ -109,7 +109,7 @@ def test_bad_destinations_and_resume_targets_fail_at_the_start(tmp_path):
     with pytest.raises(ConfigError, match="cannot write checkpoints to"):
         check_writable(blocker / "sub")
     with pytest.raises(ConfigError, match="no readable checkpoint"):
-        resume_point(JobConfig(resume=str(tmp_path)))
+        resume_point(JobConfig.of(resume=str(tmp_path)))
     with pytest.raises(ConfigError, match="keep_checkpoints must be an integer >= 1"):
         CheckpointPolicy(str(tmp_path), keep=0)
 
@@ -173,7 +173,7 @@ def test_restarts_resume_from_the_latest_checkpoint_then_give_up_with_every_caus
             fit_worker(replace(attempt, epochs=1, checkpoint=policy), SingleProcessCollective())  # leaves e1-s0
         raise WorkerFailed(f"worker 1 died (attempt {len(seen)})")
 
-    job = JobConfig(max_restarts=2)
+    job = JobConfig.of(max_restarts=2)
     with caplog.at_level(logging.WARNING), pytest.raises(WorkerFailed) as info:
         run_with_restarts(spec, job, policy, stage, 1)
     assert [s[:2] for s in seen] == [(0, 0), (1, 0), (1, 0)]
@@ -190,7 +190,7 @@ def test_errors_a_restart_cannot_fix_are_raised_at_once(tmp_path):
         raise ConfigError("bad setting")
 
     with pytest.raises(ConfigError):
-        run_with_restarts(_spec(None), JobConfig(), CheckpointPolicy(str(tmp_path)), stage, 2)
+        run_with_restarts(_spec(None), JobConfig.of(), CheckpointPolicy(str(tmp_path)), stage, 2)
     assert calls == [1]
 
 
@@ -222,14 +222,14 @@ def test_an_elastic_restart_continues_on_the_slots_left_and_grows_back(tmp_path,
             raise WorkerFailed("the executor running worker 1 was lost")
         return "report"
 
-    job = JobConfig(max_restarts=3, min_workers=1)
+    job = JobConfig.of(max_restarts=3, min_workers=1)
     with caplog.at_level(logging.WARNING):
         report, _, workers = run_with_restarts(spec, job, policy, stage, 2, slots=lambda: next(slots))
     assert (report, workers) == ("report", 2)
     assert runs == [(2, 0), (1, 12), (2, 6)]  # step 6 of 2 workers = step 12 of one: the same rows
     assert "restart 1 of 3 from epoch 1, step 6 on 1 of 2 workers (task slots gone)" in caplog.text
     with pytest.raises(ConfigError, match=r"min_workers \(3\) cannot exceed workers \(2\)"):
-        JobConfig(workers=2, min_workers=3)
+        JobConfig.of(workers=2, min_workers=3)
 
 
 def test_slow_by_factor_stretches_the_chosen_ranks_steps():
@@ -290,39 +290,39 @@ def test_a_restart_resumes_this_jobs_checkpoint_never_another_jobs(tmp_path):
             raise WorkerFailed("worker 0 died")
         return "report"
 
-    run_with_restarts(_spec(None, epochs=2), JobConfig(max_restarts=1), policy, stage, 1)
+    run_with_restarts(_spec(None, epochs=2), JobConfig.of(max_restarts=1), policy, stage, 1)
     assert starts == [(0, 0), (0, 6)]  # epoch 6 of the other job would have been (5, 0)
 
 
 def test_a_new_job_refuses_a_directory_holding_another_jobs_checkpoints(tmp_path):
-    refuse_foreign_checkpoints(JobConfig(checkpoint_dir=str(tmp_path / "absent")))  # nothing there: fine
+    refuse_foreign_checkpoints(JobConfig.of(checkpoint_dir=str(tmp_path / "absent")))  # nothing there: fine
     (tmp_path / "notes.txt").write_text("not a checkpoint")
-    refuse_foreign_checkpoints(JobConfig(checkpoint_dir=str(tmp_path)))
+    refuse_foreign_checkpoints(JobConfig.of(checkpoint_dir=str(tmp_path)))
     first = Path(_save(tmp_path, 2, 0, job_id="earlier"))
     with pytest.raises(ConfigError, match=r"already holds checkpoints of another job.*resume=.*empty or new"):
-        refuse_foreign_checkpoints(JobConfig(checkpoint_dir=str(tmp_path)))
+        refuse_foreign_checkpoints(JobConfig.of(checkpoint_dir=str(tmp_path)))
     # resuming that job in place is its own lineage, a damaged file beside it is skipped, not foreign
     (tmp_path / "ckpt-e00003-s00000000.safetensors").write_bytes(b"junk")
-    refuse_foreign_checkpoints(JobConfig(checkpoint_dir=str(tmp_path), resume=str(tmp_path)), "earlier")
+    refuse_foreign_checkpoints(JobConfig.of(checkpoint_dir=str(tmp_path), resume=str(tmp_path)), "earlier")
     with pytest.raises(ConfigError, match="another job"):  # but not a third job's identity
-        refuse_foreign_checkpoints(JobConfig(checkpoint_dir=str(tmp_path), resume=str(tmp_path)), "third")
+        refuse_foreign_checkpoints(JobConfig.of(checkpoint_dir=str(tmp_path), resume=str(tmp_path)), "third")
     elsewhere = tmp_path / "new"
     elsewhere.mkdir()
     (elsewhere / first.name).write_bytes(first.read_bytes())
     (elsewhere / "ps-000001.safetensors").write_bytes(b"a server checkpoint of some asynchronous job")
     with pytest.raises(ConfigError, match="ps-000001"):  # resuming from one directory into another's
-        refuse_foreign_checkpoints(JobConfig(checkpoint_dir=str(elsewhere), resume=str(tmp_path)), "earlier")
+        refuse_foreign_checkpoints(JobConfig.of(checkpoint_dir=str(elsewhere), resume=str(tmp_path)), "earlier")
 
 
 def test_a_job_that_resumes_keeps_its_identity_in_new_checkpoints(tmp_path):
     from sparkdp.driver.recovery import checkpoint_policy
 
     _save(tmp_path, 0, 10, job_id="lineage")
-    start = resume_point(JobConfig(resume=str(tmp_path)))
+    start = resume_point(JobConfig.of(resume=str(tmp_path)))
     assert start.job_id == "lineage"
-    with checkpoint_policy(JobConfig(resume=str(tmp_path)), temporary_ok=False, job_id=start.job_id) as policy:
+    with checkpoint_policy(JobConfig.of(resume=str(tmp_path)), temporary_ok=False, job_id=start.job_id) as policy:
         assert policy.job_id == "lineage"
-    with checkpoint_policy(JobConfig(checkpoint_dir=str(tmp_path / "b")), temporary_ok=False) as fresh:
+    with checkpoint_policy(JobConfig.of(checkpoint_dir=str(tmp_path / "b")), temporary_ok=False) as fresh:
         assert fresh.job_id and fresh.job_id != "lineage"
 
 
@@ -375,7 +375,7 @@ def test_a_file_whose_header_does_not_read_has_no_owner_and_breaks_nothing(tmp_p
     assert not written.exists() and bad.exists()  # rotation ran past the unreadable file
     assert latest_checkpoint(tmp_path, "j").step == 20
     with pytest.raises(ConfigError, match="another job"):
-        refuse_foreign_checkpoints(JobConfig(checkpoint_dir=str(tmp_path)))
+        refuse_foreign_checkpoints(JobConfig.of(checkpoint_dir=str(tmp_path)))
 
 
 def test_resuming_an_old_checkpoint_into_a_new_directory_can_be_run_again(tmp_path):
@@ -390,7 +390,7 @@ def test_resuming_an_old_checkpoint_into_a_new_directory_can_be_run_again(tmp_pa
     ck = load_checkpoint(str(old), Path(_save(old, 1, 0, job_id="")).name)
     assert ck.job_id == "" and lineage_of(ck) == lineage_of(ck) and lineage_of(ck).startswith("resumed-")
     assert lineage_of(dc_replace(ck, job_id="abc")) == "abc"
-    job = JobConfig(resume=str(old), checkpoint_dir=str(new))
+    job = JobConfig.of(resume=str(old), checkpoint_dir=str(new))
     refuse_foreign_checkpoints(job, lineage_of(ck))  # new is empty
     _save(new, 1, 10, job_id=lineage_of(ck))  # the first run's checkpoint, then the driver died
     refuse_foreign_checkpoints(job, lineage_of(resume_point(job)))  # the same command again

@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
+from typing import Any
 
+from ..config import setting
 from ..errors import SparkdpError
 
 _SHAPE_HELP = (
@@ -59,6 +62,23 @@ class InputShapes(argparse.Action):
             raise argparse.ArgumentError(self, f"{what} is given more than once")
         shapes[name] = dims
         setattr(namespace, self.dest, shapes)
+
+
+@dataclass(frozen=True)
+class CaffeOptions:
+    """Caffe model: train a Caffe net with its own solver (instead of --model or a script); without --dataset/--data, from the sources its Data/HDF5Data layers name.
+
+    Attributes:
+        caffe_net: the train/test net prototxt; takes precedence over the solver's net: path.
+        caffe_solver: the solver prototxt: sets optimizer, lr_policy, weight decay; max_iter sets the epochs unless epochs is given; the Data layer's batch_size is the per-worker batch unless batch_size is given.
+        caffe_input_shape: the shape of a fed top the data does not tell, NAME=N,C,H,W (repeatable), e.g. an HDF5Data layer's second dataset.
+        caffe_weights: initial weights W.caffemodel (with run_dir, the trained ones go to RUN_DIR/model.caffemodel).
+    """
+
+    caffe_net: str | None = setting(None, metavar="NET.prototxt")
+    caffe_solver: str | None = setting(None, metavar="SOLVER.prototxt")
+    caffe_input_shape: Any = setting(None, metavar="NAME=N,C,H,W", parse=input_shape_arg, action=InputShapes)
+    caffe_weights: str | None = setting(None, metavar="W.caffemodel")
 
 
 def _add_net_arguments(parser: argparse.ArgumentParser) -> None:

@@ -25,6 +25,7 @@ from ..caffe.train import (
     plan_epochs,
     solver_net_source,
 )
+from ..config import JobConfig
 from ..errors import ConfigError
 
 
@@ -52,10 +53,10 @@ class CaffeCLIJob:
         )
 
 
-def cli_job(args: Any, data: Any, model_desc: dict[str, Any]) -> CaffeCLIJob:
+def cli_job(args: Any, job: JobConfig, data: Any, model_desc: dict[str, Any]) -> CaffeCLIJob:
     """Build the Caffe model, loss, optimizer, batch size and epochs for ``sparkdp train``.
 
-    ``args`` are ``sparkdp train``'s flags; ``data`` is the training WorkerData, or None to read
+    ``args`` are ``sparkdp train``'s flags, ``job`` its settings; ``data`` is the training WorkerData, or None to read
     the sources the net's data layers name (then in ``job.data``/``job.eval_data``). What the
     run was built from is added to ``model_desc`` (``model.json``).
     """
@@ -99,7 +100,7 @@ def cli_job(args: Any, data: Any, model_desc: dict[str, Any]) -> CaffeCLIJob:
         sample_shape=sources.sample_shape if sources is not None else data_sample_shape(data),
         raw_scale=raw_scale,
         weights=args.caffe_weights,
-        seed=args.seed,
+        seed=job.training.seed,
         apply_transform=sources is None,
         input_shapes={**(sources.fed_shapes if sources is not None else {}), **given} or None,
     )
@@ -108,12 +109,12 @@ def cli_job(args: Any, data: Any, model_desc: dict[str, Any]) -> CaffeCLIJob:
     batch = effective_batch_size(model, spec, args.batch_size)
     epochs = args.epochs
     if epochs is None:
-        workers = args.workers
+        workers = job.scaling.workers
         if workers is None:
             from ..spark.launcher import task_slots
             from ..spark.session import session
 
-            workers = task_slots(session(args.master).sparkContext) or 2
+            workers = task_slots(session(job.scaling.master).sparkContext) or 2
         num_samples = getattr(data, "num_samples", None)
         epochs = plan_epochs(spec, batch, workers, num_samples() if callable(num_samples) else None)
     model_desc["caffe_net"] = str(Path(net).resolve()) if isinstance(net, Path) else "(inline in solver)"

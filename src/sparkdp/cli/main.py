@@ -36,9 +36,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
         if getattr(args, "config", None):  # a job file's values become the defaults; flags win
-            from .job_file import load_job_file
+            from .fields import load_job_file
 
-            args.parser.set_defaults(**load_job_file(args.config, args.parser))
+            args.parser.set_defaults(**load_job_file(args.config, args.settings))
             args = parser.parse_args(argv)
         return int(args.func(args) or 0)
     except SparkdpError as exc:

@@ -18,7 +18,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from ..config import COLUMN_DEFAULTS, Columns, JobConfig
+from ..config import RUN_SETTINGS, Columns, JobConfig
 from ..data.base import WorkerData
 from ..data.datasets import Dataset as BuiltinDataset
 from ..data.datasets import dataset_tensors, load_dataset
@@ -27,7 +27,7 @@ from ..data.tensors import TensorData, as_worker_data
 from ..errors import ConfigError
 from ..monitor.probe import open_probe
 from ..strategies import resolve_strategy
-from ..strategies.base import Launcher, Strategy
+from ..strategies.base import Launcher
 from ..train.checkpoint import lineage_of
 from ..train.context import WorkerContext, set_current
 from ..train.jobs import in_task, progress
@@ -121,17 +121,7 @@ def _forward(model: nn.Module, loss_fn: Callable, x: torch.Tensor, y: torch.Tens
 
 def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: Any = None,
         loss: Any = "cross_entropy", optimizer: Any = "sgd", optimizer_options: dict | None = None,
-        strategy: str | Strategy = "allreduce", strategy_options: dict | None = None,
-        workers: int | None = None, epochs: int = 1, batch_size: int = 64, seed: int = 0,
-        shuffle: bool = True, lr_scheduler: Callable[[Any], Any] | None = None, master: str | None = None,
-        spark: Any = None, threads: int | None = None,
-        start_timeout_s: float = 60.0, pg_timeout_s: float = 60.0, show_progress: bool = True,
-        features: Any = None, label: str | None = None, feature_shape: Any = None, drop_nulls: bool = False,
-        shuffle_buffer: int = 10_000, eval_every: int = 1, memory_format: str = "auto",
-        checkpoint_dir: str | None = None, checkpoint_every: int | None = None,
-        checkpoint_every_s: float | None = None, keep_checkpoints: int = 3, resume: str | None = None,
-        max_restarts: int = 3, min_workers: int | None = None, run_dir: str | None = None,
-        tensorboard: bool = False, mlflow: str | None = None, metrics_interval_s: float = 2.0) -> TrainResult:
+        lr_scheduler: Callable[[Any], Any] | None = None, spark: Any = None, **settings: Any) -> TrainResult:
     """Train ``model`` data-parallel on Spark and return it trained.
 
     Args:
@@ -142,60 +132,26 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
         eval_data: optional held-out data, evaluated after every ``eval_every``-th epoch
             and always after the last one (so ``eval_every=epochs`` evaluates once, at the end).
         labels: the labels, when ``data`` is the features alone.
-        features: with a Spark DataFrame or a Parquet path (file, directory or list) as
-            ``data``: the feature column(s). Rows are streamed to the workers as Arrow
-            record batches (see ``sparkdp.data.arrow`` for the column types).
-        label: with a DataFrame or Parquet path: the label column.
-        feature_shape: the shape each row's features are reshaped to (e.g. ``(1, 28, 28)``).
-        drop_nulls: drop rows with nulls instead of raising ``DataError``.
-        shuffle_buffer: the rows each worker's shuffle buffer holds (DataFrame / Parquet).
-        shuffle: shuffle the training data every epoch (seeded by ``seed``).
-        seed: the seed of the shuffles and of every worker's random streams.
         loss: a name (``"cross_entropy"``, ``"mse"``, ...) or ``(outputs, labels) -> loss``.
         optimizer: a name (default ``"sgd"`` with lr 0.01, momentum 0.9), a ``torch.optim``
             class, an instance over ``model.parameters()``, or ``params -> Optimizer``.
         optimizer_options: keyword arguments of a named or class optimizer (``{"lr": 0.05}``).
-        strategy: ``"allreduce"`` (default), ``"average"``, an asynchronous rule
-            (``"asgd"``, ``"hogwild"``, ...), or a Strategy object.
-        strategy_options: keyword arguments of the named strategy (``{"period": 4}``).
-        workers: Spark tasks to train on (default: every task slot: of a local master, or of the
-            executors registered when the job starts; 2 while none has).
-        epochs: passes over the training data.
-        batch_size: rows per worker per step; the global batch is ``workers * batch_size``.
         lr_scheduler: ``optimizer -> scheduler`` built in every worker; stepped after every
             optimizer step (e.g. ``lambda o: torch.optim.lr_scheduler.StepLR(o, 1000)``).
-        master: a Spark master URL (default: the embedded ``local[N]`` session).
-        spark: an existing SparkSession to use instead.
-        threads: torch threads per worker (default: ``spark.task.cpus``).
-        start_timeout_s: how long the workers may take to start together.
-        pg_timeout_s: how long one collective operation may block: the hang detector. A worker
-            that stops making progress (stopped, deadlocked, a dead peer) leaves the others
-            waiting in a collective; after this long they fail the stage, which is then
-            restarted like any other failure (torch's own default would be 30 minutes).
-        memory_format: ``"auto"`` (default) trains convolutional models channels-last
-            (NHWC) on CPU workers, where oneDNN's kernels run them faster, if the model
-            accepts it; ``"channels_last"`` forces it, ``"contiguous"`` keeps NCHW.
-            The returned model is in the default layout either way (``sparkdp.train.layout``).
-        checkpoint_dir: where synchronous jobs save checkpoints (``sparkdp.train.checkpoint``;
-            at every epoch end at least); asynchronous ones the parameter server's state.
-            Unset, a temporary directory serves automatic recovery only.
-        checkpoint_every: also save every this many steps.
-        checkpoint_every_s: also save when this many seconds have passed.
-        keep_checkpoints: how many of the newest checkpoints to keep.
-        resume: a checkpoint directory: continue from its newest valid checkpoint.
-        max_restarts: a failed synchronous stage restarts from the latest checkpoint this many
-            times before ``fit`` raises (0: never).
-        min_workers: after a failure that took slots away, restart on fewer workers, down to
-            this many (elastic; ``None``: always ``workers``); back to ``workers`` at a later
-            restart when the slots return.
-        show_progress: live progress on the terminal (epoch, step, ETA, loss, throughput and the
-            time split per worker; straggler warnings); False: quiet.
-        eval_every: evaluate after every this many epochs (and after the last).
-        run_dir: a directory for the run log ``run.jsonl`` (the configuration, every worker's
-            metrics, epochs, warnings; what ``sparkdp report`` draws); ``None``: no run log.
-        tensorboard: also write TensorBoard event files to ``run_dir/tensorboard``.
-        mlflow: an MLflow tracking URI to log the run to.
-        metrics_interval_s: seconds between two reports of every worker.
+        spark: an existing SparkSession to use instead of ``master``'s.
+        **settings: any job setting by name, or a whole group (``scaling=ScalingConfig(...)``),
+            as :meth:`~sparkdp.config.JobConfig.of` maps them; each is documented on its group:
+            :class:`~sparkdp.config.TrainingConfig` (``strategy``, ``strategy_options``,
+            ``epochs``, ``batch_size``, ``seed``, ``shuffle``, ``eval_every``, ``memory_format``),
+            :class:`~sparkdp.config.ScalingConfig` (``workers``, ``master``, ``threads``),
+            :class:`~sparkdp.config.CheckpointConfig` (``checkpoint_dir``, ``checkpoint_every``,
+            ``checkpoint_every_s``, ``keep_checkpoints``, ``resume``),
+            :class:`~sparkdp.config.FailureConfig` (``max_restarts``, ``min_workers``,
+            ``start_timeout_s``, ``pg_timeout_s``), :class:`~sparkdp.config.MonitorConfig`
+            (``show_progress``, ``run_dir``, ``tensorboard``, ``mlflow``, ``metrics_interval_s``)
+            and, with a Spark DataFrame or a Parquet path as ``data``, :class:`~sparkdp.config.Columns`
+            (``features``, ``label``, ``feature_shape``, ``drop_nulls``, ``shuffle_buffer``: rows
+            are then streamed to the workers as Arrow record batches, see ``sparkdp.data.arrow``).
 
     Returns:
         A :class:`~sparkdp.TrainResult`: the trained model, the per-epoch history, timings.
@@ -215,28 +171,19 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
         ([1, 2], 2)
     """
     started = time.perf_counter()
-    job = JobConfig(strategy=strategy, strategy_options=strategy_options or {}, workers=workers, epochs=epochs,
-                    batch_size=batch_size, seed=seed, shuffle=shuffle, eval_every=eval_every,
-                    memory_format=memory_format, master=master, threads=threads, start_timeout_s=start_timeout_s,
-                    pg_timeout_s=pg_timeout_s, show_progress=show_progress, checkpoint_dir=checkpoint_dir,
-                    checkpoint_every=checkpoint_every, checkpoint_every_s=checkpoint_every_s,
-                    keep_checkpoints=keep_checkpoints, resume=resume, max_restarts=max_restarts,
-                    min_workers=min_workers, run_dir=run_dir, tensorboard=tensorboard, mlflow=mlflow,
-                    metrics_interval_s=metrics_interval_s)
-    columns = Columns(features=features, label=label, feature_shape=feature_shape, drop_nulls=drop_nulls,
-                      shuffle_buffer=shuffle_buffer)
-    return fit_job(model, data, job, labels=labels, eval_data=eval_data, columns=columns, loss=loss,
-                   optimizer=optimizer, optimizer_options=optimizer_options, lr_scheduler=lr_scheduler, spark=spark,
-                   started=started)
+    job = JobConfig.of(settings, caller="fit")
+    return fit_job(model, data, job, labels=labels, eval_data=eval_data, loss=loss, optimizer=optimizer,
+                   optimizer_options=optimizer_options, lr_scheduler=lr_scheduler, spark=spark, started=started)
 
 
 def fit_job(model: nn.Module, data: Any, job: JobConfig, *, labels: Any = None, eval_data: Any = None,
-            columns: Columns = COLUMN_DEFAULTS, loss: Any = "cross_entropy", optimizer: Any = "sgd",
+            loss: Any = "cross_entropy", optimizer: Any = "sgd",
             optimizer_options: dict | None = None, lr_scheduler: Callable[[Any], Any] | None = None,
             spark: Any = None, started: float | None = None) -> TrainResult:
     """:func:`fit` with the job's settings as one :class:`~sparkdp.config.JobConfig`."""
     started = time.perf_counter() if started is None else started
-    strategy_obj = resolve_strategy(job.strategy, **job.strategy_options)
+    columns = job.columns
+    strategy_obj = resolve_strategy(job.training.strategy, **job.training.strategy_options)
     loss_fn = resolve_loss(loss)
     factory = optimizer_factory(optimizer, model, **(optimizer_options or {}))
     if columns.given:
@@ -247,22 +194,22 @@ def fit_job(model: nn.Module, data: Any, job: JobConfig, *, labels: Any = None, 
                               "write it to Parquet or pass the Parquet path.")
     else:
         train, test = _resolve_data(data, labels, eval_data)
-    memory_format = _preflight(model, loss_fn, train, job.memory_format)
+    memory_format = _preflight(model, loss_fn, train, job.training.memory_format)
 
     from ..spark.launcher import on_driver_machine
     from ..spark.session import session
 
-    spark = spark or session(job.master)
+    spark = spark or session(job.scaling.master)
     workers = _workers(spark, job)
-    if job.min_workers is not None and job.min_workers > workers:
-        raise ConfigError(f"min_workers ({job.min_workers}) cannot exceed the {workers} workers this job runs on.")
+    if job.failures.min_workers is not None and job.failures.min_workers > workers:
+        raise ConfigError(f"min_workers ({job.failures.min_workers}) cannot exceed the {workers} workers this job runs on.")
     rows = train.num_samples()
     if rows is not None and rows < workers:
         raise ConfigError(f"the training data has {rows} rows but {workers} workers were requested; every "
                           "worker needs at least one row. Use fewer workers or more data.")
     spec = FitSpec(model=model, loss=loss_fn, optimizer=factory, strategy=strategy_obj, train=train, eval=test,
-                   epochs=job.epochs, batch_size=job.batch_size, seed=job.seed, shuffle=job.shuffle,
-                   scheduler=lr_scheduler, eval_every=job.eval_every, memory_format=memory_format)
+                   epochs=job.training.epochs, batch_size=job.training.batch_size, seed=job.training.seed, shuffle=job.training.shuffle,
+                   scheduler=lr_scheduler, eval_every=job.training.eval_every, memory_format=memory_format)
     # Same-machine executors map in-memory data from files instead of unpickling a copy each.
     with shared_with_workers(on_driver_machine(spark.sparkContext), train, test) as (train, test):
         return _fit_on_spark(replace(spec, train=train, eval=test), job, workers, spark, started)
@@ -273,8 +220,8 @@ def _workers(spark: Any, job: JobConfig) -> int:
     workers' torch threads would outnumber their cores."""
     from ..spark.launcher import default_workers, oversubscription
 
-    workers = job.workers or default_workers(spark.sparkContext)
-    problem = oversubscription(spark.sparkContext, workers, job.threads)
+    workers = job.scaling.workers or default_workers(spark.sparkContext)
+    problem = oversubscription(spark.sparkContext, workers, job.scaling.threads)
     if problem:
         log.warning("sparkdp: %s", problem)
     return workers
@@ -299,7 +246,7 @@ def _fit_monitored(spec: FitSpec, job: JobConfig, workers: int, spark: Any, star
                    hub: Any) -> TrainResult:
     model, strategy_obj = spec.model, spec.strategy
     streamed = not isinstance(spec.train, WorkerData)  # a DataFrame streamed through Spark: a stage per epoch
-    spinner = job.show_progress and hub is None
+    spinner = job.monitor.show_progress and hub is None
     if strategy_obj.launcher is Launcher.TASKS:  # a parameter server on the driver, workers as ordinary tasks
         if streamed:
             raise ConfigError(f"the asynchronous strategy {strategy_obj.name!r} reads in-memory data or Parquet "
@@ -341,9 +288,9 @@ def _fit_dataframe(spec: FitSpec, job: JobConfig, workers: int, spark: Any, line
 
     with checkpoint_policy(job, temporary_ok=False, job_id=lineage) as policy:  # the driver keeps every epoch's state anyway
         source = cast(DataFrameSource, spec.train)  # a streamed DataFrame's spec carries its source on the driver
-        return fit_stream(spec, source, workers=workers, spark=spark, threads=job.threads,
-                          pg_timeout_s=job.pg_timeout_s, start_timeout_s=job.start_timeout_s,
-                          max_restarts=job.max_restarts, checkpoint=policy)
+        return fit_stream(spec, source, workers=workers, spark=spark, threads=job.scaling.threads,
+                          pg_timeout_s=job.failures.pg_timeout_s, start_timeout_s=job.failures.start_timeout_s,
+                          max_restarts=job.failures.max_restarts, checkpoint=policy)
 
 
 def _fit_barrier(spec: FitSpec, job: JobConfig, workers: int, spark: Any,
@@ -352,22 +299,19 @@ def _fit_barrier(spec: FitSpec, job: JobConfig, workers: int, spark: Any,
     from ..spark.launcher import available_slots, on_driver_machine, run_barrier
 
     def run_stage(attempt: FitSpec, n: int) -> WorkerReport:
-        task = in_task(lambda coll: fit_worker(attempt, coll), threads=job.threads, pg_timeout_s=job.pg_timeout_s)
+        task = in_task(lambda coll: fit_worker(attempt, coll), threads=job.scaling.threads, pg_timeout_s=job.failures.pg_timeout_s)
         first = attempt.part.start_epoch + 1
         description = (f"sparkdp {attempt.strategy.name} on {n} workers: epochs {first}-{attempt.last_epoch() + 1}"
                        f" of {attempt.last_epoch() + 1}")
-        return run_barrier(task, n, spark=spark, start_timeout_s=job.start_timeout_s, description=description)[0]
+        return run_barrier(task, n, spark=spark, start_timeout_s=job.failures.start_timeout_s, description=description)[0]
 
     with checkpoint_policy(job, temporary_ok=on_driver_machine(spark.sparkContext), job_id=lineage) as policy:
         return run_with_restarts(spec, job, policy, run_stage, workers,
                                  slots=lambda: available_slots(spark.sparkContext))
 
 
-def run(train_fn: Callable[..., Any], *args: Any, workers: int | None = None,
-        strategy: str | Strategy = "allreduce", strategy_options: dict | None = None, seed: int = 0,
-        master: str | None = None, spark: Any = None, threads: int | None = None,
-        start_timeout_s: float = 60.0, pg_timeout_s: float = 60.0, show_progress: bool = True,
-        argv: list[str] | None = None, forward_output: bool = False) -> Any:
+def run(train_fn: Callable[..., Any], *args: Any, spark: Any = None, argv: list[str] | None = None,
+        forward_output: bool = False, **settings: Any) -> Any:
     """Run the user's own training function on ``workers`` Spark tasks; return rank 0's result.
 
     Inside ``train_fn``, :func:`~sparkdp.train.distribute.distribute` turns the single-machine model,
@@ -383,32 +327,34 @@ def run(train_fn: Callable[..., Any], *args: Any, workers: int | None = None,
     every ``optimizer.step()`` then pushes and pulls as ``push_every`` / ``pull_every`` say
     (numbers of batches: your loop's epochs are not visible to sparkdp).
 
+    ``settings`` are the job settings a loop of the user's own can use (``strategy``,
+    ``strategy_options``, ``seed``, ``workers``, ``master``, ``threads``, ``start_timeout_s``,
+    ``pg_timeout_s``, ``show_progress``; see :func:`fit`); ``spark`` an existing session.
+
     Raises:
         ConfigError: bad options (e.g. ``push_every="epoch"`` here).
         WorkerFailed: ``train_fn`` raised on a worker (its rank and traceback in the message).
     """
-    job = JobConfig(strategy=strategy, strategy_options=strategy_options or {}, workers=workers, seed=seed,
-                    master=master, threads=threads, start_timeout_s=start_timeout_s, pg_timeout_s=pg_timeout_s,
-                    show_progress=show_progress)
-    strategy_obj = resolve_strategy(job.strategy, **job.strategy_options)
+    job = JobConfig.of(settings, allowed=RUN_SETTINGS, caller="run")
+    strategy_obj = resolve_strategy(job.training.strategy, **job.training.strategy_options)
 
     from ..spark.launcher import run_barrier
     from ..spark.session import session
 
-    spark = spark or session(job.master)
+    spark = spark or session(job.scaling.master)
     workers = _workers(spark, job)
 
     worker_argv = list(sys.argv if argv is None else argv)
     name = getattr(train_fn, "__name__", "train_fn")
     # a monitoring hub only carries a launched script's output here (the loop is the user's)
-    hub_job = job if forward_output else replace(job, show_progress=False)
+    hub_job = job if forward_output else replace(job, monitor=replace(job.monitor, show_progress=False))
     with monitored(hub_job, spark, workers, f"sparkdp {name} x{workers}",
                    tls=getattr(strategy_obj, "tls", False)) as hub:
         link = hub.link if hub is not None else None
 
         def body(collective, strategy=strategy_obj):
             probe = open_probe(link, collective.rank)
-            ctx = WorkerContext(collective.rank, collective.world_size, collective, strategy, seed,
+            ctx = WorkerContext(collective.rank, collective.world_size, collective, strategy, job.training.seed,
                                 collective.device, probe=probe)
             set_current(ctx)
             saved_argv, sys.argv = sys.argv, list(worker_argv)
@@ -426,21 +372,18 @@ def run(train_fn: Callable[..., Any], *args: Any, workers: int | None = None,
             from ..strategies.async_ps import AsyncParameterServer
             from .async_job import run_async
 
-            with progress(job.show_progress, f"sparkdp: running {name} on {workers} asynchronous Spark workers"):
+            with progress(job.monitor.show_progress, f"sparkdp: running {name} on {workers} asynchronous Spark workers"):
                 return run_async(lambda _w, collective, shipped: body(collective, shipped),
                                  cast(AsyncParameterServer, strategy_obj),  # the Launcher.TASKS strategy
-                                 workers=workers, spark=spark, threads=job.threads, description=description,
-                                 hub=hub, start_timeout_s=job.start_timeout_s)[0]
-        task = in_task(body, threads=job.threads, pg_timeout_s=job.pg_timeout_s)
-        with progress(job.show_progress, f"sparkdp: running {name} on {workers} Spark workers"):
-            return run_barrier(task, workers, spark=spark, start_timeout_s=job.start_timeout_s,
+                                 workers=workers, spark=spark, threads=job.scaling.threads, description=description,
+                                 hub=hub, start_timeout_s=job.failures.start_timeout_s)[0]
+        task = in_task(body, threads=job.scaling.threads, pg_timeout_s=job.failures.pg_timeout_s)
+        with progress(job.monitor.show_progress, f"sparkdp: running {name} on {workers} Spark workers"):
+            return run_barrier(task, workers, spark=spark, start_timeout_s=job.failures.start_timeout_s,
                                description=description)[0]
 
 
-def launch(script: str | os.PathLike[str], *args: str, workers: int | None = None,
-           strategy: str | Strategy = "allreduce", strategy_options: dict | None = None, seed: int = 0,
-           master: str | None = None, spark: Any = None, threads: int | None = None, start_timeout_s: float = 60.0,
-           pg_timeout_s: float = 60.0, show_progress: bool = True) -> None:
+def launch(script: str | os.PathLike[str], *args: str, spark: Any = None, **settings: Any) -> None:
     """Run an unmodified training script as every worker of a job (``sparkdp launch``).
 
     The script runs as ``__main__`` with ``sys.argv = [script, *args]``, its directory on
@@ -452,6 +395,8 @@ def launch(script: str | os.PathLike[str], *args: str, workers: int | None = Non
     directory (the script and the modules beside it, at most 200 MB) is shipped to every
     executor with ``SparkContext.addArchive`` and that copy runs there; on ``local[N]`` the file
     itself runs.
+
+    ``settings`` are :func:`run`'s.
 
     Raises:
         ConfigError: the script does not exist, or its directory is too large to ship.
@@ -467,14 +412,12 @@ def launch(script: str | os.PathLike[str], *args: str, workers: int | None = Non
     from ..train.script_runner import run_script
 
     name = os.path.basename(path)
-    spark = spark or session(master)
+    spark = spark or session(JobConfig.of(settings, allowed=RUN_SETTINGS, caller="launch").scaling.master)
     # executors elsewhere may not see this filesystem: they run a copy of the script's directory
     shipped = None if on_driver_machine(spark.sparkContext) else \
         functools.partial(shipped_path, ship_directory(spark, os.path.dirname(path)))
-    result = run(run_script, path, [str(a) for a in args], os.getcwd(), shipped, workers=workers, strategy=strategy,
-                 strategy_options=strategy_options, seed=seed, master=master, spark=spark, threads=threads,
-                 start_timeout_s=start_timeout_s, pg_timeout_s=pg_timeout_s, show_progress=show_progress,
-                 argv=[path, *args], forward_output=True)
+    result = run(run_script, path, [str(a) for a in args], os.getcwd(), shipped, spark=spark, argv=[path, *args],
+                 forward_output=True, **settings)
     if not result["distributed"]:
         log.warning("%s never called sparkdp.distribute(...) nor torch.distributed.init_process_group(): every worker "
                     "trained its own independent copy on all of its data. Add the one line model, optimizer, loader "

@@ -44,8 +44,8 @@ def fit_async(spec: FitSpec, job: JobConfig, *, workers: int, spark: Any, starte
     from ..spark.launcher import driver_host, run_tasks, task_attempt
 
     model, strategy = spec.model, cast(AsyncParameterServer, spec.strategy)  # Launcher.TASKS: this strategy's
-    threads, checkpoint_dir, resume, start_timeout_s = job.threads, job.checkpoint_dir, job.resume, \
-        job.start_timeout_s
+    threads, checkpoint_dir, resume, start_timeout_s = job.scaling.threads, job.checkpoints.checkpoint_dir, job.checkpoints.resume, \
+        job.failures.start_timeout_s
     server = _server_factory(strategy, workers)(list(model.parameters()))
     if resume is not None:
         spec = _resume_server(server, spec, strategy, workers, resume)
@@ -54,7 +54,7 @@ def fit_async(spec: FitSpec, job: JobConfig, *, workers: int, spark: Any, starte
     transport = TcpTransport(TcpOptions(mac_payload=strategy.mac_payload, tls=strategy.tls))
     host = driver_host(spark)
     saver_dir = checkpoint_dir or resume
-    saver = _ServerCheckpoints(server, saver_dir, job.checkpoint_every_s or 60.0, job.keep_checkpoints) \
+    saver = _ServerCheckpoints(server, saver_dir, job.checkpoints.checkpoint_every_s or 60.0, job.checkpoints.keep_checkpoints) \
         if saver_dir else None
     with transport.serve(server, host=host, port=0) as endpoint, saver or contextlib.nullcontext():
         info = endpoint.info

@@ -18,14 +18,14 @@ def monitored(job: JobConfig, spark: Any, workers: int, title: str,
     (``show_progress=False`` and no run directory, TensorBoard or MLflow): then the workers
     are not monitored at all. ``tls``: the job's strategy encrypts its traffic, so the
     monitoring connections are encrypted too."""
-    if not (job.show_progress or job.run_dir or job.mlflow):
+    if not (job.monitor.show_progress or job.monitor.run_dir or job.monitor.mlflow):
         yield None
         return
     from ..spark.launcher import driver_host
 
-    config = {**job.defaults(), **(details or {}), "workers": workers}
-    with MonitorHub(world_size=workers, config=config, run_dir=job.run_dir, display=job.show_progress,
-                    tensorboard=job.tensorboard, mlflow=job.mlflow, interval_s=job.metrics_interval_s,
+    config = {**job.settings(), **(details or {}), "workers": workers}
+    with MonitorHub(world_size=workers, config=config, run_dir=job.monitor.run_dir, display=job.monitor.show_progress,
+                    tensorboard=job.monitor.tensorboard, mlflow=job.monitor.mlflow, interval_s=job.monitor.metrics_interval_s,
                     host=driver_host(spark), title=title, tls=tls) as hub:
         yield hub
 

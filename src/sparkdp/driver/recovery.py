@@ -46,14 +46,14 @@ def refuse_foreign_checkpoints(job: JobConfig, lineage: str | None = None) -> No
     weights. A job that resumes (``lineage``: the job identity of the checkpoint it resumes)
     may write beside its own checkpoints and beside files that do not read (resume skips those),
     not beside another job's."""
-    directory = job.checkpoint_dir or job.resume
+    directory = job.checkpoints.checkpoint_dir or job.checkpoints.resume
     if directory is None:
         return
     directory = str(directory)
     # both kinds sparkdp writes: synchronous and (local only) parameter-server checkpoints
     names = checkpoint_names(directory) + ([] if "://" in directory else server_checkpoint_names(directory))
-    if job.resume is not None:
-        in_place = _same_place(str(job.resume), directory)
+    if job.checkpoints.resume is not None:
+        in_place = _same_place(str(job.checkpoints.resume), directory)
 
         def foreign(name: str) -> bool:
             if name.startswith("ps-"):  # server checkpoints carry no identity: ours only where we resume
@@ -65,8 +65,8 @@ def refuse_foreign_checkpoints(job: JobConfig, lineage: str | None = None) -> No
     if names:
         shown = ", ".join(names[-3:]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
         todo = (f"To continue that job, resume it: resume={directory!r} (--resume {directory}); to start "
-                "afresh, give an empty or new directory (or delete those files).") if job.resume is None else \
-            (f"This job resumes from {str(job.resume)!r}: give it a checkpoint_dir of its own (an empty or new "
+                "afresh, give an empty or new directory (or delete those files).") if job.checkpoints.resume is None else \
+            (f"This job resumes from {str(job.checkpoints.resume)!r}: give it a checkpoint_dir of its own (an empty or new "
              "directory), or remove the other job's files.")
         raise ConfigError(
             f"checkpoint_dir={directory!r} already holds checkpoints of another job ({shown}). Writing beside "
@@ -84,15 +84,15 @@ def checkpoint_policy(job: JobConfig, temporary_ok: bool, job_id: str | None = N
     (removed afterwards) still lets the driver restart a failed stage, when ``temporary_ok``
     (the executors share the driver's disk) and restarts are allowed. ``job_id``: the identity
     of the checkpoint a resumed job started from, so its new checkpoints continue that job's."""
-    directory, temporary = job.checkpoint_dir or job.resume, None
+    directory, temporary = job.checkpoints.checkpoint_dir or job.checkpoints.resume, None
     if directory is None:
-        if not temporary_ok or job.max_restarts == 0:
+        if not temporary_ok or job.failures.max_restarts == 0:
             yield None
             return
         directory = temporary = tempfile.mkdtemp(prefix="sparkdp-checkpoints-")
     try:
         check_writable(directory)
-        yield CheckpointPolicy(str(directory), job.checkpoint_every, job.checkpoint_every_s, job.keep_checkpoints,
+        yield CheckpointPolicy(str(directory), job.checkpoints.checkpoint_every, job.checkpoints.checkpoint_every_s, job.checkpoints.keep_checkpoints,
                                job_id or new_job_id())
     finally:
         if temporary is not None:
@@ -101,11 +101,11 @@ def checkpoint_policy(job: JobConfig, temporary_ok: bool, job_id: str | None = N
 
 def resume_point(job: JobConfig) -> Checkpoint | None:
     """The checkpoint ``resume=`` names, or None without ``resume``."""
-    if job.resume is None:
+    if job.checkpoints.resume is None:
         return None
-    found = latest_checkpoint(job.resume)
+    found = latest_checkpoint(job.checkpoints.resume)
     if found is None:
-        raise ConfigError(f"resume={job.resume!r}: no readable checkpoint (ckpt-e*-s*.safetensors) there. Point "
+        raise ConfigError(f"resume={job.checkpoints.resume!r}: no readable checkpoint (ckpt-e*-s*.safetensors) there. Point "
                           "resume at the checkpoint_dir of an earlier run, or leave it unset to start afresh.")
     return found
 
@@ -140,7 +140,7 @@ def run_with_restarts(spec: FitSpec, job: JobConfig, policy: CheckpointPolicy | 
                       run_stage: Callable[[FitSpec, int], WorkerReport], workers: int,
                       slots: Callable[[], int | None] = lambda: None) -> tuple[WorkerReport, FitSpec, int]:
     """Run the stage on ``workers``; after a worker failure, restart it from the latest checkpoint
-    (on fewer workers, down to ``job.min_workers``, if ``slots()`` says fewer are left).
+    (on fewer workers, down to ``job.failures.min_workers``, if ``slots()`` says fewer are left).
 
     Returns rank 0's report, the spec of the stage that finished (its ``part.history`` is the
     job's history before that stage) and the workers it ran on.
@@ -158,16 +158,16 @@ def run_with_restarts(spec: FitSpec, job: JobConfig, policy: CheckpointPolicy | 
         except WorkerFailed as exc:
             cause = _cause(exc, job)
             failures.append(cause)
-            if policy is None or len(failures) > job.max_restarts:
+            if policy is None or len(failures) > job.failures.max_restarts:
                 if len(failures) == 1:
                     raise
                 listed = "; ".join(f"{i + 1}: {c}" for i, c in enumerate(failures))
                 raise WorkerFailed(f"the job failed {len(failures)} times, more than max_restarts="
-                                   f"{job.max_restarts} allows ({listed}). Fix the cause, or raise "
+                                   f"{job.failures.max_restarts} allows ({listed}). Fix the cause, or raise "
                                    "max_restarts.") from exc
             latest = latest_checkpoint(policy.directory, policy.job_id)
-            now = _workers_for_restart(workers, job.min_workers, slots())
-            log.warning("sparkdp: %s -- restart %d of %d from %s%s", cause, len(failures), job.max_restarts,
+            now = _workers_for_restart(workers, job.failures.min_workers, slots())
+            log.warning("sparkdp: %s -- restart %d of %d from %s%s", cause, len(failures), job.failures.max_restarts,
                         _where(latest), f" on {now} of {workers} workers (task slots gone)" if now < workers else "")
             attempt = replace(resumed(spec, latest, now) if latest is not None else spec, checkpoint=policy, fault=None)
 
@@ -185,10 +185,10 @@ def _cause(exc: WorkerFailed, job: JobConfig) -> str:
     text = str(exc).strip()
     first = text.splitlines()[0]
     if "WorkerHung: " in first:  # the stalled worker named by the one that waited (train.loop)
-        return f"{first.split('WorkerHung: ', 1)[1]} (after {job.pg_timeout_s:g} s)"
+        return f"{first.split('WorkerHung: ', 1)[1]} (after {job.failures.pg_timeout_s:g} s)"
     if "Timed out waiting" in text or "timed out" in first.lower():
         who = f"worker {exc.rank}" if getattr(exc, "rank", None) is not None else "a worker"
-        return (f"{who} waited {job.pg_timeout_s:g} s in a collective: another worker stopped making progress "
+        return (f"{who} waited {job.failures.pg_timeout_s:g} s in a collective: another worker stopped making progress "
                 "(hung, stopped or deadlocked)")
     return first
 

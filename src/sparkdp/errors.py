@@ -33,8 +33,12 @@ class TrainingDiverged(SparkdpError, ArithmeticError):
     """The loss became NaN or infinite: restarting would not help."""
 
 
-class WorkerHung(SparkdpError, RuntimeError):
+class WorkerHung(WorkerFailed):
     """A worker stopped making progress: the others timed out waiting for it in a collective."""
+
+
+class WorkerLost(WorkerFailed):
+    """A worker's process or executor went away (killed, crashed, its machine lost)."""
 
 
 class EnvironmentProblem(SparkdpError, RuntimeError):

@@ -87,7 +87,7 @@ def test_a_stopped_worker_is_detected_by_the_collective_timeout_named_and_recove
     assert elapsed < 15 + 120, f"the stopped worker was not detected in time ({elapsed:.0f} s)"
 
 
-def test_a_killed_asynchronous_worker_is_retried_and_no_push_counts_twice(spark, fashion, monkeypatch):
+def test_a_killed_asynchronous_worker_is_retried_and_no_push_counts_twice(spark, fashion, monkeypatch, caplog):
     """Spark retries the ordinary task (local[2,4], as the embedded default); the retry pulls the
     current centre and continues its sequence numbers, so the server applies every distinct
     push once: the killed attempt's 30 (one per step) plus every finished attempt's."""
@@ -99,7 +99,12 @@ def test_a_killed_asynchronous_worker_is_retried_and_no_push_counts_twice(spark,
 
     clean = run()
     monkeypatch.setenv("SPARKDP_FAULT", "kill:rank=1:step=30")
-    result = run()
+    with caplog.at_level(logging.WARNING, logger="sparkdp"):
+        result = run()
+    retries = [r.getMessage() for r in caplog.records if "task failed" in r.getMessage()]
+    assert retries == ["sparkdp: an asynchronous worker's task failed -- Spark retries it (failure 1; each task may "
+                       "run 4 times): the retry pulls the parameter server's current centre and continues its "
+                       "sequence numbers"], retries  # one line, as a synchronous restart gets
     server = result.details["server"]
     finished = sum(w["pushes"] for w in result.details["per_worker"])
     assert server["rejected"] == 0 and server["duplicates_dropped"] == 0
@@ -162,3 +167,29 @@ def test_an_asynchronous_job_resumes_its_parameter_server(spark, fashion, tmp_pa
     server = more.details["server"]
     assert server["rejected"] == 0 and server["duplicates_dropped"] == 0 and server["pushes_applied"] > 0
     assert more.test_accuracy >= first.test_accuracy - 0.03
+
+
+def test_a_streamed_dataframe_job_continues_on_fewer_workers_down_to_min_workers(spark, monkeypatch, caplog):
+    """After a failure that took task slots away (here: Spark reports one free slot), the epoch
+    reruns on the workers left, down to min_workers, and the job finishes there."""
+    from sparkdp.spark import launcher
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(600, 4, generator=g)
+    y = (x[:, 0] + x[:, 2] > 0).long()
+    df = spark.createDataFrame([(row.tolist(), int(t)) for row, t in zip(x, y, strict=True)],
+                               "x array<float>, y long").repartition(2).cache()
+    monkeypatch.setattr(launcher, "available_slots", lambda sc: 1)
+    monkeypatch.setenv("SPARKDP_FAULT", "kill:rank=1:step=5")
+    try:
+        torch.manual_seed(0)
+        with caplog.at_level(logging.WARNING, logger="sparkdp"):
+            result = sparkdp.fit(torch.nn.Linear(4, 2), df, features="x", label="y", workers=2, min_workers=1,
+                                 epochs=2, batch_size=16, spark=spark, show_progress=False)
+    finally:
+        df.unpersist()
+    restarts = [r.getMessage() for r in caplog.records if "restart" in r.getMessage()]
+    assert len(restarts) == 1 and "restart 1 of 3 from the start of epoch 1 on 1 of 2 workers" in restarts[0], restarts
+    assert result.workers == 1 and [h["epoch"] for h in result.history] == [1, 2]
+    assert sum(h["samples"] for h in result.history) == 2 * 600  # every row, on the one worker left
+    assert result.history[-1]["loss"] < result.history[0]["loss"]

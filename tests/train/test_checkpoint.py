@@ -19,6 +19,7 @@ from sparkdp.comm import SingleProcessCollective
 from sparkdp.config import JobConfig
 from sparkdp.data.tensors import TensorData
 from sparkdp.driver.recovery import (
+    RestartPolicy,
     merged_history,
     refuse_foreign_checkpoints,
     resume_point,
@@ -175,7 +176,7 @@ def test_restarts_resume_from_the_latest_checkpoint_then_give_up_with_every_caus
 
     job = JobConfig.of(max_restarts=2)
     with caplog.at_level(logging.WARNING), pytest.raises(WorkerFailed) as info:
-        run_with_restarts(spec, job, policy, stage, 1)
+        run_with_restarts(spec, RestartPolicy.of(job), policy, stage, 1)
     assert [s[:2] for s in seen] == [(0, 0), (1, 0), (1, 0)]
     assert "failed 3 times, more than max_restarts=2" in str(info.value)
     assert "1: worker 1 died (attempt 1); 2: worker 1 died (attempt 2)" in str(info.value)
@@ -190,7 +191,7 @@ def test_errors_a_restart_cannot_fix_are_raised_at_once(tmp_path):
         raise ConfigError("bad setting")
 
     with pytest.raises(ConfigError):
-        run_with_restarts(_spec(None), JobConfig.of(), CheckpointPolicy(str(tmp_path)), stage, 2)
+        run_with_restarts(_spec(None), RestartPolicy.of(JobConfig.of()), CheckpointPolicy(str(tmp_path)), stage, 2)
     assert calls == [1]
 
 
@@ -224,7 +225,7 @@ def test_an_elastic_restart_continues_on_the_slots_left_and_grows_back(tmp_path,
 
     job = JobConfig.of(max_restarts=3, min_workers=1)
     with caplog.at_level(logging.WARNING):
-        report, _, workers = run_with_restarts(spec, job, policy, stage, 2, slots=lambda: next(slots))
+        report, _, workers = run_with_restarts(spec, RestartPolicy.of(job), policy, stage, 2, slots=lambda: next(slots))
     assert (report, workers) == ("report", 2)
     assert runs == [(2, 0), (1, 12), (2, 6)]  # step 6 of 2 workers = step 12 of one: the same rows
     assert "restart 1 of 3 from epoch 1, step 6 on 1 of 2 workers (task slots gone)" in caplog.text
@@ -290,7 +291,7 @@ def test_a_restart_resumes_this_jobs_checkpoint_never_another_jobs(tmp_path):
             raise WorkerFailed("worker 0 died")
         return "report"
 
-    run_with_restarts(_spec(None, epochs=2), JobConfig.of(max_restarts=1), policy, stage, 1)
+    run_with_restarts(_spec(None, epochs=2), RestartPolicy.of(JobConfig.of(max_restarts=1)), policy, stage, 1)
     assert starts == [(0, 0), (0, 6)]  # epoch 6 of the other job would have been (5, 0)
 
 

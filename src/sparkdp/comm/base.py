@@ -15,6 +15,8 @@ class Collective(ABC):
     """
 
     device: torch.device = torch.device("cpu")
+    #: the workers share no process group (an asynchronous job's tasks): each reports for itself
+    independent: bool = False
 
     @property
     @abstractmethod
@@ -62,3 +64,10 @@ def _coalesced(tensors: Sequence[torch.Tensor], collective: Callable[[torch.Tens
         with torch.no_grad():
             for t, part in zip(group, flat.split([t.numel() for t in group]), strict=True):
                 t.copy_(part.view_as(t))
+
+
+def is_collective_timeout(exc: BaseException) -> bool:
+    """Whether ``exc`` is a collective that waited out its timeout. Gloo raises a plain
+    ``RuntimeError`` ("Timed out waiting ...ms for recv operation"), so its text is all there
+    is; this is the one place it is read (the worker then raises a typed ``WorkerHung``)."""
+    return isinstance(exc, RuntimeError) and "timed out" in str(exc).lower()

@@ -16,6 +16,8 @@ from .base import Collective
 class IndependentCollective(Collective):
     """Worker ``rank`` of ``world_size`` workers that do not talk to each other."""
 
+    independent = True
+
     def __init__(self, rank: int = 0, world_size: int = 1, device: torch.device | None = None) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, {world_size}); got {rank}.")
@@ -42,7 +44,9 @@ class IndependentCollective(Collective):
 
 
 class SingleProcessCollective(IndependentCollective):
-    """World size 1."""
+    """World size 1: a group of one process."""
+
+    independent = False
 
     def __init__(self) -> None:
         super().__init__(0, 1)

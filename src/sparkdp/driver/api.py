@@ -27,25 +27,14 @@ from ..data.tensors import TensorData, as_worker_data
 from ..errors import ConfigError
 from ..monitor.probe import open_probe
 from ..strategies import resolve_strategy
-from ..strategies.base import Launcher
-from ..train.checkpoint import lineage_of
 from ..train.context import WorkerContext, set_current
-from ..train.jobs import in_task, progress
+from ..train.jobs import progress
 from ..train.layout import preflight_layout
-from ..train.loop import FitSpec, check_batch, check_labels, class_scores, fit_worker
+from ..train.loop import FitSpec, check_batch, check_labels, class_scores
 from ..train.optim import optimizer_factory, resolve_loss
-from ..train.report import WorkerReport
 from ..train.result import TrainResult
-from ..train.serialize import state_from_bytes
 from .monitoring import monitored
-from .recovery import (
-    checkpoint_policy,
-    merged_history,
-    refuse_foreign_checkpoints,
-    resume_point,
-    resumed,
-    run_with_restarts,
-)
+from .runners import runner_for
 
 log = logging.getLogger(__name__)
 
@@ -244,70 +233,11 @@ def _fit_on_spark(spec: FitSpec, job: JobConfig, workers: int, spark: Any, start
 
 def _fit_monitored(spec: FitSpec, job: JobConfig, workers: int, spark: Any, started: float,
                    hub: Any) -> TrainResult:
-    model, strategy_obj = spec.model, spec.strategy
     streamed = not isinstance(spec.train, WorkerData)  # a DataFrame streamed through Spark: a stage per epoch
+    runner = runner_for(spec.strategy, streamed)
     spinner = job.monitor.show_progress and hub is None
-    if strategy_obj.launcher is Launcher.TASKS:  # a parameter server on the driver, workers as ordinary tasks
-        if streamed:
-            raise ConfigError(f"the asynchronous strategy {strategy_obj.name!r} reads in-memory data or Parquet "
-                              "files; a DataFrame that is not a plain Parquet scan is supported by the synchronous "
-                              "strategies. Write it to Parquet and pass the path.")
-        from .async_job import fit_async
-
-        refuse_foreign_checkpoints(job)
-        with progress(spinner, f"sparkdp: {workers} asynchronous Spark workers ({strategy_obj.name})"):
-            return fit_async(spec, job, workers=workers, spark=spark, started=started, hub=hub)
-    start = resume_point(job)
-    lineage = lineage_of(start) if start is not None else None  # a resumed job keeps its identity
-    refuse_foreign_checkpoints(job, lineage)
-    if start is not None:
-        log.info("resuming from %s", start.path)
-        spec = resumed(spec, start)
-    with progress(spinner, f"sparkdp: training on {workers} Spark workers ({strategy_obj.name})"):
-        if streamed:
-            out, finished = _fit_dataframe(spec, job, workers, spark, lineage), spec
-        else:
-            out, finished, workers = _fit_barrier(spec, job, workers, spark, lineage)
-    dropped = out.data_counters.get("dropped_null_rows", 0)
-    if dropped:
-        log.warning("dropped %d row(s) with null features or labels (drop_nulls=True), counted over all epochs",
-                    dropped)
-    model.load_state_dict(state_from_bytes(out.state))
-    history, samples, train_time = merged_history(out, finished)
-    return TrainResult(model=model, history=history, strategy=strategy_obj.name, workers=workers,
-                       epochs=spec.epochs, wall_s=time.perf_counter() - started, train_time_s=train_time,
-                       samples=samples, strategy_options=out.strategy_options,
-                       details={"strategy_state": out.strategy_state,
-                                # rank 0's communication figures; a synchronous strategy's are every rank's
-                                "comm": dict(out.strategy_metrics)})
-
-
-def _fit_dataframe(spec: FitSpec, job: JobConfig, workers: int, spark: Any, lineage: str | None) -> WorkerReport:
-    """A streamed DataFrame: one stage per epoch; the driver restarts a failed epoch itself."""
-    from ..spark.dataframe import DataFrameSource, fit_stream
-
-    with checkpoint_policy(job, temporary_ok=False, job_id=lineage) as policy:  # the driver keeps every epoch's state anyway
-        source = cast(DataFrameSource, spec.train)  # a streamed DataFrame's spec carries its source on the driver
-        return fit_stream(spec, source, workers=workers, spark=spark, threads=job.scaling.threads,
-                          pg_timeout_s=job.failures.pg_timeout_s, start_timeout_s=job.failures.start_timeout_s,
-                          max_restarts=job.failures.max_restarts, checkpoint=policy)
-
-
-def _fit_barrier(spec: FitSpec, job: JobConfig, workers: int, spark: Any,
-                 lineage: str | None) -> tuple[WorkerReport, FitSpec, int]:
-    """One barrier stage (in-memory or Parquet data), resumed and restarted from checkpoints."""
-    from ..spark.launcher import available_slots, on_driver_machine, run_barrier
-
-    def run_stage(attempt: FitSpec, n: int) -> WorkerReport:
-        task = in_task(lambda coll: fit_worker(attempt, coll), threads=job.scaling.threads, pg_timeout_s=job.failures.pg_timeout_s)
-        first = attempt.part.start_epoch + 1
-        description = (f"sparkdp {attempt.strategy.name} on {n} workers: epochs {first}-{attempt.last_epoch() + 1}"
-                       f" of {attempt.last_epoch() + 1}")
-        return run_barrier(task, n, spark=spark, start_timeout_s=job.failures.start_timeout_s, description=description)[0]
-
-    with checkpoint_policy(job, temporary_ok=on_driver_machine(spark.sparkContext), job_id=lineage) as policy:
-        return run_with_restarts(spec, job, policy, run_stage, workers,
-                                 slots=lambda: available_slots(spark.sparkContext))
+    with progress(spinner, f"sparkdp: training on {workers} {runner.kind} ({spec.strategy.name})"):
+        return runner.fit(spec, job, workers, spark, hub, started)
 
 
 def run(train_fn: Callable[..., Any], *args: Any, spark: Any = None, argv: list[str] | None = None,
@@ -338,7 +268,6 @@ def run(train_fn: Callable[..., Any], *args: Any, spark: Any = None, argv: list[
     job = JobConfig.of(settings, allowed=RUN_SETTINGS, caller="run")
     strategy_obj = resolve_strategy(job.training.strategy, **job.training.strategy_options)
 
-    from ..spark.launcher import run_barrier
     from ..spark.session import session
 
     spark = spark or session(job.scaling.master)
@@ -368,19 +297,9 @@ def run(train_fn: Callable[..., Any], *args: Any, spark: Any = None, argv: list[
                 probe.close()
 
         description = f"sparkdp run {name} on {workers} workers"
-        if strategy_obj.launcher is Launcher.TASKS:  # a parameter server and ordinary, retried tasks
-            from ..strategies.async_ps import AsyncParameterServer
-            from .async_job import run_async
-
-            with progress(job.monitor.show_progress, f"sparkdp: running {name} on {workers} asynchronous Spark workers"):
-                return run_async(lambda _w, collective, shipped: body(collective, shipped),
-                                 cast(AsyncParameterServer, strategy_obj),  # the Launcher.TASKS strategy
-                                 workers=workers, spark=spark, threads=job.scaling.threads, description=description,
-                                 hub=hub, start_timeout_s=job.failures.start_timeout_s)[0]
-        task = in_task(body, threads=job.scaling.threads, pg_timeout_s=job.failures.pg_timeout_s)
-        with progress(job.monitor.show_progress, f"sparkdp: running {name} on {workers} Spark workers"):
-            return run_barrier(task, workers, spark=spark, start_timeout_s=job.failures.start_timeout_s,
-                               description=description)[0]
+        runner = runner_for(strategy_obj, streamed=False)
+        with progress(job.monitor.show_progress, f"sparkdp: running {name} on {workers} {runner.kind}"):
+            return runner.call(body, strategy_obj, job, workers, spark, hub, description)
 
 
 def launch(script: str | os.PathLike[str], *args: str, spark: Any = None, **settings: Any) -> None:

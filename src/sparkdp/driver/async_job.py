@@ -71,7 +71,7 @@ def fit_async(spec: FitSpec, job: JobConfig, *, workers: int, spark: Any, starte
             return report
 
         reports = run_tasks(task, workers, spark=spark, description=f"sparkdp async {strategy.rule}",
-                            start_timeout_s=start_timeout_s) \
+                            start_timeout_s=start_timeout_s, on_task_failure=report_retry) \
             if spec.epochs else []
     if saver is not None:
         saver.save()  # the finished job: a later resume has nothing left to do
@@ -95,6 +95,18 @@ def fit_async(spec: FitSpec, job: JobConfig, *, workers: int, spark: Any, starte
         samples=sum(h["samples"] for h in history), strategy_options=strategy.options(),
         details={"server": server.metrics(),
                  "per_worker": [{"worker": r.worker, **r.strategy_metrics} for r in sorted(reports, key=lambda r: r.worker)]})
+
+
+def report_retry(failure: int, attempts: int) -> None:
+    """The one line a failed asynchronous worker gets, as a synchronous restart does: Spark runs
+    its task again (up to ``attempts`` times), and the retry continues from the server's centre."""
+    if attempts > 1:
+        log.warning("sparkdp: an asynchronous worker's task failed -- Spark retries it (failure %d; each task may "
+                    "run %d times): the retry pulls the parameter server's current centre and continues its "
+                    "sequence numbers", failure, attempts)
+    else:
+        log.warning("sparkdp: an asynchronous worker's task failed, and the Spark master allows no retry "
+                    "(spark.task.maxFailures=1, or local[N] without ',F')")
 
 
 def task_collective(worker: int, workers: int, threads: int | None) -> IndependentCollective:
@@ -139,7 +151,8 @@ def run_async(call: Callable[[int, Any, AsyncParameterServer], Any], strategy: A
         def task(worker: int) -> Any:
             return call(worker, task_collective(worker, workers, threads), shipped)
 
-        results = run_tasks(task, workers, spark=spark, description=description, start_timeout_s=start_timeout_s)
+        results = run_tasks(task, workers, spark=spark, description=description, start_timeout_s=start_timeout_s,
+                            on_task_failure=report_retry)
         server = endpoint.server
     if server is not None:
         log.info("parameter server: %s", {k: v for k, v in server.metrics().items() if k != "staleness"})

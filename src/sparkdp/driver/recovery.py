@@ -1,10 +1,10 @@
-"""Synchronous jobs that survive a lost worker: checkpoints, resume, restarts of the barrier stage.
+"""Jobs that survive a lost worker: checkpoints, resume, and the one restart policy.
 
 Spark never retries a failed barrier *result* stage, so the driver does: when a stage fails
 with a worker's error (process killed, executor lost, a collective timing out), it starts a
-new stage from the latest checkpoint, up to ``max_restarts`` times, logging one line per
-restart. Errors a restart cannot fix (bad configuration or data, a diverged loss) are raised
-at once.
+new stage from the latest checkpoint (a streamed DataFrame: from the epoch's start), as the
+job's :class:`RestartPolicy` allows, logging one line per restart. Errors a restart cannot fix
+(bad configuration or data, a diverged loss) are raised at once.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..config import JobConfig
-from ..errors import ConfigError, TrainingDiverged, WorkerFailed
+from ..errors import ConfigError, TrainingDiverged, WorkerFailed, WorkerHung
 from ..train.checkpoint import (
     Checkpoint,
     CheckpointPolicy,
@@ -136,17 +136,67 @@ def _where(checkpoint: Checkpoint | None) -> str:
         f"the start of epoch {checkpoint.epoch + 1}"
 
 
-def run_with_restarts(spec: FitSpec, job: JobConfig, policy: CheckpointPolicy | None,
+@dataclass
+class RestartPolicy:
+    """When and on how many workers a failed job continues: the one policy of every runner.
+
+    ``max_restarts`` failures are recovered over the whole job; after a failure that took task
+    slots away, the job continues on the slots left, down to ``min_workers`` (None: always the
+    full count), and grows back when they return. Each failure is one warning line: its cause,
+    the restart's number, where it continues from and on how many workers."""
+
+    max_restarts: int
+    min_workers: int | None = None
+    pg_timeout_s: float = 60.0
+    causes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, job: JobConfig) -> RestartPolicy:
+        return cls(job.failures.max_restarts, job.failures.min_workers, job.failures.pg_timeout_s)
+
+    def workers(self, requested: int, slots: int | None) -> int:
+        """All ``requested`` workers if the slots are there (or unknown); else as many as fit, down
+        to ``min_workers`` (below it, the stage waits for slots and fails after start_timeout_s)."""
+        if self.min_workers is None or slots is None or slots >= requested:
+            return requested
+        return max(self.min_workers, slots)
+
+    def recover(self, exc: WorkerFailed, requested: int, slots: int | None, where: str,
+                can_restart: bool = True) -> int:
+        """After ``exc``: the workers to continue on, with the one log line; raises when the
+        failures are more than ``max_restarts`` (or ``can_restart`` is False)."""
+        cause = self.cause(exc)
+        self.causes.append(cause)
+        if not can_restart or len(self.causes) > self.max_restarts:
+            if len(self.causes) == 1:
+                raise exc
+            listed = "; ".join(f"{i + 1}: {c}" for i, c in enumerate(self.causes))
+            raise WorkerFailed(f"the job failed {len(self.causes)} times, more than max_restarts="
+                               f"{self.max_restarts} allows ({listed}). Fix the cause, or raise "
+                               "max_restarts.") from exc
+        now = self.workers(requested, slots)
+        log.warning("sparkdp: %s -- restart %d of %d from %s%s", cause, len(self.causes), self.max_restarts, where,
+                    f" on {now} of {requested} workers (task slots gone)" if now < requested else "")
+        return now
+
+    def cause(self, exc: WorkerFailed) -> str:
+        """One line for the log: what failed, where."""
+        first = str(exc).strip().splitlines()[0]
+        if isinstance(exc, WorkerHung):  # the stalled worker, named by the one that waited (train.loop)
+            return f"{first} (after {self.pg_timeout_s:g} s)"
+        return first
+
+
+def run_with_restarts(spec: FitSpec, restarts: RestartPolicy, policy: CheckpointPolicy | None,
                       run_stage: Callable[[FitSpec, int], WorkerReport], workers: int,
                       slots: Callable[[], int | None] = lambda: None) -> tuple[WorkerReport, FitSpec, int]:
     """Run the stage on ``workers``; after a worker failure, restart it from the latest checkpoint
-    (on fewer workers, down to ``job.failures.min_workers``, if ``slots()`` says fewer are left).
+    as ``restarts`` allows (on fewer workers if ``slots()`` says fewer are left).
 
     Returns rank 0's report, the spec of the stage that finished (its ``part.history`` is the
     job's history before that stage) and the workers it ran on.
     """
     fault = fault_from_env()
-    failures: list[str] = []
     attempt, now = replace(spec, checkpoint=policy, fault=fault), workers
     while True:
         try:
@@ -156,41 +206,9 @@ def run_with_restarts(spec: FitSpec, job: JobConfig, policy: CheckpointPolicy | 
             raise TrainingDiverged(f"{exc} The last good checkpoint: "
                                    f"{last.path if last is not None else 'none'}.") from None
         except WorkerFailed as exc:
-            cause = _cause(exc, job)
-            failures.append(cause)
-            if policy is None or len(failures) > job.failures.max_restarts:
-                if len(failures) == 1:
-                    raise
-                listed = "; ".join(f"{i + 1}: {c}" for i, c in enumerate(failures))
-                raise WorkerFailed(f"the job failed {len(failures)} times, more than max_restarts="
-                                   f"{job.failures.max_restarts} allows ({listed}). Fix the cause, or raise "
-                                   "max_restarts.") from exc
-            latest = latest_checkpoint(policy.directory, policy.job_id)
-            now = _workers_for_restart(workers, job.failures.min_workers, slots())
-            log.warning("sparkdp: %s -- restart %d of %d from %s%s", cause, len(failures), job.failures.max_restarts,
-                        _where(latest), f" on {now} of {workers} workers (task slots gone)" if now < workers else "")
+            latest = latest_checkpoint(policy.directory, policy.job_id) if policy is not None else None
+            now = restarts.recover(exc, workers, slots(), _where(latest), can_restart=policy is not None)
             attempt = replace(resumed(spec, latest, now) if latest is not None else spec, checkpoint=policy, fault=None)
-
-
-def _workers_for_restart(requested: int, minimum: int | None, slots: int | None) -> int:
-    """All requested workers if the slots are there (or unknown); else as many as fit, down to
-    ``minimum`` (below it, the stage waits for slots and fails after ``start_timeout_s``)."""
-    if minimum is None or slots is None or slots >= requested:
-        return requested
-    return max(minimum, slots)
-
-
-def _cause(exc: WorkerFailed, job: JobConfig) -> str:
-    """One line for the log: what failed, where."""
-    text = str(exc).strip()
-    first = text.splitlines()[0]
-    if "WorkerHung: " in first:  # the stalled worker named by the one that waited (train.loop)
-        return f"{first.split('WorkerHung: ', 1)[1]} (after {job.failures.pg_timeout_s:g} s)"
-    if "Timed out waiting" in text or "timed out" in first.lower():
-        who = f"worker {exc.rank}" if getattr(exc, "rank", None) is not None else "a worker"
-        return (f"{who} waited {job.failures.pg_timeout_s:g} s in a collective: another worker stopped making progress "
-                "(hung, stopped or deadlocked)")
-    return first
 
 
 def merged_history(report: WorkerReport, finished: FitSpec) -> tuple[list[dict[str, Any]], int, float]:

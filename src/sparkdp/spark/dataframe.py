@@ -27,7 +27,7 @@ from __future__ import annotations
 import copy
 import logging
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any, cast
 
@@ -189,14 +189,60 @@ def _epoch_task(spec: FitSpec, threads: int | None, pg_timeout_s: float):
 
 
 def fit_stream(spec: FitSpec, source: DataFrameSource, *, workers: int, spark, threads: int | None,
-               pg_timeout_s: float, start_timeout_s: float, max_restarts: int = 0,
-               checkpoint: CheckpointPolicy | None = None) -> WorkerReport:
-    """Train ``spec.epochs`` epochs on ``source``, one barrier stage per epoch; rank 0's merged report.
+               pg_timeout_s: float, start_timeout_s: float, restarts: Any = None,
+               checkpoint: CheckpointPolicy | None = None,
+               slots: Callable[[], int | None] = lambda: None) -> tuple[WorkerReport, int]:
+    """Train ``spec.epochs`` epochs on ``source``, one barrier stage per epoch; rank 0's merged
+    report and the workers the last epoch ran on.
 
     The driver holds the state at every epoch end, so a failed epoch stage is run again from
-    there (up to ``max_restarts`` times over the job), and ``checkpoint`` saves it to a file.
-    A spec resumed from a checkpoint (``spec.part``) starts at its epoch.
+    there as ``restarts`` (the job's ``driver.recovery.RestartPolicy``; None: never) allows, on
+    the workers it says (fewer when ``slots()`` shows task slots gone, back to ``workers`` at a
+    later epoch when they return); ``checkpoint`` saves each epoch's state to a file. A spec
+    resumed from a checkpoint (``spec.part``) starts at its epoch.
     """
+    df = _partitioned(source, workers, spec.epochs)
+    merged: WorkerReport | None = None
+    opt_state = spec.part.optimizer_state
+    template = StreamData(source.converter, source.shuffle_buffer)
+    first, last = spec.part.start_epoch, spec.last_epoch()
+    before = spec.part.history
+    spec = replace(spec, strategy=copy.deepcopy(spec.strategy))  # the caller's object is not advanced
+    fault, now = fault_from_env(), workers
+    for epoch in range(first, last + 1):
+        if now < workers:  # shrunk by an earlier failure: grow back when the slots have returned
+            now = restarts.workers(workers, slots())
+        part = StagePart(start_epoch=epoch, last_epoch=last, optimizer_state=opt_state, return_optimizer_state=True)
+        while True:
+            stage_spec = replace(spec, train=template, epochs=1, part=part, fault=fault)
+            stage_df = df if now == workers else df.repartition(now)
+            try:
+                rows = _run_stage(stage_df.mapInArrow(_epoch_task(stage_spec, threads, pg_timeout_s), _OUT_SCHEMA,
+                                                      barrier=True), spark, now, start_timeout_s, epoch)
+                break
+            except WorkerFailed as exc:
+                if restarts is None:
+                    raise
+                now = restarts.recover(exc, workers, slots(), f"the start of epoch {epoch + 1}")
+                fault = None  # an injected fault fires in the first attempt only
+        rank0 = next(r for r in rows if r["rank"] == 0)
+        report = WorkerReport.from_parts(rank0["info"], rank0["state"], rank0["optimizer_state"])
+        spec.model.load_state_dict(state_from_bytes(report.state))  # shipped with the next stage
+        opt_state = report.optimizer_state or None
+        # the next stage ships the strategy object: its schedule (e.g. the averaging period's
+        # position) continues instead of restarting every epoch
+        spec.strategy.load_state_dict(report.strategy_state)
+        merged = report if merged is None else merged.then(report)
+        if checkpoint is not None:
+            save_checkpoint(checkpoint, epoch=epoch + 1, step=0, model=state_from_bytes(report.state),
+                            optimizer=opt_state or b"", strategy_state=report.strategy_state, rng=[],
+                            history=[*before, *merged.history], workers=now)
+    assert merged is not None  # fit() checked epochs >= 1
+    return merged, now
+
+
+def _partitioned(source: DataFrameSource, workers: int, epochs: int):
+    """The DataFrame with one partition per worker, as even as a stage needs."""
     df = source.df
     partitions = df.rdd.getNumPartitions()
     if partitions != workers:
@@ -215,44 +261,10 @@ def fit_stream(spec: FitSpec, source: DataFrameSource, *, workers: int, spark, t
             log.info("the DataFrame's %d partitions are uneven (rows per partition: %s): repartitioning to %d "
                      "so no worker runs out early", workers, counts, workers)
             df = df.repartition(workers)
-    if spec.epochs > 1 and not source.cached:
+    if epochs > 1 and not source.cached:
         log.info("the DataFrame is not cached: its lineage runs again in each of the %d epochs; call "
-                 "df.cache() first to avoid that", spec.epochs)
-    merged: WorkerReport | None = None
-    opt_state = spec.part.optimizer_state
-    template = StreamData(source.converter, source.shuffle_buffer)
-    first, last = spec.part.start_epoch, spec.last_epoch()
-    before = spec.part.history
-    spec = replace(spec, strategy=copy.deepcopy(spec.strategy))  # the caller's object is not advanced
-    restarts, fault = 0, fault_from_env()
-    for epoch in range(first, last + 1):
-        part = StagePart(start_epoch=epoch, last_epoch=last, optimizer_state=opt_state, return_optimizer_state=True)
-        while True:
-            stage_spec = replace(spec, train=template, epochs=1, part=part, fault=None if restarts else fault)
-            try:
-                rows = _run_stage(df.mapInArrow(_epoch_task(stage_spec, threads, pg_timeout_s), _OUT_SCHEMA,
-                                                barrier=True), spark, workers, start_timeout_s, epoch)
-                break
-            except WorkerFailed as exc:
-                if restarts >= max_restarts:
-                    raise
-                restarts += 1
-                log.warning("sparkdp: %s -- restart %d of %d from the start of epoch %d", str(exc).splitlines()[0],
-                            restarts, max_restarts, epoch + 1)
-        rank0 = next(r for r in rows if r["rank"] == 0)
-        report = WorkerReport.from_parts(rank0["info"], rank0["state"], rank0["optimizer_state"])
-        spec.model.load_state_dict(state_from_bytes(report.state))  # shipped with the next stage
-        opt_state = report.optimizer_state or None
-        # the next stage ships the strategy object: its schedule (e.g. the averaging period's
-        # position) continues instead of restarting every epoch
-        spec.strategy.load_state_dict(report.strategy_state)
-        merged = report if merged is None else merged.then(report)
-        if checkpoint is not None:
-            save_checkpoint(checkpoint, epoch=epoch + 1, step=0, model=state_from_bytes(report.state),
-                            optimizer=opt_state or b"", strategy_state=report.strategy_state, rng=[],
-                            history=[*before, *merged.history], workers=workers)
-    assert merged is not None  # fit() checked epochs >= 1
-    return merged
+                 "df.cache() first to avoid that", epochs)
+    return df
 
 
 def _partition_rows(df) -> list[int]:

@@ -37,6 +37,8 @@ from ..errors import (
     SparkdpError,
     TrainingDiverged,
     WorkerFailed,
+    WorkerHung,
+    WorkerLost,
 )
 
 log = logging.getLogger(__name__)
@@ -202,6 +204,10 @@ def _decode_error(text: str) -> SparkdpError | None:
     cls = _REBUILDABLE.get(info["type"])
     if cls is not None:
         return cls(info["message"])
+    if info["type"] == WorkerHung.__name__:  # the worker named the stalled one: that is the whole story
+        hung = WorkerHung(info["message"])
+        hung.rank = info["rank"]
+        return hung
     err = WorkerFailed(f"worker {info['rank']} failed: {info['type']}: {info['message']}\n{info['traceback']}")
     err.rank = info["rank"]
     return err
@@ -283,12 +289,13 @@ class BarrierStage:
 
 
 def run_watched(sc, collect: Callable[[], list[Any]], num_tasks: int, *, description: str, start_timeout_s: float,
-                need_all: bool, too_slow: str) -> list[Any]:
+                need_all: bool, too_slow: str, on_task_failure: Callable[[int], None] | None = None) -> list[Any]:
     """Run ``collect()`` (a Spark action of ``num_tasks`` tasks) in a thread under its own job
     group; cancel it and raise ``RendezvousTimeout(too_slow)`` when its tasks have not started
     within ``start_timeout_s`` — all of them (``need_all``, a barrier stage) or any — the clock
     restarting whenever a task makes progress (a DataFrame's job may run ordinary stages
-    first). A task's error becomes the sparkdp error it carried."""
+    first). A task's error becomes the sparkdp error it carried. ``on_task_failure(n)`` is
+    called when the n-th task of the job has failed (and Spark retries it, if it may)."""
     group = f"sparkdp-{uuid.uuid4().hex[:12]}"
     outcome: dict[str, Any] = {}
     done = threading.Event()
@@ -304,9 +311,18 @@ def run_watched(sc, collect: Callable[[], list[Any]], num_tasks: int, *, descrip
 
     threading.Thread(target=submit, name=group, daemon=True).start()
     deadline = time.monotonic() + start_timeout_s
-    started, seen = False, -1
+    started, seen, failed = False, -1, 0
+
+    def report_failures() -> None:
+        nonlocal failed
+        if on_task_failure is not None:
+            for n in range(failed + 1, _failed_tasks(sc, group) + 1):
+                on_task_failure(n)
+                failed = n
+
     try:
         while not done.wait(0.2):
+            report_failures()
             if started:
                 continue
             progress, all_started = _task_progress(sc, group, num_tasks)
@@ -320,6 +336,7 @@ def run_watched(sc, collect: Callable[[], list[Any]], num_tasks: int, *, descrip
     except KeyboardInterrupt:  # Ctrl-C on the driver: the job's tasks stop too
         sc.cancelJobGroup(group)
         raise
+    report_failures()  # (one that failed in the last moments)
     if "error" in outcome:
         raise translate_error(outcome["error"], num_tasks, sc.master) from None
     return outcome["results"]
@@ -395,14 +412,15 @@ def task_attempt() -> int:
 
 
 def run_tasks(fn: Callable[[int], Any], num_workers: int, *, spark, description: str = "sparkdp workers",
-              start_timeout_s: float = 60.0) -> list[Any]:
+              start_timeout_s: float = 60.0, on_task_failure: Callable[[int, int], None] | None = None) -> list[Any]:
     """Run ``fn(worker_index)`` as ``num_workers`` ordinary (non-barrier) Spark tasks.
 
     Unlike a barrier stage, Spark retries a failed task on its own (up to
     ``spark.task.maxFailures``; ``local[N,F]`` in local mode), and the tasks need not
     all run at once: with fewer slots than workers they run in waves. If none of them has started
     within ``start_timeout_s`` (no executor can take one), the job is cancelled with a
-    ``RendezvousTimeout`` instead of waiting for ever.
+    ``RendezvousTimeout`` instead of waiting for ever. ``on_task_failure(n, max_failures)`` hears
+    of the n-th failed task attempt (``spark.task.maxFailures`` attempts per task are allowed).
     """
     check_int("workers", num_workers)
     sc = spark.sparkContext
@@ -418,9 +436,21 @@ def run_tasks(fn: Callable[[int], Any], num_workers: int, *, spark, description:
             raise RuntimeError(encode_error(index, exc)) from None
 
     rdd = sc.parallelize(range(num_workers), num_workers).mapPartitionsWithIndex(run_partition)
+    attempts = task_attempts_allowed(sc)
     return run_watched(sc, rdd.collect, num_workers, description=description, start_timeout_s=start_timeout_s,
                        need_all=False, too_slow=_none_started(start_timeout_s, sc.master,
-                                                              f"the {num_workers} asynchronous workers"))
+                                                              f"the {num_workers} asynchronous workers"),
+                       on_task_failure=None if on_task_failure is None else lambda n: on_task_failure(n, attempts))
+
+
+def task_attempts_allowed(sc) -> int:
+    """How many attempts Spark gives a task: ``spark.task.maxFailures``, or ``local[N,F]``'s F."""
+    match = re.match(r"local\[[^,\]]+,\s*(\d+)\]", sc.master)
+    if match:
+        return int(match.group(1))
+    if sc.master.startswith("local"):
+        return 1  # local[N] never retries
+    return int(sc.getConf().get("spark.task.maxFailures", "4"))
 
 
 def _task_progress(sc, group: str, num_workers: int) -> tuple[int, bool]:
@@ -435,6 +465,18 @@ def _task_progress(sc, group: str, num_workers: int) -> tuple[int, bool]:
                 total += stage.numActiveTasks + stage.numCompletedTasks
                 all_started = all_started or stage.numActiveTasks + stage.numCompletedTasks >= num_workers
     return total, all_started
+
+
+def _failed_tasks(sc, group: str) -> int:
+    """Task attempts of ``group`` that have failed so far."""
+    tracker = sc.statusTracker()
+    failed = 0
+    for job_id in tracker.getJobIdsForGroup(group):
+        job = tracker.getJobInfo(job_id)
+        for stage_id in job.stageIds if job else ():
+            stage = tracker.getStageInfo(stage_id)
+            failed += stage.numFailedTasks if stage else 0
+    return failed
 
 
 def too_few_slots_message(requested: int, slots: int, master: str) -> str:
@@ -462,9 +504,9 @@ def translate_error(exc: BaseException, requested: int, master: str) -> BaseExce
     missing = re.search(r"ModuleNotFoundError: No module named '([^']+)'", text)
     if missing:  # raised while the executor unpickled the task, before any sparkdp code ran there
         return EnvironmentProblem(missing_module_message(missing.group(1), who, text))
-    for pattern, what in _SPARK_FAILURES:
+    for pattern, kind, what in _SPARK_FAILURES:
         if pattern in text:
-            return WorkerFailed(f"{who} {what} (the full Spark error is logged with -v).")
+            return kind(f"{who} {what} (the full Spark error is logged with -v).")
     # Otherwise keep what Spark says, without py4j's wrapper line and the JVM stack frames.
     lines = [ln for ln in text.strip().splitlines() if ln.strip() and not ln.lstrip().startswith(("at ", "..."))
              and "An error occurred while calling" not in ln]
@@ -487,10 +529,11 @@ def missing_module_message(module: str, who: str, text: str) -> str:
 
 
 # What Spark's error text says -> one readable line (translate_error)
-_SPARK_FAILURES = (
-    ("Python worker exited unexpectedly", "died: its Python process exited unexpectedly (killed, or crashed in "
-                                          "native code)"),
-    ("OutOfMemoryError", "ran out of memory in the JVM; give executors more memory (spark.executor.memory)"),
-    ("MemoryError", "ran out of memory; use a smaller batch_size or fewer workers per machine"),
-    ("ExecutorLostFailure", "was lost with its executor (the machine or its JVM went away)"),
+_SPARK_FAILURES: tuple[tuple[str, type[WorkerFailed], str], ...] = (
+    ("Python worker exited unexpectedly", WorkerLost, "died: its Python process exited unexpectedly (killed, or "
+                                                      "crashed in native code)"),
+    ("OutOfMemoryError", WorkerFailed, "ran out of memory in the JVM; give executors more memory "
+                                       "(spark.executor.memory)"),
+    ("MemoryError", WorkerFailed, "ran out of memory; use a smaller batch_size or fewer workers per machine"),
+    ("ExecutorLostFailure", WorkerLost, "was lost with its executor (the machine or its JVM went away)"),
 )

@@ -10,7 +10,6 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from ..data.base import WorkerData
 from ..data.tensors import TensorData, as_worker_data
-from ..strategies.base import Launcher
 from .context import WorkerContext, current
 
 
@@ -69,7 +68,7 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
         out.append(returned_opt)
     if data is not None:
         loader = _shard_loader(data, ctx, batch_size, shuffle)
-        if strategy.launcher is Launcher.TASKS:  # pushes say how many rows they stand for (server metrics)
+        if ctx.collective.independent:  # pushes say how many rows they stand for (server metrics)
             strategy.add_samples(loader.batch_size or 1)
         if ctx.probe is not None and ctx.probe.active:  # live monitoring counts the user's loop's steps
             ctx.probe.count_steps(optimizer, loader.batch_size or 1, strategy.comm_stats)

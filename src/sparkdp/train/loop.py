@@ -14,12 +14,12 @@ import torch
 from torch import nn
 
 from .. import state as state_io
-from ..comm.base import Collective
+from ..comm.base import Collective, is_collective_timeout
 from ..data.base import WorkerData
 from ..data.prefetch import DEFAULT_DEPTH, prefetch
 from ..errors import ConfigError, DataError, TrainingDiverged, WorkerHung
 from ..monitor.probe import MonitorLink, open_probe
-from ..strategies.base import Launcher, Strategy
+from ..strategies.base import Strategy
 from .checkpoint import CheckpointPolicy, save_checkpoint
 from .faults import Fault
 from .layout import batch_layout, set_layout, use_channels_last
@@ -207,7 +207,7 @@ def fit_worker(spec: FitSpec, collective: Collective) -> WorkerReport | None:
     try:
         return _fit_worker(spec, collective, probe)
     except RuntimeError as exc:
-        if spec.strategy.launcher is not Launcher.BARRIER or "timed out" not in str(exc).lower():
+        if collective.independent or not is_collective_timeout(exc):
             raise
         raise WorkerHung(_who_stalled(collective)) from exc
     finally:
@@ -226,7 +226,7 @@ def _fit_worker(spec: FitSpec, collective: Collective, probe: Any) -> WorkerRepo
     What differs between strategies happens in their hooks: ``setup`` (DDP wrap, averaging
     hook, parameter-server connection), the optimizer-step hook, ``end_epoch``, ``finish``
     and ``evaluation``. In a barrier stage rank 0 returns the report (the others None); an
-    asynchronous worker (``Launcher.TASKS``) returns its own, without the model state,
+    asynchronous worker (an independent collective) returns its own, without the model state,
     which the driver takes from the parameter server.
     """
     wall_start = time.time()
@@ -254,7 +254,7 @@ def _fit_worker(spec: FitSpec, collective: Collective, probe: Any) -> WorkerRepo
     history: list[dict[str, float]] = []
     train_time = 0.0
     total_samples = 0
-    policy = spec.checkpoint if strategy.launcher is Launcher.BARRIER else None
+    policy = spec.checkpoint if not collective.independent else None
     saver = _Saver(policy, spec, strategy, optimizer, scheduler, collective) if policy is not None else None
     steps_done = 0
     steps_per_epoch = spec.steps_per_epoch(world)
@@ -323,7 +323,7 @@ def _fit_worker(spec: FitSpec, collective: Collective, probe: Any) -> WorkerRepo
     if weights_nhwc:  # what leaves the worker is in the default layout
         set_layout(model, False)
     counters = _sum_counters(spec.train, collective)
-    independent = strategy.launcher is Launcher.TASKS
+    independent = collective.independent
     if rank != 0 and not independent:
         return None
     return WorkerReport(state=b"" if independent else state_to_bytes(strategy.unwrap().state_dict()),

@@ -24,7 +24,6 @@ from typing import Any
 import torch.distributed as dist
 
 from ..errors import ConfigError
-from ..strategies.base import Launcher
 from .context import current
 
 
@@ -72,7 +71,7 @@ def _ready_process_group(calls: list[str]):
 
     def init_once(*args: Any, **kwargs: Any) -> None:
         calls.append("init_process_group")
-        if current().strategy.launcher is Launcher.TASKS:
+        if current().collective.independent:
             raise ConfigError(f"the script sets up torch.distributed itself (init_process_group), but the job's "
                               f"strategy {current().strategy.name!r} is asynchronous: its workers share no process "
                               "group. Launch it with --strategy allreduce or average, or use the one line "

@@ -1,0 +1,180 @@
+"""How a job's workers run on Spark: one :class:`JobRunner` per launch kind, chosen once.
+
+* :class:`BarrierRunner`: a synchronous job on in-memory or Parquet data: one barrier stage
+  whose workers share a ``torch.distributed`` process group, restarted from checkpoints.
+* :class:`StreamRunner`: a synchronous job on a streamed Spark DataFrame: a barrier
+  ``mapInArrow`` stage per epoch; the driver holds the state between epochs.
+* :class:`TaskRunner`: an asynchronous job: ordinary Spark tasks (which Spark retries) around a
+  parameter server on the driver.
+
+Every runner recovers under the one :class:`~sparkdp.driver.recovery.RestartPolicy` the job's
+``FailureConfig`` describes, and reports each failure and recovery in one log line.
+:func:`runner_for` is the one place a strategy's ``Launcher`` is read.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Protocol, cast
+
+from ..config import JobConfig
+from ..errors import ConfigError
+from ..strategies.async_ps import AsyncParameterServer
+from ..strategies.base import Launcher, Strategy
+from ..train.checkpoint import lineage_of
+from ..train.jobs import in_task
+from ..train.loop import FitSpec, fit_worker
+from ..train.report import WorkerReport
+from ..train.result import TrainResult
+from ..train.serialize import state_from_bytes
+from .recovery import (
+    RestartPolicy,
+    checkpoint_policy,
+    merged_history,
+    refuse_foreign_checkpoints,
+    resume_point,
+    resumed,
+    run_with_restarts,
+)
+
+log = logging.getLogger(__name__)
+
+
+class JobRunner(Protocol):
+    """Runs a job's workers on Spark and recovers from their failures."""
+
+    #: what the progress line calls the workers
+    kind: str
+
+    def fit(self, spec: FitSpec, job: JobConfig, workers: int, spark: Any, hub: Any, started: float) -> TrainResult:
+        """Train ``spec`` (``spec.model`` ends up trained) and return the job's result."""
+        ...
+
+    def call(self, body: Callable[[Any, Strategy], Any], strategy: Strategy, job: JobConfig, workers: int,
+             spark: Any, hub: Any, description: str) -> Any:
+        """Run ``body(collective, strategy)`` on every worker (``sparkdp.run``); rank 0's result."""
+        ...
+
+
+def runner_for(strategy: Strategy, streamed: bool) -> JobRunner:
+    """The runner for ``strategy``'s launch kind, on streamed DataFrame data or not."""
+    if strategy.launcher is Launcher.TASKS:
+        if streamed:
+            raise ConfigError(f"the asynchronous strategy {strategy.name!r} reads in-memory data or Parquet "
+                              "files; a DataFrame that is not a plain Parquet scan is supported by the synchronous "
+                              "strategies. Write it to Parquet and pass the path.")
+        return TaskRunner()
+    return StreamRunner() if streamed else BarrierRunner()
+
+
+def _resume(spec: FitSpec, job: JobConfig) -> tuple[FitSpec, str | None]:
+    """``spec`` continued from ``job``'s resume point, if any, and the job's identity (a resumed
+    job keeps its checkpoints'); another job's checkpoints in the directory are refused."""
+    start = resume_point(job)
+    lineage = lineage_of(start) if start is not None else None
+    refuse_foreign_checkpoints(job, lineage)
+    if start is not None:
+        log.info("resuming from %s", start.path)
+        spec = resumed(spec, start)
+    return spec, lineage
+
+
+class BarrierRunner:
+    """One barrier stage (in-memory or Parquet data), resumed and restarted from checkpoints."""
+
+    kind = "Spark workers"
+
+    def fit(self, spec: FitSpec, job: JobConfig, workers: int, spark: Any, hub: Any, started: float) -> TrainResult:
+        from ..spark.launcher import available_slots, on_driver_machine, run_barrier
+
+        spec, lineage = _resume(spec, job)
+
+        def run_stage(attempt: FitSpec, n: int) -> WorkerReport:
+            task = in_task(lambda coll: fit_worker(attempt, coll), threads=job.scaling.threads,
+                           pg_timeout_s=job.failures.pg_timeout_s)
+            first, last = attempt.part.start_epoch + 1, attempt.last_epoch() + 1
+            description = f"sparkdp {attempt.strategy.name} on {n} workers: epochs {first}-{last} of {last}"
+            return run_barrier(task, n, spark=spark, start_timeout_s=job.failures.start_timeout_s,
+                               description=description)[0]
+
+        with checkpoint_policy(job, temporary_ok=on_driver_machine(spark.sparkContext), job_id=lineage) as policy:
+            report, finished, ran_on = run_with_restarts(spec, RestartPolicy.of(job), policy, run_stage, workers,
+                                                         slots=lambda: available_slots(spark.sparkContext))
+        return trained(report, finished, ran_on, spec.epochs, started)
+
+    def call(self, body: Callable[[Any, Strategy], Any], strategy: Strategy, job: JobConfig, workers: int,
+             spark: Any, hub: Any, description: str) -> Any:
+        from ..spark.launcher import run_barrier
+
+        task = in_task(lambda collective: body(collective, strategy), threads=job.scaling.threads,
+                       pg_timeout_s=job.failures.pg_timeout_s)
+        return run_barrier(task, workers, spark=spark, start_timeout_s=job.failures.start_timeout_s,
+                           description=description)[0]
+
+
+class StreamRunner:
+    """A streamed DataFrame: one barrier stage per epoch; the driver reruns a failed epoch itself."""
+
+    kind = "Spark workers"
+
+    def fit(self, spec: FitSpec, job: JobConfig, workers: int, spark: Any, hub: Any, started: float) -> TrainResult:
+        from ..spark.dataframe import DataFrameSource, fit_stream
+        from ..spark.launcher import available_slots
+
+        spec, lineage = _resume(spec, job)
+        # the driver holds every epoch's state anyway: no temporary directory is needed
+        with checkpoint_policy(job, temporary_ok=False, job_id=lineage) as policy:
+            source = cast(DataFrameSource, spec.train)  # a streamed DataFrame's spec carries its source on the driver
+            report, ran_on = fit_stream(spec, source, workers=workers, spark=spark, threads=job.scaling.threads,
+                                        pg_timeout_s=job.failures.pg_timeout_s,
+                                        start_timeout_s=job.failures.start_timeout_s,
+                                        restarts=RestartPolicy.of(job), checkpoint=policy,
+                                        slots=lambda: available_slots(spark.sparkContext))
+        return trained(report, spec, ran_on, spec.epochs, started)
+
+    def call(self, body: Callable[[Any, Strategy], Any], strategy: Strategy, job: JobConfig, workers: int,
+             spark: Any, hub: Any, description: str) -> Any:
+        raise ConfigError("a streamed DataFrame is training data for sparkdp.fit; sparkdp.run calls your own loop.")
+
+
+class TaskRunner:
+    """Ordinary Spark tasks around a parameter server on the driver; Spark retries a failed task,
+    which pulls the current centre and continues its sequence numbers."""
+
+    kind = "asynchronous Spark workers"
+
+    def fit(self, spec: FitSpec, job: JobConfig, workers: int, spark: Any, hub: Any, started: float) -> TrainResult:
+        from .async_job import fit_async
+
+        refuse_foreign_checkpoints(job)
+        return fit_async(spec, job, workers=workers, spark=spark, started=started, hub=hub)
+
+    def call(self, body: Callable[[Any, Strategy], Any], strategy: Strategy, job: JobConfig, workers: int,
+             spark: Any, hub: Any, description: str) -> Any:
+        from .async_job import run_async
+
+        return run_async(lambda _w, collective, shipped: body(collective, shipped),
+                         cast(AsyncParameterServer, strategy),  # a Launcher.TASKS strategy
+                         workers=workers, spark=spark, threads=job.scaling.threads, description=description,
+                         hub=hub, start_timeout_s=job.failures.start_timeout_s)[0]
+
+
+def trained(report: WorkerReport, finished: FitSpec, workers: int, epochs: int, started: float) -> TrainResult:
+    """A synchronous job's result: rank 0's report of the stage that finished, earlier stages' history first."""
+    dropped = report.data_counters.get("dropped_null_rows", 0)
+    if dropped:
+        log.warning("dropped %d row(s) with null features or labels (drop_nulls=True), counted over all epochs",
+                    dropped)
+    finished.model.load_state_dict(state_from_bytes(report.state))
+    history, samples, train_time = merged_history(report, finished)
+    return TrainResult(model=finished.model, history=history, strategy=finished.strategy.name, workers=workers,
+                       epochs=epochs, wall_s=time.perf_counter() - started, train_time_s=train_time,
+                       samples=samples, strategy_options=report.strategy_options,
+                       details={"strategy_state": report.strategy_state,
+                                # rank 0's communication figures; a synchronous strategy's are every rank's
+                                "comm": dict(report.strategy_metrics)})
+
+
+__all__ = ["BarrierRunner", "JobRunner", "StreamRunner", "TaskRunner", "runner_for", "trained"]

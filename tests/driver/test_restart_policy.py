@@ -1,0 +1,60 @@
+"""The one restart policy every runner uses, and the typed errors it reads (no Spark needed)."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+
+from sparkdp.config import JobConfig
+from sparkdp.driver.recovery import RestartPolicy
+from sparkdp.errors import WorkerFailed, WorkerHung, WorkerLost
+from sparkdp.spark.launcher import _decode_error, encode_error, task_attempts_allowed, translate_error
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_each_failure_is_one_line_and_the_policy_shrinks_and_grows_the_job(caplog):
+    policy = RestartPolicy.of(JobConfig.of(max_restarts=2, min_workers=2, pg_timeout_s=15))
+    with caplog.at_level(logging.WARNING, logger="sparkdp"):
+        assert policy.recover(WorkerLost("worker 3 died"), 4, 3, "epoch 2, step 10") == 3
+        assert policy.recover(WorkerHung("worker 1 stopped making progress"), 4, 1, "the start of epoch 3") == 2
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["sparkdp: worker 3 died -- restart 1 of 2 from epoch 2, step 10 on 3 of 4 workers (task slots gone)",
+                     "sparkdp: worker 1 stopped making progress (after 15 s) -- restart 2 of 2 from the start of "
+                     "epoch 3 on 2 of 4 workers (task slots gone)"]
+    assert policy.workers(4, 4) == 4 and policy.workers(4, None) == 4  # the slots returned, or unknown
+    with pytest.raises(WorkerFailed, match=r"failed 3 times, more than max_restarts=2 allows \(1: worker 3 died; "
+                                           r"2: worker 1 stopped .*; 3: boom\)"):
+        policy.recover(WorkerFailed("boom"), 4, 4, "x")
+
+
+def test_without_min_workers_or_restarts_the_job_keeps_its_size_or_fails_with_the_cause():
+    policy = RestartPolicy.of(JobConfig.of(max_restarts=0))
+    assert policy.workers(4, 1) == 4  # no min_workers: wait for all of them
+    lost = WorkerLost("worker 0 died")
+    with pytest.raises(WorkerLost) as info:
+        policy.recover(lost, 4, 4, "x")
+    assert info.value is lost
+
+
+def test_a_hung_worker_reaches_the_driver_typed_and_a_killed_one_as_lost():
+    text = encode_error(0, WorkerHung("worker 1 stopped making progress; worker 0 timed out waiting for it"))
+    hung = _decode_error(f"org.apache.spark.api.python.PythonException: RuntimeError: {text}")
+    assert isinstance(hung, WorkerHung) and hung.rank == 0
+    assert str(hung) == "worker 1 stopped making progress; worker 0 timed out waiting for it"
+    other = _decode_error(encode_error(2, ValueError("bad row")))
+    assert type(other) is WorkerFailed and other.rank == 2
+    killed = translate_error(RuntimeError("Task 1 in stage 3.0 failed: Python worker exited unexpectedly (crashed)"),
+                             2, "local[2]")
+    assert isinstance(killed, WorkerLost) and str(killed).startswith("worker 1 died")
+
+
+@pytest.mark.parametrize(("master", "conf", "attempts"), [
+    ("local[2,4]", {}, 4), ("local[*, 3]", {}, 3), ("local[2]", {}, 1),
+    ("spark://h:7077", {}, 4), ("spark://h:7077", {"spark.task.maxFailures": "8"}, 8),
+])
+def test_the_attempts_spark_gives_an_asynchronous_task(master, conf, attempts):
+    sc = SimpleNamespace(master=master, getConf=lambda: SimpleNamespace(get=lambda key, default: conf.get(key, default)))
+    assert task_attempts_allowed(sc) == attempts

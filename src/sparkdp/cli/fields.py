@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..config import field_docs
+from ..config import GROUPS, field_docs
 from ..errors import ConfigError
 
 
@@ -96,6 +96,26 @@ def add_settings(parser: Any, cls: type, *, only: Iterable[str] | None = None, t
             kind = meta.get("parse") or (f.kind if f.kind in (int, float) else str)
             group.add_argument(*names, dest=f.name, type=kind, default=None, choices=meta.get("choices"),
                                metavar=meta.get("metavar"), action=meta.get("action"), help=f.help + shown)
+
+
+def add_job_settings(parser: argparse.ArgumentParser, classes: tuple[tuple[type, Any], ...], run: Any) -> None:
+    """A command's settings flags, ``--config JOB.yaml`` and ``--print-config``; ``run(args)`` runs it.
+
+    ``classes`` are (settings class, the fields taken or None for all); ``sparkdp.cli.main``
+    reads a job file into the flags' defaults and answers ``--print-config``."""
+    for cls, only in classes:
+        add_settings(parser, cls, only=only)
+    parser.add_argument("--config", metavar="JOB.yaml", help="read settings from a YAML job file (flags override "
+                                                             "it); its keys are the settings' names, e.g. batch_size: 64")
+    parser.add_argument("--print-config", action="store_true", help="print the effective settings as YAML (a job "
+                                                                    "file) and exit")
+    parser.set_defaults(func=run, settings=classes, parser=parser)
+
+
+def job_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The job settings (``sparkdp.config``'s groups) a command's flags and job file set, by name."""
+    return {name: value for cls, only in args.settings if cls in GROUPS.values()
+            for name, value in given(args, cls, only=only).items()}
 
 
 def given(args: argparse.Namespace, cls: type, *, only: Iterable[str] | None = None) -> dict[str, Any]:

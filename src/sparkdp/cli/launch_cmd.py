@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..config import GROUPS, RUN_SETTINGS, JobConfig, group_of
-from .fields import add_settings, given
+from .fields import add_job_settings, job_settings
 
 
 def settings_classes() -> tuple[tuple[type, list[str]], ...]:
@@ -21,13 +21,9 @@ def add_parser(sub) -> None:
                                    "single-machine one needs the one line sparkdp.distribute(model, optimizer, "
                                    "loader), and then also trains asynchronously (--strategy hogwild, asgd...). "
                                    "With --quiet the workers' output stays in the executors' logs.")
-    classes = settings_classes()
-    for cls, only in classes:
-        add_settings(p, cls, only=only)
-    p.add_argument("--config", metavar="JOB.yaml", help="read settings from a YAML job file (flags override it)")
+    add_job_settings(p, settings_classes(), run)
     p.add_argument("script", help="the training script")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="-- then the script's own arguments")
-    p.set_defaults(func=run, settings=classes, parser=p)
 
 
 def run(args) -> int:
@@ -36,7 +32,7 @@ def run(args) -> int:
     script_args = list(args.script_args)
     if script_args[:1] == ["--"]:
         script_args = script_args[1:]
-    settings = {name: value for cls, only in args.settings for name, value in given(args, cls, only=only).items()}
+    settings = job_settings(args)
     job = JobConfig.of(settings, allowed=RUN_SETTINGS, caller="sparkdp launch")
     spark = sparkdp.session(job.scaling.master, log_level="OFF" if not getattr(args, "verbose", 0) else "WARN")
     sparkdp.launch(args.script, *script_args, spark=spark, **settings)

@@ -40,6 +40,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             args.parser.set_defaults(**load_job_file(args.config, args.settings))
             args = parser.parse_args(argv)
+        if getattr(args, "print_config", False):
+            from .fields import effective_config
+
+            print(effective_config(args, args.settings), end="")
+            return 0
         return int(args.func(args) or 0)
     except SparkdpError as exc:
         print(f"sparkdp: error: {exc}", file=sys.stderr)

@@ -11,7 +11,7 @@ from typing import Any
 from ..config import GROUPS, JobConfig, setting
 from ..errors import ConfigError
 from .caffe_cmd import CaffeOptions
-from .fields import add_settings, given
+from .fields import add_job_settings, given, job_settings
 
 
 @dataclass(frozen=True)
@@ -54,13 +54,7 @@ def add_parser(sub) -> None:
                                    "optionally test_data, optimizer, loss_fn (see `sparkdp.cli.script`). Every "
                                    "flag is also a job-file key (--batch-size: batch_size) and a keyword of "
                                    "sparkdp.fit.")
-    classes = settings_classes()
-    for cls, only in classes:
-        add_settings(p, cls, only=only)
-    p.add_argument("--config", metavar="JOB.yaml", help="read settings from a YAML job file (flags override it); "
-                                                        "its keys are these flags' names, e.g. batch_size: 64")
-    p.add_argument("--print-config", action="store_true", help="print the effective configuration as YAML and exit")
-    p.set_defaults(func=run, settings=classes, parser=p)  # main() re-parses with a job file's values as defaults
+    add_job_settings(p, settings_classes(), run)
 
 
 def optimizer_choice(args, script_optimizer: object = None) -> tuple[object, dict]:
@@ -82,11 +76,6 @@ def optimizer_choice(args, script_optimizer: object = None) -> tuple[object, dic
 
 def run(args) -> int:
     started = time.perf_counter()
-    if args.print_config:
-        from .fields import effective_config
-
-        print(effective_config(args, args.settings), end="")
-        return 0
     import torch
 
     import sparkdp
@@ -94,8 +83,7 @@ def run(args) -> int:
     from ..data.datasets import dataset_tensors, load_dataset
     from ..models import build_model
 
-    settings = {name: value for cls, only in args.settings if cls in GROUPS.values()
-                for name, value in given(args, cls, only=only).items()}
+    settings = job_settings(args)
     columns = {name: settings.pop(name) for name in list(settings) if name in given(args, GROUPS["columns"])}
     job = JobConfig.of(settings)
     caffe_run = bool(args.caffe_net or args.caffe_solver or args.caffe_weights)

@@ -173,3 +173,23 @@ def test_credentials_in_urls_never_reach_the_run_log_or_mlflow(tmp_path):
         assert secret not in logged and secret not in params, secret
     assert "s3://***@bucket/ckpt" in logged and "spark://***@host:7077" in params and '"epochs": "3"' in params
     assert '"type": "failed"' in logged and "cannot write checkpoints to 's3://***@bucket/ckpt'" in logged
+
+
+def test_the_per_worker_summary_counts_every_attempt_and_the_failed_ones_apart(capsys):
+    """A worker whose counters start again was restarted by recovery: the table at the end
+    shows the whole job's steps and samples, and what the failed attempt did as its own column."""
+    def metrics(steps: int, at: float) -> dict:
+        return {"type": "metrics", "time": at, "steps": steps, "samples": 32 * steps, "data_s": 0.0,
+                "compute_s": float(steps), "comm_s": 0.0, "net_sent": 0, "net_recv": 0, "loss_sum": 0.0}
+
+    with MonitorHub(world_size=2, config={}, display=True, title="job") as hub:
+        hub.display.stream = __import__("sys").stdout
+        for steps, at in ((10, 1.0), (30, 2.0), (5, 3.0), (40, 4.0)):  # killed after 30, then redone from 0
+            hub._on_report(1, metrics(steps, at))
+        hub._on_report(0, metrics(70, 4.0))
+        whole = hub.whole_job()
+    assert (whole[1]["steps"], whole[1]["samples"], whole[1]["failed_steps"]) == (70, 70 * 32, 30)
+    assert (whole[0]["steps"], whole[0]["failed_steps"]) == (70, 0)
+    table = capsys.readouterr().out
+    rows = {line.split()[0]: line.split() for line in table.splitlines() if line.split()[:1] in (["0"], ["1"])}
+    assert "failed" in table and rows["1"][1:4] == ["70", "2,240", "30"] and rows["0"][3] == "0", table

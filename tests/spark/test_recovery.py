@@ -48,6 +48,9 @@ def test_killed_worker_restarts_from_the_latest_checkpoint(spark, fashion, unint
     restarts = [r.getMessage() for r in caplog.records if "restart" in r.getMessage()]
     assert len(restarts) == 1
     assert "worker 1 died" in restarts[0] and "restart 1 of 3 from epoch 1, step 20" in restarts[0]
+    [failure] = result.details["restarts"]  # the whole job's account: the failure and its attempt's time
+    assert failure["restart_from"] == "epoch 1, step 20" and failure["workers"] == 2 and failure["attempt_s"] > 0
+    assert result.summary()["restarts"] == 1 and result.summary()["failed_attempts_s"] == failure["attempt_s"]
     _same_weights(uninterrupted, result)  # NCHW, same seed: the same trajectory, bit for bit
     assert abs(result.test_accuracy - uninterrupted.test_accuracy) <= 0.005
     assert [h["epoch"] for h in result.history] == [1, 2]

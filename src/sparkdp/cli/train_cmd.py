@@ -154,13 +154,18 @@ def run(args) -> int:
         final = result.history[-1]
         print("final: loss {loss:.4f}".format(**final)
               + (f"  test_accuracy {final['test_accuracy']:.4f}" if "test_accuracy" in final else ""))
+    whole = result.summary()
     summary = {"strategy": result.strategy, "workers": result.workers, "epochs": result.epochs,
                "test_accuracy": result.test_accuracy, "wall_s": time.perf_counter() - started,
                "samples_per_s": result.samples_per_s, "model_path": model_path,
-               "train_time_s": result.train_time_s, "history": result.history, **result.details}
+               "train_time_s": result.train_time_s, "history": result.history,
+               "restarts": whole["restarts"], "failed_attempts_s": whole["failed_attempts_s"], **result.details}
     if not quiet:
-        print(f"{result.samples_per_s:,.0f} samples/s over {result.train_time_s:.1f} s of training; "
-              f"{summary['wall_s']:.1f} s in all" + (f"; model saved to {model_path}" if model_path else ""))
+        failures = (f"; {whole['restarts']} restart(s) after failures, whose attempts ran "
+                    f"{whole['failed_attempts_s']:.1f} s (their work after the checkpoint resumed from was redone)"
+                    if whole["restarts"] else "")
+        print(f"{result.samples_per_s:,.0f} samples/s over {result.train_time_s:.1f} s of training (the work kept); "
+              f"{summary['wall_s']:.1f} s in all" + failures + (f"; model saved to {model_path}" if model_path else ""))
     if args.json_out:
         from ..files import atomic_write
 

@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -148,7 +149,9 @@ class RestartPolicy:
     max_restarts: int
     min_workers: int | None = None
     pg_timeout_s: float = 60.0
-    causes: list[str] = field(default_factory=list)
+    #: one record per failure: its cause, where the job continued from, on how many workers, and
+    #: how long the failed attempt had run (its work after the checkpoint resumed from was redone)
+    failures: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def of(cls, job: JobConfig) -> RestartPolicy:
@@ -162,20 +165,22 @@ class RestartPolicy:
         return max(self.min_workers, slots)
 
     def recover(self, exc: WorkerFailed, requested: int, slots: int | None, where: str,
-                can_restart: bool = True) -> int:
-        """After ``exc``: the workers to continue on, with the one log line; raises when the
-        failures are more than ``max_restarts`` (or ``can_restart`` is False)."""
+                can_restart: bool = True, attempt_s: float = 0.0) -> int:
+        """After ``exc`` (in an attempt that ran ``attempt_s`` seconds): the workers to continue
+        on, with the one log line; raises when the failures are more than ``max_restarts`` (or
+        ``can_restart`` is False)."""
         cause = self.cause(exc)
-        self.causes.append(cause)
-        if not can_restart or len(self.causes) > self.max_restarts:
-            if len(self.causes) == 1:
+        self.failures.append({"cause": cause, "restart_from": where, "attempt_s": attempt_s})
+        if not can_restart or len(self.failures) > self.max_restarts:
+            if len(self.failures) == 1:
                 raise exc
-            listed = "; ".join(f"{i + 1}: {c}" for i, c in enumerate(self.causes))
-            raise WorkerFailed(f"the job failed {len(self.causes)} times, more than max_restarts="
+            listed = "; ".join(f"{i + 1}: {f['cause']}" for i, f in enumerate(self.failures))
+            raise WorkerFailed(f"the job failed {len(self.failures)} times, more than max_restarts="
                                f"{self.max_restarts} allows ({listed}). Fix the cause, or raise "
                                "max_restarts.") from exc
         now = self.workers(requested, slots)
-        log.warning("sparkdp: %s -- restart %d of %d from %s%s", cause, len(self.causes), self.max_restarts, where,
+        self.failures[-1]["workers"] = now
+        log.warning("sparkdp: %s -- restart %d of %d from %s%s", cause, len(self.failures), self.max_restarts, where,
                     f" on {now} of {requested} workers (task slots gone)" if now < requested else "")
         return now
 
@@ -199,6 +204,7 @@ def run_with_restarts(spec: FitSpec, restarts: RestartPolicy, policy: Checkpoint
     fault = fault_from_env()
     attempt, now = replace(spec, checkpoint=policy, fault=fault), workers
     while True:
+        began = time.perf_counter()
         try:
             return run_stage(attempt, now), attempt, now
         except TrainingDiverged as exc:
@@ -207,7 +213,8 @@ def run_with_restarts(spec: FitSpec, restarts: RestartPolicy, policy: Checkpoint
                                    f"{last.path if last is not None else 'none'}.") from None
         except WorkerFailed as exc:
             latest = latest_checkpoint(policy.directory, policy.job_id) if policy is not None else None
-            now = restarts.recover(exc, workers, slots(), _where(latest), can_restart=policy is not None)
+            now = restarts.recover(exc, workers, slots(), _where(latest), can_restart=policy is not None,
+                                   attempt_s=time.perf_counter() - began)
             attempt = replace(resumed(spec, latest, now) if latest is not None else spec, checkpoint=policy, fault=None)
 
 

@@ -99,10 +99,11 @@ class BarrierRunner:
             return run_barrier(task, n, spark=spark, start_timeout_s=job.failures.start_timeout_s,
                                description=description)[0]
 
+        restarts = RestartPolicy.of(job)
         with checkpoint_policy(job, temporary_ok=on_driver_machine(spark.sparkContext), job_id=lineage) as policy:
-            report, finished, ran_on = run_with_restarts(spec, RestartPolicy.of(job), policy, run_stage, workers,
+            report, finished, ran_on = run_with_restarts(spec, restarts, policy, run_stage, workers,
                                                          slots=lambda: available_slots(spark.sparkContext))
-        return trained(report, finished, ran_on, spec.epochs, started)
+        return trained(report, finished, ran_on, spec.epochs, started, restarts)
 
     def call(self, body: Callable[[Any, Strategy], Any], strategy: Strategy, job: JobConfig, workers: int,
              spark: Any, hub: Any, description: str) -> Any:
@@ -125,14 +126,15 @@ class StreamRunner:
 
         spec, lineage = _resume(spec, job)
         # the driver holds every epoch's state anyway: no temporary directory is needed
+        restarts = RestartPolicy.of(job)
         with checkpoint_policy(job, temporary_ok=False, job_id=lineage) as policy:
             source = cast(DataFrameSource, spec.train)  # a streamed DataFrame's spec carries its source on the driver
             report, ran_on = fit_stream(spec, source, workers=workers, spark=spark, threads=job.scaling.threads,
                                         pg_timeout_s=job.failures.pg_timeout_s,
                                         start_timeout_s=job.failures.start_timeout_s,
-                                        restarts=RestartPolicy.of(job), checkpoint=policy,
+                                        restarts=restarts, checkpoint=policy,
                                         slots=lambda: available_slots(spark.sparkContext))
-        return trained(report, spec, ran_on, spec.epochs, started)
+        return trained(report, spec, ran_on, spec.epochs, started, restarts)
 
     def call(self, body: Callable[[Any, Strategy], Any], strategy: Strategy, job: JobConfig, workers: int,
              spark: Any, hub: Any, description: str) -> Any:
@@ -161,8 +163,10 @@ class TaskRunner:
                          hub=hub, start_timeout_s=job.failures.start_timeout_s)[0]
 
 
-def trained(report: WorkerReport, finished: FitSpec, workers: int, epochs: int, started: float) -> TrainResult:
-    """A synchronous job's result: rank 0's report of the stage that finished, earlier stages' history first."""
+def trained(report: WorkerReport, finished: FitSpec, workers: int, epochs: int, started: float,
+            restarts: RestartPolicy) -> TrainResult:
+    """A synchronous job's result: rank 0's report of the stage that finished, earlier stages'
+    history first, and the failures recovered on the way."""
     dropped = report.data_counters.get("dropped_null_rows", 0)
     if dropped:
         log.warning("dropped %d row(s) with null features or labels (drop_nulls=True), counted over all epochs",
@@ -174,7 +178,8 @@ def trained(report: WorkerReport, finished: FitSpec, workers: int, epochs: int, 
                        samples=samples, strategy_options=report.strategy_options,
                        details={"strategy_state": report.strategy_state,
                                 # rank 0's communication figures; a synchronous strategy's are every rank's
-                                "comm": dict(report.strategy_metrics)})
+                                "comm": dict(report.strategy_metrics),
+                                "restarts": list(restarts.failures)})
 
 
 __all__ = ["BarrierRunner", "JobRunner", "StreamRunner", "TaskRunner", "runner_for", "trained"]

@@ -162,16 +162,19 @@ class Display:
         return table
 
     def summary_table(self, latest: dict[int, dict[str, Any]]):
-        """Per worker over the whole job: rows, time split, memory."""
+        """Per worker over the whole job (every attempt): steps, rows, time split, memory."""
         from rich.table import Table
 
         table = Table(title=f"{self.title}: per worker", box=None, pad_edge=False)
-        for name in ("worker", "host", "steps", "samples", "data", "compute", "comm", "RSS MB", "MB sent"):
+        redone = any(r.get("failed_steps") for r in latest.values())  # some attempt failed and was recovered
+        for name in ("worker", "host", "steps", "samples", *(("steps in failed attempts",) if redone else ()),
+                     "data", "compute", "comm", "RSS MB", "MB sent"):
             table.add_column(name, justify="right")
         for rank in sorted(latest):
             r = latest[rank]
             spent = sum(r.get(k, 0.0) for k in ("data_s", "compute_s", "comm_s")) or 1e-9
+            failed = (f"{r.get('failed_steps', 0):,}",) if redone else ()
             table.add_row(str(rank), str(r.get("host", "")), f"{r.get('steps', 0):,}", f"{r.get('samples', 0):,}",
-                          *(f"{100 * r.get(k, 0.0) / spent:.0f}%" for k in ("data_s", "compute_s", "comm_s")),
+                          *failed, *(f"{100 * r.get(k, 0.0) / spent:.0f}%" for k in ("data_s", "compute_s", "comm_s")),
                           f"{r.get('rss_bytes', 0) / 2**20:,.0f}", f"{r.get('bytes_sent', 0) / 1e6:,.1f}")
         return table

@@ -74,6 +74,8 @@ class MonitorHub:
         self.server_metrics: Callable[[], dict[str, Any]] | None = None
         self.started = time.time()
         self.latest: dict[int, dict[str, Any]] = {}
+        #: per worker, the steps and samples of its attempts that failed (recovery redid that work)
+        self.failed_attempts: dict[int, dict[str, int]] = {}
         self.epochs: list[dict[str, Any]] = []
         self.detector = StragglerDetector(world_size)
         self._lock = threading.Lock()
@@ -123,7 +125,7 @@ class MonitorHub:
             self._lines.clear()
             if failed:
                 self._emit({"type": "failed", "time": time.time(), "error": error})
-            self.display.stop(self.latest, self.epochs)
+            self.display.stop(self.whole_job(), self.epochs)
             for sink in self.sinks:
                 try:
                     sink.close()
@@ -163,7 +165,11 @@ class MonitorHub:
         rank = record["rank"]
         before = self.latest.get(rank)
         if before is not None and record.get("steps", 0) < before.get("steps", 0):
-            before = None  # the worker restarted (recovery): its counters began again
+            # the worker restarted (recovery): its counters began again; the ended attempt's stay counted
+            ended = self.failed_attempts.setdefault(rank, {"steps": 0, "samples": 0})
+            ended["steps"] += before.get("steps", 0)
+            ended["samples"] += before.get("samples", 0)
+            before = None
         if before is not None and record.get("steps") == before.get("steps"):
             # no step since (a worker's last record, or one evaluating): keep the rates it had
             record.update({k: before[k] for k in _RATES if k in before})
@@ -188,6 +194,17 @@ class MonitorHub:
         if rank == min(self.latest):
             self._emit(self._job_record())
         self.display.update(self.latest, self.detector.scores)
+
+    def whole_job(self) -> dict[int, dict[str, Any]]:
+        """Every worker's last record with its steps and samples over all attempts (and those of
+        failed attempts, whose work recovery redid, also apart as ``failed_steps``/``failed_samples``)."""
+        out = {}
+        for rank, record in self.latest.items():
+            failed = self.failed_attempts.get(rank, {"steps": 0, "samples": 0})
+            out[rank] = {**record, "steps": record.get("steps", 0) + failed["steps"],
+                         "samples": record.get("samples", 0) + failed["samples"],
+                         "failed_steps": failed["steps"], "failed_samples": failed["samples"]}
+        return out
 
     def _job_record(self) -> dict[str, Any]:
         rates = [r["samples_per_s"] for r in self.latest.values() if "samples_per_s" in r]

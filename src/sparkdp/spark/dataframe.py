@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import logging
 import re
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any, cast
@@ -216,6 +217,7 @@ def fit_stream(spec: FitSpec, source: DataFrameSource, *, workers: int, spark, t
         while True:
             stage_spec = replace(spec, train=template, epochs=1, part=part, fault=fault)
             stage_df = df if now == workers else df.repartition(now)
+            began = time.perf_counter()
             try:
                 rows = _run_stage(stage_df.mapInArrow(_epoch_task(stage_spec, threads, pg_timeout_s), _OUT_SCHEMA,
                                                       barrier=True), spark, now, start_timeout_s, epoch)
@@ -223,7 +225,8 @@ def fit_stream(spec: FitSpec, source: DataFrameSource, *, workers: int, spark, t
             except WorkerFailed as exc:
                 if restarts is None:
                     raise
-                now = restarts.recover(exc, workers, slots(), f"the start of epoch {epoch + 1}")
+                now = restarts.recover(exc, workers, slots(), f"the start of epoch {epoch + 1}",
+                                       attempt_s=time.perf_counter() - began)
                 fault = None  # an injected fault fires in the first attempt only
         rank0 = next(r for r in rows if r["rank"] == 0)
         report = WorkerReport.from_parts(rank0["info"], rank0["state"], rank0["optimizer_state"])

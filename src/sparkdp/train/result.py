@@ -55,6 +55,8 @@ class TrainResult:
 
     def summary(self) -> dict[str, Any]:
         """What a run's ``summary`` record holds (``sparkdp report`` tabulates it)."""
+        restarts = self.details.get("restarts", [])
         return {"strategy": self.strategy, "workers": self.workers, "epochs": self.epochs,
                 "test_accuracy": self.test_accuracy, "wall_s": self.wall_s, "train_time_s": self.train_time_s,
-                "samples": self.samples, "samples_per_s": self.samples_per_s, "history": self.history}
+                "samples": self.samples, "samples_per_s": self.samples_per_s, "history": self.history,
+                "restarts": len(restarts), "failed_attempts_s": sum(r["attempt_s"] for r in restarts)}

@@ -193,3 +193,13 @@ def test_the_per_worker_summary_counts_every_attempt_and_the_failed_ones_apart(c
     table = capsys.readouterr().out
     rows = {line.split()[0]: line.split() for line in table.splitlines() if line.split()[:1] in (["0"], ["1"])}
     assert "failed" in table and rows["1"][1:4] == ["70", "2,240", "30"] and rows["0"][3] == "0", table
+
+
+def test_an_epoch_a_retried_worker_reports_again_is_logged_but_not_shown_twice(tmp_path):
+    with MonitorHub(world_size=2, config={}, run_dir=str(tmp_path), display=False) as hub:
+        for epoch in (1, 2, 1, 3):  # rank 0's task was retried during epoch 2 and redid epoch 1
+            hub._on_report(0, {"type": "epoch", "epoch": epoch, "loss": 1.0 / epoch})
+        shown = [r["epoch"] for r in hub.epochs]
+    assert shown == [1, 2, 3]
+    logged = [(r["epoch"], r.get("repeated", False)) for r in _records(tmp_path, "epoch")]
+    assert logged == [(1, False), (2, False), (1, True), (3, False)]

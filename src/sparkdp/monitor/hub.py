@@ -154,6 +154,10 @@ class MonitorHub:
                     return
                 self._output(worker, stream, str(record.get("text", "")))
             elif kind == "epoch":
+                if self.epochs and record.get("epoch", 0) <= self.epochs[-1].get("epoch", 0):
+                    # a retried worker redoing an epoch already reported: kept in the run log, not shown again
+                    self._emit({**record, "repeated": True})
+                    return
                 self.epochs.append(record)
                 self._emit(record)
                 self.display.epoch(record)

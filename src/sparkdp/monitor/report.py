@@ -85,7 +85,7 @@ def write_report(runs: list[Run], out_dir: str | os.PathLike[str]) -> list[Path]
     for metric, title in (("loss", "training loss"), ("test_accuracy", "test accuracy")):
         fig, (by_time, by_epoch) = plt.subplots(1, 2, figsize=(11, 4))
         for run in runs:
-            epochs = [e for e in run.of("epoch") if isinstance(e.get(metric), (int, float))]
+            epochs = [e for e in run.of("epoch") if isinstance(e.get(metric), (int, float)) and not e.get("repeated")]
             if metric == "loss":  # the training loss is reported live, between epochs too
                 live = [r for r in run.of("metrics") if r.get("rank") == 0 and "loss" in r]
                 by_time.plot([r["time"] - run.start for r in live], [r["loss"] for r in live], label=run.label())
@@ -165,7 +165,7 @@ def summary_table(runs: list[Run]) -> str:
             "bytes sent per sample | status |", "|---|---|---|---|---|---|---|---|---|"]
     for run in runs:
         config, s = run.header.get("config", {}), run.summary or {}
-        epochs = run.of("epoch")
+        epochs = [e for e in run.of("epoch") if not e.get("repeated")]
         accuracy = s.get("test_accuracy") or next((e["test_accuracy"] for e in reversed(epochs)
                                                    if "test_accuracy" in e), None)
         status = "finished" if run.summary else ("failed" if run.of("failed") else "incomplete")

@@ -337,7 +337,16 @@ def launch(script: str | os.PathLike[str], *args: str, spark: Any = None, **sett
         functools.partial(shipped_path, ship_directory(spark, os.path.dirname(path)))
     result = run(run_script, path, [str(a) for a in args], os.getcwd(), shipped, spark=spark, argv=[path, *args],
                  forward_output=True, **settings)
-    if not result["distributed"]:
+    started, joined = result["started"], result["joined"]
+    if started and not joined:
+        log.warning("%s started %d process(es) on worker 0 and none joined the job: %s", name, started,
+                    "call sparkdp.distribute(model, optimizer, loader) in the function they run" if result["joinable"]
+                    else "in a synchronous job (allreduce, average) processes a worker starts cannot join the workers' "
+                         "process group, so each trained alone; use an asynchronous strategy (hogwild, asgd), whose "
+                         "parameter server they join, or one process per worker (e.g. --num-processes 1)")
+    elif started:
+        log.info("%s: %d of the %d processes worker 0 started joined the job", name, joined, started)
+    if not result["distributed"] and not started:
         log.warning("%s never called sparkdp.distribute(...) nor torch.distributed.init_process_group(): every worker "
                     "trained its own independent copy on all of its data. Add the one line model, optimizer, loader "
                     "= sparkdp.distribute(model, optimizer, loader) after they are built.", name)

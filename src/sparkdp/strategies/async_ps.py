@@ -84,6 +84,9 @@ class AsyncParameterServer(Strategy):
         self.mac_payload = bool(mac_payload)
         self.tls = bool(tls)
         self.connect_timeout_s = float(connect_timeout_s)
+        #: the server worker id to connect as; None: the task's rank (a process a worker started
+        #: has one of its own, ``train.children``)
+        self.worker_id: int | None = None
 
     def rule_spec(self, num_workers: int) -> RuleSpec:
         return RuleSpec(self.rule, {"num_workers": num_workers, **self.rule_options})
@@ -105,7 +108,8 @@ class AsyncParameterServer(Strategy):
                               "starts: train through sparkdp.fit, sparkdp.run or sparkdp launch.")
         transport, info = self._server
         offer = {"initial": [p.detach() for p in model.parameters()]} if getattr(self, "_offer_centre", False) else {}
-        self._client = transport.connect(info.address, info.secret, collective.rank,
+        worker = collective.rank if self.worker_id is None else self.worker_id
+        self._client = transport.connect(info.address, info.secret, worker,
                                          timeout=self.connect_timeout_s, tls_cert=info.tls_cert, **offer)
         self._worker = AsyncWorker(self, self._client, model, optimizer, collective.world_size)
         self._attach(model, optimizer, collective)
@@ -122,6 +126,9 @@ class AsyncParameterServer(Strategy):
         self._worker.end_epoch()
 
     def finish(self) -> None:
+        if getattr(self, "_worker", None) is None:  # setup never connected: nothing to push or close
+            super().finish()
+            return
         try:
             self._worker.finish()
         finally:
@@ -195,7 +202,30 @@ class AsyncWorker:
         # PushKind.GRADIENT: the sum of the gradients since the last push
         self._grad_sum = ([torch.zeros_like(p, memory_format=torch.contiguous_format) for p in self.params]
                           if self.kind is PushKind.GRADIENT else [])
+        # A model in shared memory that other processes train too (Hogwild! inside a machine,
+        # train.children) moves with their steps and pulls: this worker's pseudo-gradient is then
+        # the sum of its own steps' changes, each measured around its step.
+        self._own: list[torch.Tensor] = []
+        self._before: list[torch.Tensor] = []
+        self._pre_hook = None
+        if any(p.is_shared() for p in self.params):
+            if self.elastic:
+                raise ConfigError(f"{strategy.name!r} pushes the elastic difference between the model and the "
+                                  "centre, which processes sharing one model would each push again; with a model "
+                                  "in shared memory use asgd, hogwild, dcasgd or ddcasgd, or one process per worker.")
+            if self.kind is PushKind.PSEUDO_GRADIENT:
+                self._own = [torch.zeros_like(p, memory_format=torch.contiguous_format) for p in self.params]
+                self._pre_hook = optimizer.register_step_pre_hook(lambda _opt, _args, _kwargs: self._before_step())
         self.pull(merge=True)
+
+    @torch.no_grad()
+    def _before_step(self) -> None:
+        self._before = [p.detach().clone() for p in self.params]
+
+    @torch.no_grad()
+    def _add_own_step(self) -> None:
+        for own, before, p in zip(self._own, self._before, self.params, strict=True):
+            own.add_(before - p.detach())
 
     def pull(self, merge: bool) -> list[torch.Tensor]:
         started = time.perf_counter()
@@ -216,6 +246,8 @@ class AsyncWorker:
         """Call after each local optimizer step (the step's gradients still in ``.grad``)."""
         if self.kind is PushKind.GRADIENT:
             self._add_gradients()
+        elif self._own:
+            self._add_own_step()
         self._since_push += 1
         self._since_pull += 1
         self._samples += num_samples
@@ -237,6 +269,8 @@ class AsyncWorker:
     def finish(self) -> None:
         if self._since_push:
             self.exchange(force_pull=False)
+        if self._pre_hook is not None:
+            self._pre_hook.remove()
 
     def _payload(self, k: int) -> list[torch.Tensor]:
         with torch.no_grad():
@@ -246,7 +280,10 @@ class AsyncWorker:
             if self.kind is PushKind.GRADIENT:
                 return self.rule.make_push(self.params, [], [t.div_(k) for t in self._grad_sum])
             lr = float(self.optimizer.param_groups[0]["lr"]) or 1.0
-            grads = pseudo_gradient(self._ref, [p.detach() for p in self.params], lr, k)
+            if self._own:  # this process's own steps: (w_pulled - w_local) of them alone
+                grads = [own / (lr * k) for own in self._own]
+            else:
+                grads = pseudo_gradient(self._ref, [p.detach() for p in self.params], lr, k)
             return self.rule.make_push(self.params, self._ref, grads)
 
     def exchange(self, force_pull: bool = False) -> None:
@@ -255,7 +292,7 @@ class AsyncWorker:
         started = time.perf_counter()
         self.client.push(self.seq, self.versions, payload, num_samples=self._samples, local_steps=k)
         self.comm_s += time.perf_counter() - started
-        for t in self._grad_sum:
+        for t in (*self._grad_sum, *self._own):
             t.zero_()
         self.seq += 1
         self.pushes += 1

@@ -7,6 +7,7 @@ script that calls ``sparkdp.distribute`` still runs unchanged on one machine.
 from __future__ import annotations
 
 import copy
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,10 @@ class WorkerContext:
     active: list[Strategy] = field(default_factory=list)
     #: the worker's live-monitoring probe (``sparkdp.monitor``); None: not monitored
     probe: Any = None
+    #: which process the worker started this is (``train.children``); None: the worker itself
+    child: int | None = None
+    #: the process the context belongs to: a forked child inherits its parent's, and must not use it
+    pid: int = field(default_factory=os.getpid)
 
     def new_strategy(self) -> Strategy:
         """A fresh copy of the job's strategy (one per distributed model)."""
@@ -46,11 +51,18 @@ _local = threading.local()
 
 
 def current() -> WorkerContext:
+    """This worker's context: the one its task set, the job's child context in a process a
+    worker started (``train.children``), or a single process outside any job."""
     ctx = getattr(_local, "ctx", None)
-    if ctx is None:
-        from ..strategies.allreduce import AllReduce
+    if ctx is None or ctx.pid != os.getpid():
+        from .children import ENV, child_context, read_child_spec
 
-        ctx = WorkerContext(0, 1, SingleProcessCollective(), AllReduce())
+        if os.environ.get(ENV):  # taken out: the child's own processes (data loaders...) are not children
+            ctx = child_context(read_child_spec(os.environ.pop(ENV)))
+        else:
+            from ..strategies.allreduce import AllReduce
+
+            ctx = WorkerContext(0, 1, SingleProcessCollective(), AllReduce())
         _local.ctx = ctx
     return ctx
 

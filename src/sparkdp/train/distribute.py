@@ -115,7 +115,8 @@ def is_main_process() -> bool:
 
         In a worker: ``if sparkdp.is_main_process(): torch.save(sparkdp.unwrap(model).state_dict(), path)``.
     """
-    return current().rank == 0
+    ctx = current()
+    return ctx.rank == 0 and ctx.child is None  # not the processes a worker started
 
 
 def unwrap(model: nn.Module) -> nn.Module:

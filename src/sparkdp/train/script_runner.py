@@ -24,6 +24,7 @@ from typing import Any
 import torch.distributed as dist
 
 from ..errors import ConfigError
+from .children import children_join
 from .context import current
 
 
@@ -103,7 +104,7 @@ def run_script(path: str, args: list[str], cwd: str, shipped: Callable[[], str] 
     calls: list[str] = []
     saved_argv, saved_path, saved_cwd = list(sys.argv), list(sys.path), os.getcwd()
     saved_out, saved_err = sys.stdout, sys.stderr
-    with _ready_process_group(calls):
+    with _ready_process_group(calls), children_join(ctx) as children:
         sys.argv = [path, *args]
         sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
         os.chdir(cwd)
@@ -123,4 +124,5 @@ def run_script(path: str, args: list[str], cwd: str, shipped: Callable[[], str] 
             sys.argv, sys.stdout, sys.stderr = saved_argv, saved_out, saved_err
             sys.path[:] = saved_path
             os.chdir(saved_cwd)
-    return {"distributed": bool(current().active) or "init_process_group" in calls}
+    return {"distributed": bool(current().active) or "init_process_group" in calls or bool(children.joined),
+            "started": children.started, "joined": len(children.joined), "joinable": children.joinable}

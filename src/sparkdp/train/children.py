@@ -1,0 +1,158 @@
+"""Processes a worker starts join its job: two-level Hogwild! for scripts that spawn.
+
+A Hogwild! script (``model.share_memory()``, then ``torch.multiprocessing.Process``es that
+each build an optimizer and a loader and call ``sparkdp.distribute``) runs its processes
+inside one Spark worker. While a launched script runs in an asynchronous job, every process
+it starts (``multiprocessing`` or ``torch.multiprocessing``; spawn, fork or forkserver) is
+handed a *child spec*: a JSON file, readable only by this user, in a private directory,
+named by the ``SPARKDP_CHILD_SPEC`` environment variable the child inherits. The child's
+``distribute`` reads it and connects to the job's parameter server as a worker of its own,
+so the processes of one Spark worker share their model in memory exactly as the script
+intends (Hogwild! inside the machine) while each exchanges with the server (Hogwild!/ASGD
+across machines). Child ``k`` of Spark worker ``rank`` (of ``W``) is server worker
+``W * (k + 1) + rank``: distinct from every Spark worker and every other child, and the
+same when Spark retries the task, so its sequence numbers continue and no push counts twice.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing.process
+import multiprocessing.util
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+
+ENV = "SPARKDP_CHILD_SPEC"
+#: the most bytes a child spec may have (a certificate, a secret, a few settings)
+_MAX_SPEC_BYTES = 64 * 1024
+
+
+def child_worker_id(rank: int, world_size: int, child: int) -> int:
+    """The parameter-server worker id of process ``child`` started by Spark worker ``rank``."""
+    return world_size * (child + 1) + rank
+
+
+@dataclass
+class Children:
+    """The processes a worker's script started, and which of them joined the job."""
+
+    #: whether they could join: an asynchronous job, whose server takes them as workers of their own
+    joinable: bool = False
+    started: int = 0
+    joined: list[int] = field(default_factory=list)
+
+
+@contextmanager
+def children_join(ctx: Any) -> Iterator[Children]:
+    """While the block runs, every process this one starts is counted and, in an asynchronous
+    job, gets a child spec of ``ctx``'s job; which joined (called ``distribute``) is known when
+    the block ends. In a synchronous job they cannot join the workers' process group."""
+    server = getattr(ctx.strategy, "_server", None)  # (transport, ConnectInfo) of an asynchronous job
+    info = server[1] if server is not None and ctx.collective.independent else None
+    joinable = info is not None
+    directory = Path(tempfile.mkdtemp(prefix="sparkdp-children-"))  # mode 0700
+    base = {"rank": ctx.rank, "world_size": ctx.world_size, "seed": ctx.seed, "strategy": ctx.strategy.options(),
+            "server": None if info is None else {"address": info.address, "secret": info.secret.hex(),
+                                                 "tls_cert": info.tls_cert,
+                                                 "offer_centre": bool(getattr(ctx.strategy, "_offer_centre", False))}, "monitor": _monitor(ctx.probe), "joined_dir": str(directory)}
+    children = Children(joinable)
+    original = multiprocessing.process.BaseProcess.start
+
+    def start(process: multiprocessing.process.BaseProcess) -> None:
+        child = children.started
+        children.started += 1
+        if not joinable:
+            original(process)
+            return
+        path = directory / f"child-{child}.json"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, stat.S_IRUSR | stat.S_IWUSR)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump({**base, "child": child}, fh)
+        before = os.environ.get(ENV)
+        os.environ[ENV] = str(path)  # a spawned child reads the environment as it is now
+        try:
+            original(process)
+        finally:
+            if before is None:
+                os.environ.pop(ENV, None)
+            else:
+                os.environ[ENV] = before
+
+    multiprocessing.process.BaseProcess.start = start  # type: ignore[method-assign,assignment]
+    try:
+        yield children
+    finally:
+        multiprocessing.process.BaseProcess.start = original  # type: ignore[method-assign]
+        children.joined.extend(sorted(int(p.name.split("-")[1]) for p in directory.glob("joined-*")))
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _monitor(probe: Any) -> dict[str, Any] | None:
+    link = getattr(probe, "link", None)
+    if link is None:
+        return None
+    return {"address": link.info.address, "secret": link.info.secret.hex(), "tls_cert": link.info.tls_cert,
+            "interval_s": link.interval_s}
+
+
+def read_child_spec(path: str) -> dict[str, Any]:
+    """The spec a parent process wrote for this one; checked, never executed or unpickled."""
+    try:
+        st = os.stat(path)
+        if st.st_uid != os.getuid() or st.st_mode & 0o077 or st.st_size > _MAX_SPEC_BYTES:
+            raise ConfigError(f"{ENV}={path!r} is not a child spec this user's sparkdp worker wrote "
+                              "(it must be private to the user and small); unset it.")
+        spec = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{ENV}={path!r} cannot be read as a sparkdp child spec ({exc}); a process that is "
+                          "not started by a sparkdp worker should not have it set.") from None
+    need = {"rank": int, "world_size": int, "child": int, "seed": int, "strategy": dict, "server": dict,
+            "joined_dir": str}  # (a synchronous job writes no spec: its children cannot join)
+    if not isinstance(spec, dict) or any(not isinstance(spec.get(k), t) for k, t in need.items()):
+        raise ConfigError(f"{ENV}={path!r} is not a complete sparkdp child spec.")
+    return spec
+
+
+def child_context(spec: dict[str, Any]) -> Any:
+    """The worker context of a process a Spark worker started: its own connection to the job's server."""
+    from ..comm.single import IndependentCollective
+    from ..monitor.probe import MonitorLink, open_probe
+    from ..ps.transport import TcpOptions, TcpTransport
+    from ..ps.transport.base import ConnectInfo
+    from ..strategies.async_ps import AsyncParameterServer
+    from .context import WorkerContext
+
+    options = dict(spec["strategy"])
+    strategy = AsyncParameterServer(**options)
+    server = spec["server"]
+    transport = TcpTransport(TcpOptions(mac_payload=strategy.mac_payload, tls=strategy.tls))
+    strategy.connect_to(transport, ConnectInfo(server["address"], bytes.fromhex(server["secret"]),
+                                               server.get("tls_cert")), offer_centre=server.get("offer_centre") is True)
+    rank, world, child = spec["rank"], spec["world_size"], spec["child"]
+    strategy.worker_id = child_worker_id(rank, world, child)
+    monitor = spec.get("monitor")
+    link = None if not monitor else MonitorLink(
+        ConnectInfo(monitor["address"], bytes.fromhex(monitor["secret"]), monitor.get("tls_cert")),
+        float(monitor["interval_s"]))
+    probe = open_probe(link, strategy.worker_id)
+    Path(spec["joined_dir"], f"joined-{child}").touch()
+    # the children of one Spark worker read its shard, each in its own order
+    ctx = WorkerContext(rank, world, IndependentCollective(rank, world), strategy, spec["seed"] + 7919 * (child + 1),
+                        probe=probe, child=child)
+    # the child's loop ends without telling sparkdp: its last pushes and records go when the process
+    # exits (multiprocessing runs these finalizers for spawned and forked processes alike)
+    multiprocessing.util.Finalize(None, probe.close, exitpriority=20)
+    multiprocessing.util.Finalize(None, ctx.finish, exitpriority=21)
+    return ctx
+
+
+__all__ = ["ENV", "Children", "child_context", "child_worker_id", "children_join", "read_child_spec"]

@@ -242,11 +242,8 @@ def barrier_refusal(conf: dict[str, str]) -> str | None:
 class BarrierStage:
     """One Spark job whose barrier stage needs ``num_workers`` tasks running at once.
 
-    :meth:`run` checks the cluster has the slots, submits the job in a thread under its own
-    job group, cancels it when the tasks have not all started within ``start_timeout_s``
-    (the clock restarts whenever some task makes progress, since a DataFrame's job may run
-    ordinary stages before the barrier one), and turns a task's error into the sparkdp
-    error it carried. Used by :func:`run_barrier` and the DataFrame path.
+    :meth:`run` checks the cluster has the slots, then runs the job under :func:`run_watched`
+    until all its tasks have started. Used by :func:`run_barrier` and the DataFrame path.
     """
 
     def __init__(self, spark, num_workers: int, *, description: str, start_timeout_s: float = 60.0) -> None:
@@ -453,30 +450,23 @@ def task_attempts_allowed(sc) -> int:
     return int(sc.getConf().get("spark.task.maxFailures", "4"))
 
 
+def _stages(sc, group: str) -> list[Any]:
+    """The stage infos of ``group``'s jobs so far (Spark's status tracker)."""
+    tracker = sc.statusTracker()
+    jobs = [tracker.getJobInfo(job_id) for job_id in tracker.getJobIdsForGroup(group)]
+    stages = [tracker.getStageInfo(stage_id) for job in jobs if job for stage_id in job.stageIds]
+    return [stage for stage in stages if stage]
+
+
 def _task_progress(sc, group: str, num_workers: int) -> tuple[int, bool]:
     """Tasks of ``group`` running or done so far, and whether one stage has all ``num_workers`` going."""
-    tracker = sc.statusTracker()
-    total, all_started = 0, False
-    for job_id in tracker.getJobIdsForGroup(group):
-        job = tracker.getJobInfo(job_id)
-        for stage_id in job.stageIds if job else ():
-            stage = tracker.getStageInfo(stage_id)
-            if stage:
-                total += stage.numActiveTasks + stage.numCompletedTasks
-                all_started = all_started or stage.numActiveTasks + stage.numCompletedTasks >= num_workers
-    return total, all_started
+    going = [stage.numActiveTasks + stage.numCompletedTasks for stage in _stages(sc, group)]
+    return sum(going), any(n >= num_workers for n in going)
 
 
 def _failed_tasks(sc, group: str) -> int:
     """Task attempts of ``group`` that have failed so far."""
-    tracker = sc.statusTracker()
-    failed = 0
-    for job_id in tracker.getJobIdsForGroup(group):
-        job = tracker.getJobInfo(job_id)
-        for stage_id in job.stageIds if job else ():
-            stage = tracker.getStageInfo(stage_id)
-            failed += stage.numFailedTasks if stage else 0
-    return failed
+    return sum(stage.numFailedTasks for stage in _stages(sc, group))
 
 
 def too_few_slots_message(requested: int, slots: int, master: str) -> str:

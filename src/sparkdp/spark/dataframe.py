@@ -45,7 +45,8 @@ from ..train.faults import fault_from_env
 from ..train.jobs import in_task
 from ..train.loop import FitSpec, StagePart, fit_worker
 from ..train.report import WorkerReport
-from .launcher import BarrierStage, encode_error, rendezvous
+from .launcher import BarrierStage, rendezvous
+from .worker_errors import encode_error
 
 log = logging.getLogger(__name__)
 

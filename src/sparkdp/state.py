@@ -1,10 +1,12 @@
-"""Nested state (dicts, lists, tuples, numbers, strings, None, tensors) as bytes or a file, never pickle.
+"""State as safetensors bytes or files, never pickle: reading one never runs an unpickler.
 
-The tensors become safetensors entries; the nesting around them is JSON stored in the
-safetensors metadata under ``"sparkdp"``. Reading therefore never runs an unpickler. Used
-for optimizer state between stages (``train.loop``, as bytes) and parameter-server
-checkpoints (``ps.server``, as one file: one ``os.replace``, so a crash mid-save leaves the
-previous checkpoint intact).
+A model's state dict is plain safetensors (:func:`state_to_bytes`, :func:`save_state`), which
+any safetensors reader loads. Nested state (dicts, lists, tuples, numbers, strings, None,
+tensors) keeps its tensors as safetensors entries and the nesting around them as JSON in the
+safetensors metadata under ``"sparkdp"`` (:func:`to_bytes`, :func:`save`). Used for optimizer
+state between stages (``train.loop``, as bytes) and parameter-server checkpoints
+(``ps.server``, as one file: one ``os.replace``, so a crash mid-save leaves the previous
+checkpoint intact).
 
 Example:
     >>> import torch
@@ -18,18 +20,48 @@ from __future__ import annotations
 import json
 import os
 import struct
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load as _st_load
+from safetensors.torch import load_file, save_file
 from safetensors.torch import save as _st_save
-from safetensors.torch import save_file
 from torch import Tensor
 
 from .files import atomic_write
 
 _RESERVED = ("__tensor__", "__items__", "__tuple__")
 META_KEY = "sparkdp"
+
+
+def _plain(tensor: Tensor) -> Tensor:
+    # clone: safetensors refuses tensors that share storage (tied weights, views of one buffer)
+    return tensor.detach().to("cpu").contiguous().clone()
+
+
+def state_to_bytes(state: Mapping[str, Tensor]) -> bytes:
+    """A model's state dict as plain safetensors bytes."""
+    return _st_save({k: _plain(v) for k, v in state.items()})
+
+
+def state_from_bytes(data: bytes) -> dict[str, Tensor]:
+    return _st_load(data)
+
+
+def save_state(state: Mapping[str, Tensor], path: str | Path, metadata: Mapping[str, Any] | None = None) -> Path:
+    """Write a state dict as plain safetensors (+ a JSON sidecar of metadata), atomically."""
+    path = Path(path)
+    atomic_write(path, lambda tmp: save_file({k: _plain(v) for k, v in state.items()}, tmp))
+    if metadata is not None:
+        atomic_write(path.with_suffix(".json"),
+                     lambda tmp: Path(tmp).write_text(json.dumps(dict(metadata), indent=2, default=str)))
+    return path
+
+
+def load_state(path: str | Path) -> dict[str, Tensor]:
+    return load_file(str(path))
 
 
 def flatten(obj: Any, where: str = "state") -> tuple[str, dict[str, Tensor]]:
@@ -98,8 +130,7 @@ def load(path: str | os.PathLike[str]) -> Any:
 def _encode(obj: Any, tensors: dict[str, Tensor], where: str) -> Any:
     if isinstance(obj, Tensor):
         name = f"t{len(tensors)}"
-        # clone: safetensors refuses tensors that share storage (views of one buffer)
-        tensors[name] = obj.detach().to("cpu").contiguous().clone()
+        tensors[name] = _plain(obj)
         return {"__tensor__": name}
     if isinstance(obj, dict):
         if all(isinstance(k, str) for k in obj) and not any(k in _RESERVED for k in obj):

@@ -10,7 +10,8 @@ import pytest
 from sparkdp.config import JobConfig
 from sparkdp.driver.recovery import RestartPolicy
 from sparkdp.errors import WorkerFailed, WorkerHung, WorkerLost
-from sparkdp.spark.launcher import _decode_error, encode_error, task_attempts_allowed, translate_error
+from sparkdp.spark.launcher import task_attempts_allowed
+from sparkdp.spark.worker_errors import _decode_error, encode_error, translate_error
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -27,7 +27,7 @@ from sparkdp.driver.recovery import (
     run_with_restarts,
 )
 from sparkdp.errors import ConfigError, TrainingDiverged, WorkerFailed
-from sparkdp.state import META_KEY
+from sparkdp.state import META_KEY, state_from_bytes
 from sparkdp.strategies import STRATEGIES
 from sparkdp.train.checkpoint import (
     CheckpointPolicy,
@@ -41,7 +41,6 @@ from sparkdp.train.checkpoint import (
 from sparkdp.train.faults import fault_from_env
 from sparkdp.train.loop import FitSpec, fit_worker
 from sparkdp.train.optim import optimizer_factory, resolve_loss
-from sparkdp.train.serialize import state_from_bytes
 
 pytestmark = pytest.mark.timeout(60)
 

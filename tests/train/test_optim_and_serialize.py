@@ -6,8 +6,8 @@ import torch
 from torch import nn
 
 from sparkdp.errors import ConfigError
+from sparkdp.state import save_state, state_from_bytes, state_to_bytes
 from sparkdp.train.optim import optimizer_factory, resolve_loss
-from sparkdp.train.serialize import save_state, state_from_bytes, state_to_bytes
 
 
 def _model():
@@ -59,7 +59,7 @@ def test_a_failed_save_leaves_the_good_file_in_place(tmp_path, monkeypatch):
             fh.write(b"half")
         raise OSError("disk full")
 
-    monkeypatch.setattr("sparkdp.train.serialize.save_file", boom)
+    monkeypatch.setattr("sparkdp.state.save_file", boom)
     with pytest.raises(OSError, match="disk full"):
         save_state(nn.Linear(9, 9).state_dict(), path)
     assert path.read_bytes() == good

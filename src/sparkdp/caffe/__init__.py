@@ -14,21 +14,8 @@ Example:
 
 Weights: :func:`load_weights` / :func:`save_weights` read and write ``.caffemodel`` files;
 :func:`convert_to_safetensors` / :func:`convert_to_caffemodel` (:mod:`.convert`, the
-``sparkdp caffe convert`` command) turn them into a plain PyTorch state dict and back:
-
-    >>> import os, tempfile
-    >>> from safetensors.torch import load_file
-    >>> from sparkdp.caffe import convert_to_caffemodel, convert_to_safetensors
-    >>> tiny = ('input: "data" input_shape { dim: 1 dim: 3 } layer { name: "ip" type: "InnerProduct" '
-    ...         'bottom: "data" top: "ip" inner_product_param { num_output: 2 } }')
-    >>> out = os.path.join(tempfile.mkdtemp(), "tiny.safetensors")
-    >>> convert_to_safetensors(tiny, out).path.name    # weights=...caffemodel to convert trained ones
-    'tiny.safetensors'
-    >>> fresh = load_net(tiny, phase="TEST")
-    >>> fresh.load_state_dict(load_file(out))
-    <All keys matched successfully>
-    >>> convert_to_caffemodel(tiny, out, out.replace(".safetensors", ".caffemodel")).loaded
-    ('ip',)
+``sparkdp caffe convert`` command, with an example) turn them into a plain PyTorch state
+dict and back.
 
 Training a net with its solver on Spark: :func:`fit_caffe` (:mod:`.train`).
 """

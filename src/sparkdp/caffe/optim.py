@@ -169,12 +169,8 @@ class CaffeSGD(CaffeOptimizer):
         return h
 
 
-class CaffeNesterov(CaffeOptimizer):
-    """``v' = m*v + lr*g; update = (1+m)*v' - m*v`` (Caffe ``NesterovSolver``)."""
-
-    def __init__(self, params: Iterable[Any], lr: float, momentum: float = 0.0, **kw: Any) -> None:
-        _check_range("momentum", momentum, 0.0, math.inf, "Typical value: 0.9.")
-        super().__init__(params, lr, momentum=momentum, **kw)
+class CaffeNesterov(CaffeSGD):
+    """``v' = m*v + lr*g; update = (1+m)*v' - m*v`` (Caffe ``NesterovSolver``; arguments as :class:`CaffeSGD`)."""
 
     def _update(self, g, state, rate, group):
         m = group["momentum"]

@@ -21,6 +21,7 @@ from typing import Any, Protocol, cast
 
 from ..config import JobConfig
 from ..errors import ConfigError
+from ..state import state_from_bytes
 from ..strategies.async_ps import AsyncParameterServer
 from ..strategies.base import Launcher, Strategy
 from ..train.checkpoint import lineage_of
@@ -28,7 +29,6 @@ from ..train.jobs import in_task
 from ..train.loop import FitSpec, fit_worker
 from ..train.report import WorkerReport
 from ..train.result import TrainResult
-from ..train.serialize import state_from_bytes
 from .recovery import (
     RestartPolicy,
     checkpoint_policy,

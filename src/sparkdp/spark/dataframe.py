@@ -40,13 +40,14 @@ from ..data.base import WorkerData
 from ..data.parquet import ParquetData
 from ..data.shuffle import rebatch, seeded_generator
 from ..errors import ConfigError, DataError, WorkerFailed
+from ..state import state_from_bytes
 from ..train.checkpoint import CheckpointPolicy, save_checkpoint
 from ..train.faults import fault_from_env
 from ..train.jobs import in_task
 from ..train.loop import FitSpec, StagePart, fit_worker
 from ..train.report import WorkerReport
-from ..train.serialize import state_from_bytes
-from .launcher import BarrierStage, encode_error, rendezvous
+from .launcher import BarrierStage, rendezvous
+from .worker_errors import encode_error
 
 log = logging.getLogger(__name__)
 

@@ -13,39 +13,22 @@ instead of letting Spark wait for slots forever.
 
 from __future__ import annotations
 
-import base64
-import json
 import logging
 import os
 import re
 import socket
-import sys
 import threading
 import time
-import traceback
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import check_int
-from ..errors import (
-    ConfigError,
-    DataError,
-    EnvironmentProblem,
-    RendezvousTimeout,
-    SparkdpError,
-    TrainingDiverged,
-    WorkerFailed,
-    WorkerHung,
-    WorkerLost,
-)
+from ..errors import ConfigError, EnvironmentProblem, RendezvousTimeout
+from .worker_errors import encode_error, translate_error
 
 log = logging.getLogger(__name__)
-
-_ERROR_MARK = "SPARKDP_WORKER_ERROR"
-_REBUILDABLE = {cls.__name__: cls for cls in (ConfigError, DataError, EnvironmentProblem, RendezvousTimeout,
-                                                   TrainingDiverged)}
 
 
 @dataclass(frozen=True)
@@ -176,43 +159,6 @@ def task_resources() -> tuple[tuple[str, ...], int]:
     return gpus, max(1, int(ctx.cpus()))
 
 
-def encode_error(rank: int, exc: BaseException) -> str:
-    tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
-    message = str(exc)
-    if isinstance(exc, SystemExit):
-        message = (f"the code called sys.exit({exc.code!r}) on this worker (an argparse error exits with 2: "
-                   f"check the arguments the workers see in sys.argv)")
-    elif isinstance(exc, ModuleNotFoundError):
-        message = (f"{message} (the executor's interpreter is {sys.executable}: install {exc.name!r} there, or "
-                   "point PYSPARK_PYTHON at an interpreter that has it)")
-    payload = {"rank": rank, "type": type(exc).__name__, "message": message, "traceback": "".join(tb[-6:])}
-    # base64: survives whatever quoting Spark and py4j apply to the message on its way to the driver;
-    # the readable line before it is what Spark's own log shows
-    first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
-    return (f"sparkdp worker {rank} failed: {type(exc).__name__}: {first} "
-            f"{_ERROR_MARK}<<{base64.b64encode(json.dumps(payload).encode()).decode()}>>")
-
-
-def _decode_error(text: str) -> SparkdpError | None:
-    match = re.search(_ERROR_MARK + r"<<([A-Za-z0-9+/=]+)>>", text)
-    if not match:
-        return None
-    try:
-        info = json.loads(base64.b64decode(match.group(1)))
-    except (ValueError, json.JSONDecodeError):
-        return None
-    cls = _REBUILDABLE.get(info["type"])
-    if cls is not None:
-        return cls(info["message"])
-    if info["type"] == WorkerHung.__name__:  # the worker named the stalled one: that is the whole story
-        hung = WorkerHung(info["message"])
-        hung.rank = info["rank"]
-        return hung
-    err = WorkerFailed(f"worker {info['rank']} failed: {info['type']}: {info['message']}\n{info['traceback']}")
-    err.rank = info["rank"]
-    return err
-
-
 def _task_body(fn: Callable[[TaskInfo], Any]) -> Callable:
     def run_partition(_rows):
         info = None
@@ -242,11 +188,8 @@ def barrier_refusal(conf: dict[str, str]) -> str | None:
 class BarrierStage:
     """One Spark job whose barrier stage needs ``num_workers`` tasks running at once.
 
-    :meth:`run` checks the cluster has the slots, submits the job in a thread under its own
-    job group, cancels it when the tasks have not all started within ``start_timeout_s``
-    (the clock restarts whenever some task makes progress, since a DataFrame's job may run
-    ordinary stages before the barrier one), and turns a task's error into the sparkdp
-    error it carried. Used by :func:`run_barrier` and the DataFrame path.
+    :meth:`run` checks the cluster has the slots, then runs the job under :func:`run_watched`
+    until all its tasks have started. Used by :func:`run_barrier` and the DataFrame path.
     """
 
     def __init__(self, spark, num_workers: int, *, description: str, start_timeout_s: float = 60.0) -> None:
@@ -453,30 +396,23 @@ def task_attempts_allowed(sc) -> int:
     return int(sc.getConf().get("spark.task.maxFailures", "4"))
 
 
+def _stages(sc, group: str) -> list[Any]:
+    """The stage infos of ``group``'s jobs so far (Spark's status tracker)."""
+    tracker = sc.statusTracker()
+    jobs = [tracker.getJobInfo(job_id) for job_id in tracker.getJobIdsForGroup(group)]
+    stages = [tracker.getStageInfo(stage_id) for job in jobs if job for stage_id in job.stageIds]
+    return [stage for stage in stages if stage]
+
+
 def _task_progress(sc, group: str, num_workers: int) -> tuple[int, bool]:
     """Tasks of ``group`` running or done so far, and whether one stage has all ``num_workers`` going."""
-    tracker = sc.statusTracker()
-    total, all_started = 0, False
-    for job_id in tracker.getJobIdsForGroup(group):
-        job = tracker.getJobInfo(job_id)
-        for stage_id in job.stageIds if job else ():
-            stage = tracker.getStageInfo(stage_id)
-            if stage:
-                total += stage.numActiveTasks + stage.numCompletedTasks
-                all_started = all_started or stage.numActiveTasks + stage.numCompletedTasks >= num_workers
-    return total, all_started
+    going = [stage.numActiveTasks + stage.numCompletedTasks for stage in _stages(sc, group)]
+    return sum(going), any(n >= num_workers for n in going)
 
 
 def _failed_tasks(sc, group: str) -> int:
     """Task attempts of ``group`` that have failed so far."""
-    tracker = sc.statusTracker()
-    failed = 0
-    for job_id in tracker.getJobIdsForGroup(group):
-        job = tracker.getJobInfo(job_id)
-        for stage_id in job.stageIds if job else ():
-            stage = tracker.getStageInfo(stage_id)
-            failed += stage.numFailedTasks if stage else 0
-    return failed
+    return sum(stage.numFailedTasks for stage in _stages(sc, group))
 
 
 def too_few_slots_message(requested: int, slots: int, master: str) -> str:
@@ -487,53 +423,3 @@ def too_few_slots_message(requested: int, slots: int, master: str) -> str:
     )
 
 
-def translate_error(exc: BaseException, requested: int, master: str) -> BaseException:
-    text = str(exc)
-    decoded = _decode_error(text)
-    if decoded is not None:
-        return decoded
-    if "more slots than the total number of slots" in text or "SPARK-24819" in text:
-        return RendezvousTimeout(
-            f"requested {requested} workers, but Spark master {master!r} has fewer task slots right now, and a "
-            f"synchronous job needs all {requested} running together. Use fewer workers, or add executors/cores.")
-    if isinstance(exc, SparkdpError):
-        return exc
-    log.info("the Spark job failed with:\n%s", text)
-    task = re.search(r"ResultTask\(\d+, (\d+)\)|[Tt]ask (\d+)(?:\.\d+)? in stage", text)
-    who = f"worker {next(g for g in task.groups() if g is not None)}" if task else "a worker"
-    missing = re.search(r"ModuleNotFoundError: No module named '([^']+)'", text)
-    if missing:  # raised while the executor unpickled the task, before any sparkdp code ran there
-        return EnvironmentProblem(missing_module_message(missing.group(1), who, text))
-    for pattern, kind, what in _SPARK_FAILURES:
-        if pattern in text:
-            return kind(f"{who} {what} (the full Spark error is logged with -v).")
-    # Otherwise keep what Spark says, without py4j's wrapper line and the JVM stack frames.
-    lines = [ln for ln in text.strip().splitlines() if ln.strip() and not ln.lstrip().startswith(("at ", "..."))
-             and "An error occurred while calling" not in ln]
-    summary = "\n".join(lines[:8]) if lines else type(exc).__name__
-    return WorkerFailed(f"the Spark job failed: {summary[:2000]}")
-
-
-def missing_module_message(module: str, who: str, text: str) -> str:
-    """What to do when an executor's Python lacks a module the job needs (the peers' most common failure)."""
-    where = re.search(r"\(([^\s()]+) executor ([^\s()]+)\)", text)
-    place = f" (host {where.group(1)}, executor {where.group(2)})" if where else ""
-    # a Python worker that could not even start names its interpreter ("/usr/bin/python3: Error while ...")
-    python = re.search(r"(/\S+): (?:Error while finding module|No module named)", text)
-    interpreter = f" ({python.group(1)})" if python else ""
-    top = module.split(".")[0]
-    return (f"{who}{place} could not import {module!r}: the executors' Python{interpreter} does not have {top!r}. Install "
-            f"it on every node with the same interpreter (spark.pyspark.python / PYSPARK_PYTHON), ship your own "
-            "modules with --py-files or SparkContext.addPyFile, or ship a whole environment: venv-pack -o env.tar.gz, "
-            "then --conf spark.archives=env.tar.gz#env and PYSPARK_PYTHON=./env/bin/python (docs/guide/clusters.md).")
-
-
-# What Spark's error text says -> one readable line (translate_error)
-_SPARK_FAILURES: tuple[tuple[str, type[WorkerFailed], str], ...] = (
-    ("Python worker exited unexpectedly", WorkerLost, "died: its Python process exited unexpectedly (killed, or "
-                                                      "crashed in native code)"),
-    ("OutOfMemoryError", WorkerFailed, "ran out of memory in the JVM; give executors more memory "
-                                       "(spark.executor.memory)"),
-    ("MemoryError", WorkerFailed, "ran out of memory; use a smaller batch_size or fewer workers per machine"),
-    ("ExecutorLostFailure", WorkerLost, "was lost with its executor (the machine or its JVM went away)"),
-)

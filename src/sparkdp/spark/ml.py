@@ -48,7 +48,7 @@ from pyspark.ml.util import (
 from torch import nn
 
 from ..errors import ConfigError
-from ..train.serialize import load_state, save_state
+from ..state import load_state, save_state
 from .predict import predict
 
 _MODULE_FILE, _DESC_FILE = "module.safetensors", "module.json"

@@ -29,7 +29,7 @@ from torch import nn
 from ..config import check_int
 from ..data.arrow import ArrowConverter
 from ..errors import ConfigError
-from ..train.serialize import state_from_bytes, state_to_bytes
+from ..state import state_from_bytes, state_to_bytes
 
 log = logging.getLogger(__name__)
 

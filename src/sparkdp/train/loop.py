@@ -25,7 +25,6 @@ from .faults import Fault
 from .layout import batch_layout, set_layout, use_channels_last
 from .optim import OptimizerFactory
 from .report import WorkerReport
-from .serialize import state_to_bytes
 
 log = logging.getLogger(__name__)
 
@@ -326,7 +325,7 @@ def _fit_worker(spec: FitSpec, collective: Collective, probe: Any) -> WorkerRepo
     independent = collective.independent
     if rank != 0 and not independent:
         return None
-    return WorkerReport(state=b"" if independent else state_to_bytes(strategy.unwrap().state_dict()),
+    return WorkerReport(state=b"" if independent else state_io.state_to_bytes(strategy.unwrap().state_dict()),
                         history=history, train_time_s=train_time, samples=total_samples,
                         strategy_options=strategy.options(), strategy_state=strategy.state_dict(),
                         data_counters=counters,

@@ -8,7 +8,7 @@ from typing import Any
 
 from torch import nn
 
-from .serialize import save_state
+from ..state import save_state
 
 
 @dataclass

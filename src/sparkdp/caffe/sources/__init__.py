@@ -17,23 +17,18 @@ first record (its shape builds the net and is checked against the TEST source's)
 every Spark task opens the database or files itself.  A source object holds paths and
 small indexes only, so it pickles into each task cheaply.
 
-How records are assigned to ranks.  Records are grouped in *blocks* of ``block_rows``
-consecutive records in storage order (key order for LMDB/LevelDB, row order for HDF5).
+How records are assigned to ranks: as ``data/parquet.py`` assigns rows (a seeded
+permutation per epoch, contiguous ranges per rank, the last rank wrapping around, a shuffle
+buffer seeded by (seed, epoch, rank)), with *blocks* of ``block_rows`` consecutive records in
+storage order (key order for LMDB/LevelDB, row order for HDF5) in place of row groups.
 The driver enumerates the keys once and keeps only each block's first key (N / 256 keys
 for the default; ``block_rows=1`` keeps every key and gives a per-record permutation read
-by key).  Each epoch the blocks are put in a permutation seeded by (seed, epoch), laid end
-to end, and rank ``r`` reads the contiguous range ``[r * k, (r + 1) * k)`` with
-``k = ceil(records / world_size)``, exactly the scheme of ``data/parquet.py``: every record
-is read once per epoch over all ranks, except that the last rank wraps around to the first
-records (at most ``world_size - 1`` duplicates per epoch, as torch's
-``DistributedSampler``), so every rank has the same number of batches.  A rank reads its
-blocks sequentially from their first key (a cursor scan, which is what databases and
-disks are fast at, rather than one random ``get`` per record) and mixes the records
-through a shuffle buffer seeded by (seed, epoch, rank) (``data/shuffle.py``), bounded to
-about 64 MiB of transformed rows.  Evaluation reads every record exactly once: rank ``r``
-takes ``[r * n // W, (r + 1) * n // W)`` in storage order.  Caffe's own ``Data`` layer reads
-in key order without shuffling (databases are shuffled when written: ``convert_imageset
---shuffle``); sparkdp shuffles a ``Data`` layer's records unless ``shuffle=False``, and an
+by key).  A rank reads its blocks sequentially from their first key (a cursor scan, which
+is what databases and disks are fast at, rather than one random ``get`` per record); its
+shuffle buffer holds about 64 MiB of transformed rows.  Evaluation reads every record
+exactly once: rank ``r`` takes ``[r * n // W, (r + 1) * n // W)`` in storage order.
+Caffe's own ``Data`` layer reads in key order without shuffling (databases are shuffled
+when written: ``convert_imageset --shuffle``); sparkdp shuffles a ``Data`` layer's records unless ``shuffle=False``, and an
 ``HDF5Data`` layer's only when it says ``hdf5_data_param { shuffle: true }``, as Caffe does.
 
 ``transform_param`` is applied on the workers as Caffe's ``DataTransformer`` does

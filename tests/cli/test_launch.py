@@ -112,6 +112,46 @@ def test_a_hogwild_script_trains_asynchronously_through_the_parameter_server(tmp
     assert ddp.returncode != 0 and "is asynchronous: its workers share no process group" in ddp.stderr, _explain(ddp)
 
 
+def _hogwild_processes(tmp_path, method: str, processes: int, epochs: int = 4) -> None:
+    """The canonical spawning Hogwild! script with the one line: every process each of the 2
+    Spark workers starts pushes to the server (2 workers x processes x 38 batches x epochs: the
+    server's applied pushes), and the accuracy is the script's alone within 0.05."""
+    script = SCRIPTS / "hogwild_spawn.py"
+    args = ["--num-processes", str(processes), "--start-method", method, "--epochs", str(epochs)]
+    alone = _alone(script, *args, "--out", str(tmp_path / "alone.json"))
+    assert alone.returncode == 0, _explain(alone)
+    spark = sparkdp("-v", "launch", "--workers", "2", "--master", "local[2]", "--strategy", "hogwild",
+                    "--strategy-option", 'rule_options={"lr": 0.1}', str(script), "--", *args,
+                    "--out", str(tmp_path / "spark.json"), timeout=300)
+    assert spark.returncode == 0, _explain(spark)
+    assert f"{processes} of the {processes} processes worker 0 started joined the job" in spark.stderr, _explain(spark)
+    server = next(line for line in spark.stderr.splitlines() if "parameter server: {" in line)
+    assert f"'pushes_applied': {2 * processes * 38 * epochs}," in server and "'rejected': 0" in server, server
+    launched, single = _accuracy(tmp_path / "spark.json"), _accuracy(tmp_path / "alone.json")
+    assert abs(launched["accuracy"] - single["accuracy"]) < 0.05 and launched["accuracy"] > 0.85, (launched, single)
+
+
+@pytest.mark.parametrize(("method", "processes"), [("spawn", 2), ("fork", 1)])
+def test_processes_a_hogwild_script_starts_join_the_parameter_server(tmp_path, method, processes):
+    _hogwild_processes(tmp_path, method, processes)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("method", "processes"), [("spawn", 1), ("fork", 2)])
+def test_processes_a_hogwild_script_starts_join_the_parameter_server_more_shapes(tmp_path, method, processes):
+    _hogwild_processes(tmp_path, method, processes)
+
+
+def test_processes_a_synchronous_job_starts_are_named_as_training_alone(tmp_path):
+    script = SCRIPTS / "hogwild_spawn.py"
+    spark = sparkdp("launch", "--workers", "2", "--master", "local[2]", str(script), "--", "--num-processes", "1",
+                    "--epochs", "1", "--out", str(tmp_path / "spark.json"), timeout=240)
+    assert spark.returncode == 0, _explain(spark)
+    assert ("hogwild_spawn.py started 1 process(es) on worker 0 and none joined the job: in a synchronous job "
+            "(allreduce, average) processes a worker starts cannot join") in spark.stderr, _explain(spark)
+    assert "never called sparkdp.distribute" not in spark.stderr
+
+
 @pytest.mark.spark
 @pytest.mark.timeout(400)
 def test_on_a_cluster_master_the_scripts_directory_is_shipped_to_the_executors(tmp_path):

@@ -47,7 +47,7 @@ def main():
     parser = argparse.ArgumentParser(description="Hogwild! with processes")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--momentum", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--num-processes", type=int, default=2)

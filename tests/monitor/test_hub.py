@@ -203,3 +203,13 @@ def test_an_epoch_a_retried_worker_reports_again_is_logged_but_not_shown_twice(t
     assert shown == [1, 2, 3]
     logged = [(r["epoch"], r.get("repeated", False)) for r in _records(tmp_path, "epoch")]
     assert logged == [(1, False), (2, False), (1, True), (3, False)]
+
+
+def test_processes_a_worker_started_are_labelled_with_their_worker():
+    from sparkdp.monitor.display import Display
+    from sparkdp.train.children import child_worker_id
+
+    display = Display("job", 2, enabled=False)
+    assert [display.worker_label(r) for r in (0, 1)] == ["0", "1"]
+    assert [display.worker_label(child_worker_id(rank, 2, k)) for rank, k in ((0, 0), (1, 0), (1, 2))] == \
+        ["0.0", "1.0", "1.2"]

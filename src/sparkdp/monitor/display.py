@@ -151,7 +151,7 @@ class Display:
             r = latest[rank]
             score = self._scores.get(rank, {}).get("relative")
             table.add_row(
-                str(rank), str(r.get("epoch", "")), str(r.get("step", "")),
+                self.worker_label(rank), str(r.get("epoch", "")), str(r.get("step", "")),
                 f"{r['samples_per_s']:,.0f}" if "samples_per_s" in r else "",
                 f"{r['loss']:.4f}" if isinstance(r.get("loss"), (int, float)) else "",
                 *(f"{100 * r[k]:.0f}%" if k in r else "" for k in ("data_frac", "compute_frac", "comm_frac")),
@@ -160,6 +160,12 @@ class Display:
                  if "net_sent_per_s" in r else ""),
                 f"{score:.2f}" if score is not None else "")
         return table
+
+    def worker_label(self, rank: int) -> str:
+        """``R`` for Spark worker R; ``R.k`` for the k-th process it started (``train.children``)."""
+        if rank < self.world_size:
+            return str(rank)
+        return f"{rank % self.world_size}.{rank // self.world_size - 1}"
 
     def summary_table(self, latest: dict[int, dict[str, Any]]):
         """Per worker over the whole job (every attempt): steps, rows, time split, memory."""
@@ -174,7 +180,8 @@ class Display:
             r = latest[rank]
             spent = sum(r.get(k, 0.0) for k in ("data_s", "compute_s", "comm_s")) or 1e-9
             failed = (f"{r.get('failed_steps', 0):,}",) if redone else ()
-            table.add_row(str(rank), str(r.get("host", "")), f"{r.get('steps', 0):,}", f"{r.get('samples', 0):,}",
+            table.add_row(self.worker_label(rank), str(r.get("host", "")), f"{r.get('steps', 0):,}",
+                          f"{r.get('samples', 0):,}",
                           *failed, *(f"{100 * r.get(k, 0.0) / spent:.0f}%" for k in ("data_s", "compute_s", "comm_s")),
                           f"{r.get('rss_bytes', 0) / 2**20:,.0f}", f"{r.get('bytes_sent', 0) / 1e6:,.1f}")
         return table

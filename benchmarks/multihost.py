@@ -26,7 +26,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from common import markdown_table, write_json  # noqa: E402
-
 from tests.multihost import netbed  # noqa: E402 - after the path is set
 
 STRATEGIES = {"allreduce": [], "average(k=8)": ["--strategy", "average", "--strategy-option", "period=8"],

@@ -82,3 +82,26 @@ def test_no_route_leaves_gloo_to_the_hostname_and_says_so(monkeypatch):
 
 def test_an_unresolvable_rendezvous_host_has_no_source_address():
     assert source_address("no-such-host.invalid") is None
+
+
+def test_an_unreachable_rendezvous_store_is_named_within_seconds(monkeypatch):
+    """Nothing listens on the port of a store the launcher said was listening: the error comes
+    after the short connect grace (10 s; 1 s here), not the 60 s process-group timeout, and names
+    the address, the port and what to check."""
+    import time
+
+    from sparkdp.comm.torch_dist import TorchCollective
+    from sparkdp.errors import RendezvousTimeout
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setattr(torch_dist, "STORE_CONNECT_GRACE_S", 1.0)
+    started = time.monotonic()
+    with pytest.raises(RendezvousTimeout) as info:
+        TorchCollective().setup(master_addr="127.0.0.1", master_port=port, rank=1, world_size=2, timeout_s=60,
+                                store_listening=True)
+    assert time.monotonic() - started < 10
+    message = str(info.value)
+    assert f"rendezvous store at 127.0.0.1:{port}" in message and "ConnectionRefusedError" in message, message
+    assert "firewall" in message and "SPARK_LOCAL_IP" in message, message

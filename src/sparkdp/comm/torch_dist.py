@@ -128,6 +128,35 @@ def gloo_interface_note() -> str:
             "(spark.executorEnv.GLOO_SOCKET_IFNAME) to the interface they reach this host on")
 
 
+#: How long a rank keeps trying to open a TCP connection to the rendezvous store before it gives
+#: up with an error naming the address (rank 0 may still be starting its store; when the launcher
+#: shares the port, the store is already listening and a refusal is final).
+STORE_CONNECT_GRACE_S = 10.0
+
+
+def check_store_reachable(master_addr: str, master_port: int, rank: int, world_size: int,
+                          grace_s: float = STORE_CONNECT_GRACE_S) -> None:
+    """Raise :class:`RendezvousTimeout` naming the address within ``grace_s`` when no TCP connection
+    to the store opens, instead of letting torch's client retry until the process-group timeout."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        try:
+            with socket.create_connection((master_addr, master_port), timeout=max(0.5, min(5.0, grace_s))):
+                return
+        except OSError as exc:
+            last = exc
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
+    local = source_address(master_addr)
+    raise RendezvousTimeout(
+        f"rank {rank}/{world_size} cannot open a TCP connection to the rendezvous store at "
+        f"{master_addr}:{master_port} (rank 0's executor) from {local or 'this host (no route)'}: "
+        f"{type(last).__name__}: {last} (tried for {grace_s:g} s). The executors must reach each other: "
+        "a firewall between them must pass TCP to the ports the OS chooses (net.ipv4.ip_local_port_range), "
+        "and rank 0's executor address (Spark's, see SPARK_LOCAL_IP) must be one the other hosts reach.")
+
+
 def set_torch_distributed_env(master_addr: str, master_port: int, rank: int, world_size: int) -> None:
     """The one place that sets the environment torch.distributed reads (design rule 6, docs/architecture.md)."""
     os.environ["MASTER_ADDR"] = master_addr
@@ -155,12 +184,19 @@ class TorchCollective(Collective):
         self._store: dist.Store | None = None
 
     def setup(self, *, master_addr: str, master_port: int, rank: int, world_size: int,
-              timeout_s: float = 300.0, store: dist.Store | None = None) -> TorchCollective:
-        """Join the process group; ``store`` is rank 0's already-listening TCPStore, if any."""
+              timeout_s: float = 300.0, store: dist.Store | None = None,
+              store_listening: bool = False) -> TorchCollective:
+        """Join the process group; ``store`` is rank 0's already-listening TCPStore, if any.
+
+        ``store_listening``: rank 0's store listens already (the launcher shares its port only
+        then), so a rank that cannot connect to it within :data:`STORE_CONNECT_GRACE_S` fails at
+        once, naming the address, instead of after ``timeout_s``."""
         if dist.is_initialized():
             raise RuntimeError("a torch.distributed process group is already initialised in this process")
         set_torch_distributed_env(master_addr, master_port, rank, world_size)
         started = time.monotonic()
+        if store is None and rank != 0 and store_listening:
+            check_store_reachable(master_addr, master_port, rank, world_size, min(timeout_s, STORE_CONNECT_GRACE_S))
         try:
             if store is None:
                 store = dist.TCPStore(master_addr, master_port, world_size, is_master=(rank == 0),

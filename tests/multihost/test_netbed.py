@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -130,6 +131,31 @@ def test_a_killed_runs_leftovers_are_removed_as_stale():
     removed = netbed.remove_stale()
     assert sorted(removed) == sorted([f"{prefix}-a", f"{prefix}-bridge"])
     assert not any(n.startswith(prefix) for n in netbed._netns_names())
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_and_sigterm_tear_the_bed_down(sig):
+    """A script holding a bed (with a process on a host) is interrupted: its namespaces, its
+    processes and its directory are gone when it exits, with no help from remove_stale."""
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; sys.path.insert(0, sys.argv[1]);"
+        "from tests.multihost import netbed; netbed.install_signal_teardown();"
+        "bed = netbed.NetBed(['a', 'b'], rate='10mbit').up(); p = bed.popen('a', ['sleep', '600']);"
+        "print(bed.prefix, bed.directory, p.pid, flush=True); time.sleep(600)"), str(netbed.Path(__file__).parents[2])],
+        stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        prefix, directory, pid = child.stdout.readline().split()
+        assert any(n.startswith(prefix) for n in netbed._netns_names())
+        child.send_signal(sig)
+        child.wait(30)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait(10)
+    assert not any(n.startswith(prefix) for n in netbed._netns_names())
+    assert not os.path.exists(directory)
+    assert not os.path.exists(f"/proc/{pid}") or "sleep" not in open(f"/proc/{pid}/cmdline").read()
 
 
 def test_rates_are_parsed_as_tc_writes_them():

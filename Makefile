@@ -34,7 +34,7 @@ test-gpu: $(STAMP)
 
 # Several machines on this one: the driver, a Spark Master and Workers each in a network namespace
 # of its own (hostname, /etc/hosts, /dev/shm), on rate-limited links (tests/multihost/netbed.py).
-# Needs root (skipped otherwise); about 4 minutes; removes every namespace and process it made.
+# Needs root (skipped otherwise); about 7 minutes; removes every namespace and process it made.
 test-multihost: $(STAMP)
 	$(PY) -m pytest -m multihost $(PYTEST_ARGS) tests/multihost
 

@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.sparkdp-ready
 PYTEST_ARGS ?= --durations=20  # the slowest tests, to keep `make test` inside its time budget
 
-.PHONY: setup demo test test-fast test-gpu typecheck test-all test-cluster-env lint docs docs-serve fuzz bench bench-cluster bench-sync bench-allreduce bench-ps bench-ps-load bench-async bench-data bench-checkpoint bench-monitor clean
+.PHONY: setup demo test test-fast test-gpu typecheck test-all test-cluster-env test-multihost lint docs docs-serve fuzz bench bench-cluster bench-sync bench-allreduce bench-ps bench-ps-load bench-async bench-data bench-checkpoint bench-monitor bench-multihost clean
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh
 	bash scripts/bootstrap.sh
@@ -19,18 +19,24 @@ demo: $(STAMP)
 
 # pytest exits 5 when it collects nothing: treat that as a failure, never as a pass.
 test: $(STAMP)
-	@$(PY) -m pytest -m "not slow and not gpu" $(PYTEST_ARGS); rc=$$?; \
+	@$(PY) -m pytest -m "not slow and not gpu and not multihost" $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc = 5 ]; then echo "make test: pytest collected no tests - the suite is missing" >&2; exit 1; fi; \
 	exit $$rc
 
 # The inner loop: unit, threaded and torch.distributed tests; nothing that starts a JVM (tests
 # taking the spark fixture are marked spark by tests/conftest.py).
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not spark and not e2e and not slow and not gpu" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not spark and not e2e and not slow and not gpu and not multihost" $(PYTEST_ARGS)
 
 # CUDA/NCCL tests: run them on a machine with a GPU (make test skips them).
 test-gpu: $(STAMP)
 	$(PY) -m pytest -m gpu $(PYTEST_ARGS)
+
+# Several machines on this one: the driver, a Spark Master and Workers each in a network namespace
+# of its own (hostname, /etc/hosts, /dev/shm), on rate-limited links (tests/multihost/netbed.py).
+# Needs root (skipped otherwise); about 7 minutes; removes every namespace and process it made.
+test-multihost: $(STAMP)
+	$(PY) -m pytest -m multihost $(PYTEST_ARGS) tests/multihost
 
 test-all: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -90,6 +96,12 @@ bench-cluster: $(STAMP)
 
 bench-monitor: $(STAMP)
 	$(PY) benchmarks/monitor_cost.py
+
+# allreduce, average(k=8) and asgd across namespace hosts at 1 Gbit/s and 100 Mbit/s per host
+# (needs root; about 10 minutes; BENCH_MULTIHOST_ARGS= to change, e.g. --workers 2 4).
+BENCH_MULTIHOST_ARGS ?=
+bench-multihost: $(STAMP)
+	$(PY) benchmarks/multihost.py $(BENCH_MULTIHOST_ARGS)
 
 bench-data: $(STAMP)
 	$(PY) benchmarks/data_throughput.py

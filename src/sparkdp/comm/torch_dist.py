@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
+import socket
+import struct
+import sys
 import time
 from datetime import timedelta
 
@@ -26,6 +30,133 @@ _QUIESCE_S = 0.05
 _OPS = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
 
 
+#: The GLOO_SOCKET_IFNAME value sparkdp itself chose last in this process (a user's own is kept).
+_CHOSEN_IFNAME: str | None = None
+
+
+def source_address(remote: str) -> str | None:
+    """The address of this host that packets to ``remote`` leave from (the kernel's route
+    lookup: a UDP socket "connected" to it sends nothing), or None when there is no route."""
+    try:
+        family, _, _, _, sockaddr = socket.getaddrinfo(remote, 9, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as sock:
+            sock.connect(sockaddr)
+            return sock.getsockname()[0]
+    except OSError:
+        return None
+
+
+def interface_addresses() -> dict[str, list[str]]:
+    """Each network interface's addresses (IPv4 through SIOCGIFADDR, IPv6 from /proc/net/if_inet6);
+    Linux only, {} elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return {}
+    import fcntl
+
+    found: dict[str, list[str]] = {}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for _, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(sock.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
+                found.setdefault(name, []).append(socket.inet_ntoa(packed[20:24]))
+            except OSError:  # no IPv4 address on it
+                continue
+    try:
+        for line in open("/proc/net/if_inet6").read().splitlines():
+            parts = line.split()
+            if len(parts) >= 6:
+                found.setdefault(parts[5], []).append(str(ipaddress.IPv6Address(bytes.fromhex(parts[0]))))
+    except OSError:
+        pass
+    return found
+
+
+def interface_towards(remote: str) -> tuple[str, str] | None:
+    """``(interface, local address)`` this host reaches ``remote`` through, or None if unknown."""
+    local = source_address(remote)
+    if local is None:
+        return None
+    local_ip = ipaddress.ip_address(local.split("%")[0])
+    for name, addresses in interface_addresses().items():
+        if any(ipaddress.ip_address(a) == local_ip for a in addresses):
+            return name, local
+    return None
+
+
+def _choose_gloo_interface(master_addr: str) -> None:
+    """Point gloo at the interface that reaches ``master_addr``.
+
+    Left alone, gloo binds to the address this host's name resolves to: on many machines that is
+    127.0.1.1 (a distribution's default /etc/hosts), and then every other host's connection is
+    refused although the rendezvous on the real address worked. A GLOO_SOCKET_IFNAME the user set
+    is kept."""
+    global _CHOSEN_IFNAME
+    current = os.environ.get("GLOO_SOCKET_IFNAME")
+    if current is not None and current != _CHOSEN_IFNAME:
+        return  # the user's own choice
+    if master_addr.startswith("127.") or master_addr in ("localhost", "::1"):
+        chosen: str | None = "lo"
+    else:
+        found = interface_towards(master_addr)
+        chosen = found[0] if found else None
+        if found:
+            log.info("gloo uses interface %s (%s), the route to the rendezvous at %s", found[0], found[1], master_addr)
+    if chosen is None:
+        os.environ.pop("GLOO_SOCKET_IFNAME", None)  # gloo falls back to the hostname's address
+    else:
+        os.environ["GLOO_SOCKET_IFNAME"] = chosen
+    _CHOSEN_IFNAME = chosen
+
+
+def gloo_interface_note() -> str:
+    """What gloo binds to in this process, and where that came from, for error messages."""
+    name = os.environ.get("GLOO_SOCKET_IFNAME")
+    if name is None:
+        host = socket.gethostname()
+        try:
+            resolved = socket.gethostbyname(host)
+        except OSError:
+            resolved = "unresolvable"
+        return (f"gloo used the address this host's name {host!r} resolves to ({resolved}); set "
+                "GLOO_SOCKET_IFNAME in the executors' environment (spark.executorEnv.GLOO_SOCKET_IFNAME) to the "
+                "interface the other hosts reach this one on")
+    addresses = ", ".join(interface_addresses().get(name, [])) or "no address"
+    origin = ("chosen by sparkdp as the route to the rendezvous address" if name == _CHOSEN_IFNAME
+              else "set in the environment")
+    return (f"gloo used interface GLOO_SOCKET_IFNAME={name} ({addresses}; {origin}); if the other hosts cannot "
+            "reach that address, set GLOO_SOCKET_IFNAME in the executors' environment "
+            "(spark.executorEnv.GLOO_SOCKET_IFNAME) to the interface they reach this host on")
+
+
+#: How long a rank keeps trying to open a TCP connection to the rendezvous store before it gives
+#: up with an error naming the address (rank 0 may still be starting its store; when the launcher
+#: shares the port, the store is already listening and a refusal is final).
+STORE_CONNECT_GRACE_S = 10.0
+
+
+def check_store_reachable(master_addr: str, master_port: int, rank: int, world_size: int,
+                          grace_s: float = STORE_CONNECT_GRACE_S) -> None:
+    """Raise :class:`RendezvousTimeout` naming the address within ``grace_s`` when no TCP connection
+    to the store opens, instead of letting torch's client retry until the process-group timeout."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        try:
+            with socket.create_connection((master_addr, master_port), timeout=max(0.5, min(5.0, grace_s))):
+                return
+        except OSError as exc:
+            last = exc
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
+    local = source_address(master_addr)
+    raise RendezvousTimeout(
+        f"rank {rank}/{world_size} cannot open a TCP connection to the rendezvous store at "
+        f"{master_addr}:{master_port} (rank 0's executor) from {local or 'this host (no route)'}: "
+        f"{type(last).__name__}: {last} (tried for {grace_s:g} s). The executors must reach each other: "
+        "a firewall between them must pass TCP to the ports the OS chooses (net.ipv4.ip_local_port_range), "
+        "and rank 0's executor address (Spark's, see SPARK_LOCAL_IP) must be one the other hosts reach.")
+
+
 def set_torch_distributed_env(master_addr: str, master_port: int, rank: int, world_size: int) -> None:
     """The one place that sets the environment torch.distributed reads (design rule 6, docs/architecture.md)."""
     os.environ["MASTER_ADDR"] = master_addr
@@ -33,9 +164,7 @@ def set_torch_distributed_env(master_addr: str, master_port: int, rank: int, wor
     os.environ["RANK"] = str(rank)
     os.environ["WORLD_SIZE"] = str(world_size)
     os.environ["LOCAL_RANK"] = "0"
-    if master_addr.startswith("127.") or master_addr == "localhost":
-        # gloo picks its interface from the hostname, which may not resolve to loopback.
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    _choose_gloo_interface(master_addr)
 
 
 class TorchCollective(Collective):
@@ -55,24 +184,40 @@ class TorchCollective(Collective):
         self._store: dist.Store | None = None
 
     def setup(self, *, master_addr: str, master_port: int, rank: int, world_size: int,
-              timeout_s: float = 300.0, store: dist.Store | None = None) -> TorchCollective:
-        """Join the process group; ``store`` is rank 0's already-listening TCPStore, if any."""
+              timeout_s: float = 300.0, store: dist.Store | None = None,
+              store_listening: bool = False) -> TorchCollective:
+        """Join the process group; ``store`` is rank 0's already-listening TCPStore, if any.
+
+        ``store_listening``: rank 0's store listens already (the launcher shares its port only
+        then), so a rank that cannot connect to it within :data:`STORE_CONNECT_GRACE_S` fails at
+        once, naming the address, instead of after ``timeout_s``."""
         if dist.is_initialized():
             raise RuntimeError("a torch.distributed process group is already initialised in this process")
         set_torch_distributed_env(master_addr, master_port, rank, world_size)
+        started = time.monotonic()
+        if store is None and rank != 0 and store_listening:
+            check_store_reachable(master_addr, master_port, rank, world_size, min(timeout_s, STORE_CONNECT_GRACE_S))
         try:
             if store is None:
                 store = dist.TCPStore(master_addr, master_port, world_size, is_master=(rank == 0),
                                       timeout=timedelta(seconds=timeout_s))
+        except (RuntimeError, TimeoutError) as exc:  # torch raises DistStoreError (RuntimeError) on timeout
+            raise RendezvousTimeout(
+                f"rank {rank}/{world_size} could not reach the rendezvous store at {master_addr}:{master_port} "
+                f"(rank 0's executor) after {time.monotonic() - started:.0f} s (timeout {timeout_s:.0f} s): {exc}. "
+                "Check that the executors can reach each other on that address and that a firewall passes TCP "
+                "to that port."
+            ) from exc
+        try:
             # under NCCL the loop's small CPU tensors (loss sums, batch counts) go through gloo
             backend = "cpu:gloo,cuda:nccl" if self.backend == "nccl" else self.backend
             dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                     timeout=timedelta(seconds=timeout_s))
-        except (RuntimeError, TimeoutError) as exc:  # torch raises DistStoreError (RuntimeError) on timeout
+        except (RuntimeError, TimeoutError) as exc:
             raise RendezvousTimeout(
-                f"rank {rank}/{world_size} could not form the {self.backend} process group at "
-                f"{master_addr}:{master_port} within {timeout_s:.0f} s: {exc}. "
-                "Check that the executors can reach each other on that address."
+                f"rank {rank}/{world_size} reached the rendezvous store at {master_addr}:{master_port}, but the "
+                f"{self.backend} connections between the ranks failed after {time.monotonic() - started:.0f} s "
+                f"(timeout {timeout_s:.0f} s): {exc}. {gloo_interface_note()}."
             ) from exc
         self._owns_group = True
         self._store = store

@@ -25,7 +25,7 @@ def in_task(body: Callable[[Collective], Any], *, threads: int | None, pg_timeou
         device = task_device(info.gpus)
         collective = TorchCollective(device=device).setup(
             master_addr=info.master_addr, master_port=info.master_port, rank=info.rank,
-            world_size=info.world_size, timeout_s=pg_timeout_s, store=info.store)
+            world_size=info.world_size, timeout_s=pg_timeout_s, store=info.store, store_listening=True)
         try:
             return body(collective)
         finally:

@@ -1,0 +1,55 @@
+"""Run on the test bed's driver host: ``python driver_job.py MASTER_URL JOB.json``.
+
+Starts a session on MASTER_URL (with the job's ``conf``), records where the driver and every
+executor run (hostname, network namespace, the address the hostname resolves to), trains the
+job's ``fit`` arguments with sparkdp.fit on the built-in CNN and Fashion-MNIST, and prints one
+``RESULT {json}`` line; a failure is reported there too, with its type and message."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+
+
+def where() -> dict:
+    name = socket.gethostname()
+    try:
+        resolved = socket.gethostbyname(name)
+    except OSError:
+        resolved = None
+    return {"hostname": name, "netns": os.stat("/proc/self/ns/net").st_ino, "resolves_to": resolved}
+
+
+def _task_where(_rows):
+    yield where()
+
+
+def main() -> None:
+    master, job = sys.argv[1], json.loads(open(sys.argv[2]).read())
+    import sparkdp
+    from sparkdp.data.datasets import fashion_mnist
+    from sparkdp.models import build_model
+
+    spark = sparkdp.session(master, conf=job.get("conf"))
+    workers = job["fit"].get("workers", 2)
+    sc = spark.sparkContext
+    out = {"driver": where(), "driver_host": sc.getConf().get("spark.driver.host"),
+           "executors": sc.parallelize(range(workers), workers).barrier().mapPartitions(_task_where).collect()}
+    data = fashion_mnist(limit=job.get("limit", 2000))
+    started = time.monotonic()
+    try:
+        result = sparkdp.fit(build_model(job.get("model", "cnn")), (data.x_train, data.y_train),
+                             eval_data=(data.x_test, data.y_test), spark=spark, show_progress=False, **job["fit"])
+        out["result"] = {"samples_per_s": result.samples_per_s, "history": result.history}
+    except Exception as exc:  # noqa: BLE001 - reported to the test, which decides
+        out["error"] = {"type": type(exc).__name__, "message": str(exc)}
+    out["seconds"] = time.monotonic() - started
+    print("RESULT " + json.dumps(out), flush=True)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""sparkdp across hosts of the test bed (driver, Master and two Workers, each its own network
+namespace, hostname and /dev/shm; each host's name resolves to 127.0.1.1 on itself): a
+synchronous and an asynchronous job train with their executors provably on other hosts and their
+traffic on the links; a wrong gloo interface fails within seconds, naming it."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.multihost]
+
+# the built-in CNN's parameters in bytes (3.27M float32): what one all-reduce or push moves
+CNN_BYTES = 13_000_000
+
+
+def run_job(cluster, job: dict, *, timeout: float = 240) -> dict:
+    path = cluster.bed.directory / f"job-{len(list(cluster.bed.directory.glob('job-*')))}.json"
+    path.write_text(json.dumps(job))
+    script = str(__import__("pathlib").Path(__file__).with_name("driver_job.py"))
+    proc = cluster.run_driver([sys.executable, script, cluster.master_url, str(path)], timeout=timeout)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, f"driver failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
+    return json.loads(lines[-1].removeprefix("RESULT "))
+
+
+def link_bytes(cluster) -> dict[str, int]:
+    return {h: sum(cluster.bed.qdisc_stats(h).values()) for h in cluster.bed.hosts}
+
+
+def assert_on_other_hosts(out: dict) -> None:
+    executors = out["executors"]
+    assert sorted(e["hostname"] for e in executors) == ["worker-0", "worker-1"], executors
+    namespaces = {e["netns"] for e in executors} | {out["driver"]["netns"]}
+    assert len(namespaces) == 3, out  # driver and both executors: three network namespaces
+    assert out["driver"]["hostname"] == "driver"
+    # the test bed's hosts resolve their own names to loopback: the trap being tested
+    assert all(e["resolves_to"] == "127.0.1.1" for e in executors)
+
+
+@pytest.mark.timeout(420)
+def test_allreduce_trains_across_hosts_over_the_links(cluster):
+    before = link_bytes(cluster)
+    out = run_job(cluster, {"limit": 2000, "fit": {"strategy": "allreduce", "workers": 2, "epochs": 1,
+                                                   "optimizer_options": {"lr": 0.05}}})
+    assert "error" not in out, out["error"]
+    assert_on_other_hosts(out)
+    after = link_bytes(cluster)
+    steps = 1000 // 64  # 2,000 rows, 2 workers, batch 64
+    # gradients crossed each worker's link every step (no same-host shortcut), not the driver's
+    for worker in ("worker-0", "worker-1"):
+        assert after[worker] - before[worker] > steps * CNN_BYTES, (worker, after[worker] - before[worker])
+    assert after["driver"] - before["driver"] < steps * CNN_BYTES
+    assert out["result"]["history"][-1]["test_accuracy"] > 0.25, out["result"]  # 10 classes: chance is 0.1
+
+
+@pytest.mark.timeout(420)
+def test_asgd_trains_across_hosts_through_the_drivers_link(cluster):
+    before = link_bytes(cluster)
+    out = run_job(cluster, {"limit": 2000, "fit": {"strategy": "asgd", "workers": 2, "epochs": 1,
+                                                   "optimizer_options": {"lr": 0.05}}})
+    assert "error" not in out, out["error"]
+    assert_on_other_hosts(out)
+    after = link_bytes(cluster)
+    pushes = 2000 // 64
+    # every push and pull goes through the parameter server on the driver's host
+    assert after["driver"] - before["driver"] > pushes * CNN_BYTES, after["driver"] - before["driver"]
+    assert out["result"]["history"][-1]["test_accuracy"] > 0.25, out["result"]
+
+
+@pytest.mark.timeout(300)
+def test_a_wrong_gloo_interface_fails_within_seconds_naming_it(cluster):
+    """Executors told to use loopback for gloo cannot connect to each other: the job must fail
+    fast (not after the 60 s process-group timeout) and say what to change."""
+    out = run_job(cluster, {"limit": 500, "conf": {"spark.executorEnv.GLOO_SOCKET_IFNAME": "lo"},
+                            "fit": {"strategy": "allreduce", "workers": 2, "epochs": 1, "max_restarts": 0}})
+    assert "error" in out, out
+    message = out["error"]["message"]
+    assert "GLOO_SOCKET_IFNAME=lo" in message and "127.0.0.1" in message, message
+    assert "set in the environment" in message and "spark.executorEnv.GLOO_SOCKET_IFNAME" in message, message
+    assert "rendezvous store at 198.18.0." in message, message  # the address and port that did work
+    assert out["seconds"] < 45, out["seconds"]
+
+
+@pytest.mark.timeout(300)
+def test_ranks_on_one_host_share_memory_and_leave_the_link_idle():
+    """The converse of the all-reduce test: two ranks in one Worker of one host (2 cores) meet
+    in that host's /dev/shm, so their gradients never touch the link."""
+    from . import netbed
+
+    netbed.remove_stale()
+    with netbed.NetBed(["driver", "master", "worker-0"], rate="1gbit", hostname_loopback=True) as bed:
+        cluster = netbed.SparkOnNetBed(bed, ["worker-0"], cores=2, memory="3g").start()
+        before = link_bytes(cluster)
+        out = run_job(cluster, {"limit": 2000, "fit": {"strategy": "allreduce", "workers": 2, "epochs": 1,
+                                                       "optimizer_options": {"lr": 0.05}}})
+        after = link_bytes(cluster)
+    assert not bed.leftovers()
+    assert "error" not in out, out["error"]
+    assert [e["hostname"] for e in out["executors"]] == ["worker-0", "worker-0"], out["executors"]
+    # the model and data travel once from the driver (a few CNN sizes), the gradients never
+    # (over gloo they would move about 2 x CNN_BYTES per step, 15 steps, across the link)
+    moved = after["worker-0"] - before["worker-0"]
+    assert moved < 3 * CNN_BYTES, f"{moved:,} bytes crossed worker-0's link"
+    assert out["result"]["history"][-1]["test_accuracy"] > 0.25, out["result"]

@@ -122,14 +122,14 @@ def read_child_spec(path: str) -> dict[str, Any]:
     return spec
 
 
-def child_context(spec: dict[str, Any]) -> Any:
-    """The worker context of a process a Spark worker started: its own connection to the job's server."""
+def child_parts(spec: dict[str, Any]) -> dict[str, Any]:
+    """The worker context (``train.context.WorkerContext``'s fields) of a process a Spark worker
+    started: its own connection to the job's server, its own monitoring id."""
     from ..comm.single import IndependentCollective
     from ..monitor.probe import MonitorLink, open_probe
     from ..ps.transport import TcpOptions, TcpTransport
     from ..ps.transport.base import ConnectInfo
     from ..strategies.async_ps import AsyncParameterServer
-    from .context import WorkerContext
 
     options = dict(spec["strategy"])
     strategy = AsyncParameterServer(**options)
@@ -146,13 +146,15 @@ def child_context(spec: dict[str, Any]) -> Any:
     probe = open_probe(link, strategy.worker_id)
     Path(spec["joined_dir"], f"joined-{child}").touch()
     # the children of one Spark worker read its shard, each in its own order
-    ctx = WorkerContext(rank, world, IndependentCollective(rank, world), strategy, spec["seed"] + 7919 * (child + 1),
-                        probe=probe, child=child)
-    # the child's loop ends without telling sparkdp: its last pushes and records go when the process
-    # exits (multiprocessing runs these finalizers for spawned and forked processes alike)
-    multiprocessing.util.Finalize(None, probe.close, exitpriority=20)
+    return {"rank": rank, "world_size": world, "collective": IndependentCollective(rank, world), "strategy": strategy,
+            "seed": spec["seed"] + 7919 * (child + 1), "probe": probe, "child": child}
+
+
+def finish_at_exit(ctx: Any) -> None:
+    """The child's loop ends without telling sparkdp: its last pushes and records go when the
+    process exits (multiprocessing runs these finalizers for spawned and forked processes alike)."""
+    multiprocessing.util.Finalize(None, ctx.probe.close, exitpriority=20)
     multiprocessing.util.Finalize(None, ctx.finish, exitpriority=21)
-    return ctx
 
 
-__all__ = ["ENV", "Children", "child_context", "child_worker_id", "children_join", "read_child_spec"]
+__all__ = ["ENV", "Children", "child_parts", "child_worker_id", "children_join", "finish_at_exit", "read_child_spec"]

@@ -55,10 +55,11 @@ def current() -> WorkerContext:
     worker started (``train.children``), or a single process outside any job."""
     ctx = getattr(_local, "ctx", None)
     if ctx is None or ctx.pid != os.getpid():
-        from .children import ENV, child_context, read_child_spec
+        from .children import ENV, child_parts, finish_at_exit, read_child_spec
 
         if os.environ.get(ENV):  # taken out: the child's own processes (data loaders...) are not children
-            ctx = child_context(read_child_spec(os.environ.pop(ENV)))
+            ctx = WorkerContext(**child_parts(read_child_spec(os.environ.pop(ENV))))
+            finish_at_exit(ctx)
         else:
             from ..strategies.allreduce import AllReduce
 

@@ -75,8 +75,11 @@ def test_a_spec_another_user_could_read_or_a_broken_one_is_refused(tmp_path):
     spec = tmp_path / "child.json"
     spec.write_text("{}")
     os.chmod(spec, stat.S_IRUSR | stat.S_IWUSR | stat.S_IROTH)
-    with pytest.raises(ConfigError, match="is not a child spec this user's sparkdp worker wrote"):
+    with pytest.raises(ConfigError, match="is not a child spec this user's sparkdp worker wrote") as info:
         read_child_spec(str(spec))
+    assert "cannot be read" not in str(info.value)
+    with pytest.raises(ConfigError, match="cannot be read as a sparkdp child spec"):
+        read_child_spec(str(tmp_path / "absent.json"))
     os.chmod(spec, stat.S_IRUSR | stat.S_IWUSR)
     with pytest.raises(ConfigError, match="is not a complete sparkdp child spec"):
         read_child_spec(str(spec))

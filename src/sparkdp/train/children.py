@@ -60,10 +60,12 @@ def children_join(ctx: Any) -> Iterator[Children]:
     info = server[1] if server is not None and ctx.collective.independent else None
     joinable = info is not None
     directory = Path(tempfile.mkdtemp(prefix="sparkdp-children-"))  # mode 0700
+    server_spec = None if info is None else {
+        "address": info.address, "secret": info.secret.hex(), "tls_cert": info.tls_cert,
+        # sparkdp.run's server takes its centre from the first worker's model, a child's included
+        "offer_centre": bool(getattr(ctx.strategy, "_offer_centre", False))}
     base = {"rank": ctx.rank, "world_size": ctx.world_size, "seed": ctx.seed, "strategy": ctx.strategy.options(),
-            "server": None if info is None else {"address": info.address, "secret": info.secret.hex(),
-                                                 "tls_cert": info.tls_cert,
-                                                 "offer_centre": bool(getattr(ctx.strategy, "_offer_centre", False))}, "monitor": _monitor(ctx.probe), "joined_dir": str(directory)}
+            "server": server_spec, "monitor": _monitor(ctx.probe), "joined_dir": str(directory)}
     children = Children(joinable)
     original = multiprocessing.process.BaseProcess.start
 
@@ -108,9 +110,13 @@ def read_child_spec(path: str) -> dict[str, Any]:
     """The spec a parent process wrote for this one; checked, never executed or unpickled."""
     try:
         st = os.stat(path)
-        if st.st_uid != os.getuid() or st.st_mode & 0o077 or st.st_size > _MAX_SPEC_BYTES:
-            raise ConfigError(f"{ENV}={path!r} is not a child spec this user's sparkdp worker wrote "
-                              "(it must be private to the user and small); unset it.")
+    except OSError as exc:
+        raise ConfigError(f"{ENV}={path!r} cannot be read as a sparkdp child spec ({exc}); a process that is "
+                          "not started by a sparkdp worker should not have it set.") from None
+    if st.st_uid != os.getuid() or st.st_mode & 0o077 or st.st_size > _MAX_SPEC_BYTES:
+        raise ConfigError(f"{ENV}={path!r} is not a child spec this user's sparkdp worker wrote "
+                          "(it must be private to the user and small); unset it.")
+    try:
         spec = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{ENV}={path!r} cannot be read as a sparkdp child spec ({exc}); a process that is "

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import logging
-from types import SimpleNamespace
 
 import pytest
 
 from sparkdp.config import JobConfig
 from sparkdp.driver.recovery import RestartPolicy
 from sparkdp.errors import WorkerFailed, WorkerHung, WorkerLost
-from sparkdp.spark.launcher import task_attempts_allowed
 from sparkdp.spark.worker_errors import _decode_error, encode_error, translate_error
 
 pytestmark = pytest.mark.timeout(30)
@@ -50,12 +48,3 @@ def test_a_hung_worker_reaches_the_driver_typed_and_a_killed_one_as_lost():
     killed = translate_error(RuntimeError("Task 1 in stage 3.0 failed: Python worker exited unexpectedly (crashed)"),
                              2, "local[2]")
     assert isinstance(killed, WorkerLost) and str(killed).startswith("worker 1 died")
-
-
-@pytest.mark.parametrize(("master", "conf", "attempts"), [
-    ("local[2,4]", {}, 4), ("local[*, 3]", {}, 3), ("local[2]", {}, 1),
-    ("spark://h:7077", {}, 4), ("spark://h:7077", {"spark.task.maxFailures": "8"}, 8),
-])
-def test_the_attempts_spark_gives_an_asynchronous_task(master, conf, attempts):
-    sc = SimpleNamespace(master=master, getConf=lambda: SimpleNamespace(get=lambda key, default: conf.get(key, default)))
-    assert task_attempts_allowed(sc) == attempts

@@ -56,7 +56,8 @@ def fit_async(spec: FitSpec, job: JobConfig, *, workers: int, spark: Any, starte
     saver_dir = checkpoint_dir or resume
     saver = _ServerCheckpoints(server, saver_dir, job.checkpoints.checkpoint_every_s or 60.0, job.checkpoints.keep_checkpoints) \
         if saver_dir else None
-    with transport.serve(server, host=host, port=0) as endpoint, saver or contextlib.nullcontext():
+    with transport.serve(server, host=host, port=0, on_connect=report_retry) as endpoint, \
+            saver or contextlib.nullcontext():
         info = endpoint.info
         log.info("parameter server for %s on %s with %d shard(s)", strategy.rule, info.address, server.num_shards)
         shipped = replace(spec, strategy=copy.copy(strategy).connect_to(transport, info), fault=fault_from_env())
@@ -71,7 +72,7 @@ def fit_async(spec: FitSpec, job: JobConfig, *, workers: int, spark: Any, starte
             return report
 
         reports = run_tasks(task, workers, spark=spark, description=f"sparkdp async {strategy.rule}",
-                            start_timeout_s=start_timeout_s, on_task_failure=report_retry) \
+                            start_timeout_s=start_timeout_s) \
             if spec.epochs else []
     if saver is not None:
         saver.save()  # the finished job: a later resume has nothing left to do
@@ -97,16 +98,13 @@ def fit_async(spec: FitSpec, job: JobConfig, *, workers: int, spark: Any, starte
                  "per_worker": [{"worker": r.worker, **r.strategy_metrics} for r in sorted(reports, key=lambda r: r.worker)]})
 
 
-def report_retry(failure: int, attempts: int) -> None:
-    """The one line a failed asynchronous worker gets, as a synchronous restart does: Spark runs
-    its task again (up to ``attempts`` times), and the retry continues from the server's centre."""
-    if attempts > 1:
-        log.warning("sparkdp: an asynchronous worker's task failed -- Spark retries it (failure %d; each task may "
-                    "run %d times): the retry pulls the parameter server's current centre and continues its "
-                    "sequence numbers", failure, attempts)
-    else:
-        log.warning("sparkdp: an asynchronous worker's task failed, and the Spark master allows no retry "
-                    "(spark.task.maxFailures=1, or local[N] without ',F')")
+def report_retry(worker: int, times: int, last_seq: int) -> None:
+    """The one line a failed asynchronous worker gets, as a synchronous restart does: its task,
+    run again by Spark, connects once more and continues after the pushes the server kept."""
+    if times > 1:
+        log.warning("sparkdp: worker %d failed and Spark retried its task (attempt %d): it reconnected to the "
+                    "parameter server, which had applied its pushes up to #%d, and continues from #%d with the "
+                    "current centre; no push is applied twice", worker, times, last_seq, last_seq + 1)
 
 
 def task_collective(worker: int, workers: int, threads: int | None) -> IndependentCollective:
@@ -142,7 +140,8 @@ def run_async(call: Callable[[int, Any, AsyncParameterServer], Any], strategy: A
         raise ConfigError("push_every / pull_every = 'epoch' needs the epochs of sparkdp.fit's own loop; in your "
                           "own loop (sparkdp.run, sparkdp launch) give a number of batches instead.")
     transport = TcpTransport(TcpOptions(mac_payload=strategy.mac_payload, tls=strategy.tls))
-    with transport.serve(None, host=driver_host(spark), port=0, initial=_server_factory(strategy, workers)) as endpoint:
+    with transport.serve(None, host=driver_host(spark), port=0, initial=_server_factory(strategy, workers),
+                         on_connect=report_retry) as endpoint:
         if hub is not None:
             hub.server_metrics = lambda: endpoint.server.metrics() if endpoint.server is not None else {}
         shipped = copy.copy(strategy).connect_to(transport, endpoint.info, offer_centre=True)
@@ -151,8 +150,7 @@ def run_async(call: Callable[[int, Any, AsyncParameterServer], Any], strategy: A
         def task(worker: int) -> Any:
             return call(worker, task_collective(worker, workers, threads), shipped)
 
-        results = run_tasks(task, workers, spark=spark, description=description, start_timeout_s=start_timeout_s,
-                            on_task_failure=report_retry)
+        results = run_tasks(task, workers, spark=spark, description=description, start_timeout_s=start_timeout_s)
         server = endpoint.server
     if server is not None:
         log.info("parameter server: %s", {k: v for k, v in server.metrics().items() if k != "staleness"})

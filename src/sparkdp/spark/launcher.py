@@ -232,13 +232,12 @@ class BarrierStage:
 
 
 def run_watched(sc, collect: Callable[[], list[Any]], num_tasks: int, *, description: str, start_timeout_s: float,
-                need_all: bool, too_slow: str, on_task_failure: Callable[[int], None] | None = None) -> list[Any]:
+                need_all: bool, too_slow: str) -> list[Any]:
     """Run ``collect()`` (a Spark action of ``num_tasks`` tasks) in a thread under its own job
     group; cancel it and raise ``RendezvousTimeout(too_slow)`` when its tasks have not started
     within ``start_timeout_s`` — all of them (``need_all``, a barrier stage) or any — the clock
     restarting whenever a task makes progress (a DataFrame's job may run ordinary stages
-    first). A task's error becomes the sparkdp error it carried. ``on_task_failure(n)`` is
-    called when the n-th task of the job has failed (and Spark retries it, if it may)."""
+    first). A task's error becomes the sparkdp error it carried."""
     group = f"sparkdp-{uuid.uuid4().hex[:12]}"
     outcome: dict[str, Any] = {}
     done = threading.Event()
@@ -254,18 +253,9 @@ def run_watched(sc, collect: Callable[[], list[Any]], num_tasks: int, *, descrip
 
     threading.Thread(target=submit, name=group, daemon=True).start()
     deadline = time.monotonic() + start_timeout_s
-    started, seen, failed = False, -1, 0
-
-    def report_failures() -> None:
-        nonlocal failed
-        if on_task_failure is not None:
-            for n in range(failed + 1, _failed_tasks(sc, group) + 1):
-                on_task_failure(n)
-                failed = n
-
+    started, seen = False, -1
     try:
         while not done.wait(0.2):
-            report_failures()
             if started:
                 continue
             progress, all_started = _task_progress(sc, group, num_tasks)
@@ -279,7 +269,6 @@ def run_watched(sc, collect: Callable[[], list[Any]], num_tasks: int, *, descrip
     except KeyboardInterrupt:  # Ctrl-C on the driver: the job's tasks stop too
         sc.cancelJobGroup(group)
         raise
-    report_failures()  # (one that failed in the last moments)
     if "error" in outcome:
         raise translate_error(outcome["error"], num_tasks, sc.master) from None
     return outcome["results"]
@@ -355,15 +344,14 @@ def task_attempt() -> int:
 
 
 def run_tasks(fn: Callable[[int], Any], num_workers: int, *, spark, description: str = "sparkdp workers",
-              start_timeout_s: float = 60.0, on_task_failure: Callable[[int, int], None] | None = None) -> list[Any]:
+              start_timeout_s: float = 60.0) -> list[Any]:
     """Run ``fn(worker_index)`` as ``num_workers`` ordinary (non-barrier) Spark tasks.
 
     Unlike a barrier stage, Spark retries a failed task on its own (up to
     ``spark.task.maxFailures``; ``local[N,F]`` in local mode), and the tasks need not
     all run at once: with fewer slots than workers they run in waves. If none of them has started
     within ``start_timeout_s`` (no executor can take one), the job is cancelled with a
-    ``RendezvousTimeout`` instead of waiting for ever. ``on_task_failure(n, max_failures)`` hears
-    of the n-th failed task attempt (``spark.task.maxFailures`` attempts per task are allowed).
+    ``RendezvousTimeout`` instead of waiting for ever.
     """
     check_int("workers", num_workers)
     sc = spark.sparkContext
@@ -379,21 +367,9 @@ def run_tasks(fn: Callable[[int], Any], num_workers: int, *, spark, description:
             raise RuntimeError(encode_error(index, exc)) from None
 
     rdd = sc.parallelize(range(num_workers), num_workers).mapPartitionsWithIndex(run_partition)
-    attempts = task_attempts_allowed(sc)
     return run_watched(sc, rdd.collect, num_workers, description=description, start_timeout_s=start_timeout_s,
                        need_all=False, too_slow=_none_started(start_timeout_s, sc.master,
-                                                              f"the {num_workers} asynchronous workers"),
-                       on_task_failure=None if on_task_failure is None else lambda n: on_task_failure(n, attempts))
-
-
-def task_attempts_allowed(sc) -> int:
-    """How many attempts Spark gives a task: ``spark.task.maxFailures``, or ``local[N,F]``'s F."""
-    match = re.match(r"local\[[^,\]]+,\s*(\d+)\]", sc.master)
-    if match:
-        return int(match.group(1))
-    if sc.master.startswith("local"):
-        return 1  # local[N] never retries
-    return int(sc.getConf().get("spark.task.maxFailures", "4"))
+                                                              f"the {num_workers} asynchronous workers"))
 
 
 def _stages(sc, group: str) -> list[Any]:
@@ -408,11 +384,6 @@ def _task_progress(sc, group: str, num_workers: int) -> tuple[int, bool]:
     """Tasks of ``group`` running or done so far, and whether one stage has all ``num_workers`` going."""
     going = [stage.numActiveTasks + stage.numCompletedTasks for stage in _stages(sc, group)]
     return sum(going), any(n >= num_workers for n in going)
-
-
-def _failed_tasks(sc, group: str) -> int:
-    """Task attempts of ``group`` that have failed so far."""
-    return sum(stage.numFailedTasks for stage in _stages(sc, group))
 
 
 def too_few_slots_message(requested: int, slots: int, master: str) -> str:

@@ -103,6 +103,22 @@ def test_round_trip_and_duplicates(tcp, options):
         assert again.last_seq == 0
 
 
+def test_every_connection_is_reported_with_its_count_and_where_the_worker_continues(tcp):
+    """What the driver's one line about a retried asynchronous task is made of: the second
+    connection of a worker, and the last push the server applied for it."""
+    seen = []
+    ep = tcp(make_ps(SHAPES), on_connect=lambda worker, times, last_seq: seen.append((worker, times, last_seq)))
+    with _connect(ep, 1) as client:
+        versions, _ = client.pull()
+        for seq in range(3):
+            assert client.push(seq, versions, ones()).applied
+    with _connect(ep, 0):
+        pass
+    with _connect(ep, 1) as again:  # the retried task
+        assert again.last_seq == 2
+    assert seen == [(1, 1, -1), (0, 1, -1), (1, 2, 2)]
+
+
 def test_binds_loopback_by_default_and_falls_back_from_a_taken_port(tcp, caplog):
     ep = tcp(make_ps())
     assert ep._listener.getsockname()[0] == "127.0.0.1" and ep.address.startswith("127.0.0.1:")

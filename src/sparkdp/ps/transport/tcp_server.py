@@ -43,9 +43,13 @@ class TcpEndpoint(Endpoint):
         self, server: ParameterServer | None, host: str, port: int, secret: bytes, opts: TcpOptions,
         reports: Callable[[int, dict[str, Any]], None] | None = None,
         initial: Callable[[list[torch.Tensor]], ParameterServer] | None = None,
+        on_connect: Callable[[int, int, int], None] | None = None,
     ) -> None:
         self.server, self._secret, self._opts, self._reports = server, secret, opts, reports
         self._initial, self._init_lock = initial, threading.Lock()
+        #: told (worker, how many times it has connected, its last applied push seq or -1) after
+        #: every handshake: a second connection of a worker is a retried task
+        self._on_connect, self._connections = on_connect, Counter[int]()
         self._tls_ctx, cert = None, None
         if opts.tls:
             from sparkdp.ps.transport.tls import make_server_context
@@ -232,11 +236,18 @@ class TcpEndpoint(Endpoint):
         chan.set_keys(SessionKeys.derive(self._secret, server_nonce, client_nonce, worker), mac_payload)
         welcome = {"proof": server_proof(self._secret, server_nonce, client_nonce, worker).hex(),
                    "mac_payload": mac_payload}
+        last_seq = -1
         if self.server is not None:
-            welcome.update(plan=self.server.plan.to_json(), last_seq=self.server.last_seq(worker))
+            last_seq = self.server.last_seq(worker)
+            welcome.update(plan=self.server.plan.to_json(), last_seq=last_seq)
         elif self._initial is not None:
             welcome.update(awaits_centre=True)
         chan.send(Op.AUTH_OK, welcome)
+        if self._on_connect is not None:
+            with self._init_lock:
+                self._connections[worker] += 1
+                times = self._connections[worker]
+            self._on_connect(worker, times, last_seq)
         return worker
 
     def _handle_init(self, chan: Channel, worker: int, msg: codec.Message) -> None:

@@ -159,12 +159,13 @@ def run(args) -> int:
                "test_accuracy": result.test_accuracy, "wall_s": time.perf_counter() - started,
                "samples_per_s": result.samples_per_s, "model_path": model_path,
                "train_time_s": result.train_time_s, "history": result.history,
-               "restarts": whole["restarts"], "failed_attempts_s": whole["failed_attempts_s"], **result.details}
+               "failed_attempts_s": whole["failed_attempts_s"], **result.details}  # details: the restarts, listed
     if not quiet:
         failures = (f"; {whole['restarts']} restart(s) after failures, whose attempts ran "
                     f"{whole['failed_attempts_s']:.1f} s (their work after the checkpoint resumed from was redone)"
                     if whole["restarts"] else "")
-        print(f"{result.samples_per_s:,.0f} samples/s over {result.train_time_s:.1f} s of training (the work kept); "
+        kept = " (the work kept)" if whole["restarts"] else ""
+        print(f"{result.samples_per_s:,.0f} samples/s over {result.train_time_s:.1f} s of training{kept}; "
               f"{summary['wall_s']:.1f} s in all" + failures + (f"; model saved to {model_path}" if model_path else ""))
     if args.json_out:
         from ..files import atomic_write

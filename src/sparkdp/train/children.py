@@ -59,20 +59,21 @@ def children_join(ctx: Any) -> Iterator[Children]:
     server = getattr(ctx.strategy, "_server", None)  # (transport, ConnectInfo) of an asynchronous job
     info = server[1] if server is not None and ctx.collective.independent else None
     joinable = info is not None
-    directory = Path(tempfile.mkdtemp(prefix="sparkdp-children-"))  # mode 0700
+    # mode 0700; a synchronous job writes no spec, so it needs none
+    directory = Path(tempfile.mkdtemp(prefix="sparkdp-children-")) if joinable else None
     server_spec = None if info is None else {
         "address": info.address, "secret": info.secret.hex(), "tls_cert": info.tls_cert,
         # sparkdp.run's server takes its centre from the first worker's model, a child's included
         "offer_centre": bool(getattr(ctx.strategy, "_offer_centre", False))}
     base = {"rank": ctx.rank, "world_size": ctx.world_size, "seed": ctx.seed, "strategy": ctx.strategy.options(),
-            "server": server_spec, "monitor": _monitor(ctx.probe), "joined_dir": str(directory)}
+            "server": server_spec, "monitor": _monitor(ctx.probe), "joined_dir": str(directory)} if joinable else {}
     children = Children(joinable)
     original = multiprocessing.process.BaseProcess.start
 
     def start(process: multiprocessing.process.BaseProcess) -> None:
         child = children.started
         children.started += 1
-        if not joinable:
+        if directory is None:
             original(process)
             return
         path = directory / f"child-{child}.json"
@@ -94,8 +95,9 @@ def children_join(ctx: Any) -> Iterator[Children]:
         yield children
     finally:
         multiprocessing.process.BaseProcess.start = original  # type: ignore[method-assign]
-        children.joined.extend(sorted(int(p.name.split("-")[1]) for p in directory.glob("joined-*")))
-        shutil.rmtree(directory, ignore_errors=True)
+        if directory is not None:
+            children.joined.extend(sorted(int(p.name.split("-")[1]) for p in directory.glob("joined-*")))
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 def _monitor(probe: Any) -> dict[str, Any] | None:

@@ -49,6 +49,7 @@ JOB = textwrap.dedent('''
         while sc._jsc.sc().getExecutorIds().size() and time.monotonic() < deadline:
             time.sleep(0.5)
         out[job]["executors_left_after"] = sc._jsc.sc().getExecutorIds().size()
+    spark.stop()  # drains the listener bus, so the event log holds every executor event
     print("RESULT " + json.dumps(out))
 ''')
 
@@ -72,7 +73,13 @@ def test_async_jobs_run_in_waves_while_executors_arrive_and_leave(tmp_path):
         assert out[job]["pushes"] > 0 and out[job]["executors_left_after"] == 0, out
     log = [json.loads(line) for p in Path(events).rglob("*") if p.is_file() and not p.name.startswith(".")
            for line in p.read_text().splitlines()]
-    added = sum(e["Event"] == "SparkListenerExecutorAdded" for e in log)
-    removed = sum(e["Event"] == "SparkListenerExecutorRemoved" for e in log)
-    # two executors for the first job, at least one more for the second after both left
-    assert added >= 3 and removed >= 3, (added, removed)
+    changes = sorted((e["Timestamp"], +1 if e["Event"] == "SparkListenerExecutorAdded" else -1) for e in log
+                     if e["Event"] in ("SparkListenerExecutorAdded", "SparkListenerExecutorRemoved"))
+    held, most, came_back = 0, 0, False
+    for _, change in changes:
+        came_back |= change > 0 and held == 0 and most > 0  # an executor requested after all had left
+        held += change
+        most = max(most, held)
+    # How many executors the first job gets depends on how fast they start (one may run all four
+    # tasks in waves); what must hold is the cap, that all of them leave, and that they come back.
+    assert 1 <= most <= 2 and held == 0 and came_back, changes

@@ -112,7 +112,7 @@ class TrainingConfig:
     """What is trained how: the update strategy and the training loop.
 
     Attributes:
-        strategy: how workers combine their work: allreduce, average, or an asynchronous rule (asgd, hogwild, easgd, dcasgd, ddcasgd); or a Strategy object.
+        strategy: how workers combine their work: allreduce, average, diloco, or an asynchronous rule (asgd, hogwild, easgd, dcasgd, ddcasgd); or a Strategy object.
         strategy_options: the strategy's settings, e.g. {"period": 4}.
         epochs: passes over the training data.
         batch_size: rows per worker per step; the global batch is workers * batch_size.

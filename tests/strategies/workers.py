@@ -31,7 +31,7 @@ def collective_sum(coll):
 
 def train_sharded(coll, strategy_name: str, steps: int, batch: int, optimizer: str, period: int = 1,
                   average_state: bool = False, bucket_view: bool = True, shared_memory: bool = True,
-                  with_options: bool = False):
+                  with_options: bool = False, compression: str = "none"):
     """Each rank trains on its slice of every global batch; returns the final parameters."""
     model, x, y = make_problem()
     if coll.rank != 0:  # different local init: the strategy must broadcast rank 0's
@@ -46,7 +46,7 @@ def train_sharded(coll, strategy_name: str, steps: int, batch: int, optimizer: s
                          shared_memory_min_bytes=0) \
         if strategy_name == "allreduce" else ParameterAveraging(
         period=period, average_optimizer_state=average_state, shared_memory=shared_memory,
-        shared_memory_min_bytes=0)
+        shared_memory_min_bytes=0, compression=compression)
     net = strategy.setup(model, opt, coll)
     world = coll.world_size
     for step in range(steps):
@@ -74,3 +74,64 @@ def single_process(steps: int, batch: int, world: int, optimizer: str):
         nn.functional.cross_entropy(model(xb), yb).backward()
         opt.step()
     return [p.detach().clone() for p in model.parameters()]
+
+
+def train_diloco(coll, steps: int, batch: int, options: dict, inner_lr: float = 0.1):
+    """Each rank takes plain-SGD inner steps on its slice of every global batch under DiLoCo;
+    returns the final parameters and the strategy's options and communication figures."""
+    from sparkdp.strategies import DiLoCo
+
+    model, x, y = make_problem()
+    if coll.rank != 0:  # different local init: the strategy must broadcast rank 0's
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+    opt = torch.optim.SGD(model.parameters(), lr=inner_lr)
+    strategy = DiLoCo(**options)
+    net = strategy.setup(model, opt, coll)
+    world = coll.world_size
+    for step in range(steps):
+        lo = step * batch * world + coll.rank * batch
+        xb, yb = x[lo:lo + batch], y[lo:lo + batch]
+        strategy.add_samples(len(xb))
+        opt.zero_grad()
+        nn.functional.cross_entropy(net(xb), yb).backward()
+        opt.step()
+    strategy.finish()
+    return [p.detach().clone() for p in model.parameters()], strategy.options(), strategy.comm_stats()
+
+
+def wide_problem(seed: int = 0, rows: int = 256):
+    """A model with matrix-shaped gradients large enough for PowerSGD to compress (64 × 32)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, 32, generator=g)
+    y = torch.randint(0, 3, (rows,), generator=g)
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 3)), x, y
+
+
+def train_compressed(coll, compression: str, steps: int, batch: int, shared_memory: bool):
+    """All-reduce training with compressed gradients; (None for coll: the one-process reference on
+    the concatenated batches). Returns parameters, options and communication figures."""
+    model, x, y = wide_problem()
+    world = coll.world_size if coll is not None else 1
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    net, strategy = model, None
+    if coll is not None:
+        strategy = AllReduce(compression=compression, shared_memory=shared_memory, shared_memory_min_bytes=0,
+                             powersgd_start_step=2)
+        net = strategy.setup(model, opt, coll)
+    for step in range(steps):
+        if coll is None:
+            xb, yb = x[step * batch * 2:(step + 1) * batch * 2], y[step * batch * 2:(step + 1) * batch * 2]
+        else:
+            lo = step * batch * world + coll.rank * batch
+            xb, yb = x[lo:lo + batch], y[lo:lo + batch]
+        opt.zero_grad()
+        nn.functional.cross_entropy(net(xb), yb).backward()
+        opt.step()
+    params = [p.detach().clone() for p in model.parameters()]
+    if strategy is None:
+        return params
+    strategy.finish()
+    return params, strategy.options(), strategy.comm_stats()

@@ -44,6 +44,24 @@ class Collective(ABC):
         """Broadcast many tensors in place from ``src`` through one flat buffer per dtype."""
         _coalesced(tensors, lambda flat: self.broadcast(flat, src))
 
+    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's ``tensor`` (same shape and dtype everywhere), by rank. Default: a group of
+        one (the collectives that never communicate)."""
+        if self.world_size != 1:
+            raise NotImplementedError(f"{type(self).__name__} cannot gather from {self.world_size} ranks")
+        return [tensor.clone()]
+
+    def start_all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> Pending:
+        """Begin an in-place all-reduce and return at once; ``wait()`` finishes it. Every rank
+        must start collectives in the same order. Default: reduce now (nothing to overlap)."""
+        self.all_reduce(tensor, op)
+        return Pending(lambda: tensor)
+
+    def start_all_gather(self, tensor: torch.Tensor) -> Pending:
+        """Begin :meth:`all_gather`; ``wait()`` returns the tensors by rank."""
+        gathered = self.all_gather(tensor)
+        return Pending(lambda: gathered)
+
     def stalled_ranks(self, grace_s: float = 3.0) -> list[int] | None:
         """After a collective timed out here: the ranks that did not time out too (so are not
         waiting: stopped, hung). None when that cannot be told. Default: cannot."""
@@ -51,6 +69,19 @@ class Collective(ABC):
 
     def teardown(self) -> None:
         """Release what setup acquired. Default: nothing."""
+
+
+class Pending:
+    """A collective begun with ``start_*``: :meth:`wait` blocks until it is done and returns its
+    result (the reduced tensor, or the gathered list)."""
+
+    __slots__ = ("_finish",)
+
+    def __init__(self, finish: Callable[[], object]) -> None:
+        self._finish = finish
+
+    def wait(self):  # noqa: ANN201 (a tensor or a list of them, by collective)
+        return self._finish()
 
 
 def _coalesced(tensors: Sequence[torch.Tensor], collective: Callable[[torch.Tensor], object]) -> None:

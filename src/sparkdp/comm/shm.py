@@ -203,5 +203,8 @@ class SharedMemoryCollective(Collective):
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         return self.inner.broadcast(tensor, src)
 
+    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        return self.inner.all_gather(tensor)
+
     def barrier(self) -> None:
         self.inner.barrier()

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import ConfigError, RendezvousTimeout
-from .base import Collective
+from .base import Collective, Pending
 
 log = logging.getLogger(__name__)
 
@@ -259,6 +259,26 @@ class TorchCollective(Collective):
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         dist.broadcast(tensor, src)
         return tensor
+
+    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        return self.start_all_gather(tensor).wait()
+
+    def start_all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> Pending:
+        if op not in ("sum", "mean"):
+            return super().start_all_reduce(tensor, op)
+        work = dist.all_reduce(tensor, dist.ReduceOp.SUM, async_op=True)
+        world = self.world_size
+
+        def finish() -> torch.Tensor:
+            work.wait()
+            return tensor.div_(world) if op == "mean" else tensor
+
+        return Pending(finish)
+
+    def start_all_gather(self, tensor: torch.Tensor) -> Pending:
+        out = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        work = dist.all_gather(out, tensor.contiguous(), async_op=True)
+        return Pending(lambda: (work.wait(), out)[1])
 
     def barrier(self) -> None:
         dist.barrier()

@@ -8,12 +8,15 @@ from .allreduce import AllReduce
 from .async_ps import AsyncParameterServer
 from .average import ParameterAveraging
 from .base import Launcher, Strategy
+from .diloco import DiLoCo
 
 STRATEGIES: Registry[Strategy] = Registry("strategy")
 STRATEGIES.register("allreduce", AllReduce,
                     description="gradient all-reduce every step (DDP buckets, overlapped with backward)")
 STRATEGIES.register("average", ParameterAveraging,
                     description="parameter averaging every k local steps (Deeplearning4j style)")
+STRATEGIES.register("diloco", DiLoCo,
+                    description="inner steps, then an outer Nesterov step on the mean change (DiLoCo)")
 
 # Asynchronous strategies: one preset of one class per update rule (design rule 3), generated
 # from the rule registry so that every rule is reachable by name.
@@ -31,6 +34,6 @@ def resolve_strategy(strategy: str | Strategy, **options) -> Strategy:
 
 
 __all__ = [
-    "STRATEGIES", "AllReduce", "AsyncParameterServer", "Launcher", "ParameterAveraging", "Strategy",
+    "STRATEGIES", "AllReduce", "AsyncParameterServer", "DiLoCo", "Launcher", "ParameterAveraging", "Strategy",
     "resolve_strategy",
 ]

@@ -22,6 +22,7 @@ from ..comm.base import Collective
 from ..comm.shm import DEFAULT_SLOT_BYTES, SharedMemoryCollective, SharedMemoryReducer
 from ..errors import ConfigError
 from .base import Strategy, ring_bytes
+from .compression import DeltaReducer, check_codec
 
 
 class ParameterAveraging(Strategy):
@@ -37,13 +38,18 @@ class ParameterAveraging(Strategy):
             ``shared_memory_min_bytes`` or more go through a shared mapping
             (``sparkdp.comm.shm``) instead of gloo's TCP.
         shared_memory_min_bytes: the smallest average sent through shared memory (1 MiB).
+        compression: ``"none"``, ``"bf16"``, ``"fp16"`` or ``"int8"``: parameters and buffers
+            travel as their change since the last average, compressed with error feedback
+            (:mod:`sparkdp.strategies.compression`); averaged optimizer state travels whole.
     """
 
     name = "average"
 
     def __init__(self, period: int | str = 1, average_optimizer_state: bool = False,
-                 shared_memory: bool = True, shared_memory_min_bytes: int = 1 << 20) -> None:
+                 shared_memory: bool = True, shared_memory_min_bytes: int = 1 << 20,
+                 compression: str = "none") -> None:
         super().__init__()
+        self.compression = check_codec(compression)
         if period != "epoch" and (not isinstance(period, int) or isinstance(period, bool) or period < 1):
             raise ConfigError(f"period must be a positive integer or 'epoch'; got {period!r}.")
         if period == 1:
@@ -57,6 +63,8 @@ class ParameterAveraging(Strategy):
         self._transport = "process-group"
         self._steps = 0
         self._samples = 0
+        self._reducer: DeltaReducer | None = None
+        self._anchor: list[torch.Tensor] = []  # the last average, which compressed deltas start from
 
     def setup(self, model: nn.Module, optimizer: Optimizer, collective: Collective) -> nn.Module:
         self._attach(model, optimizer, collective)
@@ -69,6 +77,9 @@ class ParameterAveraging(Strategy):
                 if reducer is not None:
                     self.collective = SharedMemoryCollective(collective, reducer, self.shared_memory_min_bytes)
                     self._transport = "shared-memory"
+        if self.compression != "none":
+            self._reducer = DeltaReducer(self.compression)
+            self._anchor = [t.detach().clone().float() for t in _state_tensors(model) if t.is_floating_point()]
         return model
 
     def add_samples(self, n: int) -> None:
@@ -111,11 +122,31 @@ class ParameterAveraging(Strategy):
         coll.all_reduce(total, "sum")
         if total.item() == 0:
             return
+        if self._reducer is not None:
+            params = len(self._anchor)
+            wire = self._average_deltas(tensors[:params], weight / total.item())
+            tensors = tensors[params:]  # optimizer state, averaged whole below
+            self.comm.add(0.0, wire, wire)
+            if not tensors:
+                self.comm.add(time.perf_counter() - started)
+                return
         for t in tensors:
             t.mul_(weight / total.item())
         coll.all_reduce_coalesced(tensors, "sum")
         wire = ring_bytes(sum(t.numel() * t.element_size() for t in tensors), coll.world_size)
         self.comm.add(time.perf_counter() - started, wire, wire)
+
+    def _average_deltas(self, tensors: list[torch.Tensor], share: float) -> int:
+        """Move ``tensors`` to the anchor plus the mean change since it, sent compressed; returns
+        the bytes sent."""
+        assert self._reducer is not None and self.collective is not None
+        with torch.no_grad():
+            delta = torch.cat([(t.float() - a).reshape(-1) for t, a in zip(tensors, self._anchor, strict=True)])
+            mean = self._reducer.start(self.collective, delta.mul_(share)).wait()
+            for t, a, part in zip(tensors, self._anchor, mean.split([a.numel() for a in self._anchor]), strict=True):
+                a.add_(part.view_as(a))
+                t.copy_(a)
+        return self._reducer.wire_bytes(delta.numel(), self.collective.world_size)
 
     def state_dict(self) -> dict[str, Any]:
         """The local steps taken so far: the averaging period continues from there."""
@@ -129,7 +160,8 @@ class ParameterAveraging(Strategy):
 
     def options(self) -> dict[str, Any]:
         return {"period": self.period, "average_optimizer_state": self.average_optimizer_state,
-                "shared_memory": self.shared_memory, "parameter_transport": self._transport}
+                "shared_memory": self.shared_memory, "compression": self.compression,
+                "parameter_transport": self._transport}
 
 
 def _state_tensors(model: nn.Module) -> list[torch.Tensor]:

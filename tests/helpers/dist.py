@@ -1,4 +1,7 @@
-"""Run a function on N gloo processes on 127.0.0.1 (the `distributed` test tier)."""
+"""Run a function on N gloo processes on 127.0.0.1 (the `distributed` test tier).
+
+``backend`` and ``device`` choose another process group (the GPU tests: NCCL at world size 1,
+gloo with CUDA tensors on one GPU); left out, the workers use gloo on the CPU."""
 
 from __future__ import annotations
 
@@ -20,12 +23,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank: int, fn: Callable, world_size: int, port: int, outdir: str, args: tuple) -> None:
+def _entry(rank: int, fn: Callable, world_size: int, port: int, outdir: str, args: tuple,
+           backend: str | None = None, device: str = "cpu") -> None:
     from sparkdp.comm.torch_dist import TorchCollective
 
     torch.set_num_threads(1)
-    coll = TorchCollective().setup(master_addr="127.0.0.1", master_port=port, rank=rank,
-                                   world_size=world_size, timeout_s=60)
+    coll = TorchCollective(backend=backend, device=device).setup(
+        master_addr="127.0.0.1", master_port=port, rank=rank, world_size=world_size, timeout_s=60)
     try:
         result = fn(coll, *args)
         torch.save(result, os.path.join(outdir, f"rank{rank}.pt"))
@@ -36,15 +40,17 @@ def _entry(rank: int, fn: Callable, world_size: int, port: int, outdir: str, arg
         coll.teardown()
 
 
-def run_workers(fn: Callable, world_size: int, *args: Any, timeout_s: float = 120) -> list[Any]:
+def run_workers(fn: Callable, world_size: int, *args: Any, timeout_s: float = 120,
+                backend: str | None = None, device: str = "cpu") -> list[Any]:
     """Run ``fn(collective, *args)`` on ``world_size`` spawned processes; return results by rank.
 
-    ``fn`` must be importable (module level). A hang fails after ``timeout_s``.
+    ``fn`` must be importable (module level). A hang fails after ``timeout_s``. ``backend`` and
+    ``device`` are :class:`~sparkdp.comm.torch_dist.TorchCollective`'s (default: gloo on the CPU).
     """
     port = free_port()
     with tempfile.TemporaryDirectory() as outdir:
-        ctx = mp.start_processes(_entry, args=(fn, world_size, port, outdir, args), nprocs=world_size,
-                                 join=False, start_method="spawn")
+        ctx = mp.start_processes(_entry, args=(fn, world_size, port, outdir, args, backend, device),
+                                 nprocs=world_size, join=False, start_method="spawn")
         try:
             import time
 

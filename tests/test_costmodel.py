@@ -44,17 +44,41 @@ def test_worker_counts_table_and_recommendation():
     assert costmodel.worker_counts(8) == [1, 2, 4, 8]
     assert costmodel.worker_counts(100) == [1, 2, 4, 8, 16, 32, 64, 100]
     rows = costmodel.table(CNN, TEN_GBIT, [1, 2, 1024], average_k=8)
-    assert [r.label for r in rows[:3]] == ["allreduce", "average(k=8)", "asgd(k=1,shards=1)"]
+    assert [r.label for r in rows[:5]] == ["allreduce", "allreduce(bf16)", "average(k=8)",
+                                           "diloco(H=32,int8)", "asgd(k=1,shards=1)"]
     assert costmodel.recommend(rows, 2).startswith("allreduce: 87% scaling efficiency")
     slow = Network.from_link(1.0, 0.5)
     far = costmodel.table(CNN, slow, [1024], average_k=8)
+    # int8's all-gather grows with the workers: at 1024 it moves 1023 quarter-models per round
     assert costmodel.recommend(far, 1024).startswith("average(k=8):")
+    far = costmodel.table(CNN, slow, [1024], average_k=8, diloco_compression="none")
+    assert costmodel.recommend(far, 1024).startswith("diloco(H=32):")  # a ring every 32 steps
+
+
+def test_compression_and_diloco_by_hand():
+    s, beta = CNN.nbytes, 0.8e-9
+    # bf16 halves the ring's bytes: M = 2 moves S/2 -> 5.24 ms
+    assert predict("allreduce", CNN, TEN_GBIT, 2, compression="bf16").step_s == pytest.approx(0.070 + s / 2 * beta)
+    # int8 at M = 4: an all-gather of 3 × (S/4 + S/1024) bytes
+    int8 = predict("average", CNN, TEN_GBIT, 4, k=8, compression="int8")
+    assert int8.step_s == pytest.approx(0.070 + 3 * (s / 4 + s / 1024) * beta / 8)
+    # diloco H = 32 at M = 2, uncompressed: one ring of S (and 8 bytes of rows) every 32 steps
+    plain = predict("diloco", CNN, TEN_GBIT, 2, k=32)
+    assert plain.step_s == pytest.approx(0.070 + (s + 8) * beta / 32) and plain.label == "diloco(H=32)"
+    # four pieces, each of S/4 = 2.6 ms, hidden behind one 70 ms step apiece: nothing left to pay
+    hidden = predict("diloco", CNN, TEN_GBIT, 2, k=32, fragments=4, overlap_steps=1)
+    assert hidden.step_s == pytest.approx(0.070) and hidden.options == {"H": 32, "fragments": 4, "overlap_steps": 1}
+    # on a 100 Mbit/s link a piece takes 262 ms: one 70 ms step hides only part of it
+    slow = Network.from_link(0.1, 0.0)
+    part = predict("diloco", CNN, slow, 2, k=32, fragments=4, overlap_steps=1)
+    assert part.step_s == pytest.approx(0.070 + 4 * ((s / 4 + 8) * 80e-9 - 0.070) / 32)
 
 
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: predict("sgd", CNN, TEN_GBIT, 2), "knows allreduce, average, asgd"),
+        (lambda: predict("sgd", CNN, TEN_GBIT, 2), "knows allreduce, average, diloco, asgd"),
+        (lambda: predict("allreduce", CNN, TEN_GBIT, 2, compression="powersgd"), "prices allreduce with compression"),
         (lambda: predict("average", CNN, TEN_GBIT, 2, k=0), "k >= 1"),
         (lambda: predict("allreduce", CNN, TEN_GBIT, 0), "workers >= 1"),
         (lambda: Network.from_link(0, 1), "bandwidth must be > 0"),

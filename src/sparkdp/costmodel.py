@@ -8,6 +8,11 @@ compute ``C`` plus what communication the strategy adds per step:
   overlaps part of it with the backward pass; ``overlap`` is that fraction, 0 by default,
   which is conservative);
 * ``average`` — the same ring over the parameters, every ``k`` steps;
+* ``diloco`` — the same every ``k`` (H) steps, in ``fragments`` pieces whose reductions may hide
+  behind ``overlap_steps`` steps of compute each, plus one small all-reduce of the rows per piece;
+* ``compression`` shrinks what a reduction moves (docs/algorithms.md §10): ``bf16``/``fp16``
+  halve the ring's bytes; ``int8`` is an all-gather of a quarter of them,
+  ``(M-1)α + (M-1)·(S/4 + S/1024)·β``;
 * ``asgd`` — a push and a pull of ``S`` bytes to a parameter server every ``k`` steps,
   ``(2α_ps + 2S·β_ps)/k`` on the worker, but one server's link carries all ``M`` workers'
   traffic and its update rule applies every push, so a step can be no faster than
@@ -28,7 +33,11 @@ from dataclasses import dataclass, field
 
 from .errors import ConfigError
 
-STRATEGIES = ("allreduce", "average", "asgd")
+STRATEGIES = ("allreduce", "average", "diloco", "asgd")
+#: what the model can price: a codec's bytes depend on the parameter count alone (PowerSGD's
+#: depend on every tensor's shape, so it is left out)
+CODECS = {"allreduce": ("none", "bf16", "fp16"), "average": ("none", "bf16", "fp16", "int8"),
+          "diloco": ("none", "bf16", "fp16", "int8"), "asgd": ("none",)}
 
 
 @dataclass(frozen=True)
@@ -87,7 +96,8 @@ class Prediction:
 
     @property
     def label(self) -> str:
-        extra = ",".join(f"{k}={v}" for k, v in self.options.items())
+        # a codec by its name alone: "diloco(H=32,int8)"
+        extra = ",".join(str(v) if k == "compression" else f"{k}={v}" for k, v in self.options.items())
         return f"{self.strategy}({extra})" if extra else self.strategy
 
 
@@ -99,26 +109,48 @@ def ring_allreduce_s(nbytes: float, workers: int, net: Network) -> float:
     return 2 * (m - 1) * net.latency_s + 2 * (m - 1) / m * nbytes * net.seconds_per_byte
 
 
+def reduction_s(nbytes: float, workers: int, net: Network, compression: str = "none") -> float:
+    """One reduction of ``nbytes`` of float32 values over ``workers``, sent with ``compression``."""
+    if workers <= 1:
+        return 0.0
+    if compression == "int8":
+        m = workers
+        return (m - 1) * net.latency_s + (m - 1) * (nbytes / 4 + nbytes / 1024) * net.seconds_per_byte
+    return ring_allreduce_s(nbytes / 2 if compression in ("bf16", "fp16") else nbytes, workers, net)
+
+
 def predict(strategy: str, work: Workload, net: Network, workers: int, *, k: int = 1, shards: int = 1,
-            overlap: float = 0.0) -> Prediction:
+            overlap: float = 0.0, compression: str = "none", fragments: int = 1,
+            overlap_steps: int = 0) -> Prediction:
     """The predicted step of ``strategy`` on ``workers`` workers (see the module docstring)."""
     if strategy not in STRATEGIES:
         raise ConfigError(f"the cost model knows {', '.join(STRATEGIES)}; got {strategy!r}")
-    if workers < 1 or k < 1 or shards < 1 or not 0.0 <= overlap < 1.0:
-        raise ConfigError(f"need workers >= 1, k >= 1, shards >= 1 and 0 <= overlap < 1; got {workers}, {k}, "
-                          f"{shards}, {overlap}")
+    if workers < 1 or k < 1 or shards < 1 or not 0.0 <= overlap < 1.0 or fragments < 1 or overlap_steps < 0:
+        raise ConfigError(f"need workers >= 1, k >= 1, shards >= 1, 0 <= overlap < 1, fragments >= 1 and "
+                          f"overlap_steps >= 0; got {workers}, {k}, {shards}, {overlap}, {fragments}, {overlap_steps}")
+    if compression not in CODECS[strategy]:
+        raise ConfigError(f"the cost model prices {strategy} with compression {', '.join(CODECS[strategy])}; "
+                          f"got {compression!r}")
     c, s = work.step_compute_s * work.cpu_share(workers), work.nbytes
-    options: dict = {}
+    options: dict = {"compression": compression} if compression != "none" else {}
     bound = "compute"
     if strategy == "allreduce":
-        comm = ring_allreduce_s(s, workers, net)
+        comm = reduction_s(s, workers, net, compression)
         hidden = min(overlap * comm, c)
         step = c + comm - hidden
         comm -= hidden
     elif strategy == "average":
-        comm = ring_allreduce_s(s, workers, net) / k
+        comm = reduction_s(s, workers, net, compression) / k
         step = c + comm
-        options = {"k": k}
+        options = {"k": k, **options}
+    elif strategy == "diloco":
+        # each piece: its reduction and the rows' all-reduce, less what overlap_steps of compute hide
+        piece = reduction_s(s / fragments, workers, net, compression) + (ring_allreduce_s(8, workers, net)
+                                                                           if workers > 1 else 0.0)
+        comm = fragments * max(0.0, piece - overlap_steps * c) / k
+        step = c + comm
+        options = {"H": k, **options, **({"fragments": fragments} if fragments > 1 else {}),
+                   **({"overlap_steps": overlap_steps} if overlap_steps else {})}
     else:
         per_worker = (2 * net.ps_alpha + 2 * s * net.ps_beta) / k
         # the server's link and its update rule, per round of every worker's push
@@ -143,12 +175,15 @@ def worker_counts(maximum: int) -> list[int]:
 
 
 def table(work: Workload, net: Network, counts: Sequence[int], *, average_k: int = 8, ps_k: int = 1,
-          shards: int = 1, overlap: float = 0.0) -> list[Prediction]:
-    """Every strategy at every worker count: allreduce, average(k), asgd(k, shards)."""
+          shards: int = 1, overlap: float = 0.0, diloco_h: int = 32, diloco_compression: str = "int8") -> list[Prediction]:
+    """Every strategy at every worker count: allreduce (plain and bf16), average(k),
+    diloco(H, compression) and asgd(k, shards)."""
     rows = []
     for m in counts:
         rows.append(predict("allreduce", work, net, m, overlap=overlap))
+        rows.append(predict("allreduce", work, net, m, overlap=overlap, compression="bf16"))
         rows.append(predict("average", work, net, m, k=average_k))
+        rows.append(predict("diloco", work, net, m, k=diloco_h, compression=diloco_compression))
         rows.append(predict("asgd", work, net, m, k=ps_k, shards=shards))
     return rows
 
@@ -158,13 +193,14 @@ def recommend(rows: Sequence[Prediction], workers: int) -> str:
     at = [r for r in rows if r.workers == workers]
     if not at:
         raise ConfigError(f"no prediction for {workers} workers")
-    sync = next(r for r in at if r.strategy == "allreduce")
+    sync = next(r for r in at if r.strategy == "allreduce" and not r.options)
     best = max(at, key=lambda r: r.samples_per_s)
     if sync.efficiency >= 0.8 or best is sync:
         return (f"allreduce: {sync.efficiency:.0%} scaling efficiency at {workers} workers; it trains exactly like "
                 "one process on the combined batch, so prefer it.")
+    why = ("sends 16-bit gradients, which rarely changes accuracy" if best.strategy == "allreduce" else
+           f"{best.strategy} communicates less often or without a barrier, which can need more epochs to reach "
+           "the same accuracy")
     return (f"{best.label}: {best.samples_per_s / sync.samples_per_s:.2f}x allreduce's throughput at {workers} "
-            f"workers, where allreduce keeps only {sync.efficiency:.0%} of each worker's compute speed; "
-            f"{best.strategy} communicates less often or without a barrier, which can need more epochs to reach "
-            "the same accuracy.")
+            f"workers, where allreduce keeps only {sync.efficiency:.0%} of each worker's compute speed; {why}.")
 

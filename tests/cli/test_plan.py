@@ -18,13 +18,16 @@ def test_plan_json_from_stated_figures(capsys):
     assert {w for _, w in rows} == {1, 2, 4, 8, 16}
     assert rows[("allreduce", 2)]["step_s"] == pytest.approx(0.070 + 3_274_634 * 4 * 0.8e-9, rel=1e-6)
     assert rows[("asgd(k=1,shards=1)", 16)]["bound"] == "server"
-    assert report["recommendation"].startswith("average(k=8): 1.24x")  # allreduce keeps 78 % < 80 % at 16
+    # allreduce keeps 78 % < 80 % at 16; diloco's one int8 model per 32 steps costs 0.1 ms a step
+    assert report["recommendation"].startswith("diloco(H=32,int8): 1.26x")
+    assert rows[("diloco(H=32,int8)", 16)]["step_s"] == pytest.approx(
+        0.070 + (15 * (3_274_634 + 3_274_634 * 4 / 1024) * 0.8e-9 + 2 * 15 * 8 / 16 * 0.8e-9) / 32, rel=1e-6)
 
 
 def test_plan_table_and_errors(capsys):
     assert main(["plan", "--params", "1000000", "--step-compute-ms", "5", "--workers", "4"]) == 0
     out = capsys.readouterr().out
-    assert "predicted step time" in out and "recommendation:" in out and "average(k=8)" in out
+    assert "predicted step time" in out and "recommendation:" in out and "(k=8)" in out and "(bf16)" in out
     assert main(["plan", "--model", "cnn"]) == 2
     assert "give --step-compute-ms" in capsys.readouterr().err
     assert main(["plan", "--step-compute-ms", "5"]) == 2

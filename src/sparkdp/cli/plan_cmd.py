@@ -18,8 +18,9 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         "plan",
         help="predict each strategy's step time and scaling up to many workers",
-        description="Predict per-step time, throughput and scaling efficiency of allreduce, average(k) and "
-        "asgd for growing worker counts (the cost model of docs/algorithms.md §8), and recommend one.",
+        description="Predict per-step time, throughput and scaling efficiency of allreduce (plain and bf16), "
+        "average(k), diloco(H, compression) and asgd for growing worker counts (the cost model of "
+        "docs/algorithms.md §8 and §10), and recommend one.",
         epilog="examples:\n"
         "  sparkdp plan --model cnn --step-compute-ms 70 --workers 1024 --bandwidth 10 --latency 0.05\n"
         "  sparkdp plan --model cnn --calibrate --verify --workers 256",
@@ -38,6 +39,9 @@ def add_parser(sub) -> None:
     net.add_argument("--latency", type=float, default=0.05, help="one message's latency in ms (default 0.05)")
     opts = p.add_argument_group("strategy options")
     opts.add_argument("--average-k", type=int, default=8, help="average's period in steps (default 8)")
+    opts.add_argument("--diloco-period", type=int, default=32, help="diloco's period H in steps (default 32)")
+    opts.add_argument("--diloco-compression", default="int8", choices=("none", "bf16", "fp16", "int8"),
+                      help="how diloco's deltas travel (default int8)")
     opts.add_argument("--ps-k", type=int, default=1, help="asgd's push_every (default 1)")
     opts.add_argument("--shards", type=int, default=1, help="parameter-server shards (default 1)")
     opts.add_argument("--overlap", type=float, default=0.0,
@@ -81,7 +85,8 @@ def run(args) -> int:
         compute_s = args.step_compute_ms / 1e3
     work = costmodel.Workload(params, compute_s, batch=args.batch, cpu_slots=args.cpu_slots)
     rows = costmodel.table(work, net, costmodel.worker_counts(args.workers), average_k=args.average_k,
-                           ps_k=args.ps_k, shards=args.shards, overlap=args.overlap)
+                           ps_k=args.ps_k, shards=args.shards, overlap=args.overlap,
+                           diloco_h=args.diloco_period, diloco_compression=args.diloco_compression)
     advice = costmodel.recommend(rows, args.workers)
     if args.verify:
         report["verify"] = _verify(args, rows, report["calibration"]["workers"])
@@ -115,7 +120,8 @@ def _verify(args, rows, workers: int) -> list[dict]:
     from ..driver.calibrate import measure_steps
 
     measured = measure_steps(args.model, spark=sparkdp.session(args.master, log_level="OFF"), workers=workers,
-                             batch=args.batch, average_k=args.average_k, ps_k=args.ps_k)
+                             batch=args.batch, average_k=args.average_k, ps_k=args.ps_k,
+                             diloco_h=args.diloco_period, diloco_compression=args.diloco_compression)
     out = []
     for row in rows:
         if row.workers == workers and row.label in measured:
@@ -139,8 +145,8 @@ def _print(params, compute_s, net, rows, advice, report) -> None:
     labels = list(dict.fromkeys(r.label for r in rows))
     table = Table(title="predicted step time (ms) / scaling efficiency")
     table.add_column("workers", justify="right")
-    for label in labels:
-        table.add_column(label, justify="right")
+    for label in labels:  # "asgd(k=1,shards=1)" over three lines: six columns fit 80 characters
+        table.add_column(label.replace("(", "\n(").replace(",", ",\n"), justify="right")
     for m in dict.fromkeys(r.workers for r in rows):
         cells = {r.label: f"{r.step_s * 1e3:.1f} / {r.efficiency:.0%}" + (" *" if r.bound == "server" else "")
                  for r in rows if r.workers == m}

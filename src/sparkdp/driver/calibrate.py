@@ -195,7 +195,7 @@ def _server_apply_s(server, params: int, reps: int) -> float:  # noqa: ANN001
 
 
 def measure_steps(model_name: str, *, spark, workers: int, batch: int = 64, rows: int = 12_000, average_k: int = 8,
-                  ps_k: int = 1) -> dict[str, float]:
+                  ps_k: int = 1, diloco_h: int = 32, diloco_compression: str = "int8") -> dict[str, float]:
     """Real training on Fashion-MNIST: seconds per step of each strategy, from its second epoch.
 
     What ``sparkdp plan --calibrate --verify`` compares the predictions with: the second epoch
@@ -209,7 +209,10 @@ def measure_steps(model_name: str, *, spark, workers: int, batch: int = 64, rows
 
     train, _ = dataset_tensors(load_dataset("fashion-mnist", limit=rows))
     steps = math.ceil(train.num_samples() / (workers * batch))
-    runs = {"allreduce": ("allreduce", {}), f"average(k={average_k})": ("average", {"period": average_k}),
+    diloco = f"diloco(H={diloco_h}" + (f",{diloco_compression})" if diloco_compression != "none" else ")")
+    runs = {"allreduce": ("allreduce", {}), "allreduce(bf16)": ("allreduce", {"compression": "bf16"}),
+            f"average(k={average_k})": ("average", {"period": average_k}),
+            diloco: ("diloco", {"period": diloco_h, "compression": diloco_compression}),
             f"asgd(k={ps_k},shards=1)": ("asgd", {"push_every": ps_k})}
     measured = {}
     for label, (strategy, options) in runs.items():

@@ -1,14 +1,18 @@
-"""Strategies across real per-host links: allreduce, average(k=8) and asgd on the multi-host test bed.
+"""Strategies across real per-host links on the multi-host test bed: throughput, bytes and time to accuracy.
 
 The test bed (``tests/multihost/netbed.py``) puts the driver, a Spark Master and each Worker in a
 network namespace of its own (own hostname, /etc/hosts and /dev/shm), joined by a bridge; every
 host's link is limited by ``tbf`` both ways to ``--rates`` (1 Gbit/s and 100 Mbit/s by default).
 Each configuration runs ``sparkdp train --dataset fashion-mnist --model cnn`` on the driver host
-(``--limit`` rows, 1 epoch, SGD lr 0.05, batch 64, one core per worker) and reports samples/s over
-the training time, the epoch time, the test accuracy and the bytes that crossed the links (the
-tbf counters of the driver's and the workers' links, both directions summed). Needs root.
+(``--limit`` rows, ``--epochs`` epochs, SGD lr 0.05, batch 64, one core per worker, ``--seeds``) and
+reports samples/s over the training time, the last epoch's time and test accuracy, the training
+seconds until the test accuracy first reached ``--target`` (evaluated after every epoch; empty
+when it never did), and the bytes that crossed the links (the tbf counters of the driver's and
+the workers' links, both directions summed), also per trained sample. Needs root.
 
     python benchmarks/multihost.py --workers 2 --rates 1gbit 100mbit --limit 4000
+    python benchmarks/multihost.py --strategies allreduce allreduce+bf16 allreduce+powersgd average-8 \
+        diloco-32 diloco-32+int8 --limit 12000 --epochs 3 --target 0.8 --seeds 0 1
 
 Writes a markdown table to stdout and everything to ``--json``.
 """
@@ -28,15 +32,32 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from common import markdown_table, write_json  # noqa: E402
 from tests.multihost import netbed  # noqa: E402 - after the path is set
 
-STRATEGIES = {"allreduce": [], "average(k=8)": ["--strategy", "average", "--strategy-option", "period=8"],
-              "asgd": ["--strategy", "asgd"]}
+
+def _options(strategy: str, **options: object) -> list[str]:
+    flags = ["--strategy", strategy]
+    for key, value in options.items():
+        flags += ["--strategy-option", f"{key}={value}"]
+    return flags
 
 
-def train(cluster: netbed.SparkOnNetBed, label: str, workers: int, args, out: Path) -> dict:
-    options = STRATEGIES[label] or ["--strategy", label]
+STRATEGIES = {
+    "allreduce": _options("allreduce"),
+    "allreduce+bf16": _options("allreduce", compression="bf16"),
+    "allreduce+powersgd": _options("allreduce", compression="powersgd"),
+    "average-8": _options("average", period=8),
+    "average-8+int8": _options("average", period=8, compression="int8"),
+    "diloco-32": _options("diloco", period=32),
+    "diloco-32+int8": _options("diloco", period=32, compression="int8"),
+    "asgd": _options("asgd"),
+}
+DEFAULT = ["allreduce", "average-8", "asgd"]
+
+
+def train(cluster: netbed.SparkOnNetBed, label: str, workers: int, seed: int, args, out: Path) -> dict:
     cmd = [sys.executable, "-m", "sparkdp.cli.main", "train", "--dataset", "fashion-mnist", "--model", "cnn",
-           *options, "--workers", str(workers), "--epochs", "1", "--lr", "0.05", "--limit", str(args.limit),
-           "--master", cluster.master_url, "--quiet", "--json-out", str(out)]
+           *STRATEGIES[label], "--workers", str(workers), "--epochs", str(args.epochs), "--lr", "0.05",
+           "--limit", str(args.limit), "--seed", str(seed), "--master", cluster.master_url, "--quiet",
+           "--json-out", str(out)]
     before = {h: cluster.bed.qdisc_stats(h) for h in cluster.bed.hosts}
     started = time.monotonic()
     proc = cluster.run_driver(cmd, timeout=args.timeout)
@@ -47,18 +68,34 @@ def train(cluster: netbed.SparkOnNetBed, label: str, workers: int, args, out: Pa
     moved = {h: sum(after[h][k] - before[h][k] for k in ("sent", "received")) for h in cluster.bed.hosts}
     summary = json.loads(out.read_text())
     history = summary.get("history") or [{}]
-    workers_mb = sum(v for h, v in moved.items() if h.startswith("worker-")) / workers / 1e6
+    workers_bytes = sum(v for h, v in moved.items() if h.startswith("worker-"))
     return {"samples_per_s": summary["samples_per_s"], "epoch_s": history[-1].get("epoch_time_s"),
             "test_accuracy": history[-1].get("test_accuracy"), "wall_s": wall,
-            "driver_link_mb": moved["driver"] / 1e6, "worker_link_mb": workers_mb}
+            "time_to_target_s": time_to_target(history, args.target),
+            "accuracy_by_epoch": [[e.get("epoch_time_s"), e.get("test_accuracy")] for e in history],
+            "bytes_per_sample": workers_bytes / (args.limit * args.epochs),
+            "driver_link_mb": moved["driver"] / 1e6, "worker_link_mb": workers_bytes / workers / 1e6}
+
+
+def time_to_target(history: list[dict], target: float | None) -> float | None:
+    """Training seconds until the first epoch whose test accuracy reached ``target``."""
+    spent = 0.0
+    for epoch in history:
+        spent += epoch.get("epoch_time_s") or 0.0
+        if target is not None and (epoch.get("test_accuracy") or 0.0) >= target:
+            return spent
+    return None
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[2])
     parser.add_argument("--rates", nargs="+", default=["1gbit", "100mbit"])
-    parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=list(STRATEGIES))
+    parser.add_argument("--strategies", nargs="+", default=DEFAULT, choices=list(STRATEGIES))
     parser.add_argument("--limit", type=int, default=4000, help="training rows (default 4000)")
+    parser.add_argument("--epochs", type=int, default=1, help="epochs, each evaluated (default 1)")
+    parser.add_argument("--target", type=float, help="test accuracy to time (e.g. 0.8)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--timeout", type=float, default=400, help="seconds per training run")
     parser.add_argument("--json", default=str(ROOT / "out" / "bench-multihost.json"))
     args = parser.parse_args()
@@ -73,16 +110,19 @@ def main() -> None:
             hosts = netbed.cluster_hosts(workers)
             with netbed.NetBed(hosts, rate=rate) as bed:
                 cluster = netbed.SparkOnNetBed(bed, hosts[2:]).start()
-                for label in args.strategies:
-                    row = {"workers": workers, "rate": rate, "strategy": label,
-                           **train(cluster, label, workers, args, bed.directory / f"{label}.json")}
-                    print(json.dumps(row), file=sys.stderr, flush=True)
-                    results.append(row)
-    headers = ["workers", "link per host", "strategy", "samples/s", "epoch s", "test acc.", "MB per worker link",
+                for seed in args.seeds:
+                    for label in args.strategies:
+                        row = {"workers": workers, "rate": rate, "strategy": label, "seed": seed,
+                               **train(cluster, label, workers, seed, args, bed.directory / f"{label}-{seed}.json")}
+                        print(json.dumps(row), file=sys.stderr, flush=True)
+                        results.append(row)
+    headers = ["workers", "link per host", "strategy", "seed", "samples/s", "last epoch s", "test acc.",
+               f"s to {args.target}" if args.target else "s to target", "bytes/sample", "MB per worker link",
                "MB driver link"]
-    rows = [[r["workers"], r["rate"], r["strategy"], r.get("samples_per_s", r.get("error")), r.get("epoch_s"),
-             f"{r['test_accuracy']:.3f}" if r.get("test_accuracy") is not None else None, r.get("worker_link_mb"),
-             r.get("driver_link_mb")] for r in results]
+    rows = [[r["workers"], r["rate"], r["strategy"], r["seed"], r.get("samples_per_s", r.get("error")),
+             r.get("epoch_s"), f"{r['test_accuracy']:.3f}" if r.get("test_accuracy") is not None else None,
+             r.get("time_to_target_s"), r.get("bytes_per_sample"), r.get("worker_link_mb"), r.get("driver_link_mb")]
+            for r in results]
     print(markdown_table(headers, rows, digits=1))
     write_json(args.json, {"args": vars(args), "results": results})
 

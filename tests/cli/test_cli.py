@@ -151,3 +151,29 @@ def test_parquet_data_from_the_command_line(tmp_path):
                    "--json-out", str(summary))
     assert proc.returncode == 0, _explain(proc)
     assert json.loads(summary.read_text())["test_accuracy"] > 0.9
+
+
+@pytest.mark.e2e
+def test_diloco_with_int8_deltas_checkpoints_its_outer_momentum_and_resumes(tmp_path):
+    from sparkdp.train.checkpoint import latest_checkpoint
+
+    script = tmp_path / "train_me.py"
+    script.write_text(SCRIPT)
+    ckpt, summary = tmp_path / "ckpt", tmp_path / "s.json"
+    job = ["train", str(script), "--workers", "2", "--strategy", "diloco", "--strategy-option", "period=2",
+           "--strategy-option", "compression=int8", "--checkpoint-dir", str(ckpt), "--json-out", str(summary)]
+    proc = sparkdp(*job, "--epochs", "2")
+    assert proc.returncode == 0, _explain(proc)
+    first = json.loads(summary.read_text())
+    assert first["strategy"] == "diloco" and first["strategy_options"]["compression"] == "int8", first
+    # the summary names the outer momentum's tensors; the checkpoint holds them
+    buffers = first["strategy_state"]["outer"]["state"]
+    assert buffers and all(v["momentum_buffer"].startswith("tensor(float32") for v in buffers.values()), buffers
+    saved = latest_checkpoint(ckpt)
+    assert saved is not None and saved.epoch == 2
+    momentum = [v["momentum_buffer"] for v in saved.strategy_state["outer"]["state"].values()]
+    assert all(m.abs().sum() > 0 for m in momentum)
+    proc = sparkdp(*job, "--epochs", "3", "--resume", str(ckpt))
+    assert proc.returncode == 0, _explain(proc)
+    resumed = json.loads(summary.read_text())
+    assert len(resumed["history"]) == 3 and resumed["test_accuracy"] > 0.9, resumed

@@ -155,7 +155,8 @@ def run(args) -> int:
         print("final: loss {loss:.4f}".format(**final)
               + (f"  test_accuracy {final['test_accuracy']:.4f}" if "test_accuracy" in final else ""))
     whole = result.summary()
-    summary = {"strategy": result.strategy, "workers": result.workers, "epochs": result.epochs,
+    summary = {"strategy": result.strategy, "strategy_options": result.strategy_options,
+               "workers": result.workers, "epochs": result.epochs,
                "test_accuracy": result.test_accuracy, "wall_s": time.perf_counter() - started,
                "samples_per_s": result.samples_per_s, "model_path": model_path,
                "train_time_s": result.train_time_s, "history": result.history,
@@ -170,5 +171,15 @@ def run(args) -> int:
     if args.json_out:
         from ..files import atomic_write
 
-        atomic_write(args.json_out, lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=2)))
+        atomic_write(args.json_out, lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=2, default=_described)))
     return 0
+
+
+def _described(value: object) -> str:
+    """A tensor in the summary (a strategy's state, e.g. diloco's outer momentum) by its type and
+    shape: the values belong in checkpoints, not in a JSON report."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return f"tensor({str(value.dtype).removeprefix('torch.')}, shape={list(value.shape)})"
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")

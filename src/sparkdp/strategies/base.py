@@ -128,8 +128,9 @@ class Strategy(ABC):
         return {}
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the strategy is in its schedule (plain JSON values), to resume it in a later
-        stage or from a checkpoint. Default: nothing (a stateless strategy)."""
+        """Where the strategy is in its schedule (JSON values and tensors, as ``sparkdp.state``
+        stores them), to resume it in a later stage or from a checkpoint. Default: nothing (a
+        stateless strategy)."""
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

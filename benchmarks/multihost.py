@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -124,7 +125,35 @@ def main() -> None:
              r.get("time_to_target_s"), r.get("bytes_per_sample"), r.get("worker_link_mb"), r.get("driver_link_mb")]
             for r in results]
     print(markdown_table(headers, rows, digits=1))
+    print()
+    print(summary_table(results, args.target))
     write_json(args.json, {"args": vars(args), "results": results})
+
+
+def summary_table(results: list[dict], target: float | None) -> str:
+    """Medians over the seeds per (workers, rate, strategy), and each against allreduce's: how
+    much sooner the target accuracy came and the last epoch's accuracy difference in points."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in results:
+        if "error" not in r:
+            groups.setdefault((r["workers"], r["rate"], r["strategy"]), []).append(r)
+
+    def median(rows: list[dict], key: str) -> float | None:
+        values = [r[key] for r in rows if r.get(key) is not None]
+        return statistics.median(values) if len(values) == len(rows) and values else None
+
+    rows = []
+    for (workers, rate, strategy), runs in groups.items():
+        base = groups.get((workers, rate, "allreduce"))
+        reach, base_reach = median(runs, "time_to_target_s"), base and median(base, "time_to_target_s")
+        accuracy, base_accuracy = median(runs, "test_accuracy"), base and median(base, "test_accuracy")
+        rows.append([workers, rate, strategy, len(runs), median(runs, "samples_per_s"), reach,
+                     f"{base_reach / reach:.1f}x" if reach and base_reach else None,
+                     f"{accuracy:.3f}", f"{100 * (accuracy - base_accuracy):+.1f}" if base_accuracy else None,
+                     median(runs, "bytes_per_sample")])
+    headers = ["workers", "link per host", "strategy", "seeds", "samples/s", f"s to {target}",
+               "sooner than allreduce", "test acc.", "points vs allreduce", "bytes/sample"]
+    return markdown_table(headers, rows, digits=1)
 
 
 if __name__ == "__main__":

@@ -145,6 +145,23 @@ def test_two_ranks_on_one_gpu_equal_one_process_on_the_concatenated_batches(stra
     assert all(torch.equal(a, b) for a, b in zip(ranks[0]["params"], ranks[1]["params"])), "the ranks differ"
 
 
+@pytest.mark.parametrize("strategy,options,atol", [
+    ("allreduce", {"compression": "bf16"}, 5e-3),  # sparkdp's own half-precision hook on gloo
+    ("diloco", {"period": 2, "compression": "int8"}, 5e-3),  # quantised on the GPU, gathered by gloo
+    ("diloco", {"period": 2, "compression": "bf16"}, 1e-2),
+])
+def test_compressed_strategies_on_the_gpu_stay_near_float32(strategy, options, atol):
+    run = {**options, "shared_memory": False}
+    plain = run_workers(workers.train_sharded, WORLD, strategy, STEPS, BATCH, {**run, "compression": "none"},
+                        backend="gloo", device=DEVICE)
+    ranks = run_workers(workers.train_sharded, WORLD, strategy, STEPS, BATCH, run, backend="gloo", device=DEVICE)
+    for rank, got in enumerate(ranks):
+        assert got["device"] == DEVICE and got["options"]["compression"] == options["compression"], got
+        assert got["state_devices"] == (["cpu"] if strategy == "diloco" else []), got["state_devices"]
+        _assert_close(got["params"], plain[rank]["params"], f"{strategy} {options} rank {rank}", atol=atol)
+    assert all(torch.equal(a, b) for a, b in zip(ranks[0]["params"], ranks[1]["params"])), "the ranks differ"
+
+
 # --- the asynchronous strategy with its model on the GPU --------------------------------------
 
 

@@ -18,7 +18,7 @@ from torch import nn
 from sparkdp.data.tensors import TensorData
 from sparkdp.models import build_model
 from sparkdp.state import state_from_bytes
-from sparkdp.strategies import AllReduce, ParameterAveraging
+from sparkdp.strategies import STRATEGIES, AllReduce, ParameterAveraging
 from sparkdp.train.jobs import in_task
 from sparkdp.train.loop import FitSpec, fit_worker
 from sparkdp.train.optim import optimizer_factory, resolve_loss
@@ -82,8 +82,9 @@ def _strategy(name: str):
                                   shared_memory_min_bytes=0)
 
 
-def train_sharded(coll, strategy_name: str, steps: int, batch: int) -> dict[str, Any]:
-    """Each rank trains on ``coll.device`` on its slice of every global batch (momentum SGD)."""
+def train_sharded(coll, strategy_name: str, steps: int, batch: int, options: dict | None = None) -> dict[str, Any]:
+    """Each rank trains on ``coll.device`` on its slice of every global batch (momentum SGD);
+    ``options``: the strategy made by name with them instead of the fixed ones above."""
     model, x, y = make_problem()
     if coll.rank != 0:  # a different start: the strategy must broadcast rank 0's parameters
         with torch.no_grad():
@@ -92,7 +93,7 @@ def train_sharded(coll, strategy_name: str, steps: int, batch: int) -> dict[str,
     model.to(coll.device)
     x, y = x.to(coll.device), y.to(coll.device)
     opt = _momentum_sgd(model)
-    strategy = _strategy(strategy_name)
+    strategy = _strategy(strategy_name) if options is None else STRATEGIES.create(strategy_name, **options)
     net = strategy.setup(model, opt, coll)
     for step in range(steps):
         lo = (step * coll.world_size + coll.rank) * batch
@@ -102,7 +103,11 @@ def train_sharded(coll, strategy_name: str, steps: int, batch: int) -> dict[str,
         nn.functional.cross_entropy(net(xb), yb).backward()
         opt.step()
     strategy.finish()
-    return {"params": _cpu(model.parameters()), "options": strategy.options(), "device": _device_of(model)}
+    state = strategy.state_dict()
+    outer = [v for entry in (state.get("outer") or {}).get("state", {}).values() for v in entry.values()
+             if torch.is_tensor(v)]  # diloco's outer momentum: checkpoints need it on the host
+    return {"params": _cpu(model.parameters()), "options": strategy.options(), "device": _device_of(model),
+            "state_devices": sorted({str(t.device) for t in outer})}
 
 
 def single_process(device: str, steps: int, batch: int, world: int) -> list[torch.Tensor]:

@@ -67,16 +67,25 @@ def test_the_wire_bytes_of_each_codec():
 STEPS, BATCH = 10, 8
 
 
+@pytest.fixture(scope="module")
+def uncompressed():
+    """One process on the concatenated batches, and two ranks sending float32 gradients."""
+    from tests.helpers.dist import run_workers
+    from tests.strategies.workers import train_compressed
+
+    return (train_compressed(None, "none", STEPS, BATCH, False),
+            run_workers(train_compressed, 2, "none", STEPS, BATCH, False))
+
+
 @pytest.mark.parametrize("codec,shared,transport", [
     ("bf16", True, "shared-memory"), ("bf16", False, "process-group"), ("fp16", False, "process-group"),
     ("powersgd", True, "process-group"),  # PowerSGD's factors go through the process group
 ])
-def test_compressed_gradients_keep_ranks_identical_near_the_reference(codec, shared, transport):
+def test_compressed_gradients_keep_ranks_identical_near_the_reference(uncompressed, codec, shared, transport):
     from tests.helpers.dist import run_workers
     from tests.strategies.workers import train_compressed
 
-    reference = train_compressed(None, "none", STEPS, BATCH, False)
-    plain = run_workers(train_compressed, 2, "none", STEPS, BATCH, False)
+    reference, plain = uncompressed
     ranks = run_workers(train_compressed, 2, codec, STEPS, BATCH, shared)
     (params, options, comm), (other, _, _) = ranks
     assert options["compression"] == codec and options["gradient_transport"] == transport, options

@@ -112,22 +112,21 @@ def test_period_one_with_outer_sgd_lr_one_equals_parameter_averaging():
         _close(diloco[rank][0], averaged[rank], f"rank {rank}")
 
 
-def test_int8_deltas_keep_ranks_identical_close_to_float32_and_send_a_quarter():
-    plain = run_workers(train_diloco, 2, 16, BATCH, {"period": 4, "shared_memory": False})
-    int8 = run_workers(train_diloco, 2, 16, BATCH, {"period": 4, "shared_memory": False, "compression": "int8"})
-    assert all(torch.equal(a, b) for a, b in zip(int8[0][0], int8[1][0])), "ranks differ"
-    _close(int8[0][0], plain[0][0], "int8 against float32", atol=5e-3)
-    ratio = int8[0][2]["bytes_sent"] / plain[0][2]["bytes_sent"]
-    assert 0.2 < ratio < 0.3, ratio
-    assert int8[0][1]["compression"] == "int8"
+@pytest.fixture(scope="module")
+def float32_run():
+    """Two ranks, period 4, float32 deltas: what the compressed runs are compared with."""
+    return run_workers(train_diloco, 2, 16, BATCH, {"period": 4, "shared_memory": False})
 
 
-@pytest.mark.parametrize("codec", ["bf16", "fp16"])
-def test_half_precision_deltas(codec):
-    plain = run_workers(train_diloco, 2, 8, BATCH, {"period": 4, "shared_memory": False})
-    half = run_workers(train_diloco, 2, 8, BATCH, {"period": 4, "shared_memory": False, "compression": codec})
-    assert all(torch.equal(a, b) for a, b in zip(half[0][0], half[1][0])), "ranks differ"
-    _close(half[0][0], plain[0][0], codec, atol=1e-2)
+@pytest.mark.parametrize("codec,atol,ratio", [("int8", 5e-3, (0.2, 0.3)), ("bf16", 1e-2, (0.5, 0.5)),
+                                              ("fp16", 1e-2, (0.5, 0.5))])
+def test_compressed_deltas_keep_ranks_identical_and_close_to_float32(float32_run, codec, atol, ratio):
+    runs = run_workers(train_diloco, 2, 16, BATCH, {"period": 4, "shared_memory": False, "compression": codec})
+    assert all(torch.equal(a, b) for a, b in zip(runs[0][0], runs[1][0])), "ranks differ"
+    _close(runs[0][0], float32_run[0][0], f"{codec} against float32", atol=atol)
+    sent = runs[0][2]["bytes_sent"] / float32_run[0][2]["bytes_sent"]
+    assert ratio[0] <= sent <= ratio[1], sent  # int8: a quarter, and one scale per tensor-sized block
+    assert runs[0][1]["compression"] == codec
 
 
 def test_the_outer_state_survives_a_checkpoint():

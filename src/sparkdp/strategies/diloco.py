@@ -243,7 +243,8 @@ class DiLoCo(Strategy):
     def state_dict(self) -> dict[str, Any]:
         """The inner steps taken and the outer optimizer's state (its momentum)."""
         outer = getattr(self, "_outer", None)
-        return {"steps": self._steps, "outer": outer.state_dict() if outer is not None else self._loaded_outer}
+        # on the host, for checkpoints; load_state_dict moves it to the parameters' device
+        return {"steps": self._steps, "outer": _on_cpu(outer.state_dict()) if outer is not None else self._loaded_outer}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         steps = state.get("steps", 0)
@@ -265,6 +266,17 @@ class DiLoCo(Strategy):
                 "fragments": self.fragments, "overlap_steps": self.overlap_steps, "mixing": self.mixing,
                 "compression": self.compression, "shared_memory": self.shared_memory,
                 "parameter_transport": self._transport}
+
+
+def _on_cpu(value: Any) -> Any:
+    """``value`` with every tensor in it copied to the CPU (dicts and lists walked)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: _on_cpu(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_on_cpu(v) for v in value]
+    return value
 
 
 def _outer_class(name: str) -> type[Optimizer]:

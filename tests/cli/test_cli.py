@@ -162,7 +162,7 @@ def test_diloco_with_int8_deltas_checkpoints_its_outer_momentum_and_resumes(tmp_
     ckpt, summary = tmp_path / "ckpt", tmp_path / "s.json"
     job = ["train", str(script), "--workers", "2", "--strategy", "diloco", "--strategy-option", "period=2",
            "--strategy-option", "compression=int8", "--checkpoint-dir", str(ckpt), "--json-out", str(summary)]
-    proc = sparkdp(*job, "--epochs", "2")
+    proc = sparkdp(*job, "--epochs", "1")
     assert proc.returncode == 0, _explain(proc)
     first = json.loads(summary.read_text())
     assert first["strategy"] == "diloco" and first["strategy_options"]["compression"] == "int8", first
@@ -170,10 +170,10 @@ def test_diloco_with_int8_deltas_checkpoints_its_outer_momentum_and_resumes(tmp_
     buffers = first["strategy_state"]["outer"]["state"]
     assert buffers and all(v["momentum_buffer"].startswith("tensor(float32") for v in buffers.values()), buffers
     saved = latest_checkpoint(ckpt)
-    assert saved is not None and saved.epoch == 2
+    assert saved is not None and saved.epoch == 1
     momentum = [v["momentum_buffer"] for v in saved.strategy_state["outer"]["state"].values()]
     assert all(m.abs().sum() > 0 for m in momentum)
-    proc = sparkdp(*job, "--epochs", "3", "--resume", str(ckpt))
+    proc = sparkdp(*job, "--epochs", "2", "--resume", str(ckpt))
     assert proc.returncode == 0, _explain(proc)
     resumed = json.loads(summary.read_text())
-    assert len(resumed["history"]) == 3 and resumed["test_accuracy"] > 0.9, resumed
+    assert len(resumed["history"]) == 2 and resumed["test_accuracy"] > 0.9, resumed

@@ -17,7 +17,8 @@ from tests.helpers.standalone import StandaloneCluster
 
 from .test_cli import needs_fashion
 
-pytestmark = [pytest.mark.e2e, pytest.mark.spark, pytest.mark.timeout(420)]
+# a minute of a standalone cluster starting and losing executors: behind `make test-all`
+pytestmark = [pytest.mark.e2e, pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(420)]
 
 JOB = textwrap.dedent('''
     import json, sys, time

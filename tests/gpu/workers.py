@@ -23,7 +23,7 @@ from sparkdp.train.jobs import in_task
 from sparkdp.train.loop import FitSpec, fit_worker
 from sparkdp.train.optim import optimizer_factory, resolve_loss
 from tests.helpers.dist import free_port
-from tests.strategies.workers import make_problem
+from tests.strategies.workers import make_problem, train_slices
 
 LR, MOMENTUM = 0.1, 0.9
 
@@ -94,15 +94,7 @@ def train_sharded(coll, strategy_name: str, steps: int, batch: int, options: dic
     x, y = x.to(coll.device), y.to(coll.device)
     opt = _momentum_sgd(model)
     strategy = _strategy(strategy_name) if options is None else STRATEGIES.create(strategy_name, **options)
-    net = strategy.setup(model, opt, coll)
-    for step in range(steps):
-        lo = (step * coll.world_size + coll.rank) * batch
-        xb, yb = x[lo:lo + batch], y[lo:lo + batch]
-        strategy.add_samples(len(xb))
-        opt.zero_grad()
-        nn.functional.cross_entropy(net(xb), yb).backward()
-        opt.step()
-    strategy.finish()
+    train_slices(coll, model, opt, strategy, x, y, steps, batch)
     state = strategy.state_dict()
     outer = [v for entry in (state.get("outer") or {}).get("state", {}).values() for v in entry.values()
              if torch.is_tensor(v)]  # diloco's outer momentum: checkpoints need it on the host

@@ -29,6 +29,20 @@ def collective_sum(coll):
     return {"sum": t, "same": same, "many": many, "bcast": b}
 
 
+def train_slices(coll, model, opt, strategy, x, y, steps: int, batch: int) -> None:
+    """Set ``strategy`` up, train ``steps`` steps, each rank on its slice of every global batch
+    of ``world × batch`` rows, and finish."""
+    net = strategy.setup(model, opt, coll)
+    for step in range(steps):
+        lo = (step * coll.world_size + coll.rank) * batch
+        xb, yb = x[lo:lo + batch], y[lo:lo + batch]
+        strategy.add_samples(len(xb))
+        opt.zero_grad()
+        nn.functional.cross_entropy(net(xb), yb).backward()
+        opt.step()
+    strategy.finish()
+
+
 def train_sharded(coll, strategy_name: str, steps: int, batch: int, optimizer: str, period: int = 1,
                   average_state: bool = False, bucket_view: bool = True, shared_memory: bool = True,
                   with_options: bool = False, compression: str = "none"):
@@ -47,16 +61,7 @@ def train_sharded(coll, strategy_name: str, steps: int, batch: int, optimizer: s
         if strategy_name == "allreduce" else ParameterAveraging(
         period=period, average_optimizer_state=average_state, shared_memory=shared_memory,
         shared_memory_min_bytes=0, compression=compression)
-    net = strategy.setup(model, opt, coll)
-    world = coll.world_size
-    for step in range(steps):
-        lo = step * batch * world + coll.rank * batch
-        xb, yb = x[lo:lo + batch], y[lo:lo + batch]
-        strategy.add_samples(len(xb))
-        opt.zero_grad()
-        nn.functional.cross_entropy(net(xb), yb).backward()
-        opt.step()
-    strategy.finish()
+    train_slices(coll, model, opt, strategy, x, y, steps, batch)
     params = [p.detach().clone() for p in model.parameters()]
     return (params, strategy.options()) if with_options else params
 
@@ -88,16 +93,7 @@ def train_diloco(coll, steps: int, batch: int, options: dict, inner_lr: float = 
                 p.add_(1.0)
     opt = torch.optim.SGD(model.parameters(), lr=inner_lr)
     strategy = DiLoCo(**options)
-    net = strategy.setup(model, opt, coll)
-    world = coll.world_size
-    for step in range(steps):
-        lo = step * batch * world + coll.rank * batch
-        xb, yb = x[lo:lo + batch], y[lo:lo + batch]
-        strategy.add_samples(len(xb))
-        opt.zero_grad()
-        nn.functional.cross_entropy(net(xb), yb).backward()
-        opt.step()
-    strategy.finish()
+    train_slices(coll, model, opt, strategy, x, y, steps, batch)
     return [p.detach().clone() for p in model.parameters()], strategy.options(), strategy.comm_stats()
 
 

@@ -112,3 +112,14 @@ def test_workers_sharing_one_machines_cores_stretch_the_step():
     four = predict("allreduce", shared, TEN_GBIT, 4)
     assert four.step_s == pytest.approx(2 * 0.070 + costmodel.ring_allreduce_s(CNN.nbytes, 4, TEN_GBIT))
     assert four.efficiency == pytest.approx(0.070 / four.step_s)
+
+
+def test_verification_runs_price_the_synchronisation_at_each_epochs_end():
+    from sparkdp.cli.plan_cmd import in_epochs_of
+
+    avg = predict("average", CNN, TEN_GBIT, 2, k=8)  # 70 + 10.48 / 8 ms in long epochs
+    # epochs of 10 steps: a sync after step 8 and one at the end -> 2 × 10.48 ms per 10 steps
+    assert in_epochs_of(avg, 10) == pytest.approx(0.070 + 2 * 0.01048 / 10, rel=1e-3)
+    assert in_epochs_of(avg, 800) == pytest.approx(0.070 + 101 * 0.01048 / 800, rel=1e-3)
+    ring = predict("allreduce", CNN, TEN_GBIT, 2)
+    assert in_epochs_of(ring, 10) == ring.step_s  # every step synchronises anyway

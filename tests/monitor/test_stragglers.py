@@ -9,7 +9,7 @@ from sparkdp.monitor.stragglers import StragglerDetector
 pytestmark = pytest.mark.timeout(30)
 
 
-def _feed(detector, windows, per_step):
+def _feed(detector, windows, per_step, hosts=None):
     """``per_step[rank] = (data, compute, comm)`` seconds per step, 10 steps per window."""
     said = []
     totals = {r: [0, 0.0, 0.0, 0.0] for r in per_step}
@@ -20,7 +20,8 @@ def _feed(detector, windows, per_step):
             t[1] += 10 * data
             t[2] += 10 * compute
             t[3] += 10 * comm
-            said += detector.update({"rank": rank, "steps": t[0], "data_s": t[1], "compute_s": t[2], "comm_s": t[3]})
+            said += detector.update({"rank": rank, "steps": t[0], "data_s": t[1], "compute_s": t[2], "comm_s": t[3],
+                                     **({"host": hosts[rank]} if hosts else {})})
     return said
 
 
@@ -51,8 +52,10 @@ def test_a_job_communicating_most_of_the_time_is_told_what_to_try():
 def test_an_asynchronous_worker_on_a_slow_link_is_named_with_the_network_as_cause():
     # asgd: worker 1's pushes and pulls take 10x longer (its host's link); both compute alike
     per_step = {0: (0.001, 0.048, 0.300), 1: (0.001, 0.048, 3.000)}
-    said = [s for s in _feed(StragglerDetector(2, patience=3, comm_is_own=True), 6, per_step) if "straggler" in s]
-    assert len(said) == 1 and said[0].startswith("worker 1 is a straggler") and "slow network" in said[0], said
+    said = [s for s in _feed(StragglerDetector(2, patience=3, comm_is_own=True), 6, per_step,
+                             hosts={0: "node-a", 1: "node-b"}) if "straggler" in s]
+    assert len(said) == 1 and said[0].startswith("worker 1 on host node-b is a straggler"), said
+    assert "slow network" in said[0], said
     assert "3000.0 against 300.0 ms per step" in said[0]
     # the same split in a synchronous job is a wait for peers, not the worker's own slowness
     assert not any("straggler" in s for s in _feed(StragglerDetector(2, patience=3), 6, per_step))

@@ -43,6 +43,7 @@ class _Rank:
     last: dict[str, float] | None = None
     window: dict[str, float] = field(default_factory=dict)  # per step, the latest window
     best_own: float = float("inf")
+    host: str | None = None
     behind: int = 0
     named: bool = False
 
@@ -63,6 +64,7 @@ class StragglerDetector:
     def update(self, record: dict[str, Any]) -> list[str]:
         rank = int(record["rank"])
         state = self.ranks.setdefault(rank, _Rank())
+        state.host = record.get("host") or state.host
         now = {k: float(record.get(k, 0.0)) for k in ("steps", *_PARTS)}
         last, state.last = state.last, now
         if last is None:
@@ -93,7 +95,8 @@ class StragglerDetector:
         mine, best = windows[rank], windows[fastest]
         cause = max(self.own_parts, key=lambda k: mine[k] - best[k])
         meaning, advice = _CAUSES[cause]
-        return [f"worker {rank} is a straggler: {1000 * own[rank]:.1f} ms of its own work per step against "
+        where = f" on host {state.host}" if state.host else ""
+        return [f"worker {rank}{where} is a straggler: {1000 * own[rank]:.1f} ms of its own work per step against "
                 f"{1000 * own[fastest]:.1f} ms on worker {fastest} (relative score {relative:.2f}, individual "
                 f"{individual:.2f}); cause: {meaning} ({1000 * mine[cause]:.1f} against "
                 f"{1000 * best[cause]:.1f} ms per step). {advice}"]

@@ -47,7 +47,7 @@ from ..errors import ConfigError
 from ..files import atomic_write
 from .inspect import resolve_input_shapes
 from .net import CaffeNet, load_net
-from .spec import NetSpec, load_net_spec
+from .spec import NetSpec, is_prototxt_path, load_net_spec
 from .textformat import Message
 from .weights import WeightsMismatchError, load_weights, save_weights
 
@@ -100,9 +100,7 @@ def _check_directory(path: Path, what: str) -> None:
 
 def _prototxt_label(prototxt: object) -> str:
     """The file name to show in the loading hint (the text of an inline net has none)."""
-    if isinstance(prototxt, os.PathLike) or (
-        isinstance(prototxt, str) and "{" not in prototxt and "\n" not in prototxt
-    ):
+    if is_prototxt_path(prototxt):
         return os.path.basename(os.fspath(prototxt))
     return "NET.prototxt"
 

@@ -140,19 +140,6 @@ class CaffeLRScheduler(LRScheduler):
             return [rate for _ in self.optimizer.param_groups]
         return [rate * float(g.get("lr_mult", 1.0)) for g in self.optimizer.param_groups]
 
-    def restore(self, iteration: int, caffe_current_step: int) -> None:
-        """Resume at ``iteration`` from Caffe's saved ``current_step``.
-
-        Caffe's ``SolverState.current_step`` is the counter after the rate of
-        ``iteration - 1`` was computed; this advances it for ``iteration`` and sets
-        the group rates, exactly as the next ``GetLearningRate`` call would.
-        """
-        self.last_epoch = int(iteration)
-        self.current_step = int(caffe_current_step)
-        self._last_lr = self.get_lr()
-        for group, lr in zip(self.optimizer.param_groups, self._last_lr, strict=True):
-            group["lr"] = lr
-
     def state_dict(self) -> dict[str, Any]:
         """Only plain values (``torch.load(weights_only=True)`` safe)."""
         return {

@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 import os
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeGuard
 
 from ..errors import ConfigError
 from .textformat import Identifier, Message, parse, parse_file
@@ -380,6 +380,11 @@ def _input_layer(net: Message) -> LayerSpec | None:
         raise ConfigError(f"{net.where()}: {len(inputs)} input(s) but {len(shapes)} input_shape message(s)")
     param = Message([("input_param", Message([("shape", s) for s in shapes]))])
     return LayerSpec(name="input", type="Input", tops=inputs, param=param, where=net.where())
+
+
+def is_prototxt_path(source: object) -> TypeGuard[str | os.PathLike[str]]:
+    """Whether ``source`` names a file rather than holding prototxt text (a ``str`` without ``{`` or a newline)."""
+    return isinstance(source, os.PathLike) or (isinstance(source, str) and "{" not in source and "\n" not in source)
 
 
 def load_net_spec(source: str | os.PathLike[str] | Message | NetSpec) -> NetSpec:

@@ -46,6 +46,7 @@ from ..errors import ConfigError
 from .classifier import CaffeClassifier
 from .solver import CaffeOptimizerFactory
 from .solver_spec import SolverSpec, read_solver_spec
+from .spec import is_prototxt_path
 
 __all__ = [
     "build_model", "data_sample_shape", "effective_batch_size", "fit_caffe", "net_sources", "plan_epochs",
@@ -239,7 +240,7 @@ def net_sources(net: Any, solver_path: Any = None, sample_shape: Sequence[int] |
     from .sources import net_data
 
     base = None
-    if isinstance(net, os.PathLike) or (isinstance(net, str) and "{" not in net and "\n" not in net):
+    if is_prototxt_path(net):
         base = Path(net).parent
     elif solver_path is not None:
         base = Path(solver_path).parent

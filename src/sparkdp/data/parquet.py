@@ -34,7 +34,7 @@ import torch
 from ..errors import DataError
 from .arrow import ArrowConverter
 from .base import WorkerData
-from .shuffle import rank_segments, rebatch, seeded_generator
+from .shuffle import rank_segments, rebatch, seeded_generator, unit_order
 
 log = logging.getLogger(__name__)
 
@@ -95,11 +95,6 @@ class ParquetData(WorkerData):
         return {"dropped_null_rows": self.converter.dropped}
 
     # ------------------------------------------------------------- assignment
-    def unit_order(self, epoch: int, seed: int, shuffle: bool) -> list[int]:
-        if not shuffle:
-            return list(range(len(self.units)))
-        return torch.randperm(len(self.units), generator=seeded_generator(seed, epoch)).tolist()
-
     def segments(self, *, rank: int, world_size: int, epoch: int, seed: int, shuffle: bool,
                  pad: bool = True) -> list[Segment]:
         """The row ranges ``(unit, start, end)`` rank ``rank`` reads in ``epoch``.
@@ -107,7 +102,7 @@ class ParquetData(WorkerData):
         With ``pad`` every rank gets ``ceil(rows / world_size)`` rows (wrapping around);
         without it the rows are split without repetition (for evaluation).
         """
-        order = self.unit_order(epoch, seed, shuffle)
+        order = unit_order(len(self.units), epoch, seed, shuffle)
         return rank_segments([unit[2] for unit in self.units], order, rank=rank, world_size=world_size, pad=pad)
 
     # ------------------------------------------------------------------ reading

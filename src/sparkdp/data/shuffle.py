@@ -51,6 +51,11 @@ def rank_segments(sizes: Sequence[int], order: Sequence[int], *, rank: int, worl
     return out
 
 
+def unit_order(count: int, epoch: int, seed: int, shuffle: bool) -> list[int]:
+    """The order an epoch reads ``count`` units in: storage order, or a permutation seeded by (seed, epoch)."""
+    return torch.randperm(count, generator=seeded_generator(seed, epoch)).tolist() if shuffle else list(range(count))
+
+
 def seeded_generator(*parts: int) -> torch.Generator:
     """A torch generator seeded from several integers (seed, epoch, rank) without collisions
     between nearby tuples."""

@@ -30,7 +30,6 @@ def _fan(tensor: torch.Tensor, norm: str) -> float:
 def fill_(
     tensor: torch.Tensor,
     filler: Message | None,
-    default_type: str = "constant",
     default_value: float = 0.0,
     where: str = "",
 ) -> torch.Tensor:
@@ -39,12 +38,11 @@ def fill_(
     Args:
         tensor: the blob, in Caffe's blob shape.
         filler: the ``FillerParameter`` message, or None for the layer's default.
-        default_type: the filler type when the message gives none.
         default_value: ``value`` of the default constant filler (Scale uses 1).
         where: prefix for error messages (the layer).
     """
     msg = filler or Message()
-    kind = str(msg.get("type", default_type))
+    kind = str(msg.get("type", "constant"))
     value = float(msg.get("value", default_value if filler is None else 0.0))
     norm = str(msg.get("variance_norm", "FAN_IN"))
     norm = {"0": "FAN_IN", "1": "FAN_OUT", "2": "AVERAGE"}.get(norm, norm)

@@ -69,7 +69,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError, DataError
-from ..spec import LayerSpec, NetSpec, NetState, filter_layers, load_net_spec
+from ..spec import LayerSpec, NetSpec, NetState, filter_layers, is_prototxt_path, load_net_spec
 from ..textformat import Message
 from .backends import detect_backend, resolve_path, write_datum_db, write_hdf5_source
 from .records import DEFAULT_BLOCK_ROWS, CaffeDataSource, DatumDBSource, HDF5Source
@@ -198,10 +198,8 @@ def net_data(net: str | os.PathLike[str] | Message | NetSpec, *, base_dir: str |
         ConfigError: no Data/HDF5Data layer in the TRAIN phase, or a source that cannot be used.
         DataError: a missing or unreadable source, or records that disagree in shape.
     """
-    if base_dir is None and isinstance(net, (str, os.PathLike)) and not isinstance(net, Message):
-        text = os.fspath(net)
-        if "{" not in text and "\n" not in text:
-            base_dir = Path(text).parent
+    if base_dir is None and is_prototxt_path(net):
+        base_dir = Path(net).parent
     spec = load_net_spec(net)
     base_dirs = [Path(base_dir)] if base_dir is not None else []
     train_layer, others = _source_layers(spec, "TRAIN")

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ...data.base import WorkerData
-from ...data.shuffle import rank_segments, rebatch, seeded_generator
+from ...data.shuffle import rank_segments, rebatch, seeded_generator, unit_order
 from ...errors import ConfigError, DataError
 from ..caffemodel import MAX_BLOB_AXES, MAX_BLOB_VALUES
 from ..datum import datum_array, parse_datum
@@ -73,11 +73,6 @@ class CaffeDataSource(WorkerData):
         return max(1, min(10_000, SHUFFLE_BUFFER_BYTES // row_bytes))
 
     # ------------------------------------------------------------- assignment
-    def block_order(self, epoch: int, seed: int, shuffle: bool) -> list[int]:
-        if not shuffle:
-            return list(range(len(self.blocks)))
-        return torch.randperm(len(self.blocks), generator=seeded_generator(seed, epoch)).tolist()
-
     def segments(self, *, rank: int, world_size: int, epoch: int, seed: int, shuffle: bool,
                  pad: bool = True) -> list[tuple[int, int, int]]:
         """``(block, first, end)`` record ranges rank ``rank`` reads in ``epoch``, in reading order.
@@ -85,7 +80,7 @@ class CaffeDataSource(WorkerData):
         With ``pad`` every rank gets ``ceil(records / world_size)`` records (the last wraps
         around to the first ones); without it the records are split without repetition.
         """
-        order = self.block_order(epoch, seed, shuffle and self.layer_shuffle)
+        order = unit_order(len(self.blocks), epoch, seed, shuffle and self.layer_shuffle)
         return rank_segments(self.blocks, order, rank=rank, world_size=world_size, pad=pad)
 
     # ---------------------------------------------------------------- reading

@@ -14,6 +14,14 @@ the workers' links, both directions summed), also per trained sample. Needs root
     python benchmarks/multihost.py --strategies allreduce allreduce+bf16 allreduce+powersgd average-8 \
         diloco-32 diloco-32+int8 --limit 12000 --epochs 3 --target 0.8 --seeds 0 1
 
+``--slow HOST=RATE`` gives one host a slower link (e.g. ``worker-1=10mbit``); each run then also
+records what the live monitoring diagnosed (its warnings and every worker's data/compute/
+communication split, from the run log). ``--plan`` runs ``sparkdp plan --model cnn --calibrate
+--verify`` on the driver host instead of training: the cost model's error per strategy.
+
+    python benchmarks/multihost.py --strategies allreduce asgd --rates 100mbit --slow worker-1=10mbit
+    python benchmarks/multihost.py --plan --rates 1gbit 100mbit --limit 2560
+
 Writes a markdown table to stdout and everything to ``--json``.
 """
 
@@ -55,10 +63,11 @@ DEFAULT = ["allreduce", "average-8", "asgd"]
 
 
 def train(cluster: netbed.SparkOnNetBed, label: str, workers: int, seed: int, args, out: Path) -> dict:
+    run_dir = out.with_suffix("")
     cmd = [sys.executable, "-m", "sparkdp.cli.main", "train", "--dataset", "fashion-mnist", "--model", "cnn",
            *STRATEGIES[label], "--workers", str(workers), "--epochs", str(args.epochs), "--lr", "0.05",
            "--limit", str(args.limit), "--seed", str(seed), "--master", cluster.master_url, "--quiet",
-           "--json-out", str(out)]
+           "--json-out", str(out), "--out", str(run_dir)]
     before = {h: cluster.bed.qdisc_stats(h) for h in cluster.bed.hosts}
     started = time.monotonic()
     proc = cluster.run_driver(cmd, timeout=args.timeout)
@@ -75,7 +84,39 @@ def train(cluster: netbed.SparkOnNetBed, label: str, workers: int, seed: int, ar
             "time_to_target_s": time_to_target(history, args.target),
             "accuracy_by_epoch": [[e.get("epoch_time_s"), e.get("test_accuracy")] for e in history],
             "bytes_per_sample": workers_bytes / (args.limit * args.epochs),
-            "driver_link_mb": moved["driver"] / 1e6, "worker_link_mb": workers_bytes / workers / 1e6}
+            "driver_link_mb": moved["driver"] / 1e6, "worker_link_mb": workers_bytes / workers / 1e6,
+            **diagnosis(run_dir / "run.jsonl")}
+
+
+def diagnosis(run_log: Path) -> dict:
+    """What the live monitoring said during a run: its warnings, and each worker's last
+    data/compute/communication split (fractions of its time over the whole run)."""
+    warnings, last = [], {}
+    for line in run_log.read_text().splitlines() if run_log.exists() else []:
+        record = json.loads(line)
+        if record.get("type") == "warning":
+            warnings.append(record["message"])
+        elif record.get("type") == "metrics":
+            last[record["rank"]] = record
+    split = {}
+    for rank, r in sorted(last.items()):
+        spent = sum(r.get(k, 0.0) for k in ("data_s", "compute_s", "comm_s")) or 1.0
+        split[rank] = {k[:-2]: round(r.get(k, 0.0) / spent, 3) for k in ("data_s", "compute_s", "comm_s")}
+        split[rank]["steps"] = r.get("steps")
+    return {"warnings": warnings, "split": split}
+
+
+def plan(cluster: netbed.SparkOnNetBed, workers: int, args, out: Path) -> list[dict]:
+    """``sparkdp plan --calibrate --verify`` on the driver host: predicted and measured step per strategy."""
+    cmd = [sys.executable, "-m", "sparkdp.cli.main", "plan", "--model", "cnn", "--calibrate", "--verify",
+           "--workers", str(workers), "--calibration-workers", str(workers), "--verify-rows", str(args.limit),
+           "--master", cluster.master_url, "--json"]
+    proc = cluster.run_driver(cmd, timeout=args.timeout)
+    if proc.returncode != 0:
+        return [{"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"}]
+    report = json.loads(proc.stdout[proc.stdout.index("{"):])
+    out.write_text(json.dumps(report, indent=2))
+    return [{**v, "calibration": report["calibration"]} for v in report["verify"]]
 
 
 def time_to_target(history: list[dict], target: float | None) -> float | None:
@@ -98,8 +139,11 @@ def main() -> None:
     parser.add_argument("--target", type=float, help="test accuracy to time (e.g. 0.8)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--timeout", type=float, default=400, help="seconds per training run")
+    parser.add_argument("--slow", metavar="HOST=RATE", help="one host's slower link, e.g. worker-1=10mbit")
+    parser.add_argument("--plan", action="store_true", help="run sparkdp plan --calibrate --verify instead")
     parser.add_argument("--json", default=str(ROOT / "out" / "bench-multihost.json"))
     args = parser.parse_args()
+    slow = dict([args.slow.split("=", 1)]) if args.slow else {}
     reason = netbed.unavailable()
     if reason:
         raise SystemExit(f"benchmarks/multihost.py: {reason}")
@@ -109,14 +153,27 @@ def main() -> None:
     for workers in args.workers:
         for rate in args.rates:
             hosts = netbed.cluster_hosts(workers)
-            with netbed.NetBed(hosts, rate=rate) as bed:
+            with netbed.NetBed(hosts, rate=rate, rates=slow) as bed:
                 cluster = netbed.SparkOnNetBed(bed, hosts[2:]).start()
+                if args.plan:
+                    for row in plan(cluster, workers, args, bed.directory / "plan.json"):
+                        results.append({"workers": workers, "rate": rate, **row})
+                        print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+                    continue
                 for seed in args.seeds:
                     for label in args.strategies:
                         row = {"workers": workers, "rate": rate, "strategy": label, "seed": seed,
                                **train(cluster, label, workers, seed, args, bed.directory / f"{label}-{seed}.json")}
                         print(json.dumps(row), file=sys.stderr, flush=True)
                         results.append(row)
+    if args.plan:
+        print(markdown_table(["workers", "link per host", "strategy", "predicted ms", "measured ms", "error"],
+                             [[r["workers"], r["rate"], r.get("strategy", r.get("error")),
+                               1e3 * r.get("predicted_step_s", 0), 1e3 * r.get("measured_step_s", 0),
+                               f"{100 * r['error']:+.0f} %" if isinstance(r.get("error"), float) else None]
+                              for r in results], digits=1))
+        write_json(args.json, {"args": vars(args), "results": results})
+        return
     headers = ["workers", "link per host", "strategy", "seed", "samples/s", "last epoch s", "test acc.",
                f"s to {args.target}" if args.target else "s to target", "bytes/sample", "MB per worker link",
                "MB driver link"]

@@ -30,13 +30,27 @@ def test_predictions_per_strategy():
     assert allreduce.samples_per_s == pytest.approx(2 * 64 / allreduce.step_s)
     assert predict("allreduce", CNN, TEN_GBIT, 2, overlap=0.5).step_s == pytest.approx(0.070 + 0.00524, rel=1e-3)
     assert predict("average", CNN, TEN_GBIT, 2, k=8).step_s == pytest.approx(0.070 + 0.01048 / 8, rel=1e-3)
-    # one server at M = 8: its link moves 8 × 2 × 13.1 MB = 209.6 MB per round -> 167.7 ms > the worker's 91 ms
-    asgd = predict("asgd", CNN, TEN_GBIT, 8)
-    assert asgd.step_s == pytest.approx(8 * 2 * CNN.nbytes * 0.8e-9) and asgd.bound == "server"
-    # worker-bound at M = 2: C + push + pull of S = 70 + 2 × 10.48 ms
-    assert predict("asgd", CNN, TEN_GBIT, 2).step_s == pytest.approx(0.070 + 0.02096, rel=1e-3)
-    # 8 shards take the server's link back under the worker's own time
-    assert predict("asgd", CNN, TEN_GBIT, 8, shards=8).bound == "compute"
+    # one worker: C + push + pull of S = 70 + 2 × 10.48 ms
+    assert predict("asgd", CNN, TEN_GBIT, 1).step_s == pytest.approx(0.070 + 0.02096, rel=1e-3)
+    # two: the other worker is in a given queue a fraction 10.48 / 90.96 of the time, with half its
+    # transfer left on average -> each transfer waits 10.48 × (1 + 0.1152 / 2) = 11.08 ms
+    assert predict("asgd", CNN, TEN_GBIT, 2).step_s == pytest.approx(0.070 + 2 * 0.011084, rel=1e-3)
+    # the server's full-duplex link moves M × 13.1 MB each way per round: at M = 8 (83.8 ms) still
+    # under a worker's own 91 ms, though queueing adds 16 ms; at M = 16 the link paces everyone
+    eight = predict("asgd", CNN, TEN_GBIT, 8)
+    assert eight.bound == "compute" and 0.0910 < eight.step_s < 0.12
+    asgd = predict("asgd", CNN, TEN_GBIT, 16)
+    assert asgd.bound == "server" and asgd.step_s == pytest.approx(16 * CNN.nbytes * 0.8e-9, rel=0.01)
+    # 16 shards on links of their own take it back under the worker's own time
+    assert predict("asgd", CNN, TEN_GBIT, 16, shards=16).bound == "compute"
+
+
+def test_parameter_server_round_by_mean_value_analysis():
+    # one worker never queues; many saturate the busier direction: M·D per round
+    assert costmodel.ps_round_s(0.05, 0.01, 0.02, 1) == pytest.approx(0.08)
+    assert costmodel.ps_round_s(0.05, 0.01, 0.02, 100) == pytest.approx(100 * 0.02, rel=1e-3)
+    # two workers by hand: X(1) = 1/0.08, Q = U = 0.125 and 0.25 -> waits 0.01·1.0625, 0.02·1.125
+    assert costmodel.ps_round_s(0.05, 0.01, 0.02, 2) == pytest.approx(0.05 + 0.010625 + 0.0225)
 
 
 def test_worker_counts_table_and_recommendation():

@@ -13,10 +13,13 @@ compute ``C`` plus what communication the strategy adds per step:
 * ``compression`` shrinks what a reduction moves (docs/algorithms.md §10): ``bf16``/``fp16``
   halve the ring's bytes; ``int8`` is an all-gather of a quarter of them,
   ``(M-1)α + (M-1)·(S/4 + S/1024)·β``;
-* ``asgd`` — a push and a pull of ``S`` bytes to a parameter server every ``k`` steps,
-  ``(2α_ps + 2S·β_ps)/k`` on the worker, but one server's link carries all ``M`` workers'
-  traffic and its update rule applies every push, so a step can be no faster than
-  ``M·S·(2β_ps + σ)/(K·k)`` with ``K`` server shards (σ: the rule's seconds per byte).
+* ``asgd`` — every ``k`` steps a worker computes ``k·C``, then pushes ``S`` bytes and pulls
+  ``S``, one after the other; alone that is ``k·C + 2α_ps + 2S·β_ps``.  The ``M`` workers
+  share the server's link, whose two directions (pushes in, with the update rule's ``σ`` per
+  byte, and pulls out: it is full duplex) are queues that each worker visits once per round:
+  mean-value analysis of that closed network (:func:`ps_round_s`) gives the round, which
+  tends to ``M·S·(β_ps + σ)/K`` per ``k`` steps (the server-bound limit) as ``M`` grows, with
+  ``K`` server shards on links of their own.
 
 Scaling efficiency is ``C / T``: the fraction of a communication-free worker's throughput
 each worker keeps.  With ``cpu_slots`` (workers sharing one machine's cores) the compute of
@@ -152,18 +155,45 @@ def predict(strategy: str, work: Workload, net: Network, workers: int, *, k: int
         options = {"H": k, **options, **({"fragments": fragments} if fragments > 1 else {}),
                    **({"overlap_steps": overlap_steps} if overlap_steps else {})}
     else:
-        per_worker = (2 * net.ps_alpha + 2 * s * net.ps_beta) / k
-        # the server's link and its update rule, per round of every worker's push
-        server = workers * s * (2 * net.ps_beta + net.server_seconds_per_byte) / (shards * k)
-        comm = per_worker
-        step = max(c + per_worker, server)
-        if server > c + per_worker:
-            bound, comm = "server", server - c
+        # a push and a pull cross the worker's own link whole and each shard's link a K-th
+        # part: the shards' links are the shared queues, the rest is the worker's own time
+        own = 2 * net.ps_alpha + 2 * s * net.ps_beta * (1 - 1 / shards)
+        inbound = s * (net.ps_beta + net.server_seconds_per_byte) / shards
+        outbound = s * net.ps_beta / shards
+        step = ps_round_s(k * c + own, inbound, outbound, workers) / k
+        comm = step - c
+        if workers * max(inbound, outbound) > k * c + own + inbound + outbound:
+            bound = "server"  # its link, busy all the time, paces the workers
         options = {"k": k, "shards": shards}
     if bound == "compute" and comm > c:
         bound = "network"
     return Prediction(strategy, workers, step, comm, workers * work.batch / step,
                       work.step_compute_s / step, bound, options)
+
+
+def ps_round_s(think_s: float, in_s: float, out_s: float, workers: int) -> float:
+    """One worker's round through a parameter server: ``think_s`` on its own (compute and
+    latencies), then a push through the server link's inbound queue (``in_s`` of transfer)
+    and a pull through its outbound queue (``out_s``), with ``workers`` workers cycling.
+
+    Exact mean-value analysis (Reiser and Lavenberg, JACM 1980) of that closed network,
+    with one change: a transfer found in progress has half its time left on average (the
+    transfers are of fixed size, not exponential), so a worker arriving at a queue waits
+    ``D·(Q − U/2)``, with ``Q`` its mean length and ``U`` its utilisation.  Between one
+    worker (``think + in + out``) and many (``workers · max(in, out)``, the link saturated),
+    it prices the collisions of pushes that a plain maximum of the two bounds misses."""
+    demands = (in_s, out_s)
+    queued = [0.0, 0.0]
+    busy = [0.0, 0.0]
+    round_s = think_s + in_s + out_s
+    for n in range(1, workers + 1):
+        waits = [d * (1.0 + q - u / 2) for d, q, u in zip(demands, queued, busy)]
+        # (the half-transfer correction is approximate: never past the link's own limit)
+        round_s = max(think_s + sum(waits), n * max(demands))
+        rate = n / round_s  # rounds per second of all n workers
+        queued = [rate * w for w in waits]
+        busy = [rate * d for d in demands]
+    return round_s
 
 
 def worker_counts(maximum: int) -> list[int]:

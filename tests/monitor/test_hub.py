@@ -32,11 +32,13 @@ def _wait_for(predicate, timeout=10.0):
 def test_probe_records_reach_the_run_log_with_rates_from_the_counters(tmp_path):
     with MonitorHub(world_size=1, config={"strategy": "allreduce"}, run_dir=str(tmp_path), display=False,
                     interval_s=0.1) as hub:
-        probe = Probe(hub.link, rank=0, comm_stats=lambda: {"comm_s": 0.5, "bytes_sent": 1000, "bytes_recv": 10})
+        comm = {"comm_s": 0.5, "bytes_sent": 1000, "bytes_recv": 10}  # 0.5 s before the first step (a pull)
+        probe = Probe(hub.link, rank=0, comm_stats=lambda: dict(comm))
         probe.start_epoch(0, 20, 1)
         time.sleep(0.3)
         for _ in range(10):  # 10 steps of 32 rows: 0.1 s waiting for data, 1.0 s in the step each
             probe.batch_arrived(0.1)
+            comm["comm_s"] += 0.05  # communication inside the step
             probe.step_done(1.0, 32, 2.0)
         probe.event("epoch", epoch=1, loss=2.0)
         probe.close()
@@ -47,9 +49,10 @@ def test_probe_records_reach_the_run_log_with_rates_from_the_counters(tmp_path):
     last = _records(tmp_path, "metrics")[-1]
     assert (last["steps"], last["samples"], last["rank"]) == (10, 320, 0)
     assert last["loss"] == pytest.approx(2.0)
-    # 10 s in steps of which 0.5 s communicating: compute 9.5 s, data 1 s (hand-worked)
+    # 10 s in steps of which 0.5 s communicating, and 0.5 s communicating before them: compute 9.5 s,
+    # communication 1 s, data 1 s (hand-worked; the earlier pull is no step's, so not negative compute)
     assert last["compute_s"] == pytest.approx(9.5) and last["data_s"] == pytest.approx(1.0)
-    assert last["comm_s"] == 0.5 and last["bytes_sent"] == 1000
+    assert last["comm_s"] == pytest.approx(1.0) and last["bytes_sent"] == 1000
     assert last["data_frac"] + last["compute_frac"] + last["comm_frac"] == pytest.approx(1.0)
     assert _records(tmp_path, "epoch")[0]["loss"] == 2.0
     assert _records(tmp_path, "summary")[0]["test_accuracy"] == 0.5
@@ -121,10 +124,12 @@ def test_the_monitoring_endpoint_uses_tls_when_the_job_does(tmp_path, monkeypatc
     import sparkdp.spark.launcher as launcher
     from sparkdp.config import JobConfig
     from sparkdp.driver.monitoring import monitored
+    from sparkdp.strategies.async_ps import AsyncParameterServer
 
     monkeypatch.setattr(launcher, "driver_host", lambda spark: "127.0.0.1")
     job = JobConfig.of(run_dir=str(tmp_path), show_progress=False)
-    with monitored(job, None, 1, "t", tls=True) as hub:
+    with monitored(job, None, 1, "t", strategy=AsyncParameterServer(tls=True)) as hub:
+        assert hub.detector.own_parts == ("data_s", "compute_s", "comm_s")  # asynchronous: its comm is its own
         info = hub.link.info
         assert info.tls_cert is not None and "BEGIN CERTIFICATE" in info.tls_cert
         shown = []
@@ -213,3 +218,20 @@ def test_processes_a_worker_started_are_labelled_with_their_worker():
     assert [display.worker_label(r) for r in (0, 1)] == ["0", "1"]
     assert [display.worker_label(child_worker_id(rank, 2, k)) for rank, k in ((0, 0), (1, 0), (1, 2))] == \
         ["0.0", "1.0", "1.2"]
+
+
+def test_a_worker_that_took_no_step_since_its_last_report_adds_nothing_to_the_jobs_samples_per_s(tmp_path):
+    """An asynchronous worker that finished (or one evaluating) trains no rows: the job's
+    samples/s is the sum over the workers still stepping."""
+    def record(rank, steps, at):
+        return {"type": "metrics", "rank": rank, "time": at, "steps": steps, "samples": 64 * steps,
+                "data_s": 0.0, "compute_s": 0.01 * steps, "comm_s": 0.0, "net_sent": 0, "net_recv": 0}
+
+    with MonitorHub(world_size=2, config={}, run_dir=str(tmp_path), display=False) as hub:
+        for rank, steps in ((0, 10), (1, 10)):
+            hub._on_report(rank, record(rank, steps, 1.0))
+        hub._on_report(1, record(1, 20, 2.0))  # worker 1: 640 rows in 1 s
+        hub._on_report(0, record(0, 10, 2.0))  # worker 0: done, no step since
+        assert hub.latest[1]["samples_per_s"] == pytest.approx(640.0)
+        assert hub.latest[0]["samples_per_s"] == 0.0
+        assert hub._job_record()["samples_per_s"] == pytest.approx(640.0)

@@ -46,3 +46,20 @@ def test_equal_workers_raise_nothing():
 def test_a_job_communicating_most_of_the_time_is_told_what_to_try():
     said = _feed(StragglerDetector(2, comm_min_s=1.0), 5, {0: (0.0, 0.01, 0.05), 1: (0.0, 0.01, 0.06)})
     assert len(said) == 1 and "communication-bound" in said[0] and "period" in said[0]
+
+
+def test_an_asynchronous_worker_on_a_slow_link_is_named_with_the_network_as_cause():
+    # asgd: worker 1's pushes and pulls take 10x longer (its host's link); both compute alike
+    per_step = {0: (0.001, 0.048, 0.300), 1: (0.001, 0.048, 3.000)}
+    said = [s for s in _feed(StragglerDetector(2, patience=3, comm_is_own=True), 6, per_step) if "straggler" in s]
+    assert len(said) == 1 and said[0].startswith("worker 1 is a straggler") and "slow network" in said[0], said
+    assert "3000.0 against 300.0 ms per step" in said[0]
+    # the same split in a synchronous job is a wait for peers, not the worker's own slowness
+    assert not any("straggler" in s for s in _feed(StragglerDetector(2, patience=3), 6, per_step))
+
+
+def test_a_synchronous_communication_bound_job_says_the_slowest_link_slows_everyone():
+    said = _feed(StragglerDetector(2, comm_min_s=1.0), 5, {0: (0.0, 0.05, 0.95), 1: (0.0, 0.05, 0.95)})
+    assert len(said) == 1 and "at least 95%" in said[0] and "slowest link" in said[0]
+    said = _feed(StragglerDetector(2, comm_min_s=1.0, comm_is_own=True), 5, {0: (0.0, 0.05, 0.95), 1: (0.0, 0.05, 0.95)})
+    assert len(said) == 1 and "slowest link" not in said[0]

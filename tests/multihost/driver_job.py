@@ -2,7 +2,8 @@
 
 Starts a session on MASTER_URL (with the job's ``conf``), records where the driver and every
 executor run (hostname, network namespace, the address the hostname resolves to), trains the
-job's ``fit`` arguments with sparkdp.fit on the built-in CNN and Fashion-MNIST, and prints one
+job's ``fit`` arguments with sparkdp.fit on the built-in CNN and Fashion-MNIST (as arrays, or
+with ``"input": "dataframe"`` as a Spark DataFrame of the same rows), and prints one
 ``RESULT {json}`` line; a failure is reported there too, with its type and message."""
 
 from __future__ import annotations
@@ -39,10 +40,15 @@ def main() -> None:
     out = {"driver": where(), "driver_host": sc.getConf().get("spark.driver.host"),
            "executors": sc.parallelize(range(workers), workers).barrier().mapPartitions(_task_where).collect()}
     data = fashion_mnist(limit=job.get("limit", 2000))
+    train, columns = (data.x_train, data.y_train), {}
+    if job.get("input") == "dataframe":
+        train = spark.createDataFrame([(x.reshape(-1).tolist(), int(y)) for x, y in zip(data.x_train, data.y_train)],
+                                      "features array<float>, label long")
+        columns = {"features": "features", "label": "label", "feature_shape": tuple(data.x_train.shape[1:])}
     started = time.monotonic()
     try:
-        result = sparkdp.fit(build_model(job.get("model", "cnn")), (data.x_train, data.y_train),
-                             eval_data=(data.x_test, data.y_test), spark=spark, show_progress=False, **job["fit"])
+        result = sparkdp.fit(build_model(job.get("model", "cnn")), train, eval_data=(data.x_test, data.y_test),
+                             spark=spark, show_progress=False, **columns, **job["fit"])
         out["result"] = {"samples_per_s": result.samples_per_s, "history": result.history}
     except Exception as exc:  # noqa: BLE001 - reported to the test, which decides
         out["error"] = {"type": type(exc).__name__, "message": str(exc)}

@@ -169,6 +169,7 @@ class NetBed:
         for name in self.hosts:
             if not re.fullmatch(r"[a-z][a-z0-9-]{0,30}", name):
                 raise ValueError(f"host name {name!r}: lower-case letters, digits and '-'")
+        self.rates = dict(self.rates)  # set_rate records here: never in the caller's dict
         unknown = set(self.rates) - set(self.hosts)
         if unknown:
             raise ValueError(f"rates for unknown hosts {sorted(unknown)}")

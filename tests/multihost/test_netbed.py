@@ -84,7 +84,8 @@ def _throughput(bed: netbed.NetBed, sender: str, receiver: str) -> float:
 def test_links_are_shaped_per_host():
     """20 Mbit/s everywhere but c at 5: a->b runs at ~20, a->c at ~5 (c's download), c->a at ~5
     (c's upload)."""
-    with netbed.NetBed(["a", "b", "c"], rate="20mbit", rates={"c": "5mbit"}) as bed:
+    rates = {"c": "5mbit"}
+    with netbed.NetBed(["a", "b", "c"], rate="20mbit", rates=rates) as bed:
         ab = _throughput(bed, "a", "b")
         ac = _throughput(bed, "a", "c")
         ca = _throughput(bed, "c", "a")
@@ -92,6 +93,7 @@ def test_links_are_shaped_per_host():
     assert 15 < ab < 22, ab
     assert 3.5 < ac < 5.5 and 3.5 < ca < 5.5, (ac, ca)
     assert stats["sent"] > 1_000_000 and stats["received"] > 1_000_000, stats
+    assert rates == {"c": "5mbit"}  # the bed records its rates in a dict of its own (one bed after another)
 
 
 @pytest.mark.timeout(60)

@@ -105,3 +105,52 @@ def test_ranks_on_one_host_share_memory_and_leave_the_link_idle():
     moved = after["worker-0"] - before["worker-0"]
     assert moved < 3 * CNN_BYTES, f"{moved:,} bytes crossed worker-0's link"
     assert out["result"]["history"][-1]["test_accuracy"] > 0.25, out["result"]
+
+
+def run_records(run_dir, kind: str) -> list[dict]:
+    lines = (run_dir / "run.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r.get("type") == kind]
+
+
+@pytest.mark.timeout(420)
+def test_a_dataframe_streams_to_executors_on_other_hosts_and_monitoring_sees_the_links(cluster):
+    """A Spark DataFrame (not a Parquet path) is streamed to the executors each epoch; the live
+    monitoring hears from both worker hosts and counts the gradients' network time as
+    communication (gloo's reduction, not the shared-memory one, crosses the links here)."""
+    run_dir = cluster.bed.directory / "run-dataframe"
+    out = run_job(cluster, {"limit": 2000, "input": "dataframe",
+                            "fit": {"strategy": "allreduce", "workers": 2, "epochs": 1, "run_dir": str(run_dir),
+                                    "metrics_interval_s": 0.5, "optimizer_options": {"lr": 0.05}}})
+    assert "error" not in out, out["error"]
+    assert_on_other_hosts(out)
+    assert out["result"]["history"][-1]["test_accuracy"] > 0.25, out["result"]
+    metrics = run_records(run_dir, "metrics")
+    assert {r["host"] for r in metrics} == {"worker-0", "worker-1"}, {r["host"] for r in metrics}
+    last = {r["rank"]: r for r in metrics}
+    for rank, r in last.items():
+        # 15 steps of 13 MB each way at 1 Gbit/s: at least 0.1 s a step on the wire
+        assert r["steps"] >= 15 and r["comm_s"] > 0.1 * 15, (rank, r)
+
+
+@pytest.mark.timeout(420)
+def test_a_launched_script_runs_on_the_worker_hosts(cluster, tmp_path):
+    """``sparkdp launch`` of an unchanged-but-one-line script: its directory is shipped to the
+    executors on the worker hosts, both ranks train through the links and the result matches."""
+    import shutil
+    from pathlib import Path
+
+    scripts = Path(__file__).parents[1] / "scripts"
+    job = cluster.bed.directory / "launched"
+    job.mkdir()
+    for name in ("argparse_main.py", "common_data.py"):
+        shutil.copy(scripts / name, job)
+    (job / "where.py").write_text(
+        "import os, socket, sys\nprint('ran on', socket.gethostname(), flush=True)\n"
+        "exec(open(os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), 'argparse_main.py')).read())\n")
+    result = cluster.bed.directory / "launched.json"
+    proc = cluster.run_driver([sys.executable, "-m", "sparkdp.cli.main", "launch", "--workers", "2", "--master",
+                               cluster.master_url, str(job / "where.py"), "--", "--out", str(result)], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    hosts = sorted(line.rsplit(" ", 1)[1] for line in proc.stdout.splitlines() if "ran on " in line)
+    assert hosts == ["worker-0", "worker-1"], proc.stdout[-3000:]
+    assert json.loads(result.read_text())["accuracy"] > 0.8, result.read_text()  # as tests/cli/test_launch.py

@@ -113,3 +113,4 @@ def test_averaging_compressed_deltas_stays_near_plain_averaging(codec):
     assert all(torch.equal(a, b) for a, b in zip(params, other)), "ranks differ"
     drift = max((a - b).abs().max().item() for a, b in zip(params, plain[0][0]))
     assert 0 < drift < 5e-3, drift
+

@@ -131,3 +131,23 @@ def train_compressed(coll, compression: str, steps: int, batch: int, shared_memo
         return params
     strategy.finish()
     return params, strategy.options(), strategy.comm_stats()
+
+
+def train_one_rank_slow(coll, steps: int, delay_s: float, shared_memory: bool):
+    """All-reduce training in which rank 1 computes ``delay_s`` longer before each backward;
+    returns this rank's communication seconds and the transport."""
+    import time
+
+    model, x, y = wide_problem()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    strategy = AllReduce(shared_memory=shared_memory)
+    net = strategy.setup(model, opt, coll)
+    for step in range(steps):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(net(x[step * 8:(step + 1) * 8]), y[step * 8:(step + 1) * 8])
+        if coll.rank == 1:
+            time.sleep(delay_s)
+        loss.backward()
+        opt.step()
+    strategy.finish()
+    return strategy.comm_stats()["comm_s"], strategy.options()["gradient_transport"]

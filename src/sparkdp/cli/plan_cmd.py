@@ -51,6 +51,9 @@ def add_parser(sub) -> None:
                      help="measure step compute, all-reduce and parameter-server terms on the cluster (--model)")
     cal.add_argument("--verify", action="store_true",
                      help="with --calibrate: train each strategy briefly and report the prediction error")
+    cal.add_argument("--verify-rows", type=int, default=12_000,
+                     help="Fashion-MNIST rows --verify trains on, two epochs per strategy (default 12000; "
+                     "fewer on slow links)")
     cal.add_argument("--master", help="Spark master for --calibrate (default: local[*] or SPARKDP_MASTER)")
     cal.add_argument("--calibration-workers", type=int, help="tasks to calibrate with (default: all task slots)")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -74,6 +77,8 @@ def run(args) -> int:
 
     if args.verify and not args.calibrate:
         raise ConfigError("--verify compares predictions with measured runs; it needs --calibrate")
+    if args.verify_rows < 1:
+        raise ConfigError(f"--verify-rows must be positive; got {args.verify_rows}")
     params = _params(args)
     net = costmodel.Network.from_link(args.bandwidth, args.latency)
     report: dict = {}
@@ -120,7 +125,7 @@ def _verify(args, rows, workers: int) -> list[dict]:
     from ..driver.calibrate import measure_steps
 
     measured = measure_steps(args.model, spark=sparkdp.session(args.master, log_level="OFF"), workers=workers,
-                             batch=args.batch, average_k=args.average_k, ps_k=args.ps_k,
+                             batch=args.batch, rows=args.verify_rows, average_k=args.average_k, ps_k=args.ps_k,
                              diloco_h=args.diloco_period, diloco_compression=args.diloco_compression)
     out = []
     for row in rows:

@@ -223,7 +223,7 @@ def _fit_on_spark(spec: FitSpec, job: JobConfig, workers: int, spark: Any, start
     title = f"sparkdp {strategy_obj.name} x{workers}"
     details = {"model": type(model).__name__, "data": train.describe(), "strategy": strategy_obj.name,
                "strategy_options": strategy_obj.options()}
-    with monitored(job, spark, workers, title, details, tls=getattr(strategy_obj, "tls", False)) as hub:
+    with monitored(job, spark, workers, title, details, strategy=strategy_obj) as hub:
         spec = replace(spec, monitor=hub.link if hub is not None else None)
         result = _fit_monitored(spec, job, workers, spark, started, hub)
         if hub is not None:
@@ -277,8 +277,7 @@ def run(train_fn: Callable[..., Any], *args: Any, spark: Any = None, argv: list[
     name = getattr(train_fn, "__name__", "train_fn")
     # a monitoring hub only carries a launched script's output here (the loop is the user's)
     hub_job = job if forward_output else replace(job, monitor=replace(job.monitor, show_progress=False))
-    with monitored(hub_job, spark, workers, f"sparkdp {name} x{workers}",
-                   tls=getattr(strategy_obj, "tls", False)) as hub:
+    with monitored(hub_job, spark, workers, f"sparkdp {name} x{workers}", strategy=strategy_obj) as hub:
         link = hub.link if hub is not None else None
 
         def body(collective, strategy=strategy_obj):

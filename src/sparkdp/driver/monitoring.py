@@ -12,12 +12,12 @@ from ..monitor.hub import MonitorHub
 
 
 @contextlib.contextmanager
-def monitored(job: JobConfig, spark: Any, workers: int, title: str,
-              details: dict[str, Any] | None = None, tls: bool = False) -> Iterator[MonitorHub | None]:
+def monitored(job: JobConfig, spark: Any, workers: int, title: str, details: dict[str, Any] | None = None,
+              strategy: Any = None) -> Iterator[MonitorHub | None]:
     """The job's :class:`MonitorHub`, or None when nothing would show or keep its records
     (``show_progress=False`` and no run directory, TensorBoard or MLflow): then the workers
-    are not monitored at all. ``tls``: the job's strategy encrypts its traffic, so the
-    monitoring connections are encrypted too."""
+    are not monitored at all. When the job's ``strategy`` encrypts its traffic, the monitoring
+    connections are encrypted too."""
     if not (job.monitor.show_progress or job.monitor.run_dir or job.monitor.mlflow):
         yield None
         return
@@ -26,6 +26,7 @@ def monitored(job: JobConfig, spark: Any, workers: int, title: str,
     config = {**job.settings(), **(details or {}), "workers": workers}
     with MonitorHub(world_size=workers, config=config, run_dir=job.monitor.run_dir, display=job.monitor.show_progress,
                     tensorboard=job.monitor.tensorboard, mlflow=job.monitor.mlflow, interval_s=job.monitor.metrics_interval_s,
-                    host=driver_host(spark), title=title, tls=tls) as hub:
+                    host=driver_host(spark), title=title, tls=getattr(strategy, "tls", False),
+                    comm_is_own=getattr(strategy, "comm_is_own", False)) as hub:
         yield hub
 

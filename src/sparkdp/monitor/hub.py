@@ -62,6 +62,8 @@ class MonitorHub:
         mlflow: an MLflow tracking URI to log the run to.
         host: the address to listen on (the driver's, as executors reach it).
         tls: encrypt the workers' connections (as the job's parameter server does with ``tls=True``).
+        comm_is_own: the workers' communication waits for no peer (asynchronous strategies), so a
+            worker communicating longer than the others is slow on its own link.
 
     An asynchronous job sets ``server_metrics`` to its parameter server's ``metrics()``.
     """
@@ -69,7 +71,7 @@ class MonitorHub:
     def __init__(self, *, world_size: int, config: dict[str, Any], run_dir: str | None = None,
                  display: bool = True, tensorboard: bool = False, mlflow: str | None = None,
                  interval_s: float = 2.0, host: str = "127.0.0.1", title: str = "sparkdp",
-                 tls: bool = False) -> None:
+                 tls: bool = False, comm_is_own: bool = False) -> None:
         self.interval_s = interval_s
         self.server_metrics: Callable[[], dict[str, Any]] | None = None
         self.started = time.time()
@@ -77,7 +79,7 @@ class MonitorHub:
         #: per worker, the steps and samples of its attempts that failed (recovery redid that work)
         self.failed_attempts: dict[int, dict[str, int]] = {}
         self.epochs: list[dict[str, Any]] = []
-        self.detector = StragglerDetector(world_size)
+        self.detector = StragglerDetector(world_size, comm_is_own=comm_is_own)
         self._lock = threading.Lock()
         self._lines: dict[tuple[int, str], str] = {}
         self.sinks: list[Any] = []
@@ -175,8 +177,9 @@ class MonitorHub:
             ended["samples"] += before.get("samples", 0)
             before = None
         if before is not None and record.get("steps") == before.get("steps"):
-            # no step since (a worker's last record, or one evaluating): keep the rates it had
-            record.update({k: before[k] for k in _RATES if k in before})
+            # no step since (a worker's last record, or one evaluating): it trains no rows now (a
+            # finished asynchronous worker must not add to the job's samples/s), the rest as it was
+            record.update({k: before[k] for k in _RATES if k in before}, samples_per_s=0.0)
         elif before is not None:
             dt = max(record["time"] - before["time"], 1e-9)
             rows = record["samples"] - before["samples"]

@@ -45,6 +45,7 @@ class Probe:
         self.comm_stats = comm_stats or (lambda: {})
         self.epoch = self.step = self.steps = self.samples = 0
         self.loss_sum, self.data_s, self.compute_s = 0.0, 0.0, 0.0
+        self._comm_mark = 0.0  # the strategy's communication seconds when the current step began
         self.reports_loss = True
         self.started = time.time()
         self._process = psutil.Process()
@@ -78,10 +79,19 @@ class Probe:
 
     def batch_arrived(self, waited_s: float) -> None:
         self.data_s += waited_s
+        self._comm_mark = self._comm_seconds()
+
+    def _comm_seconds(self) -> float:
+        return float(self.comm_stats().get("comm_s", 0.0))
 
     def step_done(self, seconds: float, rows: int, loss: float | None) -> None:
-        """``loss`` None: unknown (the user's own loop, counted from its optimizer steps)."""
-        self.compute_s += seconds
+        """``loss`` None: unknown (the user's own loop, counted from its optimizer steps).
+
+        A step's compute is its time less the communication inside it; communication outside
+        steps (a first pull, an epoch's end) is communication only, never negative compute."""
+        comm = self._comm_seconds()
+        self.compute_s += max(seconds - (comm - self._comm_mark), 0.0)
+        self._comm_mark = comm
         self.steps += 1
         self.step += 1
         self.samples += rows
@@ -94,6 +104,7 @@ class Probe:
         """Count the steps of a loop sparkdp does not run (``distribute``): every ``optimizer.step()``
         is one step of ``rows`` rows, and the time since the one before it is the step's."""
         self.comm_stats = comm_stats
+        self._comm_mark = self._comm_seconds()
         last = [time.perf_counter()]
 
         def counted(_opt: Any, _args: Any, _kwargs: Any) -> None:
@@ -130,10 +141,9 @@ class Probe:
         """Cumulative counters and the process's and host's usage now."""
         comm = self.comm_stats()
         sent, recv = _host_network(self._psutil)
-        compute = max(self.compute_s - comm.get("comm_s", 0.0), 0.0)  # comm inside the step is not compute
         return {"type": "metrics", "rank": self.rank, "time": time.time(), "host": socket.gethostname(),
                 "epoch": self.epoch + 1, "step": self.step, "steps": self.steps, "samples": self.samples,
-                **({"loss_sum": self.loss_sum} if self.reports_loss else {}), "data_s": self.data_s, "compute_s": compute,
+                **({"loss_sum": self.loss_sum} if self.reports_loss else {}), "data_s": self.data_s, "compute_s": self.compute_s,
                 "comm_s": comm.get("comm_s", 0.0), "bytes_sent": comm.get("bytes_sent", 0),
                 "bytes_recv": comm.get("bytes_recv", 0), "cpu_percent": self._process.cpu_percent(None),
                 "rss_bytes": self._process.memory_info().rss, "net_sent": sent, "net_recv": recv}

@@ -88,6 +88,7 @@ class AllReduce(Strategy):
         self._step_bytes = 0
         self._steps = 0
         self._powersgd_bytes = 0
+        self._wait: _ExposedWait | None = None
 
     def setup(self, model: nn.Module, optimizer: Optimizer, collective: Collective) -> nn.Module:
         self._attach(model, optimizer, collective)
@@ -111,24 +112,30 @@ class AllReduce(Strategy):
                 self._wrapped.register_comm_hook((self._reducer, self.shared_memory_min_bytes, self.comm, half),
                                                  _shared_memory_hook)
                 self._transport = "shared-memory"
-        if self._reducer is None and half is not None:
-            self._wrapped.register_comm_hook(half, _half_precision_hook)
-        elif self.compression == "powersgd":
-            state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=self.powersgd_rank,
-                                                start_powerSGD_iter=self.powersgd_start_step)
-            self._wrapped.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-            self._powersgd_bytes = ring_bytes(_powersgd_values(grads, self.powersgd_rank) * 4, collective.world_size)
+        if self._reducer is None:
+            # the process group reduces every bucket; the hook also times how long backward waits for it
+            inner: tuple[Any, Any] = (None, default_hooks.allreduce_hook)
+            if half is not None:
+                inner = (half, _half_precision_hook)
+            elif self.compression == "powersgd":
+                inner = (powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=self.powersgd_rank,
+                                                     start_powerSGD_iter=self.powersgd_start_step),
+                         powerSGD_hook.powerSGD_hook)
+                self._powersgd_bytes = ring_bytes(_powersgd_values(grads, self.powersgd_rank) * 4,
+                                                  collective.world_size)
+            self._wait = _ExposedWait()
+            self._wrapped.register_comm_hook((*inner, self._wait), _timed_group_hook)
         width = 2 if half is not None else 4
         self._step_bytes = ring_bytes(sum(p.numel() for p in grads) * width, collective.world_size)
         return self._wrapped
 
     def after_step(self) -> None:
-        # the gradients' bytes on the wire; the seconds are timed in the shared-memory hook
-        # (gloo's asynchronous bucket all-reduces overlap backward and are counted as compute)
+        # the gradients' bytes on the wire, and the seconds backward waited for the process
+        # group's reductions (the shared-memory hook times its own)
         self._steps += 1
         compressed = self._powersgd_bytes and self._steps > self.powersgd_start_step
         wire = self._powersgd_bytes if compressed else self._step_bytes
-        self.comm.add(0.0, wire, wire)
+        self.comm.add(self._wait.take() if self._wait is not None else 0.0, wire, wire)
 
     def finish(self) -> None:
         self._reducer = None  # unmaps the shared slots once DDP lets go of its hook state
@@ -195,6 +202,35 @@ def _half_precision_hook(half, bucket):  # noqa: ANN001, ANN201 (unannotated: se
     sent = buffer.to(half).div_(dist.get_world_size())
     future = dist.all_reduce(sent, async_op=True).get_future()
     return future.then(lambda done: buffer.copy_(done.value()[0]))
+
+
+class _ExposedWait:
+    """How long a step's backward waited for the process group: from the launch of its last
+    bucket's reduction (its last gradients were ready) until the last reduction completed.
+    The reductions of earlier buckets overlap backward's compute and cost nothing until then;
+    waiting for a slower rank counts, as it does in every synchronous strategy's communication."""
+
+    def __init__(self) -> None:
+        self.launched = self.done = 0.0
+
+    def take(self) -> float:
+        waited = max(self.done - self.launched, 0.0)
+        self.launched = self.done = 0.0
+        return waited
+
+
+def _timed_group_hook(state, bucket):  # noqa: ANN001, ANN201 (unannotated: see _shared_memory_hook)
+    """DDP comm hook: the inner hook's reduction of one bucket, noting when it was launched
+    and when it completed (:class:`_ExposedWait`)."""
+    inner_state, inner, wait = state
+    reduced = inner(inner_state, bucket)
+    wait.launched = time.perf_counter()
+
+    def completed(done):  # noqa: ANN001, ANN202
+        wait.done = time.perf_counter()
+        return done.value()
+
+    return reduced.then(completed)
 
 
 def _timed(done, meter: CommMeter, started: float):  # noqa: ANN001, ANN202

@@ -63,6 +63,7 @@ class AsyncParameterServer(Strategy):
     """
 
     launcher = Launcher.TASKS
+    comm_is_own = True  # pushes and pulls cross this worker's own link and wait for no peer
     # the server's shards are flat views of NCHW parameters; batches still go channels-last
     channels_last_weights = False
 

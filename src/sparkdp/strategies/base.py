@@ -58,6 +58,9 @@ class Strategy(ABC):
     launcher: Launcher = Launcher.BARRIER
     #: Whether conv weights may train channels-last (``train.layout``); batches go NHWC either way.
     channels_last_weights: bool = True
+    #: Whether a worker's communication time is its own (True: asynchronous, it waits for no
+    #: peer) or includes waiting for slower peers (synchronous); the straggler detector needs it.
+    comm_is_own: bool = False
     name: str = "strategy"
     _hook: RemovableHandle | None  # the optimizer step hook that calls after_step (set by _attach)
 

@@ -311,7 +311,7 @@ def launch(script: str | os.PathLike[str], *args: str, spark: Any = None, **sett
     which also makes it train asynchronously with a parameter server under an asynchronous
     strategy (``strategy="hogwild"``...; see :func:`run`). On a cluster master the script's
     directory (the script and the modules beside it, at most 200 MB) is shipped to every
-    executor with ``SparkContext.addArchive`` and that copy runs there; on ``local[N]`` the file
+    executor with ``spark.addArtifacts(..., archive=True)`` and that copy runs there; on ``local[N]`` the file
     itself runs.
 
     ``settings`` are :func:`run`'s.

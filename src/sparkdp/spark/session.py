@@ -6,6 +6,7 @@ import logging
 import os
 import sys
 import threading
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -164,7 +165,11 @@ def _local_connect_session(master: str, app_name: str, settings: dict[str, str],
     builder = SparkSession.builder.master(master).appName(app_name).config("spark.api.mode", "connect")
     for key, value in settings.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    with warnings.catch_warnings():
+        # The server takes every setting at its start; the client then tries the static ones again as
+        # session settings, and PySpark warns about each (CANNOT_MODIFY_CONFIG) though nothing is wrong.
+        warnings.filterwarnings("ignore", message=".*CANNOT_MODIFY_CONFIG.*", category=UserWarning)
+        spark = builder.getOrCreate()
     if warm_up and settings["spark.python.daemon.module"] == _DEFAULT_CONF["spark.python.daemon.module"]:
         threading.Thread(target=_warm_up_connect, args=(spark,), name="sparkdp-warm-up", daemon=True).start()
     return spark

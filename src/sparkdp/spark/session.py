@@ -146,10 +146,14 @@ def session(master: str | None = None, *, app_name: str = "sparkdp", conf: Mappi
 def _remote_session(remote: str, app_name: str, conf: Mapping[str, str] | None):
     """A Spark Connect session to ``remote`` (``sc://host:port``): the server was started with its
     own settings (e.g. by start-connect-server.sh), so only the caller's runtime settings apply."""
-    from pyspark.sql import SparkSession
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
 
     log.info("connecting to Spark Connect at %s", remote)
-    builder = SparkSession.builder.remote(remote).appName(app_name)
+    # PySpark's generic builder refuses a Connect client while this process has a classic
+    # SparkContext; the Connect builder does not. Mark the process as Connect as that builder
+    # would: PySpark's functions and ML classes choose their Connect implementation by it.
+    os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+    builder = ConnectSession.builder.remote(remote).appName(app_name)
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     return builder.getOrCreate()

@@ -149,7 +149,7 @@ class ScalingConfig:
 
     Attributes:
         workers: Spark tasks to train on (default: every task slot of a local master, or of the executors registered when the job starts; 2 while none has).
-        master: a Spark master URL (default: the embedded local[N] session).
+        master: a Spark master URL, or sc://host:port for a Spark Connect server (default: $SPARK_REMOTE if set, else the embedded local[N] session).
         threads: torch threads per worker (default: spark.task.cpus).
     """
 

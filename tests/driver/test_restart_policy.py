@@ -48,3 +48,16 @@ def test_a_hung_worker_reaches_the_driver_typed_and_a_killed_one_as_lost():
     killed = translate_error(RuntimeError("Task 1 in stage 3.0 failed: Python worker exited unexpectedly (crashed)"),
                              2, "local[2]")
     assert isinstance(killed, WorkerLost) and str(killed).startswith("worker 1 died")
+
+
+def test_spark_connect_cancel_and_message_size_errors_become_sparkdp_messages():
+    from sparkdp.errors import ConfigError
+
+    cancelled = translate_error(RuntimeError("(org.apache.spark.SparkException) [OPERATION_CANCELED] Operation "
+                                             "has been cancelled. SQLSTATE: HY008"), 2, "local[2]")
+    assert type(cancelled) is WorkerFailed and "was cancelled" in str(cancelled) and "stays usable" in str(cancelled)
+    big = translate_error(RuntimeError("<_MultiThreadedRendezvous of RPC that terminated with: status = "
+                                       "StatusCode.RESOURCE_EXHAUSTED details = \"CLIENT: Sent message larger than "
+                                       "max (157287896 vs. 134217728)\">"), 2, "local[2]")
+    assert isinstance(big, ConfigError) and "(150 MiB, the limit is 128 MiB)" in str(big)
+    assert "DataFrame or a Parquet path" in str(big)

@@ -210,7 +210,7 @@ def fit_caffe(
             from ..spark.session import session
 
             spark = spark or session(master)
-            workers = task_slots(spark.sparkContext) or 2
+            workers = task_slots(spark) or 2
         rows = data.num_samples() if hasattr(data, "num_samples") else _rows(data)
         epochs = plan_epochs(spec, batch, workers, rows)
     return fit(

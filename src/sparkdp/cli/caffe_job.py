@@ -114,7 +114,7 @@ def cli_job(args: Any, job: JobConfig, data: Any, model_desc: dict[str, Any]) ->
             from ..spark.launcher import task_slots
             from ..spark.session import session
 
-            workers = task_slots(session(job.scaling.master).sparkContext) or 2
+            workers = task_slots(session(job.scaling.master)) or 2
         num_samples = getattr(data, "num_samples", None)
         epochs = plan_epochs(spec, batch, workers, num_samples() if callable(num_samples) else None)
     model_desc["caffe_net"] = str(Path(net).resolve()) if isinstance(net, Path) else "(inline in solver)"

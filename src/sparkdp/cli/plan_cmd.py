@@ -115,7 +115,7 @@ def _calibrated(args):
     if not args.model:
         raise ConfigError("--calibrate measures a built-in model's step: give --model NAME")
     spark = sparkdp.session(args.master, log_level="OFF")
-    workers = args.calibration_workers or task_slots(spark.sparkContext) or 2
+    workers = args.calibration_workers or task_slots(spark) or 2
     cal = calibrate(build_model(args.model), spark=spark, workers=workers, batch=args.batch)
     return cal.network(), cal.step_compute_s, {"calibration": cal.as_dict()}
 

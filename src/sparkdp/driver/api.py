@@ -200,7 +200,7 @@ def fit_job(model: nn.Module, data: Any, job: JobConfig, *, labels: Any = None, 
                    epochs=job.training.epochs, batch_size=job.training.batch_size, seed=job.training.seed, shuffle=job.training.shuffle,
                    scheduler=lr_scheduler, eval_every=job.training.eval_every, memory_format=memory_format)
     # Same-machine executors map in-memory data from files instead of unpickling a copy each.
-    with shared_with_workers(on_driver_machine(spark.sparkContext), train, test) as (train, test):
+    with shared_with_workers(on_driver_machine(spark), train, test) as (train, test):
         return _fit_on_spark(replace(spec, train=train, eval=test), job, workers, spark, started)
 
 
@@ -209,8 +209,8 @@ def _workers(spark: Any, job: JobConfig) -> int:
     workers' torch threads would outnumber their cores."""
     from ..spark.launcher import default_workers, oversubscription
 
-    workers = job.scaling.workers or default_workers(spark.sparkContext)
-    problem = oversubscription(spark.sparkContext, workers, job.scaling.threads)
+    workers = job.scaling.workers or default_workers(spark)
+    problem = oversubscription(spark, workers, job.scaling.threads)
     if problem:
         log.warning("sparkdp: %s", problem)
     return workers
@@ -311,7 +311,7 @@ def launch(script: str | os.PathLike[str], *args: str, spark: Any = None, **sett
     which also makes it train asynchronously with a parameter server under an asynchronous
     strategy (``strategy="hogwild"``...; see :func:`run`). On a cluster master the script's
     directory (the script and the modules beside it, at most 200 MB) is shipped to every
-    executor with ``SparkContext.addArchive`` and that copy runs there; on ``local[N]`` the file
+    executor with ``spark.addArtifacts(..., archive=True)`` and that copy runs there; on ``local[N]`` the file
     itself runs.
 
     ``settings`` are :func:`run`'s.
@@ -332,7 +332,7 @@ def launch(script: str | os.PathLike[str], *args: str, spark: Any = None, **sett
     name = os.path.basename(path)
     spark = spark or session(JobConfig.of(settings, allowed=RUN_SETTINGS, caller="launch").scaling.master)
     # executors elsewhere may not see this filesystem: they run a copy of the script's directory
-    shipped = None if on_driver_machine(spark.sparkContext) else \
+    shipped = None if on_driver_machine(spark) else \
         functools.partial(shipped_path, ship_directory(spark, os.path.dirname(path)))
     result = run(run_script, path, [str(a) for a in args], os.getcwd(), shipped, spark=spark, argv=[path, *args],
                  forward_output=True, **settings)

@@ -120,9 +120,9 @@ def task_collective(worker: int, workers: int, threads: int | None) -> Independe
 def _check_reachable(spark: Any, address: str, start_timeout_s: float) -> None:
     """On a cluster, a few seconds' check that executors can connect to the server before the
     tasks start (each would otherwise wait out its own connect timeout); local masters skip it."""
-    from ..spark.launcher import check_reachable
+    from ..spark.launcher import check_reachable, master_of
 
-    if not spark.sparkContext.master.startswith("local"):
+    if not master_of(spark).startswith("local"):
         check_reachable(spark, address, start_timeout_s=start_timeout_s)
 
 

@@ -100,9 +100,9 @@ class BarrierRunner:
                                description=description)[0]
 
         restarts = RestartPolicy.of(job)
-        with checkpoint_policy(job, temporary_ok=on_driver_machine(spark.sparkContext), job_id=lineage) as policy:
+        with checkpoint_policy(job, temporary_ok=on_driver_machine(spark), job_id=lineage) as policy:
             report, finished, ran_on = run_with_restarts(spec, restarts, policy, run_stage, workers,
-                                                         slots=lambda: available_slots(spark.sparkContext))
+                                                         slots=lambda: available_slots(spark))
         return trained(report, finished, ran_on, spec.epochs, started, restarts)
 
     def call(self, body: Callable[[Any, Strategy], Any], strategy: Strategy, job: JobConfig, workers: int,
@@ -133,7 +133,7 @@ class StreamRunner:
                                         pg_timeout_s=job.failures.pg_timeout_s,
                                         start_timeout_s=job.failures.start_timeout_s,
                                         restarts=restarts, checkpoint=policy,
-                                        slots=lambda: available_slots(spark.sparkContext))
+                                        slots=lambda: available_slots(spark))
         return trained(report, spec, ran_on, spec.epochs, started, restarts)
 
     def call(self, body: Callable[[Any, Strategy], Any], strategy: Strategy, job: JobConfig, workers: int,

@@ -46,7 +46,7 @@ from ..train.faults import fault_from_env
 from ..train.jobs import in_task
 from ..train.loop import FitSpec, StagePart, fit_worker
 from ..train.report import WorkerReport
-from .launcher import BarrierStage, rendezvous
+from .launcher import BarrierStage, is_connect, rendezvous
 from .worker_errors import encode_error
 
 log = logging.getLogger(__name__)
@@ -248,7 +248,9 @@ def fit_stream(spec: FitSpec, source: DataFrameSource, *, workers: int, spark, t
 def _partitioned(source: DataFrameSource, workers: int, epochs: int):
     """The DataFrame with one partition per worker, as even as a stage needs."""
     df = source.df
-    partitions = df.rdd.getNumPartitions()
+    # a Connect session has no df.rdd: count the partitions with the rows (one cheap job)
+    counts = _partition_rows(df) if is_connect(df.sparkSession) else None
+    partitions = len(counts) if counts is not None else df.rdd.getNumPartitions()
     if partitions != workers:
         log.info("the DataFrame has %d partition(s) for %d workers: repartitioning it to %d (a Spark shuffle "
                  "every epoch; pass df.repartition(%d).cache() to shuffle only once)",
@@ -258,7 +260,7 @@ def _partitioned(source: DataFrameSource, workers: int, epochs: int):
         # One partition per worker as given. An empty or much smaller partition would end every
         # rank's epoch early (the per-step MIN check), so count rows once (a cheap job over a
         # cached DataFrame) and rebalance when the partitions are that uneven.
-        counts = _partition_rows(df)
+        counts = counts if counts is not None else _partition_rows(df)
         if sum(counts) == 0:
             raise DataError("the DataFrame is empty (0 rows); nothing to train on. Check the filters upstream.")
         if min(counts) == 0 or max(counts) > 2 * min(counts) + 1:

@@ -16,7 +16,7 @@ MAX_SHIPPED_BYTES = 200 * 2**20
 
 def ship_directory(spark, directory: str) -> str:
     """Send ``directory`` (recursively) to every executor as a zip that Spark unpacks there
-    (``SparkContext.addArchive``); returns the name :func:`shipped_path` finds it under in a task.
+    (``SparkSession.addArtifacts(archive=True)``); returns the name :func:`shipped_path` finds it under in a task.
 
     Raises:
         ConfigError: the directory holds more than :data:`MAX_SHIPPED_BYTES` (it would be copied
@@ -43,7 +43,8 @@ def ship_directory(spark, directory: str) -> str:
     atexit.register(shutil.rmtree, holder, True)  # the driver serves it to executors while the job runs
     base = f"{os.path.basename(os.path.normpath(directory))}-{digest.hexdigest()[:12]}"
     archive = shutil.make_archive(os.path.join(holder, base), "zip", directory)
-    spark.sparkContext.addArchive(archive)
+    # classic and Connect alike (Connect streams it in chunks; no size limit of a gRPC message)
+    spark.addArtifacts(archive, archive=True)
     return os.path.basename(archive)
 
 

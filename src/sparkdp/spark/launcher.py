@@ -45,19 +45,49 @@ class TaskInfo:
     store: Any = field(default=None, compare=False, repr=False)
 
 
-def cpus_per_task(conf) -> float:
+def is_connect(spark) -> bool:
+    """Whether ``spark`` is a Spark Connect session (``spark.api.mode=connect`` or ``sc://``):
+    no SparkContext, RDDs or py4j there; DataFrames, ``spark.conf`` and job tags only."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def spark_conf(spark, key: str, default: str | None = None) -> str | None:
+    """A setting of the application, read the way both session kinds allow: ``spark.conf`` on a
+    session (classic or Connect; it also answers static and core settings such as
+    ``spark.master``), ``getConf()`` on a SparkContext (older callers)."""
+    if hasattr(spark, "getConf"):  # a SparkContext
+        return spark.getConf().get(key, default)
+    try:
+        return spark.conf.get(key, default)
+    except Exception:  # noqa: BLE001 - a Connect server that refuses to show it
+        return default
+
+
+def master_of(spark) -> str:
+    return spark_conf(spark, "spark.master", "local") or "local"
+
+
+def cpus_per_task(spark) -> float:
     """``spark.task.cpus`` (Spark accepts fractions of a core)."""
-    return float(conf.get("spark.task.cpus", "1"))
+    return float(spark_conf(spark, "spark.task.cpus", "1") or "1")
 
 
-def task_slots(sc) -> int | None:
+def _default_parallelism(spark) -> int:
+    if hasattr(spark, "defaultParallelism"):
+        return spark.defaultParallelism
+    if not is_connect(spark):
+        return spark.sparkContext.defaultParallelism
+    return os.cpu_count() or 1  # local[*] on a Connect server of this machine: its cores
+
+
+def task_slots(spark) -> int | None:
     """How many tasks the cluster can run at once, when it can be known up front."""
-    master = sc.master
-    per_task = cpus_per_task(sc.getConf())
+    master = master_of(spark)
+    per_task = cpus_per_task(spark)
     match = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?", master)
     if match:
         n = match.group(1)
-        cores = (sc.defaultParallelism if n == "*" else int(n)) if n else 1
+        cores = (_default_parallelism(spark) if n == "*" else int(n)) if n else 1
         return int(cores // per_task)
     if master.startswith("local-cluster"):
         m = re.fullmatch(r"local-cluster\[(\d+),\s*(\d+),\s*\d+\]", master)
@@ -65,44 +95,49 @@ def task_slots(sc) -> int | None:
     return None  # cluster managers: executors may still be arriving; the start timeout decides
 
 
-def available_slots(sc) -> int | None:
+def available_slots(spark) -> int | None:
     """Task slots the cluster has right now: fixed on local masters; elsewhere the cores of the
-    live executors (the scheduler backend's count), None when that cannot be known."""
-    fixed = task_slots(sc)
-    if fixed is not None and sc.master.startswith("local"):
+    live executors (the scheduler backend's count, classic sessions only), None when that cannot
+    be known (a Connect session: the start timeout decides)."""
+    fixed = task_slots(spark)
+    if fixed is not None and master_of(spark).startswith("local"):
         return fixed
+    if is_connect(spark):
+        return fixed
+    sc = spark if hasattr(spark, "_jsc") else spark.sparkContext
     try:  # CoarseGrainedSchedulerBackend (standalone, YARN, Kubernetes) keeps the live core count
         cores = int(sc._jsc.sc().schedulerBackend().totalCoreCount())
     except Exception:  # noqa: BLE001 - another backend, or py4j could not reach it
         return fixed
-    return int(cores // cpus_per_task(sc.getConf()))
+    return int(cores // cpus_per_task(spark))
 
 
-def default_workers(sc) -> int:
+def default_workers(spark) -> int:
     """Workers when the user gives none: every task slot of a local master, or of the executors
     registered on a cluster when the job starts; 2 while none has registered yet."""
-    return task_slots(sc) or available_slots(sc) or 2
+    return task_slots(spark) or available_slots(spark) or 2
 
 
-def oversubscription(sc, workers: int, threads: int | None) -> str | None:
+def oversubscription(spark, workers: int, threads: int | None) -> str | None:
     """Why ``workers`` workers with ``threads`` torch threads each would run more threads than
     their cores (each thread then waits for a core), or None."""
-    per_task = cpus_per_task(sc.getConf())
+    per_task = cpus_per_task(spark)
     if threads is not None and threads > per_task:
         return (f"threads={threads} torch threads per worker, but each Spark task holds spark.task.cpus={per_task:g} "
                 f"core(s): workers sharing an executor will compete for its cores. Set spark.task.cpus={threads}, "
                 "or leave threads unset (sparkdp then uses spark.task.cpus).")
     cores, threads = os.cpu_count() or 1, threads or max(1, int(per_task))
-    if on_driver_machine(sc) and workers * threads > cores:
+    if on_driver_machine(spark) and workers * threads > cores:
         return (f"{workers} workers x {threads} torch thread(s) on this machine's {cores} "
                 "core(s): they will compete for the cores and each step will be slower. Use fewer workers or "
                 "threads, or a cluster.")
     return None
 
 
-def on_driver_machine(sc) -> bool:
+def on_driver_machine(spark) -> bool:
     """Whether every executor runs on the driver's machine (``local[N]``, ``local-cluster``)."""
-    return sc.master == "local" or sc.master.startswith(("local[", "local-cluster["))
+    master = master_of(spark)
+    return master == "local" or master.startswith(("local[", "local-cluster["))
 
 
 def listening_store(host: str, world_size: int):
@@ -159,16 +194,44 @@ def task_resources() -> tuple[tuple[str, ...], int]:
     return gpus, max(1, int(ctx.cpus()))
 
 
+#: The one column every sparkdp stage returns: a task's result, pickled.
+_RESULT_SCHEMA = "index long, result binary"
+
+
+def _result_batch(index: int, value: Any):
+    import pickle
+
+    import pyarrow as pa
+
+    return pa.RecordBatch.from_pydict({"index": [index], "result": [pickle.dumps(value)]})
+
+
+def _results(rows) -> list[Any]:
+    """The tasks' results in task order (rank or worker index), unpickled on the driver."""
+    import pickle
+
+    return [pickle.loads(row["result"]) for row in sorted(rows, key=lambda row: row["index"])]
+
+
 def _task_body(fn: Callable[[TaskInfo], Any]) -> Callable:
-    def run_partition(_rows):
+    def run_partition(batches):
+        for _ in batches:  # the one row of spark.range that made this task: nothing to read
+            pass
         info = None
         try:
             info = rendezvous()
-            yield fn(info)
+            result = fn(info)
         except BaseException as exc:  # re-raised with a parseable summary for the driver
             raise RuntimeError(encode_error(info.rank if info else -1, exc)) from None
+        yield _result_batch(info.rank, result)
 
     return run_partition
+
+
+def _task_stage(spark, num_tasks: int, body: Callable, *, barrier: bool):
+    """``num_tasks`` tasks of ``body`` (a ``mapInArrow`` function) as one DataFrame stage: what
+    a classic session and a Spark Connect session both run (no SparkContext, no RDD)."""
+    return spark.range(num_tasks, numPartitions=num_tasks).mapInArrow(body, _RESULT_SCHEMA, barrier=barrier)
 
 
 def barrier_refusal(conf: dict[str, str]) -> str | None:
@@ -194,7 +257,7 @@ class BarrierStage:
 
     def __init__(self, spark, num_workers: int, *, description: str, start_timeout_s: float = 60.0) -> None:
         check_int("workers", num_workers)
-        self.sc = spark.sparkContext
+        self.spark = spark
         self.num_workers = num_workers
         self.description = description
         self.start_timeout_s = start_timeout_s
@@ -203,74 +266,138 @@ class BarrierStage:
         """On a cluster, executors register after the application starts (and come back after a
         loss): Spark refuses a barrier stage with more tasks than the slots it has *now*, so
         wait up to ``start_timeout_s`` for enough of them before submitting."""
-        if self.sc.master.startswith("local"):
+        master = master_of(self.spark)
+        if master.startswith("local"):
             return
         deadline = time.monotonic() + self.start_timeout_s
-        while (available := available_slots(self.sc)) is not None and available < self.num_workers:
+        while (available := available_slots(self.spark)) is not None and available < self.num_workers:
             if time.monotonic() > deadline:
                 raise RendezvousTimeout(
                     f"requested {self.num_workers} workers, but after {self.start_timeout_s:.0f} s the cluster at "
-                    f"{self.sc.master!r} has {available} task slot(s) (a synchronous job needs all of them at once). "
+                    f"{master!r} has {available} task slot(s) (a synchronous job needs all of them at once). "
                     "Use fewer workers, add executors, or raise `start_timeout_s`.")
             time.sleep(0.5)
 
     def run(self, collect: Callable[[], list[Any]]) -> list[Any]:
         """Run ``collect()`` (the action that runs the stage) and return what it returned."""
-        sc, n = self.sc, self.num_workers
-        refusal = barrier_refusal(dict(sc.getConf().getAll()))
+        spark, n = self.spark, self.num_workers
+        master = master_of(spark)
+        refusal = barrier_refusal({"spark.dynamicAllocation.enabled":
+                                   spark_conf(spark, "spark.dynamicAllocation.enabled", "false") or "false"})
         if refusal:
             raise ConfigError(refusal)
-        slots = task_slots(sc)
+        slots = task_slots(spark)
         if slots is not None and n > slots:
-            raise RendezvousTimeout(too_few_slots_message(n, slots, sc.master))
+            raise RendezvousTimeout(too_few_slots_message(n, slots, master))
         self._wait_for_executors()
-        return run_watched(sc, collect, n, description=self.description, start_timeout_s=self.start_timeout_s,
+        return run_watched(spark, collect, n, description=self.description, start_timeout_s=self.start_timeout_s,
                            need_all=True, too_slow=(
                                f"requested {n} workers, but Spark did not start them all within "
-                               f"{self.start_timeout_s:.0f} s on master {sc.master!r} (a barrier stage needs all of "
+                               f"{self.start_timeout_s:.0f} s on master {master!r} (a barrier stage needs all of "
                                "them at once). Lower `workers`, add executors/cores, or raise `start_timeout_s`."))
 
 
-def run_watched(sc, collect: Callable[[], list[Any]], num_tasks: int, *, description: str, start_timeout_s: float,
-                need_all: bool, too_slow: str) -> list[Any]:
-    """Run ``collect()`` (a Spark action of ``num_tasks`` tasks) in a thread under its own job
-    group; cancel it and raise ``RendezvousTimeout(too_slow)`` when its tasks have not started
-    within ``start_timeout_s`` — all of them (``need_all``, a barrier stage) or any — the clock
-    restarting whenever a task makes progress (a DataFrame's job may run ordinary stages
-    first). A task's error becomes the sparkdp error it carried."""
-    group = f"sparkdp-{uuid.uuid4().hex[:12]}"
+class JobControl:
+    """Name, watch and cancel the Spark job(s) one thread submits, on either session kind.
+
+    Spark Connect: an operation tag (``addTag`` / ``interruptTag``) and the server's progress
+    reports (``registerProgressHandler``, stages with their task counts every ~2 s). Classic: a
+    job group (``setJobGroup(interruptOnCancel=True)`` / ``cancelJobGroup``; a classic session's
+    ``interruptTag`` did not cancel a running ``mapInArrow`` collect in PySpark 4.3) and the
+    SparkContext's status tracker. Everything else about a stage is the same DataFrame code.
+    """
+
+    def __init__(self, spark, description: str) -> None:
+        self.spark, self.description = spark, description
+        self.name = f"sparkdp-{uuid.uuid4().hex[:12]}"
+        self.connect = is_connect(spark)
+        self._thread: int | None = None
+        self._stages: list[Any] = []
+        self._inflight = 0
+        self._lock = threading.Lock()
+
+    # -- in the submitting thread
+    def __enter__(self) -> JobControl:
+        self._thread = threading.get_ident()
+        if self.connect:
+            self.spark.registerProgressHandler(self._on_progress)
+            self.spark.addTag(self.name)
+        else:
+            self.spark.sparkContext.setJobGroup(self.name, self.description, interruptOnCancel=True)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.connect:
+            self.spark.removeTag(self.name)
+            self.spark.removeProgressHandler(self._on_progress)
+        else:
+            self.spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+
+    def _on_progress(self, stages, inflight_tasks, operation_id=None, done=False) -> None:
+        if threading.get_ident() != self._thread:  # another thread's operation on this session
+            return
+        with self._lock:
+            self._stages, self._inflight = list(stages or []), inflight_tasks
+
+    # -- from any thread
+    def cancel(self) -> None:
+        if self.connect:
+            self.spark.interruptTag(self.name)
+        else:
+            self.spark.sparkContext.cancelJobGroup(self.name)
+
+    def progress(self, num_tasks: int) -> tuple[int, bool]:
+        """Tasks running or done so far, and whether one stage has all ``num_tasks`` going."""
+        if self.connect:
+            with self._lock:
+                stages, inflight = self._stages, self._inflight
+            going = [s.num_completed_tasks + (0 if s.done else inflight) for s in stages]
+        else:
+            going = [stage.numActiveTasks + stage.numCompletedTasks
+                     for stage in _stages(self.spark.sparkContext, self.name)]
+        return sum(going), any(n >= num_tasks for n in going)
+
+
+def run_watched(spark, collect: Callable[[], list[Any]], num_tasks: int, *, description: str,
+                start_timeout_s: float, need_all: bool, too_slow: str) -> list[Any]:
+    """Run ``collect()`` (a Spark action of ``num_tasks`` tasks) in a thread under its own
+    :class:`JobControl`; cancel it and raise ``RendezvousTimeout(too_slow)`` when its tasks have
+    not started within ``start_timeout_s`` — all of them (``need_all``, a barrier stage) or any —
+    the clock restarting whenever a task makes progress (a DataFrame's job may run ordinary
+    stages first). A task's error becomes the sparkdp error it carried."""
+    control = JobControl(spark, description)
     outcome: dict[str, Any] = {}
     done = threading.Event()
 
     def submit() -> None:
         try:
-            sc.setJobGroup(group, description, interruptOnCancel=True)
-            outcome["results"] = collect()
+            with control:
+                outcome["results"] = collect()
         except BaseException as exc:  # handed to the waiting thread below
             outcome["error"] = exc
         finally:
             done.set()
 
-    threading.Thread(target=submit, name=group, daemon=True).start()
+    threading.Thread(target=submit, name=control.name, daemon=True).start()
     deadline = time.monotonic() + start_timeout_s
     started, seen = False, -1
     try:
         while not done.wait(0.2):
             if started:
                 continue
-            progress, all_started = _task_progress(sc, group, num_tasks)
+            progress, all_started = control.progress(num_tasks)
             started = all_started if need_all else progress > 0
             if progress != seen:
                 seen, deadline = progress, time.monotonic() + start_timeout_s
             if not started and time.monotonic() > deadline:
-                sc.cancelJobGroup(group)
+                control.cancel()
                 done.wait(30)
                 raise RendezvousTimeout(too_slow)
     except KeyboardInterrupt:  # Ctrl-C on the driver: the job's tasks stop too
-        sc.cancelJobGroup(group)
+        control.cancel()
         raise
     if "error" in outcome:
-        raise translate_error(outcome["error"], num_tasks, sc.master) from None
+        raise translate_error(outcome["error"], num_tasks, master_of(spark)) from None
     return outcome["results"]
 
 
@@ -284,6 +411,9 @@ def run_barrier(fn: Callable[[TaskInfo], Any], num_workers: int, *, spark,
                 start_timeout_s: float = 60.0, description: str = "sparkdp training") -> list[Any]:
     """Run ``fn(task_info)`` on ``num_workers`` concurrent Spark tasks; return results by rank.
 
+    One barrier ``mapInArrow`` stage over ``spark.range(num_workers)``: the same code on a
+    classic and on a Spark Connect session.
+
     Raises:
         ConfigError: ``num_workers`` < 1.
         RendezvousTimeout: the cluster cannot run ``num_workers`` tasks at once, or
@@ -291,13 +421,13 @@ def run_barrier(fn: Callable[[TaskInfo], Any], num_workers: int, *, spark,
         WorkerFailed: a task raised; the message carries the worker's own error.
     """
     stage = BarrierStage(spark, num_workers, description=description, start_timeout_s=start_timeout_s)
-    rdd = stage.sc.parallelize(range(num_workers), num_workers).barrier().mapPartitions(_task_body(fn))
-    return stage.run(rdd.collect)
+    df = _task_stage(spark, num_workers, _task_body(fn), barrier=True)
+    return _results(stage.run(df.collect))
 
 
 def driver_host(spark) -> str:
     """The address executors reach the driver on (where the parameter server listens)."""
-    return spark.sparkContext.getConf().get("spark.driver.host", "127.0.0.1")
+    return spark_conf(spark, "spark.driver.host", "127.0.0.1") or "127.0.0.1"
 
 
 def check_reachable(spark, address: str, *, timeout_s: float = 5.0, what: str = "the parameter server",
@@ -309,23 +439,29 @@ def check_reachable(spark, address: str, *, timeout_s: float = 5.0, what: str = 
     loopback and costs a fraction of a second."""
     host, _, port = address.rpartition(":")
     host = host.strip("[]")
-    sc = spark.sparkContext
-    tries = max(1, min(task_slots(sc) or 1, 16))
+    tries = max(1, min(task_slots(spark) or 1, 16))
 
-    def probe(_index, _rows):
+    def probe(batches):
         import socket as sock
 
+        from pyspark import TaskContext
+
+        for _ in batches:
+            pass
         where = sock.gethostname()
+        ctx = TaskContext.get()
+        index = ctx.partitionId() if ctx is not None else 0
         try:
             with sock.create_connection((host, int(port)), timeout=timeout_s):
-                yield (where, None)
+                yield _result_batch(index, (where, None))
         except OSError as exc:
-            yield (where, f"{type(exc).__name__}: {exc}")
+            yield _result_batch(index, (where, f"{type(exc).__name__}: {exc}"))
 
     description = f"sparkdp: can executors reach {what} at {address}?"
-    rdd = sc.parallelize(range(tries), tries).mapPartitionsWithIndex(probe)
-    results = run_watched(sc, rdd.collect, tries, description=description, start_timeout_s=start_timeout_s,
-                          need_all=False, too_slow=_none_started(start_timeout_s, sc.master, "the connectivity check"))
+    df = _task_stage(spark, tries, probe, barrier=False)
+    results = _results(run_watched(spark, df.collect, tries, description=description, start_timeout_s=start_timeout_s,
+                                   need_all=False, too_slow=_none_started(start_timeout_s, master_of(spark),
+                                                                          "the connectivity check")))
     failed = [(h, err) for h, err in results if err is not None]
     if failed:
         hosts = ", ".join(sorted({h for h, _ in failed}))
@@ -354,36 +490,37 @@ def run_tasks(fn: Callable[[int], Any], num_workers: int, *, spark, description:
     ``RendezvousTimeout`` instead of waiting for ever.
     """
     check_int("workers", num_workers)
-    sc = spark.sparkContext
-    slots = task_slots(sc)
+    slots = task_slots(spark)
     if slots is not None and num_workers > slots:
         log.warning("%d asynchronous workers on %d task slots: they will run in waves, not all at once",
                     num_workers, slots)
 
-    def run_partition(index, _rows):
+    def run_partition(batches):
+        from pyspark import TaskContext
+
+        for _ in batches:
+            pass
+        ctx = TaskContext.get()
+        index = ctx.partitionId() if ctx is not None else 0
         try:
-            yield fn(index)
+            result = fn(index)
         except BaseException as exc:  # re-raised with a parseable summary for the driver
             raise RuntimeError(encode_error(index, exc)) from None
+        yield _result_batch(index, result)
 
-    rdd = sc.parallelize(range(num_workers), num_workers).mapPartitionsWithIndex(run_partition)
-    return run_watched(sc, rdd.collect, num_workers, description=description, start_timeout_s=start_timeout_s,
-                       need_all=False, too_slow=_none_started(start_timeout_s, sc.master,
-                                                              f"the {num_workers} asynchronous workers"))
+    df = _task_stage(spark, num_workers, run_partition, barrier=False)
+    return _results(run_watched(spark, df.collect, num_workers, description=description,
+                                start_timeout_s=start_timeout_s, need_all=False,
+                                too_slow=_none_started(start_timeout_s, master_of(spark),
+                                                       f"the {num_workers} asynchronous workers")))
 
 
 def _stages(sc, group: str) -> list[Any]:
-    """The stage infos of ``group``'s jobs so far (Spark's status tracker)."""
+    """The stage infos of ``group``'s jobs so far (a classic SparkContext's status tracker)."""
     tracker = sc.statusTracker()
     jobs = [tracker.getJobInfo(job_id) for job_id in tracker.getJobIdsForGroup(group)]
     stages = [tracker.getStageInfo(stage_id) for job in jobs if job for stage_id in job.stageIds]
     return [stage for stage in stages if stage]
-
-
-def _task_progress(sc, group: str, num_workers: int) -> tuple[int, bool]:
-    """Tasks of ``group`` running or done so far, and whether one stage has all ``num_workers`` going."""
-    going = [stage.numActiveTasks + stage.numCompletedTasks for stage in _stages(sc, group)]
-    return sum(going), any(n >= num_workers for n in going)
 
 
 def too_few_slots_message(requested: int, slots: int, master: str) -> str:
@@ -392,5 +529,3 @@ def too_few_slots_message(requested: int, slots: int, master: str) -> str:
         f"and a synchronous job needs all {requested} running together. Use workers <= {slots}, "
         f"or start Spark with more cores (e.g. --master local[{requested}]) or more executors."
     )
-
-

@@ -6,6 +6,7 @@ import logging
 import os
 import sys
 import threading
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -62,7 +63,7 @@ def default_master() -> str:
 
 
 def session(master: str | None = None, *, app_name: str = "sparkdp", conf: Mapping[str, str] | None = None,
-            warm_up: bool = True, log_level: str = "ERROR"):
+            warm_up: bool = True, log_level: str = "ERROR", remote: str | None = None, api_mode: str | None = None):
     """Return the SparkSession to train on.
 
     Args:
@@ -78,6 +79,12 @@ def session(master: str | None = None, *, app_name: str = "sparkdp", conf: Mappi
             driver does next instead of delaying the first training job.
         log_level: what Spark's own log prints on the console (``"OFF"`` leaves errors to
             sparkdp's one-line messages; the command line does that unless ``-v``).
+        remote: a Spark Connect server, ``sc://host:port`` (a ``master`` of that form means
+            the same; unset, the ``SPARK_REMOTE`` environment variable is used when ``master``
+            is unset too). The server's own settings apply; ``conf`` only sets runtime ones.
+        api_mode: ``"connect"`` starts PySpark's local Spark Connect server for ``master``
+            (``spark.api.mode=connect``) and returns a Connect session to it; ``"classic"``
+            or unset, a classic session.
 
     Examples:
         >>> import sparkdp
@@ -88,9 +95,20 @@ def session(master: str | None = None, *, app_name: str = "sparkdp", conf: Mappi
     from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
+    from .launcher import is_connect, master_of
+
+    if remote is None and master is not None and master.startswith("sc://"):
+        remote, master = master, None
+    if remote is None and master is None and api_mode is None:
+        remote = os.environ.get("SPARK_REMOTE") or None
+    if remote is not None and remote.startswith("local"):  # pyspark's own spelling of a local server
+        remote, master, api_mode = None, master or (None if remote == "local" else remote), "connect"
+    connect = remote is not None or (api_mode or "").lower() == "connect"
     active = SparkSession.getActiveSession()
-    if active is not None and (master is None or active.sparkContext.master == master):
+    if active is not None and is_connect(active) == connect and (master is None or master_of(active) == master):
         return active
+    if remote is not None:
+        return _remote_session(remote, app_name, conf)
     check_java()
     submitted = _submitted_conf()
     master = master or submitted.get("spark.master") or default_master()
@@ -110,6 +128,8 @@ def session(master: str | None = None, *, app_name: str = "sparkdp", conf: Mappi
     # defaults, and the caller's conf over both
     settings.update({key: value for key, value in submitted.items() if key in settings})
     settings.update(conf or {})
+    if connect:
+        return _local_connect_session(master, app_name, settings, warm_up)
     log.info("starting Spark (%s)", master)
     # What SparkSession.builder.getOrCreate() does, in two steps: the warm-up job needs only
     # the SparkContext, so it runs while the JVM builds the SparkSession (about 2.7 s here).
@@ -121,6 +141,53 @@ def session(master: str | None = None, *, app_name: str = "sparkdp", conf: Mappi
     for key, value in settings.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def _remote_session(remote: str, app_name: str, conf: Mapping[str, str] | None):
+    """A Spark Connect session to ``remote`` (``sc://host:port``): the server was started with its
+    own settings (e.g. by start-connect-server.sh), so only the caller's runtime settings apply."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    log.info("connecting to Spark Connect at %s", remote)
+    # PySpark's generic builder refuses a Connect client while this process has a classic
+    # SparkContext; the Connect builder does not. Mark the process as Connect as that builder
+    # would: PySpark's functions and ML classes choose their Connect implementation by it.
+    os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+    builder = ConnectSession.builder.remote(remote).appName(app_name)
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def _local_connect_session(master: str, app_name: str, settings: dict[str, str], warm_up: bool):
+    """PySpark's local Spark Connect server for ``master`` (in this process's JVM) and a Connect
+    session to it. The server's executors start ``PYSPARK_PYTHON`` from the environment (Connect
+    does not read ``spark.pyspark.python``), which ``_set_python_env`` has set."""
+    from pyspark.sql import SparkSession
+
+    log.info("starting Spark with a local Spark Connect server (%s)", master)
+    builder = SparkSession.builder.master(master).appName(app_name).config("spark.api.mode", "connect")
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    with warnings.catch_warnings():
+        # The server takes every setting at its start; the client then tries the static ones again as
+        # session settings, and PySpark warns about each (CANNOT_MODIFY_CONFIG) though nothing is wrong.
+        warnings.filterwarnings("ignore", message=".*CANNOT_MODIFY_CONFIG.*", category=UserWarning)
+        spark = builder.getOrCreate()
+    if warm_up and settings["spark.python.daemon.module"] == _DEFAULT_CONF["spark.python.daemon.module"]:
+        threading.Thread(target=_warm_up_connect, args=(spark,), name="sparkdp-warm-up", daemon=True).start()
+    return spark
+
+
+def _warm_up_connect(spark) -> None:
+    try:
+        spark.range(1, numPartitions=1).mapInArrow(_pass_batches, "id long").collect()
+    except Exception as exc:  # noqa: BLE001 - e.g. the session was stopped meanwhile; nothing is lost
+        log.debug("worker warm-up did not finish: %s", exc)
+
+
+def _pass_batches(batches):
+    yield from batches
 
 
 def stop_quietly(timeout_s: float = 10.0) -> None:
@@ -138,7 +205,10 @@ def stop_quietly(timeout_s: float = 10.0) -> None:
     for thread in threading.enumerate():
         if thread.name == "sparkdp-warm-up":
             thread.join(timeout_s)
-    active.sparkContext.setLogLevel("OFF")
+    from .launcher import is_connect
+
+    if not is_connect(active):
+        active.sparkContext.setLogLevel("OFF")
     active.stop()
     from pyspark import SparkContext
 

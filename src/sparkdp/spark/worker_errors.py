@@ -81,6 +81,17 @@ def translate_error(exc: BaseException, requested: int, master: str) -> BaseExce
             f"synchronous job needs all {requested} running together. Use fewer workers, or add executors/cores.")
     if isinstance(exc, SparkdpError):
         return exc
+    if "OPERATION_CANCELED" in text:  # Spark Connect's answer to interruptTag/interruptAll
+        return WorkerFailed(f"the Spark job of {requested} worker(s) was cancelled (its operation was interrupted "
+                            "on the Spark Connect session); the session stays usable.")
+    if "RESOURCE_EXHAUSTED" in text and "message larger than max" in text:
+        size = re.search(r"\((\d+) vs\. (\d+)\)", text)
+        sizes = f" ({int(size.group(1)) >> 20} MiB, the limit is {int(size.group(2)) >> 20} MiB)" if size else ""
+        return ConfigError(f"the job's tasks are too large for a Spark Connect message{sizes}: the model and any "
+                           "arrays given to fit travel inside the job's plan over gRPC. Pass the data as a Spark "
+                           "DataFrame or a Parquet path instead of in-memory arrays, or raise the limit on both ends "
+                           "(spark.connect.grpc.maxInboundMessageSize on the server, grpc.max_send_message_length "
+                           "on the client's channel).")
     log.info("the Spark job failed with:\n%s", text)
     task = re.search(r"ResultTask\(\d+, (\d+)\)|[Tt]ask (\d+)(?:\.\d+)? in stage", text)
     who = f"worker {next(g for g in task.groups() if g is not None)}" if task else "a worker"

@@ -207,7 +207,11 @@ def _result_batch(index: int, value: Any):
 
 
 def _results(rows) -> list[Any]:
-    """The tasks' results in task order (rank or worker index), unpickled on the driver."""
+    """The tasks' results in task order (rank or worker index), unpickled on the driver.
+
+    As an RDD's ``collect`` unpickles what its tasks return: the bytes are what sparkdp's own
+    task code on this application's executors wrote, carried by Spark's result channel (never
+    read from a socket sparkdp listens on, nor from a file)."""
     import pickle
 
     return [pickle.loads(row["result"]) for row in sorted(rows, key=lambda row: row["index"])]

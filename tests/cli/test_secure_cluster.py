@@ -68,7 +68,7 @@ def _keystore(tmp_path: Path) -> tuple[Path, Path]:
 
 @pytest.mark.e2e
 @needs_fashion
-@pytest.mark.parametrize("encryption", ["tls", "aes"])
+@pytest.mark.parametrize("encryption", ["tls", pytest.param("aes", marks=pytest.mark.slow)])  # aes: make test-all
 def test_async_training_on_an_authenticated_encrypted_spark_keeps_the_secret_out_of_the_event_log(
         tmp_path, encryption):
     args: list[str] = []

@@ -59,6 +59,7 @@ def _run(master: str, parquet, env: dict) -> dict:
 
 
 @needs_fashion
+@pytest.mark.slow  # (make test-all) make test keeps standalone clusters in the launch and secure-cluster tests
 def test_sync_and_async_jobs_on_a_standalone_cluster_match_local_mode(tmp_path):
     local = _run("local[2]", tmp_path / "local.parquet", dict(os.environ))
     (tmp_path / "cluster").mkdir()

@@ -108,6 +108,7 @@ NO_EXECUTOR = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow  # (make test-all) a local-cluster whose executors lack the requested GPU
 def test_jobs_no_executor_can_take_stop_within_the_start_timeout(tmp_path):
     """Never a hang: tasks that no executor can hold (here: a GPU no Worker has) end in a
     RendezvousTimeout after ``start_timeout_s``, for asynchronous jobs as for barrier stages."""

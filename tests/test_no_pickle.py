@@ -47,9 +47,9 @@ ALLOWED: dict[tuple[str, str], str] = {
         "classic and Spark Connect sessions alike), as an RDD collect pickles them: Spark's own result "
         "channel between this application's executors and its driver."
     ),
-    ("spark/launcher.py", 'return [pickle.loads(row["result"]) for row in sorted(rows, key=lambda row: row["index"])]'): (
-        "The driver reads those results back: bytes sparkdp's task code wrote on the executors, delivered "
-        "by Spark, never from a socket sparkdp listens on or a file."
+    ("spark/launcher.py", "out.append(pickle.loads(payload))"): (
+        "The driver reads those results back only after their HMAC-SHA256 checks under a key made for "
+        "the stage and shipped only inside its tasks: bytes sparkdp's own task code wrote, nothing else."
     ),
 }
 

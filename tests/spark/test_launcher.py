@@ -114,3 +114,23 @@ def test_dynamic_allocation_is_explained_before_a_barrier_stage():
     assert barrier_refusal({"spark.dynamicAllocation.enabled": "false"}) is None
     message = barrier_refusal({"spark.dynamicAllocation.enabled": "True"})
     assert "does not allow with dynamic allocation" in message and "strategy='asgd'" in message
+
+
+def test_stage_results_are_unpickled_only_under_the_stages_seal():
+    """A result cell is read only when its HMAC checks under the stage's own key: changed bytes,
+    another stage's key or an unsealed pickle are refused before anything is unpickled."""
+    from sparkdp.errors import WorkerFailed
+    from sparkdp.spark.launcher import _result_batch, _results, _stage_key
+
+    key = _stage_key()
+    rows = [batch.to_pylist()[0] for batch in (_result_batch(key, 1, {"b": 2}), _result_batch(key, 0, [1]))]
+    assert _results(rows, key) == [[1], {"b": 2}]  # in task order
+    cell = rows[0]["result"]
+    changed = [{**rows[0], "result": cell[:-2] + bytes([cell[-2] ^ 1]) + cell[-1:]}]  # one bit of the pickle
+    moved = [{**rows[0], "index": 5}]
+    import pickle
+
+    unsealed = [{"index": 0, "result": pickle.dumps("x")}]
+    for bad, with_key in ((changed, key), (moved, key), (rows, _stage_key()), (unsealed, key)):
+        with pytest.raises(WorkerFailed, match="does not carry this job's seal"):
+            _results(bad, with_key)

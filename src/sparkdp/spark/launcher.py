@@ -13,9 +13,12 @@ instead of letting Spark wait for slots forever.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import os
 import re
+import secrets
 import socket
 import threading
 import time
@@ -25,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import check_int
-from ..errors import ConfigError, EnvironmentProblem, RendezvousTimeout
+from ..errors import ConfigError, EnvironmentProblem, RendezvousTimeout, WorkerFailed
 from .worker_errors import encode_error, translate_error
 
 log = logging.getLogger(__name__)
@@ -194,30 +197,50 @@ def task_resources() -> tuple[tuple[str, ...], int]:
     return gpus, max(1, int(ctx.cpus()))
 
 
-#: The one column every sparkdp stage returns: a task's result, pickled.
+#: The one column every sparkdp stage returns: a task's result, pickled and sealed.
 _RESULT_SCHEMA = "index long, result binary"
+_SEAL_BYTES = 32  # HMAC-SHA256
 
 
-def _result_batch(index: int, value: Any):
+def _seal(key: bytes, index: int, payload: bytes) -> bytes:
+    return hmac.new(key, index.to_bytes(8, "big", signed=True) + payload, hashlib.sha256).digest()
+
+
+def _result_batch(key: bytes, index: int, value: Any):
+    """A task's result as one Arrow row: the pickle, after the HMAC of its index and bytes under
+    the stage's ``key`` (which only the driver and the stage's own tasks hold)."""
     import pickle
 
     import pyarrow as pa
 
-    return pa.RecordBatch.from_pydict({"index": [index], "result": [pickle.dumps(value)]})
+    payload = pickle.dumps(value)
+    return pa.RecordBatch.from_pydict({"index": [index], "result": [_seal(key, index, payload) + payload]})
 
 
-def _results(rows) -> list[Any]:
+def _results(rows, key: bytes) -> list[Any]:
     """The tasks' results in task order (rank or worker index), unpickled on the driver.
 
-    As an RDD's ``collect`` unpickles what its tasks return: the bytes are what sparkdp's own
-    task code on this application's executors wrote, carried by Spark's result channel (never
-    read from a socket sparkdp listens on, nor from a file)."""
+    As an RDD's ``collect`` unpickles what its tasks return, but only bytes whose seal checks
+    under this stage's ``key``: whatever else reached the result column (the stage's bytes
+    cross Spark's channels, and a Connect server's gRPC) is refused before it is unpickled."""
     import pickle
 
-    return [pickle.loads(row["result"]) for row in sorted(rows, key=lambda row: row["index"])]
+    out = []
+    for row in sorted(rows, key=lambda row: row["index"]):
+        cell = bytes(row["result"])
+        seal, payload = cell[:_SEAL_BYTES], cell[_SEAL_BYTES:]
+        if not hmac.compare_digest(seal, _seal(key, int(row["index"]), payload)):
+            raise WorkerFailed(f"the result of task {row['index']} does not carry this job's seal; it was not "
+                               "read. Something other than sparkdp's task wrote or changed it.")
+        out.append(pickle.loads(payload))
+    return out
 
 
-def _task_body(fn: Callable[[TaskInfo], Any]) -> Callable:
+def _stage_key() -> bytes:
+    return secrets.token_bytes(32)
+
+
+def _task_body(fn: Callable[[TaskInfo], Any], key: bytes) -> Callable:
     def run_partition(batches):
         for _ in batches:  # the one row of spark.range that made this task: nothing to read
             pass
@@ -227,7 +250,7 @@ def _task_body(fn: Callable[[TaskInfo], Any]) -> Callable:
             result = fn(info)
         except BaseException as exc:  # re-raised with a parseable summary for the driver
             raise RuntimeError(encode_error(info.rank if info else -1, exc)) from None
-        yield _result_batch(info.rank, result)
+        yield _result_batch(key, info.rank, result)
 
     return run_partition
 
@@ -425,8 +448,9 @@ def run_barrier(fn: Callable[[TaskInfo], Any], num_workers: int, *, spark,
         WorkerFailed: a task raised; the message carries the worker's own error.
     """
     stage = BarrierStage(spark, num_workers, description=description, start_timeout_s=start_timeout_s)
-    df = _task_stage(spark, num_workers, _task_body(fn), barrier=True)
-    return _results(stage.run(df.collect))
+    key = _stage_key()
+    df = _task_stage(spark, num_workers, _task_body(fn, key), barrier=True)
+    return _results(stage.run(df.collect), key)
 
 
 def driver_host(spark) -> str:
@@ -444,6 +468,7 @@ def check_reachable(spark, address: str, *, timeout_s: float = 5.0, what: str = 
     host, _, port = address.rpartition(":")
     host = host.strip("[]")
     tries = max(1, min(task_slots(spark) or 1, 16))
+    key = _stage_key()
 
     def probe(batches):
         import socket as sock
@@ -457,15 +482,15 @@ def check_reachable(spark, address: str, *, timeout_s: float = 5.0, what: str = 
         index = ctx.partitionId() if ctx is not None else 0
         try:
             with sock.create_connection((host, int(port)), timeout=timeout_s):
-                yield _result_batch(index, (where, None))
+                yield _result_batch(key, index, (where, None))
         except OSError as exc:
-            yield _result_batch(index, (where, f"{type(exc).__name__}: {exc}"))
+            yield _result_batch(key, index, (where, f"{type(exc).__name__}: {exc}"))
 
     description = f"sparkdp: can executors reach {what} at {address}?"
     df = _task_stage(spark, tries, probe, barrier=False)
     results = _results(run_watched(spark, df.collect, tries, description=description, start_timeout_s=start_timeout_s,
                                    need_all=False, too_slow=_none_started(start_timeout_s, master_of(spark),
-                                                                          "the connectivity check")))
+                                                                          "the connectivity check")), key)
     failed = [(h, err) for h, err in results if err is not None]
     if failed:
         hosts = ", ".join(sorted({h for h, _ in failed}))
@@ -498,6 +523,7 @@ def run_tasks(fn: Callable[[int], Any], num_workers: int, *, spark, description:
     if slots is not None and num_workers > slots:
         log.warning("%d asynchronous workers on %d task slots: they will run in waves, not all at once",
                     num_workers, slots)
+    key = _stage_key()
 
     def run_partition(batches):
         from pyspark import TaskContext
@@ -510,13 +536,13 @@ def run_tasks(fn: Callable[[int], Any], num_workers: int, *, spark, description:
             result = fn(index)
         except BaseException as exc:  # re-raised with a parseable summary for the driver
             raise RuntimeError(encode_error(index, exc)) from None
-        yield _result_batch(index, result)
+        yield _result_batch(key, index, result)
 
     df = _task_stage(spark, num_workers, run_partition, barrier=False)
     return _results(run_watched(spark, df.collect, num_workers, description=description,
                                 start_timeout_s=start_timeout_s, need_all=False,
                                 too_slow=_none_started(start_timeout_s, master_of(spark),
-                                                       f"the {num_workers} asynchronous workers")))
+                                                       f"the {num_workers} asynchronous workers")), key)
 
 
 def _stages(sc, group: str) -> list[Any]:

@@ -242,12 +242,12 @@ class TcpEndpoint(Endpoint):
             welcome.update(plan=self.server.plan.to_json(), last_seq=last_seq)
         elif self._initial is not None:
             welcome.update(awaits_centre=True)
-        chan.send(Op.AUTH_OK, welcome)
-        if self._on_connect is not None:
+        if self._on_connect is not None:  # before the welcome: a worker's connections are heard in order
             with self._init_lock:
                 self._connections[worker] += 1
                 times = self._connections[worker]
             self._on_connect(worker, times, last_seq)
+        chan.send(Op.AUTH_OK, welcome)
         return worker
 
     def _handle_init(self, chan: Channel, worker: int, msg: codec.Message) -> None:

@@ -14,7 +14,7 @@ from torch import nn
 
 from sparkdp import state as state_io
 from sparkdp.data.tensors import TensorData
-from sparkdp.driver.async_job import _resume_server, _server_factory, _ServerCheckpoints
+from sparkdp.driver.async_job import ServerCheckpoints, _resume_server, server_factory
 from sparkdp.errors import ConfigError
 from sparkdp.strategies import AsyncParameterServer
 from sparkdp.train.loop import FitSpec
@@ -33,7 +33,7 @@ def _spec(model: nn.Module) -> FitSpec:
 
 
 def _server(model: nn.Module):
-    return _server_factory(STRATEGY, 1)(list(model.parameters()))
+    return server_factory(STRATEGY, 1)(list(model.parameters()))
 
 
 def _two_checkpoints(directory):
@@ -133,7 +133,7 @@ def test_a_failed_periodic_checkpoint_is_logged_and_the_next_period_saves(tmp_pa
         saved.set()
 
     monkeypatch.setattr(server, "save", save)
-    with caplog.at_level(logging.WARNING, logger="sparkdp"), _ServerCheckpoints(server, str(tmp_path), 0.05, 3):
+    with caplog.at_level(logging.WARNING, logger="sparkdp"), ServerCheckpoints(server, str(tmp_path), 0.05, 3):
         assert saved.wait(10), "no checkpoint was saved after the failed one"
     assert (tmp_path / "ps-000000.safetensors").exists()  # the failed one's name, retried
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]

@@ -46,7 +46,7 @@ def fit_async(spec: FitSpec, job: JobConfig, *, workers: int, spark: Any, starte
     model, strategy = spec.model, cast(AsyncParameterServer, spec.strategy)  # Launcher.TASKS: this strategy's
     threads, checkpoint_dir, resume, start_timeout_s = job.scaling.threads, job.checkpoints.checkpoint_dir, job.checkpoints.resume, \
         job.failures.start_timeout_s
-    server = _server_factory(strategy, workers)(list(model.parameters()))
+    server = server_factory(strategy, workers)(list(model.parameters()))
     if resume is not None:
         spec = _resume_server(server, spec, strategy, workers, resume)
     if hub is not None:  # the live display shows the server's pushes and staleness
@@ -54,7 +54,7 @@ def fit_async(spec: FitSpec, job: JobConfig, *, workers: int, spark: Any, starte
     transport = TcpTransport(TcpOptions(mac_payload=strategy.mac_payload, tls=strategy.tls))
     host = driver_host(spark)
     saver_dir = checkpoint_dir or resume
-    saver = _ServerCheckpoints(server, saver_dir, job.checkpoints.checkpoint_every_s or 60.0, job.checkpoints.keep_checkpoints) \
+    saver = ServerCheckpoints(server, saver_dir, job.checkpoints.checkpoint_every_s or 60.0, job.checkpoints.keep_checkpoints) \
         if saver_dir else None
     with transport.serve(server, host=host, port=0, on_connect=report_retry) as endpoint, \
             saver or contextlib.nullcontext():
@@ -77,7 +77,15 @@ def fit_async(spec: FitSpec, job: JobConfig, *, workers: int, spark: Any, starte
     if saver is not None:
         saver.save()  # the finished job: a later resume has nothing left to do
     _copy_centre(server, model, workers)
-    history = []
+    return async_result(spec, reports, workers, started, {"server": server.metrics()})
+
+
+def async_result(spec: FitSpec, reports: list[WorkerReport], workers: int, started: float,
+                 details: dict[str, Any]) -> TrainResult:
+    """An asynchronous job's result once ``spec.model`` holds the final centre: the workers'
+    epochs merged, the centre evaluated, and ``details`` beside the per-worker figures."""
+    model, strategy = spec.model, spec.strategy
+    history: list[dict[str, Any]] = []
     first = next((r for r in reports if r.worker == 0), None)
     for epoch, evaluated in enumerate(first.history if first is not None else []):
         records = [r.history[epoch] for r in reports]
@@ -94,7 +102,7 @@ def fit_async(spec: FitSpec, job: JobConfig, *, workers: int, spark: Any, starte
         wall_s=time.perf_counter() - started,
         train_time_s=max(r.wall_end for r in reports) - min(r.wall_start for r in reports) if reports else 0.0,
         samples=sum(h["samples"] for h in history), strategy_options=strategy.options(),
-        details={"server": server.metrics(),
+        details={**details,
                  "per_worker": [{"worker": r.worker, **r.strategy_metrics} for r in sorted(reports, key=lambda r: r.worker)]})
 
 
@@ -140,7 +148,7 @@ def run_async(call: Callable[[int, Any, AsyncParameterServer], Any], strategy: A
         raise ConfigError("push_every / pull_every = 'epoch' needs the epochs of sparkdp.fit's own loop; in your "
                           "own loop (sparkdp.run, sparkdp launch) give a number of batches instead.")
     transport = TcpTransport(TcpOptions(mac_payload=strategy.mac_payload, tls=strategy.tls))
-    with transport.serve(None, host=driver_host(spark), port=0, initial=_server_factory(strategy, workers),
+    with transport.serve(None, host=driver_host(spark), port=0, initial=server_factory(strategy, workers),
                          on_connect=report_retry) as endpoint:
         if hub is not None:
             hub.server_metrics = lambda: endpoint.server.metrics() if endpoint.server is not None else {}
@@ -157,22 +165,26 @@ def run_async(call: Callable[[int, Any, AsyncParameterServer], Any], strategy: A
     return results
 
 
-_PS_NAME = re.compile(r"^ps-(\d{6})\.safetensors$")
+def _ps_name(prefix: str) -> re.Pattern[str]:
+    return re.compile(rf"^{re.escape(prefix)}-(\d{{6}})\.safetensors$")
 
 
-class _ServerCheckpoints:
-    """Saves the server's state every ``every_s`` seconds from a thread, keeping the newest ``keep``."""
+class ServerCheckpoints:
+    """Saves the server's state every ``every_s`` seconds from a thread, keeping the newest ``keep``
+    as ``{prefix}-NNNNNN.safetensors``."""
 
-    def __init__(self, server: ParameterServer, directory: str, every_s: float, keep: int) -> None:
+    def __init__(self, server: ParameterServer, directory: str, every_s: float, keep: int,
+                 prefix: str = "ps") -> None:
         self.server, self.directory, self.every_s, self.keep = server, Path(directory), every_s, keep
+        self.prefix = prefix
         self.directory.mkdir(parents=True, exist_ok=True)
-        names = server_checkpoint_names(self.directory)
-        last = _PS_NAME.match(names[-1]) if names else None  # server_checkpoint_names keeps matching names only
+        names = server_checkpoint_names(self.directory, prefix)
+        last = _ps_name(prefix).match(names[-1]) if names else None  # server_checkpoint_names keeps matching names only
         self.count = int(last.group(1)) + 1 if last else 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sparkdp-ps-checkpoints", daemon=True)
 
-    def __enter__(self) -> _ServerCheckpoints:
+    def __enter__(self) -> ServerCheckpoints:
         self._thread.start()
         return self
 
@@ -189,39 +201,40 @@ class _ServerCheckpoints:
                             "save is tried in %g s", self._path(), type(exc).__name__, exc, self.every_s)
 
     def _path(self) -> Path:
-        return self.directory / f"ps-{self.count:06d}.safetensors"
+        return self.directory / f"{self.prefix}-{self.count:06d}.safetensors"
 
     def save(self) -> None:
         path = self._path()
         self.server.save(path)
         self.count += 1
-        for old in server_checkpoint_names(self.directory)[:-self.keep]:
+        for old in server_checkpoint_names(self.directory, self.prefix)[:-self.keep]:
             (self.directory / old).unlink(missing_ok=True)
         log.info("parameter-server checkpoint %s", path)
 
 
-def server_checkpoint_names(directory: str | os.PathLike[str]) -> list[str]:
+def server_checkpoint_names(directory: str | os.PathLike[str], prefix: str = "ps") -> list[str]:
     """The parameter-server checkpoint files in ``directory``, oldest first."""
-    return sorted(n for n in os.listdir(directory) if _PS_NAME.match(n)) if os.path.isdir(directory) else []
+    pattern = _ps_name(prefix)
+    return sorted(n for n in os.listdir(directory) if pattern.match(n)) if os.path.isdir(directory) else []
 
 
 def _resume_server(server: ParameterServer, spec: FitSpec, strategy: AsyncParameterServer, workers: int,
                    directory: str) -> FitSpec:
     """Load the newest readable server checkpoint; return ``spec`` for the epochs still to run."""
-    name = _load_latest(server, directory)
+    name = load_latest(server, directory)
     _copy_centre(server, spec.model, workers)
-    done = _epochs_done(server, spec, strategy, workers)
+    done = epochs_done(server.last_seq, spec, strategy, workers)
     log.info("resuming the parameter server from %s: %d of %d epoch(s) covered by the applied pushes", name,
              done, spec.epochs)
     return replace(spec, epochs=max(spec.epochs - done, 0),
                    part=replace(spec.part, start_epoch=done, last_epoch=spec.epochs - 1))
 
 
-def _load_latest(server: ParameterServer, directory: str | os.PathLike[str]) -> str:
+def load_latest(server: ParameterServer, directory: str | os.PathLike[str], prefix: str = "ps") -> str:
     """Load the newest server checkpoint in ``directory`` that reads and verifies into ``server``
     and return its name; damaged newer ones are skipped with a warning, as the synchronous
     path's ``latest_checkpoint`` does."""
-    for name in reversed(server_checkpoint_names(directory)):
+    for name in reversed(server_checkpoint_names(directory, prefix)):
         path = Path(directory) / name
         try:
             server.load(path)
@@ -231,21 +244,21 @@ def _load_latest(server: ParameterServer, directory: str | os.PathLike[str]) -> 
         except (OSError, ValueError, KeyError) as exc:
             reason = str(exc).rstrip(".") if str(path) in str(exc) else f"{path}: {exc}"
             log.warning("skipping the parameter-server checkpoint %s; trying the one before it", reason)
-    raise ConfigError(f"resume={os.fspath(directory)!r}: no readable parameter-server checkpoint (ps-*.safetensors) "
+    raise ConfigError(f"resume={os.fspath(directory)!r}: no readable parameter-server checkpoint ({prefix}-*.safetensors) "
                       "there. Point resume at the checkpoint_dir of an earlier asynchronous run, or leave it "
                       "unset to start afresh.")
 
 
-def _epochs_done(server: ParameterServer, spec: FitSpec, strategy: AsyncParameterServer, workers: int) -> int:
+def epochs_done(last_seq: Callable[[int], int], spec: FitSpec, strategy: AsyncParameterServer, workers: int) -> int:
     """Epochs every worker has finished, from its last applied push sequence (0 if unknown)."""
     steps = spec.steps_per_epoch(workers)
     if steps is None:
         return 0
     per_epoch = 1 if strategy.push_every == "epoch" else steps / strategy.push_every
-    return min(spec.epochs, min(int((server.last_seq(w) + 1) / per_epoch) for w in range(workers)))
+    return min(spec.epochs, min(int((last_seq(w) + 1) / per_epoch) for w in range(workers)))
 
 
-def _server_factory(strategy: AsyncParameterServer,
+def server_factory(strategy: AsyncParameterServer,
                     workers: int) -> Callable[[list[torch.Tensor]], ParameterServer]:
     rule_spec = strategy.rule_spec(workers)
     return lambda params: ParameterServer(lambda shard: rule_spec.create(), params, num_shards=strategy.num_shards)

@@ -149,14 +149,20 @@ class TaskRunner:
 
     def fit(self, spec: FitSpec, job: JobConfig, workers: int, spark: Any, hub: Any, started: float) -> TrainResult:
         from .async_job import fit_async
+        from .server_tasks import fit_on_executors
 
         refuse_foreign_checkpoints(job)
-        return fit_async(spec, job, workers=workers, spark=spark, started=started, hub=hub)
+        run = fit_on_executors if cast(AsyncParameterServer, spec.strategy).servers else fit_async
+        return run(spec, job, workers=workers, spark=spark, started=started, hub=hub)
 
     def call(self, body: Callable[[Any, Strategy], Any], strategy: Strategy, job: JobConfig, workers: int,
              spark: Any, hub: Any, description: str) -> Any:
         from .async_job import run_async
 
+        if cast(AsyncParameterServer, strategy).servers:
+            raise ConfigError("servers=K (parameter servers on the executors) trains through sparkdp.fit and "
+                              "`sparkdp train`; sparkdp.run and `sparkdp launch` use the server on the driver: "
+                              "leave servers unset.")
         return run_async(lambda _w, collective, shipped: body(collective, shipped),
                          cast(AsyncParameterServer, strategy),  # a Launcher.TASKS strategy
                          workers=workers, spark=spark, threads=job.scaling.threads, description=description,

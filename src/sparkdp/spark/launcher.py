@@ -169,7 +169,9 @@ def listening_store(host: str, world_size: int):
         raise
 
 
-def rendezvous() -> TaskInfo:
+def rendezvous(with_store: bool = True) -> TaskInfo:
+    """This task's rank and the group's master address; with ``with_store``, rank 0 opens the
+    torch.distributed TCPStore and every task learns its port."""
     from pyspark import BarrierTaskContext
 
     ctx = BarrierTaskContext.get()
@@ -178,10 +180,34 @@ def rendezvous() -> TaskInfo:
     master_addr = infos[0].address.rsplit(":", 1)[0]
     # Rank 0 binds port 0 and shares the port the OS chose: no window in which another
     # process can take a "free" port between choosing and binding it.
-    store = listening_store(master_addr, len(infos)) if rank == 0 else None
+    store = listening_store(master_addr, len(infos)) if rank == 0 and with_store else None
     ports = ctx.allGather(str(store.port if store is not None else 0))
     gpus, cpus = task_resources()
     return TaskInfo(rank, len(infos), master_addr, int(ports[0]), gpus, cpus, store)
+
+
+def task_host() -> str:
+    """The address Spark reaches this barrier task's executor on: where a server the task
+    starts listens (never every interface)."""
+    from pyspark import BarrierTaskContext
+
+    ctx = BarrierTaskContext.get()
+    return ctx.getTaskInfos()[ctx.partitionId()].address.rsplit(":", 1)[0].strip("[]")
+
+
+def all_gather(message: str) -> list[str]:
+    """Every task's ``message`` of this barrier stage, by rank: Spark's own channel, so tasks
+    learn each other's addresses without any connection to the driver."""
+    from pyspark import BarrierTaskContext
+
+    return list(BarrierTaskContext.get().allGather(message))
+
+
+def stage_barrier() -> None:
+    """Wait until every task of this barrier stage has reached this point."""
+    from pyspark import BarrierTaskContext
+
+    BarrierTaskContext.get().barrier()
 
 
 def task_resources() -> tuple[tuple[str, ...], int]:
@@ -240,13 +266,13 @@ def _stage_key() -> bytes:
     return secrets.token_bytes(32)
 
 
-def _task_body(fn: Callable[[TaskInfo], Any], key: bytes) -> Callable:
+def _task_body(fn: Callable[[TaskInfo], Any], key: bytes, store: bool = True) -> Callable:
     def run_partition(batches):
         for _ in batches:  # the one row of spark.range that made this task: nothing to read
             pass
         info = None
         try:
-            info = rendezvous()
+            info = rendezvous(store)
             result = fn(info)
         except BaseException as exc:  # re-raised with a parseable summary for the driver
             raise RuntimeError(encode_error(info.rank if info else -1, exc)) from None
@@ -435,11 +461,13 @@ def _none_started(seconds: float, master: str, what: str) -> str:
 
 
 def run_barrier(fn: Callable[[TaskInfo], Any], num_workers: int, *, spark,
-                start_timeout_s: float = 60.0, description: str = "sparkdp training") -> list[Any]:
+                start_timeout_s: float = 60.0, description: str = "sparkdp training",
+                store: bool = True) -> list[Any]:
     """Run ``fn(task_info)`` on ``num_workers`` concurrent Spark tasks; return results by rank.
 
     One barrier ``mapInArrow`` stage over ``spark.range(num_workers)``: the same code on a
-    classic and on a Spark Connect session.
+    classic and on a Spark Connect session. ``store=False``: the tasks need no torch.distributed
+    group, and rank 0 opens no TCPStore.
 
     Raises:
         ConfigError: ``num_workers`` < 1.
@@ -449,7 +477,7 @@ def run_barrier(fn: Callable[[TaskInfo], Any], num_workers: int, *, spark,
     """
     stage = BarrierStage(spark, num_workers, description=description, start_timeout_s=start_timeout_s)
     key = _stage_key()
-    df = _task_stage(spark, num_workers, _task_body(fn, key), barrier=True)
+    df = _task_stage(spark, num_workers, _task_body(fn, key, store), barrier=True)
     return _results(stage.run(df.collect), key)
 
 

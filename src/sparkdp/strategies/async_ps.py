@@ -56,7 +56,12 @@ class AsyncParameterServer(Strategy):
             traffic (each push moves the whole model); keep it small if the loss is
             noisy or workers diverge.
         pull_every: local batches between pulls (default: same as ``push_every``).
-        num_shards: parameter-server shards (default: about one per 8 MiB of model).
+        num_shards: lock shards inside each server process (default: about one per 8 MiB of its
+            part of the model): concurrent pushes are applied in parallel.
+        servers: None (default): one server, on the driver. K >= 1: K server tasks on the
+            executors, beside the workers, each holding one byte-balanced K-th of the model on
+            its own host's link (docs/guide/strategies.md, "Servers on the executors"); the job then
+            needs ``workers + K`` task slots at once.
         mac_payload: also authenticate tensor bytes (closes on-path tampering; costs
             about half the bandwidth); ``tls``: encrypt the connection.
         connect_timeout_s: how long a worker waits for the server.
@@ -69,8 +74,8 @@ class AsyncParameterServer(Strategy):
 
     def __init__(self, rule: str = "asgd", rule_options: dict[str, Any] | None = None, *,
                  push_every: int | str = 1, pull_every: int | str | None = None,
-                 num_shards: int | None = None, mac_payload: bool = False, tls: bool = False,
-                 connect_timeout_s: float = 30.0) -> None:
+                 num_shards: int | None = None, servers: int | None = None, mac_payload: bool = False,
+                 tls: bool = False, connect_timeout_s: float = 30.0) -> None:
         super().__init__()
         options = dict(rule_options or {})
         # validate name and hyper-parameters now, on the driver (num_workers is a placeholder here)
@@ -82,6 +87,10 @@ class AsyncParameterServer(Strategy):
         if num_shards is not None and (not isinstance(num_shards, int) or num_shards < 1):
             raise ConfigError(f"num_shards must be a positive integer; got {num_shards!r}.")
         self.num_shards = num_shards
+        if servers is not None and (isinstance(servers, bool) or not isinstance(servers, int) or servers < 1):
+            raise ConfigError(f"servers must be None (one server, on the driver) or a positive number of server "
+                              f"tasks on the executors; got {servers!r}.")
+        self.servers = servers
         self.mac_payload = bool(mac_payload)
         self.tls = bool(tls)
         self.connect_timeout_s = float(connect_timeout_s)
@@ -169,7 +178,8 @@ class AsyncParameterServer(Strategy):
 
     def options(self) -> dict[str, Any]:
         return {"rule": self.rule, "rule_options": self.rule_options, "push_every": self.push_every,
-                "pull_every": self.pull_every, "num_shards": self.num_shards, "mac_payload": self.mac_payload,
+                "pull_every": self.pull_every, "num_shards": self.num_shards, "servers": self.servers,
+                "mac_payload": self.mac_payload,
                 "tls": self.tls}
 
 

@@ -12,7 +12,9 @@ Set ``SPARKDP_FAULT`` on the driver (it travels to the workers inside the job) t
   F - 1 times their last step's time): heterogeneous machines, so that asynchronous staleness
   is real even where every worker shares one CPU (``sparkdp bench --slow``);
 * ``kill-driver:step=S`` -- worker 0 kills the driver (SIGKILL) after its S-th step, as a lost
-  driver machine would (same machine only: the driver's process id travels with the job).
+  driver machine would (same machine only: the driver's process id travels with the job);
+* ``kill-server:rank=S:step=P`` -- with parameter servers on the executors (``servers=K``),
+  server S kills its own task's process once it has applied P pushes, as a lost executor would.
 
 Steps count from the start of the first attempt of the stage; a fault fires once per job:
 the driver clears it before any restart.
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 from ..errors import ConfigError
 
 ENV = "SPARKDP_FAULT"
-ACTIONS = ("kill", "stop", "raise", "kill-driver", "slow")
+ACTIONS = ("kill", "stop", "raise", "kill-driver", "slow", "kill-server")
 
 
 @dataclass(frozen=True)
@@ -50,8 +52,8 @@ class Fault:
                 time.sleep((self.factor - 1.0) * (now - _last_step_end[rank]))
             _last_step_end[rank] = time.perf_counter()
             return
-        if rank != self.rank or steps_done != self.step:
-            return
+        if rank != self.rank or steps_done != self.step or self.action == "kill-server":
+            return  # a server's fault fires in the server (driver.server_tasks)
         if self.action == "raise":
             raise RuntimeError(f"fault injected by {ENV}: worker {rank} fails after step {steps_done}")
         if self.action == "kill-driver":
@@ -83,6 +85,7 @@ def fault_from_env(environ: dict[str, str] | None = None) -> Fault | None:
     if not ok:
         raise ConfigError(f"{ENV}={text!r} is not a fault sparkdp knows; use ACTION:rank=R:step=S with ACTION one "
                           f"of kill, stop, raise, R >= 0 and S >= 1 (e.g. kill:rank=1:step=30), "
-                          "slow:rank=R:step=S:ms=M, slow:rank=R1,R2:step=S:factor=F (F >= 1), or kill-driver:step=S; "
+                          "slow:rank=R:step=S:ms=M, slow:rank=R1,R2:step=S:factor=F (F >= 1), kill-driver:step=S, or "
+                          "kill-server:rank=S:step=P; "
                           "or unset it.")
     return fault

@@ -1,0 +1,253 @@
+"""Parameter servers as Spark tasks: K server tasks on the executors, beside the workers.
+
+One server on the driver carries ``2 * S`` bytes per worker step over the driver's one link;
+from a few workers on, that link is the job's limit (``sparkdp plan`` marks it). With
+``servers=K`` the job is one barrier stage of ``K + workers`` tasks: task ``s < K`` serves key
+range ``s`` of a byte-balanced :class:`~sparkdp.ps.sharding.ShardPlan` on its own executor's
+address, task ``K + w`` is worker ``w``. The servers' addresses and TLS certificates reach the
+workers through the stage's ``allGather`` (Spark's own channel): no executor connects to the
+driver for training (live monitoring, when on, still reports there). Each worker pushes and
+pulls every server at once (:class:`~sparkdp.ps.transport.sharded.ShardedClient`) with the same
+handshake, per-frame MAC, payload MAC and TLS as the driver's server. When the workers are
+done, every task meets at the stage's barrier, and each server returns its part of the centre.
+
+Failures: a barrier stage fails whole, so a lost server (or worker) task ends the attempt, and
+the job restarts as a synchronous one does (``max_restarts``): each server reloads its newest
+checkpoint (``ps-sSofK-NNNNNN.safetensors``, saved every ``checkpoint_every_s``, default 60 s,
+into ``checkpoint_dir``, or a temporary directory on a local master), the driver chooses them and
+computes from their per-worker sequence books the epochs every worker has finished; workers
+continue their sequence numbers after the smallest one any server kept, and a server that had
+applied more acknowledges the repeats without applying them. ``resume`` starts from the same files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import logging
+import os
+import signal
+import socket
+import tempfile
+import threading
+from dataclasses import replace
+from typing import Any, cast
+
+import torch
+
+from .. import state as state_io
+from ..config import JobConfig
+from ..errors import ConfigError, WorkerFailed
+from ..ps import ParameterServer
+from ..ps.auth import new_secret
+from ..ps.server import Pulled
+from ..ps.sharding import ShardPlan
+from ..ps.transport import TcpOptions, TcpTransport
+from ..ps.transport.sharded import ShardedInfo, ShardedTransport
+from ..strategies.async_ps import AsyncParameterServer
+from ..train.faults import Fault, fault_from_env
+from ..train.loop import FitSpec, fit_worker
+from ..train.report import WorkerReport
+from ..train.result import TrainResult
+from .async_job import (
+    ServerCheckpoints,
+    async_result,
+    epochs_done,
+    load_latest,
+    server_checkpoint_names,
+    server_factory,
+    task_collective,
+)
+from .recovery import RestartPolicy
+
+log = logging.getLogger(__name__)
+
+#: counted metrics: every push and pull reaches every server, so each server counts it once
+_COUNTS = ("pulls", "pushes_applied", "duplicates_dropped", "rejected")
+
+
+def shard_prefix(shard: int, servers: int) -> str:
+    return f"ps-s{shard}of{servers}"
+
+
+def fit_on_executors(spec: FitSpec, job: JobConfig, *, workers: int, spark: Any, started: float,
+                     hub: Any = None) -> TrainResult:
+    """Train with ``spec.strategy.servers`` server tasks beside ``workers`` worker tasks (``spec``:
+    the whole job, from its first epoch)."""
+    from ..spark.launcher import on_driver_machine
+
+    strategy = cast(AsyncParameterServer, spec.strategy)
+    centre = [p.detach().to("cpu").contiguous() for p in spec.model.parameters()]
+    plan = ShardPlan.build(centre, strategy.servers)
+    servers = plan.num_shards
+    if servers < (strategy.servers or 1):
+        log.warning("the model splits into %d key ranges only: %d server task(s), not %d", servers, servers,
+                    strategy.servers)
+    directory = job.checkpoints.checkpoint_dir or job.checkpoints.resume
+    with contextlib.ExitStack() as stack:
+        if directory is None and on_driver_machine(spark):  # executors share the driver's disk
+            directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="sparkdp-ps-"))
+        whole = spec
+        load: list[bytes | None] = [None] * servers
+        if job.checkpoints.resume is not None:
+            spec, load = _resume(whole, strategy, plan, workers, job.checkpoints.resume, required=True)
+        stage = _Stage(spec, strategy, plan, workers, job, directory, new_secret(), fault_from_env())
+        restarts = RestartPolicy.of(job)
+        while True:
+            try:
+                results = stage.run(spark, load) if stage.spec.epochs else []
+                break
+            except WorkerFailed as exc:
+                restarts.recover(exc, workers, None, "the servers' newest checkpoints",
+                                 can_restart=directory is not None)
+                assert directory is not None  # recover raised otherwise
+                spec, load = _resume(whole, strategy, plan, workers, directory, required=False)
+                stage.spec, stage.fault = spec, None  # an injected fault fires once per job
+    shards, reports = results[:servers], results[servers:]  # by rank: the servers, then the workers
+    if shards:
+        _copy_centre(plan, [s["centre"] for s in shards], spec.model)
+    metrics = [{k: v for k, v in s.items() if k != "centre"} for s in shards]
+    result = async_result(spec, reports, workers, started, {"server": combined(metrics), "servers": metrics})
+    result.details["restarts"] = list(restarts.failures)
+    return result
+
+
+def combined(per_server: list[dict[str, Any]]) -> dict[str, Any]:
+    """One server's figures for K of them: bytes summed, counts and staleness as the server
+    that applied the most pushes saw them (each push reaches every server)."""
+    if not per_server:
+        return {}
+    busiest = max(per_server, key=lambda m: m["pushes_applied"])
+    return {**{k: max(m[k] for m in per_server) for k in _COUNTS},
+            "bytes_in": sum(m["bytes_in"] for m in per_server), "bytes_out": sum(m["bytes_out"] for m in per_server),
+            "staleness": busiest["staleness"]}
+
+
+def _resume(spec: FitSpec, strategy: AsyncParameterServer, plan: ShardPlan, workers: int, directory: str, *,
+            required: bool) -> tuple[FitSpec, list[bytes | None]]:
+    """The state of every server's newest readable checkpoint in ``directory`` and ``spec`` for the
+    epochs they do not cover; a server without one starts from ``spec``'s model (``required``:
+    refuse). The states travel to the server tasks themselves: a task of the failed attempt that
+    Spark has not stopped yet may still save and prune the files."""
+    names: list[str | None] = []
+    books: list[ParameterServer | None] = []
+    for s in range(plan.num_shards):
+        server = _shard_server(strategy, plan, workers, s, _pieces(plan, spec.model, s))
+        try:
+            names.append(load_latest(server, directory, shard_prefix(s, plan.num_shards)))
+            books.append(server)
+        except ConfigError:
+            if required or server_checkpoint_names(directory, shard_prefix(s, plan.num_shards)):
+                raise
+            names.append(None)
+            books.append(None)
+    done = epochs_done(lambda w: min(b.last_seq(w) if b is not None else -1 for b in books), spec, strategy, workers)
+    log.info("the %d servers resume from %s: %d of %d epoch(s) covered by the applied pushes", plan.num_shards,
+             ", ".join(n or "their start" for n in names), done, spec.epochs)
+    states = [state_io.to_bytes(b.state_dict()) if b is not None else None for b in books]
+    return replace(spec, epochs=spec.epochs - done, part=replace(spec.part, start_epoch=done,
+                                                               last_epoch=spec.epochs - 1)), states
+
+
+def _pieces(plan: ShardPlan, model: torch.nn.Module, shard: int) -> list[torch.Tensor]:
+    return [p.clone() for p in plan.views([t.detach().to("cpu").contiguous() for t in model.parameters()], shard)]
+
+
+def _shard_server(strategy: AsyncParameterServer, plan: ShardPlan, workers: int, shard: int,
+                  pieces: list[torch.Tensor]) -> ParameterServer:
+    return server_factory(strategy, workers)(pieces)
+
+
+def _copy_centre(plan: ShardPlan, parts: list[list[torch.Tensor]], model: torch.nn.Module) -> None:
+    dense = [p.detach().to("cpu").contiguous().clone() for p in model.parameters()]
+    for s, part in enumerate(parts):
+        for dst, src in zip(plan.views(dense, s), part, strict=True):
+            dst.copy_(src)
+    with torch.no_grad():
+        for p, c in zip(model.parameters(), dense, strict=True):
+            p.copy_(c)
+
+
+class _Stage:
+    """What one attempt of the stage runs: task ``s < K`` serves key range ``s``, task ``K + w``
+    trains as worker ``w``. Pickled into every task (the model's pieces travel in ``spec``)."""
+
+    def __init__(self, spec: FitSpec, strategy: AsyncParameterServer, plan: ShardPlan, workers: int,
+                 job: JobConfig, directory: str | None, secret: bytes, fault: Fault | None) -> None:
+        self.spec, self.strategy, self.plan, self.workers = spec, strategy, plan, workers
+        self.threads, self.start_timeout_s = job.scaling.threads, job.failures.start_timeout_s
+        self.every_s = job.checkpoints.checkpoint_every_s or 60.0
+        self.keep = job.checkpoints.keep_checkpoints
+        self.directory, self.secret, self.fault = directory, secret, fault
+        self.options = TcpOptions(mac_payload=strategy.mac_payload, tls=strategy.tls)
+
+    def run(self, spark: Any, load: list[bytes | None]) -> list[Any]:
+        from ..spark.launcher import run_barrier
+
+        servers = self.plan.num_shards
+        first, last = self.spec.part.start_epoch + 1, self.spec.part.start_epoch + self.spec.epochs
+        description = (f"sparkdp async {self.strategy.rule}: {servers} servers and {self.workers} workers, "
+                       f"epochs {first}-{last}")
+        return run_barrier(lambda info: self.task(info.rank, load), servers + self.workers, spark=spark,
+                           start_timeout_s=self.start_timeout_s, description=description, store=False)
+
+    def task(self, rank: int, load: list[bytes | None]) -> Any:
+        servers = self.plan.num_shards
+        return self.serve(rank, load[rank]) if rank < servers else self.work(rank - servers)
+
+    def serve(self, shard: int, state: bytes | None) -> dict[str, Any]:
+        from ..spark.launcher import all_gather, stage_barrier, task_host
+
+        servers = self.plan.num_shards
+        server = _shard_server(self.strategy, self.plan, self.workers, shard, _pieces(self.plan, self.spec.model, shard))
+        if state is not None:
+            server.load_state_dict(state_io.from_bytes(state))
+        saver = ServerCheckpoints(server, self.directory, self.every_s, self.keep, shard_prefix(shard, servers)) \
+            if self.directory is not None else None
+        with TcpTransport(self.options).serve(server, host=task_host(), port=0, secret=self.secret) as endpoint, \
+                saver or contextlib.nullcontext(), _killer(self.fault, shard, server):
+            all_gather(json.dumps({"address": endpoint.info.address, "cert": endpoint.info.tls_cert}))
+            stage_barrier()  # every worker is done
+        if saver is not None:
+            saver.save()
+        pulled: Pulled = server.pull(worker=self.workers, observe=True)  # an id no worker has
+        return {"shard": shard, "host": socket.gethostname(), "centre": pulled.tensors, **server.metrics()}
+
+    def work(self, worker: int) -> WorkerReport:
+        from ..spark.launcher import all_gather, stage_barrier
+
+        servers = [json.loads(m) for m in all_gather("")[:self.plan.num_shards]]
+        info = ShardedInfo(tuple(s["address"] for s in servers), self.secret, tuple(s["cert"] for s in servers))
+        transport = ShardedTransport(TcpTransport(self.options), self.plan)
+        strategy = copy.copy(self.strategy).connect_to(transport, info)
+        fault = self.fault if self.fault is not None and self.fault.action != "kill-server" else None
+        report = fit_worker(replace(self.spec, strategy=strategy, fault=fault),
+                            task_collective(worker, self.workers, self.threads))
+        assert report is not None  # an asynchronous worker returns its own report
+        stage_barrier()  # the servers stop once every worker is here
+        return report
+
+
+@contextlib.contextmanager
+def _killer(fault: Fault | None, shard: int, server: ParameterServer):
+    """``SPARKDP_FAULT=kill-server:rank=S:step=P``: server ``S`` kills its own process once it
+    has applied ``P`` pushes, as a lost executor would."""
+    if fault is None or fault.action != "kill-server" or fault.rank != shard:
+        yield
+        return
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.05):
+            if server.metrics()["pushes_applied"] >= fault.step:
+                log.warning("fault injected: server %d kills its task after %d pushes", shard, fault.step)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    thread = threading.Thread(target=watch, name="sparkdp-fault", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()

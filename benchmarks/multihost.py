@@ -14,6 +14,12 @@ the workers' links, both directions summed), also per trained sample. Needs root
     python benchmarks/multihost.py --strategies allreduce allreduce+bf16 allreduce+powersgd average-8 \
         diloco-32 diloco-32+int8 --limit 12000 --epochs 3 --target 0.8 --seeds 0 1
 
+``asgd+2servers`` and ``asgd+4servers`` run asgd with that many parameter-server tasks on the
+executors (``servers=K``); the bed then has K more executor hosts, so that each server has a link
+of its own, and the other configurations run on it too.
+
+    python benchmarks/multihost.py --workers 2 4 --rates 100mbit --strategies asgd asgd+2servers
+
 ``--slow HOST=RATE`` gives one host a slower link (e.g. ``worker-1=10mbit``); each run then also
 records what the live monitoring diagnosed (its warnings and every worker's data/compute/
 communication split, from the run log). ``--plan`` runs ``sparkdp plan --model cnn --calibrate
@@ -58,7 +64,11 @@ STRATEGIES = {
     "diloco-32": _options("diloco", period=32),
     "diloco-32+int8": _options("diloco", period=32, compression="int8"),
     "asgd": _options("asgd"),
+    "asgd+2servers": _options("asgd", servers=2),
+    "asgd+4servers": _options("asgd", servers=4),
 }
+#: the server tasks a configuration runs on the executors (each gets a host of its own)
+SERVERS = {"asgd+2servers": 2, "asgd+4servers": 4}
 DEFAULT = ["allreduce", "average-8", "asgd"]
 
 
@@ -78,13 +88,15 @@ def train(cluster: netbed.SparkOnNetBed, label: str, workers: int, seed: int, ar
     moved = {h: sum(after[h][k] - before[h][k] for k in ("sent", "received")) for h in cluster.bed.hosts}
     summary = json.loads(out.read_text())
     history = summary.get("history") or [{}]
-    workers_bytes = sum(v for h, v in moved.items() if h.startswith("worker-"))
+    executors = {h: v for h, v in moved.items() if h.startswith(("worker-", "server-"))}
+    workers_bytes = sum(executors.values())
     return {"samples_per_s": summary["samples_per_s"], "epoch_s": history[-1].get("epoch_time_s"),
             "test_accuracy": history[-1].get("test_accuracy"), "wall_s": wall,
             "time_to_target_s": time_to_target(history, args.target),
             "accuracy_by_epoch": [[e.get("epoch_time_s"), e.get("test_accuracy")] for e in history],
             "bytes_per_sample": workers_bytes / (args.limit * args.epochs),
-            "driver_link_mb": moved["driver"] / 1e6, "worker_link_mb": workers_bytes / workers / 1e6,
+            "driver_link_mb": moved["driver"] / 1e6, "worker_link_mb": workers_bytes / len(executors) / 1e6,
+            "busiest_link_mb": max(moved.values()) / 1e6,
             **diagnosis(run_dir / "run.jsonl")}
 
 
@@ -106,11 +118,12 @@ def diagnosis(run_log: Path) -> dict:
     return {"warnings": warnings, "split": split}
 
 
-def plan(cluster: netbed.SparkOnNetBed, workers: int, args, out: Path) -> list[dict]:
-    """``sparkdp plan --calibrate --verify`` on the driver host: predicted and measured step per strategy."""
+def plan(cluster: netbed.SparkOnNetBed, workers: int, args, out: Path, servers: int) -> list[dict]:
+    """``sparkdp plan --calibrate --verify`` on the driver host: predicted and measured step per strategy
+    (asgd also with ``servers`` server tasks on hosts of their own, when the bed has them)."""
     cmd = [sys.executable, "-m", "sparkdp.cli.main", "plan", "--model", "cnn", "--calibrate", "--verify",
            "--workers", str(workers), "--calibration-workers", str(workers), "--verify-rows", str(args.limit),
-           "--master", cluster.master_url, "--json"]
+           "--master", cluster.master_url, "--json", *(["--shards", str(servers)] if servers > 1 else [])]
     proc = cluster.run_driver(cmd, timeout=args.timeout)
     if proc.returncode != 0:
         return [{"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"}]
@@ -152,11 +165,11 @@ def main() -> None:
     results = []
     for workers in args.workers:
         for rate in args.rates:
-            hosts = netbed.cluster_hosts(workers)
+            hosts = netbed.cluster_hosts(workers, max((SERVERS.get(s, 0) for s in args.strategies), default=0))
             with netbed.NetBed(hosts, rate=rate, rates=slow) as bed:
                 cluster = netbed.SparkOnNetBed(bed, hosts[2:]).start()
                 if args.plan:
-                    for row in plan(cluster, workers, args, bed.directory / "plan.json"):
+                    for row in plan(cluster, workers, args, bed.directory / "plan.json", len(hosts) - 2 - workers):
                         results.append({"workers": workers, "rate": rate, **row})
                         print(json.dumps(results[-1]), file=sys.stderr, flush=True)
                     continue
@@ -175,11 +188,12 @@ def main() -> None:
         write_json(args.json, {"args": vars(args), "results": results})
         return
     headers = ["workers", "link per host", "strategy", "seed", "samples/s", "last epoch s", "test acc.",
-               f"s to {args.target}" if args.target else "s to target", "bytes/sample", "MB per worker link",
-               "MB driver link"]
+               f"s to {args.target}" if args.target else "s to target", "bytes/sample", "MB per executor link",
+               "MB driver link", "MB busiest link"]
     rows = [[r["workers"], r["rate"], r["strategy"], r["seed"], r.get("samples_per_s", r.get("error")),
              r.get("epoch_s"), f"{r['test_accuracy']:.3f}" if r.get("test_accuracy") is not None else None,
-             r.get("time_to_target_s"), r.get("bytes_per_sample"), r.get("worker_link_mb"), r.get("driver_link_mb")]
+             r.get("time_to_target_s"), r.get("bytes_per_sample"), r.get("worker_link_mb"), r.get("driver_link_mb"),
+             r.get("busiest_link_mb")]
             for r in results]
     print(markdown_table(headers, rows, digits=1))
     print()

@@ -207,14 +207,17 @@ def worker_counts(maximum: int) -> list[int]:
 def table(work: Workload, net: Network, counts: Sequence[int], *, average_k: int = 8, ps_k: int = 1,
           shards: int = 1, overlap: float = 0.0, diloco_h: int = 32, diloco_compression: str = "int8") -> list[Prediction]:
     """Every strategy at every worker count: allreduce (plain and bf16), average(k),
-    diloco(H, compression) and asgd(k, shards)."""
+    diloco(H, compression) and asgd(k) with its server on the driver (shards=1) and, when
+    ``shards`` > 1, with that many server tasks on the executors (``servers=shards``)."""
     rows = []
     for m in counts:
         rows.append(predict("allreduce", work, net, m, overlap=overlap))
         rows.append(predict("allreduce", work, net, m, overlap=overlap, compression="bf16"))
         rows.append(predict("average", work, net, m, k=average_k))
         rows.append(predict("diloco", work, net, m, k=diloco_h, compression=diloco_compression))
-        rows.append(predict("asgd", work, net, m, k=ps_k, shards=shards))
+        rows.append(predict("asgd", work, net, m, k=ps_k))
+        if shards > 1:
+            rows.append(predict("asgd", work, net, m, k=ps_k, shards=shards))
     return rows
 
 

@@ -436,5 +436,7 @@ class SparkOnNetBed:
         return self.bed.run(self.driver, argv, env=self.env(**env), timeout=timeout, cwd=self.bed.directory)
 
 
-def cluster_hosts(workers: int) -> list[str]:
-    return ["driver", "master", *[f"worker-{i}" for i in range(workers)]]
+def cluster_hosts(workers: int, servers: int = 0) -> list[str]:
+    """The driver, the Spark Master, and one Spark Worker host per training worker and per
+    parameter-server task (with one core each, Spark puts one task on each host)."""
+    return ["driver", "master", *[f"worker-{i}" for i in range(workers)], *[f"server-{i}" for i in range(servers)]]

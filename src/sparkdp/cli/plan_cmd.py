@@ -44,7 +44,9 @@ def add_parser(sub) -> None:
     opts.add_argument("--diloco-compression", default="int8", choices=("none", "bf16", "fp16", "int8"),
                       help="how diloco's deltas travel (default int8)")
     opts.add_argument("--ps-k", type=int, default=1, help="asgd's push_every (default 1)")
-    opts.add_argument("--shards", type=int, default=1, help="parameter-server shards (default 1)")
+    opts.add_argument("--shards", type=int, default=1,
+                      help="also predict asgd with this many server tasks on the executors, each on its own "
+                      "link (the strategy option servers=K; default 1: the server on the driver only)")
     opts.add_argument("--overlap", type=float, default=0.0,
                       help="fraction of the all-reduce hidden behind backward (default 0: none)")
     cal = p.add_argument_group("measuring instead of assuming")
@@ -127,7 +129,8 @@ def _verify(args, rows, workers: int) -> list[dict]:
 
     measured = measure_steps(args.model, spark=sparkdp.session(args.master, log_level="OFF"), workers=workers,
                              batch=args.batch, rows=args.verify_rows, average_k=args.average_k, ps_k=args.ps_k,
-                             diloco_h=args.diloco_period, diloco_compression=args.diloco_compression)
+                             diloco_h=args.diloco_period, diloco_compression=args.diloco_compression,
+                             shards=args.shards)
     steps = math.ceil(args.verify_rows / (workers * args.batch))  # per epoch, as measure_steps trains
     out = []
     for row in rows:
@@ -170,7 +173,8 @@ def _print(params, compute_s, net, rows, advice, report) -> None:
                  for r in rows if r.workers == m}
         table.add_row(str(m), *(cells[label] for label in labels))
     console.print(table)
-    console.print("* limited by the parameter server's link (add shards: --shards)")
+    console.print("* limited by the parameter server's link: servers=K puts K servers on the executors, each "
+                  "on its own link (--shards K predicts it)")
     for v in report.get("verify", []):
         console.print(f"verify {v['strategy']} x{v['workers']}: predicted {v['predicted_step_s'] * 1e3:.1f} ms, "
                       f"measured {v['measured_step_s'] * 1e3:.1f} ms ({v['error']:+.0%})")

@@ -195,8 +195,11 @@ def _server_apply_s(server, params: int, reps: int) -> float:  # noqa: ANN001
 
 
 def measure_steps(model_name: str, *, spark, workers: int, batch: int = 64, rows: int = 12_000, average_k: int = 8,
-                  ps_k: int = 1, diloco_h: int = 32, diloco_compression: str = "int8") -> dict[str, float]:
-    """Real training on Fashion-MNIST: seconds per step of each strategy, from its second epoch.
+                  ps_k: int = 1, diloco_h: int = 32, diloco_compression: str = "int8",
+                  shards: int = 1) -> dict[str, float]:
+    """Real training on Fashion-MNIST: seconds per step of each strategy, from its second epoch;
+    asgd with its server on the driver and, with ``shards`` > 1, with that many server tasks on
+    the executors (the cluster then needs ``workers + shards`` task slots).
 
     What ``sparkdp plan --calibrate --verify`` compares the predictions with: the second epoch
     (the first pays for start-up) divided by each worker's steps in it.
@@ -214,6 +217,8 @@ def measure_steps(model_name: str, *, spark, workers: int, batch: int = 64, rows
             f"average(k={average_k})": ("average", {"period": average_k}),
             diloco: ("diloco", {"period": diloco_h, "compression": diloco_compression}),
             f"asgd(k={ps_k},shards=1)": ("asgd", {"push_every": ps_k})}
+    if shards > 1:
+        runs[f"asgd(k={ps_k},shards={shards})"] = ("asgd", {"push_every": ps_k, "servers": shards})
     measured = {}
     for label, (strategy, options) in runs.items():
         torch.manual_seed(0)

@@ -240,7 +240,11 @@ class AsyncWorker:
 
     def pull(self, merge: bool) -> list[torch.Tensor]:
         started = time.perf_counter()
-        self.versions, center = self.client.pull()
+        versions, center = self.client.pull()
+        return self._pulled(versions, center, merge, started)
+
+    def _pulled(self, versions: list[int], center: list[torch.Tensor], merge: bool, started: float) -> list[torch.Tensor]:
+        self.versions = versions
         if self.params and self.params[0].device.type != "cpu":  # the wire carries CPU tensors
             center = [c.to(p.device, non_blocking=True) for c, p in zip(center, self.params, strict=True)]
         self.pulls += 1
@@ -300,8 +304,14 @@ class AsyncWorker:
     def exchange(self, force_pull: bool = False) -> None:
         k = max(self._since_push, 1)
         payload = self._payload(k)
+        due = self.s.pull_every != "epoch" and self._since_pull >= self.s.pull_every
+        pull = not self.elastic and (due or force_pull)
         started = time.perf_counter()
-        self.client.push(self.seq, self.versions, payload, num_samples=self._samples, local_steps=k)
+        if pull and hasattr(self.client, "exchange"):  # several servers: push and pull pipelined
+            _, (versions, center) = self.client.exchange(self.seq, self.versions, payload,
+                                                         num_samples=self._samples, local_steps=k)
+        else:
+            self.client.push(self.seq, self.versions, payload, num_samples=self._samples, local_steps=k)
         self.comm_s += time.perf_counter() - started
         for t in (*self._grad_sum, *self._own):
             t.zero_()
@@ -309,8 +319,9 @@ class AsyncWorker:
         self.pushes += 1
         self._since_push = 0
         self._samples = 0
-        due = self.s.pull_every != "epoch" and self._since_pull >= self.s.pull_every
-        if not self.elastic and (due or force_pull):
+        if pull and hasattr(self.client, "exchange"):
+            self._pulled(versions, center, True, time.perf_counter())
+        elif pull:
             self.pull(merge=True)
         elif self.kind is PushKind.PSEUDO_GRADIENT:
             self._ref = [p.detach().clone() for p in self.params]

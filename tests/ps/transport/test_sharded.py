@@ -163,3 +163,45 @@ def test_a_reconnecting_worker_continues_after_the_smallest_last_push_and_nothin
     for c, p in zip(centre, params, strict=True):  # every key got each of the pushes 0, 1, 2 once
         torch.testing.assert_close(c, p - 3)
     assert [s.metrics()["duplicates_dropped"] for s in servers] == [1, 0]
+
+
+def test_an_exchange_is_a_push_then_a_pull_on_every_server_with_the_pushes_taking_turns():
+    params = _params()
+    plan = ShardPlan.build(params, 3, min_split_bytes=256)
+    order: list[tuple[str, int]] = []
+
+    class Log(UpdateRule):
+        def __init__(self, shard):
+            self.shard = shard
+
+        def apply(self, center, push):
+            for c, g in zip(center, push.tensors, strict=True):
+                c.sub_(g)
+            order.append(("push", self.shard))
+
+        def on_pull(self, worker, center):
+            order.append(("pull", self.shard))
+
+    transport, secret = TcpTransport(), b"e" * 32
+    servers = [ParameterServer(lambda _s, s=s: Log(s), [p.clone() for p in plan.views(params, s)]) for s in range(3)]
+    endpoints = [transport.serve(s, secret=secret) for s in servers]
+    try:
+        client = ShardedTransport(transport, plan).connect(tuple(e.address for e in endpoints), secret, 0)
+        try:
+            versions, _ = client.pull()
+            order.clear()
+            ack, pulled = client.exchange(0, versions, _payloads(0, 0))
+            assert ack.applied and pulled.versions == ack.versions == [1] * client.num_shards
+            reference = client.pull(observe=True).tensors
+        finally:
+            client.close()
+    finally:
+        for e in endpoints:
+            e.close()
+    for got, want, p, g in zip(pulled.tensors, reference, params, _payloads(0, 0), strict=True):
+        assert torch.equal(got, want)
+        torch.testing.assert_close(got, p - g)
+    pushes = [s for what, s in order if what == "push"]
+    assert pushes == [0, 1, 2], order  # one after the other, up this worker's link
+    for s in range(3):  # every server got the push before the pull
+        assert order.index(("push", s)) < order.index(("pull", s)), order

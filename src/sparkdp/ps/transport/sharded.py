@@ -16,6 +16,7 @@ sequence number acknowledges it again without applying it, so no push lands twic
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -118,6 +119,34 @@ class ShardedClient(Client):
         acks = self._each(lambda s, c: c.push(seq, parts[s], self.plan.views(dense, s),
                                               num_samples=num_samples, local_steps=local_steps))
         return PushAck([v for a in acks for v in a.versions], all(a.applied for a in acks))
+
+    def exchange(self, seq: int, pulled_versions: Sequence[int] | None, tensors: Sequence[Tensor], *,
+                 num_samples: int = 1, local_steps: int = 1) -> tuple[PushAck, Pulled]:
+        """A push, then a pull of the centre it went into, pipelined over the servers: the pushes
+        take turns on this worker's uplink (each at its full rate) and server ``s``'s pull starts
+        as soon as its push is acknowledged, while the next server's push is still going up. Each
+        server still sees this worker's push before its pull, as with :meth:`push` then
+        :meth:`pull`, but the worker's own link carries its two directions at once: ``(K + 1) / K``
+        of the model's transfer time per round instead of 2."""
+        self.plan.check(tensors, f"push from worker {self.worker_id}")
+        dense = [t.contiguous() for t in tensors]
+        parts = self._split(pulled_versions)
+        out = [torch.empty(spec.shape, dtype=spec.dtype) for spec in self.plan.params]
+        turns = [threading.Event() for _ in self.clients]
+
+        def one(s: int, c: Client) -> tuple[PushAck, Pulled]:
+            if s:
+                turns[s - 1].wait()
+            try:
+                ack = c.push(seq, parts[s], self.plan.views(dense, s), num_samples=num_samples,
+                             local_steps=local_steps)
+            finally:
+                turns[s].set()  # also after a failure: the next server's push must not wait for ever
+            return ack, c.pull(out=self.plan.views(out, s))
+
+        done = self._each(one)
+        return (PushAck([v for a, _ in done for v in a.versions], all(a.applied for a, _ in done)),
+                Pulled([v for _, p in done for v in p.versions], out))
 
     def _split(self, versions: Sequence[int] | None) -> list[Sequence[int] | None]:
         if versions is None:

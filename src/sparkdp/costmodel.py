@@ -14,7 +14,8 @@ compute ``C`` plus what communication the strategy adds per step:
   halve the ring's bytes; ``int8`` is an all-gather of a quarter of them,
   ``(M-1)α + (M-1)·(S/4 + S/1024)·β``;
 * ``asgd`` — every ``k`` steps a worker computes ``k·C``, then pushes ``S`` bytes and pulls
-  ``S``, one after the other; alone that is ``k·C + 2α_ps + 2S·β_ps``.  The ``M`` workers
+  ``S``, one after the other; alone that is ``k·C + 2α_ps + 2S·β_ps`` (over ``K`` server shards,
+  pipelined: ``(K+1)/K·S·β_ps`` on its own link).  The ``M`` workers
   share the server's link, whose two directions (pushes in, with the update rule's ``σ`` per
   byte, and pulls out: it is full duplex) are queues that each worker visits once per round:
   mean-value analysis of that closed network (:func:`ps_round_s`) gives the round, which
@@ -155,9 +156,10 @@ def predict(strategy: str, work: Workload, net: Network, workers: int, *, k: int
         options = {"H": k, **options, **({"fragments": fragments} if fragments > 1 else {}),
                    **({"overlap_steps": overlap_steps} if overlap_steps else {})}
     else:
-        # a push and a pull cross the worker's own link whole and each shard's link a K-th
-        # part: the shards' links are the shared queues, the rest is the worker's own time
-        own = 2 * net.ps_alpha + 2 * s * net.ps_beta * (1 - 1 / shards)
+        # a push and a pull cross each shard's link a K-th part (the shared queues) and the
+        # worker's own link whole, pipelined: K pushes of S/K in turn, each shard's pull
+        # overlapping the next push, so (K+1)/K·S·β there in all, of which 2·S/K·β is queued
+        own = 2 * net.ps_alpha + s * net.ps_beta * (1 - 1 / shards)
         inbound = s * (net.ps_beta + net.server_seconds_per_byte) / shards
         outbound = s * net.ps_beta / shards
         step = ps_round_s(k * c + own, inbound, outbound, workers) / k

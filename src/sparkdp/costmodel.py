@@ -53,6 +53,9 @@ class Network:
     ps_latency_s: float | None = None  # α_ps: one push or pull's fixed cost
     ps_seconds_per_byte: float | None = None  # β_ps
     server_seconds_per_byte: float = 0.0  # σ: the server's own work per pushed byte (its update rule)
+    #: β_link: seconds per byte through a server's link when many workers' transfers share it;
+    #: None: β_ps. Several TCP flows through one shaped link get less than one flow alone.
+    ps_shared_seconds_per_byte: float | None = None
 
     @classmethod
     def from_link(cls, gbit_per_s: float, latency_ms: float) -> Network:
@@ -67,6 +70,10 @@ class Network:
     @property
     def ps_beta(self) -> float:
         return self.seconds_per_byte if self.ps_seconds_per_byte is None else self.ps_seconds_per_byte
+
+    @property
+    def ps_link_beta(self) -> float:
+        return self.ps_beta if self.ps_shared_seconds_per_byte is None else self.ps_shared_seconds_per_byte
 
 
 @dataclass(frozen=True)
@@ -160,8 +167,8 @@ def predict(strategy: str, work: Workload, net: Network, workers: int, *, k: int
         # worker's own link whole, pipelined: K pushes of S/K in turn, each shard's pull
         # overlapping the next push, so (K+1)/K·S·β there in all, of which 2·S/K·β is queued
         own = 2 * net.ps_alpha + s * net.ps_beta * (1 - 1 / shards)
-        inbound = s * (net.ps_beta + net.server_seconds_per_byte) / shards
-        outbound = s * net.ps_beta / shards
+        inbound = s * (net.ps_link_beta + net.server_seconds_per_byte) / shards
+        outbound = s * net.ps_link_beta / shards
         step = ps_round_s(k * c + own, inbound, outbound, workers) / k
         comm = step - c
         if workers * max(inbound, outbound) > k * c + own + inbound + outbound:

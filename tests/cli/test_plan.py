@@ -58,3 +58,6 @@ def test_calibration_measures_every_term(spark):
 
     assert ring_allreduce_s(cal.params * 4, 2, net) == pytest.approx(cal.allreduce_full_s, rel=1e-6)
     assert 2 * net.ps_alpha + 2 * cal.params * 4 * net.ps_beta == pytest.approx(cal.ps_full_s, rel=1e-6)
+    # two pushes at once through the server's link: its shared rate, never faster than one flow's
+    assert cal.ps_shared_s > 0 and net.ps_link_beta == pytest.approx(
+        max(cal.ps_shared_s / (2 * cal.params * 4), net.ps_beta), rel=1e-9)

@@ -37,7 +37,8 @@ def one_worker(spark, args):
         opt.step()
     result = sparkdp.fit(model, (x, y), strategy="asgd", strategy_options={"servers": 2, "rule_options": {"lr": 0.3}},
                          optimizer="sgd", optimizer_options={"lr": 0.05, "momentum": 0.0}, workers=1, epochs=1,
-                         batch_size=8, spark=spark, show_progress=False)
+                         batch_size=8, spark=spark, show_progress=False, run_dir=args["dir"],
+                         metrics_interval_s=0.2)
     error = max((p - q).abs().max().item() for p, q in zip(model.parameters(), reference.parameters()))
     return {"max_error": error, "servers": result.details["servers"], "server": result.details["server"],
             "model_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}

@@ -25,14 +25,21 @@ def _job(case: str, **args) -> tuple[dict, str]:
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
 
-def test_one_worker_through_two_server_tasks_equals_torch_sgd():
-    out, _ = _job("one-worker")
+def test_one_worker_through_two_server_tasks_equals_torch_sgd(tmp_path):
+    out, _ = _job("one-worker", dir=str(tmp_path))
     assert out["max_error"] < 1e-6, out
     assert [s["shard"] for s in out["servers"]] == [0, 1]
     assert all(s["pushes_applied"] == 8 and s["duplicates_dropped"] == 0 for s in out["servers"])
     # each server receives its key range of every push: together, the model 8 times
     assert sum(s["bytes_in"] for s in out["servers"]) == 8 * out["model_bytes"] == out["server"]["bytes_in"]
     assert 0 < out["servers"][0]["bytes_in"] < 8 * out["model_bytes"]
+    # each server task reported to the live monitor: the run log has its figures by shard
+    records = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
+    last = {r["shard"]: r for r in records if r.get("type") == "server"}
+    assert sorted(last) == [0, 1], records[-3:]
+    assert [last[s]["pushes_applied"] for s in (0, 1)] == [8, 8]
+    assert [last[s]["bytes_in"] for s in (0, 1)] == [s["bytes_in"] for s in out["servers"]]
+    assert all(r["rank"] >= 1 for r in last.values())  # authenticated as ids no worker has
 
 
 def test_a_killed_server_task_restarts_the_stage_from_the_servers_checkpoints(tmp_path):

@@ -46,6 +46,8 @@ class Calibration:
     ps_tiny_s: float
     ps_full_s: float
     server_apply_s: float = 0.0  # the server applying one model-sized push (ASGD), on the driver
+    #: one model-sized push of each worker while all ``workers`` push at once (None: one worker)
+    ps_shared_s: float | None = None
 
     def network(self) -> Network:
         """α, β from the two all-reduce points; α_ps, β_ps from the two push+pull points."""
@@ -53,17 +55,22 @@ class Calibration:
         ps_beta = max((self.ps_full_s - self.ps_tiny_s) / (2 * (s - TINY * 4)), 1e-15)
         ps_alpha = max(self.ps_tiny_s / 2 - TINY * 4 * ps_beta, 0.0)
         sigma = self.server_apply_s / s
+        # all workers pushing at once: the server's link carries workers·S at the rate those
+        # flows together get
+        shared = (max(self.ps_shared_s / (self.workers * s), ps_beta) if self.ps_shared_s is not None
+                  and self.workers > 1 else None)
         if self.allreduce_full_s is None or self.allreduce_tiny_s is None or self.workers < 2:
-            return Network(ps_alpha, ps_beta, ps_alpha, ps_beta, sigma)  # no all-reduce measured: the PS link
+            return Network(ps_alpha, ps_beta, ps_alpha, ps_beta, sigma, shared)  # no all-reduce measured: the PS link
         m = self.workers
         beta = max((self.allreduce_full_s - self.allreduce_tiny_s) / (2 * (m - 1) / m * (s - TINY * 4)), 1e-15)
         alpha = max((self.allreduce_tiny_s - 2 * (m - 1) / m * TINY * 4 * beta) / (2 * (m - 1)), 0.0)
-        return Network(alpha, beta, ps_alpha, ps_beta, sigma)
+        return Network(alpha, beta, ps_alpha, ps_beta, sigma, shared)
 
     def as_dict(self) -> dict[str, Any]:
         net = self.network()
         return {**self.__dict__, "alpha_s": net.latency_s, "beta_s_per_byte": net.seconds_per_byte,
-                "ps_alpha_s": net.ps_alpha, "ps_beta_s_per_byte": net.ps_beta}
+                "ps_alpha_s": net.ps_alpha, "ps_beta_s_per_byte": net.ps_beta,
+                "ps_shared_beta_s_per_byte": net.ps_link_beta}
 
 
 def _median_time(fn, reps: int, before=lambda: None) -> float:
@@ -133,6 +140,29 @@ def _ps_task(info: dict[str, Any], sizes: dict[str, int], reps: int):
     return task
 
 
+def _ps_shared_task(info: Any, n: int, reps: int):
+    """Every barrier task's pushes, all at once: what the server's link gives when the workers
+    share it (the tasks start together and every push takes as long, so they stay together)."""
+    def task(task_info: Any) -> float:
+        from ..ps.transport import TcpTransport
+
+        client = TcpTransport().connect(info.address, info.secret, worker_id=1 + task_info.rank,
+                                        tls_cert=info.tls_cert)
+        try:
+            versions, push = client.pull().versions, [torch.full((n,), 1e-6)]
+            state = {"seq": 0}
+
+            def one() -> None:
+                state["seq"] += 1
+                client.push(state["seq"], versions, push)
+
+            return _median_time(one, reps)
+        finally:
+            client.close()
+
+    return task
+
+
 def _push_pull_time(client, n: int, reps: int) -> float:  # noqa: ANN001
     """One exchange as an ASGD worker makes it: the pseudo-gradient from the last pulled centre
     and its parameters, the push, the pull, and the centre copied into its parameters."""
@@ -176,10 +206,14 @@ def calibrate(model: nn.Module, *, spark, workers: int, batch: int = 64, sample_
         info = {"tiny": tiny.info, "full": full.info}
         (ps,) = run_tasks(_ps_task(info, {"tiny": TINY, "full": params}, reps), 1, spark=spark,
                           description="sparkdp plan --calibrate: parameter server")
+        shared = run_barrier(_ps_shared_task(full.info, params, 3), workers, spark=spark, store=False,
+                             description="sparkdp plan --calibrate: the parameter server's link shared") \
+            if workers > 1 else None
     median = lambda key: statistics.median(r[key] for r in results) if key in results[0] else None  # noqa: E731
     compute = statistics.median(r["compute"] for r in results)  # every stage task times its compute step
     return Calibration(workers, params, batch, compute, median("tiny"), median("full"),
-                       ps["tiny"], ps["full"], _server_apply_s(servers["full"], params, reps))
+                       ps["tiny"], ps["full"], _server_apply_s(servers["full"], params, reps),
+                       statistics.median(shared) if shared else None)
 
 
 def _server_apply_s(server, params: int, reps: int) -> float:  # noqa: ANN001

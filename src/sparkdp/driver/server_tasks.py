@@ -31,6 +31,7 @@ import signal
 import socket
 import tempfile
 import threading
+import time
 from dataclasses import replace
 from typing import Any, cast
 
@@ -39,6 +40,7 @@ import torch
 from .. import state as state_io
 from ..config import JobConfig
 from ..errors import ConfigError, WorkerFailed
+from ..monitor.probe import MonitorLink
 from ..ps import ParameterServer
 from ..ps.auth import new_secret
 from ..ps.server import Pulled
@@ -85,6 +87,8 @@ def fit_on_executors(spec: FitSpec, job: JobConfig, *, workers: int, spark: Any,
         log.warning("the model splits into %d key ranges only: %d server task(s), not %d", servers, servers,
                     strategy.servers)
     directory = job.checkpoints.checkpoint_dir or job.checkpoints.resume
+    if hub is not None:  # the live display's server line, from the server tasks' own records
+        hub.server_metrics = lambda: combined(list(hub.servers.values()))
     with contextlib.ExitStack() as stack:
         if directory is None and on_driver_machine(spark):  # executors share the driver's disk
             directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="sparkdp-ps-"))
@@ -206,7 +210,8 @@ class _Stage:
         saver = ServerCheckpoints(server, self.directory, self.every_s, self.keep, shard_prefix(shard, servers)) \
             if self.directory is not None else None
         with TcpTransport(self.options).serve(server, host=task_host(), port=0, secret=self.secret) as endpoint, \
-                saver or contextlib.nullcontext(), _killer(self.fault, shard, server):
+                saver or contextlib.nullcontext(), _killer(self.fault, shard, server), \
+                _reporting(self.spec.monitor, self.workers + shard, shard, server):
             all_gather(json.dumps({"address": endpoint.info.address, "cert": endpoint.info.tls_cert}))
             stage_barrier()  # every worker is done
         if saver is not None:
@@ -227,6 +232,43 @@ class _Stage:
         assert report is not None  # an asynchronous worker returns its own report
         stage_barrier()  # the servers stop once every worker is here
         return report
+
+
+@contextlib.contextmanager
+def _reporting(link: MonitorLink | None, ident: int, shard: int, server: ParameterServer):
+    """Send the live monitor a ``server`` record (this server's pushes, pulls, bytes and
+    staleness so far) every ``link.interval_s``, as id ``ident`` (one no worker has)."""
+    client = None
+    if link is not None:
+        try:
+            client = TcpTransport().connect(link.info.address, link.info.secret, ident, timeout=10.0,
+                                            tls_cert=link.info.tls_cert)
+        except Exception as exc:  # monitoring must not fail the job
+            log.warning("server %d: live monitoring is off, the driver's monitor is unreachable: %s", shard, exc)
+    if client is None:
+        yield
+        return
+    done, every_s = threading.Event(), cast(MonitorLink, link).interval_s
+
+    def report() -> None:
+        try:
+            while True:
+                last = done.wait(every_s)  # a last record once the workers are done
+                client.report({"type": "server", "shard": shard, "host": socket.gethostname(), "time": time.time(),
+                               **server.metrics()})
+                if last:
+                    return
+        except Exception as exc:
+            log.warning("server %d: live monitoring stopped: %s", shard, exc)
+
+    thread = threading.Thread(target=report, name="sparkdp-server-monitor", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        client.close()
 
 
 @contextlib.contextmanager

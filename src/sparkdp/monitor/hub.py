@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_KINDS = {"metrics", "epoch_start", "epoch", "output"}
+_KINDS = {"metrics", "epoch_start", "epoch", "output", "server"}
 _STREAMS = ("stdout", "stderr")
 #: a line longer than this without a line end is shown in pieces of this size
 MAX_PENDING_CHARS = 1 << 20
@@ -65,7 +65,9 @@ class MonitorHub:
         comm_is_own: the workers' communication waits for no peer (asynchronous strategies), so a
             worker communicating longer than the others is slow on its own link.
 
-    An asynchronous job sets ``server_metrics`` to its parameter server's ``metrics()``.
+    An asynchronous job sets ``server_metrics`` to its parameter server's ``metrics()``. Server
+    tasks on the executors (``servers=K``) report their own figures as ``server`` records, kept
+    by shard in ``servers`` and written to the run log as they come.
     """
 
     def __init__(self, *, world_size: int, config: dict[str, Any], run_dir: str | None = None,
@@ -79,6 +81,8 @@ class MonitorHub:
         #: per worker, the steps and samples of its attempts that failed (recovery redid that work)
         self.failed_attempts: dict[int, dict[str, int]] = {}
         self.epochs: list[dict[str, Any]] = []
+        #: the latest record of each parameter-server task, by shard
+        self.servers: dict[int, dict[str, Any]] = {}
         self.detector = StragglerDetector(world_size, comm_is_own=comm_is_own)
         self._lock = threading.Lock()
         self._lines: dict[tuple[int, str], str] = {}
@@ -155,6 +159,10 @@ class MonitorHub:
                     log.debug("ignoring output of worker %d on stream %r (only stdout, stderr)", worker, stream)
                     return
                 self._output(worker, stream, str(record.get("text", "")))
+            elif kind == "server":
+                if type(record.get("shard")) is int:
+                    self.servers[record["shard"]] = record
+                    self._emit(record)
             elif kind == "epoch":
                 if self.epochs and record.get("epoch", 0) <= self.epochs[-1].get("epoch", 0):
                     # a retried worker redoing an epoch already reported: kept in the run log, not shown again

@@ -142,21 +142,23 @@ def _ps_task(info: dict[str, Any], sizes: dict[str, int], reps: int):
 
 def _ps_shared_task(info: Any, n: int, reps: int):
     """Every barrier task's pushes, all at once: what the server's link gives when the workers
-    share it (the tasks start together and every push takes as long, so they stay together)."""
+    share it. The tasks meet at the stage's barrier before each push; the job takes the slowest
+    task's time (the last push through is when the link has carried all of them)."""
     def task(task_info: Any) -> float:
         from ..ps.transport import TcpTransport
+        from ..spark.launcher import stage_barrier
 
         client = TcpTransport().connect(info.address, info.secret, worker_id=1 + task_info.rank,
                                         tls_cert=info.tls_cert)
         try:
             versions, push = client.pull().versions, [torch.full((n,), 1e-6)]
-            state = {"seq": 0}
-
-            def one() -> None:
-                state["seq"] += 1
-                client.push(state["seq"], versions, push)
-
-            return _median_time(one, reps)
+            times = []
+            for seq in range(reps + 1):  # the first is a warm-up
+                stage_barrier()
+                started = time.perf_counter()
+                client.push(seq, versions, push)
+                times.append(time.perf_counter() - started)
+            return statistics.median(times[1:])
         finally:
             client.close()
 
@@ -213,7 +215,7 @@ def calibrate(model: nn.Module, *, spark, workers: int, batch: int = 64, sample_
     compute = statistics.median(r["compute"] for r in results)  # every stage task times its compute step
     return Calibration(workers, params, batch, compute, median("tiny"), median("full"),
                        ps["tiny"], ps["full"], _server_apply_s(servers["full"], params, reps),
-                       statistics.median(shared) if shared else None)
+                       max(shared) if shared else None)
 
 
 def _server_apply_s(server, params: int, reps: int) -> float:  # noqa: ANN001

@@ -54,12 +54,23 @@ def killed_server(spark, args):
             "servers": [{k: v for k, v in s.items() if k != "staleness"} for s in result.details["servers"]]}
 
 
+def resumed(spark, args):
+    """The killed-server job's checkpoints resumed: every epoch is covered, so nothing trains and
+    the model is the saved centre."""
+    model, x, y = _problem(512)
+    result = sparkdp.fit(model, (x, y), eval_data=(x, y), strategy="asgd",
+                         strategy_options={"servers": 2, "rule_options": {"lr": 0.1}}, optimizer="sgd",
+                         optimizer_options={"lr": 0.1, "momentum": 0.0}, workers=2, epochs=4, batch_size=16,
+                         spark=spark, show_progress=False, resume=args["dir"])
+    return {"accuracy": result.test_accuracy, "samples": result.samples}
+
+
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
     args = json.loads(sys.argv[1])
     session = sparkdp.session("local[4]", app_name="sparkdp-servers-test")
     try:
-        out = {"one-worker": one_worker, "killed-server": killed_server}[args["case"]](session, args)
+        out = {"one-worker": one_worker, "killed-server": killed_server, "resumed": resumed}[args["case"]](session, args)
     finally:
         session.stop()
     print(json.dumps(out))

@@ -52,3 +52,7 @@ def test_a_killed_server_task_restarts_the_stage_from_the_servers_checkpoints(tm
     assert any(n.startswith("ps-s0of2-") for n in names) and any(n.startswith("ps-s1of2-") for n in names), names
     # after the restart the workers continue their numbering: nothing is refused or applied twice
     assert all(s["rejected"] == 0 for s in out["servers"]), out
+    # resuming the finished job trains nothing and gives back the centre the servers saved
+    again, log = _job("resumed", dir=str(tmp_path))
+    assert again["samples"] == 0 and "4 of 4 epoch(s) covered by the applied pushes" in log
+    assert again["accuracy"] == out["accuracy"], (again, out)

@@ -103,6 +103,9 @@ def fit_on_executors(spec: FitSpec, job: JobConfig, *, workers: int, spark: Any,
                 results = stage.run(spark, load) if stage.spec.epochs else []
                 break
             except WorkerFailed as exc:
+                if directory is None:
+                    log.warning("the servers on the executors keep no checkpoints, so this failure ends the job: "
+                                "give checkpoint_dir (a directory the driver and every executor reach) to restart")
                 restarts.recover(exc, workers, None, "the servers' newest checkpoints",
                                  can_restart=directory is not None)
                 assert directory is not None  # recover raised otherwise
@@ -111,6 +114,8 @@ def fit_on_executors(spec: FitSpec, job: JobConfig, *, workers: int, spark: Any,
     shards, reports = results[:servers], results[servers:]  # by rank: the servers, then the workers
     if shards:
         _copy_centre(plan, [s["centre"] for s in shards], spec.model)
+    elif all(state is not None for state in load):  # resumed with nothing left to train: the saved centre
+        _copy_centre(plan, [state_io.from_bytes(cast(bytes, state))["center"] for state in load], spec.model)
     metrics = [{k: v for k, v in s.items() if k != "centre"} for s in shards]
     result = async_result(spec, reports, workers, started, {"server": combined(metrics), "servers": metrics})
     result.details["restarts"] = list(restarts.failures)
@@ -137,7 +142,7 @@ def _resume(spec: FitSpec, strategy: AsyncParameterServer, plan: ShardPlan, work
     names: list[str | None] = []
     books: list[ParameterServer | None] = []
     for s in range(plan.num_shards):
-        server = _shard_server(strategy, plan, workers, s, _pieces(plan, spec.model, s))
+        server = server_factory(strategy, workers)(_pieces(plan, spec.model, s))
         try:
             names.append(load_latest(server, directory, shard_prefix(s, plan.num_shards)))
             books.append(server)
@@ -156,11 +161,6 @@ def _resume(spec: FitSpec, strategy: AsyncParameterServer, plan: ShardPlan, work
 
 def _pieces(plan: ShardPlan, model: torch.nn.Module, shard: int) -> list[torch.Tensor]:
     return [p.clone() for p in plan.views([t.detach().to("cpu").contiguous() for t in model.parameters()], shard)]
-
-
-def _shard_server(strategy: AsyncParameterServer, plan: ShardPlan, workers: int, shard: int,
-                  pieces: list[torch.Tensor]) -> ParameterServer:
-    return server_factory(strategy, workers)(pieces)
 
 
 def _copy_centre(plan: ShardPlan, parts: list[list[torch.Tensor]], model: torch.nn.Module) -> None:
@@ -204,7 +204,7 @@ class _Stage:
         from ..spark.launcher import all_gather, stage_barrier, task_host
 
         servers = self.plan.num_shards
-        server = _shard_server(self.strategy, self.plan, self.workers, shard, _pieces(self.plan, self.spec.model, shard))
+        server = server_factory(self.strategy, self.workers)(_pieces(self.plan, self.spec.model, shard))
         if state is not None:
             server.load_state_dict(state_io.from_bytes(state))
         saver = ServerCheckpoints(server, self.directory, self.every_s, self.keep, shard_prefix(shard, servers)) \

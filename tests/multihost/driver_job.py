@@ -61,7 +61,8 @@ def main() -> None:
     try:
         result = sparkdp.fit(build_model(job.get("model", "cnn")), train, eval_data=test,
                              spark=spark, show_progress=False, **columns, **job["fit"])
-        out["result"] = {"samples_per_s": result.samples_per_s, "history": result.history}
+        out["result"] = {"samples_per_s": result.samples_per_s, "history": result.history,
+                         "details": {"servers": result.details.get("servers")}}
     except Exception as exc:  # noqa: BLE001 - reported to the test, which decides
         out["error"] = {"type": type(exc).__name__, "message": str(exc)}
     out["seconds"] = time.monotonic() - started

@@ -70,6 +70,35 @@ def test_asgd_trains_across_hosts_through_the_drivers_link(cluster):
     assert out["result"]["history"][-1]["test_accuracy"] > 0.25, out["result"]
 
 
+@pytest.mark.timeout(420)
+def test_a_server_task_on_its_own_host_carries_the_pushes_and_the_drivers_link_stays_quiet():
+    """servers=1 on a bed with a third executor host: the parameter server runs there, as a
+    Spark task, and every push and pull crosses that host's link, not the driver's."""
+    from . import netbed
+
+    netbed.remove_stale()
+    with netbed.NetBed(netbed.cluster_hosts(2, servers=1), rate="1gbit") as bed:
+        cluster = netbed.SparkOnNetBed(bed, ["worker-0", "worker-1", "server-0"]).start()
+        before = link_bytes(cluster)
+        out = run_job(cluster, {"limit": 2000, "fit": {"strategy": "asgd", "workers": 2, "epochs": 1,
+                                                       "strategy_options": {"servers": 1},
+                                                       "optimizer_options": {"lr": 0.05}}})
+        after = link_bytes(cluster)
+    assert not bed.leftovers()
+    assert "error" not in out, out["error"]
+    moved = {h: after[h] - before[h] for h in after}
+    pushes = 2000 // 64
+    busiest = max(("worker-0", "worker-1", "server-0"), key=moved.get)
+    # the server's host received every push and sent every pull: twice what a worker's link moved
+    assert moved[busiest] > pushes * CNN_BYTES, moved
+    assert all(moved[h] < 0.7 * moved[busiest] for h in ("worker-0", "worker-1", "server-0") if h != busiest), moved
+    # the driver sent the job (the model in each of the 3 tasks' closures) and got the centre back
+    assert moved["driver"] < 6 * CNN_BYTES, moved
+    server = out["result"]["details"]["servers"][0]
+    assert server["host"] == busiest and server["pushes_applied"] == pushes, (server, moved)
+    assert out["result"]["history"][-1]["test_accuracy"] > 0.25, out["result"]
+
+
 @pytest.mark.timeout(300)
 def test_a_wrong_gloo_interface_fails_within_seconds_naming_it(cluster):
     """Executors told to use loopback for gloo cannot connect to each other: the job must fail

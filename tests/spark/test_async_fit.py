@@ -122,3 +122,11 @@ def test_run_with_an_async_strategy_refuses_epoch_granularity(spark):
     with pytest.raises(ConfigError, match="number of batches"):
         sparkdp.run(_own_loop_with_distribute, *_problem(16)[1:], workers=1, strategy="easgd",
                     strategy_options={"push_every": "epoch"}, spark=spark)
+
+
+def test_run_with_servers_on_the_executors_is_refused_with_what_to_do(spark):
+    with pytest.raises(ConfigError, match="sparkdp.run and `sparkdp launch` use the server on the driver"):
+        sparkdp.run(_own_loop_with_distribute, *_problem(16)[1:], workers=1, strategy="asgd",
+                    strategy_options={"servers": 2}, spark=spark)
+    with pytest.raises(ConfigError, match="servers must be None .* or a positive number of server tasks"):
+        sparkdp.strategies.resolve_strategy("asgd", servers=0)

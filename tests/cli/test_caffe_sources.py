@@ -18,6 +18,7 @@ pytest.importorskip("lmdb")
 ROWS = 3000
 
 
+@pytest.mark.slow  # two LeNet trainings; tests/caffe/test_sources.py checks the LMDB reader itself
 @pytest.mark.e2e
 @pytest.mark.spark
 @needs_fashion

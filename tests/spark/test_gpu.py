@@ -61,6 +61,7 @@ def _run(tmp_path: Path, addresses: list[str], sync_workers: int) -> dict:
     return json.loads(line.removeprefix("RESULT "))
 
 
+@pytest.mark.slow  # a cluster of its own with GPU resources: make test-all
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: test_training_on_spark_assigned_gpus")
 def test_a_task_given_a_gpu_without_cuda_says_which_gpu_and_what_to_do(tmp_path):
     out = _run(tmp_path, ["0"], sync_workers=2)

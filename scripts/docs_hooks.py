@@ -17,7 +17,7 @@ from mkdocs.exceptions import PluginError
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = "<!-- cli-reference -->"
-_EXAMPLE = re.compile(r"examples/[\w/]+\.py")
+_EXAMPLE = re.compile(r"(?<![\w/])examples/[\w/]+\.py")  # not tests/examples/...
 _shown: set[str] = set()
 
 

@@ -32,6 +32,7 @@ import socket
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, cast
 
@@ -248,9 +249,9 @@ def _reporting(link: MonitorLink | None, ident: int, shard: int, server: Paramet
     if client is None:
         yield
         return
-    done, every_s = threading.Event(), cast(MonitorLink, link).interval_s
+    every_s = cast(MonitorLink, link).interval_s
 
-    def report() -> None:
+    def report(done: threading.Event) -> None:
         try:
             while True:
                 last = done.wait(every_s)  # a last record once the workers are done
@@ -261,13 +262,10 @@ def _reporting(link: MonitorLink | None, ident: int, shard: int, server: Paramet
         except Exception as exc:
             log.warning("server %d: live monitoring stopped: %s", shard, exc)
 
-    thread = threading.Thread(target=report, name="sparkdp-server-monitor", daemon=True)
-    thread.start()
     try:
-        yield
+        with _beside(report, "sparkdp-server-monitor"):
+            yield
     finally:
-        done.set()
-        thread.join()
         client.close()
 
 
@@ -278,15 +276,22 @@ def _killer(fault: Fault | None, shard: int, server: ParameterServer):
     if fault is None or fault.action != "kill-server" or fault.rank != shard:
         yield
         return
-    done = threading.Event()
-
-    def watch() -> None:
+    def watch(done: threading.Event) -> None:
         while not done.wait(0.05):
             if server.metrics()["pushes_applied"] >= fault.step:
                 log.warning("fault injected: server %d kills its task after %d pushes", shard, fault.step)
                 os.kill(os.getpid(), signal.SIGKILL)
 
-    thread = threading.Thread(target=watch, name="sparkdp-fault", daemon=True)
+    with _beside(watch, "sparkdp-fault"):
+        yield
+
+
+@contextlib.contextmanager
+def _beside(run: Callable[[threading.Event], None], name: str):
+    """``run(done)`` on a thread for the length of the ``with`` block; ``done`` is set at its end
+    and the thread joined."""
+    done = threading.Event()
+    thread = threading.Thread(target=run, args=(done,), name=name, daemon=True)
     thread.start()
     try:
         yield

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from sparkdp import costmodel
@@ -51,6 +53,43 @@ def test_parameter_server_round_by_mean_value_analysis():
     assert costmodel.ps_round_s(0.05, 0.01, 0.02, 100) == pytest.approx(100 * 0.02, rel=1e-3)
     # two workers by hand: X(1) = 1/0.08, Q = U = 0.125 and 0.25 -> waits 0.01·1.0625, 0.02·1.125
     assert costmodel.ps_round_s(0.05, 0.01, 0.02, 2) == pytest.approx(0.05 + 0.010625 + 0.0225)
+
+
+def test_workers_in_step_stretch_the_server_bound_round():
+    # 100 Mbit/s: a model-sized transfer is S·β = 1.048 s. Four workers: the full-duplex link
+    # alone gives 4 × 1.048 = 4.19 s per round (mean-value analysis: a little more)
+    slow = Network.from_link(0.1, 0.0)
+    spread = predict("asgd", CNN, slow, 4)
+    assert spread.bound == "server" and spread.step_s == pytest.approx(4 * CNN.nbytes * 80e-9, rel=0.08)
+    # b = 0.4: the link's directions idle 40 % of its busy time -> 1.4 × 4.19 = 5.87 s
+    bunched = predict("asgd", CNN, dataclasses.replace(slow, ps_bunching=0.4), 4)
+    assert bunched.step_s == pytest.approx(1.4 * 4 * CNN.nbytes * 80e-9) and bunched.bound == "server"
+    # fully in step (b = 1): every push, then every pull, 8 transfers per round
+    assert predict("asgd", CNN, dataclasses.replace(slow, ps_bunching=1.0), 4).step_s == pytest.approx(
+        8 * CNN.nbytes * 80e-9)
+    # one worker has nobody to fall into step with: its own round, C + 2·S·β
+    assert predict("asgd", CNN, dataclasses.replace(slow, ps_bunching=1.0), 1).step_s == pytest.approx(
+        0.070 + 2 * CNN.nbytes * 80e-9)
+
+
+def test_calibration_derives_the_bunching_from_the_measured_rounds():
+    from sparkdp.driver.calibrate import TINY, Calibration
+
+    s = CNN.nbytes
+    # a 100 Mbit/s server link with no latency: push+pull of S takes 2.096 s, one of TINY floats
+    # 2·TINY·4·80 ns; four workers measured 5.87 s per round, 1.4 × their 4 × 1.048 s on the link
+    tiny = 2 * TINY * 4 * 80e-9
+    cal = Calibration(workers=4, params=CNN.params, batch=64, step_compute_s=0.070, allreduce_tiny_s=None,
+                      allreduce_full_s=None, ps_tiny_s=tiny, ps_full_s=2 * s * 80e-9, ps_shared_s=4 * s * 80e-9,
+                      ps_rounds_s=1.4 * 4 * s * 80e-9)
+    assert cal.network().ps_bunching == pytest.approx(0.4)
+    # rounds faster than the link's limit, or not paced by it, say the workers never bunched
+    fast = dataclasses.replace(cal, ps_rounds_s=3.0)
+    assert fast.network().ps_bunching == 0.0
+    paced_by_compute = dataclasses.replace(cal, step_compute_s=20.0, ps_rounds_s=30.0)
+    assert paced_by_compute.network().ps_bunching == 0.0
+    # and never past the half-duplex bound
+    assert dataclasses.replace(cal, ps_rounds_s=100.0).network().ps_bunching == 1.0
 
 
 def test_worker_counts_table_and_recommendation():

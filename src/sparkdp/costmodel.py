@@ -19,8 +19,9 @@ compute ``C`` plus what communication the strategy adds per step:
   share the server's link, whose two directions (pushes in, with the update rule's ``σ`` per
   byte, and pulls out: it is full duplex) are queues that each worker visits once per round:
   mean-value analysis of that closed network (:func:`ps_round_s`) gives the round, which
-  tends to ``M·S·(β_ps + σ)/K`` per ``k`` steps (the server-bound limit) as ``M`` grows, with
-  ``K`` server shards on links of their own.
+  tends to ``(1 + b)·M·S·(β_ps + σ)/K`` per ``k`` steps (the server-bound limit) as ``M``
+  grows, with ``K`` server shards on links of their own; ``b`` is how far the workers' pushes
+  and pulls bunch up instead of overlapping (``Network.ps_bunching``, measured).
 
 Scaling efficiency is ``C / T``: the fraction of a communication-free worker's throughput
 each worker keeps.  With ``cpu_slots`` (workers sharing one machine's cores) the compute of
@@ -56,6 +57,11 @@ class Network:
     #: β_link: seconds per byte through a server's link when many workers' transfers share it;
     #: None: β_ps. Several TCP flows through one shaped link get less than one flow alone.
     ps_shared_seconds_per_byte: float | None = None
+    #: b: how much of a round the server link's two directions stand idle once workers fall into
+    #: step, as a fraction of the link's busy time (0: pushes arrive while pulls leave, the full
+    #: duplex limit; 1: every push, then every pull, as if the link were half duplex). Measured
+    #: by ``sparkdp plan --calibrate`` from workers cycling through a server.
+    ps_bunching: float = 0.0
 
     @classmethod
     def from_link(cls, gbit_per_s: float, latency_ms: float) -> Network:
@@ -169,9 +175,11 @@ def predict(strategy: str, work: Workload, net: Network, workers: int, *, k: int
         own = 2 * net.ps_alpha + s * net.ps_beta * (1 - 1 / shards)
         inbound = s * (net.ps_link_beta + net.server_seconds_per_byte) / shards
         outbound = s * net.ps_link_beta / shards
-        step = ps_round_s(k * c + own, inbound, outbound, workers) / k
+        # the link's own limit: M transfers each way per round, stretched by the workers' bunching
+        link = (1 + net.ps_bunching) * workers * max(inbound, outbound)
+        step = max(ps_round_s(k * c + own, inbound, outbound, workers), link) / k
         comm = step - c
-        if workers * max(inbound, outbound) > k * c + own + inbound + outbound:
+        if link > k * c + own + inbound + outbound:
             bound = "server"  # its link, busy all the time, paces the workers
         options = {"k": k, "shards": shards}
     if bound == "compute" and comm > c:

@@ -61,3 +61,6 @@ def test_calibration_measures_every_term(spark):
     # two pushes at once through the server's link: its shared rate, never faster than one flow's
     assert cal.ps_shared_s > 0 and net.ps_link_beta == pytest.approx(
         max(cal.ps_shared_s / (2 * cal.params * 4), net.ps_beta), rel=1e-9)
+    # two workers cycling through the server: a round is at least one worker's compute and exchange,
+    # and the bunching read from it is a fraction of the link's busy time
+    assert cal.ps_rounds_s > cal.step_compute_s / 2 and 0.0 <= net.ps_bunching <= 1.0

@@ -162,7 +162,9 @@ def _print(params, compute_s, net, rows, advice, report) -> None:
     console.print(f"{params:,} parameters ({params * 4 / 1e6:.1f} MB), step compute {compute_s * 1e3:.1f} ms; "
                   f"network {source}: α {net.latency_s * 1e6:.0f} µs, {8 / net.seconds_per_byte / 1e9:.2f} Gbit/s "
                   f"(parameter server: α {net.ps_alpha * 1e6:.0f} µs, {8 / net.ps_beta / 1e9:.2f} Gbit/s, its update "
-                  f"rule {net.server_seconds_per_byte * 4e9:.2f} ms per million parameters)")
+                  f"rule {net.server_seconds_per_byte * 4e9:.2f} ms per million parameters"
+                  + (f"; workers in step leave its link idle {net.ps_bunching:.0%} of its busy time"
+                     if net.ps_bunching else "") + ")")
     labels = list(dict.fromkeys(r.label for r in rows))
     table = Table(title="predicted step time (ms) / scaling efficiency")
     table.add_column("workers", justify="right")

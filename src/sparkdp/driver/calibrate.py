@@ -10,7 +10,10 @@ Three short measurements, each with what training itself uses:
   ranks, gloo otherwise); the two medians fix ``2(M-1)α`` and ``2(M-1)/M·β``;
 * **parameter server** ``α_ps, β_ps`` — a server on the driver (authenticated TCP and the ASGD
   update, as in asynchronous training) and one task pushing and pulling a tiny and a
-  model-sized tensor.
+  model-sized tensor; then every task pushing at once (the rate the server's link gives many
+  flows, ``β_link``), and every task cycling through the server as an asynchronous worker does
+  (a compute step, a push, a pull) for a few rounds: how far beyond the link's full-duplex
+  limit such rounds run is the workers' bunching ``b``.
 
 Each figure is a median of ``reps`` timings after a warm-up.  Everything runs for a few
 seconds; ``sparkdp plan`` then predicts larger worker counts from it (``costmodel.py``).
@@ -48,6 +51,9 @@ class Calibration:
     server_apply_s: float = 0.0  # the server applying one model-sized push (ASGD), on the driver
     #: one model-sized push of each worker while all ``workers`` push at once (None: one worker)
     ps_shared_s: float | None = None
+    #: one round (compute step, push, pull) of each worker while all ``workers`` cycle through the
+    #: server from a common start, as training's do (None: one worker)
+    ps_rounds_s: float | None = None
 
     def network(self) -> Network:
         """α, β from the two all-reduce points; α_ps, β_ps from the two push+pull points."""
@@ -59,12 +65,25 @@ class Calibration:
         # flows together get
         shared = (max(self.ps_shared_s / (self.workers * s), ps_beta) if self.ps_shared_s is not None
                   and self.workers > 1 else None)
+        bunching = self._bunching(ps_alpha, s * ((shared or ps_beta) + sigma), s * (shared or ps_beta))
         if self.allreduce_full_s is None or self.allreduce_tiny_s is None or self.workers < 2:
-            return Network(ps_alpha, ps_beta, ps_alpha, ps_beta, sigma, shared)  # no all-reduce measured: the PS link
+            # no all-reduce measured: the PS link
+            return Network(ps_alpha, ps_beta, ps_alpha, ps_beta, sigma, shared, bunching)
         m = self.workers
         beta = max((self.allreduce_full_s - self.allreduce_tiny_s) / (2 * (m - 1) / m * (s - TINY * 4)), 1e-15)
         alpha = max((self.allreduce_tiny_s - 2 * (m - 1) / m * TINY * 4 * beta) / (2 * (m - 1)), 0.0)
-        return Network(alpha, beta, ps_alpha, ps_beta, sigma, shared)
+        return Network(alpha, beta, ps_alpha, ps_beta, sigma, shared, bunching)
+
+    def _bunching(self, ps_alpha: float, in_s: float, out_s: float) -> float:
+        """``b`` from the measured rounds: ``rounds = (1 + b)·M·max(in, out)`` when the server's
+        link paces them. Rounds that the link does not pace (it is busy less than half of a
+        worker's own round) say nothing of how the workers bunch: 0, mean-value analysis alone."""
+        if self.ps_rounds_s is None or self.workers < 2:
+            return 0.0
+        link = self.workers * max(in_s, out_s)
+        if link < (self.step_compute_s + 2 * ps_alpha + in_s + out_s) / 2:
+            return 0.0
+        return min(max(self.ps_rounds_s / link - 1.0, 0.0), 1.0)
 
     def as_dict(self) -> dict[str, Any]:
         net = self.network()
@@ -165,6 +184,35 @@ def _ps_shared_task(info: Any, n: int, reps: int):
     return task
 
 
+def _ps_rounds_task(info: Any, model: nn.Module, batch: int, sample_shape: tuple[int, ...], n: int, rounds: int):
+    """Every barrier task an asynchronous worker: a compute step, a model-sized push, a pull,
+    ``rounds`` times after a warm-up round, all starting at the stage's barrier as training's
+    workers start together. Each task's mean round; nothing makes their pushes take turns."""
+    def task(task_info: Any) -> float:
+        from ..ps.transport import TcpTransport
+        from ..spark.launcher import stage_barrier
+
+        step = _compute_step(model, batch, sample_shape)
+        client = TcpTransport().connect(info.address, info.secret, worker_id=1000 + task_info.rank,
+                                        tls_cert=info.tls_cert)
+        try:
+            centre, push = [torch.empty(n)], [torch.full((n,), 1e-6)]
+            versions = client.pull(out=centre).versions
+            step()  # the warm-up of the compute step, before the common start
+            stage_barrier()
+            ends = [time.perf_counter()]
+            for seq in range(rounds + 1):  # the first round is a warm-up
+                step()
+                client.push(seq, versions, push)
+                versions = client.pull(out=centre).versions
+                ends.append(time.perf_counter())
+            return (ends[-1] - ends[1]) / rounds
+        finally:
+            client.close()
+
+    return task
+
+
 def _push_pull_time(client, n: int, reps: int) -> float:  # noqa: ANN001
     """One exchange as an ASGD worker makes it: the pseudo-gradient from the last pulled centre
     and its parameters, the push, the pull, and the centre copied into its parameters."""
@@ -211,11 +259,15 @@ def calibrate(model: nn.Module, *, spark, workers: int, batch: int = 64, sample_
         shared = run_barrier(_ps_shared_task(full.info, params, 3), workers, spark=spark, store=False,
                              description="sparkdp plan --calibrate: the parameter server's link shared") \
             if workers > 1 else None
+        rounds = run_barrier(_ps_rounds_task(full.info, model, batch, sample_shape, params, 3), workers,
+                             spark=spark, store=False,
+                             description="sparkdp plan --calibrate: workers cycling through the parameter server") \
+            if workers > 1 else None
     median = lambda key: statistics.median(r[key] for r in results) if key in results[0] else None  # noqa: E731
     compute = statistics.median(r["compute"] for r in results)  # every stage task times its compute step
     return Calibration(workers, params, batch, compute, median("tiny"), median("full"),
                        ps["tiny"], ps["full"], _server_apply_s(servers["full"], params, reps),
-                       max(shared) if shared else None)
+                       max(shared) if shared else None, statistics.median(rounds) if rounds else None)
 
 
 def _server_apply_s(server, params: int, reps: int) -> float:  # noqa: ANN001

@@ -248,6 +248,12 @@ class NetBed:
         else:
             self.rates[host] = rate
 
+    def unreachable_from(self, hosts: list[str], target: str) -> None:
+        """Connections from ``hosts`` to ``target`` fail at once ("No route to host"), while
+        ``target`` still reaches them and gets their replies: a client behind NAT or a firewall."""
+        for host in hosts:
+            _sh("ip", "-n", self.netns(host), "route", "add", "unreachable", f"{self.address(target)}/32")
+
     def link_down(self, host: str) -> None:
         """Cut ``host`` off the bridge (its port goes down), as a pulled cable."""
         _sh("ip", "-n", self.bridge_netns, "link", "set", self.port(host), "down")

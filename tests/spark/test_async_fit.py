@@ -19,17 +19,23 @@ def _problem(rows=256):
     return nn.Linear(4, 2), x, y
 
 
-def test_one_worker_asgd_through_the_whole_stack_equals_torch_sgd(spark):
-    """1 worker, push+pull every batch, tau = 0: server SGD(lr) on the worker's gradients == torch SGD."""
-    model, x, y = _problem(64)
-    reference, _, _ = _problem(64)
-    opt = torch.optim.SGD(reference.parameters(), lr=0.3)
+def _torch_sgd(x, y, lr=0.3, batch=8):
+    """The reference: one epoch of torch SGD on the rows in the order worker 0 of 1 sees them."""
+    reference, _, _ = _problem(len(x))
+    opt = torch.optim.SGD(reference.parameters(), lr=lr)
     order = TensorData(x, y).shard_indices(rank=0, world_size=1, epoch=0, seed=0, shuffle=True)
-    for start in range(0, 64, 8):
-        idx = order[start:start + 8]
+    for start in range(0, len(x), batch):
+        idx = order[start:start + batch]
         opt.zero_grad()
         nn.functional.cross_entropy(reference(x[idx]), y[idx]).backward()
         opt.step()
+    return reference
+
+
+def test_one_worker_asgd_through_the_whole_stack_equals_torch_sgd(spark):
+    """1 worker, push+pull every batch, tau = 0: server SGD(lr) on the worker's gradients == torch SGD."""
+    model, x, y = _problem(64)
+    reference = _torch_sgd(x, y)
     result = sparkdp.fit(model, (x, y), strategy="asgd", strategy_options={"rule_options": {"lr": 0.3}},
                          optimizer="sgd", optimizer_options={"lr": 0.05, "momentum": 0.0},
                          workers=1, epochs=1, batch_size=8, spark=spark)
@@ -130,3 +136,32 @@ def test_run_with_servers_on_the_executors_is_refused_with_what_to_do(spark):
                     strategy_options={"servers": 2}, spark=spark)
     with pytest.raises(ConfigError, match="servers must be None .* or a positive number of server tasks"):
         sparkdp.strategies.resolve_strategy("asgd", servers=0)
+
+
+def test_when_executors_cannot_reach_the_driver_the_server_moves_to_them_and_monitoring_turns_off(
+        spark, monkeypatch, caplog):
+    """The decision a Spark Connect client behind NAT needs (tests/multihost/test_connect.py has
+    the real unreachable client): with the driver unreachable, one line each says that the server
+    runs as a Spark task and that live monitoring is off, and the job still equals torch SGD."""
+    import logging
+
+    import sparkdp.spark.launcher as launcher
+
+    reason = "executors on h cannot reach this process at 198.18.0.9:4242 within 5 s (OSError: [Errno 113] No route)"
+    monkeypatch.setattr(launcher, "unreachable_reason", lambda spark, **_: reason)
+    model, x, y = _problem(64)
+    reference = _torch_sgd(x, y)
+    with caplog.at_level(logging.WARNING, logger="sparkdp"):
+        result = sparkdp.fit(model, (x, y), strategy="asgd", strategy_options={"rule_options": {"lr": 0.3}},
+                             optimizer="sgd", optimizer_options={"lr": 0.05, "momentum": 0.0},
+                             workers=1, epochs=1, batch_size=8, spark=spark, show_progress=True)
+    messages = [r.getMessage() for r in caplog.records]
+    assert [m for m in messages if "parameter server runs as a Spark task" in m] == [
+        f"sparkdp: the parameter server runs as a Spark task on the executors (servers=1) instead of in this "
+        f"process: {reason}"], messages
+    assert [m for m in messages if "live monitoring is off" in m] == [
+        f"sparkdp: live monitoring is off, the executors cannot send it to this process ({reason}); each epoch's "
+        f"results come back with the job when it ends"], messages
+    assert len(result.details["servers"]) == 1 and result.details["server"]["pushes_applied"] == 8
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert torch.allclose(p, q, atol=1e-6), f"{p} vs {q}"

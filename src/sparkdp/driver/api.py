@@ -6,6 +6,7 @@ This layer sits above both the per-worker engine (``sparkdp.train``) and the Spa
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import os
@@ -27,13 +28,14 @@ from ..data.tensors import TensorData, as_worker_data
 from ..errors import ConfigError
 from ..monitor.probe import open_probe
 from ..strategies import resolve_strategy
+from ..strategies.async_ps import AsyncParameterServer
 from ..train.context import WorkerContext, set_current
 from ..train.jobs import progress
 from ..train.layout import preflight_layout
 from ..train.loop import FitSpec, check_batch, check_labels, class_scores
 from ..train.optim import optimizer_factory, resolve_loss
 from ..train.result import TrainResult
-from .monitoring import monitored
+from .monitoring import monitored, wants_monitoring
 from .runners import runner_for
 
 log = logging.getLogger(__name__)
@@ -223,12 +225,29 @@ def _fit_on_spark(spec: FitSpec, job: JobConfig, workers: int, spark: Any, start
     title = f"sparkdp {strategy_obj.name} x{workers}"
     details = {"model": type(model).__name__, "data": train.describe(), "strategy": strategy_obj.name,
                "strategy_options": strategy_obj.options()}
-    with monitored(job, spark, workers, title, details, strategy=strategy_obj) as hub:
+    unreachable = _unreachable(job, spark, strategy_obj)
+    if unreachable and isinstance(strategy_obj, AsyncParameterServer) and not strategy_obj.servers:
+        log.warning("sparkdp: the parameter server runs as a Spark task on the executors (servers=1) instead of "
+                    "in this process: %s", unreachable)
+        strategy_obj = copy.copy(strategy_obj)
+        strategy_obj.servers = 1
+        spec = replace(spec, strategy=strategy_obj)
+    with monitored(job, spark, workers, title, details, strategy=strategy_obj, unreachable=unreachable) as hub:
         spec = replace(spec, monitor=hub.link if hub is not None else None)
         result = _fit_monitored(spec, job, workers, spark, started, hub)
         if hub is not None:
             hub.finish(result.summary())
     return result
+
+
+def _unreachable(job: JobConfig, spark: Any, strategy: Any) -> str | None:
+    """Why executors cannot connect to this process, when something of the job would listen in it
+    (the monitoring hub, a parameter server on the driver) and they may run elsewhere (a cluster,
+    a Spark Connect server on another machine); None otherwise."""
+    from ..spark.launcher import unreachable_reason
+
+    listens = wants_monitoring(job) or (isinstance(strategy, AsyncParameterServer) and not strategy.servers)
+    return unreachable_reason(spark, start_timeout_s=job.failures.start_timeout_s) if listens else None
 
 
 def _fit_monitored(spec: FitSpec, job: JobConfig, workers: int, spark: Any, started: float,
@@ -277,7 +296,8 @@ def run(train_fn: Callable[..., Any], *args: Any, spark: Any = None, argv: list[
     name = getattr(train_fn, "__name__", "train_fn")
     # a monitoring hub only carries a launched script's output here (the loop is the user's)
     hub_job = job if forward_output else replace(job, monitor=replace(job.monitor, show_progress=False))
-    with monitored(hub_job, spark, workers, f"sparkdp {name} x{workers}", strategy=strategy_obj) as hub:
+    with monitored(hub_job, spark, workers, f"sparkdp {name} x{workers}", strategy=strategy_obj,
+                   unreachable=_unreachable(hub_job, spark, None)) as hub:
         link = hub.link if hub is not None else None
 
         def body(collective, strategy=strategy_obj):

@@ -60,8 +60,8 @@ def fit_async(spec: FitSpec, job: JobConfig, *, workers: int, spark: Any, starte
             saver or contextlib.nullcontext():
         info = endpoint.info
         log.info("parameter server for %s on %s with %d shard(s)", strategy.rule, info.address, server.num_shards)
+        # (sparkdp.fit checked before the job that executors reach this process, or moved the server)
         shipped = replace(spec, strategy=copy.copy(strategy).connect_to(transport, info), fault=fault_from_env())
-        _check_reachable(spark, info.address, start_timeout_s)
 
         def task(worker: int) -> WorkerReport:
             # a retried task (Spark retries failed ordinary tasks) pulls the current centre and
@@ -126,11 +126,11 @@ def task_collective(worker: int, workers: int, threads: int | None) -> Independe
 
 
 def _check_reachable(spark: Any, address: str, start_timeout_s: float) -> None:
-    """On a cluster, a few seconds' check that executors can connect to the server before the
-    tasks start (each would otherwise wait out its own connect timeout); local masters skip it."""
-    from ..spark.launcher import check_reachable, master_of
+    """Where executors may run on other machines, a few seconds' check that they can connect to
+    the server before the tasks start (each would otherwise wait out its own connect timeout)."""
+    from ..spark.launcher import check_reachable, executors_may_not_reach_us
 
-    if not master_of(spark).startswith("local"):
+    if executors_may_not_reach_us(spark):
         check_reachable(spark, address, start_timeout_s=start_timeout_s)
 
 

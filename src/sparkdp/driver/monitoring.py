@@ -4,21 +4,36 @@ link travels to the workers inside the job (``sparkdp.monitor``)."""
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from typing import Any
 
 from ..config import JobConfig
 from ..monitor.hub import MonitorHub
 
+log = logging.getLogger(__name__)
+
+
+def wants_monitoring(job: JobConfig) -> bool:
+    """Whether anything would show or keep the job's live records."""
+    return bool(job.monitor.show_progress or job.monitor.run_dir or job.monitor.mlflow)
+
 
 @contextlib.contextmanager
 def monitored(job: JobConfig, spark: Any, workers: int, title: str, details: dict[str, Any] | None = None,
-              strategy: Any = None) -> Iterator[MonitorHub | None]:
+              strategy: Any = None, unreachable: str | None = None) -> Iterator[MonitorHub | None]:
     """The job's :class:`MonitorHub`, or None when nothing would show or keep its records
     (``show_progress=False`` and no run directory, TensorBoard or MLflow): then the workers
     are not monitored at all. When the job's ``strategy`` encrypts its traffic, the monitoring
-    connections are encrypted too."""
-    if not (job.monitor.show_progress or job.monitor.run_dir or job.monitor.mlflow):
+    connections are encrypted too. ``unreachable`` (why executors cannot connect to this
+    process) turns live monitoring off with one line: the job's results still come back
+    through its Spark stage."""
+    if not wants_monitoring(job):
+        yield None
+        return
+    if unreachable:
+        log.warning("sparkdp: live monitoring is off, the executors cannot send it to this process (%s); each "
+                    "epoch's results come back with the job when it ends", unreachable)
         yield None
         return
     from ..spark.launcher import driver_host

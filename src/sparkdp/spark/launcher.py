@@ -482,17 +482,79 @@ def run_barrier(fn: Callable[[TaskInfo], Any], num_workers: int, *, spark,
 
 
 def driver_host(spark) -> str:
-    """The address executors reach the driver on (where the parameter server listens)."""
-    return spark_conf(spark, "spark.driver.host", "127.0.0.1") or "127.0.0.1"
+    """The address executors reach this process on (where the parameter server and the monitoring
+    hub listen): ``spark.driver.host`` on a classic session. On a Spark Connect session this
+    process is the server's client, not its driver: its own address on the way to the server
+    (the server's machine, and so its cluster, sees the client there if at all), or the
+    server's ``spark.driver.host`` when the server runs on this machine."""
+    conf_host = spark_conf(spark, "spark.driver.host", "127.0.0.1") or "127.0.0.1"
+    server = connect_server(spark)
+    if server is None or _is_loopback(server[0]):
+        return conf_host
+    try:
+        family = socket.getaddrinfo(server[0], server[1], type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:  # a UDP "connect" sends nothing
+            probe.connect((server[0], server[1]))
+            return probe.getsockname()[0]
+    except OSError as exc:
+        raise EnvironmentProblem(f"cannot find this machine's address toward the Spark Connect server "
+                                 f"{server[0]}:{server[1]}: {exc}") from exc
+
+
+def connect_server(spark) -> tuple[str, int] | None:
+    """(host, port) of a Spark Connect session's server; None on a classic session."""
+    if not is_connect(spark):
+        return None
+    client = spark.client
+    endpoint = getattr(getattr(client, "_builder", None), "endpoint", None) or f"{client.host}:15002"
+    host, _, port = endpoint.rpartition(":")  # the client's ChannelBuilder: "host:port"
+    return host.strip("[]"), int(port)
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return all(ipaddress.ip_address(info[4][0]).is_loopback for info in socket.getaddrinfo(host, None))
+    except (OSError, ValueError):
+        return False
+
+
+def executors_may_not_reach_us(spark) -> bool:
+    """Whether executors may run on other machines than this process: a cluster master, or a
+    Spark Connect server on another machine. On a local master of this process (or of a
+    Connect server on this machine) they reach it over loopback."""
+    server = connect_server(spark)
+    return not master_of(spark).startswith("local") or (server is not None and not _is_loopback(server[0]))
+
+
+def unreachable_reason(spark, *, timeout_s: float = 5.0, start_timeout_s: float = 60.0) -> str | None:
+    """Why executors cannot open a TCP connection to this process (a socket listening for a
+    moment on :func:`driver_host`), or None when they can or need not (see
+    :func:`executors_may_not_reach_us`). Costs one small stage, a few seconds at most."""
+    if not executors_may_not_reach_us(spark):
+        return None
+    with socket.create_server((driver_host(spark), 0)) as listener:  # the probes' connections wait in its backlog
+        host, port = listener.getsockname()[:2]
+        failed = _probe(spark, f"[{host}]:{port}" if ":" in host else f"{host}:{port}", timeout_s,
+                        "this process", start_timeout_s)
+    return failed
 
 
 def check_reachable(spark, address: str, *, timeout_s: float = 5.0, what: str = "the parameter server",
                     start_timeout_s: float = 60.0) -> None:
     """Fail fast, naming the address, when executors cannot open a TCP connection to ``address``
-    (``host:port`` on the driver) — instead of every task waiting out its connect timeout.
+    (``host:port`` on the driver) — instead of every task waiting out its connect timeout."""
+    failed = _probe(spark, address, timeout_s, f"{what} on the driver", start_timeout_s)
+    if failed:
+        raise EnvironmentProblem(f"{failed}. Set spark.driver.host to an address of the driver that the executors "
+                                 "can reach, and let a firewall between them pass TCP to the driver "
+                                 "(docs/guide/clusters.md).")
 
-    One small task per task slot (at most 16) tries to connect; on a local master this is the
-    loopback and costs a fraction of a second."""
+
+def _probe(spark, address: str, timeout_s: float, what: str, start_timeout_s: float) -> str | None:
+    """One small task per task slot (at most 16) tries to connect to ``address``; on a local
+    master this is the loopback and costs a fraction of a second. What failed, or None."""
     host, _, port = address.rpartition(":")
     host = host.strip("[]")
     tries = max(1, min(task_slots(spark) or 1, 16))
@@ -520,12 +582,10 @@ def check_reachable(spark, address: str, *, timeout_s: float = 5.0, what: str = 
                                    need_all=False, too_slow=_none_started(start_timeout_s, master_of(spark),
                                                                           "the connectivity check")), key)
     failed = [(h, err) for h, err in results if err is not None]
-    if failed:
-        hosts = ", ".join(sorted({h for h, _ in failed}))
-        raise EnvironmentProblem(
-            f"executors on {hosts} cannot reach {what} on the driver at {address} within {timeout_s:g} s "
-            f"({failed[0][1]}). Set spark.driver.host to an address of the driver that the executors can "
-            "reach, and let a firewall between them pass TCP to the driver (docs/guide/clusters.md).")
+    if not failed:
+        return None
+    hosts = ", ".join(sorted({h for h, _ in failed}))
+    return f"executors on {hosts} cannot reach {what} at {address} within {timeout_s:g} s ({failed[0][1]})"
 
 
 def task_attempt() -> int:

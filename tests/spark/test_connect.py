@@ -1,6 +1,7 @@
 """The same small jobs on a classic session and on a Spark Connect session: sparkdp's stages are
 DataFrame stages (``mapInArrow``) either way, so sync and async fit, DataFrame input, ``run``,
-``launch``, ``predict`` and the Spark ML Estimator must give the same results on both."""
+``launch``, ``predict``, the Spark ML Estimator, checkpoints with automatic recovery and the
+command line must give the same results on both."""
 
 from __future__ import annotations
 
@@ -84,6 +85,45 @@ def test_fit_on_a_dataframe(session):
                          batch_size=16, optimizer_options={"lr": 0.05}, spark=session, show_progress=False)
     assert [h["samples"] for h in result.history] == [600] * 3
     np.testing.assert_allclose(model.weight.detach().numpy()[0], w, atol=0.1)
+
+
+def test_a_killed_worker_restarts_from_its_checkpoint_and_ends_where_an_uninterrupted_run_does(
+        session, tmp_path, monkeypatch):
+    """Checkpoints and automatic recovery: worker 1 killed at step 30 of 48, the stage restarts
+    from the step-20 checkpoint, and the weights equal an uninterrupted run's."""
+    def fit(**kw):
+        model, x, y = _problem()
+        result = sparkdp.fit(model, (x, y), strategy="allreduce", workers=2, epochs=2, batch_size=8,
+                             optimizer="sgd", optimizer_options={"lr": 0.2}, spark=session, show_progress=False, **kw)
+        return model, result
+
+    clean, _ = fit()
+    monkeypatch.setenv("SPARKDP_FAULT", "kill:rank=1:step=18")  # 12 steps per epoch
+    model, result = fit(checkpoint_dir=str(tmp_path), checkpoint_every=5)
+    [failure] = result.details["restarts"]
+    assert failure["restart_from"] == "epoch 2, step 5", failure
+    assert [h["epoch"] for h in result.history] == [1, 2]
+    for p, q in zip(model.parameters(), clean.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+
+
+def test_the_command_line_trains_through_the_session_kind(session, tmp_path):
+    """``sparkdp train --master sc://...`` is a Connect client (``--master local[2]`` a classic
+    driver of its own)."""
+    import subprocess
+    import sys
+
+    from sparkdp.spark.launcher import connect_server
+
+    server = connect_server(session)
+    master = f"sc://{server[0]}:{server[1]}" if server else "local[2]"
+    summary = tmp_path / "summary.json"
+    proc = subprocess.run([sys.executable, "-m", "sparkdp.cli.main", "train", "--master", master, "--dataset",
+                           "fashion-mnist", "--limit", "1000", "--model", "linear", "--workers", "2", "--epochs", "1",
+                           "--json-out", str(summary)], capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(summary.read_text())
+    assert data["workers"] == 2 and data["test_accuracy"] > 0.5, data
 
 
 def _ranks(times):

@@ -31,6 +31,7 @@ def test_siamese_model_returns_both_features_and_shares_weights():
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # (make test-all) LeNet through sparkdp train stays in make test
 def test_siamese_net_trains_from_its_pair_lmdb_through_sparkdp_train(tmp_path):
     """BVLC's Siamese workflow: pairs stored as 2-channel Datums with the similarity as label."""
     import json

@@ -44,6 +44,7 @@ batch_size = 16
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # (make test-all) tests/spark/test_recovery.py retries a killed asynchronous worker in make test
 def test_a_failed_async_task_is_retried_and_its_replayed_pushes_are_not_double_applied(tmp_path):
     script = tmp_path / "flaky.py"
     script.write_text(FLAKY)

@@ -154,6 +154,7 @@ def test_parquet_data_from_the_command_line(tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # (make test-all) diloco's state round trip is in tests/strategies/test_diloco.py
 def test_diloco_with_int8_deltas_checkpoints_its_outer_momentum_and_resumes(tmp_path):
     from sparkdp.train.checkpoint import latest_checkpoint
 

@@ -19,6 +19,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.spark, pytest.mark.timeout(420)]
 
 
 @needs_fashion
+@pytest.mark.slow  # (make test-all) a standalone cluster; tests/spark/test_recovery.py continues a job on fewer workers in make test
 def test_a_lost_worker_machine_shrinks_the_job_to_the_slots_left(tmp_path):
     (tmp_path / "cluster").mkdir()
     cluster = StandaloneCluster(tmp_path / "cluster", workers=2, cores=1).start()

@@ -64,6 +64,7 @@ def test_a_torchrun_script_runs_unchanged(tmp_path):
     assert "[rank 1] rank 1 finished epoch 2 of 2" in spark.stdout + spark.stderr
 
 
+@pytest.mark.slow  # (make test-all) the cluster test above imports a sibling module too
 def test_a_script_importing_its_sibling_module(tmp_path):
     script = SCRIPTS / "sibling" / "train.py"
     alone = _alone(script, "2", str(tmp_path / "alone.json"))
@@ -81,6 +82,7 @@ def test_a_non_zero_exit_names_the_rank_and_a_missing_script_is_refused(tmp_path
     assert missing.returncode == 2 and "no training script at" in missing.stderr
 
 
+@pytest.mark.slow  # (make test-all) a message's wording
 def test_a_module_the_executors_lack_is_named_with_their_interpreter():
     failed = _launch(SCRIPTS / "missing_module.py")
     assert failed.returncode == 2
@@ -88,6 +90,7 @@ def test_a_module_the_executors_lack_is_named_with_their_interpreter():
     assert f"the executor's interpreter is {sys.executable}" in failed.stderr
 
 
+@pytest.mark.slow  # (make test-all) one process per worker; the spawning script's test stays in make test
 def test_a_hogwild_script_trains_asynchronously_through_the_parameter_server(tmp_path):
     """The processes of a Hogwild! script become Spark workers and its shared-memory model the
     parameter server (``--strategy hogwild``): the same file, one process per worker."""
@@ -141,6 +144,7 @@ def test_processes_a_hogwild_script_starts_join_the_parameter_server_more_shapes
     _hogwild_processes(tmp_path, method, processes)
 
 
+@pytest.mark.slow  # (make test-all) a message's wording
 def test_processes_a_synchronous_job_starts_are_named_as_training_alone(tmp_path):
     script = SCRIPTS / "hogwild_spawn.py"
     spark = sparkdp("launch", "--workers", "2", "--master", "local[2]", str(script), "--", "--num-processes", "1",
@@ -153,6 +157,7 @@ def test_processes_a_synchronous_job_starts_are_named_as_training_alone(tmp_path
 
 @pytest.mark.spark
 @pytest.mark.timeout(400)
+@pytest.mark.slow  # (make test-all) a standalone cluster; make test-multihost ships a script to other hosts too
 def test_on_a_cluster_master_the_scripts_directory_is_shipped_to_the_executors(tmp_path):
     """On a real standalone master the workers run a copy of the script's directory that Spark's
     addFile shipped (so executors need not share the driver's filesystem), sibling modules

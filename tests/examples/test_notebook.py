@@ -49,6 +49,7 @@ print("ready")
 
 @pytest.mark.e2e
 @pytest.mark.timeout(240)
+@pytest.mark.slow  # (make test-all) tests/spark/test_connect.py interrupts a job on both session kinds in make test
 def test_interrupting_the_kernel_cancels_the_jobs_tasks_and_the_session_goes_on(tmp_path):
     """What "interrupt kernel" does in Jupyter: SIGINT to the kernel while a fit runs. The cell
     ends with KeyboardInterrupt, Spark has no job left running, and the next fit on the same

@@ -42,6 +42,7 @@ def test_one_worker_through_two_server_tasks_equals_torch_sgd(tmp_path):
     assert all(r["rank"] >= 1 for r in last.values())  # authenticated as ids no worker has
 
 
+@pytest.mark.slow  # (make test-all) one-worker equivalence through two server tasks stays in make test
 def test_a_killed_server_task_restarts_the_stage_from_the_servers_checkpoints(tmp_path):
     out, log = _job("killed-server", dir=str(tmp_path), env={"SPARKDP_FAULT": "kill-server:rank=1:step=40"})
     assert len(out["restarts"]) == 1, out

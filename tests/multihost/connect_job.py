@@ -2,8 +2,9 @@
 
 A Spark Connect client: connects to the server, records where the server's executors run,
 trains each of the job's ``fits`` (sparkdp.fit keyword arguments) on the built-in CNN and
-Fashion-MNIST arrays with live monitoring asked for, and prints one ``RESULT {json}`` line with
-each fit's history, where its parameter servers ran and the warnings sparkdp gave."""
+Fashion-MNIST arrays with live monitoring asked for, calls ``sparkdp.run`` with each of its
+``run_strategies``, and prints one ``RESULT {json}`` line with each fit's history, where its
+parameter servers ran and the warnings sparkdp gave, and each call's result or error."""
 
 from __future__ import annotations
 
@@ -27,6 +28,12 @@ def _task_host(_batches):
     import pyarrow as pa
 
     yield pa.RecordBatch.from_pydict({"hostname": [socket.gethostname()]})
+
+
+def _rank_plus_one():
+    from sparkdp.train.context import current
+
+    return current().rank + 1
 
 
 def main() -> None:
@@ -57,6 +64,15 @@ def main() -> None:
         run["seconds"] = time.monotonic() - started
         run["warnings"] = list(kept.messages)
         out["runs"].append(run)
+    out["calls"] = []
+    for strategy in job.get("run_strategies", []):  # sparkdp.run of a function of the user's own
+        started = time.monotonic()
+        try:
+            call = {"result": sparkdp.run(_rank_plus_one, strategy=strategy, workers=1, spark=spark,
+                                          show_progress=False)}
+        except Exception as exc:  # noqa: BLE001 - reported to the test, which decides
+            call = {"error": {"type": type(exc).__name__, "message": str(exc)}}
+        out["calls"].append({"strategy": strategy, "seconds": time.monotonic() - started, **call})
     print("RESULT " + json.dumps(out), flush=True)
     spark.stop()
 

@@ -1,7 +1,8 @@
 """A Spark Connect server (the installed pyspark's ``sbin/start-connect-server.sh``) in front of
 the test bed's standalone cluster, and a client on a host of its own that the executors cannot
 connect to, as a laptop or a notebook behind NAT: sparkdp says so within seconds and trains
-anyway, synchronously and asynchronously."""
+anyway, synchronously and asynchronously; ``sparkdp.run`` with a parameter server in the client
+fails within seconds, saying what to use instead."""
 
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ def test_a_connect_client_the_executors_cannot_reach_trains_sync_and_async():
         job.write_text(json.dumps({"limit": 2000, "fits": [
             {"strategy": "allreduce", "workers": 2, "epochs": 1, "optimizer_options": {"lr": 0.05}},
             {"strategy": "asgd", "workers": 1, "epochs": 1, "optimizer_options": {"lr": 0.05}},
-        ]}))
+        ], "run_strategies": ["allreduce", "asgd"]}))
         proc = bed.run("client", [sys.executable, str(Path(__file__).with_name("connect_job.py")), remote, str(job)],
                        env=cluster.env(), timeout=700, cwd=bed.directory)
     assert not bed.leftovers()
@@ -78,3 +79,10 @@ def test_a_connect_client_the_executors_cannot_reach_trains_sync_and_async():
     [moved] = [w for w in async_["warnings"] if "parameter server runs as a Spark task" in w]
     assert "(servers=1)" in moved and client in moved, moved
     assert len(async_["servers"]) == 1 and async_["servers"][0] in ("worker-0", "worker-1"), async_["servers"]
+    # sparkdp.run: synchronous needs nothing from the client; asynchronous keeps its server in the
+    # client (its centre is the first worker's model), so it fails within seconds saying what to use
+    sync_call, async_call = out["calls"]
+    assert sync_call.get("result") == 1, sync_call
+    message = async_call["error"]["message"]
+    assert "cannot reach the parameter server in this Spark Connect client" in message, async_call
+    assert "synchronous strategy" in message and "sparkdp.fit" in message and async_call["seconds"] < 30, async_call

@@ -545,7 +545,13 @@ def check_reachable(spark, address: str, *, timeout_s: float = 5.0, what: str = 
                     start_timeout_s: float = 60.0) -> None:
     """Fail fast, naming the address, when executors cannot open a TCP connection to ``address``
     (``host:port`` on the driver) — instead of every task waiting out its connect timeout."""
-    failed = _probe(spark, address, timeout_s, f"{what} on the driver", start_timeout_s)
+    client = connect_server(spark) is not None
+    failed = _probe(spark, address, timeout_s, f"{what} in this Spark Connect client" if client else
+                    f"{what} on the driver", start_timeout_s)
+    if failed and client:
+        raise EnvironmentProblem(f"{failed}. The executors cannot connect to this client: train with a synchronous "
+                                 "strategy, or with sparkdp.fit / sparkdp train, which run the parameter server on "
+                                 "the executors (docs/guide/connect.md).")
     if failed:
         raise EnvironmentProblem(f"{failed}. Set spark.driver.host to an address of the driver that the executors "
                                  "can reach, and let a firewall between them pass TCP to the driver "

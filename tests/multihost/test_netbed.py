@@ -141,7 +141,10 @@ def test_ctrl_c_and_sigterm_tear_the_bed_down(sig):
     """A script holding a bed (with a process on a host) is interrupted: its namespaces, its
     processes and its directory are gone when it exits, with no help from remove_stale."""
     child = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; sys.path.insert(0, sys.argv[1]);"
+        # Ctrl-C's KeyboardInterrupt even when this test runs in a background job, whose children
+        # start with SIGINT ignored (and Python then leaves it so)
+        "import signal, sys, time; signal.signal(signal.SIGINT, signal.default_int_handler);"
+        "sys.path.insert(0, sys.argv[1]);"
         "from tests.multihost import netbed; netbed.install_signal_teardown();"
         "bed = netbed.NetBed(['a', 'b'], rate='10mbit').up(); p = bed.popen('a', ['sleep', '600']);"
         "print(bed.prefix, bed.directory, p.pid, flush=True); time.sleep(600)"), str(netbed.Path(__file__).parents[2])],

@@ -121,12 +121,12 @@ def test_carriage_return_redraws_are_lines_and_pending_text_is_bounded(capsys):
 
 
 def test_the_monitoring_endpoint_uses_tls_when_the_job_does(tmp_path, monkeypatch):
-    import sparkdp.spark.launcher as launcher
+    import sparkdp.spark.cluster as cluster
     from sparkdp.config import JobConfig
     from sparkdp.driver.monitoring import monitored
     from sparkdp.strategies.async_ps import AsyncParameterServer
 
-    monkeypatch.setattr(launcher, "driver_host", lambda spark: "127.0.0.1")
+    monkeypatch.setattr(cluster, "driver_host", lambda spark: "127.0.0.1")
     job = JobConfig.of(run_dir=str(tmp_path), show_progress=False)
     with monitored(job, None, 1, "t", strategy=AsyncParameterServer(tls=True)) as hub:
         assert hub.detector.own_parts == ("data_s", "compute_s", "comm_s")  # asynchronous: its comm is its own

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 import sparkdp
-from sparkdp.spark.launcher import is_connect
+from sparkdp.spark.cluster import is_connect
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(180)]
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
@@ -113,7 +113,7 @@ def test_the_command_line_trains_through_the_session_kind(session, tmp_path):
     import subprocess
     import sys
 
-    from sparkdp.spark.launcher import connect_server
+    from sparkdp.spark.cluster import connect_server
 
     server = connect_server(session)
     master = f"sc://{server[0]}:{server[1]}" if server else "local[2]"

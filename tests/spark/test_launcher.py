@@ -5,7 +5,9 @@ import time
 import pytest
 
 from sparkdp.errors import ConfigError, EnvironmentProblem, RendezvousTimeout, WorkerFailed
-from sparkdp.spark.launcher import listening_store, run_barrier, task_slots
+from sparkdp.spark.cluster import task_slots
+from sparkdp.spark.launcher import run_barrier
+from sparkdp.spark.task import listening_store
 
 pytestmark = pytest.mark.spark
 
@@ -108,7 +110,7 @@ def test_an_unreachable_driver_address_fails_fast_and_names_it(spark):
 
 
 def test_dynamic_allocation_is_explained_before_a_barrier_stage():
-    from sparkdp.spark.launcher import barrier_refusal
+    from sparkdp.spark.cluster import barrier_refusal
 
     assert barrier_refusal({"spark.master": "yarn"}) is None
     assert barrier_refusal({"spark.dynamicAllocation.enabled": "false"}) is None

@@ -176,14 +176,14 @@ def test_an_asynchronous_job_resumes_its_parameter_server(spark, fashion, tmp_pa
 def test_a_streamed_dataframe_job_continues_on_fewer_workers_down_to_min_workers(spark, monkeypatch, caplog):
     """After a failure that took task slots away (here: Spark reports one free slot), the epoch
     reruns on the workers left, down to min_workers, and the job finishes there."""
-    from sparkdp.spark import launcher
+    from sparkdp.spark import cluster
 
     g = torch.Generator().manual_seed(1)
     x = torch.randn(600, 4, generator=g)
     y = (x[:, 0] + x[:, 2] > 0).long()
     df = spark.createDataFrame([(row.tolist(), int(t)) for row, t in zip(x, y, strict=True)],
                                "x array<float>, y long").repartition(2).cache()
-    monkeypatch.setattr(launcher, "available_slots", lambda sc: 1)
+    monkeypatch.setattr(cluster, "available_slots", lambda sc: 1)
     monkeypatch.setenv("SPARKDP_FAULT", "kill:rank=1:step=5")
     try:
         torch.manual_seed(0)

@@ -206,7 +206,7 @@ def fit_caffe(
     batch = effective_batch_size(model, spec, batch_size)
     if epochs is None:
         if workers is None:
-            from ..spark.launcher import task_slots
+            from ..spark.cluster import task_slots
             from ..spark.session import session
 
             spark = spark or session(master)

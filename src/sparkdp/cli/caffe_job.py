@@ -111,7 +111,7 @@ def cli_job(args: Any, job: JobConfig, data: Any, model_desc: dict[str, Any]) ->
     if epochs is None:
         workers = job.scaling.workers
         if workers is None:
-            from ..spark.launcher import task_slots
+            from ..spark.cluster import task_slots
             from ..spark.session import session
 
             workers = task_slots(session(job.scaling.master)) or 2

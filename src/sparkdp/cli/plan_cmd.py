@@ -112,7 +112,7 @@ def _calibrated(args):
 
     from ..driver.calibrate import calibrate
     from ..models import build_model
-    from ..spark.launcher import task_slots
+    from ..spark.cluster import task_slots
 
     if not args.model:
         raise ConfigError("--calibrate measures a built-in model's step: give --model NAME")

@@ -187,7 +187,7 @@ def fit_job(model: nn.Module, data: Any, job: JobConfig, *, labels: Any = None, 
         train, test = _resolve_data(data, labels, eval_data)
     memory_format = _preflight(model, loss_fn, train, job.training.memory_format)
 
-    from ..spark.launcher import on_driver_machine
+    from ..spark.cluster import on_driver_machine
     from ..spark.session import session
 
     spark = spark or session(job.scaling.master)
@@ -209,7 +209,7 @@ def fit_job(model: nn.Module, data: Any, job: JobConfig, *, labels: Any = None, 
 def _workers(spark: Any, job: JobConfig) -> int:
     """The job's worker count (``default_workers`` unless given), with a warning when the
     workers' torch threads would outnumber their cores."""
-    from ..spark.launcher import default_workers, oversubscription
+    from ..spark.cluster import default_workers, oversubscription
 
     workers = job.scaling.workers or default_workers(spark)
     problem = oversubscription(spark, workers, job.scaling.threads)
@@ -344,8 +344,8 @@ def launch(script: str | os.PathLike[str], *args: str, spark: Any = None, **sett
     path = os.path.abspath(os.fspath(script))
     if not os.path.isfile(path):
         raise ConfigError(f"no training script at {path!r}; give the path of a .py file.")
+    from ..spark.cluster import on_driver_machine
     from ..spark.files import ship_directory, shipped_path
-    from ..spark.launcher import on_driver_machine
     from ..spark.session import session
     from ..train.script_runner import run_script
 

@@ -41,7 +41,9 @@ log = logging.getLogger(__name__)
 def fit_async(spec: FitSpec, job: JobConfig, *, workers: int, spark: Any, started: float,
               hub: Any = None) -> TrainResult:
     """Start the server on the driver, run ``workers`` tasks; the model becomes the centre."""
-    from ..spark.launcher import driver_host, run_tasks, task_attempt
+    from ..spark.cluster import driver_host
+    from ..spark.launcher import run_tasks
+    from ..spark.task import task_attempt
 
     model, strategy = spec.model, cast(AsyncParameterServer, spec.strategy)  # Launcher.TASKS: this strategy's
     threads, checkpoint_dir, resume, start_timeout_s = job.scaling.threads, job.checkpoints.checkpoint_dir, job.checkpoints.resume, \
@@ -118,7 +120,7 @@ def report_retry(worker: int, times: int, last_seq: int) -> None:
 def task_collective(worker: int, workers: int, threads: int | None) -> IndependentCollective:
     """Inside an asynchronous task: torch threads from ``spark.task.cpus`` (or ``threads``) and
     the GPU Spark assigned to the task, if any, as the worker's device."""
-    from ..spark.launcher import task_resources
+    from ..spark.task import task_resources
 
     gpus, cpus = task_resources()
     torch.set_num_threads(threads or cpus)
@@ -128,7 +130,8 @@ def task_collective(worker: int, workers: int, threads: int | None) -> Independe
 def _check_reachable(spark: Any, address: str, start_timeout_s: float) -> None:
     """Where executors may run on other machines, a few seconds' check that they can connect to
     the server before the tasks start (each would otherwise wait out its own connect timeout)."""
-    from ..spark.launcher import check_reachable, executors_may_not_reach_us
+    from ..spark.cluster import executors_may_not_reach_us
+    from ..spark.launcher import check_reachable
 
     if executors_may_not_reach_us(spark):
         check_reachable(spark, address, start_timeout_s=start_timeout_s)
@@ -142,7 +145,8 @@ def run_async(call: Callable[[int, Any, AsyncParameterServer], Any], strategy: A
     whose centre is the first worker's model (the model is built inside the user's function, so
     the driver has none to start from; ``TcpTransport.serve(initial=...)``). Returns the results by
     worker."""
-    from ..spark.launcher import driver_host, run_tasks
+    from ..spark.cluster import driver_host
+    from ..spark.launcher import run_tasks
 
     if "epoch" in (strategy.push_every, strategy.pull_every):
         raise ConfigError("push_every / pull_every = 'epoch' needs the epochs of sparkdp.fit's own loop; in your "

@@ -165,7 +165,7 @@ def _ps_shared_task(info: Any, n: int, reps: int):
     task's time (the last push through is when the link has carried all of them)."""
     def task(task_info: Any) -> float:
         from ..ps.transport import TcpTransport
-        from ..spark.launcher import stage_barrier
+        from ..spark.task import stage_barrier
 
         client = TcpTransport().connect(info.address, info.secret, worker_id=1 + task_info.rank,
                                         tls_cert=info.tls_cert)
@@ -190,7 +190,7 @@ def _ps_rounds_task(info: Any, model: nn.Module, batch: int, sample_shape: tuple
     workers start together. Each task's mean round; nothing makes their pushes take turns."""
     def task(task_info: Any) -> float:
         from ..ps.transport import TcpTransport
-        from ..spark.launcher import stage_barrier
+        from ..spark.task import stage_barrier
 
         step = _compute_step(model, batch, sample_shape)
         client = TcpTransport().connect(info.address, info.secret, worker_id=1000 + task_info.rank,
@@ -238,7 +238,8 @@ def calibrate(model: nn.Module, *, spark, workers: int, batch: int = 64, sample_
     strategy run with ``shared_memory=False``)."""
     from ..ps import ParameterServer
     from ..ps.transport import TcpTransport
-    from ..spark.launcher import driver_host, run_barrier, run_tasks
+    from ..spark.cluster import driver_host
+    from ..spark.launcher import run_barrier, run_tasks
 
     if workers < 1 or reps < 3:
         raise ConfigError(f"calibration needs workers >= 1 and reps >= 3; got {workers} and {reps}")

@@ -36,7 +36,7 @@ def monitored(job: JobConfig, spark: Any, workers: int, title: str, details: dic
                     "epoch's results come back with the job when it ends", unreachable)
         yield None
         return
-    from ..spark.launcher import driver_host
+    from ..spark.cluster import driver_host
 
     config = {**job.settings(), **(details or {}), "workers": workers}
     with MonitorHub(world_size=workers, config=config, run_dir=job.monitor.run_dir, display=job.monitor.show_progress,

@@ -87,7 +87,8 @@ class BarrierRunner:
     kind = "Spark workers"
 
     def fit(self, spec: FitSpec, job: JobConfig, workers: int, spark: Any, hub: Any, started: float) -> TrainResult:
-        from ..spark.launcher import available_slots, on_driver_machine, run_barrier
+        from ..spark.cluster import available_slots, on_driver_machine
+        from ..spark.launcher import run_barrier
 
         spec, lineage = _resume(spec, job)
 
@@ -121,8 +122,8 @@ class StreamRunner:
     kind = "Spark workers"
 
     def fit(self, spec: FitSpec, job: JobConfig, workers: int, spark: Any, hub: Any, started: float) -> TrainResult:
+        from ..spark.cluster import available_slots
         from ..spark.dataframe import DataFrameSource, fit_stream
-        from ..spark.launcher import available_slots
 
         spec, lineage = _resume(spec, job)
         # the driver holds every epoch's state anyway: no temporary directory is needed

@@ -78,7 +78,7 @@ def fit_on_executors(spec: FitSpec, job: JobConfig, *, workers: int, spark: Any,
                      hub: Any = None) -> TrainResult:
     """Train with ``spec.strategy.servers`` server tasks beside ``workers`` worker tasks (``spec``:
     the whole job, from its first epoch)."""
-    from ..spark.launcher import on_driver_machine
+    from ..spark.cluster import on_driver_machine
 
     strategy = cast(AsyncParameterServer, spec.strategy)
     centre = [p.detach().to("cpu").contiguous() for p in spec.model.parameters()]
@@ -202,7 +202,7 @@ class _Stage:
         return self.serve(rank, load[rank]) if rank < servers else self.work(rank - servers)
 
     def serve(self, shard: int, state: bytes | None) -> dict[str, Any]:
-        from ..spark.launcher import all_gather, stage_barrier, task_host
+        from ..spark.task import all_gather, stage_barrier, task_host
 
         servers = self.plan.num_shards
         server = server_factory(self.strategy, self.workers)(_pieces(self.plan, self.spec.model, shard))
@@ -221,7 +221,7 @@ class _Stage:
         return {"shard": shard, "host": socket.gethostname(), "centre": pulled.tensors, **server.metrics()}
 
     def work(self, worker: int) -> WorkerReport:
-        from ..spark.launcher import all_gather, stage_barrier
+        from ..spark.task import all_gather, stage_barrier
 
         servers = [json.loads(m) for m in all_gather("")[:self.plan.num_shards]]
         info = ShardedInfo(tuple(s["address"] for s in servers), self.secret, tuple(s["cert"] for s in servers))

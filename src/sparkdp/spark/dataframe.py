@@ -46,7 +46,9 @@ from ..train.faults import fault_from_env
 from ..train.jobs import in_task
 from ..train.loop import FitSpec, StagePart, fit_worker
 from ..train.report import WorkerReport
-from .launcher import BarrierStage, is_connect, rendezvous
+from .cluster import is_connect
+from .launcher import BarrierStage
+from .task import rendezvous
 from .worker_errors import encode_error
 
 log = logging.getLogger(__name__)

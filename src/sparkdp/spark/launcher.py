@@ -1,14 +1,11 @@
-"""Run a function on N Spark tasks as one barrier stage, with a torch.distributed group.
+"""Run a function on N Spark tasks as one stage: a barrier stage (all at once, a
+torch.distributed group among them; see :mod:`sparkdp.spark.task` for the rendezvous) or
+ordinary retryable tasks. The same DataFrame code on a classic and a Spark Connect session.
 
-Rendezvous follows TorchDistributor: rank 0's address comes from the barrier
-context's task infos, and the port of the TCPStore rank 0 opens is shared with
-``allGather`` (barrier-scoped, so a retried stage attempt never meets the failed
-attempt's store). Rank 0 binds the store's socket to its own task address itself:
-a TCPStore left to bind alone listens on every interface.
-
-The driver watches the stage: if the N tasks are not all running within
-``start_timeout_s`` it cancels the job and raises :class:`RendezvousTimeout`
-instead of letting Spark wait for slots forever.
+The driver watches the stage: if its tasks are not running within ``start_timeout_s`` it
+cancels the job and raises :class:`RendezvousTimeout` instead of letting Spark wait for slots
+forever. Each task's result comes back sealed with the stage's key, and whether executors can
+reach this process is checked with one small stage of the same kind.
 """
 
 from __future__ import annotations
@@ -16,211 +13,32 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import os
-import re
 import secrets
 import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import check_int
 from ..errors import ConfigError, EnvironmentProblem, RendezvousTimeout, WorkerFailed
+from .cluster import (
+    available_slots,
+    barrier_refusal,
+    connect_server,
+    driver_host,
+    executors_may_not_reach_us,
+    is_connect,
+    master_of,
+    spark_conf,
+    task_slots,
+    too_few_slots_message,
+)
+from .task import TaskInfo, rendezvous
 from .worker_errors import encode_error, translate_error
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TaskInfo:
-    """What a worker learns about itself from the barrier context."""
-
-    rank: int
-    world_size: int
-    master_addr: str
-    master_port: int
-    gpus: tuple[str, ...]
-    cpus: int
-    #: On rank 0, the torch.distributed TCPStore it already listens on (see rendezvous).
-    store: Any = field(default=None, compare=False, repr=False)
-
-
-def is_connect(spark) -> bool:
-    """Whether ``spark`` is a Spark Connect session (``spark.api.mode=connect`` or ``sc://``):
-    no SparkContext, RDDs or py4j there; DataFrames, ``spark.conf`` and job tags only."""
-    return type(spark).__module__.startswith("pyspark.sql.connect")
-
-
-def spark_conf(spark, key: str, default: str | None = None) -> str | None:
-    """A setting of the application, read the way both session kinds allow: ``spark.conf`` on a
-    session (classic or Connect; it also answers static and core settings such as
-    ``spark.master``), ``getConf()`` on a SparkContext (older callers)."""
-    if hasattr(spark, "getConf"):  # a SparkContext
-        return spark.getConf().get(key, default)
-    try:
-        return spark.conf.get(key, default)
-    except Exception:  # noqa: BLE001 - a Connect server that refuses to show it
-        return default
-
-
-def master_of(spark) -> str:
-    return spark_conf(spark, "spark.master", "local") or "local"
-
-
-def cpus_per_task(spark) -> float:
-    """``spark.task.cpus`` (Spark accepts fractions of a core)."""
-    return float(spark_conf(spark, "spark.task.cpus", "1") or "1")
-
-
-def _default_parallelism(spark) -> int:
-    if hasattr(spark, "defaultParallelism"):
-        return spark.defaultParallelism
-    if not is_connect(spark):
-        return spark.sparkContext.defaultParallelism
-    return os.cpu_count() or 1  # local[*] on a Connect server of this machine: its cores
-
-
-def task_slots(spark) -> int | None:
-    """How many tasks the cluster can run at once, when it can be known up front."""
-    master = master_of(spark)
-    per_task = cpus_per_task(spark)
-    match = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?", master)
-    if match:
-        n = match.group(1)
-        cores = (_default_parallelism(spark) if n == "*" else int(n)) if n else 1
-        return int(cores // per_task)
-    if master.startswith("local-cluster"):
-        m = re.fullmatch(r"local-cluster\[(\d+),\s*(\d+),\s*\d+\]", master)
-        return int((int(m.group(1)) * int(m.group(2))) // per_task) if m else None
-    return None  # cluster managers: executors may still be arriving; the start timeout decides
-
-
-def available_slots(spark) -> int | None:
-    """Task slots the cluster has right now: fixed on local masters; elsewhere the cores of the
-    live executors (the scheduler backend's count, classic sessions only), None when that cannot
-    be known (a Connect session: the start timeout decides)."""
-    fixed = task_slots(spark)
-    if fixed is not None and master_of(spark).startswith("local"):
-        return fixed
-    if is_connect(spark):
-        return fixed
-    sc = spark if hasattr(spark, "_jsc") else spark.sparkContext
-    try:  # CoarseGrainedSchedulerBackend (standalone, YARN, Kubernetes) keeps the live core count
-        cores = int(sc._jsc.sc().schedulerBackend().totalCoreCount())
-    except Exception:  # noqa: BLE001 - another backend, or py4j could not reach it
-        return fixed
-    return int(cores // cpus_per_task(spark))
-
-
-def default_workers(spark) -> int:
-    """Workers when the user gives none: every task slot of a local master, or of the executors
-    registered on a cluster when the job starts; 2 while none has registered yet."""
-    return task_slots(spark) or available_slots(spark) or 2
-
-
-def oversubscription(spark, workers: int, threads: int | None) -> str | None:
-    """Why ``workers`` workers with ``threads`` torch threads each would run more threads than
-    their cores (each thread then waits for a core), or None."""
-    per_task = cpus_per_task(spark)
-    if threads is not None and threads > per_task:
-        return (f"threads={threads} torch threads per worker, but each Spark task holds spark.task.cpus={per_task:g} "
-                f"core(s): workers sharing an executor will compete for its cores. Set spark.task.cpus={threads}, "
-                "or leave threads unset (sparkdp then uses spark.task.cpus).")
-    cores, threads = os.cpu_count() or 1, threads or max(1, int(per_task))
-    if on_driver_machine(spark) and workers * threads > cores:
-        return (f"{workers} workers x {threads} torch thread(s) on this machine's {cores} "
-                "core(s): they will compete for the cores and each step will be slower. Use fewer workers or "
-                "threads, or a cluster.")
-    return None
-
-
-def on_driver_machine(spark) -> bool:
-    """Whether every executor runs on the driver's machine (``local[N]``, ``local-cluster``)."""
-    master = master_of(spark)
-    return master == "local" or master.startswith(("local[", "local-cluster["))
-
-
-def listening_store(host: str, world_size: int):
-    """A master ``TCPStore`` listening on ``host`` only, on a port the OS chooses.
-
-    The socket is bound here and handed to the store (which then owns and closes it):
-    a TCPStore that binds by itself listens on every interface of the machine.
-    """
-    from torch.distributed import TCPStore
-
-    family, _, _, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.bind(address)
-        sock.listen(128)
-        port = sock.getsockname()[1]
-    except OSError:
-        sock.close()
-        raise
-    fd = sock.detach()
-    try:
-        return TCPStore(host, port, world_size, is_master=True, wait_for_workers=False, master_listen_fd=fd,
-                        use_libuv=True)
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def rendezvous(with_store: bool = True) -> TaskInfo:
-    """This task's rank and the group's master address; with ``with_store``, rank 0 opens the
-    torch.distributed TCPStore and every task learns its port."""
-    from pyspark import BarrierTaskContext
-
-    ctx = BarrierTaskContext.get()
-    infos = ctx.getTaskInfos()
-    rank = ctx.partitionId()
-    master_addr = infos[0].address.rsplit(":", 1)[0]
-    # Rank 0 binds port 0 and shares the port the OS chose: no window in which another
-    # process can take a "free" port between choosing and binding it.
-    store = listening_store(master_addr, len(infos)) if rank == 0 and with_store else None
-    ports = ctx.allGather(str(store.port if store is not None else 0))
-    gpus, cpus = task_resources()
-    return TaskInfo(rank, len(infos), master_addr, int(ports[0]), gpus, cpus, store)
-
-
-def task_host() -> str:
-    """The address Spark reaches this barrier task's executor on: where a server the task
-    starts listens (never every interface)."""
-    from pyspark import BarrierTaskContext
-
-    ctx = BarrierTaskContext.get()
-    return ctx.getTaskInfos()[ctx.partitionId()].address.rsplit(":", 1)[0].strip("[]")
-
-
-def all_gather(message: str) -> list[str]:
-    """Every task's ``message`` of this barrier stage, by rank: Spark's own channel, so tasks
-    learn each other's addresses without any connection to the driver."""
-    from pyspark import BarrierTaskContext
-
-    return list(BarrierTaskContext.get().allGather(message))
-
-
-def stage_barrier() -> None:
-    """Wait until every task of this barrier stage has reached this point."""
-    from pyspark import BarrierTaskContext
-
-    BarrierTaskContext.get().barrier()
-
-
-def task_resources() -> tuple[tuple[str, ...], int]:
-    """The GPU addresses Spark assigned to the running task (``spark.task.resource.gpu.amount``)
-    and its cores (``spark.task.cpus``); no GPUs and one core outside a Spark task."""
-    from pyspark import TaskContext
-
-    ctx = TaskContext.get()
-    if ctx is None:
-        return (), 1
-    resources = ctx.resources()
-    gpus = tuple(resources["gpu"].addresses) if "gpu" in resources else ()
-    return gpus, max(1, int(ctx.cpus()))
 
 
 #: The one column every sparkdp stage returns: a task's result, pickled and sealed.
@@ -285,20 +103,6 @@ def _task_stage(spark, num_tasks: int, body: Callable, *, barrier: bool):
     """``num_tasks`` tasks of ``body`` (a ``mapInArrow`` function) as one DataFrame stage: what
     a classic session and a Spark Connect session both run (no SparkContext, no RDD)."""
     return spark.range(num_tasks, numPartitions=num_tasks).mapInArrow(body, _RESULT_SCHEMA, barrier=barrier)
-
-
-def barrier_refusal(conf: dict[str, str]) -> str | None:
-    """Why Spark would refuse a barrier stage with these settings, in words (None: it would not).
-
-    Barrier stages need a fixed set of executors (SPARK-24942): with dynamic allocation on,
-    Spark fails the job at submission with a message that names neither sparkdp nor the fix."""
-    if conf.get("spark.dynamicAllocation.enabled", "false").strip().lower() == "true":
-        return ("synchronous strategies (allreduce, average) run as a Spark barrier stage, which Spark does not "
-                "allow with dynamic allocation (spark.dynamicAllocation.enabled=true): all workers must hold "
-                "their executors for the whole stage. Turn it off for this application (--conf "
-                "spark.dynamicAllocation.enabled=false), or train asynchronously (e.g. strategy='asgd'), whose "
-                "workers are ordinary tasks that tolerate executors coming and going.")
-    return None
 
 
 class BarrierStage:
@@ -481,53 +285,6 @@ def run_barrier(fn: Callable[[TaskInfo], Any], num_workers: int, *, spark,
     return _results(stage.run(df.collect), key)
 
 
-def driver_host(spark) -> str:
-    """The address executors reach this process on (where the parameter server and the monitoring
-    hub listen): ``spark.driver.host`` on a classic session. On a Spark Connect session this
-    process is the server's client, not its driver: its own address on the way to the server
-    (the server's machine, and so its cluster, sees the client there if at all), or the
-    server's ``spark.driver.host`` when the server runs on this machine."""
-    conf_host = spark_conf(spark, "spark.driver.host", "127.0.0.1") or "127.0.0.1"
-    server = connect_server(spark)
-    if server is None or _is_loopback(server[0]):
-        return conf_host
-    try:
-        family = socket.getaddrinfo(server[0], server[1], type=socket.SOCK_STREAM)[0][0]
-        with socket.socket(family, socket.SOCK_DGRAM) as probe:  # a UDP "connect" sends nothing
-            probe.connect((server[0], server[1]))
-            return probe.getsockname()[0]
-    except OSError as exc:
-        raise EnvironmentProblem(f"cannot find this machine's address toward the Spark Connect server "
-                                 f"{server[0]}:{server[1]}: {exc}") from exc
-
-
-def connect_server(spark) -> tuple[str, int] | None:
-    """(host, port) of a Spark Connect session's server; None on a classic session."""
-    if not is_connect(spark):
-        return None
-    client = spark.client
-    endpoint = getattr(getattr(client, "_builder", None), "endpoint", None) or f"{client.host}:15002"
-    host, _, port = endpoint.rpartition(":")  # the client's ChannelBuilder: "host:port"
-    return host.strip("[]"), int(port)
-
-
-def _is_loopback(host: str) -> bool:
-    import ipaddress
-
-    try:
-        return all(ipaddress.ip_address(info[4][0]).is_loopback for info in socket.getaddrinfo(host, None))
-    except (OSError, ValueError):
-        return False
-
-
-def executors_may_not_reach_us(spark) -> bool:
-    """Whether executors may run on other machines than this process: a cluster master, or a
-    Spark Connect server on another machine. On a local master of this process (or of a
-    Connect server on this machine) they reach it over loopback."""
-    server = connect_server(spark)
-    return not master_of(spark).startswith("local") or (server is not None and not _is_loopback(server[0]))
-
-
 def unreachable_reason(spark, *, timeout_s: float = 5.0, start_timeout_s: float = 60.0) -> str | None:
     """Why executors cannot open a TCP connection to this process (a socket listening for a
     moment on :func:`driver_host`), or None when they can or need not (see
@@ -594,14 +351,6 @@ def _probe(spark, address: str, timeout_s: float, what: str, start_timeout_s: fl
     return f"executors on {hosts} cannot reach {what} at {address} within {timeout_s:g} s ({failed[0][1]})"
 
 
-def task_attempt() -> int:
-    """Which attempt of its Spark task is running (0: the first; 0 outside Spark)."""
-    from pyspark import TaskContext
-
-    ctx = TaskContext.get()
-    return ctx.attemptNumber() if ctx is not None else 0
-
-
 def run_tasks(fn: Callable[[int], Any], num_workers: int, *, spark, description: str = "sparkdp workers",
               start_timeout_s: float = 60.0) -> list[Any]:
     """Run ``fn(worker_index)`` as ``num_workers`` ordinary (non-barrier) Spark tasks.
@@ -645,11 +394,3 @@ def _stages(sc, group: str) -> list[Any]:
     jobs = [tracker.getJobInfo(job_id) for job_id in tracker.getJobIdsForGroup(group)]
     stages = [tracker.getStageInfo(stage_id) for job in jobs if job for stage_id in job.stageIds]
     return [stage for stage in stages if stage]
-
-
-def too_few_slots_message(requested: int, slots: int, master: str) -> str:
-    return (
-        f"requested {requested} workers, but Spark master {master!r} can run at most {slots} tasks at once, "
-        f"and a synchronous job needs all {requested} running together. Use workers <= {slots}, "
-        f"or start Spark with more cores (e.g. --master local[{requested}]) or more executors."
-    )

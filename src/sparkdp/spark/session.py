@@ -95,7 +95,7 @@ def session(master: str | None = None, *, app_name: str = "sparkdp", conf: Mappi
     from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
-    from .launcher import is_connect, master_of
+    from .cluster import is_connect, master_of
 
     if remote is None and master is not None and master.startswith("sc://"):
         remote, master = master, None
@@ -205,7 +205,7 @@ def stop_quietly(timeout_s: float = 10.0) -> None:
     for thread in threading.enumerate():
         if thread.name == "sparkdp-warm-up":
             thread.join(timeout_s)
-    from .launcher import is_connect
+    from .cluster import is_connect
 
     if not is_connect(active):
         active.sparkContext.setLogLevel("OFF")
@@ -225,7 +225,7 @@ def stop_quietly(timeout_s: float = 10.0) -> None:
 
 def _start_warm_up(sc) -> None:
     """Run one no-op task in a background thread: it starts the executor's worker daemon."""
-    from .launcher import on_driver_machine
+    from .cluster import on_driver_machine
 
     if not on_driver_machine(sc):
         return  # remote executors may still be arriving; a no-op task would warm only one of them

@@ -43,8 +43,7 @@ log = logging.getLogger(__name__)
 
 def _resolve_data(data: Any, labels: Any, eval_data: Any) -> tuple[WorkerData, WorkerData | None]:
     if isinstance(data, str):
-        ds = load_dataset(data)
-        data = ds
+        data = load_dataset(data)
     if isinstance(data, BuiltinDataset):
         train, test = dataset_tensors(data)
         return train, (test if eval_data is None else as_worker_data(eval_data))
@@ -57,8 +56,6 @@ def _resolve_data(data: Any, labels: Any, eval_data: Any) -> tuple[WorkerData, W
 
 def _columnar(data: Any, columns: Columns, what: str) -> Any:
     """A Spark DataFrame or a Parquet path with ``features=``/``label=`` as streamed training data."""
-    import os
-
     from ..data.parquet import ParquetData
 
     if type(data).__name__ == "DataFrame" and type(data).__module__.startswith("pyspark.sql"):
@@ -234,7 +231,11 @@ def _fit_on_spark(spec: FitSpec, job: JobConfig, workers: int, spark: Any, start
         spec = replace(spec, strategy=strategy_obj)
     with monitored(job, spark, workers, title, details, strategy=strategy_obj, unreachable=unreachable) as hub:
         spec = replace(spec, monitor=hub.link if hub is not None else None)
-        result = _fit_monitored(spec, job, workers, spark, started, hub)
+        streamed = not isinstance(spec.train, WorkerData)  # a DataFrame streamed through Spark: a stage per epoch
+        runner = runner_for(spec.strategy, streamed)
+        with progress(job.monitor.show_progress and hub is None,  # a spinner where no live display runs
+                      f"sparkdp: training on {workers} {runner.kind} ({spec.strategy.name})"):
+            result = runner.fit(spec, job, workers, spark, hub, started)
         if hub is not None:
             hub.finish(result.summary())
     return result
@@ -248,15 +249,6 @@ def _unreachable(job: JobConfig, spark: Any, strategy: Any) -> str | None:
 
     listens = wants_monitoring(job) or (isinstance(strategy, AsyncParameterServer) and not strategy.servers)
     return unreachable_reason(spark, start_timeout_s=job.failures.start_timeout_s) if listens else None
-
-
-def _fit_monitored(spec: FitSpec, job: JobConfig, workers: int, spark: Any, started: float,
-                   hub: Any) -> TrainResult:
-    streamed = not isinstance(spec.train, WorkerData)  # a DataFrame streamed through Spark: a stage per epoch
-    runner = runner_for(spec.strategy, streamed)
-    spinner = job.monitor.show_progress and hub is None
-    with progress(spinner, f"sparkdp: training on {workers} {runner.kind} ({spec.strategy.name})"):
-        return runner.fit(spec, job, workers, spark, hub, started)
 
 
 def run(train_fn: Callable[..., Any], *args: Any, spark: Any = None, argv: list[str] | None = None,

@@ -65,10 +65,8 @@ def available_slots(spark) -> int | None:
     """Task slots the cluster has right now: fixed on local masters; elsewhere the cores of the
     live executors (the scheduler backend's count, classic sessions only), None when that cannot
     be known (a Connect session: the start timeout decides)."""
-    fixed = task_slots(spark)
-    if fixed is not None and master_of(spark).startswith("local"):
-        return fixed
-    if is_connect(spark):
+    fixed = task_slots(spark)  # known only on local masters
+    if fixed is not None or is_connect(spark):
         return fixed
     sc = spark if hasattr(spark, "_jsc") else spark.sparkContext
     try:  # CoarseGrainedSchedulerBackend (standalone, YARN, Kubernetes) keeps the live core count
@@ -136,14 +134,12 @@ def driver_host(spark) -> str:
     server = connect_server(spark)
     if server is None or _is_loopback(server[0]):
         return conf_host
-    try:
-        family = socket.getaddrinfo(server[0], server[1], type=socket.SOCK_STREAM)[0][0]
-        with socket.socket(family, socket.SOCK_DGRAM) as probe:  # a UDP "connect" sends nothing
-            probe.connect((server[0], server[1]))
-            return probe.getsockname()[0]
-    except OSError as exc:
+    from ..comm.torch_dist import source_address
+
+    if (own := source_address(server[0])) is None:
         raise EnvironmentProblem(f"cannot find this machine's address toward the Spark Connect server "
-                                 f"{server[0]}:{server[1]}: {exc}") from exc
+                                 f"{server[0]}:{server[1]}: no route to it, or its name does not resolve")
+    return own
 
 
 def connect_server(spark) -> tuple[str, int] | None:

@@ -84,17 +84,19 @@ def _stage_key() -> bytes:
     return secrets.token_bytes(32)
 
 
-def _task_body(fn: Callable[[TaskInfo], Any], key: bytes, store: bool = True) -> Callable:
+def _task_body(key: bytes, start: Callable[[], tuple[int, Any]], fn: Callable[[Any], Any]) -> Callable:
+    """A ``mapInArrow`` function: ``start()`` gives the task's index (rank or worker) and the
+    argument of ``fn``; the task returns ``fn``'s result sealed under ``key``."""
     def run_partition(batches):
         for _ in batches:  # the one row of spark.range that made this task: nothing to read
             pass
-        info = None
+        index = -1
         try:
-            info = rendezvous(store)
-            result = fn(info)
+            index, argument = start()
+            result = fn(argument)
         except BaseException as exc:  # re-raised with a parseable summary for the driver
-            raise RuntimeError(encode_error(info.rank if info else -1, exc)) from None
-        yield _result_batch(key, info.rank, result)
+            raise RuntimeError(encode_error(index, exc)) from None
+        yield _result_batch(key, index, result)
 
     return run_partition
 
@@ -281,7 +283,12 @@ def run_barrier(fn: Callable[[TaskInfo], Any], num_workers: int, *, spark,
     """
     stage = BarrierStage(spark, num_workers, description=description, start_timeout_s=start_timeout_s)
     key = _stage_key()
-    df = _task_stage(spark, num_workers, _task_body(fn, key, store), barrier=True)
+
+    def start() -> tuple[int, TaskInfo]:
+        info = rendezvous(store)
+        return info.rank, info
+
+    df = _task_stage(spark, num_workers, _task_body(key, start, fn), barrier=True)
     return _results(stage.run(df.collect), key)
 
 
@@ -321,29 +328,18 @@ def _probe(spark, address: str, timeout_s: float, what: str, start_timeout_s: fl
     host, _, port = address.rpartition(":")
     host = host.strip("[]")
     tries = max(1, min(task_slots(spark) or 1, 16))
-    key = _stage_key()
 
-    def probe(batches):
+    def probe(_index: int) -> tuple[str, str | None]:
         import socket as sock
 
-        from pyspark import TaskContext
-
-        for _ in batches:
-            pass
-        where = sock.gethostname()
-        ctx = TaskContext.get()
-        index = ctx.partitionId() if ctx is not None else 0
         try:
             with sock.create_connection((host, int(port)), timeout=timeout_s):
-                yield _result_batch(key, index, (where, None))
+                return sock.gethostname(), None
         except OSError as exc:
-            yield _result_batch(key, index, (where, f"{type(exc).__name__}: {exc}"))
+            return sock.gethostname(), f"{type(exc).__name__}: {exc}"
 
-    description = f"sparkdp: can executors reach {what} at {address}?"
-    df = _task_stage(spark, tries, probe, barrier=False)
-    results = _results(run_watched(spark, df.collect, tries, description=description, start_timeout_s=start_timeout_s,
-                                   need_all=False, too_slow=_none_started(start_timeout_s, master_of(spark),
-                                                                          "the connectivity check")), key)
+    results = run_tasks(probe, tries, spark=spark, description=f"sparkdp: can executors reach {what} at {address}?",
+                        start_timeout_s=start_timeout_s, what="the connectivity check")
     failed = [(h, err) for h, err in results if err is not None]
     if not failed:
         return None
@@ -352,14 +348,14 @@ def _probe(spark, address: str, timeout_s: float, what: str, start_timeout_s: fl
 
 
 def run_tasks(fn: Callable[[int], Any], num_workers: int, *, spark, description: str = "sparkdp workers",
-              start_timeout_s: float = 60.0) -> list[Any]:
+              start_timeout_s: float = 60.0, what: str | None = None) -> list[Any]:
     """Run ``fn(worker_index)`` as ``num_workers`` ordinary (non-barrier) Spark tasks.
 
     Unlike a barrier stage, Spark retries a failed task on its own (up to
     ``spark.task.maxFailures``; ``local[N,F]`` in local mode), and the tasks need not
     all run at once: with fewer slots than workers they run in waves. If none of them has started
     within ``start_timeout_s`` (no executor can take one), the job is cancelled with a
-    ``RendezvousTimeout`` instead of waiting for ever.
+    ``RendezvousTimeout`` (naming ``what`` the tasks are) instead of waiting for ever.
     """
     check_int("workers", num_workers)
     slots = task_slots(spark)
@@ -368,24 +364,18 @@ def run_tasks(fn: Callable[[int], Any], num_workers: int, *, spark, description:
                     num_workers, slots)
     key = _stage_key()
 
-    def run_partition(batches):
+    def start() -> tuple[int, int]:
         from pyspark import TaskContext
 
-        for _ in batches:
-            pass
         ctx = TaskContext.get()
         index = ctx.partitionId() if ctx is not None else 0
-        try:
-            result = fn(index)
-        except BaseException as exc:  # re-raised with a parseable summary for the driver
-            raise RuntimeError(encode_error(index, exc)) from None
-        yield _result_batch(key, index, result)
+        return index, index
 
-    df = _task_stage(spark, num_workers, run_partition, barrier=False)
+    df = _task_stage(spark, num_workers, _task_body(key, start, fn), barrier=False)
+    what = what or f"the {num_workers} asynchronous workers"
     return _results(run_watched(spark, df.collect, num_workers, description=description,
                                 start_timeout_s=start_timeout_s, need_all=False,
-                                too_slow=_none_started(start_timeout_s, master_of(spark),
-                                                       f"the {num_workers} asynchronous workers")), key)
+                                too_slow=_none_started(start_timeout_s, master_of(spark), what)), key)
 
 
 def _stages(sc, group: str) -> list[Any]:

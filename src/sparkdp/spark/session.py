@@ -9,6 +9,7 @@ import threading
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from .environment import check_java, check_master_reachable
 
@@ -114,7 +115,7 @@ def session(master: str | None = None, *, app_name: str = "sparkdp", conf: Mappi
     master = master or submitted.get("spark.master") or default_master()
     check_master_reachable(master)
     _set_python_env()
-    settings = dict(_DEFAULT_CONF)
+    settings: dict[str, Any] = dict(_DEFAULT_CONF)
     settings["spark.pyspark.python"] = os.environ["PYSPARK_PYTHON"]
     settings["spark.pyspark.driver.python"] = os.environ["PYSPARK_DRIVER_PYTHON"]
     settings["spark.executorEnv.PYSPARK_PYTHON"] = os.environ["PYSPARK_PYTHON"]
@@ -137,10 +138,7 @@ def session(master: str | None = None, *, app_name: str = "sparkdp", conf: Mappi
     sc.setLogLevel(log_level)
     if warm_up and settings["spark.python.daemon.module"] == _DEFAULT_CONF["spark.python.daemon.module"]:
         _start_warm_up(sc)
-    builder = SparkSession.builder.master(master).appName(app_name)
-    for key, value in settings.items():
-        builder = builder.config(key, value)
-    return builder.getOrCreate()
+    return SparkSession.builder.master(master).appName(app_name).config(map=settings).getOrCreate()
 
 
 def _remote_session(remote: str, app_name: str, conf: Mapping[str, str] | None):
@@ -153,10 +151,7 @@ def _remote_session(remote: str, app_name: str, conf: Mapping[str, str] | None):
     # SparkContext; the Connect builder does not. Mark the process as Connect as that builder
     # would: PySpark's functions and ML classes choose their Connect implementation by it.
     os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
-    builder = ConnectSession.builder.remote(remote).appName(app_name)
-    for key, value in (conf or {}).items():
-        builder = builder.config(key, value)
-    return builder.getOrCreate()
+    return ConnectSession.builder.remote(remote).appName(app_name).config(map=dict(conf or {})).getOrCreate()
 
 
 def _local_connect_session(master: str, app_name: str, settings: dict[str, str], warm_up: bool):
@@ -166,9 +161,7 @@ def _local_connect_session(master: str, app_name: str, settings: dict[str, str],
     from pyspark.sql import SparkSession
 
     log.info("starting Spark with a local Spark Connect server (%s)", master)
-    builder = SparkSession.builder.master(master).appName(app_name).config("spark.api.mode", "connect")
-    for key, value in settings.items():
-        builder = builder.config(key, value)
+    builder = SparkSession.builder.master(master).appName(app_name).config(map={"spark.api.mode": "connect", **settings})
     with warnings.catch_warnings():
         # The server takes every setting at its start; the client then tries the static ones again as
         # session settings, and PySpark warns about each (CANNOT_MODIFY_CONFIG) though nothing is wrong.

@@ -23,10 +23,10 @@ test: $(STAMP)
 	if [ $$rc = 5 ]; then echo "make test: pytest collected no tests - the suite is missing" >&2; exit 1; fi; \
 	exit $$rc
 
-# The inner loop: unit, threaded and torch.distributed tests; nothing that starts a JVM (tests
-# taking the spark fixture are marked spark by tests/conftest.py).
+# The inner loop: unit and threaded tests; nothing that starts a JVM (tests taking the spark
+# fixture are marked spark by tests/conftest.py) or several processes (marked distributed).
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not spark and not e2e and not slow and not gpu and not multihost" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not spark and not distributed and not e2e and not slow and not gpu and not multihost" $(PYTEST_ARGS)
 
 # CUDA/NCCL tests: run them on a machine with a GPU (make test skips them).
 test-gpu: $(STAMP)

@@ -15,7 +15,7 @@ import sparkdp
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]
 
 
 def test_the_load_benchmark_runs_and_loses_no_push(tmp_path):

@@ -77,6 +77,7 @@ def uncompressed():
             run_workers(train_compressed, 2, "none", STEPS, BATCH, False))
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("codec,shared,transport", [
     ("bf16", True, "shared-memory"), ("bf16", False, "process-group"), ("fp16", False, "process-group"),
     ("powersgd", True, "process-group"),  # PowerSGD's factors go through the process group
@@ -100,6 +101,7 @@ def test_compressed_gradients_keep_ranks_identical_near_the_reference(uncompress
     assert ratio == pytest.approx(want, rel=1e-3), ratio
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("codec", ["int8", "bf16"])
 def test_averaging_compressed_deltas_stays_near_plain_averaging(codec):
     from tests.helpers.dist import run_workers

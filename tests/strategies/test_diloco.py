@@ -104,6 +104,7 @@ def test_overlapped_reductions_merge_with_the_steps_taken_meanwhile():
     _close(got, by_hand(11, 4, overlap=1, mixing=0.5), "overlap 1 step")
 
 
+@pytest.mark.distributed
 def test_period_one_with_outer_sgd_lr_one_equals_parameter_averaging():
     options = {"period": 1, "outer_lr": 1.0, "outer_momentum": 0.0, "shared_memory": False}
     diloco = run_workers(train_diloco, 2, 8, BATCH, options)
@@ -118,6 +119,7 @@ def float32_run():
     return run_workers(train_diloco, 2, 16, BATCH, {"period": 4, "shared_memory": False})
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("codec,atol,ratio", [("int8", 5e-3, (0.2, 0.3)), ("bf16", 1e-2, (0.5, 0.5)),
                                               ("fp16", 1e-2, (0.5, 0.5))])
 def test_compressed_deltas_keep_ranks_identical_and_close_to_float32(float32_run, codec, atol, ratio):

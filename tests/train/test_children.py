@@ -35,6 +35,7 @@ def _worker_context(rank: int, world: int) -> WorkerContext:
     return WorkerContext(rank, world, IndependentCollective(rank, world), strategy, seed=3)
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("method", ["spawn", "fork"])
 def test_started_processes_inherit_a_private_spec_and_get_ids_of_their_own(method):
     ctx = _worker_context(rank=1, world=2)
@@ -58,6 +59,7 @@ def test_started_processes_inherit_a_private_spec_and_get_ids_of_their_own(metho
     assert (children.started, children.joined, children.joinable) == (2, [0, 1], True)
 
 
+@pytest.mark.distributed
 def test_a_synchronous_job_counts_its_processes_but_gives_them_nothing_to_join():
     strategy = STRATEGIES.create("allreduce")
     ctx = WorkerContext(0, 2, IndependentCollective(0, 2), strategy)  # no server to join

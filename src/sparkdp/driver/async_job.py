@@ -1,10 +1,8 @@
 """The driver side of asynchronous training: the parameter server, independent Spark tasks.
 
-With a checkpoint directory, the server's whole state (centre, rule state, every worker's last
-applied push sequence: ``ParameterServer.state_dict``) is saved every ``checkpoint_every_s``
-seconds (default 60) and at the end, as ``ps-NNNNNN.safetensors`` (atomic, no pickle). ``resume``
-starts the server from the newest readable one: the workers pull its centre, continue their
-sequence numbers, and run the epochs the applied pushes do not yet cover.
+With a checkpoint directory the server's state (``ParameterServer.state_dict``) is saved
+periodically as ``ps-NNNNNN.safetensors`` and ``resume`` restarts from it: see
+docs/guide/reliability.md, Automatic recovery.
 """
 
 from __future__ import annotations

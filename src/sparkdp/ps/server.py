@@ -3,12 +3,9 @@
 Mechanism only (design rule 1, docs/architecture.md): the math is the :class:`~sparkdp.rules.base.UpdateRule`
 (one instance per shard), the bytes are a transport's job.
 
-Staleness, per shard (docs/algorithms.md §0): every shard ``s`` has a version counter that
-grows by one per applied push.  A push carries, per shard, the version ``v`` the worker
-pulled; the server computes ``tau_s = t_s - v`` where ``t_s`` is the shard's version
-when this push is applied (before its own increment) — the number of other updates
-that landed on the shard between the worker's pull and its push.  The staleness
-histogram counts one entry per push, ``max_s tau_s``.
+Staleness, per shard (defined in docs/algorithms.md §0): ``tau_s = t_s - v``, the shard's
+version when this push is applied (before its own increment) less the version ``v`` the push
+says the worker pulled.  The staleness histogram counts one entry per push, ``max_s tau_s``.
 
 Locking, per shard, from ``rule.locking`` (or the ``locking`` override):
 ``GLOBAL`` — apply, on_pull and the pull copy run under the shard's mutex, so no update

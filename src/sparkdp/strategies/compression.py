@@ -1,15 +1,10 @@
 """Fewer bytes for what the synchronous strategies send (docs/algorithms.md §10).
 
-A *codec* decides how a flat float32 vector travels: ``"none"`` (float32), ``"bf16"`` and
-``"fp16"`` (half the bytes; all-reduced in that type), or ``"int8"`` (a quarter of the bytes
-plus one float32 scale per block of :data:`INT8_BLOCK` values; gathered, because int8 sums
-would overflow, and dequantised and summed on every rank). The codecs here are plain tensor
-math; :class:`DeltaReducer` runs them over a :class:`~sparkdp.comm.base.Collective`.
-
-Lossy codecs carry **error feedback**: what rounding dropped from this round's vector is added
-to the next round's, so the sum of everything sent over any number of rounds differs from the
-sum of the true vectors by one round's rounding error at most, instead of drifting with the
-number of rounds (Seide et al., 2014; Karimireddy et al., 2019).
+A *codec* decides how a flat float32 vector travels: ``"none"`` (float32), ``"bf16"``,
+``"fp16"`` or ``"int8"`` (blocks of :data:`INT8_BLOCK` values, gathered); lossy codecs carry
+**error feedback**. What each sends and why error feedback bounds the drift: docs/algorithms.md
+§10, Codecs and Error feedback. The codecs here are plain tensor math; :class:`DeltaReducer` runs them over a
+:class:`~sparkdp.comm.base.Collective`.
 """
 
 from __future__ import annotations

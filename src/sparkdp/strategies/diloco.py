@@ -1,19 +1,13 @@
 """DiLoCo: local inner steps, then an outer optimizer applies the workers' mean parameter change.
 
 Every worker runs the user's optimizer (the *inner* optimizer) on its own shard for ``period``
-(H) steps. Then the change each worker made, ``Δ_j = g − θ_j`` from the shared starting point
-``g``, is averaged over the workers, and an *outer* optimizer, identical on every rank, treats
-the mean as a gradient for ``g`` (Douillard et al., 2023: Nesterov SGD, lr 0.7, momentum 0.9).
-Every rank then continues from the new ``g``. Communication is one model every H steps, and
-the deltas compress well (``compression="int8"`` with error feedback).
-
-``fragments=P`` syncs the model in P byte-balanced pieces at evenly spaced offsets within each
-period (Streaming DiLoCo, Douillard et al., 2025), so no moment carries the whole model;
-``overlap_steps=τ`` starts each fragment's reduction and finishes it τ inner steps later,
-merging the new ``g`` with the τ steps taken meanwhile (``mixing``). Each epoch ends with a
+(H) steps; then the workers' mean change from the shared start ``g`` is the gradient of an
+*outer* optimizer, identical on every rank. ``fragments=P`` syncs the model in P byte-balanced
+pieces at evenly spaced offsets within each period (Streaming DiLoCo); ``overlap_steps=τ``
+finishes each fragment's reduction τ inner steps later (``mixing``). Each epoch ends with a
 blocking outer step of every fragment, so evaluation and checkpoints see one model.
 
-docs/algorithms.md §10 gives the update and the equivalences the tests check.
+docs/algorithms.md §10 gives the update, its sources and the equivalences the tests check.
 """
 
 from __future__ import annotations

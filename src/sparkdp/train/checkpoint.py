@@ -4,20 +4,11 @@ One checkpoint is one ``.safetensors`` file (``sparkdp.state``: tensors as safet
 the nesting around them as JSON metadata; nothing executes code on load) holding the model,
 the optimizer and scheduler state, the strategy's state, every rank's RNG state, the position
 in the data (epoch, steps done in it), the history so far and the identity of the job that
-wrote it, plus a SHA-256 over its tensors' names, dtypes, shapes and bytes and the JSON around
-them. It is written under a temporary name and renamed (``sparkdp.files.atomic_write``), so a
-crash never leaves a half-written file where a good one was; a file that does not read, whose
-digest does not match or whose contents are malformed is skipped on resume with a warning, and
-the previous one is used. The digest guards against accidents (a truncated copy, a flipped bit,
-a file from another tool), not against tampering: anyone who can write the directory can
-compute it too. Nothing in a checkpoint is executed on load, so a forged one can change the
-weights a job resumes from, not run code.
-
-A checkpoint's job identity (``job_id``, random per job and kept by a job that resumes) keeps
-two jobs from destroying each other's recovery in one directory: keep-last-K rotation deletes
-only this job's files older than the one just written, and an automatic restart resumes only
-this job's checkpoints (:func:`sparkdp.driver.recovery.refuse_foreign_checkpoints` refuses, at
-the start, a directory that holds another job's).
+wrote it (``job_id``), plus a SHA-256 over its tensors' names, dtypes, shapes and bytes and the
+JSON around them. How it is written (``sparkdp.files.atomic_write``), skipped when damaged,
+rotated, and kept from other jobs (:func:`sparkdp.driver.recovery.refuse_foreign_checkpoints`):
+see docs/guide/reliability.md, Checkpoints and One job per directory; what the digest does not
+guard against: docs/guide/security.md, Files the job reads.
 
 The directory is a local path (on a cluster: one every executor and the driver can reach) or a
 pyarrow filesystem URL (``hdfs://...``, ``s3://...``); rank 0 writes, the driver reads.

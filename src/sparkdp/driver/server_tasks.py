@@ -49,6 +49,7 @@ from .async_job import (
     async_result,
     epochs_done,
     load_latest,
+    remaining,
     server_checkpoint_names,
     server_factory,
     task_collective,
@@ -147,8 +148,7 @@ def _resume(spec: FitSpec, strategy: AsyncParameterServer, plan: ShardPlan, work
     log.info("the %d servers resume from %s: %d of %d epoch(s) covered by the applied pushes", plan.num_shards,
              ", ".join(n or "their start" for n in names), done, spec.epochs)
     states = [state_io.to_bytes(b.state_dict()) if b is not None else None for b in books]
-    return replace(spec, epochs=spec.epochs - done, part=replace(spec.part, start_epoch=done,
-                                                               last_epoch=spec.epochs - 1)), states
+    return remaining(spec, done), states
 
 
 def _pieces(plan: ShardPlan, model: torch.nn.Module, shard: int) -> list[torch.Tensor]:

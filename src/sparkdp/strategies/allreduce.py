@@ -24,7 +24,7 @@ from ..comm.base import Collective
 from ..comm.shm import DEFAULT_SLOT_BYTES, REDUCIBLE, SharedMemoryReducer
 from ..errors import ConfigError
 from .base import CommMeter, Strategy, ring_bytes
-from .compression import check_codec
+from .compression import HALF_DTYPES, check_codec
 
 #: buckets smaller than this stay on gloo: shared memory's two barriers cost more than
 #: gloo's one message (0.97 against 0.66 ms for 256 KB; 1.97 against 5.70 ms for 4 MB,
@@ -84,7 +84,6 @@ class AllReduce(Strategy):
         self.shared_memory_min_bytes = int(shared_memory_min_bytes)
         self._wrapped: nn.Module | None = None
         self._reducer: SharedMemoryReducer | None = None
-        self._transport = "process-group"
         self._step_bytes = 0
         self._steps = 0
         self._powersgd_bytes = 0
@@ -103,7 +102,7 @@ class AllReduce(Strategy):
             gradient_as_bucket_view=self.gradient_as_bucket_view,
         )
         grads = [p for p in model.parameters() if p.requires_grad]
-        half = _HALF.get(self.compression)
+        half = HALF_DTYPES.get(self.compression)
         if self.shared_memory and self.compression != "powersgd":
             # one slot holds the largest bucket: at most every gradient, at most 16 MiB
             grad_bytes = sum(p.numel() * p.element_size() for p in grads)
@@ -147,9 +146,6 @@ class AllReduce(Strategy):
                 **({"powersgd_rank": self.powersgd_rank, "powersgd_start_step": self.powersgd_start_step}
                    if self.compression == "powersgd" else {}),
                 "gradient_transport": self._transport}
-
-
-_HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def _powersgd_values(grads: Sequence[torch.Tensor], rank: int, min_compression_rate: float = 2.0) -> int:

@@ -18,7 +18,8 @@ from ..errors import ConfigError
 from .base import ring_bytes
 
 CODECS = ("none", "bf16", "fp16", "int8")
-_HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
+#: the half-precision codecs and the dtype each sends
+HALF_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 #: values that share one int8 scale: small enough that one outlier costs little precision,
 #: large enough that the scales add 0.4 % to the bytes
 INT8_BLOCK = 1024
@@ -65,7 +66,7 @@ def wire_bytes(codec: str, numel: int, world: int) -> int:
         block = _block(numel, INT8_BLOCK)
         blocks = -(-numel // block)
         return (world - 1) * (blocks * block + 4 * blocks)
-    return ring_bytes(numel * (2 if codec in _HALF else 4), world)
+    return ring_bytes(numel * (2 if codec in HALF_DTYPES else 4), world)
 
 
 class DeltaReducer:
@@ -99,7 +100,7 @@ class DeltaReducer:
                 return out
 
             return Pending(total)
-        sent = corrected.to(_HALF[self.codec])
+        sent = corrected.to(HALF_DTYPES[self.codec])
         self.residuals[key] = corrected - sent.to(torch.float32)
         pending = collective.start_all_reduce(sent, "sum")
         return Pending(lambda: pending.wait().to(torch.float32))

@@ -21,7 +21,6 @@ from torch import nn
 from torch.optim import Optimizer
 
 from ..comm.base import Collective, Pending
-from ..comm.shm import DEFAULT_SLOT_BYTES, SharedMemoryCollective, SharedMemoryReducer
 from ..errors import ConfigError
 from .base import Strategy, ring_bytes
 from .compression import DeltaReducer, check_codec
@@ -84,7 +83,6 @@ class DiLoCo(Strategy):
         self.mixing = float(mixing)
         self.compression = check_codec(compression)
         self.shared_memory, self.shared_memory_min_bytes = bool(shared_memory), int(shared_memory_min_bytes)
-        self._transport = "process-group"
         self._steps = 0
         self._loaded_outer: dict[str, Any] | None = None
         self._agree = True
@@ -94,14 +92,7 @@ class DiLoCo(Strategy):
     def setup(self, model: nn.Module, optimizer: Optimizer, collective: Collective) -> nn.Module:
         self._attach(model, optimizer, collective)
         params = [p for p in model.parameters() if p.requires_grad]
-        if collective.world_size > 1:
-            collective.broadcast_coalesced([t.data for t in [*model.parameters(), *model.buffers()]], src=0)
-            if self.shared_memory:
-                nbytes = sum(p.numel() * p.element_size() for p in params)
-                reducer = SharedMemoryReducer.connect(collective, slot_bytes=min(DEFAULT_SLOT_BYTES, nbytes))
-                if reducer is not None:
-                    self.collective = SharedMemoryCollective(collective, reducer, self.shared_memory_min_bytes)
-                    self._transport = "shared-memory"
+        self._start_together(model, collective, slot_bytes=sum(p.numel() * p.element_size() for p in params))
         self._params = params
         self._outer_params = [p.detach().clone().float() for p in params]
         self._outer = self._make_outer(self._outer_params)

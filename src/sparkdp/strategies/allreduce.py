@@ -22,6 +22,7 @@ from torch.optim import Optimizer
 
 from ..comm.base import Collective
 from ..comm.shm import DEFAULT_SLOT_BYTES, REDUCIBLE, SharedMemoryReducer
+from ..config import check_int
 from ..errors import ConfigError
 from .base import CommMeter, Strategy, ring_bytes
 from .compression import HALF_DTYPES, check_codec
@@ -73,9 +74,8 @@ class AllReduce(Strategy):
         if bucket_cap_mb <= 0:
             raise ConfigError(f"bucket_cap_mb must be > 0; got {bucket_cap_mb}.")
         self.compression = check_codec(compression, ("none", "bf16", "fp16", "powersgd"))
-        for label, value, least in (("powersgd_rank", powersgd_rank, 1), ("powersgd_start_step", powersgd_start_step, 2)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ConfigError(f"allreduce: {label} must be an integer >= {least}; got {value!r}.")
+        check_int("allreduce: powersgd_rank", powersgd_rank)
+        check_int("allreduce: powersgd_start_step", powersgd_start_step, 2)
         self.powersgd_rank, self.powersgd_start_step = powersgd_rank, powersgd_start_step
         self.bucket_cap_mb = float(bucket_cap_mb)
         self.find_unused_parameters = bool(find_unused_parameters)

@@ -19,6 +19,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from ..comm.base import Collective
+from ..config import check_int
 from ..errors import ConfigError
 from .base import Strategy, ring_bytes
 from .compression import DeltaReducer, check_codec
@@ -146,8 +147,7 @@ class ParameterAveraging(Strategy):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         steps = state.get("steps", 0)
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise ConfigError(f"average: a saved state's 'steps' must be an integer >= 0; got {steps!r}.")
+        check_int("average: a saved state's 'steps'", steps, 0)
         self._steps = steps
 
     def options(self) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from ..comm.base import Collective, Pending
+from ..config import check_int
 from ..errors import ConfigError
 from .base import Strategy, ring_bytes
 from .compression import DeltaReducer, check_codec
@@ -58,10 +59,9 @@ class DiLoCo(Strategy):
                  overlap_steps: int = 0, mixing: float = 0.5, compression: str = "none",
                  shared_memory: bool = True, shared_memory_min_bytes: int = 1 << 20) -> None:
         super().__init__()
-        for label, value, least in (("period", period, 1), ("fragments", fragments, 1),
-                                    ("overlap_steps", overlap_steps, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ConfigError(f"diloco: {label} must be an integer >= {least}; got {value!r}.")
+        check_int("diloco: period", period)
+        check_int("diloco: fragments", fragments)
+        check_int("diloco: overlap_steps", overlap_steps, 0)
         if fragments > period:
             raise ConfigError(f"diloco: fragments ({fragments}) cannot exceed period ({period}): each fragment "
                               "is synced at its own step within the period.")
@@ -233,8 +233,7 @@ class DiLoCo(Strategy):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         steps = state.get("steps", 0)
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise ConfigError(f"diloco: a saved state's 'steps' must be an integer >= 0; got {steps!r}.")
+        check_int("diloco: a saved state's 'steps'", steps, 0)
         outer = state.get("outer")
         if outer is not None and not isinstance(outer, dict):
             raise ConfigError(f"diloco: a saved state's 'outer' must be an optimizer state; got {type(outer).__name__}.")

@@ -35,6 +35,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from .. import state as state_io
+from ..config import check_int, check_seconds
 from ..errors import ConfigError
 from ..files import atomic_write
 
@@ -81,14 +82,9 @@ class CheckpointPolicy:
     job_id: str = field(default_factory=new_job_id)
 
     def __post_init__(self) -> None:
-        if self.every_steps is not None and (isinstance(self.every_steps, bool) or not isinstance(self.every_steps, int)
-                                             or self.every_steps < 1):
-            raise ConfigError(f"checkpoint_every (steps) must be a positive integer or None; got {self.every_steps!r}.")
-        if self.every_seconds is not None and not (isinstance(self.every_seconds, (int, float))
-                                                   and self.every_seconds > 0):
-            raise ConfigError(f"checkpoint_every_s must be a number of seconds > 0 or None; got {self.every_seconds!r}.")
-        if isinstance(self.keep, bool) or not isinstance(self.keep, int) or self.keep < 1:
-            raise ConfigError(f"keep_checkpoints must be an integer >= 1; got {self.keep!r}.")
+        check_int("checkpoint_every (steps)", self.every_steps, optional=True)
+        check_seconds("checkpoint_every_s", self.every_seconds, optional=True)
+        check_int("keep_checkpoints", self.keep)
 
 
 @dataclass(frozen=True)

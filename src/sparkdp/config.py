@@ -74,7 +74,8 @@ def check_memory_format(value: Any) -> str:
     return value
 
 
-def _seconds(name: str, value: Any, *, optional: bool = False) -> None:
+def check_seconds(name: str, value: Any, *, optional: bool = False) -> None:
+    """``value`` is a number (not a bool) of seconds > 0, or None if optional."""
     if optional and value is None:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
@@ -184,7 +185,7 @@ class CheckpointConfig:
     def __post_init__(self) -> None:
         check_int("checkpoint_every", self.checkpoint_every, optional=True)
         check_int("keep_checkpoints", self.keep_checkpoints)
-        _seconds("checkpoint_every_s", self.checkpoint_every_s, optional=True)
+        check_seconds("checkpoint_every_s", self.checkpoint_every_s, optional=True)
         _paths(self, "checkpoint_dir", "resume")
 
 
@@ -207,8 +208,8 @@ class FailureConfig:
     def __post_init__(self) -> None:
         check_int("max_restarts", self.max_restarts, 0)
         check_int("min_workers", self.min_workers, optional=True)
-        _seconds("start_timeout_s", self.start_timeout_s)
-        _seconds("pg_timeout_s", self.pg_timeout_s)
+        check_seconds("start_timeout_s", self.start_timeout_s)
+        check_seconds("pg_timeout_s", self.pg_timeout_s)
 
 
 @dataclass(frozen=True)
@@ -232,7 +233,7 @@ class MonitorConfig:
     def __post_init__(self) -> None:
         _flags(self, "show_progress", "tensorboard")
         _paths(self, "run_dir", "mlflow")
-        _seconds("metrics_interval_s", self.metrics_interval_s)
+        check_seconds("metrics_interval_s", self.metrics_interval_s)
         if self.tensorboard and self.run_dir is None:
             raise ConfigError("tensorboard=True needs run_dir (the directory its event files go to); "
                               "on the command line, --tensorboard needs --run-dir DIR.")

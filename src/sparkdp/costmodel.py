@@ -14,14 +14,10 @@ compute ``C`` plus what communication the strategy adds per step:
   halve the ring's bytes; ``int8`` is an all-gather of a quarter of them,
   ``(M-1)α + (M-1)·(S/4 + S/1024)·β``;
 * ``asgd`` — every ``k`` steps a worker computes ``k·C``, then pushes ``S`` bytes and pulls
-  ``S``, one after the other; alone that is ``k·C + 2α_ps + 2S·β_ps`` (over ``K`` server shards,
-  pipelined: ``(K+1)/K·S·β_ps`` on its own link).  The ``M`` workers
-  share the server's link, whose two directions (pushes in, with the update rule's ``σ`` per
-  byte, and pulls out: it is full duplex) are queues that each worker visits once per round:
-  mean-value analysis of that closed network (:func:`ps_round_s`) gives the round, which
-  tends to ``(1 + b)·M·S·(β_ps + σ)/K`` per ``k`` steps (the server-bound limit) as ``M``
-  grows, with ``K`` server shards on links of their own; ``b`` is how far the workers' pushes
-  and pulls bunch up instead of overlapping (``Network.ps_bunching``, measured).
+  ``S`` (alone ``k·C + 2α_ps + 2S·β_ps``; over ``K`` shards, pipelined, ``(K+1)/K·S·β_ps``).
+  The ``M`` workers queue at the server's link (the update rule adds ``σ`` per byte): mean-value
+  analysis (:func:`ps_round_s`) gives the round, bounded by ``(1 + b)·M·S·(β_ps + σ)/K`` with
+  the measured bunching ``b`` (``Network.ps_bunching``); docs/algorithms.md §8 derives both.
 
 Scaling efficiency is ``C / T``: the fraction of a communication-free worker's throughput
 each worker keeps.  With ``cpu_slots`` (workers sharing one machine's cores) the compute of

@@ -154,7 +154,7 @@ def test_the_outer_state_survives_a_checkpoint():
 
 
 @pytest.mark.parametrize("options,message", [
-    ({"period": 0}, "period must be an integer >= 1"),
+    ({"period": 0}, "period must be a positive integer"),
     ({"period": 4, "fragments": 5}, "cannot exceed period"),
     ({"period": 4, "fragments": 2, "overlap_steps": 2}, "must be less than period / fragments"),
     ({"outer_optimizer": "adamw2"}, "no torch.optim optimizer named 'adamw2'"),

@@ -110,7 +110,7 @@ def test_bad_destinations_and_resume_targets_fail_at_the_start(tmp_path):
         check_writable(blocker / "sub")
     with pytest.raises(ConfigError, match="no readable checkpoint"):
         resume_point(JobConfig.of(resume=str(tmp_path)))
-    with pytest.raises(ConfigError, match="keep_checkpoints must be an integer >= 1"):
+    with pytest.raises(ConfigError, match="keep_checkpoints must be a positive integer"):
         CheckpointPolicy(str(tmp_path), keep=0)
 
 

@@ -1,10 +1,8 @@
 """The driver side of asynchronous training: the parameter server, independent Spark tasks.
 
-With a checkpoint directory, the server's whole state (centre, rule state, every worker's last
-applied push sequence: ``ParameterServer.state_dict``) is saved every ``checkpoint_every_s``
-seconds (default 60) and at the end, as ``ps-NNNNNN.safetensors`` (atomic, no pickle). ``resume``
-starts the server from the newest readable one: the workers pull its centre, continue their
-sequence numbers, and run the epochs the applied pushes do not yet cover.
+With a checkpoint directory the server's state (``ParameterServer.state_dict``) is saved
+periodically as ``ps-NNNNNN.safetensors`` and ``resume`` restarts from it: see
+docs/guide/reliability.md, Automatic recovery.
 """
 
 from __future__ import annotations
@@ -127,16 +125,6 @@ def task_collective(worker: int, workers: int, threads: int | None) -> Independe
     return IndependentCollective(worker, workers, device=task_device(gpus))
 
 
-def _check_reachable(spark: Any, address: str, start_timeout_s: float) -> None:
-    """Where executors may run on other machines, a few seconds' check that they can connect to
-    the server before the tasks start (each would otherwise wait out its own connect timeout)."""
-    from ..spark.cluster import executors_may_not_reach_us
-    from ..spark.launcher import check_reachable
-
-    if executors_may_not_reach_us(spark):
-        check_reachable(spark, address, start_timeout_s=start_timeout_s)
-
-
 def run_async(call: Callable[[int, Any, AsyncParameterServer], Any], strategy: AsyncParameterServer, *,
               workers: int, spark: Any, threads: int | None, description: str, hub: Any = None,
               start_timeout_s: float = 60.0) -> list[Any]:
@@ -145,8 +133,8 @@ def run_async(call: Callable[[int, Any, AsyncParameterServer], Any], strategy: A
     whose centre is the first worker's model (the model is built inside the user's function, so
     the driver has none to start from; ``TcpTransport.serve(initial=...)``). Returns the results by
     worker."""
-    from ..spark.cluster import driver_host
-    from ..spark.launcher import run_tasks
+    from ..spark.cluster import driver_host, executors_may_not_reach_us
+    from ..spark.launcher import check_reachable, run_tasks
 
     if "epoch" in (strategy.push_every, strategy.pull_every):
         raise ConfigError("push_every / pull_every = 'epoch' needs the epochs of sparkdp.fit's own loop; in your "
@@ -157,7 +145,10 @@ def run_async(call: Callable[[int, Any, AsyncParameterServer], Any], strategy: A
         if hub is not None:
             hub.server_metrics = lambda: endpoint.server.metrics() if endpoint.server is not None else {}
         shipped = copy.copy(strategy).connect_to(transport, endpoint.info, offer_centre=True)
-        _check_reachable(spark, endpoint.info.address, start_timeout_s)
+        if executors_may_not_reach_us(spark):
+            # Where executors may run on other machines, a few seconds' check that they can connect
+            # to the server before the tasks start (each would otherwise wait out its own connect timeout).
+            check_reachable(spark, endpoint.info.address, start_timeout_s=start_timeout_s)
 
         def task(worker: int) -> Any:
             return call(worker, task_collective(worker, workers, threads), shipped)
@@ -230,8 +221,7 @@ def _resume_server(server: ParameterServer, spec: FitSpec, strategy: AsyncParame
     done = epochs_done(server.last_seq, spec, strategy, workers)
     log.info("resuming the parameter server from %s: %d of %d epoch(s) covered by the applied pushes", name,
              done, spec.epochs)
-    return replace(spec, epochs=max(spec.epochs - done, 0),
-                   part=replace(spec.part, start_epoch=done, last_epoch=spec.epochs - 1))
+    return remaining(spec, done)
 
 
 def load_latest(server: ParameterServer, directory: str | os.PathLike[str], prefix: str = "ps") -> str:
@@ -260,6 +250,12 @@ def epochs_done(last_seq: Callable[[int], int], spec: FitSpec, strategy: AsyncPa
         return 0
     per_epoch = 1 if strategy.push_every == "epoch" else steps / strategy.push_every
     return min(spec.epochs, min(int((last_seq(w) + 1) / per_epoch) for w in range(workers)))
+
+
+def remaining(spec: FitSpec, done: int) -> FitSpec:
+    """``spec`` for the epochs after the first ``done`` (at most ``spec.epochs``)."""
+    return replace(spec, epochs=spec.epochs - done, part=replace(spec.part, start_epoch=done,
+                                                               last_epoch=spec.epochs - 1))
 
 
 def server_factory(strategy: AsyncParameterServer,

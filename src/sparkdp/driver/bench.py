@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..config import strategy_option
 from ..errors import ConfigError
 from ..models import build_model
 
@@ -104,16 +105,10 @@ class StrategyChoice:
             pairs.insert(0, bad)
         if name not in STRATEGIES:
             raise ConfigError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES.available())}")
-        options = {}
         for pair in pairs:
-            key, sep, raw = pair.partition("=")
-            if not sep or not key:
+            if pair.find("=") < 1:  # no '=', or no key before it
                 raise ConfigError(f"strategy option {pair!r} in {text!r} must be KEY=VALUE")
-            try:
-                options[key] = json.loads(raw)
-            except json.JSONDecodeError:
-                options[key] = raw
-        return cls(name, options)
+        return cls(name, dict(strategy_option(pair) for pair in pairs))
 
 
 def workload(name: str) -> Workload:
@@ -284,12 +279,9 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
 
 def plot(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]], path: Path) -> Path:
     """Accuracy (mean ± sd) and throughput per strategy, and the staleness histograms, in one PNG."""
-    import matplotlib
+    from ..monitor.report import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    fig, axes = pyplot().subplots(1, 3, figsize=(16, 4.5))
     labels = [f"{r['strategy']}\nx{r['workers']}" for r in rows]
     axes[0].bar(labels, [r["accuracy_mean"] for r in rows], yerr=[r["accuracy_sd"] for r in rows], capsize=3)
     low = min(r["accuracy_mean"] - r["accuracy_sd"] for r in rows)
@@ -308,11 +300,8 @@ def plot(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]], path
         axes[2].legend(fontsize=7)
     for ax in axes[:2]:
         ax.tick_params(axis="x", labelsize=7, rotation=90)
-    fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path.parent, path.name)
 
 
 def planned(work: Workload, runs: int, epochs: int, limit: int | None) -> float:

@@ -142,18 +142,18 @@ def _stage_task(model: nn.Module, batch: int, sample_shape: tuple[int, ...], rep
     return in_task(body, threads=threads, pg_timeout_s=120.0)
 
 
+def _connect(info: Any, worker_id: int) -> Any:
+    from ..ps.transport import TcpTransport
+
+    return TcpTransport().connect(info.address, info.secret, worker_id=worker_id, tls_cert=info.tls_cert)
+
+
 def _ps_task(info: dict[str, Any], sizes: dict[str, int], reps: int):
     def task(_index: int) -> dict[str, float]:
-        from ..ps.transport import TcpTransport
-
         out = {}
         for name, n in sizes.items():
-            client = TcpTransport().connect(info[name].address, info[name].secret, worker_id=0,
-                                            tls_cert=info[name].tls_cert)
-            try:
+            with _connect(info[name], 0) as client:
                 out[name] = _push_pull_time(client, n, reps)
-            finally:
-                client.close()
         return out
 
     return task
@@ -164,12 +164,9 @@ def _ps_shared_task(info: Any, n: int, reps: int):
     share it. The tasks meet at the stage's barrier before each push; the job takes the slowest
     task's time (the last push through is when the link has carried all of them)."""
     def task(task_info: Any) -> float:
-        from ..ps.transport import TcpTransport
         from ..spark.task import stage_barrier
 
-        client = TcpTransport().connect(info.address, info.secret, worker_id=1 + task_info.rank,
-                                        tls_cert=info.tls_cert)
-        try:
+        with _connect(info, 1 + task_info.rank) as client:
             versions, push = client.pull().versions, [torch.full((n,), 1e-6)]
             times = []
             for seq in range(reps + 1):  # the first is a warm-up
@@ -178,8 +175,6 @@ def _ps_shared_task(info: Any, n: int, reps: int):
                 client.push(seq, versions, push)
                 times.append(time.perf_counter() - started)
             return statistics.median(times[1:])
-        finally:
-            client.close()
 
     return task
 
@@ -189,13 +184,10 @@ def _ps_rounds_task(info: Any, model: nn.Module, batch: int, sample_shape: tuple
     ``rounds`` times after a warm-up round, all starting at the stage's barrier as training's
     workers start together. Each task's mean round; nothing makes their pushes take turns."""
     def task(task_info: Any) -> float:
-        from ..ps.transport import TcpTransport
         from ..spark.task import stage_barrier
 
         step = _compute_step(model, batch, sample_shape)
-        client = TcpTransport().connect(info.address, info.secret, worker_id=1000 + task_info.rank,
-                                        tls_cert=info.tls_cert)
-        try:
+        with _connect(info, 1000 + task_info.rank) as client:
             centre, push = [torch.empty(n)], [torch.full((n,), 1e-6)]
             versions = client.pull(out=centre).versions
             step()  # the warm-up of the compute step, before the common start
@@ -207,8 +199,6 @@ def _ps_rounds_task(info: Any, model: nn.Module, batch: int, sample_shape: tuple
                 versions = client.pull(out=centre).versions
                 ends.append(time.perf_counter())
             return (ends[-1] - ends[1]) / rounds
-        finally:
-            client.close()
 
     return task
 

@@ -88,17 +88,13 @@ class BarrierRunner:
 
     def fit(self, spec: FitSpec, job: JobConfig, workers: int, spark: Any, hub: Any, started: float) -> TrainResult:
         from ..spark.cluster import available_slots, on_driver_machine
-        from ..spark.launcher import run_barrier
 
         spec, lineage = _resume(spec, job)
 
         def run_stage(attempt: FitSpec, n: int) -> WorkerReport:
-            task = in_task(lambda coll: fit_worker(attempt, coll), threads=job.scaling.threads,
-                           pg_timeout_s=job.failures.pg_timeout_s)
             first, last = attempt.part.start_epoch + 1, attempt.last_epoch() + 1
-            description = f"sparkdp {attempt.strategy.name} on {n} workers: epochs {first}-{last} of {last}"
-            return run_barrier(task, n, spark=spark, start_timeout_s=job.failures.start_timeout_s,
-                               description=description)[0]
+            return _barrier(lambda coll: fit_worker(attempt, coll), n, job, spark,
+                            f"sparkdp {attempt.strategy.name} on {n} workers: epochs {first}-{last} of {last}")
 
         restarts = RestartPolicy.of(job)
         with checkpoint_policy(job, temporary_ok=on_driver_machine(spark), job_id=lineage) as policy:
@@ -108,12 +104,16 @@ class BarrierRunner:
 
     def call(self, body: Callable[[Any, Strategy], Any], strategy: Strategy, job: JobConfig, workers: int,
              spark: Any, hub: Any, description: str) -> Any:
-        from ..spark.launcher import run_barrier
+        return _barrier(lambda collective: body(collective, strategy), workers, job, spark, description)
 
-        task = in_task(lambda collective: body(collective, strategy), threads=job.scaling.threads,
-                       pg_timeout_s=job.failures.pg_timeout_s)
-        return run_barrier(task, workers, spark=spark, start_timeout_s=job.failures.start_timeout_s,
-                           description=description)[0]
+
+def _barrier(body: Callable[[Any], Any], workers: int, job: JobConfig, spark: Any, description: str) -> Any:
+    """``body(collective)`` on ``workers`` barrier tasks sharing a process group; rank 0's result."""
+    from ..spark.launcher import run_barrier
+
+    task = in_task(body, threads=job.scaling.threads, pg_timeout_s=job.failures.pg_timeout_s)
+    return run_barrier(task, workers, spark=spark, start_timeout_s=job.failures.start_timeout_s,
+                       description=description)[0]
 
 
 class StreamRunner:

@@ -4,20 +4,11 @@ One server on the driver carries ``2 * S`` bytes per worker step over the driver
 from a few workers on, that link is the job's limit (``sparkdp plan`` marks it). With
 ``servers=K`` the job is one barrier stage of ``K + workers`` tasks: task ``s < K`` serves key
 range ``s`` of a byte-balanced :class:`~sparkdp.ps.sharding.ShardPlan` on its own executor's
-address, task ``K + w`` is worker ``w``. The servers' addresses and TLS certificates reach the
-workers through the stage's ``allGather`` (Spark's own channel): no executor connects to the
-driver for training (live monitoring, when on, still reports there). Each worker pushes and
-pulls every server at once (:class:`~sparkdp.ps.transport.sharded.ShardedClient`) with the same
-handshake, per-frame MAC, payload MAC and TLS as the driver's server. When the workers are
-done, every task meets at the stage's barrier, and each server returns its part of the centre.
-
-Failures: a barrier stage fails whole, so a lost server (or worker) task ends the attempt, and
-the job restarts as a synchronous one does (``max_restarts``): each server reloads its newest
-checkpoint (``ps-sSofK-NNNNNN.safetensors``, saved every ``checkpoint_every_s``, default 60 s,
-into ``checkpoint_dir``, or a temporary directory on a local master), the driver chooses them and
-computes from their per-worker sequence books the epochs every worker has finished; workers
-continue their sequence numbers after the smallest one any server kept, and a server that had
-applied more acknowledges the repeats without applying them. ``resume`` starts from the same files.
+address, task ``K + w`` is worker ``w``, pushing and pulling every server at once
+(:class:`~sparkdp.ps.transport.sharded.ShardedClient`). How the addresses travel, what stays the
+same and how a lost task restarts from every server's newest checkpoint: see
+docs/guide/strategies.md, Servers on the executors, and docs/architecture.md, How an
+asynchronous job flows.
 """
 
 from __future__ import annotations
@@ -58,6 +49,7 @@ from .async_job import (
     async_result,
     epochs_done,
     load_latest,
+    remaining,
     server_checkpoint_names,
     server_factory,
     task_collective,
@@ -156,8 +148,7 @@ def _resume(spec: FitSpec, strategy: AsyncParameterServer, plan: ShardPlan, work
     log.info("the %d servers resume from %s: %d of %d epoch(s) covered by the applied pushes", plan.num_shards,
              ", ".join(n or "their start" for n in names), done, spec.epochs)
     states = [state_io.to_bytes(b.state_dict()) if b is not None else None for b in books]
-    return replace(spec, epochs=spec.epochs - done, part=replace(spec.part, start_epoch=done,
-                                                               last_epoch=spec.epochs - 1)), states
+    return remaining(spec, done), states
 
 
 def _pieces(plan: ShardPlan, model: torch.nn.Module, shard: int) -> list[torch.Tensor]:

@@ -58,7 +58,8 @@ def load_run(run_dir: str | os.PathLike[str]) -> Run:
     return Run(Path(run_dir).resolve().name, records[0], records[1:])
 
 
-def _plt():
+def pyplot():
+    """``matplotlib.pyplot`` on the Agg backend (files only, no display)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -67,17 +68,18 @@ def _plt():
     return plt
 
 
-def _save(fig, out: Path, name: str) -> Path:
+def save_figure(fig, out: Path, name: str) -> Path:
+    """``fig`` laid out, written to ``out / name`` at 110 dpi and closed; the path."""
     path = out / name
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    _plt().close(fig)
+    pyplot().close(fig)
     return path
 
 
 def write_report(runs: list[Run], out_dir: str | os.PathLike[str]) -> list[Path]:
     """Write the plots and ``summary.md`` for ``runs`` into ``out_dir``; return the files."""
-    plt = _plt()
+    plt = pyplot()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     files = []
@@ -98,7 +100,7 @@ def write_report(runs: list[Run], out_dir: str | os.PathLike[str]) -> list[Path]
         for ax in (by_time, by_epoch):
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
-        files.append(_save(fig, out, f"{metric}.png"))
+        files.append(save_figure(fig, out, f"{metric}.png"))
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for run in runs:
@@ -107,7 +109,7 @@ def write_report(runs: list[Run], out_dir: str | os.PathLike[str]) -> list[Path]
     ax.set(xlabel="wall time (s)", ylabel="samples/s (all workers)", title="throughput")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    files.append(_save(fig, out, "throughput.png"))
+    files.append(save_figure(fig, out, "throughput.png"))
 
     fig, ax = plt.subplots(figsize=(7, 4))
     drawn = False
@@ -124,12 +126,12 @@ def write_report(runs: list[Run], out_dir: str | os.PathLike[str]) -> list[Path]
         ax.legend(fontsize=8)
     else:
         ax.text(0.5, 0.5, "no asynchronous runs", ha="center", va="center", transform=ax.transAxes)
-    files.append(_save(fig, out, "staleness.png"))
+    files.append(save_figure(fig, out, "staleness.png"))
 
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.barh([run.label() for run in runs], [(bytes_per_sample(run) or 0.0) / 1e3 for run in runs])
     ax.set(xlabel="kB sent per training sample (all workers)", title="bytes on the wire per sample")
-    files.append(_save(fig, out, "bytes_per_sample.png"))
+    files.append(save_figure(fig, out, "bytes_per_sample.png"))
 
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     for run in runs:
@@ -146,7 +148,7 @@ def write_report(runs: list[Run], out_dir: str | os.PathLike[str]) -> list[Path]
         ax.set(xlabel="wall time (s)", ylabel=ylabel, title=title)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    files.append(_save(fig, out, "system.png"))
+    files.append(save_figure(fig, out, "system.png"))
 
     summary = out / "summary.md"
     summary.write_text(summary_table(runs), encoding="utf-8")

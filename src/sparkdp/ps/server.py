@@ -3,12 +3,9 @@
 Mechanism only (design rule 1, docs/architecture.md): the math is the :class:`~sparkdp.rules.base.UpdateRule`
 (one instance per shard), the bytes are a transport's job.
 
-Staleness, per shard (docs/algorithms.md §0): every shard ``s`` has a version counter that
-grows by one per applied push.  A push carries, per shard, the version ``v`` the worker
-pulled; the server computes ``tau_s = t_s - v`` where ``t_s`` is the shard's version
-when this push is applied (before its own increment) — the number of other updates
-that landed on the shard between the worker's pull and its push.  The staleness
-histogram counts one entry per push, ``max_s tau_s``.
+Staleness, per shard (defined in docs/algorithms.md §0): ``tau_s = t_s - v``, the shard's
+version when this push is applied (before its own increment) less the version ``v`` the push
+says the worker pulled.  The staleness histogram counts one entry per push, ``max_s tau_s``.
 
 Locking, per shard, from ``rule.locking`` (or the ``locking`` override):
 ``GLOBAL`` — apply, on_pull and the pull copy run under the shard's mutex, so no update
@@ -190,7 +187,7 @@ class ParameterServer:
         ``observe``: a look at the centre that is not ``worker``'s pull (evaluation): its
         pulled versions (staleness) and the rule's ``on_pull`` (DC-ASGD's backup) stay as they were.
         """
-        worker = _check_worker(worker)
+        worker = check_worker(worker)
         wanted = self._check_shards(shards)
         if out is None:
             out = [torch.zeros(spec.shape, dtype=spec.dtype) for spec in self.plan.params]
@@ -234,7 +231,7 @@ class ParameterServer:
         worker's last pull.  Raises :class:`PushRejected` (nothing applied) on NaN/Inf,
         wrong shapes/dtypes or impossible versions.
         """
-        worker = _check_worker(worker)
+        worker = check_worker(worker)
         if type(seq) is not int or seq < 0:
             raise PushRejected(f"push from worker {worker}: seq must be an int >= 0, got {seq!r}.")
         if type(num_samples) is not int or num_samples < 0 or type(local_steps) is not int or local_steps < 1:
@@ -408,7 +405,8 @@ def _digest(state: Any) -> str:
     return h.hexdigest()
 
 
-def _check_worker(worker: object) -> int:
+def check_worker(worker: object) -> int:
+    """``worker`` if it is a valid worker id (an int >= 0); ``ValueError`` otherwise."""
     if type(worker) is not int or worker < 0:
         raise ValueError(f"worker id must be an int >= 0, got {worker!r}.")
     return worker

@@ -22,9 +22,10 @@ from torch.optim import Optimizer
 
 from ..comm.base import Collective
 from ..comm.shm import DEFAULT_SLOT_BYTES, REDUCIBLE, SharedMemoryReducer
+from ..config import check_int
 from ..errors import ConfigError
 from .base import CommMeter, Strategy, ring_bytes
-from .compression import check_codec
+from .compression import HALF_DTYPES, check_codec
 
 #: buckets smaller than this stay on gloo: shared memory's two barriers cost more than
 #: gloo's one message (0.97 against 0.66 ms for 256 KB; 1.97 against 5.70 ms for 4 MB,
@@ -73,9 +74,8 @@ class AllReduce(Strategy):
         if bucket_cap_mb <= 0:
             raise ConfigError(f"bucket_cap_mb must be > 0; got {bucket_cap_mb}.")
         self.compression = check_codec(compression, ("none", "bf16", "fp16", "powersgd"))
-        for label, value, least in (("powersgd_rank", powersgd_rank, 1), ("powersgd_start_step", powersgd_start_step, 2)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ConfigError(f"allreduce: {label} must be an integer >= {least}; got {value!r}.")
+        check_int("allreduce: powersgd_rank", powersgd_rank)
+        check_int("allreduce: powersgd_start_step", powersgd_start_step, 2)
         self.powersgd_rank, self.powersgd_start_step = powersgd_rank, powersgd_start_step
         self.bucket_cap_mb = float(bucket_cap_mb)
         self.find_unused_parameters = bool(find_unused_parameters)
@@ -84,7 +84,6 @@ class AllReduce(Strategy):
         self.shared_memory_min_bytes = int(shared_memory_min_bytes)
         self._wrapped: nn.Module | None = None
         self._reducer: SharedMemoryReducer | None = None
-        self._transport = "process-group"
         self._step_bytes = 0
         self._steps = 0
         self._powersgd_bytes = 0
@@ -103,7 +102,7 @@ class AllReduce(Strategy):
             gradient_as_bucket_view=self.gradient_as_bucket_view,
         )
         grads = [p for p in model.parameters() if p.requires_grad]
-        half = _HALF.get(self.compression)
+        half = HALF_DTYPES.get(self.compression)
         if self.shared_memory and self.compression != "powersgd":
             # one slot holds the largest bucket: at most every gradient, at most 16 MiB
             grad_bytes = sum(p.numel() * p.element_size() for p in grads)
@@ -147,9 +146,6 @@ class AllReduce(Strategy):
                 **({"powersgd_rank": self.powersgd_rank, "powersgd_start_step": self.powersgd_start_step}
                    if self.compression == "powersgd" else {}),
                 "gradient_transport": self._transport}
-
-
-_HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def _powersgd_values(grads: Sequence[torch.Tensor], rank: int, min_compression_rate: float = 2.0) -> int:

@@ -24,6 +24,7 @@ from torch import nn
 
 from ..comm.base import Collective
 from ..comm.single import SingleProcessCollective
+from ..config import check_int
 from ..errors import ConfigError
 from ..rules import PushKind, RuleSpec
 from ..rules.functional import pseudo_gradient
@@ -84,8 +85,7 @@ class AsyncParameterServer(Strategy):
         self.name = rule
         self.push_every = _every("push_every", push_every)
         self.pull_every = _every("pull_every", push_every if pull_every is None else pull_every)
-        if num_shards is not None and (not isinstance(num_shards, int) or num_shards < 1):
-            raise ConfigError(f"num_shards must be a positive integer; got {num_shards!r}.")
+        check_int("num_shards", num_shards, optional=True)
         self.num_shards = num_shards
         if servers is not None and (isinstance(servers, bool) or not isinstance(servers, int) or servers < 1):
             raise ConfigError(f"servers must be None (one server, on the driver) or a positive number of server "

@@ -19,7 +19,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from ..comm.base import Collective
-from ..comm.shm import DEFAULT_SLOT_BYTES, SharedMemoryCollective, SharedMemoryReducer
+from ..config import check_int
 from ..errors import ConfigError
 from .base import Strategy, ring_bytes
 from .compression import DeltaReducer, check_codec
@@ -60,7 +60,6 @@ class ParameterAveraging(Strategy):
         self.average_optimizer_state = bool(average_optimizer_state)
         self.shared_memory = bool(shared_memory)
         self.shared_memory_min_bytes = int(shared_memory_min_bytes)
-        self._transport = "process-group"
         self._steps = 0
         self._samples = 0
         self._reducer: DeltaReducer | None = None
@@ -68,15 +67,9 @@ class ParameterAveraging(Strategy):
 
     def setup(self, model: nn.Module, optimizer: Optimizer, collective: Collective) -> nn.Module:
         self._attach(model, optimizer, collective)
-        if collective.world_size > 1:
-            collective.broadcast_coalesced([t.data for t in _state_tensors(model)], src=0)
-            if self.shared_memory:
-                state_bytes = sum(t.numel() * t.element_size() for t in _state_tensors(model))
-                # optimizer state (momentum, Adam's moments) can double or triple what one average moves
-                reducer = SharedMemoryReducer.connect(collective, slot_bytes=min(DEFAULT_SLOT_BYTES, 3 * state_bytes))
-                if reducer is not None:
-                    self.collective = SharedMemoryCollective(collective, reducer, self.shared_memory_min_bytes)
-                    self._transport = "shared-memory"
+        state_bytes = sum(t.numel() * t.element_size() for t in _state_tensors(model))
+        # optimizer state (momentum, Adam's moments) can double or triple what one average moves
+        self._start_together(model, collective, slot_bytes=3 * state_bytes)
         if self.compression != "none":
             self._reducer = DeltaReducer(self.compression)
             self._anchor = [t.detach().clone().float() for t in _state_tensors(model) if t.is_floating_point()]
@@ -154,8 +147,7 @@ class ParameterAveraging(Strategy):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         steps = state.get("steps", 0)
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise ConfigError(f"average: a saved state's 'steps' must be an integer >= 0; got {steps!r}.")
+        check_int("average: a saved state's 'steps'", steps, 0)
         self._steps = steps
 
     def options(self) -> dict[str, Any]:

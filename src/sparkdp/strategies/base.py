@@ -10,6 +10,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from ..comm.base import Collective
+from ..comm.shm import DEFAULT_SLOT_BYTES, SharedMemoryCollective, SharedMemoryReducer
 
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
@@ -62,6 +63,11 @@ class Strategy(ABC):
     #: peer) or includes waiting for slower peers (synchronous); the straggler detector needs it.
     comm_is_own: bool = False
     name: str = "strategy"
+    #: reductions through a shared mapping when every rank is on one host (the synchronous
+    #: strategies' option), for those of ``shared_memory_min_bytes`` or more
+    shared_memory: bool = False
+    shared_memory_min_bytes: int = 1 << 20
+    _transport = "process-group"  # what carries the reductions: "process-group" or "shared-memory"
     _hook: RemovableHandle | None  # the optimizer step hook that calls after_step (set by _attach)
 
     def __init__(self) -> None:
@@ -82,6 +88,19 @@ class Strategy(ABC):
     def _attach(self, model: nn.Module, optimizer: Optimizer, collective: Collective) -> None:
         self.collective, self.model, self.optimizer = collective, model, optimizer
         self._hook = optimizer.register_step_post_hook(lambda _opt, _args, _kwargs: self.after_step())
+
+    def _start_together(self, model: nn.Module, collective: Collective, slot_bytes: int) -> None:
+        """Every rank from rank 0's parameters and buffers; with :attr:`shared_memory`, reductions
+        through a shared mapping of ``slot_bytes`` (at most ``DEFAULT_SLOT_BYTES``) where the ranks
+        share a host."""
+        if collective.world_size <= 1:
+            return
+        collective.broadcast_coalesced([t.data for t in [*model.parameters(), *model.buffers()]], src=0)
+        if self.shared_memory:
+            reducer = SharedMemoryReducer.connect(collective, slot_bytes=min(DEFAULT_SLOT_BYTES, slot_bytes))
+            if reducer is not None:
+                self.collective = SharedMemoryCollective(collective, reducer, self.shared_memory_min_bytes)
+                self._transport = "shared-memory"
 
     def add_samples(self, n: int) -> None:
         """Tell the strategy how many rows the coming step trained on (for weighted averages)."""

@@ -1,15 +1,10 @@
 """Fewer bytes for what the synchronous strategies send (docs/algorithms.md §10).
 
-A *codec* decides how a flat float32 vector travels: ``"none"`` (float32), ``"bf16"`` and
-``"fp16"`` (half the bytes; all-reduced in that type), or ``"int8"`` (a quarter of the bytes
-plus one float32 scale per block of :data:`INT8_BLOCK` values; gathered, because int8 sums
-would overflow, and dequantised and summed on every rank). The codecs here are plain tensor
-math; :class:`DeltaReducer` runs them over a :class:`~sparkdp.comm.base.Collective`.
-
-Lossy codecs carry **error feedback**: what rounding dropped from this round's vector is added
-to the next round's, so the sum of everything sent over any number of rounds differs from the
-sum of the true vectors by one round's rounding error at most, instead of drifting with the
-number of rounds (Seide et al., 2014; Karimireddy et al., 2019).
+A *codec* decides how a flat float32 vector travels: ``"none"`` (float32), ``"bf16"``,
+``"fp16"`` or ``"int8"`` (blocks of :data:`INT8_BLOCK` values, gathered); lossy codecs carry
+**error feedback**. What each sends and why error feedback bounds the drift: docs/algorithms.md
+§10, Codecs and Error feedback. The codecs here are plain tensor math; :class:`DeltaReducer` runs them over a
+:class:`~sparkdp.comm.base.Collective`.
 """
 
 from __future__ import annotations
@@ -23,7 +18,8 @@ from ..errors import ConfigError
 from .base import ring_bytes
 
 CODECS = ("none", "bf16", "fp16", "int8")
-_HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
+#: the half-precision codecs and the dtype each sends
+HALF_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 #: values that share one int8 scale: small enough that one outlier costs little precision,
 #: large enough that the scales add 0.4 % to the bytes
 INT8_BLOCK = 1024
@@ -70,7 +66,7 @@ def wire_bytes(codec: str, numel: int, world: int) -> int:
         block = _block(numel, INT8_BLOCK)
         blocks = -(-numel // block)
         return (world - 1) * (blocks * block + 4 * blocks)
-    return ring_bytes(numel * (2 if codec in _HALF else 4), world)
+    return ring_bytes(numel * (2 if codec in HALF_DTYPES else 4), world)
 
 
 class DeltaReducer:
@@ -104,7 +100,7 @@ class DeltaReducer:
                 return out
 
             return Pending(total)
-        sent = corrected.to(_HALF[self.codec])
+        sent = corrected.to(HALF_DTYPES[self.codec])
         self.residuals[key] = corrected - sent.to(torch.float32)
         pending = collective.start_all_reduce(sent, "sum")
         return Pending(lambda: pending.wait().to(torch.float32))

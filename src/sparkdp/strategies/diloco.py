@@ -1,19 +1,13 @@
 """DiLoCo: local inner steps, then an outer optimizer applies the workers' mean parameter change.
 
 Every worker runs the user's optimizer (the *inner* optimizer) on its own shard for ``period``
-(H) steps. Then the change each worker made, ``Δ_j = g − θ_j`` from the shared starting point
-``g``, is averaged over the workers, and an *outer* optimizer, identical on every rank, treats
-the mean as a gradient for ``g`` (Douillard et al., 2023: Nesterov SGD, lr 0.7, momentum 0.9).
-Every rank then continues from the new ``g``. Communication is one model every H steps, and
-the deltas compress well (``compression="int8"`` with error feedback).
-
-``fragments=P`` syncs the model in P byte-balanced pieces at evenly spaced offsets within each
-period (Streaming DiLoCo, Douillard et al., 2025), so no moment carries the whole model;
-``overlap_steps=τ`` starts each fragment's reduction and finishes it τ inner steps later,
-merging the new ``g`` with the τ steps taken meanwhile (``mixing``). Each epoch ends with a
+(H) steps; then the workers' mean change from the shared start ``g`` is the gradient of an
+*outer* optimizer, identical on every rank. ``fragments=P`` syncs the model in P byte-balanced
+pieces at evenly spaced offsets within each period (Streaming DiLoCo); ``overlap_steps=τ``
+finishes each fragment's reduction τ inner steps later (``mixing``). Each epoch ends with a
 blocking outer step of every fragment, so evaluation and checkpoints see one model.
 
-docs/algorithms.md §10 gives the update and the equivalences the tests check.
+docs/algorithms.md §10 gives the update, its sources and the equivalences the tests check.
 """
 
 from __future__ import annotations
@@ -27,7 +21,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from ..comm.base import Collective, Pending
-from ..comm.shm import DEFAULT_SLOT_BYTES, SharedMemoryCollective, SharedMemoryReducer
+from ..config import check_int
 from ..errors import ConfigError
 from .base import Strategy, ring_bytes
 from .compression import DeltaReducer, check_codec
@@ -65,10 +59,9 @@ class DiLoCo(Strategy):
                  overlap_steps: int = 0, mixing: float = 0.5, compression: str = "none",
                  shared_memory: bool = True, shared_memory_min_bytes: int = 1 << 20) -> None:
         super().__init__()
-        for label, value, least in (("period", period, 1), ("fragments", fragments, 1),
-                                    ("overlap_steps", overlap_steps, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ConfigError(f"diloco: {label} must be an integer >= {least}; got {value!r}.")
+        check_int("diloco: period", period)
+        check_int("diloco: fragments", fragments)
+        check_int("diloco: overlap_steps", overlap_steps, 0)
         if fragments > period:
             raise ConfigError(f"diloco: fragments ({fragments}) cannot exceed period ({period}): each fragment "
                               "is synced at its own step within the period.")
@@ -90,7 +83,6 @@ class DiLoCo(Strategy):
         self.mixing = float(mixing)
         self.compression = check_codec(compression)
         self.shared_memory, self.shared_memory_min_bytes = bool(shared_memory), int(shared_memory_min_bytes)
-        self._transport = "process-group"
         self._steps = 0
         self._loaded_outer: dict[str, Any] | None = None
         self._agree = True
@@ -100,14 +92,7 @@ class DiLoCo(Strategy):
     def setup(self, model: nn.Module, optimizer: Optimizer, collective: Collective) -> nn.Module:
         self._attach(model, optimizer, collective)
         params = [p for p in model.parameters() if p.requires_grad]
-        if collective.world_size > 1:
-            collective.broadcast_coalesced([t.data for t in [*model.parameters(), *model.buffers()]], src=0)
-            if self.shared_memory:
-                nbytes = sum(p.numel() * p.element_size() for p in params)
-                reducer = SharedMemoryReducer.connect(collective, slot_bytes=min(DEFAULT_SLOT_BYTES, nbytes))
-                if reducer is not None:
-                    self.collective = SharedMemoryCollective(collective, reducer, self.shared_memory_min_bytes)
-                    self._transport = "shared-memory"
+        self._start_together(model, collective, slot_bytes=sum(p.numel() * p.element_size() for p in params))
         self._params = params
         self._outer_params = [p.detach().clone().float() for p in params]
         self._outer = self._make_outer(self._outer_params)
@@ -248,8 +233,7 @@ class DiLoCo(Strategy):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         steps = state.get("steps", 0)
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise ConfigError(f"diloco: a saved state's 'steps' must be an integer >= 0; got {steps!r}.")
+        check_int("diloco: a saved state's 'steps'", steps, 0)
         outer = state.get("outer")
         if outer is not None and not isinstance(outer, dict):
             raise ConfigError(f"diloco: a saved state's 'outer' must be an optimizer state; got {type(outer).__name__}.")

@@ -4,20 +4,11 @@ One checkpoint is one ``.safetensors`` file (``sparkdp.state``: tensors as safet
 the nesting around them as JSON metadata; nothing executes code on load) holding the model,
 the optimizer and scheduler state, the strategy's state, every rank's RNG state, the position
 in the data (epoch, steps done in it), the history so far and the identity of the job that
-wrote it, plus a SHA-256 over its tensors' names, dtypes, shapes and bytes and the JSON around
-them. It is written under a temporary name and renamed (``sparkdp.files.atomic_write``), so a
-crash never leaves a half-written file where a good one was; a file that does not read, whose
-digest does not match or whose contents are malformed is skipped on resume with a warning, and
-the previous one is used. The digest guards against accidents (a truncated copy, a flipped bit,
-a file from another tool), not against tampering: anyone who can write the directory can
-compute it too. Nothing in a checkpoint is executed on load, so a forged one can change the
-weights a job resumes from, not run code.
-
-A checkpoint's job identity (``job_id``, random per job and kept by a job that resumes) keeps
-two jobs from destroying each other's recovery in one directory: keep-last-K rotation deletes
-only this job's files older than the one just written, and an automatic restart resumes only
-this job's checkpoints (:func:`sparkdp.driver.recovery.refuse_foreign_checkpoints` refuses, at
-the start, a directory that holds another job's).
+wrote it (``job_id``), plus a SHA-256 over its tensors' names, dtypes, shapes and bytes and the
+JSON around them. How it is written (``sparkdp.files.atomic_write``), skipped when damaged,
+rotated, and kept from other jobs (:func:`sparkdp.driver.recovery.refuse_foreign_checkpoints`):
+see docs/guide/reliability.md, Checkpoints and One job per directory; what the digest does not
+guard against: docs/guide/security.md, Files the job reads.
 
 The directory is a local path (on a cluster: one every executor and the driver can reach) or a
 pyarrow filesystem URL (``hdfs://...``, ``s3://...``); rank 0 writes, the driver reads.
@@ -44,6 +35,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from .. import state as state_io
+from ..config import check_int, check_seconds
 from ..errors import ConfigError
 from ..files import atomic_write
 
@@ -90,14 +82,9 @@ class CheckpointPolicy:
     job_id: str = field(default_factory=new_job_id)
 
     def __post_init__(self) -> None:
-        if self.every_steps is not None and (isinstance(self.every_steps, bool) or not isinstance(self.every_steps, int)
-                                             or self.every_steps < 1):
-            raise ConfigError(f"checkpoint_every (steps) must be a positive integer or None; got {self.every_steps!r}.")
-        if self.every_seconds is not None and not (isinstance(self.every_seconds, (int, float))
-                                                   and self.every_seconds > 0):
-            raise ConfigError(f"checkpoint_every_s must be a number of seconds > 0 or None; got {self.every_seconds!r}.")
-        if isinstance(self.keep, bool) or not isinstance(self.keep, int) or self.keep < 1:
-            raise ConfigError(f"keep_checkpoints must be an integer >= 1; got {self.keep!r}.")
+        check_int("checkpoint_every (steps)", self.every_steps, optional=True)
+        check_seconds("checkpoint_every_s", self.every_seconds, optional=True)
+        check_int("keep_checkpoints", self.keep)
 
 
 @dataclass(frozen=True)

@@ -56,11 +56,9 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
     Returns the model alone when only a model is given, else a tuple of what was given.
     """
     ctx = current()
+    returned_opt = optimizer
     if optimizer is None:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # a stand-in so the strategy can bind
-        returned_opt = None
-    else:
-        returned_opt = optimizer
     strategy = ctx.new_strategy()
     wrapped = strategy.setup(model, optimizer, ctx.collective)
     out: list[Any] = [wrapped]

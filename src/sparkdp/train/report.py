@@ -52,8 +52,7 @@ class WorkerReport:
 
     def then(self, later: WorkerReport) -> WorkerReport:
         """This stage's report followed by the next stage's (per-epoch DataFrame stages)."""
-        counters = dict(self.data_counters)
-        for key, value in later.data_counters.items():
-            counters[key] = counters.get(key, 0) + value
+        mine, theirs = self.data_counters, later.data_counters  # summed key by key, zero counts kept
+        counters = {key: mine.get(key, 0) + theirs.get(key, 0) for key in {**mine, **theirs}}
         return replace(later, history=self.history + later.history, train_time_s=self.train_time_s + later.train_time_s,
                        samples=self.samples + later.samples, data_counters=counters, wall_start=self.wall_start)

@@ -16,7 +16,7 @@ from torch import Tensor
 from sparkdp.errors import AuthenticationError
 from sparkdp.ps import codec
 from sparkdp.ps.auth import check_secret, new_secret, verify
-from sparkdp.ps.server import ParameterServer, Pulled, PushAck
+from sparkdp.ps.server import ParameterServer, Pulled, PushAck, check_worker
 from sparkdp.ps.transport.base import Client, ConnectFailed, ConnectInfo, Endpoint, Transport
 
 
@@ -102,9 +102,7 @@ class InProcTransport(Transport):
             )
         if not verify(endpoint.info.secret, check_secret(secret)):
             raise AuthenticationError(f"worker {worker_id} presented a wrong secret to {address}.")
-        if type(worker_id) is not int or worker_id < 0:
-            raise ValueError(f"worker_id must be an int >= 0, got {worker_id!r}.")
-        return InProcClient(endpoint, worker_id, self.use_codec)
+        return InProcClient(endpoint, check_worker(worker_id), self.use_codec)
 
     def _forget(self, address: str) -> None:
         with self._lock:

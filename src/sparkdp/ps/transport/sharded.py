@@ -16,9 +16,10 @@ sequence number acknowledges it again without applying it, so no push lands twic
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -30,6 +31,17 @@ from sparkdp.ps.sharding import ShardPlan
 from sparkdp.ps.transport.base import Client
 
 _T = TypeVar("_T")
+
+
+def _results(futures: Sequence[Future[_T]]) -> tuple[list[_T], BaseException | None]:
+    """The futures' results, in order, and the first failure, once every one has ended."""
+    results, error = [], None
+    for f in futures:
+        try:
+            results.append(f.result())
+        except BaseException as exc:
+            error = error or exc
+    return results, error
 
 
 @dataclass(frozen=True)
@@ -60,18 +72,12 @@ class ShardedTransport:
                              "key ranges; give one address per range.")
         certs = list(tls_cert) if tls_cert is not None else [None] * len(address)
         with ThreadPoolExecutor(len(address), thread_name_prefix="sparkdp-ps-connect") as pool:
-            futures = [pool.submit(self.inner.connect, a, secret, worker_id, timeout=timeout, tls_cert=c)
-                       for a, c in zip(address, certs, strict=True)]
-            clients, errors = [], []
-            for f in futures:
-                try:
-                    clients.append(f.result())
-                except Exception as exc:  # close the ones that connected; raise the first failure
-                    errors.append(exc)
-        if errors:
+            clients, error = _results([pool.submit(self.inner.connect, a, secret, worker_id, timeout=timeout,
+                                                   tls_cert=c) for a, c in zip(address, certs, strict=True)])
+        if error is not None:  # close the ones that connected; raise the first failure
             for c in clients:
                 c.close()
-            raise errors[0]
+            raise error
         return ShardedClient(clients, self.plan)
 
 
@@ -88,13 +94,7 @@ class ShardedClient(Client):
 
     def _each(self, call: Callable[[int, Client], _T]) -> list[_T]:
         """``call(s, client_s)`` on every server at once; the first failure is raised after all end."""
-        futures = [self._pool.submit(call, s, c) for s, c in enumerate(self.clients)]
-        results, error = [], None
-        for f in futures:
-            try:
-                results.append(f.result())
-            except BaseException as exc:
-                error = error or exc
+        results, error = _results([self._pool.submit(call, s, c) for s, c in enumerate(self.clients)])
         if error is not None:
             raise error
         return results
@@ -155,12 +155,7 @@ class ShardedClient(Client):
         if len(versions) != self.num_shards:
             raise ValueError(f"pulled_versions has {len(versions)} entries; the servers hold {self.num_shards} "
                              "shards: pass the versions pull() returned.")
-        parts: list[Sequence[int] | None] = []
-        start = 0
-        for width in self._widths:
-            parts.append(versions[start:start + width])
-            start += width
-        return parts
+        return [versions[end - width:end] for width, end in zip(self._widths, itertools.accumulate(self._widths))]
 
     def close(self) -> None:
         try:

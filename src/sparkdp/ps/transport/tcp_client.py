@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import random
@@ -10,14 +11,14 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from torch import Tensor
 
 from sparkdp.errors import AuthenticationError, ProtocolError
 from sparkdp.ps import codec
 from sparkdp.ps.auth import NONCE_BYTES, SessionKeys, check_secret, client_proof, server_proof, verify
-from sparkdp.ps.server import Pulled, PushAck
+from sparkdp.ps.server import Pulled, PushAck, check_worker
 from sparkdp.ps.sharding import ShardPlan
 from sparkdp.ps.transport.base import Client, ConnectFailed
 from sparkdp.ps.transport.channel import Channel, PeerClosed
@@ -54,9 +55,7 @@ class TcpClient(Client):
         opts: TcpOptions,
         initial: Sequence[Tensor] | None = None,
     ) -> None:
-        if type(worker_id) is not int or worker_id < 0:
-            raise ValueError(f"worker_id must be an int >= 0, got {worker_id!r}.")
-        self.address, self.worker_id, self._opts = address, worker_id, opts
+        self.address, self.worker_id, self._opts = address, check_worker(worker_id), opts
         self._lock = threading.Lock()
         self._broken: str | None = None
         host, port = parse_address(address)
@@ -171,26 +170,34 @@ class TcpClient(Client):
         self.num_shards, self.last_seq = self.plan.num_shards, int(reply.meta.get("last_seq", -1))
         self._awaits_centre = False
 
-    def _request(
-        self, op: Op, meta: dict, tensors: Sequence[Tensor], reply_op: Op, into=None
-    ) -> codec.Message:
+    @contextlib.contextmanager
+    def _usable(self) -> Iterator[Channel]:
+        """The channel, under the lock, unless an earlier error broke it; an error while it is in
+        use breaks it (the stream may be mid-frame) and closes the socket."""
         with self._lock:
             if self._broken:
                 raise ProtocolError(
                     f"connection to {self.address} is unusable after an earlier error ({self._broken}); reconnect."
                 )
             try:
-                self._chan.send(op, meta, tensors)
-                reply = self._chan.recv(self._opts.frame_timeout, into=into)
+                yield self._chan
             except (ProtocolError, OSError) as exc:
                 self._broken = str(exc) or type(exc).__name__
                 self._chan.sock.close()
-                if isinstance(exc, TimeoutError):
-                    raise TimeoutError(
-                        f"no reply from the parameter server at {self.address} within "
-                        f"{self._opts.frame_timeout}s; raise TcpOptions.frame_timeout for slow links."
-                    ) from exc
                 raise
+
+    def _request(
+        self, op: Op, meta: dict, tensors: Sequence[Tensor], reply_op: Op, into=None
+    ) -> codec.Message:
+        try:
+            with self._usable() as chan:
+                chan.send(op, meta, tensors)
+                reply = chan.recv(self._opts.frame_timeout, into=into)
+        except TimeoutError as exc:
+            raise TimeoutError(
+                f"no reply from the parameter server at {self.address} within "
+                f"{self._opts.frame_timeout}s; raise TcpOptions.frame_timeout for slow links."
+            ) from exc
         if reply.op is Op.ERROR:
             kind = ERROR_KINDS.get(reply.meta.get("kind", ""), ProtocolError)
             raise kind(f"parameter server: {reply.meta.get('message')}")
@@ -231,15 +238,8 @@ class TcpClient(Client):
 
     def report(self, record: dict) -> None:
         """Send one monitoring record (JSON values); no reply is awaited."""
-        with self._lock:
-            if self._broken:
-                raise ProtocolError(f"connection to {self.address} is unusable ({self._broken}).")
-            try:
-                self._chan.send(Op.REPORT, record)
-            except (ProtocolError, OSError) as exc:
-                self._broken = str(exc) or type(exc).__name__
-                self._chan.sock.close()
-                raise
+        with self._usable() as chan:
+            chan.send(Op.REPORT, record)
 
     def close(self) -> None:
         with self._lock:

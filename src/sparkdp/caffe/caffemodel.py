@@ -43,17 +43,13 @@ V1_LAYER_TYPES: dict[int, str] = {
     n: spec.V1_LAYER_TYPES.get(name, "") for n, name in spec.V1_LAYER_TYPE_NUMBERS.items()
 }
 
-# V0 type strings (UpgradeV0LayerType) for the layers that can carry blobs or matter.
-_V0_LAYER_TYPES = {
-    "accuracy": "Accuracy", "bnll": "BNLL", "concat": "Concat", "conv": "Convolution",
-    "data": "Data", "dropout": "Dropout", "euclidean_loss": "EuclideanLoss",
-    "flatten": "Flatten", "hdf5_data": "HDF5Data", "hdf5_output": "HDF5Output",
-    "im2col": "Im2col", "images": "ImageData", "infogain_loss": "InfogainLoss",
-    "innerproduct": "InnerProduct", "lrn": "LRN", "multinomial_logistic_loss":
-    "MultinomialLogisticLoss", "pool": "Pooling", "relu": "ReLU", "sigmoid": "Sigmoid",
-    "softmax": "Softmax", "softmax_loss": "SoftmaxWithLoss", "split": "Split",
-    "tanh": "TanH", "window_data": "WindowData",
-}  # fmt: skip
+# V0 type strings (UpgradeV0LayerType): the V1 type names, lower-cased, that Caffe's V0
+# upgrade knows (others stay as written, as Caffe rejects them), plus four V0-only names.
+_V0_AS_V1 = ("ACCURACY BNLL CONCAT DATA DROPOUT EUCLIDEAN_LOSS FLATTEN HDF5_DATA HDF5_OUTPUT IM2COL INFOGAIN_LOSS "
+             "LRN MULTINOMIAL_LOGISTIC_LOSS RELU SIGMOID SOFTMAX SOFTMAX_LOSS SPLIT TANH WINDOW_DATA").split()
+_V0_LAYER_TYPES = {name.lower(): spec.V1_LAYER_TYPES[name] for name in _V0_AS_V1} | {
+    "conv": "Convolution", "images": "ImageData", "innerproduct": "InnerProduct", "pool": "Pooling",
+}
 
 VARINT, I64, LEN, I32 = 0, 1, 2, 5
 WIRE_NAMES = {0: "varint", 1: "64-bit", 2: "length-delimited", 5: "32-bit"}

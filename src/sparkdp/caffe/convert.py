@@ -49,7 +49,7 @@ from .inspect import resolve_input_shapes
 from .net import CaffeNet, load_net
 from .spec import NetSpec, is_prototxt_path, load_net_spec
 from .textformat import Message
-from .weights import WeightsMismatchError, load_weights, save_weights
+from .weights import WeightsMismatchError, check_directory, load_weights, save_weights
 
 __all__ = ["ConvertResult", "convert_to_caffemodel", "convert_to_safetensors", "load_hint"]
 
@@ -90,12 +90,6 @@ def _build(
     spec = load_net_spec(prototxt)
     shapes = resolve_input_shapes(spec, phase, stages, input_shape, input_shapes)
     return load_net(spec, phase=phase, stages=stages, input_shapes=shapes), shapes
-
-
-def _check_directory(path: Path, what: str) -> None:
-    directory = path.parent if str(path.parent) else Path(".")
-    if not directory.is_dir():
-        raise ConfigError(f"cannot write {what} {str(path)!r}: directory {str(directory)!r} does not exist.")
 
 
 def _prototxt_label(prototxt: object) -> str:
@@ -198,7 +192,7 @@ def convert_to_safetensors(
             ".caffemodel; to turn a safetensors state dict into a .caffemodel, use --to-caffemodel "
             "(convert_to_caffemodel)."
         )
-    _check_directory(out, "safetensors file")
+    check_directory(out, "write safetensors file")
     phase = str(phase).upper()
     net, shapes = _build(prototxt, phase, stages, input_shape, input_shapes)
     loaded: tuple[str, ...] = ()
@@ -352,7 +346,7 @@ def convert_to_caffemodel(
         16
     """
     out = Path(out)
-    _check_directory(out, ".caffemodel")
+    check_directory(out, "write .caffemodel")
     phase = str(phase).upper()
     net, _ = _build(prototxt, phase, stages, input_shape, input_shapes)
     tensors, meta = _read_safetensors(weights)

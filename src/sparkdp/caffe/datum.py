@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import DataError
-from .caffemodel import I32, I64, LEN, VARINT, WireReader, len_field, varint_bytes
+from .caffemodel import I32, LEN, VARINT, WireReader, _scalars, _signed, len_field, varint_bytes
 
 __all__ = ["Datum", "datum_array", "decode_datum", "encode_datum", "parse_datum"]
 
@@ -76,16 +76,10 @@ def _reader(record: bytes | memoryview, source: str) -> WireReader:
 
 
 def _int32(r: WireReader, value: int, tag_at: int, what: str) -> int:
-    v = value - (1 << 64) if value >= 1 << 63 else value  # int32 varints are two's complement over 64 bits
+    v = _signed(value)
     if not -(1 << 31) <= v < 1 << 31:
         raise r.fail(tag_at, f"{what} as an int32, found {v}")
     return v
-
-
-def _packed_floats(r: WireReader, start: int, end: int) -> np.ndarray:
-    if (end - start) % 4:
-        raise r.fail(start, f"packed Datum.float_data: a multiple of 4 bytes, found {end - start}")
-    return np.frombuffer(r.buf, dtype="<f4", count=(end - start) // 4, offset=start)
 
 
 def _unpacked_floats(r: WireReader, pos: int, end: int) -> tuple[np.ndarray, int]:
@@ -109,47 +103,25 @@ def parse_datum(record: bytes | memoryview, source: str = "<Datum>") -> Datum:
     floats: list[np.ndarray] = []
     pos, end = 0, len(r.buf)
     while pos < end:
-        tag_at = pos
-        tag, pos = r.varint(pos, end)
-        number, wire = tag >> 3, tag & 7
-        if number == 0:
-            raise r.fail(tag_at, "a field tag with a field number > 0")
-        if wire == VARINT:
-            value, pos = r.varint(pos, end)
-            if number in (1, 2, 3, 5):
-                name = ("channels", "height", "width", "", "label")[number - 1]
-                setattr(datum, name, _int32(r, value, tag_at, f"Datum.{name}"))
-            elif number == 7:
-                datum.encoded = bool(value)
-            elif number in (4, 6):
-                r.expect(wire, LEN if number == 4 else I32, number, "Datum", tag_at)
-        elif wire == LEN:
-            length, pos = r.varint(pos, end)
-            if pos + length > end:
-                raise r.fail(pos, f"{length} bytes of field {number}, only {end - pos} left")
-            if number == 4:
-                datum.data = r.buf[pos : pos + length]
-            elif number == 6:
-                floats.append(_packed_floats(r, pos, pos + length))
-            elif number in (1, 2, 3, 5, 7):
-                r.expect(wire, VARINT, number, "Datum", tag_at)
-            pos += length
-        elif wire in (I32, I64):
-            size = 4 if wire == I32 else 8
-            if pos + size > end:
-                raise r.fail(pos, f"{size} bytes of field {number}, only {end - pos} left")
-            if number == 6 and wire == I32:
-                if pos == tag_at + 1:  # the usual one-byte tag: take the whole run of floats at once
-                    run, pos = _unpacked_floats(r, tag_at, end)
-                else:
-                    run, pos = np.frombuffer(r.buf, dtype="<f4", count=1, offset=pos), pos + 4
+        for number, wire, a, b, tag_at in r.fields(pos, end):
+            if number == 6 and wire == I32 and a == tag_at + 1:
+                # the usual one-byte tag: take the whole run of unpacked floats at once, then read on after it
+                run, pos = _unpacked_floats(r, tag_at, end)
                 floats.append(run)
-                continue
-            if number in (1, 2, 3, 4, 5, 6, 7):  # float_data (6) takes 32-bit values, never 64-bit ones
+                break
+            if number in (1, 2, 3, 5) and wire == VARINT:
+                name = ("channels", "height", "width", "", "label")[number - 1]
+                setattr(datum, name, _int32(r, a, tag_at, f"Datum.{name}"))
+            elif number == 7 and wire == VARINT:
+                datum.encoded = bool(a)
+            elif number == 4 and wire == LEN:
+                datum.data = r.buf[a:b]
+            elif number == 6 and wire in (LEN, I32):
+                floats.append(_scalars(r, wire, a, b, "<f4", tag_at, "packed Datum.float_data"))
+            elif 1 <= number <= 7:  # a known field with the wrong wire type; float_data never takes 64-bit values
                 r.expect(wire, {4: LEN, 6: I32}.get(number, VARINT), number, "Datum", tag_at)
-            pos += size
         else:
-            raise r.fail(tag_at, f"wire type 0, 1, 2 or 5 for field {number}, found {wire}")
+            break
     if floats:
         datum.float_data = floats[0] if len(floats) == 1 else np.concatenate(floats)
     return datum
@@ -257,27 +229,21 @@ def encode_datum(array: np.ndarray, label: int = 0, *, encoding: str | None = No
         arr = arr[None]
     if arr.ndim != 3:
         raise DataError(f"encode_datum takes a C×H×W (or H×W) array; got shape {arr.shape}.")
-    out = bytearray()
+    # fields in number order: dimensions 1-3 and data 4 before the label 5, float_data 6 / encoded 7 after it
+    dims = b"".join(varint_bytes(number << 3) + varint_bytes(int(value)) for number, value in zip((1, 2, 3), arr.shape))
     if encoding is not None:
-        out += _field_bytes(4, _encode_image(arr, encoding))
-        out += varint_bytes(5 << 3) + varint_bytes(int(label))
-        out += varint_bytes(7 << 3) + varint_bytes(1)
-        return bytes(out)
-    for number, value in zip((1, 2, 3), arr.shape):
-        out += varint_bytes(number << 3) + varint_bytes(int(value))
-    if arr.dtype == np.uint8:
-        out += _field_bytes(4, np.ascontiguousarray(arr).tobytes())
-        out += varint_bytes(5 << 3) + varint_bytes(int(label))
+        before, after = _field_bytes(4, _encode_image(arr, encoding)), varint_bytes(7 << 3) + varint_bytes(1)
+    elif arr.dtype == np.uint8:
+        before, after = dims + _field_bytes(4, np.ascontiguousarray(arr).tobytes()), b""
     elif np.issubdtype(arr.dtype, np.floating):
-        out += varint_bytes(5 << 3) + varint_bytes(int(label))
         flat = np.ascontiguousarray(arr, dtype="<f4").reshape(-1)
         rows = np.empty((flat.size, 5), dtype=np.uint8)  # unpacked: tag (6 << 3 | 5) + 4 bytes per float
         rows[:, 0] = (6 << 3) | I32
         rows[:, 1:] = flat.view(np.uint8).reshape(-1, 4)
-        out += rows.tobytes()
+        before, after = dims, rows.tobytes()
     else:
         raise DataError(f"encode_datum stores uint8 pixels or floats; got dtype {arr.dtype}.")
-    return bytes(out)
+    return before + varint_bytes(5 << 3) + varint_bytes(int(label)) + after
 
 
 def _field_bytes(number: int, payload: bytes) -> bytes:

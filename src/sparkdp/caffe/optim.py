@@ -5,9 +5,8 @@ Each optimizer does Caffe's *Regularize* and *ComputeUpdateValue* followed by
 in :class:`sparkdp.caffe.solver.CaffeSolver`.  Differences from ``torch.optim``
 that these classes exist for:
 
-* SGD's history includes the rate (``v <- m*v + lr*g; w <- w - v``), so after a
-  rate change the old rate keeps acting through the momentum (torch rescales).
-* Adam's epsilon is not bias-corrected.
+* SGD's history includes the rate and Adam's epsilon is not bias-corrected
+  (docs/algorithms.md §9).
 * Per-group ``lr_mult`` and ``decay_mult`` (default 1) multiply the group's ``lr``
   and ``weight_decay``, as Caffe's ParamSpec does; ``regularization`` is "L2" or
   "L1" (``weight_decay * decay_mult * sign(w)``).
@@ -25,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Iterable
 from typing import Any
@@ -280,13 +280,9 @@ def make_optimizer(spec: Any, params: Any) -> CaffeOptimizer:
         spec: a :class:`sparkdp.caffe.solver.SolverSpec` (or anything with its fields).
         params: tensors or torch param groups (may carry ``lr_mult``/``decay_mult``).
     """
+    cls = SOLVER_TYPES[spec.type]
+    # each type's own hyper-parameters (momentum, delta, ...) are named as the solver's fields
+    names = [n for n, p in inspect.signature(cls.__init__).parameters.items()
+             if p.kind is p.POSITIONAL_OR_KEYWORD and n not in ("self", "params", "lr")]
     common = dict(lr=spec.base_lr, weight_decay=spec.weight_decay, regularization=spec.regularization_type)
-    hyper = {
-        "SGD": dict(momentum=spec.momentum),
-        "Nesterov": dict(momentum=spec.momentum),
-        "AdaGrad": dict(delta=spec.delta),
-        "RMSProp": dict(rms_decay=spec.rms_decay, delta=spec.delta),
-        "AdaDelta": dict(momentum=spec.momentum, delta=spec.delta),
-        "Adam": dict(momentum=spec.momentum, momentum2=spec.momentum2, delta=spec.delta),
-    }[spec.type]
-    return SOLVER_TYPES[spec.type](params, **common, **hyper)
+    return cls(params, **common, **{n: getattr(spec, n) for n in names})

@@ -50,7 +50,7 @@ from .spec import is_prototxt_path
 
 __all__ = [
     "build_model", "data_sample_shape", "effective_batch_size", "fit_caffe", "net_sources", "plan_epochs",
-    "solver_net_source",
+    "plan_run", "solver_net_source",
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)
@@ -129,6 +129,18 @@ def plan_epochs(spec: SolverSpec, batch_size: int, workers: int, rows: int | Non
     return epochs
 
 
+def plan_run(spec: SolverSpec, batch_size: int, workers: int | None, rows: int | None, *,
+             master: str | None = None, spark: Any = None) -> tuple[int, int, Any]:
+    """``(workers, epochs, spark)``; ``workers`` None is the task slots of ``spark`` or ``master`` (2 if unknown)."""
+    if workers is None:
+        from ..spark.cluster import task_slots
+        from ..spark.session import session
+
+        spark = spark or session(master)
+        workers = task_slots(spark) or 2
+    return workers, plan_epochs(spec, batch_size, workers, rows), spark
+
+
 def fit_caffe(
     net: Any,
     solver: Any,
@@ -198,21 +210,12 @@ def fit_caffe(
         raw_scale=1.0 if raw_scale is None else raw_scale,
         weights=weights,
         seed=seed,
-        apply_transform=sources is None,
-        input_shapes=sources.fed_shapes if sources is not None else None,
+        sources=sources,
     )
-    if sources is not None:
-        sources.check_model(model)
     batch = effective_batch_size(model, spec, batch_size)
     if epochs is None:
-        if workers is None:
-            from ..spark.cluster import task_slots
-            from ..spark.session import session
-
-            spark = spark or session(master)
-            workers = task_slots(spark) or 2
         rows = data.num_samples() if hasattr(data, "num_samples") else _rows(data)
-        epochs = plan_epochs(spec, batch, workers, rows)
+        workers, epochs, spark = plan_run(spec, batch, workers, rows, master=master, spark=spark)
     return fit(
         model,
         data,
@@ -271,14 +274,20 @@ def build_model(
     seed: int = 0,
     apply_transform: bool = True,
     input_shapes: dict[str, Sequence[int]] | None = None,
+    sources: Any = None,
 ) -> CaffeClassifier:
     """The :class:`CaffeClassifier` to train (fillers seeded by ``seed``), with initial weights if given.
 
     ``apply_transform=False`` when the data comes transformed (the net's own sources,
     ``caffe/sources/``); ``input_shapes`` gives the shapes of other fed tops (HDF5Data labels).
+    With ``sources`` (the net's own, :func:`net_sources`) the model takes their sample and fed
+    shapes, leaves the transform to them, and is checked against them.
     """
     from .weights import load_weights
 
+    if sources is not None:
+        sample_shape, apply_transform = sources.sample_shape, False
+        input_shapes = {**sources.fed_shapes, **(input_shapes or {})}
     _note_ignored(spec)
     torch.manual_seed(seed)
     model = CaffeClassifier(
@@ -292,6 +301,8 @@ def build_model(
             ", ".join(summary.loaded),
             f" (ignored file layers: {', '.join(summary.ignored)})" if summary.ignored else "",
         )
+    if sources is not None:
+        sources.check_model(model)
     return model
 
 

@@ -37,6 +37,7 @@ import torch
 
 from ..errors import ConfigError
 from ..files import atomic_write
+from . import caffemodel
 from .caffemodel import CaffeLayerBlobs, DecodedNet, decode_net, write_caffemodel
 
 __all__ = ["LoadSummary", "WeightsMismatchError", "load_weights", "save_weights"]
@@ -70,18 +71,20 @@ def _fits(target: tuple[int, ...], blob: np.ndarray, legacy: bool) -> bool:
     return len(target) <= 4 and (1,) * (4 - len(target)) + target == tuple(blob.shape)
 
 
+def check_directory(path: Path, doing: str) -> None:
+    """Raise ``cannot {doing} PATH: directory ... does not exist.`` unless ``path``'s directory exists."""
+    directory = path.parent if str(path.parent) else Path(".")
+    if not directory.is_dir():
+        raise ConfigError(f"cannot {doing} {str(path)!r}: directory {str(directory)!r} does not exist.")
+
+
 def _read(source: Any) -> tuple[list[CaffeLayerBlobs], str, str]:
     """(layers, version, label for messages) from a path, DecodedNet or layer list."""
     if isinstance(source, DecodedNet):
         return source.layers, source.version, "the given net"
     if isinstance(source, (str, os.PathLike)):
         label = os.fspath(source)
-        try:
-            with open(label, "rb") as handle:
-                data = handle.read()
-        except OSError as err:
-            raise ConfigError(f"cannot read .caffemodel {label!r}: {err.strerror or err}") from err
-        decoded = decode_net(data, label)
+        decoded = decode_net(caffemodel._read(label, ".caffemodel"), label)
         return decoded.layers, decoded.version, label
     if isinstance(source, Iterable):
         return list(source), "", "the given layers"
@@ -188,11 +191,7 @@ def save_weights(module: Any, path: str | os.PathLike[str], *, name: str = "") -
         The destination path.
     """
     path = Path(path)
-    directory = path.parent if str(path.parent) else Path(".")
-    if not directory.is_dir():
-        raise ConfigError(
-            f"cannot save weights to {str(path)!r}: directory {str(directory)!r} does not exist."
-        )
+    check_directory(path, "save weights to")
     layers = []
     for lname, ltype in module.caffe_layers:
         blobs = [t.detach().to("cpu", torch.float32).contiguous().numpy() for t in module.blobs_of(lname)]

@@ -22,7 +22,7 @@ from ..caffe.train import (
     data_sample_shape,
     effective_batch_size,
     net_sources,
-    plan_epochs,
+    plan_run,
     solver_net_source,
 )
 from ..config import JobConfig
@@ -97,26 +97,19 @@ def cli_job(args: Any, job: JobConfig, data: Any, model_desc: dict[str, Any]) ->
     model = build_model(
         net,
         spec,
-        sample_shape=sources.sample_shape if sources is not None else data_sample_shape(data),
+        sample_shape=data_sample_shape(data) if sources is None else None,
         raw_scale=raw_scale,
         weights=args.caffe_weights,
         seed=job.training.seed,
-        apply_transform=sources is None,
-        input_shapes={**(sources.fed_shapes if sources is not None else {}), **given} or None,
+        input_shapes=given or None,
+        sources=sources,
     )
-    if sources is not None:
-        sources.check_model(model)
     batch = effective_batch_size(model, spec, args.batch_size)
     epochs = args.epochs
     if epochs is None:
-        workers = job.scaling.workers
-        if workers is None:
-            from ..spark.cluster import task_slots
-            from ..spark.session import session
-
-            workers = task_slots(session(job.scaling.master)) or 2
-        num_samples = getattr(data, "num_samples", None)
-        epochs = plan_epochs(spec, batch, workers, num_samples() if callable(num_samples) else None)
+        num_samples = getattr(data, "num_samples", None)  # None for a Parquet path
+        rows = num_samples() if callable(num_samples) else None
+        _, epochs, _ = plan_run(spec, batch, job.scaling.workers, rows, master=job.scaling.master)
     model_desc["caffe_net"] = str(Path(net).resolve()) if isinstance(net, Path) else "(inline in solver)"
     model_desc["caffe_solver"] = str(Path(args.caffe_solver).resolve())
     if args.caffe_weights:

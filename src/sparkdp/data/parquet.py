@@ -29,19 +29,17 @@ import pyarrow as pa
 import pyarrow.dataset as pds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-import torch
 
 from ..errors import DataError
 from .arrow import ArrowConverter
-from .base import WorkerData
-from .shuffle import rank_segments, rebatch, seeded_generator, unit_order
+from .shuffle import Chunk, UnitData, rank_segments
 
 log = logging.getLogger(__name__)
 
 Segment = tuple[int, int, int]  # (unit index, first row, end row) within a row group
 
 
-class ParquetData(WorkerData):
+class ParquetData(UnitData):
     """Training data in Parquet files (a file, a directory of part files, or a list of files).
 
     Args:
@@ -94,16 +92,8 @@ class ParquetData(WorkerData):
         """Per-worker counts the training loop sums over ranks and reports."""
         return {"dropped_null_rows": self.converter.dropped}
 
-    # ------------------------------------------------------------- assignment
-    def segments(self, *, rank: int, world_size: int, epoch: int, seed: int, shuffle: bool,
-                 pad: bool = True) -> list[Segment]:
-        """The row ranges ``(unit, start, end)`` rank ``rank`` reads in ``epoch``.
-
-        With ``pad`` every rank gets ``ceil(rows / world_size)`` rows (wrapping around);
-        without it the rows are split without repetition (for evaluation).
-        """
-        order = unit_order(len(self.units), epoch, seed, shuffle)
-        return rank_segments([unit[2] for unit in self.units], order, rank=rank, world_size=world_size, pad=pad)
+    def unit_rows(self) -> list[int]:
+        return [unit[2] for unit in self.units]
 
     # ------------------------------------------------------------------ reading
     def record_batches(self, segments: list[Segment]) -> Iterator[pa.RecordBatch]:
@@ -129,23 +119,13 @@ class ParquetData(WorkerData):
                     if offset >= stop:
                         break
 
-    def batches(self, *, rank: int, world_size: int, epoch: int, batch_size: int,
-                seed: int, shuffle: bool = True) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        segs = self.segments(rank=rank, world_size=world_size, epoch=epoch, seed=seed, shuffle=shuffle)
-        chunks = (self.converter.convert(rb) for rb in self.record_batches(segs))
-        buffer = self.shuffle_buffer if shuffle else 0
-        yield from rebatch(chunks, batch_size, buffer_rows=buffer,  # type: ignore[misc]  # rebatch yields tuple[Tensor, ...]: these chunks are (features, labels)
-                           generator=seeded_generator(seed, epoch, rank))
-
-    def eval_batches(self, *, rank: int, world_size: int, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        segs = self.segments(rank=rank, world_size=world_size, epoch=0, seed=0, shuffle=False, pad=False)
-        chunks = (self.converter.convert(rb) for rb in self.record_batches(segs))
-        yield from rebatch(chunks, batch_size)  # type: ignore[misc]  # rebatch yields tuple[Tensor, ...]: these chunks are (features, labels)
+    def read(self, segments: list[Segment], *, seed: int, epoch: int, rank: int) -> Iterator[Chunk]:
+        return (self.converter.convert(rb) for rb in self.record_batches(segments))
 
     def sample(self, rows: int = 2) -> pa.RecordBatch:
         """The first ``rows`` rows (read on the driver, for checks before training)."""
         segments, left = [], min(rows, self.rows)
-        for unit, first, end in rank_segments([u[2] for u in self.units], range(len(self.units)), rank=0,
+        for unit, first, end in rank_segments(self.unit_rows(), range(len(self.units)), rank=0,
                                               world_size=1, pad=False):
             take = min(end - first, left)
             segments.append((unit, first, first + take))

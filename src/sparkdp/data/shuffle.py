@@ -13,9 +13,12 @@ uniform permutation of the whole stream.
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 
 import torch
+
+from .base import WorkerData
 
 Chunk = Sequence[torch.Tensor]
 
@@ -141,3 +144,45 @@ def _swap_through_buffer(chunks: Iterable[Chunk], capacity: int,
     if buffer is not None and filled:
         perm = torch.randperm(filled, generator=generator)
         yield tuple(b[:filled].index_select(0, perm) for b in buffer)
+
+
+class UnitData(WorkerData):
+    """WorkerData stored in units of rows (Parquet row groups, blocks of Caffe records), each rank
+    reading its :func:`rank_segments` of a per-epoch :func:`unit_order`, rows mixed by :func:`rebatch`.
+
+    Subclasses give :meth:`unit_rows`, :meth:`read` and ``shuffle_buffer``; ``can_shuffle``
+    False keeps storage order even when the loop asks for shuffling."""
+
+    shuffle_buffer: int
+    can_shuffle = True
+
+    @abstractmethod
+    def unit_rows(self) -> list[int]:
+        """Rows per unit, in storage order."""
+
+    @abstractmethod
+    def read(self, segments: list[tuple[int, int, int]], *, seed: int, epoch: int, rank: int) -> Iterator[Chunk]:
+        """The ``(features, labels)`` chunks of ``segments``, in order."""
+
+    def segments(self, *, rank: int, world_size: int, epoch: int, seed: int, shuffle: bool,
+                 pad: bool = True) -> list[tuple[int, int, int]]:
+        """The ``(unit, first, end)`` row ranges rank ``rank`` reads in ``epoch``, in reading order.
+
+        With ``pad`` every rank gets ``ceil(rows / world_size)`` rows (the last wraps around to
+        the first ones); without it the rows are split without repetition (for evaluation).
+        """
+        sizes = self.unit_rows()
+        order = unit_order(len(sizes), epoch, seed, shuffle and self.can_shuffle)
+        return rank_segments(sizes, order, rank=rank, world_size=world_size, pad=pad)
+
+    def batches(self, *, rank: int, world_size: int, epoch: int, batch_size: int,
+                seed: int, shuffle: bool = True) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        shuffle = shuffle and self.can_shuffle
+        segs = self.segments(rank=rank, world_size=world_size, epoch=epoch, seed=seed, shuffle=shuffle)
+        yield from rebatch(self.read(segs, seed=seed, epoch=epoch, rank=rank), batch_size,  # type: ignore[misc]  # rebatch yields tuple[Tensor, ...]: these chunks are (features, labels)
+                           buffer_rows=self.shuffle_buffer if shuffle else 0,
+                           generator=seeded_generator(seed, epoch, rank))
+
+    def eval_batches(self, *, rank: int, world_size: int, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        segs = self.segments(rank=rank, world_size=world_size, epoch=0, seed=0, shuffle=False, pad=False)
+        yield from rebatch(self.read(segs, seed=0, epoch=0, rank=rank), batch_size)  # type: ignore[misc]  # rebatch yields tuple[Tensor, ...]: these chunks are (features, labels)

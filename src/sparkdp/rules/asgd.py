@@ -36,19 +36,16 @@ class ASGD(UpdateRule):
     The worker trains with its own ``torch.optim`` optimizer and pushes a
     (pseudo-)gradient ``g`` (:func:`~sparkdp.rules.pseudo_gradient`); the server sets the
     centre's ``.grad`` to ``g`` (times a staleness factor) and steps its own optimizer, by
-    default ``torch.optim.SGD(lr=lr)``, i.e. ``w <- w - lr * g``. Downpour (Dean et al.,
-    NIPS 2012) used AdaGrad on the server (``server_optimizer="adagrad"``). Registered as
-    ``"asgd"``; ``"hogwild"`` is this class with ``locking=Locking.NONE`` (Niu, Recht, Re,
-    Wright, NIPS 2011); ``"sa-asgd"`` is ``staleness_scaling="inverse"`` (Zhang, Gupta,
-    Lian, Liu, IJCAI 2016) and ``"dynsgd"`` is ``staleness_scaling="dynsgd"``.
+    default ``torch.optim.SGD(lr=lr)``, i.e. ``w <- w - lr * g``. Registered as ``"asgd"``;
+    ``"hogwild"`` is ``locking=Locking.NONE``, ``"sa-asgd"`` ``staleness_scaling="inverse"``,
+    ``"dynsgd"`` ``staleness_scaling="dynsgd"`` (sources: docs/algorithms.md §4).
     ``Push.local_steps`` is not used: the worker already divides by ``k`` (section 8).
 
     Args:
         lr: server learning rate (> 0). With the ADAG-normalised pseudo-gradient,
             ``lr`` equal to the worker's learning rate moves the centre as far as one
             worker's average step; lower it (roughly by the number of workers) if the
-            loss oscillates or diverges as workers are added -- asynchrony adds implicit
-            momentum ``1 - 1/M`` (Mitliagkas et al. 2016).
+            loss oscillates or diverges as workers are added (docs/algorithms.md §4).
         server_optimizer: a ``torch.optim`` name (``"sgd"``, ``"adam"``, ``"adagrad"``,
             ... case-insensitive) built as ``cls(params, lr=lr, **server_optimizer_kwargs)``,
             or a callable ``params -> Optimizer`` (then ``lr`` and the kwargs are not used).

@@ -98,10 +98,8 @@ class DelayCompensatedRule(UpdateRule):
 class DCASGD(DelayCompensatedRule):
     """DC-ASGD: ``w <- w - lr * (g + lambda_t * g*g * (w - w_bak(m)))`` (Zheng et al., ICML 2017).
 
-    The pushed gradient was computed at the backup ``w_bak(m)`` the worker pulled; a
-    first-order Taylor step with the diagonal Hessian approximation ``lambda * g*g``
-    moves it toward the gradient at the current centre. Backups are per worker
-    (Multiverso / TensorFlow contrib), not per parameter as in MXNet's ``DCASGD``.
+    The Taylor correction toward the current centre: see docs/algorithms.md §6. Backups
+    ``w_bak(m)`` are per worker, not per parameter as in MXNet's ``DCASGD``.
 
     Args:
         lr: server learning rate (> 0); workers push raw gradients or pseudo-gradients.

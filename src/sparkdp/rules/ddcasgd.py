@@ -18,7 +18,7 @@ from .functional import delay_cap, delay_compensation, momentum_for_delay
 class DDCASGD(DelayCompensatedRule):
     """Dynamic delay-compensated ASGD: DC-ASGD-a whose momentum and correction depend on each push's delay.
 
-    Per push of staleness ``tau`` from worker ``m`` (section 7.2)::
+    Per push of staleness ``tau`` from worker ``m`` (docs/algorithms.md §7.1)::
 
         V    <- beta*V + (1 - beta) g*g
         lam  = lambda_ * min(1, tau_c / max(tau, 1)) / sqrt(V + eps)
@@ -26,29 +26,15 @@ class DDCASGD(DelayCompensatedRule):
         mu   = L / (1 + L),  L = max(lag_min, momentum / (1 - momentum) - tau)
         u    <- mu*u + (g + c);   w <- w - lr*u
 
-    Asynchrony already adds about ``tau`` updates of lag, so the explicit momentum gets
-    only the remainder of the single-machine lag budget (``mu = momentum`` at ``tau = 0``,
-    0 for ``tau >= 9`` with 0.9); the correction is trusted fully up to ``tau_c`` and
-    clipped so it never flips a gradient's sign. One worker (``tau = 0``) is exactly
-    momentum SGD; ``momentum = 0, tau_c = kappa = inf`` is DC-ASGD-a (Zheng et al., ICML
-    2017). The lag budget follows the implicit-momentum analysis of Mitliagkas, Zhang,
-    Hadjis, Re (2016).
-
-    The rule owns the momentum, so workers push **raw gradients** (``pushes =
-    PushKind.GRADIENT``: the mean mini-batch gradient of the local steps since the last
-    push), whatever the worker's own optimizer is. The formulation needs that: fed the
-    pseudo-gradient of a momentum worker (its momentum buffer, up to ``1/(1 - mu_w)``
-    times the gradient) the server's momentum compounds it, the step is about
-    ``lr / ((1 - mu_w)(1 - mu_tau))`` times the gradient (0.9 for lr 0.01 and 0.9/0.9)
-    and training diverges -- the built-in CNN stayed at chance that way. The
-    worker optimizer still takes the local steps between pushes (``push_every > 1``).
+    Why each piece, the defaults and the reductions (one worker is momentum SGD;
+    ``momentum = 0, tau_c = kappa = inf`` is DC-ASGD-a): see docs/algorithms.md §7.1-7.2.
+    Workers push **raw gradients** (``pushes = PushKind.GRADIENT``) whatever their own
+    optimizer: fed a momentum worker's pseudo-gradient the two momenta compound and training
+    diverges (docs/algorithms.md §7.3).
 
     Args:
         lr: server learning rate (> 0), the ``eta`` of momentum SGD that one worker reproduces.
-            Default 0.02: on the built-in CNNs with two workers and batch 64, 0.01 learned
-            about 2 points slower than DC-ASGD in one epoch and 0.05 diverged for one seed
-            of three (``benchmarks/async_rule_trace.py``; docs/algorithms.md). Each push
-            moves the centre by about ``lr / (1 - mu_tau)`` gradients: lower it if the
+            Default 0.02, chosen on measurements (docs/algorithms.md §7.2): lower it if the
             loss spikes early.
         momentum: ``mu_0`` in [0, 1), the single-machine momentum (default 0.9).
         lag_min: ``L_min`` >= 0 (default 0): the least lag left to explicit momentum. Raise

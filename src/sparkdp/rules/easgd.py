@@ -20,15 +20,11 @@ class EASGD(UpdateRule):
     Workers train on their own (with their own optimizer) and every exchange pulls
     worker and centre toward each other instead of overwriting the worker.
 
-    ``variant="async"`` (paper Alg. 1, authors' code): the worker computes the elastic
-    difference ``e = alpha * (x_i - x_centre)`` from the centre it just pulled, moves
-    ``x_i -= e`` and pushes ``e``; the server does ``x_centre += e`` (so ``x_i + x_centre`` is
-    conserved by an exchange). ``merge`` is a no-op: the worker already moved.
-
-    ``variant="deepspark"`` (DeepSpark's lock-free variant, section 5.3): the worker
-    pushes its full weights and moves ``x_i <- (1 - alpha) x_i + alpha x_centre_old``; the
-    server does ``x_centre <- (1 - alpha_s) x_centre + alpha_s x_i`` without a lock, with
-    ``alpha_s = alpha * server_factor``.
+    ``variant="async"`` (paper Alg. 1): ``e = alpha * (x_i - x_centre)``, the worker moves
+    ``x_i -= e`` and pushes ``e``, the server does ``x_centre += e``; ``merge`` is a no-op
+    since the worker already moved. ``variant="deepspark"`` (lock-free): the worker pushes
+    its full weights, ``x_i <- (1 - alpha) x_i + alpha x_centre_old``, and the server does
+    ``x_centre <- (1 - alpha_s) x_centre + alpha_s x_i``. See docs/algorithms.md §5.
 
     Args:
         alpha: moving rate in (0, 1). Default ``0.9 / num_workers`` for ``"async"`` (the

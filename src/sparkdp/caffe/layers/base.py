@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...errors import ConfigError
+from ...errors import ConfigError, DataError
 from ...registry import Registry
 from ..spec import LayerSpec
 from ..textformat import Message
@@ -83,6 +83,12 @@ class CaffeLayer(nn.Module):
         for name, value in zip(self.config, values, strict=True):
             setattr(self, name, value)
 
+    def add_weight_bias(self, weight_shape: Shape, bias_size: int | None) -> None:
+        """Zero ``weight`` and, with a ``bias_size``, ``bias`` blobs (else ``bias`` is None), and their blob_names."""
+        self.weight = nn.Parameter(torch.zeros(weight_shape))
+        self.register_parameter("bias", nn.Parameter(torch.zeros(bias_size)) if bias_size is not None else None)
+        self.blob_names = ("weight", "bias") if bias_size is not None else ("weight",)
+
     def caffe_blobs(self) -> list[torch.Tensor]:
         return [getattr(self, name) for name in self.blob_names]
 
@@ -114,6 +120,18 @@ def expect_tops(layer: LayerSpec, low: int, high: int | None = None) -> None:
     if not low <= len(layer.tops) <= high:
         wanted = str(low) if low == high else f"{low} to {high}"
         raise fail(layer, f"needs {wanted} top blob(s), got {len(layer.tops)}")
+
+
+def check_range(values: torch.Tensor, high: int, who: str, what: str, note: str = "") -> None:
+    """DataError naming (up to five of) the ``values`` outside ``[0, high)``."""
+    outside = (values < 0) | (values >= high)
+    if bool(outside.any()):
+        raise DataError(f"{who}: {what} must lie in [0, {high}){note}; got {values[outside][:5].tolist()}")
+
+
+def one_label_per_row(layer: LayerSpec, shapes: list[Shape]) -> None:
+    if count(shapes[1]) != shapes[0][0]:
+        raise fail(layer, f"needs one label per row: {shapes[0][0]} rows but label shape {list(shapes[1])}")
 
 
 def same_shapes(layer: LayerSpec, shapes: list[Shape]) -> None:

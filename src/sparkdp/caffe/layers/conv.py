@@ -64,10 +64,8 @@ class Conv(CaffeLayer):
         transposed: bool,
     ) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.zeros(weight_shape))
         num_output = weight_shape[1] * groups if transposed else weight_shape[0]
-        self.register_parameter("bias", nn.Parameter(torch.zeros(num_output)) if bias else None)
-        self.blob_names = ("weight", "bias") if bias else ("weight",)
+        self.add_weight_bias(weight_shape, num_output if bias else None)
         self.axis, self.stride, self.pad, self.dilation, self.groups = axis, stride, pad, dilation, groups
         self.fn = (_DECONV if transposed else _CONV)[len(stride)]
 

@@ -13,13 +13,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...errors import DataError
 from ..spec import LayerSpec
 from .base import (
     BuildContext,
     Built,
     CaffeLayer,
     Shape,
+    check_range,
     converter,
     fail,
     flag,
@@ -34,16 +34,12 @@ class Embed(CaffeLayer):
 
     def __init__(self, input_dim: int, n: int, bias: bool, who: str) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.zeros(input_dim, n))
-        self.register_parameter("bias", nn.Parameter(torch.zeros(n)) if bias else None)
-        self.blob_names = ("weight", "bias") if bias else ("weight",)
+        self.add_weight_bias((input_dim, n), n if bias else None)
         self.who = who
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
         index = x.to(torch.int64)
-        if bool(((index < 0) | (index >= self.weight.shape[0])).any()):
-            bad = index[(index < 0) | (index >= self.weight.shape[0])][:5].tolist()
-            raise DataError(f"{self.who}: indices must lie in [0, {self.weight.shape[0]}) (input_dim); got {bad}")
+        check_range(index, self.weight.shape[0], self.who, "indices", " (input_dim)")
         out = F.embedding(index, self.weight)
         return (out + self.bias if self.bias is not None else out,)
 

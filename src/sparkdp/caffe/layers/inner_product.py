@@ -31,9 +31,7 @@ class InnerProduct(CaffeLayer):
 
     def __init__(self, k: int, n: int, axis: int, bias: bool, transpose: bool) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.zeros((k, n) if transpose else (n, k)))
-        self.register_parameter("bias", nn.Parameter(torch.zeros(n)) if bias else None)
-        self.blob_names = ("weight", "bias") if bias else ("weight",)
+        self.add_weight_bias((k, n) if transpose else (n, k), n if bias else None)
         self.axis, self.transpose = axis, transpose
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:

@@ -11,7 +11,6 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ...errors import DataError
 from ..spec import LayerSpec
 from .base import (
     FLT_MIN,
@@ -20,6 +19,7 @@ from .base import (
     CaffeLayer,
     Shape,
     canonical_axis,
+    check_range,
     converter,
     count,
     enum,
@@ -28,6 +28,7 @@ from .base import (
     fail,
     flag,
     integer,
+    one_label_per_row,
 )
 
 _NORMALIZATIONS = ("FULL", "VALID", "BATCH_SIZE", "NONE")
@@ -45,9 +46,7 @@ def _labels(
     lab = label.reshape(-1).long()
     valid = lab != ignore if ignore is not None else torch.ones_like(lab, dtype=torch.bool)
     safe = torch.where(valid, lab, torch.zeros_like(lab))
-    if bool(((safe < 0) | (safe >= classes)).any()):
-        bad = lab[valid & ((lab < 0) | (lab >= classes))][:5].tolist()
-        raise DataError(f"{who}: labels must lie in [0, {classes}) (or equal ignore_label); got {bad}")
+    check_range(safe, classes, who, "labels", " (or equal ignore_label)")  # ignored labels are 0 in safe
     return safe, valid
 
 
@@ -231,8 +230,7 @@ class MultinomialLogisticLoss(CaffeLayer):
 
 @converter("MultinomialLogisticLoss", bottoms=2, tops=1)
 def multinomial_logistic_loss(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
-    if count(shapes[1]) != shapes[0][0]:
-        raise fail(layer, f"needs one label per row: {shapes[0][0]} rows but label shape {list(shapes[1])}")
+    one_label_per_row(layer, shapes)
     return Built(MultinomialLogisticLoss(layer.describe()), [()])
 
 

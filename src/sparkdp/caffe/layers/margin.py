@@ -10,19 +10,20 @@ from __future__ import annotations
 
 import torch
 
-from ...errors import DataError
 from ..spec import LayerSpec
 from .base import (
     BuildContext,
     Built,
     CaffeLayer,
     Shape,
+    check_range,
     converter,
     count,
     enum,
     fail,
     flag,
     number,
+    one_label_per_row,
 )
 
 
@@ -75,9 +76,7 @@ class HingeLoss(CaffeLayer):
     def forward(self, x: torch.Tensor, label: torch.Tensor) -> tuple[torch.Tensor]:
         rows = x.reshape(x.shape[0], -1)
         lab = label.reshape(-1, 1).to(torch.int64)
-        if bool(((lab < 0) | (lab >= rows.shape[1])).any()):
-            bad = lab[(lab < 0) | (lab >= rows.shape[1])][:5].tolist()
-            raise DataError(f"{self.who}: labels must lie in [0, {rows.shape[1]}); got {bad}")
+        check_range(lab, rows.shape[1], self.who, "labels")
         sign = torch.ones_like(rows)
         sign.scatter_(1, lab, -1.0)
         margins = torch.clamp(1.0 + sign * rows, min=0.0)
@@ -87,7 +86,6 @@ class HingeLoss(CaffeLayer):
 
 @converter("HingeLoss", bottoms=2, tops=1)
 def hinge_loss(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> Built:
-    if count(shapes[1]) != shapes[0][0]:
-        raise fail(layer, f"needs one label per row: {shapes[0][0]} rows but label shape {list(shapes[1])}")
+    one_label_per_row(layer, shapes)
     norm = enum(layer, layer.sub("hinge_loss_param"), "norm", "L1", ("", "L1", "L2"))  # proto enum: L1 = 1
     return Built(HingeLoss(norm == "L2", layer.describe()), [()])

@@ -44,15 +44,27 @@ from .fillers import fill_blobs
 
 
 class _Recurrent(CaffeLayer):
-    """Shared input handling; subclasses define the blobs and :meth:`_run`."""
+    """Shared input handling and blobs; subclasses list their blobs and define :meth:`_run`."""
 
     state_names: tuple[str, ...] = ()
+    #: Caffe's blob order: (name, rows in units of ``hidden``, columns: the input ``d``, the static
+    #: input's (blob only with a static input), ``hidden``, or none for a bias)
+    blobs: tuple[tuple[str, int, str], ...] = ()
 
     config = ("hidden", "static", "expose", "who")
     hidden: int
     static: bool
     expose: bool
     who: str
+
+    def __init__(self, d: int, hidden: int, d_static: int | None, expose: bool, who: str) -> None:
+        super().__init__(hidden, d_static is not None, expose, who)
+        columns = {"d": d, "static": d_static or 0, "hidden": hidden}
+        for name, rows, column in self.blobs:
+            if column != "static" or d_static is not None:
+                shape = (rows * hidden, columns[column]) if column else (rows * hidden,)
+                setattr(self, name, nn.Parameter(torch.zeros(shape)))
+                self.blob_names += (name,)
 
     def forward(self, x: torch.Tensor, cont: torch.Tensor, *rest: torch.Tensor) -> tuple[torch.Tensor, ...]:
         steps, batch = x.shape[0], x.shape[1]
@@ -82,26 +94,17 @@ class _Recurrent(CaffeLayer):
 
 class LSTM(_Recurrent):
     state_names = ("h_0", "c_0")
-
-    def __init__(self, d: int, hidden: int, d_static: int | None, expose: bool, who: str) -> None:
-        super().__init__(hidden, d_static is not None, expose, who)
-        self.W_xc = nn.Parameter(torch.zeros(4 * hidden, d))
-        self.b_c = nn.Parameter(torch.zeros(4 * hidden))
-        names = ["W_xc", "b_c"]
-        if d_static is not None:
-            self.W_xc_x_static = nn.Parameter(torch.zeros(4 * hidden, d_static))
-            names.append("W_xc_x_static")
-        self.W_hc = nn.Parameter(torch.zeros(4 * hidden, hidden))
-        self.blob_names = (*names, "W_hc")
+    blobs = (("W_xc", 4, "d"), ("b_c", 4, ""), ("W_xc_x_static", 4, "static"), ("W_hc", 4, "hidden"))
 
     def _run(self, xs, cont, static, states):
-        pre = F.linear(xs, self.W_xc, self.b_c)  # every step's input transform in one product
+        w = dict(zip(self.blob_names, self.caffe_blobs()))
+        pre = F.linear(xs, w["W_xc"], w["b_c"])  # every step's input transform in one product
         if static is not None:
-            pre = pre + F.linear(static, self.W_xc_x_static)
+            pre = pre + F.linear(static, w["W_xc_x_static"])
         h, c = states
         outs = []
         for t in range(xs.shape[0]):
-            gates = pre[t] + F.linear(cont[t] * h, self.W_hc)
+            gates = pre[t] + F.linear(cont[t] * h, w["W_hc"])
             i, f, o, g = gates.chunk(4, dim=-1)  # Caffe's block order: input, forget, output, cell
             c = cont[t] * (torch.sigmoid(f) * c) + torch.sigmoid(i) * torch.tanh(g)
             h = torch.sigmoid(o) * torch.tanh(c)
@@ -111,30 +114,20 @@ class LSTM(_Recurrent):
 
 class RNN(_Recurrent):
     state_names = ("h_0",)
-
-    def __init__(self, d: int, hidden: int, d_static: int | None, expose: bool, who: str) -> None:
-        super().__init__(hidden, d_static is not None, expose, who)
-        self.W_xh = nn.Parameter(torch.zeros(hidden, d))
-        self.b_h = nn.Parameter(torch.zeros(hidden))
-        names = ["W_xh", "b_h"]
-        if d_static is not None:
-            self.W_xh_x_static = nn.Parameter(torch.zeros(hidden, d_static))
-            names.append("W_xh_x_static")
-        self.W_hh = nn.Parameter(torch.zeros(hidden, hidden))
-        self.W_ho = nn.Parameter(torch.zeros(hidden, hidden))
-        self.b_o = nn.Parameter(torch.zeros(hidden))
-        self.blob_names = (*names, "W_hh", "W_ho", "b_o")
+    blobs = (("W_xh", 1, "d"), ("b_h", 1, ""), ("W_xh_x_static", 1, "static"), ("W_hh", 1, "hidden"),
+             ("W_ho", 1, "hidden"), ("b_o", 1, ""))
 
     def _run(self, xs, cont, static, states):
-        pre = F.linear(xs, self.W_xh, self.b_h)
+        w = dict(zip(self.blob_names, self.caffe_blobs()))
+        pre = F.linear(xs, w["W_xh"], w["b_h"])
         if static is not None:
-            pre = pre + F.linear(static, self.W_xh_x_static)
+            pre = pre + F.linear(static, w["W_xh_x_static"])
         (h,) = states
         hs = []
         for t in range(xs.shape[0]):
-            h = torch.tanh(pre[t] + F.linear(cont[t] * h, self.W_hh))
+            h = torch.tanh(pre[t] + F.linear(cont[t] * h, w["W_hh"]))
             hs.append(h)
-        outs = list(torch.tanh(F.linear(torch.stack(hs), self.W_ho, self.b_o))) if hs else []
+        outs = list(torch.tanh(F.linear(torch.stack(hs), w["W_ho"], w["b_o"]))) if hs else []
         return self._tops(outs, xs, [h])
 
 

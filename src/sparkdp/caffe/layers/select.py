@@ -8,19 +8,17 @@ from __future__ import annotations
 
 import torch
 
-from ...errors import DataError
 from ..spec import LayerSpec
-from .base import BuildContext, Built, CaffeLayer, Shape, converter, count, fail
+from .base import BuildContext, Built, CaffeLayer, Shape, check_range, converter, count, fail
 
 
 class BatchReindex(CaffeLayer):
     config = ("who",)
+    who: str
 
     def forward(self, x: torch.Tensor, index: torch.Tensor) -> tuple[torch.Tensor]:
         rows = index.reshape(-1).to(torch.int64)
-        if bool(((rows < 0) | (rows >= x.shape[0])).any()):
-            bad = rows[(rows < 0) | (rows >= x.shape[0])][:5].tolist()
-            raise DataError(f"{self.who}: indices must lie in [0, {x.shape[0]}) (the batch size); got {bad}")
+        check_range(rows, x.shape[0], self.who, "indices", " (the batch size)")
         return (x.index_select(0, rows),)
 
 

@@ -18,8 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...data.base import WorkerData
-from ...data.shuffle import rank_segments, rebatch, seeded_generator, unit_order
+from ...data.shuffle import UnitData
 from ...errors import ConfigError, DataError
 from ..caffemodel import MAX_BLOB_AXES, MAX_BLOB_VALUES
 from ..datum import datum_array, parse_datum
@@ -37,7 +36,7 @@ SHUFFLE_BUFFER_BYTES = 64 << 20
 DEFAULT_BLOCK_ROWS = 256
 
 
-class CaffeDataSource(WorkerData):
+class CaffeDataSource(UnitData):
     """The records of a Caffe data layer's source, sharded by blocks (see the module docstring).
 
     Subclasses set ``blocks`` (rows per block, in storage order) and implement ``_chunks``.
@@ -52,7 +51,7 @@ class CaffeDataSource(WorkerData):
         if block_rows < 1:
             raise ConfigError(f"block_rows must be >= 1; got {block_rows}.")
         self.layer, self.phase = layer, phase
-        self.layer_shuffle = shuffle
+        self.can_shuffle = shuffle  # the layer's own shuffle setting
         self.block_rows = int(block_rows)
         self.blocks: list[int] = []
         self.sample_shape: tuple[int, ...] = ()
@@ -66,41 +65,24 @@ class CaffeDataSource(WorkerData):
         return self.rows
 
     @property
-    def shuffle_buffer(self) -> int:
+    def shuffle_buffer(self) -> int:  # type: ignore[override]  # UnitData's attribute, computed here
         if self._shuffle_buffer is not None:
             return int(self._shuffle_buffer)
         row_bytes = 4 * max(1, math.prod(self.sample_shape))  # exact: an int64 product can wrap to 0
         return max(1, min(10_000, SHUFFLE_BUFFER_BYTES // row_bytes))
 
-    # ------------------------------------------------------------- assignment
-    def segments(self, *, rank: int, world_size: int, epoch: int, seed: int, shuffle: bool,
-                 pad: bool = True) -> list[tuple[int, int, int]]:
-        """``(block, first, end)`` record ranges rank ``rank`` reads in ``epoch``, in reading order.
-
-        With ``pad`` every rank gets ``ceil(records / world_size)`` records (the last wraps
-        around to the first ones); without it the records are split without repetition.
-        """
-        order = unit_order(len(self.blocks), epoch, seed, shuffle and self.layer_shuffle)
-        return rank_segments(self.blocks, order, rank=rank, world_size=world_size, pad=pad)
+    def unit_rows(self) -> list[int]:
+        return self.blocks
 
     # ---------------------------------------------------------------- reading
     def _chunks(self, segments: list[tuple[int, int, int]],
                 rng: np.random.Generator) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         raise NotImplementedError
 
-    def batches(self, *, rank: int, world_size: int, epoch: int, batch_size: int,
-                seed: int, shuffle: bool = True) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        shuffle = shuffle and self.layer_shuffle
-        segs = self.segments(rank=rank, world_size=world_size, epoch=epoch, seed=seed, shuffle=shuffle)
-        rng = np.random.default_rng([int(seed) % 2**32, int(epoch), int(rank), 0xCAFFE])
-        yield from rebatch(self._chunks(segs, rng), batch_size,  # type: ignore[misc]  # rebatch yields tuple[Tensor, ...]: these chunks are (features, labels)
-                           buffer_rows=self.shuffle_buffer if shuffle else 0,
-                           generator=seeded_generator(seed, epoch, rank))
-
-    def eval_batches(self, *, rank: int, world_size: int, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        segs = self.segments(rank=rank, world_size=world_size, epoch=0, seed=0, shuffle=False, pad=False)
-        rng = np.random.default_rng([0, 0, int(rank), 0xCAFFE])
-        yield from rebatch(self._chunks(segs, rng), batch_size)  # type: ignore[misc]  # rebatch yields tuple[Tensor, ...]: these chunks are (features, labels)
+    def read(self, segments: list[tuple[int, int, int]], *, seed: int, epoch: int,
+             rank: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        # the transform's random crops and mirrors: seeded by (seed, epoch, rank) like the shuffle
+        return self._chunks(segments, np.random.default_rng([int(seed) % 2**32, int(epoch), int(rank), 0xCAFFE]))
 
 
 class DatumDBSource(CaffeDataSource):
@@ -350,4 +332,4 @@ class HDF5Source(CaffeDataSource):
 
     def describe(self) -> str:
         return (f"HDF5 {self.list_path!r}: {self.rows} rows in {len(self.files)} file(s), {self.data_top!r} "
-                f"{self.sample_shape}, {self.label_top!r} {self.label_shape}; shuffle {self.layer_shuffle}")
+                f"{self.sample_shape}, {self.label_top!r} {self.label_shape}; shuffle {self.can_shuffle}")

@@ -142,29 +142,28 @@ class DatumTransform:
         flips = rng.integers(0, 2, n).astype(bool) if self.mirror else np.zeros(n, dtype=bool)
         cs = self.crop_size
         if not cs:
-            out = x.astype(np.float32)
-            if self.mean is not None:
-                out -= self.mean
-            elif values is not None:
-                out -= values
-            if flips.any():
-                out[flips] = out[flips][..., ::-1]
-            out *= scale
-            return out
-        if self.train:
-            hoff = rng.integers(0, height - cs + 1, n)
-            woff = rng.integers(0, width - cs + 1, n)
+            out, mean = x.astype(np.float32), self.mean
         else:
-            hoff = np.full(n, (height - cs) // 2)
-            woff = np.full(n, (width - cs) // 2)
-        out = np.empty((n, c, cs, cs), dtype=np.float32)
-        for i in range(n):
-            rows, cols = slice(int(hoff[i]), int(hoff[i]) + cs), slice(int(woff[i]), int(woff[i]) + cs)
-            v = x[i, :, rows, cols].astype(np.float32)
+            if self.train:
+                hoff = rng.integers(0, height - cs + 1, n)
+                woff = rng.integers(0, width - cs + 1, n)
+            else:
+                hoff = np.full(n, (height - cs) // 2)
+                woff = np.full(n, (width - cs) // 2)
+            crops = [(slice(h, h + cs), slice(w, w + cs)) for h, w in zip(hoff.tolist(), woff.tolist())]
+            out = np.empty((n, c, cs, cs), dtype=np.float32)
+            for i, (rows, cols) in enumerate(crops):
+                out[i] = x[i, :, rows, cols]
+            mean = None
             if self.mean is not None:  # indexed at the cropped position, as Caffe's data_index
-                v -= self.mean[:, rows, cols]
-            elif values is not None:
-                v -= values
-            out[i] = v[..., ::-1] if flips[i] else v
+                mean = np.empty((n, c, cs, cs), dtype=self.mean.dtype)
+                for i, (rows, cols) in enumerate(crops):
+                    mean[i] = self.mean[:, rows, cols]
+        if mean is not None:
+            out -= mean
+        elif values is not None:
+            out -= values
+        if flips.any():
+            out[flips] = out[flips][..., ::-1]
         out *= scale
         return out

@@ -175,7 +175,7 @@ class WireReader:
             )
 
 
-def _signed(v: int) -> int:
+def signed_varint(v: int) -> int:
     """int32/int64 varints are two's complement over 64 bits."""
     return v - (1 << 64) if v >= 1 << 63 else v
 
@@ -184,7 +184,7 @@ def _varints(r: WireReader, start: int, end: int) -> list[int]:
     out, pos = [], start
     while pos < end:
         v, pos = r.varint(pos, end)
-        out.append(_signed(v))
+        out.append(signed_varint(v))
     return out
 
 
@@ -195,13 +195,13 @@ def _dims(r: WireReader, start: int, end: int) -> list[int]:
         if number == 1 and wire == LEN:
             dims.extend(_varints(r, a, b))
         elif number == 1 and wire == VARINT:
-            dims.append(_signed(a))
+            dims.append(signed_varint(a))
         elif number == 1:
             raise r.fail(tag_at, f"BlobShape.dim as varints, found wire type {wire}")
     return dims
 
 
-def _scalars(r: WireReader, wire: int, start: int, end: int, dtype: str, tag_at: int, what: str) -> np.ndarray:
+def read_floats(r: WireReader, wire: int, start: int, end: int, dtype: str, tag_at: int, what: str) -> np.ndarray:
     """A packed (LEN) or single unpacked (fixed-width) run of floats/doubles."""
     size = np.dtype(dtype).itemsize
     fixed = I32 if size == 4 else I64
@@ -220,11 +220,11 @@ def _blob(r: WireReader, start: int, end: int) -> tuple[np.ndarray, bool]:
     for number, wire, a, b, tag_at in r.fields(start, end):
         if number in (1, 2, 3, 4):  # num, channels, height, width
             r.expect(wire, VARINT, number, "BlobProto", tag_at)
-            legacy[number] = _signed(a)
+            legacy[number] = signed_varint(a)
         elif number == 5:
-            floats.append(_scalars(r, wire, a, b, "<f4", tag_at, "BlobProto.data"))
+            floats.append(read_floats(r, wire, a, b, "<f4", tag_at, "BlobProto.data"))
         elif number == 8:
-            doubles.append(_scalars(r, wire, a, b, "<f8", tag_at, "BlobProto.double_data"))
+            doubles.append(read_floats(r, wire, a, b, "<f8", tag_at, "BlobProto.double_data"))
         elif number == 7:
             r.expect(wire, LEN, number, "BlobProto", tag_at)
             # extend in place: a file may repeat the field many times (protobuf merges them)
@@ -325,7 +325,7 @@ def decode_net(data: bytes | memoryview, source: str = "<bytes>") -> DecodedNet:
         elif number == 4:  # input_dim: int32, packed or not
             if wire not in (LEN, VARINT):
                 raise r.fail(tag_at, f"NetParameter input_dim as varints, found wire type {wire}")
-            input_dims += _varints(r, a, b) if wire == LEN else [_signed(a)]
+            input_dims += _varints(r, a, b) if wire == LEN else [signed_varint(a)]
         elif number == 8:
             r.expect(wire, LEN, number, "NetParameter input_shape", tag_at)
             input_shapes.append(tuple(_dims(r, a, b)))
@@ -350,10 +350,11 @@ def _has_v0(r: WireReader, start: int, end: int) -> bool:
 def read_caffemodel(path: str | os.PathLike[str]) -> list[CaffeLayerBlobs]:
     """The layers (name, type, blobs) of a ``.caffemodel`` file."""
     path = os.fspath(path)
-    return decode_net(_read(path, ".caffemodel"), path).layers
+    return decode_net(read_bytes(path, ".caffemodel"), path).layers
 
 
-def _read(path: str, what: str) -> bytes:
+def read_bytes(path: str, what: str) -> bytes:
+    """The bytes of the file at ``path``; a ``ConfigError`` naming it (as ``what``) when it cannot be read."""
     try:
         with open(path, "rb") as handle:
             return handle.read()
@@ -364,7 +365,7 @@ def _read(path: str, what: str) -> bytes:
 def read_blob_proto(path: str | os.PathLike[str]) -> np.ndarray:
     """One serialized ``BlobProto`` file (``.binaryproto``: a mean image, an InfogainLoss H)."""
     path = os.fspath(path)
-    data = _read(path, "BlobProto file")
+    data = read_bytes(path, "BlobProto file")
     return _blob(WireReader(data, path), 0, len(data))[0]
 
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import DataError
-from .caffemodel import I32, LEN, VARINT, WireReader, _scalars, _signed, len_field, varint_bytes
+from .caffemodel import I32, LEN, VARINT, WireReader, len_field, read_floats, signed_varint, varint_bytes
 
 __all__ = ["Datum", "datum_array", "decode_datum", "encode_datum", "parse_datum"]
 
@@ -76,7 +76,7 @@ def _reader(record: bytes | memoryview, source: str) -> WireReader:
 
 
 def _int32(r: WireReader, value: int, tag_at: int, what: str) -> int:
-    v = _signed(value)
+    v = signed_varint(value)
     if not -(1 << 31) <= v < 1 << 31:
         raise r.fail(tag_at, f"{what} as an int32, found {v}")
     return v
@@ -117,7 +117,7 @@ def parse_datum(record: bytes | memoryview, source: str = "<Datum>") -> Datum:
             elif number == 4 and wire == LEN:
                 datum.data = r.buf[a:b]
             elif number == 6 and wire in (LEN, I32):
-                floats.append(_scalars(r, wire, a, b, "<f4", tag_at, "packed Datum.float_data"))
+                floats.append(read_floats(r, wire, a, b, "<f4", tag_at, "packed Datum.float_data"))
             elif 1 <= number <= 7:  # a known field with the wrong wire type; float_data never takes 64-bit values
                 r.expect(wire, {4: LEN, 6: I32}.get(number, VARINT), number, "Datum", tag_at)
         else:

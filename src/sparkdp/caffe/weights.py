@@ -84,7 +84,7 @@ def _read(source: Any) -> tuple[list[CaffeLayerBlobs], str, str]:
         return source.layers, source.version, "the given net"
     if isinstance(source, (str, os.PathLike)):
         label = os.fspath(source)
-        decoded = decode_net(caffemodel._read(label, ".caffemodel"), label)
+        decoded = decode_net(caffemodel.read_bytes(label, ".caffemodel"), label)
         return decoded.layers, decoded.version, label
     if isinstance(source, Iterable):
         return list(source), "", "the given layers"

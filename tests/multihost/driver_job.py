@@ -38,6 +38,13 @@ def main() -> None:
     spark = sparkdp.session(master, conf=job.get("conf"))
     workers = job["fit"].get("workers", 2)
     sc = spark.sparkContext
+    # This probe is a barrier stage of its own, submitted right after the session starts: Spark
+    # refuses it (SPARK-24819) while the executors are still registering, so wait for their slots.
+    from sparkdp.spark.cluster import available_slots
+
+    deadline = time.monotonic() + 60
+    while (available_slots(spark) or 0) < workers and time.monotonic() < deadline:
+        time.sleep(0.5)
     out = {"driver": where(), "driver_host": sc.getConf().get("spark.driver.host"),
            "executors": sc.parallelize(range(workers), workers).barrier().mapPartitions(_task_where).collect()}
     data = fashion_mnist(limit=job.get("limit", 2000))

@@ -43,16 +43,19 @@ def assert_on_other_hosts(out: dict) -> None:
 @pytest.mark.timeout(420)
 def test_allreduce_trains_across_hosts_over_the_links(cluster):
     before = link_bytes(cluster)
-    out = run_job(cluster, {"limit": 2000, "fit": {"strategy": "allreduce", "workers": 2, "epochs": 1,
+    # three epochs: after one (16 steps) the test accuracy ranged from 0.25 (once, on the bed) to
+    # 0.44 (one process, four seeds), too near the bar below; after three it is near 0.7
+    out = run_job(cluster, {"limit": 2000, "fit": {"strategy": "allreduce", "workers": 2, "epochs": 3,
                                                    "optimizer_options": {"lr": 0.05}}})
     assert "error" not in out, out["error"]
     assert_on_other_hosts(out)
     after = link_bytes(cluster)
-    steps = 1000 // 64  # 2,000 rows, 2 workers, batch 64
+    epoch_steps = 1000 // 64  # 2,000 rows, 2 workers, batch 64
+    steps = 3 * epoch_steps
     # gradients crossed each worker's link every step (no same-host shortcut), not the driver's
     for worker in ("worker-0", "worker-1"):
         assert after[worker] - before[worker] > steps * CNN_BYTES, (worker, after[worker] - before[worker])
-    assert after["driver"] - before["driver"] < steps * CNN_BYTES
+    assert after["driver"] - before["driver"] < epoch_steps * CNN_BYTES
     assert out["result"]["history"][-1]["test_accuracy"] > 0.25, out["result"]  # 10 classes: chance is 0.1
 
 

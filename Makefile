@@ -1,4 +1,5 @@
 # Quick start: `make demo` (the main job end to end) and `make test` (the test suite).
+# Every target and when to run it: CONTRIBUTING.md; measured times: docs/benchmarks.md.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.sparkdp-ready
@@ -34,7 +35,8 @@ test-gpu: $(STAMP)
 
 # Several machines on this one: the driver, a Spark Master and Workers each in a network namespace
 # of its own (hostname, /etc/hosts, /dev/shm), on rate-limited links (tests/multihost/netbed.py).
-# Needs root (skipped otherwise); about 7 minutes; removes every namespace and process it made.
+# Needs root (skipped otherwise); about 10 minutes (docs/benchmarks.md); removes every namespace and
+# process it made.
 test-multihost: $(STAMP)
 	$(PY) -m pytest -m multihost $(PYTEST_ARGS) tests/multihost
 
@@ -42,7 +44,7 @@ test-all: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # A venv-pack archive shipped to a standalone cluster whose executors lack torch and sparkdp
-# (installs torch into a fresh venv and packs it: about 5 minutes, so not in make test).
+# (installs torch into a fresh venv and packs it: about 4 minutes, docs/benchmarks.md; not in make test).
 test-cluster-env: $(STAMP)
 	$(PY) -m pytest -m slow $(PYTEST_ARGS) tests/cli/test_packed_env.py
 

@@ -8,10 +8,22 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from sparkdp.data.text import (BlockPacker, concat_documents, encode_texts, eos_id_of, pack_documents,
-                               tokenizer_json, train_bpe_tokenizer)
-from sparkdp.data.text_datasets import (FORTUNES_DIR, TEXT_DATASETS, build_text_dataset, read_fortunes,
-                                        split_documents)
+from sparkdp.data.text import (
+    BlockPacker,
+    concat_documents,
+    encode_texts,
+    eos_id_of,
+    pack_documents,
+    tokenizer_json,
+    train_bpe_tokenizer,
+)
+from sparkdp.data.text_datasets import (
+    FORTUNES_DIR,
+    TEXT_DATASETS,
+    build_text_dataset,
+    read_fortunes,
+    split_documents,
+)
 from sparkdp.errors import ConfigError, DataError
 
 

@@ -18,18 +18,21 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from ..errors import ConfigError
 
 #: the end-of-text token of the tokenizers sparkdp trains, also looked for in others
 EOS_TOKEN = "<|endoftext|>"
+#: the columns of packed blocks
+BLOCK_COLUMNS = ("input_ids", "labels")
 #: end-of-document tokens looked up, in order, when none is named
 EOS_CANDIDATES = (EOS_TOKEN, "</s>", "<eos>", "[SEP]", "<|end_of_text|>")
 
 
 def require_tokenizers() -> Any:
     try:
-        import tokenizers
+        import tokenizers  # type: ignore[import-untyped]
     except ImportError as err:  # an optional dependency
         raise ConfigError("text data needs the Hugging Face `tokenizers` package: "
                           "pip install 'sparkdp[text]' (or pip install tokenizers).") from err
@@ -126,3 +129,22 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int, *, min_frequency:
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tokenizer.train_from_iterator(texts, trainer=trainer)
     return tokenizer
+
+
+def blocks_batch(blocks: np.ndarray) -> pa.RecordBatch:
+    """(n, block_size) int64 ids as a record batch of ``input_ids`` and ``labels`` list<int64> columns
+    (one array twice: the model shifts the labels)."""
+    n, size = blocks.shape
+    offsets = pa.array(np.arange(0, (n + 1) * size, size), type=pa.int32())
+    ids = pa.ListArray.from_arrays(offsets, pa.array(blocks.reshape(-1), type=pa.int64()))
+    return pa.RecordBatch.from_arrays([ids, ids], names=list(BLOCK_COLUMNS))
+
+
+def write_blocks(blocks: np.ndarray, path: str | Path) -> Path:
+    """Packed blocks as a Parquet file of ``input_ids`` and ``labels``, written atomically."""
+    import pyarrow.parquet as pq
+
+    from ..files import atomic_write
+
+    table = pa.Table.from_batches([blocks_batch(blocks)])
+    return atomic_write(path, lambda tmp: pq.write_table(table, tmp))

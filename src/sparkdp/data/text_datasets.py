@@ -75,7 +75,7 @@ def read_fortunes(root: Path) -> list[str]:
             f"to a directory of fortune files.")
     # the .dat files are fortune's binary indexes; the .u8 names are links to the text files
     files = sorted(p for p in root.iterdir() if p.is_file() and not p.is_symlink() and p.suffix not in (".dat", ".u8"))
-    docs = []
+    docs: list[str] = []
     for path in files:
         text = path.read_text(encoding="utf-8", errors="replace")
         docs.extend(d.strip("\n") for d in text.split("\n%\n"))

@@ -66,6 +66,17 @@ class CausalSelfAttention(nn.Module):
         return self.resid_dropout(self.proj(y.transpose(1, 2).reshape(b, t, d)))
 
 
+class MLP(nn.Module):
+    def __init__(self, d_model: int, dropout: float) -> None:
+        super().__init__()
+        self.fc = nn.Linear(d_model, 4 * d_model)
+        self.proj = nn.Linear(4 * d_model, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.dropout(self.proj(F.gelu(self.fc(x))))
+
+
 class GPTBlock(nn.Module):
     """One pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
 
@@ -74,8 +85,7 @@ class GPTBlock(nn.Module):
         self.ln_1 = nn.LayerNorm(d_model)
         self.attn = CausalSelfAttention(d_model, n_head, dropout)
         self.ln_2 = nn.LayerNorm(d_model)
-        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model),
-                                 nn.Dropout(dropout))
+        self.mlp = MLP(d_model, dropout)
 
     def forward(self, x: Tensor, key_mask: Tensor | None = None) -> Tensor:
         x = x + self.attn(self.ln_1(x), key_mask)
@@ -115,9 +125,10 @@ class GPT(nn.Module):
                 nn.init.normal_(module.weight, 0.0, 0.02)
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
-        for block in self.blocks:
-            for proj in (block.attn.proj, block.mlp[2]):
-                nn.init.normal_(proj.weight, 0.0, 0.02 / math.sqrt(2 * n_layer))
+        for module in self.modules():
+            if isinstance(module, GPTBlock):
+                for proj in (module.attn.proj, module.mlp.proj):
+                    nn.init.normal_(proj.weight, 0.0, 0.02 / math.sqrt(2 * n_layer))
 
     def forward(self, input_ids: Tensor, labels: Tensor | None = None,
                 attention_mask: Tensor | None = None) -> CausalLMOutput:

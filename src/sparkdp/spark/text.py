@@ -22,13 +22,19 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
-from ..data.text import BlockPacker, check_block_size, encode_texts, eos_id_of, require_tokenizers, tokenizer_json
+from ..data.text import (
+    BlockPacker,
+    blocks_batch,
+    check_block_size,
+    encode_texts,
+    eos_id_of,
+    require_tokenizers,
+    tokenizer_json,
+)
 from ..errors import ConfigError
 
-BLOCK_COLUMNS = ("input_ids", "labels")
 SCHEMA = "input_ids array<bigint>, labels array<bigint>"
 
 
@@ -70,11 +76,3 @@ def _block_stage(tok_json: str, column: str, block_size: int, eos_id: int):
         # packer.tail: fewer than block_size tokens, dropped (see the module's docstring)
 
     return stage
-
-
-def blocks_batch(blocks: np.ndarray) -> pa.RecordBatch:
-    """(n, block_size) int64 ids as a record batch of ``input_ids`` and ``labels`` list columns."""
-    n, size = blocks.shape
-    offsets = pa.array(np.arange(0, (n + 1) * size, size, dtype=np.int32))
-    ids = pa.ListArray.from_arrays(offsets, pa.array(blocks.reshape(-1), type=pa.int64()))
-    return pa.RecordBatch.from_arrays([ids, ids], names=list(BLOCK_COLUMNS))

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from sparkdp.data.text import train_bpe_tokenizer
+from sparkdp.data.text import encode_texts, pack_documents, train_bpe_tokenizer
+from sparkdp.data.text_datasets import FORTUNES_DIR, read_fortunes, split_documents
 from sparkdp.errors import ConfigError
+from sparkdp.models import build_model
 from sparkdp.spark.text import tokenize_blocks
 
 pytestmark = pytest.mark.timeout(180)
@@ -59,3 +62,29 @@ def test_bad_input_is_explained(spark):
         tokenize_blocks(df, "n", word_tokenizer(), 4)
     with pytest.raises(ConfigError, match="block_size must be a positive integer"):
         tokenize_blocks(df, "text", word_tokenizer(), 0)
+
+
+@pytest.mark.skipif(not FORTUNES_DIR.is_dir(), reason="the Debian package `fortunes` is not installed")
+def test_blocks_from_the_fortunes_corpus_train_a_tiny_gpt(spark):
+    train, _ = split_documents(read_fortunes(FORTUNES_DIR)[:400])
+    tok = train_bpe_tokenizer(train, 256)
+    df = spark.createDataFrame([(d,) for d in train], "text string").coalesce(1)
+    got = tokenize_blocks(df, "text", tok, block_size=32).collect()
+    ids = torch.tensor([r.input_ids for r in got])
+    labels = torch.tensor([r.labels for r in got])
+    assert ids.shape[1] == 32 and len(ids) > 100 and ids.max() < tok.get_vocab_size()
+    # the same blocks as packing the corpus by hand on the driver
+    eos = tok.token_to_id("<|endoftext|>")
+    np.testing.assert_array_equal(ids.numpy(), pack_documents(encode_texts(tok, train), 32, eos))
+    torch.manual_seed(0)
+    model = build_model("gpt-tiny", block_size=32)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for step in range(40):  # a plain torch loop over batches of 16 blocks
+        rows = slice(step * 16 % (len(ids) - 16), step * 16 % (len(ids) - 16) + 16)
+        loss = model(input_ids=ids[rows], labels=labels[rows]).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 1.0  # from ln(256) = 5.5 towards the text's entropy

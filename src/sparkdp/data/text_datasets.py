@@ -1,7 +1,7 @@
 """Built-in text corpora for language models, read from where the machine keeps them.
 
 ``fortunes``: the fortune-cookie databases of BSD ``fortune(6)`` as Debian's ``fortunes``
-package installs them (``/usr/share/games/fortunes``, 15,218 quotations and jokes in 2.6 MB
+package installs them (``/usr/share/games/fortunes``, 15,217 quotations and jokes in 2.6 MB
 of UTF-8 text; the package's copyright file puts it under the BSD licence, the quotations
 gathered from many sources). Each cookie is one document. Every 20th document (by file
 name, then position) is the validation split; the rest train.

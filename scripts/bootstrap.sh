@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Make this machine ready for sparkdp: Java 17+, the Fashion-MNIST files, a .venv with
+# Make this machine ready for sparkdp: Java 17+, the Fashion-MNIST files, the fortunes text corpus, a .venv with
 # torch pinned to the CPU build and the package with its test and development extras.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -7,6 +7,7 @@ VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}   # pinned: an unpinned torch pulls a multi-GB CUDA build
 DATA_DIR=/usr/share/datasets/fashion-mnist
+FORTUNES_DIR=/usr/share/games/fortunes
 
 is_root() { [ "$(id -u)" = 0 ]; }
 apt_updated=0
@@ -42,6 +43,17 @@ if [ ! -f "$DATA_DIR/train-images-idx3-ubyte.gz" ]; then
     echo "  Install it with: sudo apt-get install -y dataset-fashion-mnist" >&2
     echo "  (or point SPARKDP_FASHION_MNIST at a directory with the four IDX .gz files)" >&2
     exit 1
+  fi
+fi
+
+# the text corpus of --dataset fortunes (language models); optional: its tests skip without it
+if [ ! -f "$FORTUNES_DIR/cookie" ]; then
+  if is_root && command -v apt-get >/dev/null; then
+    echo "bootstrap: installing the fortunes text corpus (Debian package fortunes)"
+    apt_install --no-install-recommends fortunes
+  else
+    echo "bootstrap: note: the fortunes corpus is missing from $FORTUNES_DIR (--dataset fortunes);" >&2
+    echo "  install it with: sudo apt-get install -y fortunes" >&2
   fi
 fi
 

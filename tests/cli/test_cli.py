@@ -92,7 +92,7 @@ def test_unmodified_user_script_trains_distributed(tmp_path):
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("args,message", [
-    (["--dataset", "fashion-mnist", "--model", "resnet9000"], "Unknown model 'resnet9000'. Available: cnn, cnn-small, linear, mlp"),
+    (["--dataset", "fashion-mnist", "--model", "resnet9000"], "Unknown model 'resnet9000'. Available: cnn, cnn-small, gpt, gpt-tiny, linear, mlp"),
     (["--dataset", "fashion-mnist", "--model", "linear", "--strategy", "ring"], "Unknown strategy 'ring'. Available: allreduce, asgd, average, dcasgd"),
     (["--dataset", "fashion-mnist", "--model", "linear", "--workers", "0"], "workers must be a positive integer"),
     (["--dataset", "fashion-mnist", "--model", "linear", "--batch-size", "0"], "batch_size must be a positive integer"),

@@ -20,6 +20,7 @@ def collect() -> dict:
     import torch
 
     from ..data.datasets import FASHION_MNIST_DIR
+    from ..data.text_datasets import FORTUNES_DIR
     from ..spark.environment import java_major_version
 
     return {
@@ -33,6 +34,7 @@ def collect() -> dict:
         "java_major": java_major_version(),
         "cpu_count": os.cpu_count(),
         "fashion_mnist": str(FASHION_MNIST_DIR) if FASHION_MNIST_DIR.is_dir() else None,
+        "fortunes": str(FORTUNES_DIR) if FORTUNES_DIR.is_dir() else None,
         "spark_submit_entry": str(Path(__file__).with_name("submit.py")),
     }
 

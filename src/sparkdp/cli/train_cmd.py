@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import GROUPS, JobConfig, setting
+from ..config import GROUPS, JobConfig, setting, strategy_option
 from ..errors import ConfigError
 from .caffe_cmd import CaffeOptions
 from .fields import add_job_settings, given, job_settings
@@ -20,11 +21,12 @@ class TrainInputs:
 
     Attributes:
         script: a single-machine training script defining model, train_data and optionally test_data, optimizer, loss_fn, batch_size, epochs (optional with dataset and model).
-        dataset: built-in dataset: fashion-mnist.
-        model: built-in model: cnn, cnn-small, mlp or linear (sparkdp.models).
+        dataset: built-in dataset: fashion-mnist, or the text corpus fortunes (with --model gpt or gpt-tiny).
+        model: built-in model: cnn, cnn-small, mlp, linear, or the language models gpt and gpt-tiny (sparkdp.models).
+        model_options: the built-in model's settings, e.g. n_layer=4 for gpt (KEY=VALUE, the value read as JSON).
         data: training data: a Parquet file or directory (with features and label).
         eval_data: held-out Parquet data evaluated after every eval_every-th epoch.
-        limit: use only the first N training and test rows (quick runs; also of a Caffe net's own LMDB/LevelDB/HDF5 sources).
+        limit: use only the first N training and test rows (of a text corpus: its first N documents; quick runs; also of a Caffe net's own LMDB/LevelDB/HDF5 sources).
         optimizer: sgd, adam, adamw, rmsprop or adagrad (default: the script's, else sgd).
         lr: learning rate (default 0.01 for sgd).
         momentum: SGD or RMSprop momentum (default 0.9 for sgd).
@@ -34,6 +36,8 @@ class TrainInputs:
     script: str | None = setting(None, positional=True)
     dataset: str | None = setting(None)
     model: str | None = setting(None)
+    model_options: Mapping[str, Any] = setting(factory=dict, flag="--model-option", metavar="KEY=VALUE",
+                                               parse=strategy_option)
     data: str | None = setting(None, metavar="PATH")
     eval_data: str | None = setting(None, metavar="PATH")
     limit: int | None = setting(None, metavar="N")
@@ -81,7 +85,9 @@ def run(args) -> int:
     import sparkdp
 
     from ..data.datasets import dataset_tensors, load_dataset
+    from ..data.text_datasets import TEXT_DATASETS
     from ..models import build_model
+    from .text_job import text_job
 
     settings = job_settings(args)
     columns = {name: settings.pop(name) for name in list(settings) if name in given(args, GROUPS["columns"])}
@@ -91,8 +97,14 @@ def run(args) -> int:
     loss: Any = "cross_entropy"  # a loss name, the script's callable, or a Caffe net's loss layer
     eval_data = None
     model_desc: dict[str, Any]
+    text = None  # a built-in text corpus, packed for a language model
     batch_size = args.batch_size
     epochs = args.epochs
+    if args.model_options and (args.script or caffe_run):
+        raise ConfigError("--model-option applies to a built-in --model; a script or Caffe net builds its own model.")
+    if args.dataset in TEXT_DATASETS and (args.script or caffe_run):
+        raise ConfigError(f"the text corpus {args.dataset!r} trains a built-in language model: "
+                          f"`sparkdp train --dataset {args.dataset} --model gpt`.")
     if args.script:
         from .script import load_script
 
@@ -109,10 +121,18 @@ def run(args) -> int:
             raise ConfigError("give a training script, or --model (and --dataset) for a built-in job, e.g. "
                               "`sparkdp train --dataset fashion-mnist --model cnn`.")
         torch.manual_seed(job.training.seed)
-        model = build_model(args.model)
-        model_desc = {"model": args.model, "model_args": {}}
+        model_args = dict(args.model_options or {})
+        if args.dataset and args.dataset in TEXT_DATASETS:
+            text = text_job(args.dataset, args.model, model_args, args.limit)
+            model_args, loss = text.model_args, "model"
+            settings.update(text.columns)
+        model = build_model(args.model, **model_args)
+        model_desc = {"model": args.model, "model_args": model_args}
         data = None
-    if args.dataset:
+    if text is not None:
+        data, eval_data = text.data, text.eval_data
+        model_desc["dataset"] = args.dataset
+    elif args.dataset:
         ds = load_dataset(args.dataset, limit=args.limit)
         data, eval_data = dataset_tensors(ds)
         model_desc["dataset"] = args.dataset

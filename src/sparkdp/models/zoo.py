@@ -3,7 +3,9 @@
 ``cnn`` is the classic 2-conv network of the TensorFlow tutorial and the
 Fashion-MNIST benchmark (conv5x5x32 -> pool -> conv5x5x64 -> pool -> fc1024 -> 10,
 3,274,634 parameters for 28x28x1 input); ``cnn-small`` is the 16/32/fc128 variant
-used in ENVIRONMENT.md's reference timings.
+used in ENVIRONMENT.md's reference timings. ``gpt`` is a decoder-only transformer language
+model (:mod:`sparkdp.models.gpt`): the default 6 layers x 384 wide over an 8192-token
+vocabulary and 256-token contexts (13.9M parameters), ``gpt-tiny`` a 2 x 32 one for tests.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..registry import Registry
+from .gpt import gpt
 
 MODELS: Registry[nn.Module] = Registry("model")
 
@@ -46,6 +49,11 @@ def mlp(in_channels: int = 1, image_size: int = 28, num_classes: int = 10, hidde
 @MODELS("linear", description="multinomial logistic regression")
 def linear(in_channels: int = 1, image_size: int = 28, num_classes: int = 10) -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(in_channels * image_size * image_size, num_classes))
+
+
+MODELS.register("gpt", gpt, description="decoder-only transformer LM, 6x384, vocab 8192, block 256 (13.9M params)")
+MODELS.register("gpt-tiny", gpt, description="decoder-only transformer LM, 2x32, vocab 256, block 64 (tests)",
+                vocab_size=256, block_size=64, n_layer=2, n_head=2, d_model=32)
 
 
 def build_model(name: str, **kwargs) -> nn.Module:

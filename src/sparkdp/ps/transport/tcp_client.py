@@ -146,6 +146,9 @@ class TcpClient(Client):
                 f"parameter server at {self.address} rejected worker {self.worker_id}'s handshake ({exc}): "
                 "the job secret differs — connect with the secret of this job's endpoint.info."
             ) from None
+        if reply.op is Op.ERROR:  # authenticated, but refused (e.g. a worker id outside the job)
+            raise ERROR_KINDS.get(reply.meta.get("kind", ""), ProtocolError)(
+                f"parameter server at {self.address}: {reply.meta.get('message')}")
         ok = reply.op is Op.AUTH_OK and verify(
             server_proof(secret, server_nonce, client_nonce, self.worker_id),
             bytes.fromhex(reply.meta.get("proof", "")),

@@ -163,6 +163,7 @@ class TcpEndpoint(Endpoint):
                 self._handshake_over(peer[0])
             out = None  # reusable pull buffers: the reply is sent before the next request arrives
             while not self._stop.is_set():
+                chan.limits = self._frame_limits()
                 msg = chan.recv(self._opts.idle_timeout, reuse_buffer=True)
                 if msg.op is Op.BYE:
                     return
@@ -170,6 +171,7 @@ class TcpEndpoint(Endpoint):
                     self._reports(worker, msg.meta)
                 elif msg.op is Op.INIT and self._initial is not None:
                     self._handle_init(chan, worker, msg)
+                    chan.release_buffer()  # the centre's bytes were copied; pushes get a buffer of their own size
                 elif self.server is None:
                     raise ProtocolError(f"{msg.op.name} sent to an endpoint without a parameter server.")
                 elif msg.op is Op.PULL:
@@ -206,6 +208,17 @@ class TcpEndpoint(Endpoint):
                 if worker is None:  # it never finished its handshake
                     self._handshake_over(peer[0])
 
+    def _frame_limits(self) -> codec.Limits:
+        """What an authenticated peer may send: a push of this server's model at most (its bytes
+        plus each tensor's alignment padding), nothing for a monitoring endpoint, and the transport's
+        limits only while the centre is still to come (its first ``INIT``)."""
+        opts = self._opts.limits
+        if self.server is not None:
+            return codec.Limits(opts.max_json_bytes, min(opts.max_payload_bytes, codec.payload_bytes([p.nbytes for p in self.server.plan.params])))
+        if self._initial is not None:
+            return opts
+        return codec.Limits(opts.max_json_bytes, 0)
+
     def _handshake(self, chan: Channel) -> int:
         server_nonce = secrets.token_bytes(NONCE_BYTES)
         chan.send(Op.HELLO, {"nonce": server_nonce.hex()})
@@ -234,6 +247,11 @@ class TcpEndpoint(Endpoint):
             )
         mac_payload = self._opts.mac_payload or msg.meta.get("mac_payload") is True
         chan.set_keys(SessionKeys.derive(self._secret, server_nonce, client_nonce, worker), mac_payload)
+        if self.server is not None and not self.server.accepts(worker):
+            # the peer holds the secret: tell it why, over the authenticated channel
+            chan.send(Op.ERROR, {"kind": "ValueError", "message": f"worker id {worker} is not one of this job's "
+                                 f"(0..{self.server.worker_ids - 1})"})
+            raise ProtocolError(f"authenticated client claimed worker id {worker}, outside the job; refused.")
         welcome = {"proof": server_proof(self._secret, server_nonce, client_nonce, worker).hex(),
                    "mac_payload": mac_payload}
         last_seq = -1

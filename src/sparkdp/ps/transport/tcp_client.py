@@ -141,6 +141,8 @@ class TcpClient(Client):
         )
         try:
             reply = chan.recv(timeout)
+        except PeerClosed:  # closed with no reply at all: a busy server gave the slot to a newer connection
+            raise _ClosedBeforeHello(f"{self.address} closed the connection during the handshake.") from None
         except (ProtocolError, OSError) as exc:
             raise AuthenticationError(
                 f"parameter server at {self.address} rejected worker {self.worker_id}'s handshake ({exc}): "

@@ -20,7 +20,7 @@ from sparkdp.ps.auth import NONCE_BYTES, SessionKeys, client_proof, server_proof
 from sparkdp.ps.server import ParameterServer, PushRejected
 from sparkdp.ps.transport.base import ConnectFailed, ConnectInfo, Endpoint
 from sparkdp.ps.transport.channel import Channel, PeerClosed
-from sparkdp.ps.transport.tcp_options import TcpOptions, format_address, tune_socket
+from sparkdp.ps.transport.tcp_options import TcpOptions, format_address, source_prefix, tune_socket
 
 log = logging.getLogger(__name__)
 Op = codec.Op
@@ -81,8 +81,11 @@ class TcpEndpoint(Endpoint):
         # *ended*, not just closed its socket: freeing its buffers takes a while, and a thread
         # still inside torch when the interpreter exits aborts the process.
         self._conns: dict[threading.Thread, socket.socket | None] = {}
-        self._unauthenticated = 0  # connections still in their handshake (bounded, see TcpOptions)
-        self._unauthenticated_from: Counter[str] = Counter()  # the same, per source address
+        # connections still in their handshake, oldest first, with their source's network prefix
+        # (bounded, see TcpOptions), and how many each prefix has
+        self._pending: dict[threading.Thread, str] = {}
+        self._pending_from: Counter[str] = Counter()
+        self._evicted: set[threading.Thread] = set()  # closed by the accept loop for a newer handshake
         self._accept_thread = threading.Thread(
             target=self._accept_loop, name=f"sparkdp-ps-accept-{bound_port}", daemon=True
         )
@@ -111,42 +114,64 @@ class TcpEndpoint(Endpoint):
             thread = threading.Thread(
                 target=self._serve_conn, args=(sock, peer), name=f"sparkdp-ps-conn-{peer[1]}", daemon=True
             )
+            prefix = source_prefix(peer[0])
+            victim = None
             with self._lock:
                 if self._stop.is_set():
                     sock.close()
                     return
                 for done in [t for t in self._conns if not t.is_alive()]:
                     del self._conns[done]
+                    self._evicted.discard(done)
                 busy = sum(s is not None for s in self._conns.values())
-                # A source at its limit is refused, not served by evicting its oldest handshake:
-                # a refusal costs one accept() and no thread, while eviction would let a peer
-                # that reconnects whenever it is closed spin the server through a thread per
-                # connection, and would not keep an honest client from a flooded source in
-                # either (the flooder's newer sockets evict it).  Other sources keep their slots,
-                # and an honest client of this source retries with backoff (TcpClient).
-                from_source = self._unauthenticated_from[peer[0]]
-                full = (from_source >= self._opts.max_unauthenticated_per_source
-                        or self._unauthenticated >= self._opts.max_unauthenticated
-                        or busy >= self._opts.max_connections + self._opts.max_unauthenticated)
+                pending = len(self._pending)
+                full = busy >= self._opts.max_connections + self._opts.max_unauthenticated
                 if full:
                     self.rejected_connections += 1
                 else:
-                    self._unauthenticated += 1
-                    self._unauthenticated_from[peer[0]] += 1
+                    # At a limit, the newcomer takes the slot of the oldest handshake of its own network
+                    # prefix, or (all slots taken) of the prefix holding the most: the slot of a peer that
+                    # sits idle goes to the next arrival, while an honest client needs its slot only for
+                    # the milliseconds its handshake takes, so it gets in however fast a flood reopens.
+                    # Refusing newcomers instead would leave the slots to whoever reconnects fastest.
+                    # Networks other than the flooder's are never touched (per-prefix counting).
+                    if self._pending_from[prefix] >= self._opts.max_unauthenticated_per_source:
+                        victim = self._oldest_pending(prefix)
+                    elif pending >= self._opts.max_unauthenticated:
+                        victim = self._oldest_pending(max(self._pending_from, key=self._pending_from.__getitem__))
+                    if victim is not None:
+                        self._handshake_over(victim)
+                        self._evicted.add(victim)
+                        self.rejected_connections += 1
+                    self._pending[thread] = prefix
+                    self._pending_from[prefix] += 1
                     self._conns[thread] = sock
+                victim_sock = self._conns.get(victim) if victim is not None else None
             if full:  # closed at once, without a thread: the cost of a refused peer is one accept()
-                log.warning("refusing a connection from %s: %d handshakes open from that address, %d in all, "
-                            "%d connections open", peer, from_source, self._unauthenticated, busy)
+                log.warning("refusing a connection from %s: %d connections open", peer, busy)
                 sock.close()
                 continue
+            if victim_sock is not None:
+                log.debug("closing the oldest handshake of %s for a connection from %s", prefix, peer)
+                try:
+                    victim_sock.shutdown(socket.SHUT_RDWR)  # its thread wakes and ends
+                except OSError:
+                    pass  # it just closed on its own
             thread.start()
 
-    def _handshake_over(self, source: str) -> None:
-        """Give back the connection's unauthenticated slot (with ``self._lock`` held)."""
-        self._unauthenticated -= 1
-        self._unauthenticated_from[source] -= 1
-        if not self._unauthenticated_from[source]:
-            del self._unauthenticated_from[source]  # a Counter of every address ever seen would only grow
+    def _oldest_pending(self, prefix: str) -> threading.Thread:
+        return next(t for t, p in self._pending.items() if p == prefix)  # dicts keep arrival order
+
+    def _handshake_over(self, thread: threading.Thread) -> bool:
+        """Give back ``thread``'s unauthenticated slot (with ``self._lock`` held); False if it had
+        none (evicted, or already given back)."""
+        prefix = self._pending.pop(thread, None)
+        if prefix is None:
+            return False
+        self._pending_from[prefix] -= 1
+        if not self._pending_from[prefix]:
+            del self._pending_from[prefix]  # a Counter of every prefix ever seen would only grow
+        return True
 
     def _serve_conn(self, sock: socket.socket, peer: tuple) -> None:
         worker = None
@@ -159,8 +184,6 @@ class TcpEndpoint(Endpoint):
                     self._conns[threading.current_thread()] = sock
             chan = Channel(sock, "server", self._opts.limits, self._opts.frame_timeout)
             worker = self._handshake(chan)
-            with self._lock:
-                self._handshake_over(peer[0])
             out = None  # reusable pull buffers: the reply is sent before the next request arrives
             while not self._stop.is_set():
                 chan.limits = self._frame_limits()
@@ -187,8 +210,9 @@ class TcpEndpoint(Endpoint):
             log.debug("worker %s (%s) disconnected", worker, peer)
         except (ProtocolError, OSError) as exc:  # includes timeouts, TLS errors, auth failures
             with self._lock:
-                self.rejected_connections += 1
-            if not self._stop.is_set():
+                evicted = threading.current_thread() in self._evicted
+                self.rejected_connections += not evicted  # an eviction was counted when it happened
+            if not self._stop.is_set() and not evicted:
                 log.warning("closing connection from %s (worker %s): %s", peer, worker, exc)
         except Exception as exc:
             # Anything else is a bug reached through this peer's input; it must end this
@@ -205,8 +229,7 @@ class TcpEndpoint(Endpoint):
             sock.close()
             with self._lock:
                 self._conns[threading.current_thread()] = None
-                if worker is None:  # it never finished its handshake
-                    self._handshake_over(peer[0])
+                self._handshake_over(threading.current_thread())  # if it never finished its handshake
 
     def _frame_limits(self) -> codec.Limits:
         """What an authenticated peer may send: a push of this server's model at most (its bytes
@@ -252,6 +275,9 @@ class TcpEndpoint(Endpoint):
             chan.send(Op.ERROR, {"kind": "ValueError", "message": f"worker id {worker} is not one of this job's "
                                  f"(0..{self.server.worker_ids - 1})"})
             raise ProtocolError(f"authenticated client claimed worker id {worker}, outside the job; refused.")
+        with self._lock:  # from here on no newer connection may take this one's slot
+            if not self._handshake_over(threading.current_thread()):
+                raise ProtocolError(f"worker {worker}'s handshake was closed for a newer connection.")
         welcome = {"proof": server_proof(self._secret, server_nonce, client_nonce, worker).hex(),
                    "mac_payload": mac_payload}
         last_seq = -1

@@ -577,3 +577,24 @@ def test_an_observers_pull_is_not_the_workers_pull(tcp):
         with pytest.raises(PushRejected, match="never pulled"):  # no pull recorded
             client.push(0, None, ones())
         honest_round(client, 0)
+
+
+def test_a_worker_id_outside_the_job_is_refused_at_the_handshake(tcp):
+    ps = make_ps(SHAPES, worker_ids=4)
+    ep = tcp(ps)
+    with pytest.raises(ValueError, match="worker id 4 is not one of this job's"):
+        _connect(ep, 4)
+    assert ep.rejected_connections == 1 and ps.last_seq(4) == -1
+    with _connect(ep, 3) as client:
+        honest_round(client, 0)
+
+
+def test_a_frame_larger_than_the_model_is_refused_before_its_payload(setup):
+    ps, ep, _ = setup
+    attacker = _connect(ep, 5)
+    versions = [0] * attacker.num_shards
+    too_big = [torch.ones(2000), torch.ones(10, 10)]  # the model's first tensor has 1000 elements
+    send_buffers(attacker._chan.sock, attacker._chan.encode_frame(Op.PUSH, {"seq": 0, "pulled": versions}, too_big))
+    assert_closed(attacker._chan.sock)  # at its header: its payload was never received
+    assert ep.rejected_connections == 1 and ps.metrics()["rejected"] == 0
+    attacker.close()

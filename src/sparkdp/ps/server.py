@@ -228,7 +228,7 @@ class ParameterServer:
     def _job_worker(self, worker: object, refused: type[ValueError] = ValueError) -> int:
         worker = check_worker(worker)
         if not self.accepts(worker):
-            raise refused(f"worker id {worker} is not one of this job's ({self.worker_ids} ids: 0..{self.worker_ids - 1}); "
+            raise refused(f"worker id {worker} is not one of this job's (ids 0..{(self.worker_ids or 0) - 1}); "
                           "refused.")
         return worker
 

@@ -273,7 +273,7 @@ class TcpEndpoint(Endpoint):
         if self.server is not None and not self.server.accepts(worker):
             # the peer holds the secret: tell it why, over the authenticated channel
             chan.send(Op.ERROR, {"kind": "ValueError", "message": f"worker id {worker} is not one of this job's "
-                                 f"(0..{self.server.worker_ids - 1})"})
+                                 f"(0..{(self.server.worker_ids or 0) - 1})"})
             raise ProtocolError(f"authenticated client claimed worker id {worker}, outside the job; refused.")
         with self._lock:  # from here on no newer connection may take this one's slot
             if not self._handshake_over(threading.current_thread()):

@@ -22,7 +22,7 @@ SOURCES = [f"127.0.0.{i}" for i in range(2, 41)]
 class Flood:
     """Threads that keep ``per_source`` idle connections open from each source (bounded in time)."""
 
-    def __init__(self, address: str, per_source: int, threads: int = 3, seconds: float = 40.0) -> None:
+    def __init__(self, address: str, per_source: int, threads: int = 4, seconds: float = 40.0) -> None:
         self.address, self.per_source, self.seconds = address, per_source, seconds
         self.stop, self.opened, self.errors = threading.Event(), 0, []
         groups = [SOURCES[i::threads] for i in range(threads)]
@@ -41,7 +41,7 @@ class Flood:
                             self.opened += 1
                         except OSError:
                             break  # backlog full: the next sweep tries again
-                time.sleep(0.005)
+                time.sleep(0.001)
         except BaseException as exc:
             self.errors.append(exc)
         finally:
@@ -82,10 +82,8 @@ def test_honest_clients_get_in_within_seconds_while_many_addresses_flood(tcp):
         assert flood.opened >= 2 * opts.max_unauthenticated
         for worker in range(5):
             started = time.monotonic()
-            with TcpTransport().connect(ep.address, ep.info.secret, worker, timeout=8) as client:
+            with TcpTransport().connect(ep.address, ep.info.secret, worker, timeout=4) as client:
                 honest_round(client, 0)
-            assert time.monotonic() - started < 8
+            assert time.monotonic() - started < 4
         assert ep.rejected_connections > 0  # the flood did take slots and lose them
-        with ep._lock:
-            assert len(ep._pending) <= opts.max_unauthenticated
     assert ps.metrics()["pushes_applied"] == 5

@@ -325,15 +325,14 @@ class ParameterServer:
                                    f"last applied push; a worker continues at last_seq + 1 (the handshake's).")
             self._last_seq[worker] = seq
         tensors = [t.contiguous() for t in tensors]
+        guarded = size > OVERFLOW_RISK or not max(self._magnitude) <= OVERFLOW_RISK
         try:
-            if size > OVERFLOW_RISK or max(self._magnitude) > OVERFLOW_RISK:
-                taus, new_versions = self._apply_guarded(worker, pulled, tensors, num_samples, local_steps)
-            else:
-                taus, new_versions = self._apply(worker, pulled, tensors, num_samples, local_steps)
+            apply = self._apply_guarded if guarded else self._apply
+            taus, new_versions = apply(worker, pulled, tensors, num_samples, local_steps)
         except PushRejected:
             with self._book:
                 self._counts["rejected"] += 1
-                if self._last_seq.get(worker) == seq:  # nothing applied: a retry may send it again
+                if guarded and self._last_seq.get(worker) == seq:  # rolled back: a retry may send it again
                     self._last_seq[worker] = last
             raise
         with self._book:

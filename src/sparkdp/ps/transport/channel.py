@@ -214,6 +214,9 @@ class Channel:
         self.recv_seq += 1
         return codec.Message(head.op, head.seq, meta, tensors)
 
+    def holds_buffer(self) -> bool:
+        return self._rbuf is not None
+
     def release_buffer(self) -> None:
         """Drop the kept receive buffer (after a frame larger than the ones that follow)."""
         self._rbuf = None

@@ -5,7 +5,9 @@ from __future__ import annotations
 import errno
 import logging
 import secrets
+import select
 import socket
+import ssl
 import threading
 import time
 from collections import Counter
@@ -24,6 +26,9 @@ from sparkdp.ps.transport.tcp_options import TcpOptions, format_address, source_
 
 log = logging.getLogger(__name__)
 Op = codec.Op
+#: seconds a connection keeps its push and pull buffers while no request comes (a worker
+#: exchanging keeps them; 1,024 idle ones hold none)
+KEEP_BUFFERS_S = 30.0
 _WILDCARDS = {"", "0.0.0.0", "::"}
 
 
@@ -187,7 +192,13 @@ class TcpEndpoint(Endpoint):
             out = None  # reusable pull buffers: the reply is sent before the next request arrives
             while not self._stop.is_set():
                 chan.limits = self._frame_limits()
-                msg = chan.recv(self._opts.idle_timeout, reuse_buffer=True)
+                idle = self._opts.idle_timeout
+                if (out is not None or chan.holds_buffer()) and not _readable(chan.sock, min(KEEP_BUFFERS_S, idle)):
+                    # a connection that goes quiet keeps no model-sized buffers while it waits
+                    out = None
+                    chan.release_buffer()
+                    idle -= min(KEEP_BUFFERS_S, idle)
+                msg = chan.recv(idle, reuse_buffer=True)
                 if msg.op is Op.BYE:
                     return
                 if msg.op is Op.REPORT and self._reports is not None:
@@ -356,3 +367,10 @@ class TcpEndpoint(Endpoint):
     def _conns_snapshot(self) -> list[socket.socket]:
         with self._lock:
             return [s for s in self._conns.values() if s is not None]
+
+
+def _readable(sock: socket.socket, timeout: float) -> bool:
+    """Whether a request starts within ``timeout`` seconds (TLS may hold decrypted bytes already)."""
+    if isinstance(sock, ssl.SSLSocket) and sock.pending():
+        return True
+    return bool(select.select([sock], [], [], max(timeout, 0))[0])

@@ -373,4 +373,6 @@ def _readable(sock: socket.socket, timeout: float) -> bool:
     """Whether a request starts within ``timeout`` seconds (TLS may hold decrypted bytes already)."""
     if isinstance(sock, ssl.SSLSocket) and sock.pending():
         return True
-    return bool(select.select([sock], [], [], max(timeout, 0))[0])
+    poller = select.poll()  # not select(): it fails on descriptors above 1,023
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(max(timeout, 0) * 1000))

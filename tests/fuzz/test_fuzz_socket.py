@@ -8,6 +8,10 @@ and payloads are hostile: these reach the decoder and the server's request handl
 Each input gets a fresh connection that the fuzzer half-closes after sending, so the
 server meets end-of-stream at once instead of waiting for a timeout.
 
+A third target floods the admission path: each input holds a burst of idle or half-sent
+connections from drawn addresses in 127.0.0.2..127.0.0.40, more than the server's handshake
+slots, while a fresh honest client must connect and pull within seconds.
+
 Meanwhile an honest client pulls and pushes in another thread.  It must see no error; at
 the end all its pushes are in the centre, the server still serves, every fuzz connection
 is closed, and no connection thread died or hit the catch-all for unexpected errors.
@@ -224,16 +228,50 @@ class Fuzzer:
             descs, buffers, _ = codec.layout(_valid_tensor_list(data))
             meta["tensors"] = descs
             payload = b"".join(bytes(b) for b in buffers)
+        # a declared payload length past the model's bytes must be refused at the header, never allocated
+        declared = data.draw(st.just(len(payload)) | st.integers(0, 2**40), label="declared payload")
         body = data.draw(st.just(json.dumps(meta).encode()) | st.binary(max_size=64), label="body")
         flags = data.draw(st.sampled_from([0, 0, 1, 2, 0xFFFF]), label="flags")
         seq = chan.send_seq + data.draw(st.sampled_from([0, 0, 0, 1, -1]), label="seq offset")
-        header = HEADER.pack(MAGIC, PROTOCOL_VERSION, op, flags, max(seq, 0), len(body), len(payload))
+        header = HEADER.pack(MAGIC, PROTOCOL_VERSION, op, flags, max(seq, 0), len(body), declared)
         header_mac = mac(out_key, header, body)
         frame = header + body + header_mac + payload
         if flags & codec.Flag.PAYLOAD_MAC:
             frame += mac(out_payload_key, header_mac, payload)
         chan.send_seq += 1
         return frame
+
+
+    def flood(self, data: st.DataObject) -> None:
+        """A burst of connections from many loopback addresses, each idle or sending a drawn
+        prefix of a frame, held while an honest client connects; then all closed."""
+        sources = data.draw(st.lists(st.integers(2, 40), min_size=1, max_size=2 * FLOOD_SLOTS), label="sources")
+        held = []
+        try:
+            for last in sources:
+                self.connections += 1
+                sock = socket.socket()
+                held.append(sock)
+                try:
+                    sock.settimeout(2)
+                    sock.bind((f"127.0.0.{last}", 0))
+                    sock.connect(self.where)
+                    start = data.draw(st.sampled_from([b"", b"", bytes(_frame(Op.AUTH, 0, b'{"worker": 1'))])
+                                      | st.binary(max_size=40), label="first bytes")
+                    if start:
+                        sock.sendall(start)
+                except OSError:
+                    pass  # the backlog is full or the server already closed it: a flood meets that too
+            started = time.monotonic()
+            with TcpTransport().connect(self.ep.address, self.ep.info.secret, HONEST + 1, timeout=10) as client:
+                client.pull(observe=True)
+            assert time.monotonic() - started < 10
+        finally:
+            for sock in held:
+                sock.close()
+
+
+FLOOD_SLOTS = 16  # handshake slots of the flood target's server: bursts of up to twice that
 
 
 # ------------------------------------------------------------------ the test
@@ -252,14 +290,16 @@ def _honest_worker(ep, stop: threading.Event, pushes: list[int], errors: list[Ba
         errors.append(exc)
 
 
-@pytest.mark.parametrize("target", ["handshake", "after_auth"])
+@pytest.mark.parametrize("target", ["handshake", "after_auth", "flood"])
 def test_a_live_server_survives_fuzzed_connections_while_a_worker_trains(target, caplog, monkeypatch):
     died: list[BaseException] = []
     monkeypatch.setattr(threading, "excepthook", lambda args: died.append(args.exc_value))
     rule = HonestOnly()
     ps = ParameterServer(lambda shard: rule, [torch.zeros(s) for s in SHAPES], num_shards=1)
     # short handshake deadline: an input the fuzzer failed to end must not stall the run for long
-    ep = TcpTransport(TcpOptions(handshake_timeout=2.0, frame_timeout=5.0)).serve(ps)
+    slots = {"max_unauthenticated": FLOOD_SLOTS, "max_unauthenticated_per_source": FLOOD_SLOTS // 2} \
+        if target == "flood" else {}
+    ep = TcpTransport(TcpOptions(handshake_timeout=2.0, frame_timeout=5.0, **slots)).serve(ps)
     stop, pushes, errors = threading.Event(), [], []
     honest = threading.Thread(target=_honest_worker, args=(ep, stop, pushes, errors), name="honest-worker")
     fuzzer = Fuzzer(ep)
@@ -268,7 +308,10 @@ def test_a_live_server_survives_fuzzed_connections_while_a_worker_trains(target,
     try:
         honest.start()
 
-        @FUZZ
+        # a flood input holds dozens of connections and one honest handshake: a tenth as many
+        examples = EXAMPLES if target != "flood" else max(30, EXAMPLES // 10)
+
+        @settings(FUZZ, max_examples=examples)
         @given(st.data())
         def one_input(data):
             getattr(fuzzer, target)(data)
@@ -283,7 +326,7 @@ def test_a_live_server_survives_fuzzed_connections_while_a_worker_trains(target,
         while time.monotonic() < deadline and sum(t.is_alive() for t in ep.threads()) > 1:
             time.sleep(0.05)
         assert sum(t.is_alive() for t in ep.threads()) == 1  # the accept thread
-        assert ep._unauthenticated == 0 and not ep._unauthenticated_from
+        assert not ep._pending and not ep._pending_from
         # the server still serves, and holds exactly the honest pushes
         with TcpTransport().connect(ep.address, ep.info.secret, HONEST, timeout=10) as late:
             n = len(pushes)
@@ -299,5 +342,5 @@ def test_a_live_server_survives_fuzzed_connections_while_a_worker_trains(target,
     unexpected = [r.getMessage() for r in caplog.records  # the catch-all's line, or a server error
                   if "after an unexpected" in r.getMessage() or r.levelno >= logging.ERROR]
     assert not unexpected, unexpected[:3]
-    print(f"\n{target}: {EXAMPLES} inputs in {elapsed:.1f}s ({EXAMPLES / elapsed:.0f}/s), "
+    print(f"\n{target}: {examples} inputs in {elapsed:.1f}s ({examples / elapsed:.0f}/s), "
           f"{ep.rejected_connections} connections rejected, {n} honest pushes")

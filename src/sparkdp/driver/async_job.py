@@ -27,6 +27,7 @@ from ..errors import ConfigError
 from ..ps import ParameterServer
 from ..ps.transport import TcpOptions, TcpTransport
 from ..strategies.async_ps import AsyncParameterServer
+from ..train.children import job_worker_ids
 from ..train.faults import fault_from_env
 from ..train.jobs import task_device
 from ..train.loop import FitSpec, evaluate, fit_worker
@@ -261,7 +262,8 @@ def remaining(spec: FitSpec, done: int) -> FitSpec:
 def server_factory(strategy: AsyncParameterServer,
                     workers: int) -> Callable[[list[torch.Tensor]], ParameterServer]:
     rule_spec = strategy.rule_spec(workers)
-    return lambda params: ParameterServer(lambda shard: rule_spec.create(), params, num_shards=strategy.num_shards)
+    return lambda params: ParameterServer(lambda shard: rule_spec.create(), params, num_shards=strategy.num_shards,
+                                          worker_ids=job_worker_ids(workers), max_push_norm=strategy.max_push_norm)
 
 
 def _copy_centre(server: ParameterServer, model: torch.nn.Module, workers: int) -> None:

@@ -207,7 +207,7 @@ def _push_pull_time(client, n: int, reps: int) -> float:  # noqa: ANN001
     """One exchange as an ASGD worker makes it: the pseudo-gradient from the last pulled centre
     and its parameters, the push, the pull, and the centre copied into its parameters."""
     params, ref, centre = torch.zeros(n), torch.zeros(n), [torch.empty(n)]
-    state = {"versions": client.pull(out=centre).versions, "seq": 0}
+    state = {"versions": client.pull(out=centre).versions, "seq": client.last_seq}  # pushes continue from it
 
     def round_trip() -> None:
         state["seq"] += 1
@@ -264,7 +264,7 @@ def calibrate(model: nn.Module, *, spark, workers: int, batch: int = 64, sample_
 def _server_apply_s(server, params: int, reps: int) -> float:  # noqa: ANN001
     """Seconds the driver's server takes to apply one model-sized push (its update rule and locking)."""
     push = [torch.full((params,), 1e-6)]
-    state = {"seq": 10**6, "versions": server.pull(10**6).versions}
+    state = {"seq": server.last_seq(10**6), "versions": server.pull(10**6).versions}  # pushes number from 0
 
     def apply() -> None:
         state["seq"] += 1

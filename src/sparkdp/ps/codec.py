@@ -148,6 +148,13 @@ def _aligned(n: int) -> int:
 _PAD = memoryview(bytes(ALIGN))
 
 
+def payload_bytes(nbytes: Sequence[int]) -> int:
+    """The largest payload of a frame carrying tensors of these byte sizes, in this order: each
+    starts at an ``ALIGN``-aligned offset (:func:`layout`), so at most ``ALIGN - 1`` padding bytes
+    precede each."""
+    return sum(_aligned(n) for n in nbytes)
+
+
 def layout(tensors: Sequence[Tensor]) -> tuple[list[dict[str, Any]], list[memoryview], int]:
     """Describe ``tensors`` and return (descriptors, buffers to send in order, payload length).
 

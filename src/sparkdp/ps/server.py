@@ -17,7 +17,22 @@ taken through ``with``, so an exception inside ``rule.apply`` never leaves it he
 Idempotency: each push carries ``(worker, seq)``.  A push whose seq is at most the last
 seq applied for that worker is acknowledged (``applied=False``) but not applied, so a
 retried or speculative Spark task never applies twice.  A restarted task resumes at
-``last_seq(worker) + 1`` (the TCP handshake reports it).
+``last_seq(worker) + 1`` (the TCP handshake reports it).  A worker numbers its pushes one by
+one from there and numbers the next only once the last was acknowledged, so a seq above
+``last_seq(worker) + 1`` never comes from an honest worker: it is refused (and logged), since
+accepting it would make that worker's own later pushes "duplicates" dropped silently.
+
+Worker ids: ``worker_ids=N`` accepts ids ``0..N-1`` only (the job's workers and the processes
+they start, ``train.children``); any other id is refused before the server keeps anything for
+it, so per-worker books and rule state (DC-ASGD's backups) stay bounded by the job.
+
+Bounds on what a push does: ``max_push_norm`` refuses a push whose L2 norm (over all its
+tensors) is above it.  After every applied push the centre is checked finite; a push that
+would make it non-finite is refused and the centre and the rules' state left as they were.
+Only a push or centre with values of magnitude above :data:`OVERFLOW_RISK` can overflow a
+rule's arithmetic (its coefficients being far below ``3e38 / OVERFLOW_RISK**3``), so only such
+a push is applied on a backup it can be rolled back to (under every shard's lock at once);
+others cost one read pass over the shard for the check.
 
 Rules: the tensors of a :class:`Push` are valid only during ``apply`` (over TCP they are
 views into a receive buffer reused for the next push); a rule that keeps one must clone
@@ -42,6 +57,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
+import math
 import os
 import threading
 from collections import Counter
@@ -56,6 +73,7 @@ from sparkdp.errors import ConfigError, SparkdpError
 from sparkdp.ps.sharding import MIN_SPLIT_BYTES, ShardPlan
 from sparkdp.rules.base import Locking, Push, UpdateRule
 
+log = logging.getLogger(__name__)
 _METRICS = ("pulls", "pushes_applied", "duplicates_dropped", "rejected", "bytes_in", "bytes_out")
 
 
@@ -101,18 +119,40 @@ class PushAck(NamedTuple):
     applied: bool  # False: a duplicate (worker, seq), acknowledged but not applied again
 
 
-def all_finite(t: Tensor) -> bool:
-    """True when ``t`` has no NaN/Inf.
+#: Magnitude above which a push, or the centre it lands on, is applied on a backup (see the
+#: module docstring): 2**32 keeps a cube of it (DC-ASGD's g*g*(w - w_bak)) six orders of
+#: magnitude below float32's largest value, and is far above any weight or gradient of a
+#: model that trains.
+OVERFLOW_RISK = 2.0**32
 
-    Fast path: a sum is non-finite whenever any element is, and summing is one
-    read-only pass (~30x faster than ``isfinite(t).all()`` on 100M floats here).  A
-    non-finite sum can also be an overflow of finite values, so only then check exactly.
-    """
-    if not (t.is_floating_point() or t.is_complex()) or t.numel() == 0:
-        return True
-    if bool(torch.isfinite(t.sum())):
-        return True
-    return bool(torch.isfinite(t).all())
+
+def magnitude(tensors: Sequence[Tensor]) -> float:
+    """The largest ``|x|`` over ``tensors`` (NaN if any is NaN, inf if any is infinite), in one
+    read pass per tensor (``aminmax`` allocates no ``abs`` copy)."""
+    top = 0.0
+    for t in tensors:
+        if t.numel() == 0 or not (t.is_floating_point() or t.is_complex()):
+            continue
+        if t.is_complex():
+            m = float(t.detach().abs().max())
+        else:
+            lo, hi = torch.aminmax(t.detach().reshape(-1))
+            m = max(-float(lo), float(hi))
+        if math.isnan(m):
+            return math.nan
+        top = max(top, m)
+    return top
+
+
+def _snapshot(obj: Any) -> Any:
+    """A deep copy of rule state (tensors cloned; dicts, lists and tuples rebuilt)."""
+    if isinstance(obj, Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: _snapshot(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_snapshot(v) for v in obj)
+    return obj
 
 
 class ParameterServer:
@@ -125,6 +165,10 @@ class ParameterServer:
             :mod:`sparkdp.ps.sharding`). Raise it if many workers wait on one lock.
         locking: override the rules' declared :class:`Locking` (e.g. force ``GLOBAL``).
         min_split_bytes: tensors below this are never split across shards.
+        worker_ids: accept worker ids ``0..worker_ids-1`` only (``None``: any id); a job passes
+            the ids of its workers and of the processes they start (``train.children``).
+        max_push_norm: refuse a push whose L2 norm over all its tensors is above this
+            (``None``: no bound).
     """
 
     def __init__(
@@ -135,7 +179,17 @@ class ParameterServer:
         num_shards: int | None = None,
         locking: Locking | str | None = None,
         min_split_bytes: int = MIN_SPLIT_BYTES,
+        worker_ids: int | None = None,
+        max_push_norm: float | None = None,
     ) -> None:
+        if worker_ids is not None and (type(worker_ids) is not int or worker_ids < 1):
+            raise ConfigError(f"worker_ids must be a positive int (ids 0..worker_ids-1) or None; got {worker_ids!r}.")
+        if max_push_norm is not None and not (isinstance(max_push_norm, (int, float))
+                                              and not isinstance(max_push_norm, bool)
+                                              and 0 < max_push_norm < math.inf):
+            raise ConfigError(f"max_push_norm must be a finite number > 0 or None; got {max_push_norm!r}.")
+        self.worker_ids = worker_ids
+        self.max_push_norm = None if max_push_norm is None else float(max_push_norm)
         self.plan = ShardPlan.build(list(params), num_shards, min_split_bytes=min_split_bytes)
         self._center = [p.detach().to("cpu").clone(memory_format=torch.contiguous_format) for p in params]
         self._rules: list[UpdateRule] = []
@@ -156,6 +210,8 @@ class ParameterServer:
         self._last_pulled: dict[int, list[int]] = {}
         self._counts: Counter[str] = Counter()
         self._staleness: Counter[int] = Counter()
+        # per shard, the centre's largest |value| after the last push applied to it (see OVERFLOW_RISK)
+        self._magnitude = [magnitude(v) for v in self._views]
 
     # ------------------------------------------------------------------ queries
     @property
@@ -164,6 +220,17 @@ class ParameterServer:
 
     def versions(self) -> list[int]:
         return [v.value for v in self._versions]
+
+    def accepts(self, worker: object) -> bool:
+        """Whether ``worker`` is an id of this server's job (see ``worker_ids``)."""
+        return type(worker) is int and 0 <= worker and (self.worker_ids is None or worker < self.worker_ids)
+
+    def _job_worker(self, worker: object, refused: type[ValueError] = ValueError) -> int:
+        worker = check_worker(worker)
+        if not self.accepts(worker):
+            raise refused(f"worker id {worker} is not one of this job's (ids 0..{(self.worker_ids or 0) - 1}); "
+                          "refused.")
+        return worker
 
     def last_seq(self, worker: int) -> int:
         """Last applied push seq of ``worker`` (-1 if none): a restarted task continues after it."""
@@ -187,7 +254,7 @@ class ParameterServer:
         ``observe``: a look at the centre that is not ``worker``'s pull (evaluation): its
         pulled versions (staleness) and the rule's ``on_pull`` (DC-ASGD's backup) stay as they were.
         """
-        worker = check_worker(worker)
+        worker = check_worker(worker) if observe else self._job_worker(worker)
         wanted = self._check_shards(shards)
         if out is None:
             out = [torch.zeros(spec.shape, dtype=spec.dtype) for spec in self.plan.params]
@@ -231,7 +298,7 @@ class ParameterServer:
         worker's last pull.  Raises :class:`PushRejected` (nothing applied) on NaN/Inf,
         wrong shapes/dtypes or impossible versions.
         """
-        worker = check_worker(worker)
+        worker = self._job_worker(worker, PushRejected)
         if type(seq) is not int or seq < 0:
             raise PushRejected(f"push from worker {worker}: seq must be an int >= 0, got {seq!r}.")
         if type(num_samples) is not int or num_samples < 0 or type(local_steps) is not int or local_steps < 1:
@@ -240,17 +307,43 @@ class ParameterServer:
                 f"got {num_samples!r} and {local_steps!r}."
             )
         try:
-            pulled = self._check_push(worker, pulled_versions, tensors)
+            pulled, size = self._check_push(worker, pulled_versions, tensors)
         except PushRejected:
             with self._book:
                 self._counts["rejected"] += 1
             raise
         with self._book:  # check-and-reserve seq atomically: a concurrent twin task sees it taken
-            if seq <= self._last_seq.get(worker, -1):
+            last = self._last_seq.get(worker, -1)
+            if seq <= last:
                 self._counts["duplicates_dropped"] += 1
                 return PushAck(self.versions(), False)
+            if seq > last + 1:
+                self._counts["rejected"] += 1
+                log.warning("refused push %d of worker %d: its last applied push is %d, and a worker numbers "
+                            "its pushes one by one", seq, worker, last)
+                raise PushRejected(f"push from worker {worker}: seq {seq} jumps past {last + 1}, the next after its "
+                                   f"last applied push; a worker continues at last_seq + 1 (the handshake's).")
             self._last_seq[worker] = seq
         tensors = [t.contiguous() for t in tensors]
+        guarded = size > OVERFLOW_RISK or not max(self._magnitude) <= OVERFLOW_RISK
+        try:
+            apply = self._apply_guarded if guarded else self._apply
+            taus, new_versions = apply(worker, pulled, tensors, num_samples, local_steps)
+        except PushRejected:
+            with self._book:
+                self._counts["rejected"] += 1
+                if guarded and self._last_seq.get(worker) == seq:  # rolled back: a retry may send it again
+                    self._last_seq[worker] = last
+            raise
+        with self._book:
+            self._counts["pushes_applied"] += 1
+            self._counts["bytes_in"] += sum(t.numel() * t.element_size() for t in tensors)
+            self._staleness[max(taus)] += 1
+        return PushAck(new_versions, True)
+
+    def _apply(self, worker: int, pulled: list[int], tensors: list[Tensor], num_samples: int,
+               local_steps: int) -> tuple[list[int], list[int]]:
+        """Apply shard by shard, each under its own lock, checking each shard finite after."""
         taus, new_versions = [], []
         for s in range(self.num_shards):
             pushed = tuple(self.plan.views(tensors, s))
@@ -258,16 +351,45 @@ class ParameterServer:
                 version = self._versions[s].ticket()
                 taus.append(version - pulled[s])
                 self._rules[s].apply(self._views[s], Push(worker, taus[-1], pushed, num_samples, local_steps))
+                self._magnitude[s] = top = magnitude(self._views[s])
+            if not math.isfinite(top):  # below OVERFLOW_RISK only a rule with huge coefficients gets here
+                log.error("shard %d of the centre is not finite after push of worker %d: the rule's settings "
+                          "overflow float arithmetic", s, worker)
+                raise PushRejected(f"push from worker {worker} made shard {s} of the centre non-finite with "
+                                   f"values below {OVERFLOW_RISK:g}: the rule's coefficients are too large.")
             new_versions.append(version + 1)
-        with self._book:
-            self._counts["pushes_applied"] += 1
-            self._counts["bytes_in"] += sum(t.numel() * t.element_size() for t in tensors)
-            self._staleness[max(taus)] += 1
-        return PushAck(new_versions, True)
+        return taus, new_versions
+
+    def _apply_guarded(self, worker: int, pulled: list[int], tensors: list[Tensor], num_samples: int,
+                       local_steps: int) -> tuple[list[int], list[int]]:
+        """Apply under every shard's lock on a backup of the centre and the rules' state; roll all
+        shards back and refuse the push if any shard is not finite after it."""
+        with contextlib.ExitStack() as held:
+            for lock in self._locks:  # in shard order, as everywhere: no deadlock
+                held.enter_context(lock)
+            centre = [[c.clone() for c in view] for view in self._views]
+            states = [_snapshot(rule.state_dict()) for rule in self._rules]
+            staleness = [v.value - p for v, p in zip(self._versions, pulled, strict=True)]
+            tops = []
+            for s in range(self.num_shards):
+                pushed = tuple(self.plan.views(tensors, s))
+                self._rules[s].apply(self._views[s], Push(worker, staleness[s], pushed, num_samples, local_steps))
+                tops.append(magnitude(self._views[s]))
+            if not all(math.isfinite(t) for t in tops):
+                for s in range(self.num_shards):
+                    for c, saved in zip(self._views[s], centre[s], strict=True):
+                        c.copy_(saved)
+                    self._rules[s].load_state_dict(states[s])
+                log.warning("refused push of worker %d: it would make the centre non-finite", worker)
+                raise PushRejected(f"push from worker {worker} would make the centre non-finite (float overflow); "
+                                   "refused, the centre keeps its last good value.")
+            self._magnitude = tops
+            new_versions = [v.ticket() + 1 for v in self._versions]
+        return staleness, new_versions
 
     def _check_push(
         self, worker: int, pulled_versions: Sequence[int] | None, tensors: Sequence[Tensor]
-    ) -> list[int]:
+    ) -> tuple[list[int], float]:
         try:
             self.plan.check(tensors, f"push from worker {worker}")
         except ValueError as exc:
@@ -293,13 +415,23 @@ class ParameterServer:
                 f"push from worker {worker}: pulled_versions={pulled_versions if pulled is None else pulled!r:.200} "
                 f"must be {self.num_shards} ints, each between 0 and the shard's current version {now}; pass the versions pull() returned."
             )
+        size = 0.0
         for i, t in enumerate(tensors):
-            if not all_finite(t):
+            top = magnitude([t])  # NaN or inf exactly when t is not finite
+            size = max(size, top)
+            if not math.isfinite(top):
                 raise PushRejected(
                     f"push from worker {worker}: tensor {i} contains NaN or Inf; rejected, the centre keeps its "
                     "last good value. Lower the learning rate or clip gradients on that worker."
                 )
-        return pulled
+        if self.max_push_norm is not None:
+            # float32 at least: a half-precision sum of squares overflows at 256
+            norm = math.sqrt(sum(float(torch.linalg.vector_norm(t, dtype=torch.float32 if t.element_size() < 4 else None))
+                                 ** 2 for t in tensors if t.is_floating_point()))
+            if not norm <= self.max_push_norm:
+                raise PushRejected(f"push from worker {worker}: L2 norm {norm:.4g} is above max_push_norm "
+                                   f"{self.max_push_norm:g}; refused, the centre keeps its last good value.")
+        return pulled, size
 
     def _check_shards(self, shards: Sequence[int] | None) -> list[int]:
         if shards is None:
@@ -347,6 +479,7 @@ class ParameterServer:
         with self._book:
             self._last_seq = {int(w): int(v) for w, v in state["last_seq"].items()}
             self._last_pulled = {int(w): [int(x) for x in v] for w, v in state["last_pulled"].items()}
+        self._magnitude = [magnitude(v) for v in self._views]
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write :meth:`state_dict` atomically to ``path`` (safetensors + JSON, no pickle), with a

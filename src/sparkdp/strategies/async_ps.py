@@ -66,6 +66,9 @@ class AsyncParameterServer(Strategy):
         mac_payload: also authenticate tensor bytes (closes on-path tampering; costs
             about half the bandwidth); ``tls``: encrypt the connection.
         connect_timeout_s: how long a worker waits for the server.
+        max_push_norm: refuse (and fail the pushing task with) a push whose L2 norm is above this
+            (with ``servers=K``, each server bounds the norm of its part); None (default): no bound.
+            Whatever this is, the server refuses a push that would make the centre non-finite.
     """
 
     launcher = Launcher.TASKS
@@ -76,7 +79,7 @@ class AsyncParameterServer(Strategy):
     def __init__(self, rule: str = "asgd", rule_options: dict[str, Any] | None = None, *,
                  push_every: int | str = 1, pull_every: int | str | None = None,
                  num_shards: int | None = None, servers: int | None = None, mac_payload: bool = False,
-                 tls: bool = False, connect_timeout_s: float = 30.0) -> None:
+                 tls: bool = False, connect_timeout_s: float = 30.0, max_push_norm: float | None = None) -> None:
         super().__init__()
         options = dict(rule_options or {})
         # validate name and hyper-parameters now, on the driver (num_workers is a placeholder here)
@@ -94,6 +97,11 @@ class AsyncParameterServer(Strategy):
         self.mac_payload = bool(mac_payload)
         self.tls = bool(tls)
         self.connect_timeout_s = float(connect_timeout_s)
+        if max_push_norm is not None and (isinstance(max_push_norm, bool) or not isinstance(max_push_norm, (int, float))
+                                          or not 0 < max_push_norm < float("inf")):
+            raise ConfigError(f"max_push_norm must be None (no bound) or a finite number > 0: the largest L2 norm a "
+                              f"push may have; got {max_push_norm!r}.")
+        self.max_push_norm = None if max_push_norm is None else float(max_push_norm)
         #: the server worker id to connect as; None: the task's rank (a process a worker started
         #: has one of its own, ``train.children``)
         self.worker_id: int | None = None
@@ -180,7 +188,7 @@ class AsyncParameterServer(Strategy):
         return {"rule": self.rule, "rule_options": self.rule_options, "push_every": self.push_every,
                 "pull_every": self.pull_every, "num_shards": self.num_shards, "servers": self.servers,
                 "mac_payload": self.mac_payload,
-                "tls": self.tls}
+                "tls": self.tls, "max_push_norm": self.max_push_norm}
 
 
 class AsyncWorker:

@@ -36,9 +36,23 @@ ENV = "SPARKDP_CHILD_SPEC"
 _MAX_SPEC_BYTES = 64 * 1024
 
 
+#: the most processes one worker may start that join the job: the parameter server accepts the
+#: ids of these and no others (:func:`job_worker_ids`)
+MAX_CHILDREN = 64
+
+
 def child_worker_id(rank: int, world_size: int, child: int) -> int:
     """The parameter-server worker id of process ``child`` started by Spark worker ``rank``."""
+    if child >= MAX_CHILDREN:
+        raise ConfigError(f"process {child} of worker {rank} cannot join the job: a worker may start at most "
+                          f"{MAX_CHILDREN} processes that join it; start fewer (e.g. one per core).")
     return world_size * (child + 1) + rank
+
+
+def job_worker_ids(world_size: int) -> int:
+    """How many parameter-server worker ids a job of ``world_size`` workers uses: ``0..n-1`` are
+    the workers and the processes they may start."""
+    return world_size * (MAX_CHILDREN + 1)
 
 
 @dataclass
@@ -165,4 +179,4 @@ def finish_at_exit(ctx: Any) -> None:
     multiprocessing.util.Finalize(None, ctx.finish, exitpriority=21)
 
 
-__all__ = ["ENV", "Children", "child_parts", "child_worker_id", "children_join", "finish_at_exit", "read_child_spec"]
+__all__ = ["ENV", "MAX_CHILDREN", "Children", "child_parts", "child_worker_id", "children_join", "job_worker_ids", "finish_at_exit", "read_child_spec"]

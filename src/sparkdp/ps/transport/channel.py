@@ -214,6 +214,13 @@ class Channel:
         self.recv_seq += 1
         return codec.Message(head.op, head.seq, meta, tensors)
 
+    def holds_buffer(self) -> bool:
+        return self._rbuf is not None
+
+    def release_buffer(self) -> None:
+        """Drop the kept receive buffer (after a frame larger than the ones that follow)."""
+        self._rbuf = None
+
     def _payload_buffer(self, n: int, reuse: bool) -> Tensor:
         # torch.empty, not bytearray(n): no zero-fill pass over what recv_into overwrites anyway;
         # reusing it also skips the page faults of a fresh 100s-of-MB allocation.

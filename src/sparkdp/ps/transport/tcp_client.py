@@ -141,11 +141,16 @@ class TcpClient(Client):
         )
         try:
             reply = chan.recv(timeout)
+        except PeerClosed:  # closed with no reply at all: a busy server gave the slot to a newer connection
+            raise _ClosedBeforeHello(f"{self.address} closed the connection during the handshake.") from None
         except (ProtocolError, OSError) as exc:
             raise AuthenticationError(
                 f"parameter server at {self.address} rejected worker {self.worker_id}'s handshake ({exc}): "
                 "the job secret differs — connect with the secret of this job's endpoint.info."
             ) from None
+        if reply.op is Op.ERROR:  # authenticated, but refused (e.g. a worker id outside the job)
+            raise ERROR_KINDS.get(reply.meta.get("kind", ""), ProtocolError)(
+                f"parameter server at {self.address}: {reply.meta.get('message')}")
         ok = reply.op is Op.AUTH_OK and verify(
             server_proof(secret, server_nonce, client_nonce, self.worker_id),
             bytes.fromhex(reply.meta.get("proof", "")),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 from dataclasses import dataclass, field
 
@@ -27,15 +28,18 @@ class TcpOptions:
         handshake_timeout / frame_timeout / idle_timeout: seconds, see the module docstring.
         socket_buffer: SO_SNDBUF/SO_RCVBUF bytes; ``None`` keeps Linux's autotuning.
         join_timeout: how long close() waits for each thread.
-        max_unauthenticated: connections allowed at once before their handshake succeeds; more
-            are closed on arrival, so a flood of idle or half-open connections from peers
-            without the secret cannot take threads and memory from the workers (each one is
-            also closed after ``handshake_timeout``).
-        max_unauthenticated_per_source: how many of those may come from one source address;
-            more from that address are closed on arrival, so one peer cannot take every slot and
-            lock the workers out.  Honest handshakes last milliseconds and clients retry a
-            refused connect with backoff, so a burst of more tasks from one executor host still
-            gets in; raise it only for many workers behind one NAT address.
+        max_unauthenticated: connections allowed at once before their handshake succeeds, so a
+            flood of idle or half-open connections from peers without the secret cannot take
+            threads and memory from the workers (each one is also closed after
+            ``handshake_timeout``).  At the limit a new connection takes the slot of the oldest
+            handshake of the network prefix holding the most: an idle peer's slot goes to the
+            next arrival, and an honest client, whose handshake lasts milliseconds, gets in
+            while a flood goes on (it retries, with backoff, a connection closed before its
+            handshake ended).
+        max_unauthenticated_per_source: how many of those may come from one network prefix
+            (IPv4 /24, IPv6 /64: one host, or one attacker's block of addresses); a new
+            connection from a prefix at its limit takes the slot of that prefix's oldest
+            handshake, so one network cannot take the slots of the others.
         max_connections: authenticated connections allowed at once.
     """
 
@@ -47,9 +51,25 @@ class TcpOptions:
     idle_timeout: float = 1800.0
     socket_buffer: int | None = None
     join_timeout: float = 5.0
-    max_unauthenticated: int = 64
-    max_unauthenticated_per_source: int = 8
+    max_unauthenticated: int = 128
+    max_unauthenticated_per_source: int = 64
     max_connections: int = 1024
+
+
+#: the network prefix lengths a source counts by (see ``max_unauthenticated_per_source``)
+PREFIX_V4, PREFIX_V6 = 24, 64
+
+
+def source_prefix(host: str) -> str:
+    """The network ``host`` belongs to, as handshakes are counted (an IPv4-mapped IPv6 address as IPv4)."""
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return host  # not an IP address (never from accept() on an IP socket): count it alone
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    bits = PREFIX_V4 if address.version == 4 else PREFIX_V6
+    return str(ipaddress.ip_network(f"{address}/{bits}", strict=False))
 
 
 def format_address(host: str, port: int) -> str:

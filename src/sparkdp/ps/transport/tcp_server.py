@@ -5,7 +5,9 @@ from __future__ import annotations
 import errno
 import logging
 import secrets
+import select
 import socket
+import ssl
 import threading
 import time
 from collections import Counter
@@ -20,10 +22,13 @@ from sparkdp.ps.auth import NONCE_BYTES, SessionKeys, client_proof, server_proof
 from sparkdp.ps.server import ParameterServer, PushRejected
 from sparkdp.ps.transport.base import ConnectFailed, ConnectInfo, Endpoint
 from sparkdp.ps.transport.channel import Channel, PeerClosed
-from sparkdp.ps.transport.tcp_options import TcpOptions, format_address, tune_socket
+from sparkdp.ps.transport.tcp_options import TcpOptions, format_address, source_prefix, tune_socket
 
 log = logging.getLogger(__name__)
 Op = codec.Op
+#: seconds a connection keeps its push and pull buffers while no request comes (a worker
+#: exchanging keeps them; 1,024 idle ones hold none)
+KEEP_BUFFERS_S = 30.0
 _WILDCARDS = {"", "0.0.0.0", "::"}
 
 
@@ -81,8 +86,11 @@ class TcpEndpoint(Endpoint):
         # *ended*, not just closed its socket: freeing its buffers takes a while, and a thread
         # still inside torch when the interpreter exits aborts the process.
         self._conns: dict[threading.Thread, socket.socket | None] = {}
-        self._unauthenticated = 0  # connections still in their handshake (bounded, see TcpOptions)
-        self._unauthenticated_from: Counter[str] = Counter()  # the same, per source address
+        # connections still in their handshake, oldest first, with their source's network prefix
+        # (bounded, see TcpOptions), and how many each prefix has
+        self._pending: dict[threading.Thread, str] = {}
+        self._pending_from: Counter[str] = Counter()
+        self._evicted: set[threading.Thread] = set()  # closed by the accept loop for a newer handshake
         self._accept_thread = threading.Thread(
             target=self._accept_loop, name=f"sparkdp-ps-accept-{bound_port}", daemon=True
         )
@@ -111,42 +119,64 @@ class TcpEndpoint(Endpoint):
             thread = threading.Thread(
                 target=self._serve_conn, args=(sock, peer), name=f"sparkdp-ps-conn-{peer[1]}", daemon=True
             )
+            prefix = source_prefix(peer[0])
+            victim = None
             with self._lock:
                 if self._stop.is_set():
                     sock.close()
                     return
                 for done in [t for t in self._conns if not t.is_alive()]:
                     del self._conns[done]
+                    self._evicted.discard(done)
                 busy = sum(s is not None for s in self._conns.values())
-                # A source at its limit is refused, not served by evicting its oldest handshake:
-                # a refusal costs one accept() and no thread, while eviction would let a peer
-                # that reconnects whenever it is closed spin the server through a thread per
-                # connection, and would not keep an honest client from a flooded source in
-                # either (the flooder's newer sockets evict it).  Other sources keep their slots,
-                # and an honest client of this source retries with backoff (TcpClient).
-                from_source = self._unauthenticated_from[peer[0]]
-                full = (from_source >= self._opts.max_unauthenticated_per_source
-                        or self._unauthenticated >= self._opts.max_unauthenticated
-                        or busy >= self._opts.max_connections + self._opts.max_unauthenticated)
+                pending = len(self._pending)
+                full = busy >= self._opts.max_connections + self._opts.max_unauthenticated
                 if full:
                     self.rejected_connections += 1
                 else:
-                    self._unauthenticated += 1
-                    self._unauthenticated_from[peer[0]] += 1
+                    # At a limit, the newcomer takes the slot of the oldest handshake of its own network
+                    # prefix, or (all slots taken) of the prefix holding the most: the slot of a peer that
+                    # sits idle goes to the next arrival, while an honest client needs its slot only for
+                    # the milliseconds its handshake takes, so it gets in however fast a flood reopens.
+                    # Refusing newcomers instead would leave the slots to whoever reconnects fastest.
+                    # Networks other than the flooder's are never touched (per-prefix counting).
+                    if self._pending_from[prefix] >= self._opts.max_unauthenticated_per_source:
+                        victim = self._oldest_pending(prefix)
+                    elif pending >= self._opts.max_unauthenticated:
+                        victim = self._oldest_pending(max(self._pending_from, key=self._pending_from.__getitem__))
+                    if victim is not None:
+                        self._handshake_over(victim)
+                        self._evicted.add(victim)
+                        self.rejected_connections += 1
+                    self._pending[thread] = prefix
+                    self._pending_from[prefix] += 1
                     self._conns[thread] = sock
+                victim_sock = self._conns.get(victim) if victim is not None else None
             if full:  # closed at once, without a thread: the cost of a refused peer is one accept()
-                log.warning("refusing a connection from %s: %d handshakes open from that address, %d in all, "
-                            "%d connections open", peer, from_source, self._unauthenticated, busy)
+                log.warning("refusing a connection from %s: %d connections open", peer, busy)
                 sock.close()
                 continue
+            if victim_sock is not None:
+                log.debug("closing the oldest handshake of %s for a connection from %s", prefix, peer)
+                try:
+                    victim_sock.shutdown(socket.SHUT_RDWR)  # its thread wakes and ends
+                except OSError:
+                    pass  # it just closed on its own
             thread.start()
 
-    def _handshake_over(self, source: str) -> None:
-        """Give back the connection's unauthenticated slot (with ``self._lock`` held)."""
-        self._unauthenticated -= 1
-        self._unauthenticated_from[source] -= 1
-        if not self._unauthenticated_from[source]:
-            del self._unauthenticated_from[source]  # a Counter of every address ever seen would only grow
+    def _oldest_pending(self, prefix: str) -> threading.Thread:
+        return next(t for t, p in self._pending.items() if p == prefix)  # dicts keep arrival order
+
+    def _handshake_over(self, thread: threading.Thread) -> bool:
+        """Give back ``thread``'s unauthenticated slot (with ``self._lock`` held); False if it had
+        none (evicted, or already given back)."""
+        prefix = self._pending.pop(thread, None)
+        if prefix is None:
+            return False
+        self._pending_from[prefix] -= 1
+        if not self._pending_from[prefix]:
+            del self._pending_from[prefix]  # a Counter of every prefix ever seen would only grow
+        return True
 
     def _serve_conn(self, sock: socket.socket, peer: tuple) -> None:
         worker = None
@@ -159,17 +189,23 @@ class TcpEndpoint(Endpoint):
                     self._conns[threading.current_thread()] = sock
             chan = Channel(sock, "server", self._opts.limits, self._opts.frame_timeout)
             worker = self._handshake(chan)
-            with self._lock:
-                self._handshake_over(peer[0])
             out = None  # reusable pull buffers: the reply is sent before the next request arrives
             while not self._stop.is_set():
-                msg = chan.recv(self._opts.idle_timeout, reuse_buffer=True)
+                chan.limits = self._frame_limits()
+                idle = self._opts.idle_timeout
+                if (out is not None or chan.holds_buffer()) and not _readable(chan.sock, min(KEEP_BUFFERS_S, idle)):
+                    # a connection that goes quiet keeps no model-sized buffers while it waits
+                    out = None
+                    chan.release_buffer()
+                    idle -= min(KEEP_BUFFERS_S, idle)
+                msg = chan.recv(idle, reuse_buffer=True)
                 if msg.op is Op.BYE:
                     return
                 if msg.op is Op.REPORT and self._reports is not None:
                     self._reports(worker, msg.meta)
                 elif msg.op is Op.INIT and self._initial is not None:
                     self._handle_init(chan, worker, msg)
+                    chan.release_buffer()  # the centre's bytes were copied; pushes get a buffer of their own size
                 elif self.server is None:
                     raise ProtocolError(f"{msg.op.name} sent to an endpoint without a parameter server.")
                 elif msg.op is Op.PULL:
@@ -185,8 +221,9 @@ class TcpEndpoint(Endpoint):
             log.debug("worker %s (%s) disconnected", worker, peer)
         except (ProtocolError, OSError) as exc:  # includes timeouts, TLS errors, auth failures
             with self._lock:
-                self.rejected_connections += 1
-            if not self._stop.is_set():
+                evicted = threading.current_thread() in self._evicted
+                self.rejected_connections += not evicted  # an eviction was counted when it happened
+            if not self._stop.is_set() and not evicted:
                 log.warning("closing connection from %s (worker %s): %s", peer, worker, exc)
         except Exception as exc:
             # Anything else is a bug reached through this peer's input; it must end this
@@ -203,8 +240,18 @@ class TcpEndpoint(Endpoint):
             sock.close()
             with self._lock:
                 self._conns[threading.current_thread()] = None
-                if worker is None:  # it never finished its handshake
-                    self._handshake_over(peer[0])
+                self._handshake_over(threading.current_thread())  # if it never finished its handshake
+
+    def _frame_limits(self) -> codec.Limits:
+        """What an authenticated peer may send: a push of this server's model at most (its bytes
+        plus each tensor's alignment padding), nothing for a monitoring endpoint, and the transport's
+        limits only while the centre is still to come (its first ``INIT``)."""
+        opts = self._opts.limits
+        if self.server is not None:
+            return codec.Limits(opts.max_json_bytes, min(opts.max_payload_bytes, codec.payload_bytes([p.nbytes for p in self.server.plan.params])))
+        if self._initial is not None:
+            return opts
+        return codec.Limits(opts.max_json_bytes, 0)
 
     def _handshake(self, chan: Channel) -> int:
         server_nonce = secrets.token_bytes(NONCE_BYTES)
@@ -234,6 +281,14 @@ class TcpEndpoint(Endpoint):
             )
         mac_payload = self._opts.mac_payload or msg.meta.get("mac_payload") is True
         chan.set_keys(SessionKeys.derive(self._secret, server_nonce, client_nonce, worker), mac_payload)
+        if self.server is not None and not self.server.accepts(worker):
+            # the peer holds the secret: tell it why, over the authenticated channel
+            chan.send(Op.ERROR, {"kind": "ValueError", "message": f"worker id {worker} is not one of this job's "
+                                 f"(0..{(self.server.worker_ids or 0) - 1})"})
+            raise ProtocolError(f"authenticated client claimed worker id {worker}, outside the job; refused.")
+        with self._lock:  # from here on no newer connection may take this one's slot
+            if not self._handshake_over(threading.current_thread()):
+                raise ProtocolError(f"worker {worker}'s handshake was closed for a newer connection.")
         welcome = {"proof": server_proof(self._secret, server_nonce, client_nonce, worker).hex(),
                    "mac_payload": mac_payload}
         last_seq = -1
@@ -312,3 +367,12 @@ class TcpEndpoint(Endpoint):
     def _conns_snapshot(self) -> list[socket.socket]:
         with self._lock:
             return [s for s in self._conns.values() if s is not None]
+
+
+def _readable(sock: socket.socket, timeout: float) -> bool:
+    """Whether a request starts within ``timeout`` seconds (TLS may hold decrypted bytes already)."""
+    if isinstance(sock, ssl.SSLSocket) and sock.pending():
+        return True
+    poller = select.poll()  # not select(): it fails on descriptors above 1,023
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(max(timeout, 0) * 1000))

@@ -19,6 +19,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from ..comm.torch_dist import set_restart_env
 from ..config import RUN_SETTINGS, Columns, JobConfig
 from ..data.base import WorkerData
 from ..data.datasets import Dataset as BuiltinDataset
@@ -286,16 +287,19 @@ def run(train_fn: Callable[..., Any], *args: Any, spark: Any = None, argv: list[
 
     worker_argv = list(sys.argv if argv is None else argv)
     name = getattr(train_fn, "__name__", "train_fn")
+    checkpoint_dir = None if job.checkpoints.checkpoint_dir is None else str(job.checkpoints.checkpoint_dir)
     # a monitoring hub only carries a launched script's output here (the loop is the user's)
     hub_job = job if forward_output else replace(job, monitor=replace(job.monitor, show_progress=False))
     with monitored(hub_job, spark, workers, f"sparkdp {name} x{workers}", strategy=strategy_obj,
                    unreachable=_unreachable(hub_job, spark, None)) as hub:
         link = hub.link if hub is not None else None
 
-        def body(collective, strategy=strategy_obj):
+        def body(collective, strategy, attempt):
             probe = open_probe(link, collective.rank)
             ctx = WorkerContext(collective.rank, collective.world_size, collective, strategy, job.training.seed,
-                                collective.device, probe=probe)
+                                collective.device, probe=probe, restart=attempt.restart,
+                                checkpoint_dir=checkpoint_dir)
+            set_restart_env(ctx.restart, ctx.checkpoint_dir)
             set_current(ctx)
             saved_argv, sys.argv = sys.argv, list(worker_argv)
             try:

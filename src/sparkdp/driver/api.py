@@ -270,12 +270,17 @@ def run(train_fn: Callable[..., Any], *args: Any, spark: Any = None, argv: list[
     (numbers of batches: your loop's epochs are not visible to sparkdp).
 
     ``settings`` are the job settings a loop of the user's own can use (``strategy``,
-    ``strategy_options``, ``seed``, ``workers``, ``master``, ``threads``, ``start_timeout_s``,
-    ``pg_timeout_s``, ``show_progress``; see :func:`fit`); ``spark`` an existing session.
+    ``strategy_options``, ``seed``, ``workers``, ``master``, ``threads``, ``checkpoint_dir``,
+    ``max_restarts``, ``min_workers``, ``start_timeout_s``, ``pg_timeout_s``, ``show_progress``;
+    see :func:`fit`); ``spark`` an existing session. A failed attempt runs ``train_fn`` again on
+    every worker, as ``max_restarts`` allows (docs/guide/reliability.md): as under torchrun, the
+    n-th restart sees ``TORCHELASTIC_RESTART_COUNT=n`` and, with ``checkpoint_dir``,
+    ``SPARKDP_CHECKPOINT_DIR``, where ``train_fn`` saves and finds what it resumes from.
 
     Raises:
         ConfigError: bad options (e.g. ``push_every="epoch"`` here).
-        WorkerFailed: ``train_fn`` raised on a worker (its rank and traceback in the message).
+        WorkerFailed: ``train_fn`` failed on a worker more often than ``max_restarts`` allows (its
+            rank and traceback in the message).
     """
     job = JobConfig.of(settings, allowed=RUN_SETTINGS, caller="run")
     strategy_obj = resolve_strategy(job.training.strategy, **job.training.strategy_options)

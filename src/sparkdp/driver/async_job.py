@@ -47,6 +47,7 @@ def fit_async(spec: FitSpec, job: JobConfig, *, workers: int, spark: Any, starte
     threads, checkpoint_dir, resume, start_timeout_s = job.scaling.threads, job.checkpoints.checkpoint_dir, job.checkpoints.resume, \
         job.failures.start_timeout_s
     server = server_factory(strategy, workers)(list(model.parameters()))
+    whole = spec  # the job from its first epoch: the server's sequence numbers count from there
     if resume is not None:
         spec = _resume_server(server, spec, strategy, workers, resume)
     if hub is not None:  # the live display shows the server's pushes and staleness
@@ -62,7 +63,8 @@ def fit_async(spec: FitSpec, job: JobConfig, *, workers: int, spark: Any, starte
         log.info("parameter server for %s on %s with %d shard(s)", strategy.rule, info.address, server.num_shards)
         # (sparkdp.fit checked before the job that executors reach this process, or moved the server)
         shipped = copy.copy(strategy).connect_to(transport, info)
-        whole, first = spec, replace(spec, strategy=shipped, fault=fault_from_env())
+        first = replace(spec, strategy=shipped, fault=fault_from_env())
+        restarts = RestartPolicy.of(job)
 
         def run_attempt(attempt: Attempt) -> list[WorkerReport]:
             nonlocal spec
@@ -79,11 +81,13 @@ def fit_async(spec: FitSpec, job: JobConfig, *, workers: int, spark: Any, starte
             return run_tasks(task, workers, spark=spark, description=f"sparkdp async {strategy.rule}",
                              start_timeout_s=start_timeout_s) if this.epochs else []
 
-        reports: list[WorkerReport] = Controller(RestartPolicy.of(job), workers).run(ServerPlan(run_attempt))
+        reports: list[WorkerReport] = Controller(restarts, workers).run(ServerPlan(run_attempt))
     if saver is not None:
         saver.save()  # the finished job: a later resume has nothing left to do
     _copy_centre(server, model, workers)
-    return async_result(spec, reports, workers, started, {"server": server.metrics()})
+    result = async_result(spec, reports, workers, started, {"server": server.metrics()})
+    result.details["restarts"] = list(restarts.failures)
+    return result
 
 
 def async_result(spec: FitSpec, reports: list[WorkerReport], workers: int, started: float,

@@ -264,8 +264,8 @@ def run(train_fn: Callable[..., Any], *args: Any, spark: Any = None, argv: list[
 
     With a synchronous strategy (``allreduce``, ``average``) the workers are one Spark barrier
     stage sharing a ``torch.distributed`` process group. With an asynchronous one (``asgd``,
-    ``hogwild``, ``easgd``, ``dcasgd``, ``ddcasgd``...) they are ordinary Spark tasks (retried by
-    Spark) around a parameter server on the driver whose centre starts as the first worker's model;
+    ``hogwild``, ``easgd``, ``dcasgd``, ``ddcasgd``...) they are ordinary Spark tasks (restarted
+    as ``max_restarts`` allows) around a parameter server on the driver whose centre starts as the first worker's model;
     every ``optimizer.step()`` then pushes and pulls as ``push_every`` / ``pull_every`` say
     (numbers of batches: your loop's epochs are not visible to sparkdp).
 

@@ -101,6 +101,14 @@ def test_the_worker_engine_never_imports_the_driver_or_spark():
     assert not offenders, "\n".join(offenders)
 
 
+def test_the_spark_adapter_never_imports_the_driver():
+    """spark/ adapts Spark to the engine below it; the driver (driver/: plans, restarts) sits above
+    it and hands it what it needs, so no import arrow runs from spark/ back up to driver/."""
+    offenders = [f"{name} -> {t}" for name, targets in _graph().items() if name.startswith("sparkdp.spark")
+                 for t in targets if t.startswith("sparkdp.driver")]
+    assert not offenders, "\n".join(offenders)
+
+
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 

@@ -360,8 +360,8 @@ GROUPS: dict[str, type] = {"training": TrainingConfig, "scaling": ScalingConfig,
 JOB_DEFAULTS = JobConfig()
 
 #: the settings ``sparkdp.run`` and ``sparkdp.launch`` take: the user's own loop sets the rest
-RUN_SETTINGS = ("strategy", "strategy_options", "seed", "workers", "master", "threads", "start_timeout_s",
-                "pg_timeout_s", "show_progress")
+RUN_SETTINGS = ("strategy", "strategy_options", "seed", "workers", "master", "threads", "checkpoint_dir",
+                "max_restarts", "min_workers", "start_timeout_s", "pg_timeout_s", "show_progress")
 
 __all__ = ["GROUPS", "JOB_DEFAULTS", "MEMORY_FORMATS", "RUN_SETTINGS", "CheckpointConfig", "Columns", "FailureConfig", "JobConfig",
            "MonitorConfig", "ScalingConfig", "TrainingConfig", "field_docs", "group_of", "setting"]

@@ -75,7 +75,8 @@ def test_a_script_importing_its_sibling_module(tmp_path):
 
 
 def test_a_non_zero_exit_names_the_rank_and_a_missing_script_is_refused(tmp_path):
-    failed = _launch(SCRIPTS / "exits.py")
+    failed = sparkdp("launch", "--workers", "2", "--master", "local[2]", "--max-restarts", "0",
+                     str(SCRIPTS / "exits.py"), timeout=240)
     assert failed.returncode == 2
     assert "worker 1 failed: ScriptFailed: exits.py exited with status 3 on worker 1" in failed.stderr, _explain(failed)
     missing = sparkdp("launch", str(tmp_path / "nope.py"), timeout=60)

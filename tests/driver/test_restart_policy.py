@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from sparkdp.config import JobConfig
-from sparkdp.driver.recovery import RestartPolicy
+from sparkdp.driver.controller import RestartPolicy
 from sparkdp.errors import WorkerFailed, WorkerHung, WorkerLost
 from sparkdp.spark.worker_errors import _decode_error, encode_error, translate_error
 

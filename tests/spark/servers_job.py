@@ -54,6 +54,22 @@ def killed_server(spark, args):
             "servers": [{k: v for k, v in s.items() if k != "staleness"} for s in result.details["servers"]]}
 
 
+def shrunk(spark, args):
+    """A worker killed with two servers on the executors, min_workers=1 and (as Spark would say
+    after losing an executor) 3 task slots left: the stage restarts with the two servers and
+    one worker, from the servers' newest checkpoints."""
+    from sparkdp.spark import cluster
+
+    cluster.available_slots = lambda _spark: 3
+    model, x, y = _problem(512)
+    result = sparkdp.fit(model, (x, y), eval_data=(x, y), strategy="asgd",
+                         strategy_options={"servers": 2, "rule_options": {"lr": 0.1}}, optimizer="sgd",
+                         optimizer_options={"lr": 0.1, "momentum": 0.0}, workers=2, min_workers=1, epochs=3,
+                         batch_size=16, spark=spark, show_progress=False, checkpoint_dir=args["dir"],
+                         checkpoint_every_s=0.1)
+    return {"accuracy": result.test_accuracy, "restarts": result.details["restarts"], "workers": result.workers}
+
+
 def resumed(spark, args):
     """The killed-server job's checkpoints resumed: every epoch is covered, so nothing trains and
     the model is the saved centre."""
@@ -70,7 +86,8 @@ if __name__ == "__main__":
     args = json.loads(sys.argv[1])
     session = sparkdp.session("local[4]", app_name="sparkdp-servers-test")
     try:
-        out = {"one-worker": one_worker, "killed-server": killed_server, "resumed": resumed}[args["case"]](session, args)
+        out = {"one-worker": one_worker, "killed-server": killed_server, "resumed": resumed,
+               "shrunk": shrunk}[args["case"]](session, args)
     finally:
         session.stop()
     print(json.dumps(out))

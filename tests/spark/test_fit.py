@@ -162,4 +162,4 @@ def test_run_gives_the_workers_the_drivers_argv(spark, monkeypatch):
     assert sparkdp.run(_argparse_main, workers=2, spark=spark) == {"epochs": 3, "main": True}
     assert sparkdp.run(_argparse_main, workers=2, spark=spark, argv=["train.py", "--epochs", "5"])["epochs"] == 5
     with pytest.raises(sparkdp.WorkerFailed, match=r"sys.exit\(2\).*check the arguments the workers see"):
-        sparkdp.run(_argparse_main, workers=2, spark=spark, argv=["train.py"])
+        sparkdp.run(_argparse_main, workers=2, spark=spark, argv=["train.py"], max_restarts=0)

@@ -47,6 +47,7 @@ def test_a_killed_server_task_restarts_the_stage_from_the_servers_checkpoints(tm
     out, log = _job("killed-server", dir=str(tmp_path), env={"SPARKDP_FAULT": "kill-server:rank=1:step=40"})
     assert len(out["restarts"]) == 1, out
     assert "restart 1 of 3 from the servers' newest checkpoints" in log
+    assert "sparkdp: recovered from failure 1 (" in log and ") on 2 of 2 workers" in log
     assert "the 2 servers resume from ps-s0of2-" in log and "ps-s1of2-" in log
     assert out["accuracy"] > 0.85, out
     names = sorted(p.name for p in tmp_path.iterdir())
@@ -57,3 +58,19 @@ def test_a_killed_server_task_restarts_the_stage_from_the_servers_checkpoints(tm
     again, log = _job("resumed", dir=str(tmp_path))
     assert again["samples"] == 0 and "4 of 4 epoch(s) covered by the applied pushes" in log
     assert again["accuracy"] == out["accuracy"], (again, out)
+
+
+def test_a_killed_worker_beside_two_servers_continues_on_the_workers_left(tmp_path):
+    """servers=2 with min_workers=1: after a worker is killed and only 3 task slots are left (the
+    2 servers and 1 worker), the stage restarts from the servers' checkpoints on one worker."""
+    out, log = _job("shrunk", dir=str(tmp_path), env={"SPARKDP_FAULT": "kill:rank=1:step=20"})
+    lines = [ln.split(" WARNING ", 1)[1] for ln in log.splitlines()
+             if " WARNING sparkdp:" in ln and ("-- restart" in ln or "sparkdp: recovered" in ln)]
+    assert len(lines) == 2, log[-3000:]
+    # Spark names the stage's task, and the 2 server tasks come first: worker 1 is task 3
+    assert lines[0].startswith("sparkdp: worker 3 died") and lines[0].endswith(
+        "-- restart 1 of 3 from the servers' newest checkpoints on 1 of 2 workers (task slots gone)"), lines
+    assert lines[1].startswith("sparkdp: recovered from failure 1 (worker 3 died") and \
+        lines[1].endswith("on 1 of 2 workers"), lines
+    assert out["workers"] == 1 and len(out["restarts"]) == 1 and out["restarts"][0]["workers"] == 1, out
+    assert out["accuracy"] > 0.85, out

@@ -167,6 +167,17 @@ def set_torch_distributed_env(master_addr: str, master_port: int, rank: int, wor
     _choose_gloo_interface(master_addr)
 
 
+def set_restart_env(restart: int, checkpoint_dir: str | None) -> None:
+    """What a restarted torchrun worker reads: ``TORCHELASTIC_RESTART_COUNT`` (0 in the first
+    attempt, n in the n-th restart) and, when the job has one, its checkpoint directory as
+    ``SPARKDP_CHECKPOINT_DIR`` (where the script saves and finds what it resumes from)."""
+    os.environ["TORCHELASTIC_RESTART_COUNT"] = str(restart)
+    if checkpoint_dir is not None:
+        os.environ["SPARKDP_CHECKPOINT_DIR"] = checkpoint_dir
+    else:
+        os.environ.pop("SPARKDP_CHECKPOINT_DIR", None)
+
+
 class TorchCollective(Collective):
     """A process group created by :meth:`setup` and destroyed by :meth:`teardown`.
 

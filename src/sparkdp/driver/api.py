@@ -19,6 +19,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from ..comm.torch_dist import set_restart_env
 from ..config import RUN_SETTINGS, Columns, JobConfig
 from ..data.base import WorkerData
 from ..data.datasets import Dataset as BuiltinDataset
@@ -263,18 +264,23 @@ def run(train_fn: Callable[..., Any], *args: Any, spark: Any = None, argv: list[
 
     With a synchronous strategy (``allreduce``, ``average``) the workers are one Spark barrier
     stage sharing a ``torch.distributed`` process group. With an asynchronous one (``asgd``,
-    ``hogwild``, ``easgd``, ``dcasgd``, ``ddcasgd``...) they are ordinary Spark tasks (retried by
-    Spark) around a parameter server on the driver whose centre starts as the first worker's model;
+    ``hogwild``, ``easgd``, ``dcasgd``, ``ddcasgd``...) they are ordinary Spark tasks (restarted
+    as ``max_restarts`` allows) around a parameter server on the driver whose centre starts as the first worker's model;
     every ``optimizer.step()`` then pushes and pulls as ``push_every`` / ``pull_every`` say
     (numbers of batches: your loop's epochs are not visible to sparkdp).
 
     ``settings`` are the job settings a loop of the user's own can use (``strategy``,
-    ``strategy_options``, ``seed``, ``workers``, ``master``, ``threads``, ``start_timeout_s``,
-    ``pg_timeout_s``, ``show_progress``; see :func:`fit`); ``spark`` an existing session.
+    ``strategy_options``, ``seed``, ``workers``, ``master``, ``threads``, ``checkpoint_dir``,
+    ``max_restarts``, ``min_workers``, ``start_timeout_s``, ``pg_timeout_s``, ``show_progress``;
+    see :func:`fit`); ``spark`` an existing session. A failed attempt runs ``train_fn`` again on
+    every worker, as ``max_restarts`` allows (docs/guide/reliability.md): as under torchrun, the
+    n-th restart sees ``TORCHELASTIC_RESTART_COUNT=n`` and, with ``checkpoint_dir``,
+    ``SPARKDP_CHECKPOINT_DIR``, where ``train_fn`` saves and finds what it resumes from.
 
     Raises:
         ConfigError: bad options (e.g. ``push_every="epoch"`` here).
-        WorkerFailed: ``train_fn`` raised on a worker (its rank and traceback in the message).
+        WorkerFailed: ``train_fn`` failed on a worker more often than ``max_restarts`` allows (its
+            rank and traceback in the message).
     """
     job = JobConfig.of(settings, allowed=RUN_SETTINGS, caller="run")
     strategy_obj = resolve_strategy(job.training.strategy, **job.training.strategy_options)
@@ -286,16 +292,19 @@ def run(train_fn: Callable[..., Any], *args: Any, spark: Any = None, argv: list[
 
     worker_argv = list(sys.argv if argv is None else argv)
     name = getattr(train_fn, "__name__", "train_fn")
+    checkpoint_dir = None if job.checkpoints.checkpoint_dir is None else str(job.checkpoints.checkpoint_dir)
     # a monitoring hub only carries a launched script's output here (the loop is the user's)
     hub_job = job if forward_output else replace(job, monitor=replace(job.monitor, show_progress=False))
     with monitored(hub_job, spark, workers, f"sparkdp {name} x{workers}", strategy=strategy_obj,
                    unreachable=_unreachable(hub_job, spark, None)) as hub:
         link = hub.link if hub is not None else None
 
-        def body(collective, strategy=strategy_obj):
+        def body(collective, strategy, attempt):
             probe = open_probe(link, collective.rank)
             ctx = WorkerContext(collective.rank, collective.world_size, collective, strategy, job.training.seed,
-                                collective.device, probe=probe)
+                                collective.device, probe=probe, restart=attempt.restart,
+                                checkpoint_dir=checkpoint_dir)
+            set_restart_env(ctx.restart, ctx.checkpoint_dir)
             set_current(ctx)
             saved_argv, sys.argv = sys.argv, list(worker_argv)
             try:

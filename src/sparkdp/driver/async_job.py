@@ -23,7 +23,7 @@ import torch
 
 from ..comm.single import IndependentCollective, SingleProcessCollective
 from ..config import JobConfig
-from ..errors import ConfigError
+from ..errors import ConfigError, WorkerLost
 from ..ps import ParameterServer
 from ..ps.transport import TcpOptions, TcpTransport
 from ..strategies.async_ps import AsyncParameterServer
@@ -33,6 +33,7 @@ from ..train.jobs import task_device
 from ..train.loop import FitSpec, evaluate, fit_worker
 from ..train.report import WorkerReport
 from ..train.result import TrainResult
+from .controller import Attempt, Controller, RestartPolicy
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +43,12 @@ def fit_async(spec: FitSpec, job: JobConfig, *, workers: int, spark: Any, starte
     """Start the server on the driver, run ``workers`` tasks; the model becomes the centre."""
     from ..spark.cluster import driver_host
     from ..spark.launcher import run_tasks
-    from ..spark.task import task_attempt
 
     model, strategy = spec.model, cast(AsyncParameterServer, spec.strategy)  # Launcher.TASKS: this strategy's
     threads, checkpoint_dir, resume, start_timeout_s = job.scaling.threads, job.checkpoints.checkpoint_dir, job.checkpoints.resume, \
         job.failures.start_timeout_s
     server = server_factory(strategy, workers)(list(model.parameters()))
+    whole = spec  # the job from its first epoch: the server's sequence numbers count from there
     if resume is not None:
         spec = _resume_server(server, spec, strategy, workers, resume)
     if hub is not None:  # the live display shows the server's pushes and staleness
@@ -57,28 +58,37 @@ def fit_async(spec: FitSpec, job: JobConfig, *, workers: int, spark: Any, starte
     saver_dir = checkpoint_dir or resume
     saver = ServerCheckpoints(server, saver_dir, job.checkpoints.checkpoint_every_s or 60.0, job.checkpoints.keep_checkpoints) \
         if saver_dir else None
-    with transport.serve(server, host=host, port=0, on_connect=report_retry) as endpoint, \
+    with transport.serve(server, host=host, port=0) as endpoint, \
             saver or contextlib.nullcontext():
         info = endpoint.info
         log.info("parameter server for %s on %s with %d shard(s)", strategy.rule, info.address, server.num_shards)
         # (sparkdp.fit checked before the job that executors reach this process, or moved the server)
-        shipped = replace(spec, strategy=copy.copy(strategy).connect_to(transport, info), fault=fault_from_env())
+        shipped = copy.copy(strategy).connect_to(transport, info)
+        first = replace(spec, strategy=shipped, fault=fault_from_env())
+        restarts = RestartPolicy.of(job)
 
-        def task(worker: int) -> WorkerReport:
-            # a retried task (Spark retries failed ordinary tasks) pulls the current centre and
-            # trains its share again; an injected fault fires in the first attempt only
-            attempt = shipped if task_attempt() == 0 else replace(shipped, fault=None)
-            report = fit_worker(attempt, task_collective(worker, workers, threads))
-            assert report is not None  # an asynchronous (Launcher.TASKS) worker returns its own report
-            return report
+        def run_attempt(attempt: Attempt) -> list[WorkerReport]:
+            nonlocal spec
+            if attempt.restart:  # the epochs the server's applied pushes do not cover; the fault fired
+                spec = remaining(whole, epochs_done(server.last_seq, whole, strategy, workers))
+            this = first if attempt.restart == 0 else replace(spec, strategy=shipped, fault=None)
 
-        reports = run_tasks(task, workers, spark=spark, description=f"sparkdp async {strategy.rule}",
-                            start_timeout_s=start_timeout_s) \
-            if spec.epochs else []
+            def task(worker: int) -> WorkerReport:
+                refuse_spark_retry(worker)
+                report = fit_worker(this, task_collective(worker, workers, threads))
+                assert report is not None  # an asynchronous (Launcher.TASKS) worker returns its own report
+                return report
+
+            return run_tasks(task, workers, spark=spark, description=f"sparkdp async {strategy.rule}",
+                             start_timeout_s=start_timeout_s) if this.epochs else []
+
+        reports: list[WorkerReport] = Controller(restarts, workers).run(ServerPlan(run_attempt))
     if saver is not None:
         saver.save()  # the finished job: a later resume has nothing left to do
     _copy_centre(server, model, workers)
-    return async_result(spec, reports, workers, started, {"server": server.metrics()})
+    result = async_result(spec, reports, workers, started, {"server": server.metrics()})
+    result.details["restarts"] = list(restarts.failures)
+    return result
 
 
 def async_result(spec: FitSpec, reports: list[WorkerReport], workers: int, started: float,
@@ -107,13 +117,25 @@ def async_result(spec: FitSpec, reports: list[WorkerReport], workers: int, start
                  "per_worker": [{"worker": r.worker, **r.strategy_metrics} for r in sorted(reports, key=lambda r: r.worker)]})
 
 
-def report_retry(worker: int, times: int, last_seq: int) -> None:
-    """The one line a failed asynchronous worker gets, as a synchronous restart does: its task,
-    run again by Spark, connects once more and continues after the pushes the server kept."""
-    if times > 1:
-        log.warning("sparkdp: worker %d failed and Spark retried its task (attempt %d): it reconnected to the "
-                    "parameter server, which had applied its pushes up to #%d, and continues from #%d with the "
-                    "current centre; no push is applied twice", worker, times, last_seq, last_seq + 1)
+class ServerPlan:
+    """The controller's plan for a parameter server on the driver: the server outlives a failed
+    attempt (it runs in this process), so a restart continues from its current state."""
+
+    def __init__(self, run_attempt: Callable[[Attempt], Any]) -> None:
+        self.attempt = run_attempt
+
+    def restart_point(self) -> str:
+        return "the parameter server's current centre"
+
+
+def refuse_spark_retry(worker: int) -> None:
+    """Inside an asynchronous task: a task Spark runs again after a failure stops at once, so the
+    failure reaches the driver, whose restart policy (max_restarts) decides what happens next."""
+    from ..spark.task import task_attempt
+
+    if task_attempt() > 0:
+        raise WorkerLost(f"worker {worker}'s task failed (Spark's retry of it stops: the job's restart policy "
+                         "decides)")
 
 
 def task_collective(worker: int, workers: int, threads: int | None) -> IndependentCollective:
@@ -126,14 +148,14 @@ def task_collective(worker: int, workers: int, threads: int | None) -> Independe
     return IndependentCollective(worker, workers, device=task_device(gpus))
 
 
-def run_async(call: Callable[[int, Any, AsyncParameterServer], Any], strategy: AsyncParameterServer, *,
-              workers: int, spark: Any, threads: int | None, description: str, hub: Any = None,
-              start_timeout_s: float = 60.0) -> list[Any]:
-    """``sparkdp.run`` / ``launch`` with an asynchronous strategy: ``call(worker, collective, strategy)``
-    on ``workers`` ordinary Spark tasks (retried by Spark), around a parameter server on the driver
-    whose centre is the first worker's model (the model is built inside the user's function, so
-    the driver has none to start from; ``TcpTransport.serve(initial=...)``). Returns the results by
-    worker."""
+def run_async(call: Callable[[int, Any, AsyncParameterServer, Attempt], Any], strategy: AsyncParameterServer, *,
+              workers: int, spark: Any, threads: int | None, description: str, restarts: RestartPolicy,
+              hub: Any = None, start_timeout_s: float = 60.0) -> list[Any]:
+    """``sparkdp.run`` / ``launch`` with an asynchronous strategy: ``call(worker, collective, strategy,
+    attempt)`` on ``workers`` ordinary Spark tasks, around a parameter server on the driver whose
+    centre is the first worker's model (the model is built inside the user's function, so the
+    driver has none to start from; ``TcpTransport.serve(initial=...)``). A failed attempt runs
+    again as ``restarts`` allows, the server keeping its centre. Returns the results by worker."""
     from ..spark.cluster import driver_host, executors_may_not_reach_us
     from ..spark.launcher import check_reachable, run_tasks
 
@@ -141,8 +163,7 @@ def run_async(call: Callable[[int, Any, AsyncParameterServer], Any], strategy: A
         raise ConfigError("push_every / pull_every = 'epoch' needs the epochs of sparkdp.fit's own loop; in your "
                           "own loop (sparkdp.run, sparkdp launch) give a number of batches instead.")
     transport = TcpTransport(TcpOptions(mac_payload=strategy.mac_payload, tls=strategy.tls))
-    with transport.serve(None, host=driver_host(spark), port=0, initial=server_factory(strategy, workers),
-                         on_connect=report_retry) as endpoint:
+    with transport.serve(None, host=driver_host(spark), port=0, initial=server_factory(strategy, workers)) as endpoint:
         if hub is not None:
             hub.server_metrics = lambda: endpoint.server.metrics() if endpoint.server is not None else {}
         shipped = copy.copy(strategy).connect_to(transport, endpoint.info, offer_centre=True)
@@ -151,10 +172,14 @@ def run_async(call: Callable[[int, Any, AsyncParameterServer], Any], strategy: A
             # to the server before the tasks start (each would otherwise wait out its own connect timeout).
             check_reachable(spark, endpoint.info.address, start_timeout_s=start_timeout_s)
 
-        def task(worker: int) -> Any:
-            return call(worker, task_collective(worker, workers, threads), shipped)
+        def run_attempt(attempt: Attempt) -> list[Any]:
+            def task(worker: int) -> Any:
+                refuse_spark_retry(worker)
+                return call(worker, task_collective(worker, workers, threads), shipped, attempt)
 
-        results = run_tasks(task, workers, spark=spark, description=description, start_timeout_s=start_timeout_s)
+            return run_tasks(task, workers, spark=spark, description=description, start_timeout_s=start_timeout_s)
+
+        results: list[Any] = Controller(restarts, workers).run(ServerPlan(run_attempt))
         server = endpoint.server
     if server is not None:
         log.info("parameter server: %s", {k: v for k, v in server.metrics().items() if k != "staleness"})

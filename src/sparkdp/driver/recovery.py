@@ -1,10 +1,10 @@
-"""Jobs that survive a lost worker: checkpoints, resume, and the one restart policy.
+"""Jobs that survive a lost worker: checkpoints, resume, and the barrier stage's restart plan.
 
 Spark never retries a failed barrier *result* stage, so the driver does: when a stage fails
-with a worker's error (process killed, executor lost, a collective timing out), it starts a
-new stage from the latest checkpoint (a streamed DataFrame: from the epoch's start), as the
-job's :class:`RestartPolicy` allows, logging one line per restart. Errors a restart cannot fix
-(bad configuration or data, a diverged loss) are raised at once.
+with a worker's error (process killed, executor lost, a collective timing out), the job's
+:class:`~sparkdp.driver.controller.Controller` starts a new stage from the latest checkpoint
+(:class:`SpecPlan`), as the job's restart policy allows. Errors a restart cannot fix (bad
+configuration or data, a diverged loss) are raised at once.
 """
 
 from __future__ import annotations
@@ -13,14 +13,13 @@ import logging
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from ..config import JobConfig
-from ..errors import ConfigError, TrainingDiverged, WorkerFailed, WorkerHung
+from ..errors import ConfigError, TrainingDiverged
 from ..train.checkpoint import (
     Checkpoint,
     CheckpointPolicy,
@@ -35,6 +34,7 @@ from ..train.faults import fault_from_env
 from ..train.loop import FitSpec, StagePart
 from ..train.report import WorkerReport
 from .async_job import server_checkpoint_names
+from .controller import Attempt, Controller, RestartPolicy
 
 log = logging.getLogger(__name__)
 
@@ -137,85 +137,52 @@ def _where(checkpoint: Checkpoint | None) -> str:
         f"the start of epoch {checkpoint.epoch + 1}"
 
 
-@dataclass
-class RestartPolicy:
-    """When and on how many workers a failed job continues: the one policy of every runner.
+class SpecPlan:
+    """The plan of a job whose attempt is one stage over a :class:`FitSpec`: a restart continues
+    from the job's newest checkpoint, re-sharded to the workers it runs on."""
 
-    ``max_restarts`` failures are recovered over the whole job; after a failure that took task
-    slots away, the job continues on the slots left, down to ``min_workers`` (None: always the
-    full count), and grows back when they return. Each failure is one warning line: its cause,
-    the restart's number, where it continues from and on how many workers."""
+    def __init__(self, spec: FitSpec, policy: CheckpointPolicy | None,
+                 run_stage: Callable[[FitSpec, int], WorkerReport]) -> None:
+        self.spec, self.policy, self.run_stage = spec, policy, run_stage
+        self.latest: Checkpoint | None = None
+        self.finished = spec  # the spec of the attempt that finished
 
-    max_restarts: int
-    min_workers: int | None = None
-    pg_timeout_s: float = 60.0
-    #: one record per failure: its cause, where the job continued from, on how many workers, and
-    #: how long the failed attempt had run (its work after the checkpoint resumed from was redone)
-    failures: list[dict[str, Any]] = field(default_factory=list)
+    def attempt(self, attempt: Attempt) -> WorkerReport:
+        if attempt.restart == 0:  # an injected fault fires in the first attempt only
+            spec = replace(self.spec, checkpoint=self.policy, fault=fault_from_env())
+        else:
+            start = resumed(self.spec, self.latest, attempt.workers) if self.latest is not None else self.spec
+            spec = replace(start, checkpoint=self.policy, fault=None)
+        self.finished = spec
+        try:
+            return self.run_stage(spec, attempt.workers)
+        except TrainingDiverged as exc:
+            last = self._latest()
+            raise TrainingDiverged(f"{exc} The last good checkpoint: "
+                                   f"{last.path if last is not None else 'none'}.") from None
 
-    @classmethod
-    def of(cls, job: JobConfig) -> RestartPolicy:
-        return cls(job.failures.max_restarts, job.failures.min_workers, job.failures.pg_timeout_s)
+    def restart_point(self) -> str | None:
+        self.latest = self._latest()
+        return _where(self.latest) if self.policy is not None else None
 
-    def workers(self, requested: int, slots: int | None) -> int:
-        """All ``requested`` workers if the slots are there (or unknown); else as many as fit, down
-        to ``min_workers`` (below it, the stage waits for slots and fails after start_timeout_s)."""
-        if self.min_workers is None or slots is None or slots >= requested:
-            return requested
-        return max(self.min_workers, slots)
-
-    def recover(self, exc: WorkerFailed, requested: int, slots: int | None, where: str,
-                can_restart: bool = True, attempt_s: float = 0.0) -> int:
-        """After ``exc`` (in an attempt that ran ``attempt_s`` seconds): the workers to continue
-        on, with the one log line; raises when the failures are more than ``max_restarts`` (or
-        ``can_restart`` is False)."""
-        cause = self.cause(exc)
-        self.failures.append({"cause": cause, "restart_from": where, "attempt_s": attempt_s})
-        if not can_restart or len(self.failures) > self.max_restarts:
-            if len(self.failures) == 1:
-                raise exc
-            listed = "; ".join(f"{i + 1}: {f['cause']}" for i, f in enumerate(self.failures))
-            raise WorkerFailed(f"the job failed {len(self.failures)} times, more than max_restarts="
-                               f"{self.max_restarts} allows ({listed}). Fix the cause, or raise "
-                               "max_restarts.") from exc
-        now = self.workers(requested, slots)
-        self.failures[-1]["workers"] = now
-        log.warning("sparkdp: %s -- restart %d of %d from %s%s", cause, len(self.failures), self.max_restarts, where,
-                    f" on {now} of {requested} workers (task slots gone)" if now < requested else "")
-        return now
-
-    def cause(self, exc: WorkerFailed) -> str:
-        """One line for the log: what failed, where."""
-        first = str(exc).strip().splitlines()[0]
-        if isinstance(exc, WorkerHung):  # the stalled worker, named by the one that waited (train.loop)
-            return f"{first} (after {self.pg_timeout_s:g} s)"
-        return first
+    def _latest(self) -> Checkpoint | None:
+        return latest_checkpoint(self.policy.directory, self.policy.job_id) if self.policy is not None else None
 
 
 def run_with_restarts(spec: FitSpec, restarts: RestartPolicy, policy: CheckpointPolicy | None,
                       run_stage: Callable[[FitSpec, int], WorkerReport], workers: int,
                       slots: Callable[[], int | None] = lambda: None) -> tuple[WorkerReport, FitSpec, int]:
-    """Run the stage on ``workers``; after a worker failure, restart it from the latest checkpoint
-    as ``restarts`` allows (on fewer workers if ``slots()`` says fewer are left).
+    """Run the stage on ``workers`` under the job's :class:`~sparkdp.driver.controller.Controller`:
+    after a worker failure, restart it from the latest checkpoint as ``restarts`` allows (on
+    fewer workers if ``slots()`` says fewer are left).
 
     Returns rank 0's report, the spec of the stage that finished (its ``part.history`` is the
     job's history before that stage) and the workers it ran on.
     """
-    fault = fault_from_env()
-    attempt, now = replace(spec, checkpoint=policy, fault=fault), workers
-    while True:
-        began = time.perf_counter()
-        try:
-            return run_stage(attempt, now), attempt, now
-        except TrainingDiverged as exc:
-            last = latest_checkpoint(policy.directory, policy.job_id) if policy is not None else None
-            raise TrainingDiverged(f"{exc} The last good checkpoint: "
-                                   f"{last.path if last is not None else 'none'}.") from None
-        except WorkerFailed as exc:
-            latest = latest_checkpoint(policy.directory, policy.job_id) if policy is not None else None
-            now = restarts.recover(exc, workers, slots(), _where(latest), can_restart=policy is not None,
-                                   attempt_s=time.perf_counter() - began)
-            attempt = replace(resumed(spec, latest, now) if latest is not None else spec, checkpoint=policy, fault=None)
+    plan = SpecPlan(spec, policy, run_stage)
+    controller: Controller[WorkerReport] = Controller(restarts, workers, slots)
+    report = controller.run(plan)
+    return report, plan.finished, controller.now
 
 
 def merged_history(report: WorkerReport, finished: FitSpec) -> tuple[list[dict[str, Any]], int, float]:

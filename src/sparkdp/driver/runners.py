@@ -1,15 +1,16 @@
-"""How a job's workers run on Spark: one :class:`JobRunner` per launch kind, chosen once.
+"""How a job's workers run on Spark: one :class:`JobRunner` per launch plan, chosen once.
 
 * :class:`BarrierRunner`: a synchronous job on in-memory or Parquet data: one barrier stage
   whose workers share a ``torch.distributed`` process group, restarted from checkpoints.
 * :class:`StreamRunner`: a synchronous job on a streamed Spark DataFrame: a barrier
   ``mapInArrow`` stage per epoch; the driver holds the state between epochs.
-* :class:`TaskRunner`: an asynchronous job: ordinary Spark tasks (which Spark retries) around a
-  parameter server on the driver.
+* :class:`TaskRunner`: an asynchronous job: ordinary Spark tasks around a parameter server on
+  the driver, or (``servers=K``) one barrier stage of server and worker tasks.
 
-Every runner recovers under the one :class:`~sparkdp.driver.recovery.RestartPolicy` the job's
-``FailureConfig`` describes, and reports each failure and recovery in one log line.
-:func:`runner_for` is the one place a strategy's ``Launcher`` is read.
+Every runner, for ``fit`` and ``run``/``launch`` alike, runs its attempts through the one
+:class:`~sparkdp.driver.controller.Controller` under the job's ``FailureConfig``, which logs
+one line per failure and one per recovery. :func:`runner_for` is the one place a strategy's
+``Launcher`` is read.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from ..train.jobs import in_task
 from ..train.loop import FitSpec, fit_worker
 from ..train.report import WorkerReport
 from ..train.result import TrainResult
+from .controller import Attempt, Controller, RestartPolicy
 from .recovery import (
-    RestartPolicy,
     checkpoint_policy,
     merged_history,
     refuse_foreign_checkpoints,
@@ -38,8 +39,16 @@ from .recovery import (
     resumed,
     run_with_restarts,
 )
+from .streamed import fit_epochs
 
 log = logging.getLogger(__name__)
+
+
+#: what ``sparkdp.run`` runs on every worker: ``body(collective, strategy, attempt)``
+Body = Callable[[Any, Strategy, Attempt], Any]
+
+#: where a restarted ``sparkdp.run`` / ``launch`` continues: the user's code resumes itself
+_OWN_CHECKPOINTS = "the start (the workers' own code resumes from its checkpoints)"
 
 
 class JobRunner(Protocol):
@@ -52,9 +61,10 @@ class JobRunner(Protocol):
         """Train ``spec`` (``spec.model`` ends up trained) and return the job's result."""
         ...
 
-    def call(self, body: Callable[[Any, Strategy], Any], strategy: Strategy, job: JobConfig, workers: int,
+    def call(self, body: Body, strategy: Strategy, job: JobConfig, workers: int,
              spark: Any, hub: Any, description: str) -> Any:
-        """Run ``body(collective, strategy)`` on every worker (``sparkdp.run``); rank 0's result."""
+        """Run ``body(collective, strategy, attempt)`` on every worker (``sparkdp.run``), restarted
+        from the start as the job's restart policy allows; rank 0's result."""
         ...
 
 
@@ -102,9 +112,26 @@ class BarrierRunner:
                                                          slots=lambda: available_slots(spark))
         return trained(report, finished, ran_on, spec.epochs, started, restarts)
 
-    def call(self, body: Callable[[Any, Strategy], Any], strategy: Strategy, job: JobConfig, workers: int,
+    def call(self, body: Body, strategy: Strategy, job: JobConfig, workers: int,
              spark: Any, hub: Any, description: str) -> Any:
-        return _barrier(lambda collective: body(collective, strategy), workers, job, spark, description)
+        from ..spark.cluster import available_slots
+
+        def attempt(now: Attempt) -> Any:
+            return _barrier(lambda collective: body(collective, strategy, now), now.workers, job, spark,
+                            description)
+
+        return Controller(RestartPolicy.of(job), workers, lambda: available_slots(spark)).run(
+            _FromStart(attempt))
+
+
+class _FromStart:
+    """The plan of ``sparkdp.run`` / ``launch``: every attempt runs the workers' code from its start."""
+
+    def __init__(self, attempt: Callable[[Attempt], Any]) -> None:
+        self.attempt = attempt
+
+    def restart_point(self) -> str:
+        return _OWN_CHECKPOINTS
 
 
 def _barrier(body: Callable[[Any], Any], workers: int, job: JobConfig, spark: Any, description: str) -> Any:
@@ -123,28 +150,25 @@ class StreamRunner:
 
     def fit(self, spec: FitSpec, job: JobConfig, workers: int, spark: Any, hub: Any, started: float) -> TrainResult:
         from ..spark.cluster import available_slots
-        from ..spark.dataframe import DataFrameSource, fit_stream
 
         spec, lineage = _resume(spec, job)
         # the driver holds every epoch's state anyway: no temporary directory is needed
         restarts = RestartPolicy.of(job)
+        controller: Controller[WorkerReport] = Controller(restarts, workers, lambda: available_slots(spark))
         with checkpoint_policy(job, temporary_ok=False, job_id=lineage) as policy:
-            source = cast(DataFrameSource, spec.train)  # a streamed DataFrame's spec carries its source on the driver
-            report, ran_on = fit_stream(spec, source, workers=workers, spark=spark, threads=job.scaling.threads,
-                                        pg_timeout_s=job.failures.pg_timeout_s,
-                                        start_timeout_s=job.failures.start_timeout_s,
-                                        restarts=restarts, checkpoint=policy,
-                                        slots=lambda: available_slots(spark))
+            # a streamed DataFrame's spec carries its source (a spark.dataframe.DataFrameSource) on the driver
+            report = fit_epochs(spec, spec.train, job, controller, spark, policy)
+            ran_on = controller.now
         return trained(report, spec, ran_on, spec.epochs, started, restarts)
 
-    def call(self, body: Callable[[Any, Strategy], Any], strategy: Strategy, job: JobConfig, workers: int,
+    def call(self, body: Body, strategy: Strategy, job: JobConfig, workers: int,
              spark: Any, hub: Any, description: str) -> Any:
         raise ConfigError("a streamed DataFrame is training data for sparkdp.fit; sparkdp.run calls your own loop.")
 
 
 class TaskRunner:
-    """Ordinary Spark tasks around a parameter server on the driver; Spark retries a failed task,
-    which pulls the current centre and continues its sequence numbers."""
+    """Ordinary Spark tasks around a parameter server on the driver (a restarted task pulls the
+    current centre and continues its sequence numbers), or servers on the executors."""
 
     kind = "asynchronous Spark workers"
 
@@ -156,7 +180,7 @@ class TaskRunner:
         run = fit_on_executors if cast(AsyncParameterServer, spec.strategy).servers else fit_async
         return run(spec, job, workers=workers, spark=spark, started=started, hub=hub)
 
-    def call(self, body: Callable[[Any, Strategy], Any], strategy: Strategy, job: JobConfig, workers: int,
+    def call(self, body: Body, strategy: Strategy, job: JobConfig, workers: int,
              spark: Any, hub: Any, description: str) -> Any:
         from .async_job import run_async
 
@@ -164,10 +188,10 @@ class TaskRunner:
             raise ConfigError("servers=K (parameter servers on the executors) trains through sparkdp.fit and "
                               "`sparkdp train`; sparkdp.run and `sparkdp launch` use the server on the driver: "
                               "leave servers unset.")
-        return run_async(lambda _w, collective, shipped: body(collective, shipped),
+        return run_async(lambda _w, collective, shipped, attempt: body(collective, shipped, attempt),
                          cast(AsyncParameterServer, strategy),  # a Launcher.TASKS strategy
                          workers=workers, spark=spark, threads=job.scaling.threads, description=description,
-                         hub=hub, start_timeout_s=job.failures.start_timeout_s)[0]
+                         restarts=RestartPolicy.of(job), hub=hub, start_timeout_s=job.failures.start_timeout_s)[0]
 
 
 def trained(report: WorkerReport, finished: FitSpec, workers: int, epochs: int, started: float,

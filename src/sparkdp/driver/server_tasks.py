@@ -31,7 +31,7 @@ import torch
 
 from .. import state as state_io
 from ..config import JobConfig
-from ..errors import ConfigError, WorkerFailed
+from ..errors import ConfigError
 from ..monitor.probe import MonitorLink
 from ..ps import ParameterServer
 from ..ps.auth import new_secret
@@ -54,7 +54,7 @@ from .async_job import (
     server_factory,
     task_collective,
 )
-from .recovery import RestartPolicy
+from .controller import Attempt, Controller, RestartPolicy
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def fit_on_executors(spec: FitSpec, job: JobConfig, *, workers: int, spark: Any,
                      hub: Any = None) -> TrainResult:
     """Train with ``spec.strategy.servers`` server tasks beside ``workers`` worker tasks (``spec``:
     the whole job, from its first epoch)."""
-    from ..spark.cluster import on_driver_machine
+    from ..spark.cluster import available_slots, on_driver_machine
 
     strategy = cast(AsyncParameterServer, spec.strategy)
     centre = [p.detach().to("cpu").contiguous() for p in spec.model.parameters()]
@@ -91,28 +91,49 @@ def fit_on_executors(spec: FitSpec, job: JobConfig, *, workers: int, spark: Any,
             spec, load = _resume(whole, strategy, plan, workers, job.checkpoints.resume, required=True)
         stage = _Stage(spec, strategy, plan, workers, job, directory, new_secret(), fault_from_env())
         restarts = RestartPolicy.of(job)
-        while True:
-            try:
-                results = stage.run(spark, load) if stage.spec.epochs else []
-                break
-            except WorkerFailed as exc:
-                if directory is None:
-                    log.warning("the servers on the executors keep no checkpoints, so this failure ends the job: "
-                                "give checkpoint_dir (a directory the driver and every executor reach) to restart")
-                restarts.recover(exc, workers, None, "the servers' newest checkpoints",
-                                 can_restart=directory is not None)
-                assert directory is not None  # recover raised otherwise
-                spec, load = _resume(whole, strategy, plan, workers, directory, required=False)
-                stage.spec, stage.fault = spec, None  # an injected fault fires once per job
+        controller: Controller[list[Any]] = Controller(
+            restarts, workers, lambda: _worker_slots(available_slots(spark), servers))
+        restartable = _ServerStages(stage, whole, spark, load)
+        results = controller.run(restartable)
+        spec, load = stage.spec, restartable.load
     shards, reports = results[:servers], results[servers:]  # by rank: the servers, then the workers
     if shards:
         _copy_centre(plan, [s["centre"] for s in shards], spec.model)
     elif all(state is not None for state in load):  # resumed with nothing left to train: the saved centre
         _copy_centre(plan, [state_io.from_bytes(cast(bytes, state))["center"] for state in load], spec.model)
     metrics = [{k: v for k, v in s.items() if k != "centre"} for s in shards]
-    result = async_result(spec, reports, workers, started, {"server": combined(metrics), "servers": metrics})
+    result = async_result(spec, reports, controller.now, started, {"server": combined(metrics), "servers": metrics})
     result.details["restarts"] = list(restarts.failures)
     return result
+
+
+class _ServerStages:
+    """The controller's plan for servers on the executors: a restart continues from every
+    server's newest checkpoint, on the workers the controller says."""
+
+    def __init__(self, stage: _Stage, whole: FitSpec, spark: Any, load: list[bytes | None]) -> None:
+        self.stage, self.whole, self.spark, self.load = stage, whole, spark, load
+
+    def attempt(self, attempt: Attempt) -> list[Any]:
+        stage = self.stage
+        if attempt.restart:
+            stage.workers = attempt.workers
+            stage.spec, self.load = _resume(self.whole, stage.strategy, stage.plan, attempt.workers,
+                                            cast(str, stage.directory), required=False)
+            stage.fault = None  # an injected fault fires once per job
+        return stage.run(self.spark, self.load) if stage.spec.epochs else []
+
+    def restart_point(self) -> str | None:
+        if self.stage.directory is None:
+            log.warning("the servers on the executors keep no checkpoints, so this failure ends the job: "
+                        "give checkpoint_dir (a directory the driver and every executor reach) to restart")
+            return None
+        return "the servers' newest checkpoints"
+
+
+def _worker_slots(slots: int | None, servers: int) -> int | None:
+    """The task slots left for workers beside the ``servers`` server tasks (None: unknown)."""
+    return None if slots is None else max(slots - servers, 0)
 
 
 def combined(per_server: list[dict[str, Any]]) -> dict[str, Any]:

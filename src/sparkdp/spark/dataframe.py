@@ -24,11 +24,9 @@ synchronous collectives never wait for a rank that has left.
 
 from __future__ import annotations
 
-import copy
 import logging
 import re
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any, cast
 
@@ -39,12 +37,9 @@ from ..data.arrow import ArrowConverter
 from ..data.base import WorkerData
 from ..data.parquet import ParquetData
 from ..data.shuffle import rebatch, seeded_generator
-from ..errors import ConfigError, DataError, WorkerFailed
-from ..state import state_from_bytes
-from ..train.checkpoint import CheckpointPolicy, save_checkpoint
-from ..train.faults import fault_from_env
+from ..errors import ConfigError, DataError
 from ..train.jobs import in_task
-from ..train.loop import FitSpec, StagePart, fit_worker
+from ..train.loop import FitSpec, fit_worker
 from ..train.report import WorkerReport
 from .cluster import is_connect
 from .launcher import BarrierStage
@@ -128,6 +123,15 @@ class DataFrameSource:
         self.cached = cached
         self.converter = converter
         self.shuffle_buffer = shuffle_buffer
+        self.partitioned, self.workers = df, 0  # set by prepare
+
+    def prepare(self, workers: int, epochs: int) -> None:
+        """Partition the frame once for ``workers`` (as even as a stage needs) before the first epoch."""
+        self.partitioned, self.workers = _partitioned(self, workers, epochs), workers
+
+    def stage_frame(self, workers: int):
+        """The frame one epoch's stage reads on ``workers`` (fewer than prepared: repartitioned)."""
+        return self.partitioned if workers == self.workers else self.partitioned.repartition(workers)
 
     def sample(self, rows: int = 2) -> pa.RecordBatch:
         table = self.df.limit(rows).toArrow()
@@ -175,7 +179,7 @@ def _epoch_task(spec: FitSpec, threads: int | None, pg_timeout_s: float):
         info = None
         try:
             info = rendezvous()
-            template = cast(StreamData, spec.train)  # fit_stream's stage spec carries an unattached StreamData
+            template = cast(StreamData, spec.train)  # epoch_stage's spec carries an unattached StreamData
             data = StreamData(template.converter, template.shuffle_buffer).attach(stream)
             job = in_task(lambda coll: fit_worker(replace(spec, train=data), coll), threads=threads,
                           pg_timeout_s=pg_timeout_s)
@@ -192,59 +196,18 @@ def _epoch_task(spec: FitSpec, threads: int | None, pg_timeout_s: float):
     return task
 
 
-def fit_stream(spec: FitSpec, source: DataFrameSource, *, workers: int, spark, threads: int | None,
-               pg_timeout_s: float, start_timeout_s: float, restarts: Any = None,
-               checkpoint: CheckpointPolicy | None = None,
-               slots: Callable[[], int | None] = lambda: None) -> tuple[WorkerReport, int]:
-    """Train ``spec.epochs`` epochs on ``source``, one barrier stage per epoch; rank 0's merged
-    report and the workers the last epoch ran on.
-
-    The driver holds the state at every epoch end, so a failed epoch stage is run again from
-    there as ``restarts`` (the job's ``driver.recovery.RestartPolicy``; None: never) allows, on
-    the workers it says (fewer when ``slots()`` shows task slots gone, back to ``workers`` at a
-    later epoch when they return); ``checkpoint`` saves each epoch's state to a file. A spec
-    resumed from a checkpoint (``spec.part``) starts at its epoch.
-    """
-    df = _partitioned(source, workers, spec.epochs)
-    merged: WorkerReport | None = None
-    opt_state = spec.part.optimizer_state
-    template = StreamData(source.converter, source.shuffle_buffer)
-    first, last = spec.part.start_epoch, spec.last_epoch()
-    before = spec.part.history
-    spec = replace(spec, strategy=copy.deepcopy(spec.strategy))  # the caller's object is not advanced
-    fault, now = fault_from_env(), workers
-    for epoch in range(first, last + 1):
-        if now < workers:  # shrunk by an earlier failure: grow back when the slots have returned
-            now = restarts.workers(workers, slots())
-        part = StagePart(start_epoch=epoch, last_epoch=last, optimizer_state=opt_state, return_optimizer_state=True)
-        while True:
-            stage_spec = replace(spec, train=template, epochs=1, part=part, fault=fault)
-            stage_df = df if now == workers else df.repartition(now)
-            began = time.perf_counter()
-            try:
-                rows = _run_stage(stage_df.mapInArrow(_epoch_task(stage_spec, threads, pg_timeout_s), _OUT_SCHEMA,
-                                                      barrier=True), spark, now, start_timeout_s, epoch)
-                break
-            except WorkerFailed as exc:
-                if restarts is None:
-                    raise
-                now = restarts.recover(exc, workers, slots(), f"the start of epoch {epoch + 1}",
-                                       attempt_s=time.perf_counter() - began)
-                fault = None  # an injected fault fires in the first attempt only
-        rank0 = next(r for r in rows if r["rank"] == 0)
-        report = WorkerReport.from_parts(rank0["info"], rank0["state"], rank0["optimizer_state"])
-        spec.model.load_state_dict(state_from_bytes(report.state))  # shipped with the next stage
-        opt_state = report.optimizer_state or None
-        # the next stage ships the strategy object: its schedule (e.g. the averaging period's
-        # position) continues instead of restarting every epoch
-        spec.strategy.load_state_dict(report.strategy_state)
-        merged = report if merged is None else merged.then(report)
-        if checkpoint is not None:
-            save_checkpoint(checkpoint, epoch=epoch + 1, step=0, model=state_from_bytes(report.state),
-                            optimizer=opt_state or b"", strategy_state=report.strategy_state, rng=[],
-                            history=[*before, *merged.history], workers=now)
-    assert merged is not None  # fit() checked epochs >= 1
-    return merged, now
+def epoch_stage(spec: FitSpec, source: DataFrameSource, *, workers: int, spark, threads: int | None,
+                pg_timeout_s: float, start_timeout_s: float) -> WorkerReport:
+    """Train epoch ``spec.part.start_epoch`` of ``source`` as one barrier ``mapInArrow`` stage on
+    ``workers`` (``source.prepare`` first); rank 0's report. A failed worker raises
+    ``WorkerFailed``: what happens next is the driver's (``driver.controller``)."""
+    stage_spec = replace(spec, train=StreamData(source.converter, source.shuffle_buffer), epochs=1)
+    df = source.stage_frame(workers)
+    epoch = spec.part.start_epoch
+    rows = _run_stage(df.mapInArrow(_epoch_task(stage_spec, threads, pg_timeout_s), _OUT_SCHEMA, barrier=True),
+                      spark, workers, start_timeout_s, epoch)
+    rank0 = next(r for r in rows if r["rank"] == 0)
+    return WorkerReport.from_parts(rank0["info"], rank0["state"], rank0["optimizer_state"])
 
 
 def _partitioned(source: DataFrameSource, workers: int, epochs: int):

@@ -178,14 +178,10 @@ def factory_path(fn: Callable[..., nn.Module]) -> str:
     return path
 
 
-class Estimator(SparkEstimator, _SparkdpParams, DefaultParamsReadable, DefaultParamsWritable):
-    """Trains a torch network on a DataFrame with sparkdp; ``fit`` returns a :class:`Model`.
-
-    Examples:
-        >>> est = Estimator(model="linear", modelKwargs='{"image_size": 2, "num_classes": 3}',
-        ...                 featuresCol="features", epochs=2, workers=2)   # doctest: +SKIP
-        >>> Pipeline(stages=[VectorAssembler(...), est]).fit(df)          # doctest: +SKIP
-    """
+class EstimatorBase(SparkEstimator, _SparkdpParams, DefaultParamsReadable, DefaultParamsWritable):
+    """``sparkdp.ml.Estimator`` but for the training call: this package is the adapter below the
+    driver, so the Estimator that calls ``sparkdp.fit`` is defined in :mod:`sparkdp.ml` and hands
+    it to :meth:`_fit_with`."""
 
     _input_kwargs: dict[str, Any]  # set by pyspark's @keyword_only
 
@@ -196,7 +192,7 @@ class Estimator(SparkEstimator, _SparkdpParams, DefaultParamsReadable, DefaultPa
         self._set(**self._input_kwargs)
 
     @keyword_only
-    def setParams(self, **kwargs: Any) -> Estimator:
+    def setParams(self, **kwargs: Any) -> EstimatorBase:
         self._trust_given_factory(self._input_kwargs)
         return self._set(**self._input_kwargs)
 
@@ -204,9 +200,8 @@ class Estimator(SparkEstimator, _SparkdpParams, DefaultParamsReadable, DefaultPa
     def read(cls) -> _CheckedReader:
         return _CheckedReader(cls)
 
-    def _fit(self, dataset) -> Model:
-        from ..driver.api import fit
-
+    def _fit_with(self, fit: Callable[..., Any], dataset) -> Model:
+        """Train on ``dataset`` with ``fit`` (``sparkdp.fit``) and return the trained Model."""
         net = self._build_module()
         workers = self.getOrDefault(self.workers) or None
         label = self.getOrDefault(self.labelCol)
@@ -321,4 +316,4 @@ class _ModelReader(_CheckedReader):
         return model
 
 
-__all__ = ["Estimator", "Model", "factory_path", "trust_factory"]
+__all__ = ["EstimatorBase", "Model", "factory_path", "trust_factory"]

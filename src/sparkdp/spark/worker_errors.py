@@ -29,8 +29,10 @@ from ..errors import (
 log = logging.getLogger(__name__)
 
 _ERROR_MARK = "SPARKDP_WORKER_ERROR"
+#: errors a worker raises whose message is the whole story (WorkerLost: a retried asynchronous
+#: task that stops at once, so that the driver's restart policy decides)
 _REBUILDABLE = {cls.__name__: cls for cls in (ConfigError, DataError, EnvironmentProblem, RendezvousTimeout,
-                                                   TrainingDiverged)}
+                                                   TrainingDiverged, WorkerLost)}
 
 
 def encode_error(rank: int, exc: BaseException) -> str:

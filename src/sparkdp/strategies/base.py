@@ -133,7 +133,7 @@ class Strategy(ABC):
     def comm_stats(self) -> dict[str, float]:
         """Seconds spent communicating and bytes sent/received so far on this worker (live
         monitoring reads them from another thread; ``sparkdp.monitor``)."""
-        meter = getattr(self, "comm", None) or CommMeter()  # strategies unpickled from older jobs
+        meter = self.comm
         return {"comm_s": meter.seconds, "bytes_sent": meter.sent, "bytes_recv": meter.received}
 
     def metrics(self) -> dict[str, Any]:

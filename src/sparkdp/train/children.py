@@ -11,7 +11,7 @@ so the processes of one Spark worker share their model in memory exactly as the 
 intends (Hogwild! inside the machine) while each exchanges with the server (Hogwild!/ASGD
 across machines). Child ``k`` of Spark worker ``rank`` (of ``W``) is server worker
 ``W * (k + 1) + rank``: distinct from every Spark worker and every other child, and the
-same when Spark retries the task, so its sequence numbers continue and no push counts twice.
+same when the task is restarted, so its sequence numbers continue and no push counts twice.
 """
 
 from __future__ import annotations

@@ -34,6 +34,10 @@ class WorkerContext:
     child: int | None = None
     #: the process the context belongs to: a forked child inherits its parent's, and must not use it
     pid: int = field(default_factory=os.getpid)
+    #: which attempt of the job this is (0: the first; n: the n-th restart, torchrun's
+    #: TORCHELASTIC_RESTART_COUNT) and the job's checkpoint directory, if it has one
+    restart: int = 0
+    checkpoint_dir: str | None = None
 
     def new_strategy(self) -> Strategy:
         """A fresh copy of the job's strategy (one per distributed model)."""

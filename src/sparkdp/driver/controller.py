@@ -1,0 +1,160 @@
+"""The one job controller: start an attempt, collect its outcome, restart or give up.
+
+Every way in (``fit``, ``run``, ``launch``, ``sparkdp train``) and every plan (a barrier stage,
+a streamed DataFrame's epoch stages, a parameter server on the driver or on the executors)
+runs its workers through :meth:`Controller.run`. An attempt ends in one of three ways:
+
+* it returns: the job (or this part of it) is done;
+* it raises :class:`~sparkdp.errors.WorkerFailed` (a worker died, hung or lost its executor):
+  the :class:`RestartPolicy` decides whether a restart is allowed and on how many workers, the
+  plan says where the next attempt continues from (its newest checkpoint), and the next attempt
+  starts there;
+* it raises anything else (bad configuration or data, a diverged loss): raised at once, since
+  running it again would fail the same way.
+
+Each failure is one warning line and each recovery another, with the same wording for every
+plan (docs/guide/reliability.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+from ..config import JobConfig
+from ..errors import WorkerFailed, WorkerHung
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One try of a job's workers: ``restart`` 0 is the first, n the n-th restart (what a
+    launched script reads as ``TORCHELASTIC_RESTART_COUNT``); ``workers`` it runs on."""
+
+    restart: int
+    workers: int
+
+
+class Plan(Protocol[T_co]):
+    """How one launch kind runs an attempt and where a restart of it continues from."""
+
+    def attempt(self, attempt: Attempt) -> T_co:
+        """Run ``attempt`` to its end; a restart (``attempt.restart > 0``) first loads the state
+        :meth:`restart_point` found. Raises ``WorkerFailed`` when a worker is lost."""
+        ...
+
+    def restart_point(self) -> str | None:
+        """After a failed attempt: find the newest state the next attempt can continue from and
+        say where that is, for the log line; None when this plan cannot restart (no
+        checkpoints)."""
+        ...
+
+
+@dataclass
+class RestartPolicy:
+    """When and on how many workers a failed job continues: the one policy of every plan.
+
+    ``max_restarts`` failures are recovered over the whole job; after a failure that took task
+    slots away, the job continues on the slots left, down to ``min_workers`` (None: always the
+    full count), and grows back when they return. Each failure is one warning line: its cause,
+    the restart's number, where it continues from and on how many workers."""
+
+    max_restarts: int
+    min_workers: int | None = None
+    pg_timeout_s: float = 60.0
+    #: one record per failure: its cause, where the job continued from, on how many workers, and
+    #: how long the failed attempt had run (its work after the checkpoint resumed from was redone)
+    failures: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, job: JobConfig) -> RestartPolicy:
+        return cls(job.failures.max_restarts, job.failures.min_workers, job.failures.pg_timeout_s)
+
+    def workers(self, requested: int, slots: int | None) -> int:
+        """All ``requested`` workers if the slots are there (or unknown); else as many as fit, down
+        to ``min_workers`` (below it, the stage waits for slots and fails after start_timeout_s)."""
+        if self.min_workers is None or slots is None or slots >= requested:
+            return requested
+        return max(self.min_workers, slots)
+
+    def recover(self, exc: WorkerFailed, requested: int, slots: int | None, where: str,
+                can_restart: bool = True, attempt_s: float = 0.0) -> int:
+        """After ``exc`` (in an attempt that ran ``attempt_s`` seconds): the workers to continue
+        on, with the one log line; raises when the failures are more than ``max_restarts`` (or
+        ``can_restart`` is False)."""
+        cause = self.cause(exc)
+        self.failures.append({"cause": cause, "restart_from": where, "attempt_s": attempt_s})
+        if not can_restart or len(self.failures) > self.max_restarts:
+            if len(self.failures) == 1:
+                raise exc
+            listed = "; ".join(f"{i + 1}: {f['cause']}" for i, f in enumerate(self.failures))
+            raise WorkerFailed(f"the job failed {len(self.failures)} times, more than max_restarts="
+                               f"{self.max_restarts} allows ({listed}). Fix the cause, or raise "
+                               "max_restarts.") from exc
+        now = self.workers(requested, slots)
+        self.failures[-1]["workers"] = now
+        log.warning("sparkdp: %s -- restart %d of %d from %s%s", cause, len(self.failures), self.max_restarts, where,
+                    f" on {now} of {requested} workers (task slots gone)" if now < requested else "")
+        return now
+
+    def recovered(self, workers: int, requested: int) -> None:
+        """The one line once the attempt after a failure has done its work."""
+        last = self.failures[-1]
+        log.warning("sparkdp: recovered from failure %d (%s) on %d of %d workers", len(self.failures),
+                    last["cause"], workers, requested)
+
+    def cause(self, exc: WorkerFailed) -> str:
+        """One line for the log: what failed, where."""
+        first = str(exc).strip().splitlines()[0]
+        if isinstance(exc, WorkerHung):  # the stalled worker, named by the one that waited (train.loop)
+            return f"{first} (after {self.pg_timeout_s:g} s)"
+        return first
+
+
+class Controller(Generic[T]):
+    """Runs a plan's attempts under one :class:`RestartPolicy` for the whole job.
+
+    ``requested``: the job's worker count; ``slots()``: the task slots free now (None: unknown),
+    read after a failure to shrink the next attempt (``min_workers``) and by :meth:`workers` to
+    grow back. A plan that runs in parts (a streamed DataFrame: one stage per epoch) calls
+    :meth:`run` once per part; the failures count over all of them."""
+
+    def __init__(self, restarts: RestartPolicy, requested: int,
+                 slots: Callable[[], int | None] = lambda: None) -> None:
+        self.restarts, self.requested, self.slots = restarts, requested, slots
+        self.now = requested  # the workers the next attempt runs on
+        self.restart = 0  # restarts so far
+
+    def workers(self) -> int:
+        """The workers the next part runs on: back to the full count once the slots return."""
+        if self.now < self.requested:
+            self.now = self.restarts.workers(self.requested, self.slots())
+        return self.now
+
+    def run(self, plan: Plan[T]) -> T:
+        """Run ``plan``'s attempts until one returns; each failure is decided by the policy."""
+        failed = False
+        while True:
+            began = time.perf_counter()
+            try:
+                result = plan.attempt(Attempt(self.restart, self.now))
+            except WorkerFailed as exc:
+                where = plan.restart_point()
+                self.now = self.restarts.recover(exc, self.requested, self.slots(), where or "nowhere",
+                                                 can_restart=where is not None,
+                                                 attempt_s=time.perf_counter() - began)
+                self.restart, failed = self.restart + 1, True
+                continue
+            if failed:
+                self.restarts.recovered(self.now, self.requested)
+            return result
+
+
+__all__ = ["Attempt", "Controller", "Plan", "RestartPolicy"]

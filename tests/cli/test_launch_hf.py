@@ -19,6 +19,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.distributed, pytest.mark.timeout(300)
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 tokenizers = pytest.importorskip("tokenizers")
+try:  # Trainer (at import) and accelerate (preparing a distributed DataLoader) import `datasets`,
+    # which must match the installed pyarrow; transformers.trainer imports it when installed
+    import transformers.trainer  # noqa: F401
+except Exception as exc:  # an installation problem (e.g. datasets < 2.20 with pyarrow >= 21), not sparkdp's
+    pytest.skip(f"transformers/accelerate cannot be imported here ({type(exc).__name__}: {exc}); "
+                "pip install 'sparkdp[hf]'", allow_module_level=True)
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts" / "hf"
 STEPS = 3
@@ -79,10 +85,6 @@ def _check_places(views: list[dict]) -> None:
 
 
 def test_a_trainer_script_runs_unmodified(tokenizer_dir, tmp_path):
-    try:
-        import transformers.trainer  # noqa: F401  (it imports `datasets`, which must match pyarrow)
-    except Exception as exc:  # an installation problem, not sparkdp's
-        pytest.skip(f"transformers.Trainer cannot be imported here: {type(exc).__name__}: {exc}")
     out = tmp_path / "out"
     out.mkdir()
     views = _launch("trainer.py", tokenizer_dir, out, tmp_path)

@@ -7,8 +7,10 @@ import threading
 
 import pytest
 
+from sparkdp.comm.torchrun_env import TORCHRUN_VARIABLES
+
 # Variables that torch.distributed / Spark legitimately set in-process.
-_ENV_ALLOWED = {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "GLOO_SOCKET_IFNAME",
+_ENV_ALLOWED = {*TORCHRUN_VARIABLES, "GLOO_SOCKET_IFNAME",
                 "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_LOCAL_IP", "PYSPARK_GATEWAY_PORT",
                 "PYSPARK_GATEWAY_SECRET", "SPARK_HOME", "PYTHONHASHSEED", "SPARK_AUTH_SOCKET_TIMEOUT",
                 "SPARK_BUFFER_SIZE", "PYSPARK_PIN_THREAD", "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK",

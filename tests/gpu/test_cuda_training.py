@@ -8,7 +8,7 @@ Checked, each against an independent reference (hand-worked numbers, one process
 same data and device with ``torch.optim``, or the same run on the CPU):
 
 * ``task_device``: a task's GPU address becomes the current CUDA device; bad addresses are
-  refused with ``EnvironmentProblem``.
+  refused with ``EnvironmentProblem``; a LOCAL_RANK that is not that device's ordinal is told.
 * ``TorchCollective`` on a CUDA device picks NCCL; its collectives keep CUDA tensors on the GPU
   and give the known values (world size 1: NCCL refuses two ranks on one GPU).
 * AllReduce and ParameterAveraging(period=1, averaged optimizer state), two gloo ranks with
@@ -97,6 +97,16 @@ def test_task_device_takes_the_first_of_several_addresses_and_says_so(caplog):
     with caplog.at_level(logging.WARNING, logger="sparkdp.train.jobs"):
         assert task_device(("0", "1")) == torch.device("cuda", 0)
     assert "spark.task.resource.gpu.amount=1" in caplog.text
+
+
+@needs_cuda
+def test_a_tasks_local_rank_names_its_gpu_or_it_is_told():
+    # scripts (torchrun's, accelerate's) compute on cuda:LOCAL_RANK: it must be the task's GPU
+    agreed = _run_alone(workers.local_rank_and_device, ("0",), 0)
+    assert (agreed["LOCAL_RANK"], agreed["current"], agreed["warned"]) == ("0", 0, [])
+    apart = _run_alone(workers.local_rank_and_device, ("0",), 1)
+    assert apart["current"] == 0 and apart["LOCAL_RANK"] == "1"
+    assert any("but its LOCAL_RANK is 1" in w for w in apart["warned"]), apart["warned"]
 
 
 @needs_cuda

@@ -159,3 +159,21 @@ def fit_cnn_as_a_task(gpus: tuple[str, ...], epochs: int) -> dict[str, Any]:
                 "device": str(coll.device), "backend": coll.backend, "trained_on": _device_of(spec.model)}
 
     return in_task(body, threads=1, pg_timeout_s=60)(info)
+
+
+def local_rank_and_device(gpus: tuple[str, ...], local_rank: int) -> dict[str, Any]:
+    """What a task with ``gpus`` and the given LOCAL_RANK (its place on its host) sees: its
+    LOCAL_RANK, the current CUDA device, and the warnings ``in_task`` logged."""
+    import logging
+    import os
+
+    from sparkdp.comm.torchrun_env import Placement
+
+    warned: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: warned.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("sparkdp.train.jobs").addHandler(handler)
+    info = SimpleNamespace(cpus=1, gpus=gpus, master_addr="127.0.0.1", master_port=free_port(), rank=0,
+                           world_size=1, store=None, placement=Placement(0, 1, local_rank, local_rank + 1, 0, 1))
+    return in_task(lambda coll: {"LOCAL_RANK": os.environ["LOCAL_RANK"], "current": torch.cuda.current_device(),
+                                 "warned": warned}, threads=1, pg_timeout_s=60)(info)

@@ -167,7 +167,8 @@ def test_a_dataframe_streams_to_executors_on_other_hosts_and_monitoring_sees_the
 @pytest.mark.timeout(420)
 def test_a_launched_script_runs_on_the_worker_hosts(cluster, tmp_path):
     """``sparkdp launch`` of an unchanged-but-one-line script: its directory is shipped to the
-    executors on the worker hosts, both ranks train through the links and the result matches."""
+    executors on the worker hosts, both ranks train through the links and the result matches;
+    each rank sees torchrun's environment of a host of its own (a group each, LOCAL_RANK 0)."""
     import shutil
     from pathlib import Path
 
@@ -178,6 +179,8 @@ def test_a_launched_script_runs_on_the_worker_hosts(cluster, tmp_path):
         shutil.copy(scripts / name, job)
     (job / "where.py").write_text(
         "import os, socket, sys\nprint('ran on', socket.gethostname(), flush=True)\n"
+        "print('place', *(os.environ[k] for k in ('RANK', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE', 'GROUP_RANK',"
+        " 'GROUP_WORLD_SIZE')), flush=True)\n"
         "exec(open(os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), 'argparse_main.py')).read())\n")
     result = cluster.bed.directory / "launched.json"
     proc = cluster.run_driver([sys.executable, "-m", "sparkdp.cli.main", "launch", "--workers", "2", "--master",
@@ -185,4 +188,6 @@ def test_a_launched_script_runs_on_the_worker_hosts(cluster, tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     hosts = sorted(line.rsplit(" ", 1)[1] for line in proc.stdout.splitlines() if "ran on " in line)
     assert hosts == ["worker-0", "worker-1"], proc.stdout[-3000:]
+    places = sorted(line.split("place ", 1)[1] for line in proc.stdout.splitlines() if "] place " in line)
+    assert places == ["0 0 1 0 2", "1 0 1 1 2"], proc.stdout[-3000:]  # RANK LOCAL_RANK LOCAL_WORLD_SIZE GROUP_*
     assert json.loads(result.read_text())["accuracy"] > 0.8, result.read_text()  # as tests/cli/test_launch.py

@@ -13,13 +13,19 @@ pytestmark = pytest.mark.spark
 
 
 def _rank_and_world(info):
-    return (info.rank, info.world_size, info.master_addr, info.master_port > 0)
+    p = info.placement
+    return (info.rank, info.world_size, info.master_addr, info.master_port > 0,
+            (p.rank, p.local_rank, p.local_world_size, p.group_rank, p.group_world_size), info.run_id, info.attempt)
 
 
 def test_every_rank_runs_and_agrees_on_the_rendezvous(spark):
     results = run_barrier(_rank_and_world, 2, spark=spark)
     assert [r[:2] for r in results] == [(0, 2), (1, 2)]
     assert results[0][2] == results[1][2] and all(r[3] for r in results)
+    # local[2]: both ranks on one host, LOCAL_RANK 0 and 1 (torchrun's terms), one stage's first attempt
+    assert [r[4] for r in results] == [(0, 0, 2, 0, 1), (1, 1, 2, 0, 1)]
+    assert results[0][5] == results[1][5] and results[0][5].startswith("spark-stage-")
+    assert [r[6] for r in results] == [0, 0]
 
 
 def test_the_rendezvous_store_listens_on_the_task_address_only():

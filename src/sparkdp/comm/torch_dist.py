@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from ..errors import ConfigError, RendezvousTimeout
 from .base import Collective, Pending
+from .torchrun_env import Placement, torchrun_env
 
 log = logging.getLogger(__name__)
 
@@ -157,13 +158,17 @@ def check_store_reachable(master_addr: str, master_port: int, rank: int, world_s
         "and rank 0's executor address (Spark's, see SPARK_LOCAL_IP) must be one the other hosts reach.")
 
 
-def set_torch_distributed_env(master_addr: str, master_port: int, rank: int, world_size: int) -> None:
-    """The one place that sets the environment torch.distributed reads (design rule 6, docs/architecture.md)."""
-    os.environ["MASTER_ADDR"] = master_addr
-    os.environ["MASTER_PORT"] = str(master_port)
-    os.environ["RANK"] = str(rank)
-    os.environ["WORLD_SIZE"] = str(world_size)
-    os.environ["LOCAL_RANK"] = "0"
+def set_torch_distributed_env(master_addr: str, master_port: int, rank: int, world_size: int,
+                              placement: Placement | None = None, *, run_id: str = "none", restart_count: int = 0,
+                              max_restarts: int = 0) -> None:
+    """The one place that sets the environment torch.distributed reads (design rule 6, docs/architecture.md):
+    all of torchrun's variables (:mod:`sparkdp.comm.torchrun_env`). ``placement``: the rank's place among
+    the job's ranks; None: every rank on this host."""
+    placement = placement or Placement.one_host(rank, world_size)
+    if (placement.rank, placement.world_size) != (rank, world_size):
+        raise ValueError(f"placement {placement} is not rank {rank} of {world_size}")
+    os.environ.update(torchrun_env(placement, master_addr, master_port, run_id=run_id, restart_count=restart_count,
+                                   max_restarts=max_restarts))
     _choose_gloo_interface(master_addr)
 
 
@@ -196,15 +201,19 @@ class TorchCollective(Collective):
 
     def setup(self, *, master_addr: str, master_port: int, rank: int, world_size: int,
               timeout_s: float = 300.0, store: dist.Store | None = None,
-              store_listening: bool = False) -> TorchCollective:
+              store_listening: bool = False, placement: Placement | None = None, run_id: str = "none",
+              restart_count: int = 0, max_restarts: int = 0) -> TorchCollective:
         """Join the process group; ``store`` is rank 0's already-listening TCPStore, if any.
 
         ``store_listening``: rank 0's store listens already (the launcher shares its port only
         then), so a rank that cannot connect to it within :data:`STORE_CONNECT_GRACE_S` fails at
-        once, naming the address, instead of after ``timeout_s``."""
+        once, naming the address, instead of after ``timeout_s``. ``placement``, ``run_id``,
+        ``restart_count``, ``max_restarts``: the torchrun environment a script sees
+        (:func:`set_torch_distributed_env`)."""
         if dist.is_initialized():
             raise RuntimeError("a torch.distributed process group is already initialised in this process")
-        set_torch_distributed_env(master_addr, master_port, rank, world_size)
+        set_torch_distributed_env(master_addr, master_port, rank, world_size, placement, run_id=run_id,
+                                  restart_count=restart_count, max_restarts=max_restarts)
         started = time.monotonic()
         if store is None and rank != 0 and store_listening:
             check_store_reachable(master_addr, master_port, rank, world_size, min(timeout_s, STORE_CONNECT_GRACE_S))

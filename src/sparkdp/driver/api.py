@@ -366,10 +366,11 @@ def launch(script: str | os.PathLike[str], *args: str, spark: Any = None, **sett
                          "parameter server they join, or one process per worker (e.g. --num-processes 1)")
     elif started:
         log.info("%s: %d of the %d processes worker 0 started joined the job", name, joined, started)
-    if not result["distributed"] and not started:
-        log.warning("%s never called sparkdp.distribute(...) nor torch.distributed.init_process_group(): every worker "
-                    "trained its own independent copy on all of its data. Add the one line model, optimizer, loader "
-                    "= sparkdp.distribute(model, optimizer, loader) after they are built.", name)
+    if not result["distributed"] and not started and result["workers"] > 1:
+        log.warning("%s never communicated with the other workers (no sparkdp.distribute(...), no collective on the "
+                    "process group, no DistributedDataParallel model over it): every worker trained its own "
+                    "independent copy on all of its data. Add the one line model, optimizer, loader = "
+                    "sparkdp.distribute(model, optimizer, loader) after they are built.", name)
 
 
 __all__ = ["fit", "fit_job", "launch", "run"]

@@ -6,14 +6,19 @@ Rendezvous follows TorchDistributor: rank 0's address comes from the barrier con
 infos, and the port of the TCPStore rank 0 opens is shared with ``allGather`` (barrier-scoped,
 so a retried stage attempt never meets the failed attempt's store). Rank 0 binds the store's
 socket to its own task address itself: a TCPStore left to bind alone listens on every interface.
+The same ``allGather`` carries every task's host and GPU, from which each task learns its place
+among the ranks as torchrun describes it (``LOCAL_RANK``...: :mod:`sparkdp.comm.torchrun_env`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from dataclasses import dataclass, field
 from typing import Any
+
+from ..comm.torchrun_env import Place, Placement, placements
 
 
 @dataclass(frozen=True)
@@ -28,6 +33,11 @@ class TaskInfo:
     cpus: int
     #: On rank 0, the torch.distributed TCPStore it already listens on (see rendezvous).
     store: Any = field(default=None, compare=False, repr=False)
+    #: Its place among the stage's ranks (hosts, local ranks); None: every rank on one host.
+    placement: Placement | None = None
+    #: The barrier stage's identity (torchrun's TORCHELASTIC_RUN_ID) and the task's attempt (0: the first).
+    run_id: str = "none"
+    attempt: int = 0
 
 
 def listening_store(host: str, world_size: int):
@@ -68,9 +78,22 @@ def rendezvous(with_store: bool = True) -> TaskInfo:
     # Rank 0 binds port 0 and shares the port the OS chose: no window in which another
     # process can take a "free" port between choosing and binding it.
     store = listening_store(master_addr, len(infos)) if rank == 0 and with_store else None
-    ports = ctx.allGather(str(store.port if store is not None else 0))
     gpus, cpus = task_resources()
-    return TaskInfo(rank, len(infos), master_addr, int(ports[0]), gpus, cpus, store)
+    own = {"port": store.port if store is not None else 0, "host": infos[rank].address.rsplit(":", 1)[0].strip("[]"),
+           "gpu": gpus[0] if gpus else None, "visible": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+    gathered = [json.loads(message) for message in ctx.allGather(json.dumps(own))]
+    placement = placements([Place(g["host"], _ordinal(g["gpu"]), g["visible"]) for g in gathered])[rank]
+    return TaskInfo(rank, len(infos), master_addr, int(gathered[0]["port"]), gpus, cpus, store, placement,
+                    run_id=f"spark-stage-{ctx.stageId()}", attempt=ctx.attemptNumber())
+
+
+def _ordinal(gpu: str | None) -> int | None:
+    """A GPU address as the CUDA ordinal the task computes on (``train.jobs.task_device``
+    refuses addresses that are not ordinals)."""
+    try:
+        return int(gpu) if gpu is not None else None
+    except ValueError:
+        return None
 
 
 def task_host() -> str:

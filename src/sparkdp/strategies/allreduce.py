@@ -87,7 +87,7 @@ class AllReduce(Strategy):
         self._step_bytes = 0
         self._steps = 0
         self._powersgd_bytes = 0
-        self._wait: _ExposedWait | None = None
+        self._wait: ExposedWait | None = None
 
     def setup(self, model: nn.Module, optimizer: Optimizer, collective: Collective) -> nn.Module:
         self._attach(model, optimizer, collective)
@@ -122,8 +122,8 @@ class AllReduce(Strategy):
                          powerSGD_hook.powerSGD_hook)
                 self._powersgd_bytes = ring_bytes(_powersgd_values(grads, self.powersgd_rank) * 4,
                                                   collective.world_size)
-            self._wait = _ExposedWait()
-            self._wrapped.register_comm_hook((*inner, self._wait), _timed_group_hook)
+            self._wait = ExposedWait()
+            self._wrapped.register_comm_hook((*inner, self._wait), timed_group_hook)
         width = 2 if half is not None else 4
         self._step_bytes = ring_bytes(sum(p.numel() for p in grads) * width, collective.world_size)
         return self._wrapped
@@ -200,7 +200,7 @@ def _half_precision_hook(half, bucket):  # noqa: ANN001, ANN201 (unannotated: se
     return future.then(lambda done: buffer.copy_(done.value()[0]))
 
 
-class _ExposedWait:
+class ExposedWait:
     """How long a step's backward waited for the process group: from the launch of its last
     bucket's reduction (its last gradients were ready) until the last reduction completed.
     The reductions of earlier buckets overlap backward's compute and cost nothing until then;
@@ -215,9 +215,9 @@ class _ExposedWait:
         return waited
 
 
-def _timed_group_hook(state, bucket):  # noqa: ANN001, ANN201 (unannotated: see _shared_memory_hook)
+def timed_group_hook(state, bucket):  # noqa: ANN001, ANN201 (unannotated: see _shared_memory_hook)
     """DDP comm hook: the inner hook's reduction of one bucket, noting when it was launched
-    and when it completed (:class:`_ExposedWait`)."""
+    and when it completed (:class:`ExposedWait`)."""
     inner_state, inner, wait = state
     reduced = inner(inner_state, bucket)
     wait.launched = time.perf_counter()

@@ -18,14 +18,23 @@ log = logging.getLogger(__name__)
 
 
 def in_task(body: Callable[[Collective], Any], *, threads: int | None, pg_timeout_s: float) -> Callable:
-    """Wrap ``body(collective)`` as the function the launcher runs on every task."""
+    """Wrap ``body(collective)`` as the function the launcher runs on every task, in the torchrun
+    environment of the task's place (``sparkdp.comm.torchrun_env``; TORCHELASTIC_RESTART_COUNT is
+    the Spark task's attempt number, and TORCHELASTIC_MAX_RESTARTS 0: sparkdp restarts no stage of
+    ``run`` or ``launch`` itself)."""
 
     def task(info) -> Any:
         torch.set_num_threads(threads or max(1, info.cpus))
         device = task_device(info.gpus)
+        placement = getattr(info, "placement", None)
+        if placement is not None and device.type == "cuda" and device.index != placement.local_rank:
+            log.warning("rank %d computes on %s, but its LOCAL_RANK is %d: a script that picks cuda:LOCAL_RANK "
+                        "uses another GPU. Give each host's tasks the GPUs 0..n-1 (one per task), or narrow each "
+                        "executor's CUDA_VISIBLE_DEVICES to its own GPUs.", info.rank, device, placement.local_rank)
         collective = TorchCollective(device=device).setup(
             master_addr=info.master_addr, master_port=info.master_port, rank=info.rank,
-            world_size=info.world_size, timeout_s=pg_timeout_s, store=info.store, store_listening=True)
+            world_size=info.world_size, timeout_s=pg_timeout_s, store=info.store, store_listening=True,
+            placement=placement, run_id=getattr(info, "run_id", "none"), restart_count=getattr(info, "attempt", 0))
         try:
             return body(collective)
         finally:

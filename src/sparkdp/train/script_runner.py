@@ -5,7 +5,10 @@ and the driver's working directory, inside a task whose process group is already
 environment ``torch.distributed`` reads is set: ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``...).
 A ``torchrun``-style script's ``init_process_group()`` therefore finds the group ready and
 is a no-op, and its ``destroy_process_group()`` is left to the task; a plain script with the
-one ``sparkdp.distribute(...)`` line works as under ``sparkdp.run``. Every line the script
+one ``sparkdp.distribute(...)`` line works as under ``sparkdp.run``. A script that never calls
+``distribute`` (torchrun style, Hugging Face ``Trainer``, ``accelerate``) is watched from outside
+(``sparkdp.train.observe``): its collectives, DDP modules and optimizer steps feed the live
+monitor and decide whether its workers trained together. Every line the script
 prints reaches the driver's console with a ``[rank R]`` prefix, through the job's monitoring
 link (``sparkdp.monitor``: so also from a cluster's executors), or in the executor's own log,
 prefixed, when the job is not monitored (``show_progress=False``).
@@ -26,6 +29,7 @@ import torch.distributed as dist
 from ..errors import ConfigError
 from .children import children_join
 from .context import current
+from .observe import ScriptObserver
 
 
 class ScriptFailed(RuntimeError):
@@ -66,12 +70,11 @@ class _RankPrefixed(io.TextIOBase):
 
 
 @contextmanager
-def _ready_process_group(calls: list[str]):
+def _ready_process_group():
     """``init_process_group`` / ``destroy_process_group`` as a script expects them, on the task's group."""
     init, destroy = dist.init_process_group, dist.destroy_process_group
 
     def init_once(*args: Any, **kwargs: Any) -> None:
-        calls.append("init_process_group")
         if current().collective.independent:
             raise ConfigError(f"the script sets up torch.distributed itself (init_process_group), but the job's "
                               f"strategy {current().strategy.name!r} is asynchronous: its workers share no process "
@@ -81,7 +84,7 @@ def _ready_process_group(calls: list[str]):
             init(*args, **kwargs)
 
     def keep(*args: Any, **kwargs: Any) -> None:
-        calls.append("destroy_process_group")
+        """The task destroys its group after the script."""
 
     dist.init_process_group, dist.destroy_process_group = init_once, keep
     try:
@@ -91,7 +94,9 @@ def _ready_process_group(calls: list[str]):
 
 
 def run_script(path: str, args: list[str], cwd: str, shipped: Callable[[], str] | None = None) -> dict[str, Any]:
-    """Run the script on this worker; returns whether it distributed anything.
+    """Run the script on this worker; returns whether its workers trained together (``distributed``:
+    it used ``sparkdp.distribute``, communicated over the process group, or processes it started
+    joined the job) and what it started.
 
     ``shipped``: where this executor holds the copy of the script's directory the driver
     shipped (``sparkdp.spark.files``, on clusters): the worker runs that copy, in the driver's
@@ -101,10 +106,12 @@ def run_script(path: str, args: list[str], cwd: str, shipped: Callable[[], str] 
     if shipped is not None:
         path = os.path.join(shipped(), os.path.basename(path))
         cwd = cwd if os.path.isdir(cwd) else os.path.dirname(path)
-    calls: list[str] = []
+    observer = ScriptObserver(probe if probe is not None and probe.active else None)
+    if observer.probe is not None:  # until the script calls sparkdp.distribute, whose strategy counts
+        observer.probe.comm_stats = observer.comm_stats
     saved_argv, saved_path, saved_cwd = list(sys.argv), list(sys.path), os.getcwd()
     saved_out, saved_err = sys.stdout, sys.stderr
-    with _ready_process_group(calls), children_join(ctx) as children:
+    with _ready_process_group(), children_join(ctx) as children, observer.watching():
         sys.argv = [path, *args]
         sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
         os.chdir(cwd)
@@ -124,5 +131,5 @@ def run_script(path: str, args: list[str], cwd: str, shipped: Callable[[], str] 
             sys.argv, sys.stdout, sys.stderr = saved_argv, saved_out, saved_err
             sys.path[:] = saved_path
             os.chdir(saved_cwd)
-    return {"distributed": bool(current().active) or "init_process_group" in calls or bool(children.joined),
-            "started": children.started, "joined": len(children.joined), "joinable": children.joinable}
+    return {"distributed": bool(current().active) or observer.communicated or bool(children.joined),
+            "workers": ctx.world_size, "started": children.started, "joined": len(children.joined), "joinable": children.joinable}

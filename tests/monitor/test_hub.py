@@ -149,7 +149,7 @@ def test_the_monitoring_endpoint_uses_tls_when_the_job_does(tmp_path, monkeypatc
 def test_credentials_in_urls_never_reach_the_run_log_or_mlflow(tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from sparkdp.monitor.sinks import redact
+    from sparkdp.redact import redact
 
     secrets_ = ["AKIAKEYID", "S3CR3T/value", "hunter2", "tok3n", "pw0rd"]
     config = {"checkpoint_dir": "s3://AKIAKEYID:S3CR3T/value@bucket/ckpt", "resume": None,

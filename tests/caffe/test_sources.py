@@ -519,3 +519,41 @@ def test_an_encoded_record_larger_than_the_nets_input_is_refused_before_decoding
             list(source.eval_batches(rank=0, world_size=1, batch_size=2))
 
     assert _peak_mib(refused) < 4  # decoding it would take 9 MiB, and 36 more as float32
+
+
+_OPEN_IN_CHILD = """
+import sys
+from sparkdp.caffe.sources import DatumDBSource
+from sparkdp.errors import DataError
+try:
+    source = DatumDBSource(sys.argv[1], block_rows=8)
+    print("read", sum(len(y) for _x, y in source.eval_batches(rank=0, world_size=1, batch_size=8)))
+except DataError as exc:
+    print("DataError:", exc)
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("damage", ["truncated", "meta-points-past-the-end"])
+def test_a_damaged_lmdb_is_refused_instead_of_crashing_the_worker(tmp_path, damage):
+    """LMDB maps data.mdb and reads a page past its end as a SIGBUS, which no Python code can
+    catch: opened in a child process, such a database must give a DataError, not a dead process."""
+    good = _indexed_lmdb(tmp_path / "good", 300, (1, 8, 8))
+    data = bytearray((good / "data.mdb").read_bytes())
+    page = struct.unpack_from("<I", data, 40)[0]  # lmdb.h: the free tree's md_pad holds the page size
+    if damage == "truncated":
+        del data[3 * page:]  # a partial copy: both meta pages and one more
+    else:
+        for meta in (0, page):  # both meta pages: the main tree's root and the last page far past the end
+            struct.pack_into("<QQ", data, meta + 128, 900, 1000)
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "data.mdb").write_bytes(bytes(data))
+    import subprocess
+
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    for db, expected in ((good, "read 300"), (tmp_path / "bad", "DataError: LMDB ")):
+        run = subprocess.run([sys.executable, "-c", _OPEN_IN_CHILD, str(db)], capture_output=True, text=True,
+                             timeout=60, env={**__import__("os").environ, "PYTHONPATH": src})
+        assert run.returncode == 0, f"the child died with {run.returncode} on the {damage} database"
+        assert run.stdout.startswith(expected), run.stdout + run.stderr
+    assert "Copy the database again" in run.stdout

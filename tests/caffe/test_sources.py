@@ -455,3 +455,105 @@ def test_hdf5_datasets_larger_than_a_caffe_blob_are_refused(tmp_path, shape):
     with pytest.raises(DataError, match=r"has shape \(.*\); Caffe loads it into one blob, which has at most 32 "
                                         r"axes and 2,147,483,647 values"):
         HDF5Source(tmp_path / "list.txt")
+
+
+def _blank_png(width: int, height: int) -> bytes:
+    """A grey PNG of one colour: a few KiB that decode to width × height bytes."""
+    rows = zlib.compress(bytes((width + 1) * height), 9)  # filter byte 0, then the row's zeros
+    return (b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+            + _png_chunk(b"IDAT", rows) + _png_chunk(b"IEND", b""))
+
+
+def _encoded_record(png: bytes) -> bytes:
+    return b"\x22" + _varint(len(png)) + png + b"\x38\x01"  # data (4), encoded (7) = true
+
+
+def _varint(v: int) -> bytes:
+    out = b""
+    while v >= 0x80:
+        out, v = out + bytes([v & 0x7F | 0x80]), v >> 7
+    return out + bytes([v])
+
+
+def _peak_mib(call) -> float:
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        call()
+        return tracemalloc.get_traced_memory()[1] / 2**20
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.timeout(60)
+def test_an_encoded_image_larger_than_the_pixel_limit_is_refused_before_decoding():
+    """6000 x 6000 (36 Mpx, below Pillow's own bomb check) in a ~40 KiB record."""
+    from sparkdp.caffe import datum
+
+    record = _encoded_record(_blank_png(6000, 6000))
+    assert len(record) < 64 << 10
+
+    def refused():
+        with pytest.raises(DataError, match=r"is 6000×6000 pixels, more than .*MAX_IMAGE_PIXELS .* refused before"):
+            decode_datum(record)
+
+    assert _peak_mib(refused) < 2
+    assert decode_datum(_encoded_record(_blank_png(40, 30)))[0].shape == (1, 30, 40)
+    assert 6000 * 6000 > datum.MAX_IMAGE_PIXELS >= 4096 * 4096
+
+
+@pytest.mark.timeout(60)
+def test_an_encoded_record_larger_than_the_nets_input_is_refused_before_decoding(tmp_path):
+    """The first record (4 x 4) sets the net's input; a 3000 x 3000 image after it is refused by its header."""
+    env = lmdb.open(str(tmp_path / "db"), map_size=1 << 22)
+    with env.begin(write=True) as txn:
+        txn.put(b"0", _encoded_record(_blank_png(4, 4)))
+        txn.put(b"1", _encoded_record(_blank_png(3000, 3000)))
+    env.close()
+    source = DatumDBSource(tmp_path / "db", block_rows=100)
+    assert source.record_shape == (1, 4, 4)
+
+    def refused():
+        with pytest.raises(DataError, match=r"record b'1' is 3000×3000 \(H×W\) but the net's input.* is 1×4×4"):
+            list(source.eval_batches(rank=0, world_size=1, batch_size=2))
+
+    assert _peak_mib(refused) < 4  # decoding it would take 9 MiB, and 36 more as float32
+
+
+_OPEN_IN_CHILD = """
+import sys
+from sparkdp.caffe.sources import DatumDBSource
+from sparkdp.errors import DataError
+try:
+    source = DatumDBSource(sys.argv[1], block_rows=8)
+    print("read", sum(len(y) for _x, y in source.eval_batches(rank=0, world_size=1, batch_size=8)))
+except DataError as exc:
+    print("DataError:", exc)
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("damage", ["truncated", "meta-points-past-the-end"])
+def test_a_damaged_lmdb_is_refused_instead_of_crashing_the_worker(tmp_path, damage):
+    """LMDB maps data.mdb and reads a page past its end as a SIGBUS, which no Python code can
+    catch: opened in a child process, such a database must give a DataError, not a dead process."""
+    good = _indexed_lmdb(tmp_path / "good", 300, (1, 8, 8))
+    data = bytearray((good / "data.mdb").read_bytes())
+    page = struct.unpack_from("<I", data, 40)[0]  # lmdb.h: the free tree's md_pad holds the page size
+    if damage == "truncated":
+        del data[3 * page:]  # a partial copy: both meta pages and one more
+    else:
+        for meta in (0, page):  # both meta pages: the main tree's root and the last page far past the end
+            struct.pack_into("<QQ", data, meta + 128, 900, 1000)
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "data.mdb").write_bytes(bytes(data))
+    import subprocess
+
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    for db, expected in ((good, "read 300"), (tmp_path / "bad", "DataError: LMDB ")):
+        run = subprocess.run([sys.executable, "-c", _OPEN_IN_CHILD, str(db)], capture_output=True, text=True,
+                             timeout=60, env={**__import__("os").environ, "PYTHONPATH": src})
+        assert run.returncode == 0, f"the child died with {run.returncode} on the {damage} database"
+        assert run.stdout.startswith(expected), run.stdout + run.stderr
+    assert "Copy the database again" in run.stdout

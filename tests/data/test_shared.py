@@ -85,12 +85,13 @@ def test_directories_of_dead_drivers_are_removed_and_live_ones_kept(tmp_path):
     orphan = tmp_path / f"sparkdp-data-{dead.stdout.strip()}-abc"
     orphan.mkdir()
     (orphan / "t0.bin").write_bytes(b"x")
-    alive = tmp_path / f"sparkdp-data-{os.getpid()}-def"
-    alive.mkdir()
+    (orphan / shared.LOCK_FILE).touch()  # its owner's lock went with the owner
+    unlocked = tmp_path / f"sparkdp-data-{dead.stdout.strip()}-def"  # being created, or not sparkdp's
+    unlocked.mkdir()
     unrelated = tmp_path / "sparkdp-data-notapid"
     unrelated.mkdir()
     store = SharedTensorDir(base=tmp_path)
-    assert not orphan.exists() and alive.exists() and unrelated.exists()
+    assert not orphan.exists() and unlocked.exists() and unrelated.exists()
     assert store.path.stat().st_mode & 0o777 == 0o700  # private to this user
     store.close()
 
@@ -107,3 +108,63 @@ def test_a_worker_that_cannot_read_the_file_says_why(tmp_path):
     handle = MappedTensor(str(tmp_path / "gone.bin"), "float32", (4, 2))
     with pytest.raises(DataError, match=r"cannot read the training data the driver shared.*local\[N\]"):
         handle.load()
+
+
+_OWNER = """
+import fcntl, os, sys
+directory = sys.argv[1]
+os.mkdir(directory)
+fd = os.open(os.path.join(directory, sys.argv[2]), os.O_CREAT | os.O_RDWR, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("ready", flush=True)
+sys.stdin.read()  # holds the lock until the test closes stdin
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_directory_whose_owner_runs_in_another_pid_namespace_is_kept(tmp_path):
+    """Its name carries a process id that means nothing here (the owner is in another container
+    sharing /dev/shm): the owner's lock, not the id, says it is alive. Once the owner is gone,
+    the next driver removes it."""
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    live = tmp_path / f"sparkdp-data-{dead}-elsewhere"
+    owner = subprocess.Popen([sys.executable, "-c", _OWNER, str(live), shared.LOCK_FILE], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout.readline() == "ready\n"
+        (live / "t0.bin").write_bytes(b"x")
+        SharedTensorDir(base=tmp_path).close()
+        assert (live / "t0.bin").exists()
+    finally:
+        owner.stdin.close()
+        owner.wait(10)
+    SharedTensorDir(base=tmp_path).close()
+    assert not live.exists()
+
+
+@pytest.mark.timeout(60)
+def test_the_lock_holds_across_a_real_pid_namespace(tmp_path):
+    """An OwnedDirectory made by a process in its own PID namespace (``unshare --pid``; the id in its
+    name is that namespace's) is kept while that process runs and removed after."""
+    import shutil as sh
+
+    probe = subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True) if sh.which("unshare") else None
+    if probe is None or probe.returncode != 0:
+        pytest.skip("cannot create a PID namespace here (needs unshare and the right to use it)")
+    src = os.path.dirname(os.path.dirname(os.path.dirname(shared.__file__)))  # the sparkdp under test
+    code = ("import sys; from pathlib import Path; from sparkdp.data.shared import OwnedDirectory; "
+            "d = OwnedDirectory(Path(sys.argv[1]), 'sparkdp-data-'); print(d.path, flush=True); sys.stdin.read()")
+    owner = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", sys.executable, "-c", code, str(tmp_path)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": src})
+    try:
+        made = tmp_path / os.path.basename(owner.stdout.readline().strip())
+        assert made.name.startswith("sparkdp-data-") and made.is_dir()
+        SharedTensorDir(base=tmp_path).close()
+        assert made.is_dir()
+    finally:
+        owner.stdin.close()
+        owner.wait(10)
+    SharedTensorDir(base=tmp_path).close()
+    assert not made.exists()

@@ -149,7 +149,7 @@ def test_the_monitoring_endpoint_uses_tls_when_the_job_does(tmp_path, monkeypatc
 def test_credentials_in_urls_never_reach_the_run_log_or_mlflow(tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from sparkdp.monitor.sinks import redact
+    from sparkdp.redact import redact
 
     secrets_ = ["AKIAKEYID", "S3CR3T/value", "hunter2", "tok3n", "pw0rd"]
     config = {"checkpoint_dir": "s3://AKIAKEYID:S3CR3T/value@bucket/ckpt", "resume": None,
@@ -235,3 +235,52 @@ def test_a_worker_that_took_no_step_since_its_last_report_adds_nothing_to_the_jo
         assert hub.latest[1]["samples_per_s"] == pytest.approx(640.0)
         assert hub.latest[0]["samples_per_s"] == 0.0
         assert hub._job_record()["samples_per_s"] == pytest.approx(640.0)
+
+
+def _metrics_record(steps: int, at: float) -> dict:
+    return {"type": "metrics", "time": at, "steps": steps, "samples": 32 * steps, "data_s": 0.0,
+            "compute_s": 0.01 * steps, "comm_s": 0.0, "net_sent": 0, "net_recv": 0}
+
+
+def test_a_malformed_record_is_refused_and_the_workers_later_records_still_count(tmp_path, caplog):
+    """Over the real endpoint: a metrics record without ``samples`` is refused with one logged
+    line; the connection stays open and the worker's next records give the right rates."""
+    with MonitorHub(world_size=1, config={}, run_dir=str(tmp_path), display=False) as hub:
+        info = hub.link.info
+        with TcpTransport().connect(info.address, info.secret, 0) as client:
+            client.report(_metrics_record(10, 1.0))
+            broken = _metrics_record(20, 2.0)
+            del broken["samples"]
+            client.report(broken)
+            client.report(_metrics_record(30, 3.0))  # 20 steps of 32 rows in 2 s since the last kept record
+            _wait_for(lambda: hub.latest.get(0, {}).get("steps") == 30)
+        assert hub.latest[0]["samples_per_s"] == pytest.approx(320.0)
+        assert hub.refused == {0: 1}
+    assert "refused monitoring record 1 from worker 0: a 'metrics' record lacks 'samples'" in caplog.text
+    assert [r["steps"] for r in _records(tmp_path, "metrics")] == [10, 30]
+    assert _records(tmp_path, "job")[-1]["samples"] == 960
+
+
+@pytest.mark.parametrize("kind, change", [
+    ("metrics", {"steps": "20"}), ("metrics", {"time": float("nan")}), ("metrics", {"samples": -1}),
+    ("metrics", {"comm_s": float("inf")}), ("metrics", {"steps": True}), ("metrics", {"host": "h" * 300}),
+    ("metrics", {"net_sent": None}), ("epoch", {"epoch": "2"}), ("epoch", {"epoch": None}),
+    ("epoch_start", {"steps_per_epoch": "x"}), ("epoch_start", {"epochs": 0}),
+    ("output", {"text": ["a"]}), ("output", {"stream": "stdin"}), ("server", {"shard": "0"}),
+])
+def test_records_of_the_wrong_type_or_range_are_refused_without_harm(kind, change, capsys):
+    good = {"metrics": _metrics_record(20, 2.0), "epoch": {"type": "epoch", "epoch": 2, "loss": 0.5},
+            "epoch_start": {"type": "epoch_start", "epoch": 2, "epochs": 3, "steps_per_epoch": 10},
+            "output": {"type": "output", "stream": "stdout", "text": "hello\n"},
+            "server": {"type": "server", "shard": 0, "time": 1.0}}
+    with MonitorHub(world_size=2, config={}, display=True, title="job") as hub:
+        hub.display.stream = __import__("sys").stdout
+        hub._on_report(0, _metrics_record(10, 1.0))
+        hub._on_report(0, {"type": "epoch", "epoch": 1, "loss": 1.0})
+        hub._on_report(0, {**good[kind], **change})
+        assert hub.refused == {0: 1}
+        hub._on_report(0, good[kind])  # the same kind, well formed, still works
+        hub._on_report(0, _metrics_record(30, 3.0))
+        assert hub.latest[0]["samples_per_s"] == pytest.approx(320.0)
+        assert [e["epoch"] for e in hub.epochs] == ([1, 2] if kind == "epoch" else [1])
+        assert hub.refused == {0: 1}

@@ -174,3 +174,39 @@ def test_a_loaded_estimator_names_trust_factory_when_its_factory_is_not_trusted(
     with pytest.raises(ConfigError, match=r"loaded or copied.*register it before fitting with "
                                           r"sparkdp.ml.trust_factory"):
         loaded._build_module()
+
+
+def _saved_built_in(tmp_path, name="builtin"):
+    from sparkdp.ml import Model
+    from sparkdp.models import build_model
+
+    model = Model()
+    model.set(model.model, "mlp")
+    model.set(model.modelKwargs, '{"image_size": 2, "hidden": 4}')
+    model.module = build_model("mlp", image_size=2, hidden=4)
+    model.write().overwrite().save(str(tmp_path / name))
+    return tmp_path / name
+
+
+@pytest.mark.timeout(120)
+def test_built_in_model_kwargs_that_would_allocate_terabytes_are_refused_on_load(spark, tmp_path):
+    """Saved metadata edited to a hidden size H = 10^12 is refused before any tensor is allocated:
+    2x2 inputs -> H -> 10 classes is 4H + H + 10H + 10 parameters (60 TB of float32). A model within
+    the limit loads as saved."""
+    import time
+
+    from sparkdp.ml import Model
+
+    folder = _saved_built_in(tmp_path)
+    assert Model.load(str(folder)).module[1].weight.shape == (4, 4)
+    _edit_saved_params(folder, modelKwargs=json.dumps({"image_size": 2, "hidden": 10**12}))
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match=r"'mlp' 15,000,000,000,010 parameters .*MAX_BUILTIN_PARAMETERS"):
+        Model.load(str(folder))
+    assert time.monotonic() - started < 30
+    _edit_saved_params(folder, modelKwargs=json.dumps({"image_size": 2, "hidden": -5}))
+    with pytest.raises(ConfigError, match="cannot be built with modelKwargs"):
+        Model.load(str(folder))
+    _edit_saved_params(folder, modelKwargs=json.dumps({"hidden": [1, 2]}))
+    with pytest.raises(ConfigError, match="built-in models take numbers"):
+        Model.load(str(folder))

@@ -58,6 +58,12 @@ _U64 = (1 << 64) - 1
 #: INT_MAX values, since ``Blob::Reshape`` counts them in an ``int``.
 MAX_BLOB_AXES = 32
 MAX_BLOB_VALUES = (1 << 31) - 1
+#: Limits of sparkdp's own (Caffe has none), far above any published net, so that a file of
+#: tiny empty entries cannot make the decoder build millions of Python objects: layers, blobs in
+#: all, and net-level inputs (``input``, ``input_shape``; ``input_dim`` 4 per input).
+MAX_LAYERS = 100_000
+MAX_BLOBS = 200_000
+MAX_NET_INPUTS = 1024
 
 
 @dataclass
@@ -180,56 +186,75 @@ def signed_varint(v: int) -> int:
     return v - (1 << 64) if v >= 1 << 63 else v
 
 
-def _varints(r: WireReader, start: int, end: int) -> list[int]:
-    out, pos = [], start
-    while pos < end:
+def _varints(r: WireReader, start: int, end: int, room: int | None = None) -> list[int]:
+    """The packed varints in ``[start, end)``; with ``room``, at most ``room + 1`` of them: a
+    caller that finds more than ``room`` refuses the field without decoding the rest."""
+    out: list[int] = []
+    pos = start
+    while pos < end and (room is None or len(out) <= room):
         v, pos = r.varint(pos, end)
         out.append(signed_varint(v))
     return out
 
 
-def _dims(r: WireReader, start: int, end: int) -> list[int]:
-    """BlobShape.dim (int64), packed or not."""
-    dims: list[int] = []
+def _too_many_axes(r: WireReader, at: int, found: int | None = None) -> Exception:
+    """``found`` None: more than allowed, not all counted."""
+    return r.fail(at, f"a blob of at most {MAX_BLOB_AXES} axes (Caffe's kMaxBlobAxes), found "
+                      f"{f'more than {MAX_BLOB_AXES}' if found is None else found}")
+
+
+def _dims(r: WireReader, start: int, end: int, dims: list[int] | None = None) -> list[int]:
+    """BlobShape.dim (int64), packed or not, appended to ``dims``; more than ``MAX_BLOB_AXES``
+    in all are refused before they are decoded."""
+    dims = [] if dims is None else dims
     for number, wire, a, b, tag_at in r.fields(start, end):
-        if number == 1 and wire == LEN:
-            dims.extend(_varints(r, a, b))
-        elif number == 1 and wire == VARINT:
-            dims.append(signed_varint(a))
+        if number == 1 and wire in (LEN, VARINT):
+            dims.extend(_varints(r, a, b, MAX_BLOB_AXES - len(dims)) if wire == LEN else [signed_varint(a)])
+            if len(dims) > MAX_BLOB_AXES:
+                raise _too_many_axes(r, start)
         elif number == 1:
             raise r.fail(tag_at, f"BlobShape.dim as varints, found wire type {wire}")
     return dims
 
 
-def read_floats(r: WireReader, wire: int, start: int, end: int, dtype: str, tag_at: int, what: str) -> np.ndarray:
-    """A packed (LEN) or single unpacked (fixed-width) run of floats/doubles."""
-    size = np.dtype(dtype).itemsize
+def count_floats(r: WireReader, wire: int, start: int, end: int, dtype: str, tag_at: int, what: str) -> int:
+    """How many values a packed (LEN) or single unpacked (fixed-width) run of floats/doubles holds."""
+    size = 4 if dtype == "<f4" else 8
     fixed = I32 if size == 4 else I64
     if wire not in (LEN, fixed):
         raise r.fail(tag_at, f"{what} as packed or {WIRE_NAMES[fixed]} values, found wire type {wire}")
     if (end - start) % size:
         raise r.fail(start, f"{what}: a multiple of {size} bytes, found {end - start}")
-    return np.frombuffer(r.buf, dtype=dtype, count=(end - start) // size, offset=start)
+    return (end - start) // size
+
+
+def read_floats(r: WireReader, wire: int, start: int, end: int, dtype: str, tag_at: int, what: str) -> np.ndarray:
+    """A packed (LEN) or single unpacked (fixed-width) run of floats/doubles."""
+    count = count_floats(r, wire, start, end, dtype, tag_at, what)
+    return np.frombuffer(r.buf, dtype=dtype, count=count, offset=start)
+
+
+_VALUE_FIELDS = {5: ("<f4", "BlobProto.data"), 8: ("<f8", "BlobProto.double_data")}
 
 
 def _blob(r: WireReader, start: int, end: int) -> tuple[np.ndarray, bool]:
-    floats: list[np.ndarray] = []
-    doubles: list[np.ndarray] = []
+    # Two passes: the first reads the shape and counts the values, the second copies them into
+    # one array of the declared size. Keeping a view per field instead would cost ~100 bytes of
+    # memory per 5-byte unpacked value before the count could be checked.
+    counts = {5: 0, 8: 0}
     legacy: dict[int, int] = {}
     dims: list[int] | None = None
     for number, wire, a, b, tag_at in r.fields(start, end):
         if number in (1, 2, 3, 4):  # num, channels, height, width
             r.expect(wire, VARINT, number, "BlobProto", tag_at)
             legacy[number] = signed_varint(a)
-        elif number == 5:
-            floats.append(read_floats(r, wire, a, b, "<f4", tag_at, "BlobProto.data"))
-        elif number == 8:
-            doubles.append(read_floats(r, wire, a, b, "<f8", tag_at, "BlobProto.double_data"))
+        elif number in _VALUE_FIELDS:
+            dtype, what = _VALUE_FIELDS[number]
+            counts[number] += count_floats(r, wire, a, b, dtype, tag_at, what)
         elif number == 7:
             r.expect(wire, LEN, number, "BlobProto", tag_at)
             # extend in place: a file may repeat the field many times (protobuf merges them)
-            dims = dims if dims is not None else []
-            dims.extend(_dims(r, a, b))
+            dims = _dims(r, a, b, dims)
     is_legacy = bool(legacy)
     if is_legacy:  # Blob::FromProto: any legacy field -> 4-D, absent ones are 0
         shape = tuple(legacy.get(k, 0) for k in (1, 2, 3, 4))
@@ -237,17 +262,18 @@ def _blob(r: WireReader, start: int, end: int) -> tuple[np.ndarray, bool]:
         shape = tuple(dims or ())
     count = _blob_count(r, start, shape)
     # Blob::FromProto: double_data wins when non-empty.
-    use_double = any(len(d) for d in doubles)
-    parts = doubles if use_double else floats
-    if len(parts) == 1:
-        values = parts[0]
-    else:
-        values = np.concatenate(parts) if parts else np.zeros(0, dtype="<f4")
-    if values.size != count:
-        raise r.fail(start, f"a blob with {count} values for shape {shape}, found {values.size}")
-    # Copy: frombuffer views are read-only and would keep the whole file alive.
-    dtype = np.float64 if use_double else np.float32
-    return values.astype(dtype, copy=True).reshape(shape), is_legacy
+    use = 8 if counts[8] else 5
+    if counts[use] != count:
+        raise r.fail(start, f"a blob with {count} values for shape {shape}, found {counts[use]}")
+    # A copy: frombuffer views are read-only and would keep the whole file alive.
+    values = np.empty(count, dtype=np.float64 if use == 8 else np.float32)
+    filled = 0
+    for number, wire, a, b, tag_at in r.fields(start, end):
+        if number == use:
+            part = read_floats(r, wire, a, b, _VALUE_FIELDS[use][0], tag_at, _VALUE_FIELDS[use][1])
+            values[filled:filled + part.size] = part
+            filled += part.size
+    return values.reshape(shape), is_legacy
 
 
 def _blob_count(r: WireReader, start: int, shape: tuple[int, ...]) -> int:
@@ -257,7 +283,7 @@ def _blob_count(r: WireReader, start: int, shape: tuple[int, ...]) -> int:
     multiplying to 2**64 would count as 0 values and pass for an empty blob.
     """
     if len(shape) > MAX_BLOB_AXES:
-        raise r.fail(start, f"a blob of at most {MAX_BLOB_AXES} axes (Caffe's kMaxBlobAxes), found {len(shape)}")
+        raise _too_many_axes(r, start, len(shape))
     if any(d < 0 for d in shape):
         raise r.fail(start, f"non-negative blob dimensions, found shape {shape}")
     # The non-zero dimensions too: an empty blob of shape (0, 2**40, 2**40) holds nothing, but
@@ -268,7 +294,26 @@ def _blob_count(r: WireReader, start: int, shape: tuple[int, ...]) -> int:
     return math.prod(shape)
 
 
-def _layer(r: WireReader, start: int, end: int, version: str) -> CaffeLayerBlobs:
+@dataclass
+class _Budget:
+    """What one file may still declare (``MAX_LAYERS``, ``MAX_BLOBS``), checked as entries are met."""
+
+    layers: int = MAX_LAYERS
+    blobs: int = MAX_BLOBS
+
+    def take_layer(self, r: WireReader, at: int) -> None:
+        self.layers -= 1
+        if self.layers < 0:
+            raise r.fail(at, f"at most {MAX_LAYERS:,} layers (sparkdp's limit; no published net comes close)")
+
+    def take_blob(self, r: WireReader, at: int) -> None:
+        self.blobs -= 1
+        if self.blobs < 0:
+            raise r.fail(at, f"at most {MAX_BLOBS:,} blobs in all layers (sparkdp's limit; "
+                             "no published net comes close)")
+
+
+def _layer(r: WireReader, start: int, end: int, version: str, budget: _Budget) -> CaffeLayerBlobs:
     # Field numbers of name/type/blobs in LayerParameter (V2), V1LayerParameter and V0.
     name_f, type_f, blobs_f = {"V2": (1, 2, 7), "V1": (4, 5, 6), "V0": (1, 2, 50)}[version]
     layer = CaffeLayerBlobs(name="", type="")
@@ -287,12 +332,13 @@ def _layer(r: WireReader, start: int, end: int, version: str) -> CaffeLayerBlobs
                 layer.type = _V0_LAYER_TYPES.get(raw, raw) if version == "V0" else raw
         elif number == blobs_f:
             r.expect(wire, LEN, number, f"{version} layer blobs", tag_at)
+            budget.take_blob(r, tag_at)
             blob, legacy = _blob(r, a, b)
             layer.blobs.append(blob)
             layer.legacy_4d.append(legacy)
         elif number == 1 and version == "V1":  # V0 layer nested in a V1 `layers`
             r.expect(wire, LEN, number, "V0 layer", tag_at)
-            v0 = _layer(r, a, b, "V0")
+            v0 = _layer(r, a, b, "V0", budget)
     if v0 is not None:  # UpgradeV0Net: the V0 sub-message holds name/type/blobs
         return v0
     return layer
@@ -305,6 +351,7 @@ def decode_net(data: bytes | memoryview, source: str = "<bytes>") -> DecodedNet:
         CaffemodelError: truncated/corrupt data, or both V1 and V2 layers present.
     """
     r = WireReader(data, source)
+    budget = _Budget()
     name, v2, v1 = "", [], []
     inputs: list[str] = []
     input_dims: list[int] = []
@@ -315,22 +362,34 @@ def decode_net(data: bytes | memoryview, source: str = "<bytes>") -> DecodedNet:
             name = r.string(a, b)
         elif number == 100:
             r.expect(wire, LEN, number, "NetParameter layer", tag_at)
-            v2.append(_layer(r, a, b, "V2"))
+            budget.take_layer(r, tag_at)
+            v2.append(_layer(r, a, b, "V2", budget))
         elif number == 2:
             r.expect(wire, LEN, number, "NetParameter layers (V1)", tag_at)
+            budget.take_layer(r, tag_at)
             v1.append((a, b))
         elif number == 3:
             r.expect(wire, LEN, number, "NetParameter input", tag_at)
+            if len(inputs) == MAX_NET_INPUTS:
+                raise r.fail(tag_at, f"at most {MAX_NET_INPUTS} net inputs (sparkdp's limit)")
             inputs.append(r.string(a, b))
         elif number == 4:  # input_dim: int32, packed or not
             if wire not in (LEN, VARINT):
                 raise r.fail(tag_at, f"NetParameter input_dim as varints, found wire type {wire}")
-            input_dims += _varints(r, a, b) if wire == LEN else [signed_varint(a)]
+            room = 4 * MAX_NET_INPUTS - len(input_dims)
+            input_dims += _varints(r, a, b, room) if wire == LEN else [signed_varint(a)]
+            if len(input_dims) > 4 * MAX_NET_INPUTS:
+                raise r.fail(tag_at, f"at most {4 * MAX_NET_INPUTS} input_dim values (4 for each of at most "
+                                     f"{MAX_NET_INPUTS} inputs), found more")
         elif number == 8:
             r.expect(wire, LEN, number, "NetParameter input_shape", tag_at)
+            if len(input_shapes) == MAX_NET_INPUTS:
+                raise r.fail(tag_at, f"at most {MAX_NET_INPUTS} input_shape entries (sparkdp's limit)")
             input_shapes.append(tuple(_dims(r, a, b)))
     if not input_shapes and input_dims:  # legacy: 4 dims (N, C, H, W) per input
         input_shapes = [tuple(input_dims[i : i + 4]) for i in range(0, len(input_dims), 4)]
+    for shape in input_shapes:  # an input is a blob: Caffe's blob limits hold for its shape
+        _blob_count(r, 0, shape)
     if v1 and v2:
         raise CaffemodelError(
             f"{source}: the file has both V1 `layers` and V2 `layer` entries; Caffe refuses such "
@@ -338,7 +397,7 @@ def decode_net(data: bytes | memoryview, source: str = "<bytes>") -> DecodedNet:
         )
     if v2:
         return DecodedNet(name, v2, "V2", inputs, input_shapes)
-    layers = [_layer(r, a, b, "V1") for a, b in v1]
+    layers = [_layer(r, a, b, "V1", budget) for a, b in v1]
     v0 = any(_has_v0(r, a, b) for a, b in v1)
     return DecodedNet(name, layers, "V0" if v0 else "V1", inputs, input_shapes)
 

@@ -38,14 +38,24 @@ Example:
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from ..errors import DataError
 from .caffemodel import I32, LEN, VARINT, WireReader, len_field, read_floats, signed_varint, varint_bytes
 
-__all__ = ["Datum", "datum_array", "decode_datum", "encode_datum", "parse_datum"]
+__all__ = ["MAX_IMAGE_PIXELS", "Datum", "datum_array", "decode_datum", "encode_datum", "encoded_size", "parse_datum"]
+
+#: The most pixels (height × width) an encoded image may declare. Its header is read first and a
+#: larger image is refused before it is decoded: Pillow's own bomb check only starts at ~179 Mpx
+#: (a 160 KiB PNG of one colour can decode to hundreds of MiB below that). 2^24 is 4096×4096,
+#: far above what Caffe nets train on; raise it here for larger images. A source checks every
+#: record after the first against the net's input size, read from the header too.
+MAX_IMAGE_PIXELS = 1 << 24
 
 @dataclass
 class Datum:
@@ -127,30 +137,20 @@ def parse_datum(record: bytes | memoryview, source: str = "<Datum>") -> Datum:
     return datum
 
 
-def _image(data: bytes | memoryview, color: bool | None, source: str) -> np.ndarray:
-    """An encoded image as C×H×W uint8, channels as OpenCV orders them (BGR/BGRA)."""
+def encoded_size(datum: Datum, source: str = "<Datum>") -> tuple[int, int]:
+    """``(height, width)`` of an encoded Datum's image, from its header alone (nothing is decoded)."""
+    with _opened(datum.data, source) as img:
+        return img.height, img.width
+
+
+@contextmanager
+def _opened(data: bytes | memoryview, source: str) -> Iterator[Any]:
+    """The image in ``data`` opened lazily (header read, pixels not yet decoded); Pillow's errors as DataError."""
     from PIL import Image, UnidentifiedImageError
 
     try:
         with Image.open(io.BytesIO(bytes(data))) as img:
-            img.load()
-            mode = img.mode
-            if color is True:
-                img = img.convert("RGB")
-            elif color is False:
-                img = img.convert("L")
-            elif mode in ("1", "L"):
-                img = img.convert("L")
-            elif mode in ("RGBA", "LA", "PA") or (mode == "P" and "transparency" in img.info):
-                img = img.convert("RGBA")
-            elif mode in ("RGB", "P", "CMYK", "YCbCr", "LAB", "HSV"):
-                img = img.convert("RGB")
-            else:
-                raise DataError(
-                    f"{source}: encoded image of mode {mode!r}; Caffe's Data layer takes 8-bit images only "
-                    "(CV_8U): store 8-bit grey or colour JPEG/PNG files."
-                )
-            arr = np.asarray(img)
+            yield img
     except Image.DecompressionBombError as exc:
         # a few bytes of header can declare billions of pixels; Pillow refuses to allocate them
         raise DataError(
@@ -164,6 +164,35 @@ def _image(data: bytes | memoryview, color: bool | None, source: str) -> np.ndar
             f"{source}: the Datum is marked encoded but its data is not a readable image ({exc}); "
             "encoded Datums hold a whole JPEG or PNG file."
         ) from exc
+
+
+def _image(data: bytes | memoryview, color: bool | None, source: str) -> np.ndarray:
+    """An encoded image as C×H×W uint8, channels as OpenCV orders them (BGR/BGRA)."""
+    with _opened(data, source) as img:
+        if img.width * img.height > MAX_IMAGE_PIXELS:
+            raise DataError(
+                f"{source}: the Datum's encoded image is {img.width}×{img.height} pixels, more than "
+                f"sparkdp.caffe.datum.MAX_IMAGE_PIXELS ({MAX_IMAGE_PIXELS:,}); refused before decoding. Store "
+                "smaller images (convert_imageset --resize_height/--resize_width), or raise that limit."
+            )
+        img.load()
+        mode = img.mode
+        if color is True:
+            img = img.convert("RGB")
+        elif color is False:
+            img = img.convert("L")
+        elif mode in ("1", "L"):
+            img = img.convert("L")
+        elif mode in ("RGBA", "LA", "PA") or (mode == "P" and "transparency" in img.info):
+            img = img.convert("RGBA")
+        elif mode in ("RGB", "P", "CMYK", "YCbCr", "LAB", "HSV"):
+            img = img.convert("RGB")
+        else:
+            raise DataError(
+                f"{source}: encoded image of mode {mode!r}; Caffe's Data layer takes 8-bit images only "
+                "(CV_8U): store 8-bit grey or colour JPEG/PNG files."
+            )
+        arr = np.asarray(img)
     if arr.ndim == 2:
         return arr[None]
     if arr.shape[2] == 3:

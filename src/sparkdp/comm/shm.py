@@ -31,12 +31,11 @@ import logging
 import os
 import secrets
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
-from ..data.shared import remove_orphans
+from ..data.shared import OwnedDirectory, remove_orphans
 from .base import Collective
 
 log = logging.getLogger(__name__)
@@ -81,7 +80,7 @@ class SharedMemoryReducer:
         if collective.rank == 0:
             directory, token, slot_bytes = _create(world, slot_bytes)
             if directory is not None:
-                encoded = f"{directory / 'slots'}\n{token}\n{slot_bytes}".encode()
+                encoded = f"{directory.path / 'slots'}\n{token}\n{slot_bytes}".encode()
                 message[:len(encoded)] = torch.frombuffer(bytearray(encoded), dtype=torch.uint8)
         collective.broadcast(message, src=0)
         opened = _open(bytes(message.tolist()).rstrip(b"\0").decode())
@@ -90,7 +89,7 @@ class SharedMemoryReducer:
         # it; and either every rank read rank 0's token or none uses the mapping.
         collective.all_reduce(ok, "min")
         if directory is not None:
-            shutil.rmtree(directory, ignore_errors=True)
+            directory.remove()
         if ok.item() < 1 or opened is None:
             log.info("rank %d: ranks do not share /dev/shm; all-reducing over the process group",
                      collective.rank)
@@ -132,7 +131,7 @@ class SharedMemoryReducer:
         self.collective.all_reduce(self._tick, "sum")
 
 
-def _create(world: int, wanted_slot_bytes: int) -> tuple[Path | None, str, int]:
+def _create(world: int, wanted_slot_bytes: int) -> tuple[OwnedDirectory | None, str, int]:
     """Rank 0: a private directory holding a zero-filled file of ``2 * world`` slots and a token.
 
     Slots shrink (more chunks per tensor) when /dev/shm is small (Docker gives containers
@@ -145,10 +144,14 @@ def _create(world: int, wanted_slot_bytes: int) -> tuple[Path | None, str, int]:
         log.info("/dev/shm has %d MiB free, too little for the shared-memory all-reduce", free >> 20)
         return None, "", 0
     remove_orphans(SHM_DIR, _PREFIX)
-    directory = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=SHM_DIR))
     token = secrets.token_hex(16)
     try:
-        fd = os.open(directory / "slots", os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        directory = OwnedDirectory(SHM_DIR, _PREFIX)  # its lock keeps other jobs' remove_orphans off it
+    except OSError as exc:
+        log.info("could not create the shared-memory all-reduce directory: %s", exc)
+        return None, "", 0
+    try:
+        fd = os.open(directory.path / "slots", os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
             os.ftruncate(fd, _HEADER + 2 * world * slot_bytes)
             os.pwrite(fd, token.encode(), 0)
@@ -156,7 +159,7 @@ def _create(world: int, wanted_slot_bytes: int) -> tuple[Path | None, str, int]:
             os.close(fd)
     except OSError as exc:
         log.info("could not create the shared-memory all-reduce file: %s", exc)
-        shutil.rmtree(directory, ignore_errors=True)
+        directory.remove()
         return None, "", 0
     return directory, token, slot_bytes
 

@@ -10,11 +10,17 @@ the closure carries only ``(path, dtype, shape)``. Workers map the file copy-on-
 so all of them read the same pages and nobody copies the data.
 
 The files live in a private (0700) directory that the driver removes when the job
-ends; a directory left by a driver that was killed is removed by the next one.
+ends; a directory left by a driver that was killed is removed by the next one. Whether its
+owner still runs is asked of the directory itself, not of a process id: the owner holds an
+``flock`` on a lock file inside it for as long as it lives (the kernel drops it when the
+process dies, however it dies). A process id would be wrong across PID namespaces —
+containers sharing ``/dev/shm`` and a uid see each other's directories but not each other's
+processes — and after the id is reused.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import math
 import os
@@ -36,6 +42,8 @@ log = logging.getLogger(__name__)
 MIN_SHARED_BYTES = 1 << 20
 _SHM = Path("/dev/shm")
 _PREFIX = "sparkdp-data-"
+#: the file in an owned directory that its owner keeps flock-ed while it lives
+LOCK_FILE = ".owner.lock"
 
 
 @dataclass(frozen=True)
@@ -61,13 +69,34 @@ class MappedTensor:
         return flat.view(self.shape)
 
 
+class OwnedDirectory:
+    """A private (0700) directory ``<root>/<prefix><pid>-*`` that this process holds a lock in
+    until :meth:`remove`; :func:`remove_orphans` deletes only those whose lock nobody holds."""
+
+    def __init__(self, root: Path, prefix: str) -> None:
+        self.path = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=root))
+        try:
+            self._lock: int | None = os.open(self.path / LOCK_FILE, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            shutil.rmtree(self.path, ignore_errors=True)
+            raise
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+        if self._lock is not None:
+            os.close(self._lock)  # after the removal: until then the directory is visibly in use
+            self._lock = None
+
+
 class SharedTensorDir:
     """A private directory of tensor files for one job; :meth:`close` deletes it."""
 
     def __init__(self, base: str | os.PathLike | None = None, expected_bytes: int = 0) -> None:
         root = Path(base) if base is not None else _default_base(expected_bytes)
         remove_orphans(root)
-        self.path = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=root))
+        self._owned = OwnedDirectory(root, _PREFIX)
+        self.path = self._owned.path
         self._count = 0
 
     def share(self, tensor: torch.Tensor) -> MappedTensor:
@@ -79,7 +108,7 @@ class SharedTensorDir:
         return MappedTensor(str(path), str(t.dtype).removeprefix("torch."), tuple(t.shape))
 
     def close(self) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
+        self._owned.remove()
 
 
 def _default_base(expected_bytes: int) -> Path:
@@ -93,25 +122,32 @@ def _default_base(expected_bytes: int) -> Path:
 
 
 def remove_orphans(root: Path, prefix: str = _PREFIX) -> None:
-    """Delete ``<prefix><pid>-*`` directories a killed process left behind (that pid is gone)."""
+    """Delete this user's ``<prefix><pid>-*`` directories whose owner no longer runs: those whose
+    lock file (:class:`OwnedDirectory`) this process can lock. One without a lock file is being
+    created, or was not made by this code: it is left alone."""
     pattern = re.compile(re.escape(prefix) + r"(\d+)-")
     try:
         candidates = list(root.glob(f"{prefix}*"))
     except OSError:
         return
     for entry in candidates:
-        match = pattern.match(entry.name)
-        if not match or not entry.is_dir():
+        if not pattern.match(entry.name) or not entry.is_dir():
             continue
         try:
             if entry.stat().st_uid != os.getuid():
                 continue
-            os.kill(int(match.group(1)), 0)
-        except ProcessLookupError:
+            fd = os.open(entry / LOCK_FILE, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # held: its owner runs (in this PID namespace or another)
+        else:
             log.info("removing %s, left by a sparkdp process that no longer runs", entry)
             shutil.rmtree(entry, ignore_errors=True)
-        except (OSError, ValueError):
-            continue
+        finally:
+            os.close(fd)
 
 
 @contextmanager

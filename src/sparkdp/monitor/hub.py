@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from .display import Display
 from .probe import MonitorLink
+from .records import KINDS, problem
 from .sinks import MlflowSink, RunLog, TensorBoardSink
 from .stragglers import StragglerDetector
 
@@ -41,8 +42,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_KINDS = {"metrics", "epoch_start", "epoch", "output", "server"}
-_STREAMS = ("stdout", "stderr")
+#: refused records logged at WARNING per worker; later ones at DEBUG, so a faulty worker cannot flood the log
+WARN_REFUSED = 5
 #: a line longer than this without a line end is shown in pieces of this size
 MAX_PENDING_CHARS = 1 << 20
 _LINE_END = re.compile(r"\r\n|\n|\r")
@@ -86,6 +87,8 @@ class MonitorHub:
         self.detector = StragglerDetector(world_size, comm_is_own=comm_is_own)
         self._lock = threading.Lock()
         self._lines: dict[tuple[int, str], str] = {}
+        #: per worker, how many of its records were refused (``sparkdp.monitor.records``)
+        self.refused: dict[int, int] = {}
         self.sinks: list[Any] = []
         if run_dir is not None:
             self.sinks.append(RunLog(run_dir, {"config": config, "world_size": world_size}))
@@ -146,23 +149,25 @@ class MonitorHub:
     # -- records ----------------------------------------------------------------------------
     def _on_report(self, worker: int, record: dict[str, Any]) -> None:
         kind = record.get("type")
-        if kind not in _KINDS:
+        if kind not in KINDS:
             log.debug("ignoring a monitoring record of unknown type %r from worker %d", kind, worker)
+            return
+        wrong = problem(record)
+        if wrong is not None:  # refused before anything is kept, so it cannot break the worker's later records
+            with self._lock:
+                self.refused[worker] = count = self.refused.get(worker, 0) + 1
+            log.log(logging.WARNING if count <= WARN_REFUSED else logging.DEBUG,
+                    "refused monitoring record %d from worker %d: %s", count, worker, wrong)
             return
         record = {**record, "rank": worker}  # the authenticated id, not the claimed one
         with self._lock:
             if kind == "metrics":
                 self._metrics(record)
             elif kind == "output":
-                stream = record.get("stream", "stdout")
-                if stream not in _STREAMS:
-                    log.debug("ignoring output of worker %d on stream %r (only stdout, stderr)", worker, stream)
-                    return
-                self._output(worker, stream, str(record.get("text", "")))
+                self._output(worker, record.get("stream", "stdout"), record["text"])
             elif kind == "server":
-                if type(record.get("shard")) is int:
-                    self.servers[record["shard"]] = record
-                    self._emit(record)
+                self.servers[record["shard"]] = record
+                self._emit(record)
             elif kind == "epoch":
                 if self.epochs and record.get("epoch", 0) <= self.epochs[-1].get("epoch", 0):
                     # a retried worker redoing an epoch already reported: kept in the run log, not shown again

@@ -10,39 +10,16 @@ import json
 import logging
 import os
 import platform
-import re
 import time
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..redact import redact
 
 log = logging.getLogger(__name__)
 
 RUN_LOG = "run.jsonl"
-
-# user:password@ in any URL (s3://KEY:SECRET@bucket, https://user:pw@mlflow-host, spark://u:p@host); a
-# '/' is allowed before the '@' because cloud secret keys contain it unencoded (a path with an '@' in it
-# is redacted too: better a log shows too little than a key)
-_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)[^@?#\s]*@")
-# credentials passed as query parameters (presigned URLs, SAS tokens, ?password=): any parameter whose
-# name contains one of these words (access_token, X-Goog-Signature, X-Amz-Security-Token, client_secret)
-_SECRET_QUERY = re.compile(r"(?i)(?P<key>[?&;][\w.\-]*?(?:passw(?:or)?d|pwd|secret|token|signature|sig|"
-                           r"credential|api[_\-]?key|access[_\-]?key|sas)[\w.\-]*=)[^&;#\s]*")
-
-
-def redact(value: Any) -> Any:
-    """``value`` with the credentials in any URL it holds replaced by ``***`` (strings inside
-    dicts, lists and tuples too): what run logs and MLflow keep is read by more people than
-    the job's own settings."""
-    if isinstance(value, str):
-        return _SECRET_QUERY.sub(r"\g<key>***", _USERINFO.sub(r"\g<scheme>***@", value))
-    if isinstance(value, dict):
-        return {k: redact(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(redact(v) for v in value)
-    return value
-
 
 def versions() -> dict[str, str]:
     """The versions a run log's header records."""

@@ -10,6 +10,7 @@ import subprocess
 from urllib.parse import urlparse
 
 from ..errors import EnvironmentProblem
+from ..redact import redact
 
 MIN_JAVA = 17
 
@@ -64,7 +65,7 @@ def check_master_reachable(master: str, timeout_s: float = 5.0) -> None:
             reason = exc.strerror or str(exc)
             last = f"{host}:{port} ({reason})"
     raise EnvironmentProblem(
-        f"Cannot reach the Spark master {master!r}: tried {last}. "
+        f"Cannot reach the Spark master {redact(master)!r}: tried {last}. "
         "Check the URL (host and port of `spark-class org.apache.spark.deploy.master.Master`), "
         "that the master is running, and that no firewall blocks the port; "
         "or leave --master unset to use the embedded local[N] Spark."

@@ -54,6 +54,10 @@ from .predict import predict
 _MODULE_FILE, _DESC_FILE = "module.safetensors", "module.json"
 _TRUSTED: set[str] = set()  # 'module:qualname' of the factories this process may import and call
 _TRUSTED_LOCK = threading.Lock()
+#: The most parameters a built-in model may have (2^30: 4 GiB of float32, ~300 times the largest
+#: default). Its keyword arguments are JSON that a saved model's metadata may carry from anyone who
+#: could write the directory, and ``{"hidden": 1000000000000}`` would allocate terabytes on load.
+MAX_BUILTIN_PARAMETERS = 1 << 30
 
 
 def trust_factory(factory: Callable[..., nn.Module] | str) -> Callable[..., nn.Module] | str:
@@ -152,9 +156,36 @@ class _SparkdpParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasSeed):
         if not self.isDefined(self.model):
             raise ConfigError("no network given: set model= to a built-in name (see sparkdp.models.MODELS) "
                               "or moduleFactory='package.module:function'.")
-        from ..models import MODELS
+        return _built_in(self.getOrDefault(self.model), self._json(self.modelKwargs))
 
-        return MODELS.create(self.getOrDefault(self.model), **self._json(self.modelKwargs))
+
+def _built_in(name: str, kwargs: dict[str, Any]) -> nn.Module:
+    """Built-in model ``name``, once its size with ``kwargs`` is known to be within ``MAX_BUILTIN_PARAMETERS``:
+    it is first built on PyTorch's meta device, which records shapes and allocates nothing."""
+    import torch
+
+    from ..models import MODELS
+
+    for key, value in kwargs.items():
+        if not isinstance(value, (int, float, str)):
+            raise ConfigError(f"modelKwargs {key!r} of the built-in model {name!r} is {json.dumps(value)[:60]}; "
+                              "built-in models take numbers (and strings) only.")
+    try:
+        with torch.device("meta"):
+            shapes = MODELS.create(name, **kwargs)
+        count = sum(p.numel() for p in shapes.parameters())
+    except ConfigError:
+        raise
+    except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
+        raise ConfigError(f"the built-in model {name!r} cannot be built with modelKwargs {json.dumps(kwargs)[:200]}: "
+                          f"{exc}. Give positive sizes its factory takes (see sparkdp.models.MODELS).") from exc
+    if count > MAX_BUILTIN_PARAMETERS:
+        raise ConfigError(
+            f"modelKwargs {json.dumps(kwargs)[:200]} give the built-in model {name!r} {count:,} parameters "
+            f"({count * 4 / 2**30:,.0f} GiB of float32), more than sparkdp.spark.ml.MAX_BUILTIN_PARAMETERS "
+            f"({MAX_BUILTIN_PARAMETERS:,}); refused before allocating. Check the model's saved params (its "
+            "metadata may have been edited), or give a network that large as a trusted moduleFactory.")
+    return MODELS.create(name, **kwargs)
 
 
 def _factory(path: str) -> Callable[..., nn.Module]:

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..redact import redact
 from .environment import check_java, check_master_reachable
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,7 @@ def session(master: str | None = None, *, app_name: str = "sparkdp", conf: Mappi
     settings.update(conf or {})
     if connect:
         return _local_connect_session(master, app_name, settings, warm_up)
-    log.info("starting Spark (%s)", master)
+    log.info("starting Spark (%s)", redact(master))
     # What SparkSession.builder.getOrCreate() does, in two steps: the warm-up job needs only
     # the SparkContext, so it runs while the JVM builds the SparkSession (about 2.7 s here).
     sc = SparkContext.getOrCreate(SparkConf().setMaster(master).setAppName(app_name).setAll(list(settings.items())))
@@ -146,7 +147,7 @@ def _remote_session(remote: str, app_name: str, conf: Mapping[str, str] | None):
     own settings (e.g. by start-connect-server.sh), so only the caller's runtime settings apply."""
     from pyspark.sql.connect.session import SparkSession as ConnectSession
 
-    log.info("connecting to Spark Connect at %s", remote)
+    log.info("connecting to Spark Connect at %s", redact(remote))
     # PySpark's generic builder refuses a Connect client while this process has a classic
     # SparkContext; the Connect builder does not. Mark the process as Connect as that builder
     # would: PySpark's functions and ML classes choose their Connect implementation by it.
@@ -160,7 +161,7 @@ def _local_connect_session(master: str, app_name: str, settings: dict[str, str],
     does not read ``spark.pyspark.python``), which ``_set_python_env`` has set."""
     from pyspark.sql import SparkSession
 
-    log.info("starting Spark with a local Spark Connect server (%s)", master)
+    log.info("starting Spark with a local Spark Connect server (%s)", redact(master))
     builder = SparkSession.builder.master(master).appName(app_name).config(map={"spark.api.mode": "connect", **settings})
     with warnings.catch_warnings():
         # The server takes every setting at its start; the client then tries the static ones again as

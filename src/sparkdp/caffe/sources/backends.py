@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import struct
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -80,12 +81,57 @@ def resolve_path(path: str, base_dirs: Sequence[Path], what: str, where: str, hi
 # ----------------------------------------------------------------------- readers
 
 
+# LMDB's meta pages (pages 0 and 1; lmdb.h's MDB_meta after a 16-byte page header, 64-bit
+# little-endian builds): magic, version, then the main tree's root and the last page in use.
+_LMDB_MAGIC, _LMDB_VERSION = 0xBEEFC0DE, 1
+_META = struct.Struct("<II")  # at 16: mm_magic, mm_version
+_PAGE_SIZE_AT, _LAST_PAGE_AT, _TXN_AT = 40, 136, 144  # mm_dbs[FREE_DBI].md_pad holds the page size
+
+
+def check_lmdb_file(path: str) -> None:
+    """Refuse an LMDB whose meta pages claim pages beyond the end of its file.
+
+    LMDB maps ``data.mdb`` and follows its page numbers without reading them through the file
+    system: a page past the file's end is a SIGBUS that kills the whole worker process (no
+    Python exception), which a truncated copy or an edited meta page would cause. LMDB itself
+    refuses page numbers above the meta page's last page, so a file that holds every page up
+    to it cannot make LMDB read past its end through the tree.
+    """
+    data_file = os.path.join(path, "data.mdb") if os.path.isdir(path) else path
+    try:
+        with open(data_file, "rb") as handle:
+            head = handle.read(16 + _TXN_AT)
+            size = os.fstat(handle.fileno()).st_size
+            magic, version = _META.unpack_from(head, 16) if len(head) >= 24 else (0, 0)
+            page = struct.unpack_from("<I", head, _PAGE_SIZE_AT)[0] if len(head) > _PAGE_SIZE_AT + 4 else 0
+            if magic != _LMDB_MAGIC or version != _LMDB_VERSION or not 512 <= page <= 65536 or page & (page - 1):
+                raise DataError(
+                    f"{data_file!r} is not an LMDB data file this reader knows (magic {magic:#x}, version "
+                    f"{version}, page size {page}; expected {_LMDB_MAGIC:#x}, {_LMDB_VERSION}, a power of 2): "
+                    "is it damaged, or written on a 32-bit or big-endian machine?")
+            handle.seek(page)
+            second = handle.read(16 + _TXN_AT)
+    except OSError as exc:
+        raise DataError(f"cannot read LMDB {data_file!r}: {exc.strerror or exc}") from exc
+    for at, meta in ((0, head), (page, second)):
+        if len(meta) < _TXN_AT + 8:
+            raise DataError(f"LMDB {data_file!r} is {size:,} bytes, too short for its two meta pages: "
+                            "a truncated copy? Copy the database again.")
+        last = struct.unpack_from("<Q", meta, _LAST_PAGE_AT)[0]
+        if (last + 1) * page > size:
+            raise DataError(
+                f"LMDB {data_file!r} is {size:,} bytes but its meta page at byte {at} uses pages up to "
+                f"{last:,} of {page} bytes ({(last + 1) * page:,} bytes): a truncated copy or a damaged file, "
+                "which LMDB would read past its end and crash the worker. Copy the database again.")
+
+
 class LMDBReader:
     """Read-only LMDB access for one rank: block scans from a first key."""
 
     def __init__(self, path: str) -> None:
         lmdb = optional_module("lmdb")
         self.path = path
+        check_lmdb_file(path)
         try:
             self.env = lmdb.open(path, readonly=True, lock=False, subdir=os.path.isdir(path))
         except lmdb.Error as exc:

@@ -13,7 +13,7 @@ import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -21,7 +21,7 @@ import torch
 from ...data.shuffle import UnitData
 from ...errors import ConfigError, DataError
 from ..caffemodel import MAX_BLOB_AXES, MAX_BLOB_VALUES
-from ..datum import datum_array, parse_datum
+from ..datum import datum_array, encoded_size, parse_datum
 from .backends import (
     LevelDBReader,
     LMDBReader,
@@ -176,18 +176,24 @@ class DatumDBSource(CaffeDataSource):
         arrays, labels = [], np.empty(len(records), dtype=np.int64)
         for i, (key, value) in enumerate(records):
             datum = parse_datum(value, self._name(key))
+            if datum.encoded:  # the image's size from its header: one of another size is refused undecoded
+                height, width = encoded_size(datum, self._name(key))
+                if (height, width) != self.record_shape[1:]:
+                    self._wrong_size(key, f"{height}×{width} (H×W)")
             arr = datum_array(datum, color=self.transform.color, source=self._name(key))
             if arr.shape != self.record_shape:
-                raise DataError(
-                    f"{self._name(key)} is {'×'.join(map(str, arr.shape))} (C×H×W) but the net's input, built "
-                    f"from the first record, is {'×'.join(map(str, self.record_shape))}; Caffe's Data layer needs "
-                    "every record the same size. Rewrite the database with one size (convert_imageset "
-                    "--resize_height/--resize_width)."
-                )
+                self._wrong_size(key, f"{'×'.join(map(str, arr.shape))} (C×H×W)")
             arrays.append(arr)
             labels[i] = datum.label
         x = np.stack(arrays)
         return x, (labels if self.class_labels else labels.astype(np.float32))
+
+    def _wrong_size(self, key: bytes, found: str) -> NoReturn:
+        raise DataError(
+            f"{self._name(key)} is {found} but the net's input, built from the first record, is "
+            f"{'×'.join(map(str, self.record_shape))} (C×H×W); Caffe's Data layer needs every record the same "
+            "size. Rewrite the database with one size (convert_imageset --resize_height/--resize_width)."
+        )
 
     def describe(self) -> str:
         shape = "×".join(map(str, self.record_shape))

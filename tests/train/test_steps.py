@@ -195,3 +195,22 @@ def test_new_settings_are_checked_with_what_is_allowed():
     job = JobConfig.of(precision="bf16-mixed", accumulate=4, clip_grad_norm=1.0, lr_schedule="warmup-cosine",
                        warmup_steps=10, min_lr_ratio=0.1)
     assert job.training.accumulate == 4 and math.isclose(job.training.min_lr_ratio, 0.1)
+
+
+def test_an_asynchronous_worker_pushes_per_optimizer_step_not_per_micro_batch():
+    from sparkdp.comm import IndependentCollective
+    from sparkdp.ps import ParameterServer
+    from sparkdp.ps.transport.inproc import InProcTransport
+    from sparkdp.strategies import AsyncParameterServer
+
+    data = _data(32)  # batches of 4: 8 micro-batches an epoch, accumulate 2 -> 4 optimizer steps
+    model = _model()
+    strategy = AsyncParameterServer("asgd", {"lr": 0.1})
+    spec = replace(_spec(model, data, batch_size=4, accumulate=2), strategy=strategy)
+    rule = strategy.rule_spec(1)
+    server = ParameterServer(lambda shard: rule.create(), list(model.parameters()))
+    transport = InProcTransport(use_codec=True)
+    with transport.serve(server) as endpoint:
+        report = fit_worker(replace(spec, strategy=strategy.connect_to(transport, endpoint.info)),
+                            IndependentCollective(0, 1))
+    assert report.strategy_metrics["pushes"] == 2 * 4  # 2 epochs x 4 optimizer steps (push_every 1)

@@ -14,7 +14,6 @@ pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
 
 def _train(coll, batch_size: int, accumulate: int):
     import sparkdp.strategies.allreduce as allreduce
-    from sparkdp import state as state_io
     from sparkdp.data.tensors import TensorData
     from sparkdp.strategies import resolve_strategy
     from sparkdp.train.loop import FitSpec, fit_worker

@@ -133,9 +133,8 @@ class _Recording(torch.optim.SGD):
 
 
 def test_bf16_mixed_runs_the_forward_in_bfloat16_and_trains():
-    from tests.train.lm_models import TinyCausalLM, token_data
-
     from sparkdp.data.tensors import DictData
+    from tests.train.lm_models import TinyCausalLM, token_data
 
     model = TinyCausalLM()
     before = [p.detach().clone() for p in model.parameters()]
@@ -150,9 +149,8 @@ def test_bf16_mixed_runs_the_forward_in_bfloat16_and_trains():
 
 
 def test_the_default_precision_adds_no_autocast():
-    from tests.train.lm_models import TinyCausalLM, token_data
-
     from sparkdp.data.tensors import DictData
+    from tests.train.lm_models import TinyCausalLM, token_data
 
     model = TinyCausalLM()
     spec = FitSpec(model=model, loss=resolve_loss("model"), optimizer=optimizer_factory("sgd", model),

@@ -128,7 +128,7 @@ class TrainingConfig:
         precision: 32 (float32), bf16-mixed (forward passes under bfloat16 autocast, CPU and CUDA) or fp16-mixed (float16 autocast with gradient scaling, CUDA only); parameters and optimizer state stay float32.
         accumulate: micro-batches per optimizer step: gradients of this many batches are added up (each loss scaled by 1/accumulate) before one step, so a step sees accumulate * batch_size rows per worker.
         clip_grad_norm: clip the gradients' total 2-norm to at most this before every optimizer step (after they are synchronised); unset: no clipping.
-        lr_schedule: the learning rate over the job's optimizer steps: constant, or warmup-cosine (linear warmup from 0 over warmup_steps, then a cosine decay to min_lr_ratio times the optimizer's lr at the last step).
+        lr_schedule: the learning rate over the job's optimizer steps: constant, or warmup-cosine (a linear rise to the optimizer's lr over warmup_steps, then a cosine decay to min_lr_ratio times it at the last step).
         warmup_steps: optimizer steps of linear warmup (warmup-cosine).
         min_lr_ratio: the lr at the end of the cosine decay, as a fraction of the optimizer's lr (warmup-cosine).
     """
@@ -340,6 +340,11 @@ class JobConfig:
             if not isinstance(getattr(self, group.name), GROUPS[group.name]):
                 raise ConfigError(f"{group.name} must be a {GROUPS[group.name].__name__}; got "
                                   f"{type(getattr(self, group.name)).__name__}.")
+        every, accumulate = self.checkpoints.checkpoint_every, self.training.accumulate
+        if every is not None and every % accumulate:
+            raise ConfigError(f"checkpoint_every ({every}) counts batches and must be a multiple of accumulate "
+                              f"({accumulate}): checkpoints fall between optimizer steps. Use e.g. "
+                              f"checkpoint_every={every - every % accumulate or accumulate}.")
         low, high = self.failures.min_workers, self.scaling.workers
         if low is not None and high is not None and low > high:
             raise ConfigError(f"min_workers ({low}) cannot exceed workers ({high}); "

@@ -166,9 +166,10 @@ def test_fp16_mixed_is_refused_on_cpu_with_what_to_do():
     assert resolve_precision("32", "cpu").scaler() is None and resolve_precision("bf16-mixed", "cpu").dtype == torch.bfloat16
 
 
-def test_average_counts_optimizer_steps_not_micro_batches():
+@pytest.mark.parametrize("name", ["average", "diloco"])
+def test_step_counting_strategies_count_optimizer_steps_not_micro_batches(name):
     data = _data(32)  # batches of 4: 8 micro-batches an epoch, accumulate 2 -> 4 optimizer steps
-    strategy = resolve_strategy("average", period=3)
+    strategy = resolve_strategy(name, period=3)
     spec = replace(_spec(_model(), data, batch_size=4, accumulate=2, epochs=1), strategy=strategy)
     fit_worker(spec, SingleProcessCollective())
     assert strategy.state_dict()["steps"] == 4
@@ -190,6 +191,9 @@ def test_new_settings_are_checked_with_what_is_allowed():
         JobConfig.of(clip_grad_norm=-1.0)
     with pytest.raises(ConfigError, match="lr_schedule must be one of constant, warmup-cosine"):
         JobConfig.of(lr_schedule="cosine")
+    with pytest.raises(ConfigError, match=r"checkpoint_every \(6\) counts batches and must be a multiple of "
+                                          r"accumulate \(4\).*checkpoint_every=4"):
+        JobConfig.of(accumulate=4, checkpoint_every=6)
     job = JobConfig.of(precision="bf16-mixed", accumulate=4, clip_grad_norm=1.0, lr_schedule="warmup-cosine",
                        warmup_steps=10, min_lr_ratio=0.1)
     assert job.training.accumulate == 4 and math.isclose(job.training.min_lr_ratio, 0.1)

@@ -18,6 +18,7 @@ from .errors import ConfigError, DataError, RendezvousTimeout, SparkdpError, Wor
 from .spark.predict import predict
 from .spark.session import session
 from .strategies import STRATEGIES
+from .train.batch import model_loss
 from .train.distribute import distribute, is_main_process, unwrap
 from .train.result import TrainResult
 
@@ -25,6 +26,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "STRATEGIES", "Columns", "ConfigError", "DataError", "JobConfig", "RendezvousTimeout", "SparkdpError",
-    "TrainResult", "WorkerFailed", "__version__", "distribute", "fit", "fit_job", "is_main_process", "launch", "predict",
+    "TrainResult", "WorkerFailed", "__version__", "distribute", "fit", "fit_job", "is_main_process", "launch", "model_loss", "predict",
     "run", "session", "unwrap",
 ]

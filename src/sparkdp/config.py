@@ -20,6 +20,10 @@ from typing import Any, cast
 from .errors import ConfigError
 
 MEMORY_FORMATS = ("auto", "channels_last", "contiguous")
+#: what ``precision`` may be; what each means is ``sparkdp.train.precision``'s
+PRECISIONS = ("32", "bf16-mixed", "fp16-mixed")
+#: the named learning-rate schedules (``sparkdp.train.schedule``); "constant" is no schedule
+LR_SCHEDULES = ("constant", "warmup-cosine")
 
 
 def setting(default: Any = dataclasses.MISSING, *, factory: Callable[[], Any] | None = None,
@@ -121,6 +125,12 @@ class TrainingConfig:
         shuffle: shuffle the training data every epoch.
         eval_every: evaluate after every this many epochs, and after the last.
         memory_format: layout of conv weights and image batches: auto (channels_last for convolutional models on CPU), channels_last or contiguous.
+        precision: 32 (float32), bf16-mixed (forward passes under bfloat16 autocast, CPU and CUDA) or fp16-mixed (float16 autocast with gradient scaling, CUDA only); parameters and optimizer state stay float32.
+        accumulate: micro-batches per optimizer step: gradients of this many batches are added up (each loss scaled by 1/accumulate) before one step, so a step sees accumulate * batch_size rows per worker.
+        clip_grad_norm: clip the gradients' total 2-norm to at most this before every optimizer step (after they are synchronised); unset: no clipping.
+        lr_schedule: the learning rate over the job's optimizer steps: constant, or warmup-cosine (a linear rise to the optimizer's lr over warmup_steps, then a cosine decay to min_lr_ratio times it at the last step).
+        warmup_steps: optimizer steps of linear warmup (warmup-cosine).
+        min_lr_ratio: the lr at the end of the cosine decay, as a fraction of the optimizer's lr (warmup-cosine).
     """
 
     strategy: Any = setting("allreduce")
@@ -132,12 +142,34 @@ class TrainingConfig:
     shuffle: bool = setting(True)
     eval_every: int = setting(1, metavar="K")
     memory_format: str = setting("auto", choices=MEMORY_FORMATS)
+    precision: str = setting("32", choices=PRECISIONS)
+    accumulate: int = setting(1, metavar="N")
+    clip_grad_norm: float | None = setting(None, metavar="NORM")
+    lr_schedule: str = setting("constant", choices=LR_SCHEDULES)
+    warmup_steps: int = setting(0, metavar="STEPS")
+    min_lr_ratio: float = setting(0.0, metavar="R")
 
     def __post_init__(self) -> None:
-        for name in ("epochs", "batch_size", "eval_every"):
+        for name in ("epochs", "batch_size", "eval_every", "accumulate"):
             check_int(name, getattr(self, name))
         check_int("seed", self.seed, None)
+        check_int("warmup_steps", self.warmup_steps, 0)
         check_memory_format(self.memory_format)
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}; got {self.precision!r}. "
+                              "bf16-mixed runs on CPUs and GPUs, fp16-mixed on CUDA GPUs only.")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ConfigError(f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}; got {self.lr_schedule!r}. "
+                              "For any other schedule pass fit(lr_scheduler=optimizer -> scheduler).")
+        if self.clip_grad_norm is not None and (isinstance(self.clip_grad_norm, bool)
+                                                or not isinstance(self.clip_grad_norm, (int, float))
+                                                or not self.clip_grad_norm > 0):
+            raise ConfigError(f"clip_grad_norm must be a number > 0 (the largest gradient norm allowed) or unset; "
+                              f"got {self.clip_grad_norm!r}.")
+        ratio = self.min_lr_ratio
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
+            raise ConfigError(f"min_lr_ratio must be a number in [0, 1] (the final lr as a fraction of the "
+                              f"optimizer's); got {ratio!r}.")
         _flags(self, "shuffle")
         if not isinstance(self.strategy_options, Mapping):
             raise ConfigError(f"strategy_options must be a mapping of setting -> value; got "
@@ -261,6 +293,7 @@ class Columns:
         feature_shape: each row's features reshaped to this, e.g. (1, 28, 28) (1,28,28 on the command line).
         drop_nulls: drop rows with nulls instead of failing.
         shuffle_buffer: rows each worker's shuffle buffer holds.
+        dict_batches: give each feature column its own tensor, in a dict keyed by column name (e.g. input_ids, attention_mask, labels for model(**batch)), instead of concatenating them; integer columns and arrays stay int64.
     """
 
     features: Any = setting(None, metavar="COLS", parse=_comma_list)
@@ -268,12 +301,16 @@ class Columns:
     feature_shape: Any = setting(None, metavar="DIMS", parse=_shape)
     drop_nulls: bool = setting(False)
     shuffle_buffer: int = setting(10_000, metavar="ROWS")
+    dict_batches: bool = setting(False)
 
     def __post_init__(self) -> None:
         if self.features is None and self.label is not None:
             raise ConfigError("label= was given without features=; name the feature column(s) too.")
         check_int("shuffle_buffer", self.shuffle_buffer)
-        _flags(self, "drop_nulls")
+        _flags(self, "drop_nulls", "dict_batches")
+        if self.dict_batches and self.feature_shape is not None:
+            raise ConfigError("feature_shape reshapes one concatenated feature tensor; with dict_batches=True each "
+                              "column keeps its own shape. Drop one of the two.")
 
     @property
     def given(self) -> bool:
@@ -303,6 +340,11 @@ class JobConfig:
             if not isinstance(getattr(self, group.name), GROUPS[group.name]):
                 raise ConfigError(f"{group.name} must be a {GROUPS[group.name].__name__}; got "
                                   f"{type(getattr(self, group.name)).__name__}.")
+        every, accumulate = self.checkpoints.checkpoint_every, self.training.accumulate
+        if every is not None and every % accumulate:
+            raise ConfigError(f"checkpoint_every ({every}) counts batches and must be a multiple of accumulate "
+                              f"({accumulate}): checkpoints fall between optimizer steps. Use e.g. "
+                              f"checkpoint_every={every - every % accumulate or accumulate}.")
         low, high = self.failures.min_workers, self.scaling.workers
         if low is not None and high is not None and low > high:
             raise ConfigError(f"min_workers ({low}) cannot exceed workers ({high}); "
@@ -363,5 +405,5 @@ JOB_DEFAULTS = JobConfig()
 RUN_SETTINGS = ("strategy", "strategy_options", "seed", "workers", "master", "threads", "checkpoint_dir",
                 "max_restarts", "min_workers", "start_timeout_s", "pg_timeout_s", "show_progress")
 
-__all__ = ["GROUPS", "JOB_DEFAULTS", "MEMORY_FORMATS", "RUN_SETTINGS", "CheckpointConfig", "Columns", "FailureConfig", "JobConfig",
+__all__ = ["GROUPS", "JOB_DEFAULTS", "LR_SCHEDULES", "MEMORY_FORMATS", "PRECISIONS", "RUN_SETTINGS", "CheckpointConfig", "Columns", "FailureConfig", "JobConfig",
            "MonitorConfig", "ScalingConfig", "TrainingConfig", "field_docs", "group_of", "setting"]

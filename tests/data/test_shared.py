@@ -49,6 +49,26 @@ def test_shared_tensor_data_pickles_as_handles_and_yields_the_same_batches(tmp_p
     store.close()
 
 
+@pytest.mark.parametrize("labels", [None, torch.arange(600)])
+def test_a_shared_data_dict_pickles_as_handles_and_yields_the_same_dict_batches(tmp_path, labels):
+    from sparkdp.data.tensors import DictData
+
+    gen = torch.Generator().manual_seed(4)
+    data = DictData({"input_ids": torch.randint(0, 50, (600, 16), generator=gen),
+                     "attention_mask": torch.ones(600, 16, dtype=torch.int64)}, labels)
+    store = SharedTensorDir(base=tmp_path)
+    blob = cloudpickle.dumps(data.shared(store))
+    assert len(blob) < 2000 < len(cloudpickle.dumps(data))
+    remote = cloudpickle.loads(blob)
+    mine = list(data.batches(rank=1, world_size=2, epoch=1, batch_size=64, seed=5))
+    theirs = list(remote.batches(rank=1, world_size=2, epoch=1, batch_size=64, seed=5))
+    assert len(mine) == len(theirs) == 5
+    for (x1, y1), (x2, y2) in zip(mine, theirs):
+        assert x1.keys() == x2.keys() and all(torch.equal(x1[k], x2[k]) for k in x1)
+        assert (y1 is None and y2 is None) or torch.equal(y1, y2)
+    store.close()
+
+
 def test_unshared_tensor_data_still_pickles_its_rows():
     data = TensorData(torch.ones(4, 2), torch.zeros(4, dtype=torch.long))
     back = pickle.loads(pickle.dumps(data))

@@ -19,6 +19,9 @@ same data and device with ``torch.optim``, or the same run on the CPU):
   torch SGD, and the worker's model stays on the GPU.
 * One Spark task's body (``in_task`` + ``fit_worker``) trains a small CNN on the GPU to the
   losses and parameters the same run reaches on the CPU.
+* ``precision="fp16-mixed"``: the loop's scaled backward, unscale, clipping and scaler step give
+  the parameters of a hand-written ``torch.amp`` loop; ``"bf16-mixed"`` computes in bfloat16 and
+  trains, parameters staying float32.
 
 ``SPARKDP_TEST_DEVICE=cpu`` runs the tests that do not need CUDA on the CPU instead (a check of
 the tests themselves on a machine without a GPU); the CUDA-only ones then skip.
@@ -274,3 +277,56 @@ def test_a_task_body_trains_the_cnn_on_the_gpu_as_on_the_cpu():
     assert sorted(gpu["state"]) == names
     _assert_close([gpu["state"][n] for n in names], [cpu["state"][n] for n in names], "final weights, GPU vs CPU",
                   atol=1e-3, rtol=1e-3)
+
+
+# --- mixed precision: fp16 with gradient scaling, bf16 ----------------------------------------
+
+
+def _lm_spec(precision: str, clip: float | None):
+    from sparkdp.data.tensors import DictData
+    from sparkdp.strategies import resolve_strategy
+    from sparkdp.train.loop import FitSpec
+    from sparkdp.train.optim import optimizer_factory, resolve_loss
+    from tests.train.lm_models import TinyCausalLM, token_data
+
+    model = TinyCausalLM(seed=1)
+    data = DictData(token_data(32))
+    return FitSpec(model=model, loss=resolve_loss("model"), optimizer=optimizer_factory("sgd", model, lr=0.5),
+                   strategy=resolve_strategy("allreduce"), train=data, eval=None, epochs=2, batch_size=8,
+                   precision=precision, clip_grad_norm=clip)
+
+
+@needs_cuda
+def test_fp16_mixed_scales_unscales_clips_and_steps_as_a_hand_written_amp_loop():
+    from sparkdp.train.loop import fit_worker
+    from tests.train.lm_models import TinyCausalLM
+
+    spec = _lm_spec("fp16-mixed", clip=0.1)
+    fit_worker(spec, IndependentCollective(0, 1, torch.device(DEVICE)))
+    assert spec.model.seen_dtype == torch.float16
+    ref = TinyCausalLM(seed=1).to(DEVICE)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.5, momentum=0.9)
+    scaler = torch.amp.GradScaler("cuda")
+    for epoch in range(2):
+        for x, _ in spec.train.batches(rank=0, world_size=1, epoch=epoch, batch_size=8, seed=0):
+            x = {k: v.to(DEVICE) for k, v in x.items()}
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = ref(**x).loss
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.1)
+            scaler.step(opt)
+            scaler.update()
+    _assert_close(list(spec.model.parameters()), list(ref.parameters()), "fp16-mixed vs torch.amp by hand")
+
+
+@needs_cuda
+def test_bf16_mixed_trains_on_the_gpu_in_bfloat16():
+    from sparkdp.train.loop import fit_worker
+
+    spec = _lm_spec("bf16-mixed", clip=None)
+    report = fit_worker(spec, IndependentCollective(0, 1, torch.device(DEVICE)))
+    assert spec.model.seen_dtype == torch.bfloat16
+    assert report.history[-1]["loss"] < report.history[0]["loss"]
+    assert {p.dtype for p in spec.model.parameters()} == {torch.float32}

@@ -170,3 +170,17 @@ def test_the_averaging_period_continues_across_dataframe_epochs(spark):
     per_epoch = -(-600 // 16)  # each rank's 600 rows in batches of 16
     assert result.details["strategy_state"] == {"steps": 2 * per_epoch}, result.history
     assert strategy.state_dict() == {"steps": 0}, "fit advanced the caller's strategy object"
+
+
+def test_a_dataframes_token_columns_train_a_model_computing_its_own_loss(spark):
+    from tests.train.lm_models import TinyCausalLM, token_data
+
+    tokens = token_data(48)
+    rows = [tuple(tokens[k][i].tolist() for k in ("input_ids", "attention_mask", "labels")) for i in range(48)]
+    df = spark.createDataFrame(rows, "input_ids array<int>, attention_mask array<int>, labels array<int>").repartition(2)
+    model = TinyCausalLM()
+    result = sparkdp.fit(model, df, features=["input_ids", "attention_mask", "labels"], dict_batches=True,
+                         loss="model", optimizer="adam", optimizer_options={"lr": 0.05}, workers=2, epochs=2,
+                         batch_size=8, spark=spark, show_progress=False)
+    assert [h["samples"] for h in result.history] == [48, 48]
+    assert result.history[1]["loss"] < result.history[0]["loss"]

@@ -12,6 +12,11 @@ decoding). Column kinds:
   struct ``{type: int8, size: int32, indices: list<int32>, values: list<double>}``;
 * ``image``: binary PNG/JPEG bytes decoded with Pillow into float32 CHW in [0, 1].
 
+With ``dict_batches`` each feature column becomes its own tensor instead, keyed by column
+name (``{"input_ids": ..., "attention_mask": ..., "labels": ...}`` for ``model(**batch)``):
+integer scalars and arrays stay int64, an ``array<int>`` column of L values per row becomes
+a (rows, L) tensor by one reshape of the Arrow list's flat values (no per-row Python).
+
 No pyspark here: the same converter serves Parquet files read by pyarrow and
 Spark partitions streamed through ``mapInArrow``.
 """
@@ -99,11 +104,13 @@ class ArrowConverter:
             instead of raising.
         num_classes: when set and labels are integers, every batch's labels must lie
             in ``[0, num_classes)``.
+        dict_batches: each feature column its own tensor (see the module docstring);
+            batches are then ``({column: tensor}, labels or None)``.
     """
 
     def __init__(self, schema: pa.Schema, features: str | Sequence[str], label: str | None = None, *,
                  feature_shape: Sequence[int] | None = None, drop_nulls: bool = False,
-                 num_classes: int | None = None) -> None:
+                 num_classes: int | None = None, dict_batches: bool = False) -> None:
         names = _names(features, "features")
         if not names:
             raise DataError("no feature columns given: pass features='col' or features=['a', 'b', ...].")
@@ -124,7 +131,12 @@ class ArrowConverter:
             self.label = ColumnInfo(label, kind, str(t), width=1 if kind == "scalar" else None)
         self.label_dtype = (torch.int64 if self.label and self.label.kind == "scalar"
                             and pa.types.is_integer(schema.field(self.label.name).type) else torch.float32)
-        if any(c.kind == "image" for c in self.features) and len(self.features) > 1:
+        self.dict_batches = bool(dict_batches)
+        if self.dict_batches and feature_shape:
+            raise DataError("feature_shape reshapes one concatenated feature tensor; with dict_batches each column "
+                            "keeps its own shape. Drop feature_shape.")
+        self.integer = {n for n in names if _integer_values(schema.field(n).type)}
+        if any(c.kind == "image" for c in self.features) and len(self.features) > 1 and not self.dict_batches:
             raise DataError(f"image column(s) {[c.name for c in self.features if c.kind == 'image']} must be the "
                             "only feature column; train on images and other columns with separate models.")
         self.feature_shape = tuple(int(s) for s in feature_shape) if feature_shape else None
@@ -149,23 +161,55 @@ class ArrowConverter:
 
     # ----------------------------------------------------------------- conversion
     def convert(self, batch: pa.RecordBatch) -> tuple[torch.Tensor, ...]:
-        """``(features, labels)`` of one record batch (``(features,)`` without a label column)."""
+        """``(features, labels)`` of one record batch (``(features,)`` without a label column);
+        with ``dict_batches`` one tensor per feature column, then the labels (:meth:`pack`
+        turns such a tuple into a batch)."""
         batch = self._handle_nulls(batch)
-        x = self._features(batch)
-        out: tuple[torch.Tensor, ...] = (x,)
+        if self.dict_batches:
+            out: tuple[torch.Tensor, ...] = tuple(self._column(info, batch.column(info.name))
+                                                  for info in self.features)
+        else:
+            out = (self._features(batch),)
         if self.label is not None:
-            out = (x, self._labels(batch))
+            out = (*out, self._labels(batch))
         self.rows_seen += batch.num_rows
         return out
 
-    def preview(self, batch: pa.RecordBatch) -> tuple[torch.Tensor, ...]:
+    def pack(self, tensors: Sequence[Any]) -> tuple[Any, ...]:
+        """A batch from :meth:`convert`'s tensors (re-batched): ``(features, labels)`` as they are,
+        or with ``dict_batches`` ``({column: tensor}, labels or None)``."""
+        if not self.dict_batches:
+            return tuple(tensors)
+        k = len(self.features)
+        x = {info.name: t for info, t in zip(self.features, tensors[:k], strict=True)}
+        return x, (tensors[k] if self.label is not None else None)
+
+    def preview(self, batch: pa.RecordBatch) -> tuple[Any, ...]:
         """Convert a sample (on the driver) without counting its rows: errors surface early and
-        array widths / image sizes are learned, so the workers check their data against them."""
+        array widths / image sizes are learned, so the workers check their data against them.
+        Returns the batch as :meth:`pack` makes it."""
         seen, dropped = self.rows_seen, self.dropped
         try:
-            return self.convert(batch)
+            return self.pack(self.convert(batch))
         finally:
             self.rows_seen, self.dropped = seen, dropped
+
+    def _column(self, info: ColumnInfo, arr: pa.Array) -> torch.Tensor:
+        """One column as its own tensor (``dict_batches``): integers as int64, the rest float32;
+        an array column of L values per row as (rows, L)."""
+        if info.kind == "image":
+            return torch.from_numpy(self._images(info, arr))
+        if info.name not in self.integer:
+            matrix = self._matrix(info, arr)
+            return _tensor(matrix[:, 0] if info.kind == "scalar" else matrix)
+        arr = _plain(arr)
+        if info.kind == "scalar":
+            return torch.from_numpy(np.asarray(arr.to_numpy(zero_copy_only=False), dtype=np.int64))
+        lengths = (np.full(len(arr), arr.type.list_size) if pa.types.is_fixed_size_list(arr.type)
+                   else pc.list_value_length(arr).to_numpy(zero_copy_only=False))
+        width = self._check_widths(info, lengths)
+        values = cast(_ListArray, arr).flatten().to_numpy(zero_copy_only=False)
+        return _tensor(np.asarray(values, dtype=np.int64).reshape(len(arr), width))
 
     def _handle_nulls(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         keep = None
@@ -322,8 +366,15 @@ class ArrowConverter:
             return {"name": c.name, "kind": c.kind, "type": c.arrow_type,
                     "values_per_row": math.prod(c.image_shape) if c.image_shape else c.width}
 
-        out: dict[str, Any] = {"features": {"columns": [col(c) for c in self.features], "dtype": "float32",
-                                            "shape": self.feature_shape_per_row()}}
+        out: dict[str, Any]
+        if self.dict_batches:
+            out = {f"features[{c.name!r}]": {
+                "columns": [col(c)], "dtype": "int64" if c.name in self.integer else "float32",
+                "shape": c.image_shape if c.kind == "image" else () if c.kind == "scalar"
+                else (c.width,) if c.width else None} for c in self.features}
+        else:
+            out = {"features": {"columns": [col(c) for c in self.features], "dtype": "float32",
+                                "shape": self.feature_shape_per_row()}}
         if self.label is not None:
             shape = () if self.label.kind == "scalar" else ((self.label.width,) if self.label.width else None)
             out["labels"] = {"columns": [col(self.label)], "dtype": str(self.label_dtype).replace("torch.", ""),
@@ -340,11 +391,12 @@ class ArrowConverter:
                              for c in entry["columns"])
             return f"{entry['dtype']} {dims} <- {cols}"
 
-        lay = self.layout()
-        text = "features " + part(lay["features"])
-        if "labels" in lay:
-            text += "; labels " + part(lay["labels"])
-        return text
+        return "; ".join(f"{name} {part(entry)}" for name, entry in self.layout().items())
+
+
+def _integer_values(t: pa.DataType) -> bool:
+    """Whether a column holds integers (a scalar or the values of an array)."""
+    return pa.types.is_integer(t.value_type if _is_list(t) else t)
 
 
 def _tensor(array: np.ndarray) -> torch.Tensor:

@@ -46,7 +46,8 @@ class ParquetData(UnitData):
         path: a path or URI (``file:``, ``hdfs://``, ``s3://`` as pyarrow supports them),
             a directory (Spark's ``part-*.parquet`` output; ``_SUCCESS``/``.crc`` are ignored),
             or a list of files.
-        features, label, feature_shape, drop_nulls, num_classes: see :class:`~sparkdp.data.arrow.ArrowConverter`.
+        features, label, feature_shape, drop_nulls, num_classes, dict_batches: see
+            :class:`~sparkdp.data.arrow.ArrowConverter`.
         shuffle_buffer: rows held by each worker's shuffle buffer (0: no shuffling within a worker).
         read_rows: rows per Arrow record batch read from the files.
     """
@@ -54,7 +55,7 @@ class ParquetData(UnitData):
     def __init__(self, path: str | os.PathLike | Sequence[str], *, features: str | Sequence[str],
                  label: str | None, feature_shape: Sequence[int] | None = None, drop_nulls: bool = False,
                  num_classes: int | None = None, shuffle_buffer: int = 10_000, read_rows: int = 8192,
-                 filesystem: Any = None) -> None:
+                 filesystem: Any = None, dict_batches: bool = False) -> None:
         source = os.fspath(path) if isinstance(path, (str, os.PathLike)) else [os.fspath(p) for p in path]
         try:
             dataset = pds.dataset(source, format="parquet", filesystem=filesystem)
@@ -78,7 +79,8 @@ class ParquetData(UnitData):
         if self.rows == 0:
             raise DataError(f"the Parquet data at {path!r} is empty (0 rows); give at least one row per worker.")
         self.converter = ArrowConverter(dataset.schema, features, label, feature_shape=feature_shape,
-                                        drop_nulls=drop_nulls, num_classes=num_classes)
+                                        drop_nulls=drop_nulls, num_classes=num_classes,
+                                        dict_batches=dict_batches)
         self.shuffle_buffer = int(shuffle_buffer)
         self.read_rows = int(read_rows)
         # Equal row counts give equal batch counts unless rows can be dropped for nulls.
@@ -121,6 +123,14 @@ class ParquetData(UnitData):
 
     def read(self, segments: list[Segment], *, seed: int, epoch: int, rank: int) -> Iterator[Chunk]:
         return (self.converter.convert(rb) for rb in self.record_batches(segments))
+
+    def batches(self, **kwargs: Any) -> Iterator[Any]:  # (dict, labels) with dict_batches
+        batches = super().batches(**kwargs)
+        return map(self.converter.pack, batches) if self.converter.dict_batches else batches
+
+    def eval_batches(self, **kwargs: Any) -> Iterator[Any]:  # as batches
+        batches = super().eval_batches(**kwargs)
+        return map(self.converter.pack, batches) if self.converter.dict_batches else batches
 
     def sample(self, rows: int = 2) -> pa.RecordBatch:
         """The first ``rows`` rows (read on the driver, for checks before training)."""

@@ -9,7 +9,7 @@ keeps the synchronous collectives in step even when rows % workers != 0.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -67,17 +67,8 @@ class TensorData(WorkerData):
         return _mapped_tensor_data, (handles, self.divisor)
 
     def shard_indices(self, *, rank: int, world_size: int, epoch: int, seed: int, shuffle: bool) -> torch.Tensor:
-        n = len(self.features)
-        if shuffle:
-            gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-            order = torch.randperm(n, generator=gen)
-        else:
-            order = torch.arange(n)
-        per_rank = math.ceil(n / world_size)
-        total = per_rank * world_size
-        if total > n:  # wrap around so all ranks hold the same number of rows
-            order = order.repeat(math.ceil(total / n))[:total]
-        return order[rank:total:world_size]
+        return shard_indices(len(self.features), rank=rank, world_size=world_size, epoch=epoch, seed=seed,
+                             shuffle=shuffle)
 
     def batches(self, *, rank: int, world_size: int, epoch: int, batch_size: int,
                 seed: int, shuffle: bool = True) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -100,6 +91,108 @@ class TensorData(WorkerData):
     def describe(self) -> str:
         return (f"{len(self.features)} rows in memory: features {tuple(self.features.shape[1:])} "
                 f"{self.features.dtype}, labels {tuple(self.labels.shape[1:])} {self.labels.dtype}")
+
+
+def shard_indices(n: int, *, rank: int, world_size: int, epoch: int, seed: int, shuffle: bool) -> torch.Tensor:
+    """Rank ``rank``'s rows of ``n`` in ``epoch``: a seeded permutation (or storage order), padded by
+    wrapping around so every rank holds ``ceil(n / world_size)`` rows."""
+    if shuffle:
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+        order = torch.randperm(n, generator=gen)
+    else:
+        order = torch.arange(n)
+    per_rank = math.ceil(n / world_size)
+    total = per_rank * world_size
+    if total > n:  # wrap around so all ranks hold the same number of rows
+        order = order.repeat(math.ceil(total / n))[:total]
+    return order[rank:total:world_size]
+
+
+class DictData(WorkerData):
+    """Named arrays in memory (``{"input_ids": ..., "attention_mask": ..., "labels": ...}``), each
+    with one row per example, batched as dicts of tensors: ``(batch_dict, labels or None)``.
+
+    A model that computes its own loss takes such a batch as ``model(**batch)`` (``loss="model"``);
+    sharding, shuffling and padding are :class:`TensorData`'s.
+
+    Args:
+        columns: a mapping of name -> array/tensor, all with the same first dimension.
+        labels: optional labels kept apart from the dict (for a loss ``(outputs, labels)``).
+    """
+
+    equal_batches = True
+    _handles: dict[str, MappedTensor]  # set on the copies shared() makes only
+
+    def __init__(self, columns: Mapping[str, Any], labels: Any = None) -> None:
+        if not columns:
+            raise DataError("the data dict is empty; give at least one named array, e.g. {'input_ids': ...}.")
+        bad = [k for k in columns if not isinstance(k, str)]
+        if bad:
+            raise DataError(f"the data dict's keys must be strings (the model's argument names); got {bad!r}.")
+        self.columns = {k: _as_tensor(v, f"data[{k!r}]") for k, v in columns.items()}
+        self.columns = {k: v.float() if v.dtype == torch.float64 else v for k, v in self.columns.items()}
+        self.labels = None if labels is None else _as_tensor(labels, "labels")
+        rows = {k: (len(v) if v.dim() else 0) for k, v in self.columns.items()}
+        if self.labels is not None:
+            rows["labels="] = len(self.labels)
+        if len(set(rows.values())) > 1:
+            raise DataError(f"the arrays of a data dict must have the same number of rows (first dimension); got "
+                            f"{rows}. Pad or cut them to one row count.")
+        if next(iter(rows.values())) == 0:
+            raise DataError("the dataset is empty (0 rows); give at least one row per worker.")
+
+    def _tensors(self) -> dict[str, torch.Tensor]:
+        return {**self.columns, **({"": self.labels} if self.labels is not None else {})}
+
+    def num_samples(self) -> int:
+        return len(next(iter(self.columns.values())))
+
+    def shareable_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self._tensors().values())
+
+    def shared(self, store: SharedTensorDir) -> DictData:
+        """This data written once to ``store``; its pickle then carries file handles, not bytes."""
+        copy = DictData.__new__(DictData)
+        copy.__dict__.update(self.__dict__)
+        copy._handles = {k: store.share(t) for k, t in self._tensors().items()}
+        return copy
+
+    def __reduce_ex__(self, protocol):
+        handles = self.__dict__.get("_handles")
+        if handles is None:
+            return super().__reduce_ex__(protocol)
+        return _mapped_dict_data, (handles,)
+
+    def _batch(self, take: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+        return ({k: v[take] for k, v in self.columns.items()},
+                None if self.labels is None else self.labels[take])
+
+    def batches(self, *, rank: int, world_size: int, epoch: int, batch_size: int,
+                seed: int, shuffle: bool = True) -> Iterator[Any]:
+        idx = shard_indices(self.num_samples(), rank=rank, world_size=world_size, epoch=epoch, seed=seed,
+                            shuffle=shuffle)
+        for start in range(0, len(idx), batch_size):
+            yield self._batch(idx[start:start + batch_size])
+
+    def eval_batches(self, *, rank: int, world_size: int, batch_size: int) -> Iterator[Any]:
+        idx = torch.arange(self.num_samples())[rank::world_size]  # every row once over all ranks
+        for start in range(0, len(idx), batch_size):
+            yield self._batch(idx[start:start + batch_size])
+
+    def describe(self) -> str:
+        parts = ", ".join(f"{k} {tuple(v.shape[1:])} {str(v.dtype).replace('torch.', '')}"
+                          for k, v in self.columns.items())
+        return f"{self.num_samples()} rows in memory as a dict: {parts}" + (
+            "" if self.labels is None else f"; labels {tuple(self.labels.shape[1:])} {self.labels.dtype}")
+
+
+def _mapped_dict_data(handles: dict[str, MappedTensor]) -> DictData:
+    """Unpickle a shared :class:`DictData` by mapping its files (see ``data.shared``)."""
+    data = DictData.__new__(DictData)
+    loaded = {k: h.load() for k, h in handles.items()}
+    data.labels = loaded.pop("", None)
+    data.columns = loaded
+    return data
 
 
 def _mapped_tensor_data(handles: tuple[MappedTensor, MappedTensor], divisor: float | None) -> TensorData:
@@ -138,10 +231,15 @@ def as_worker_data(data: Any, labels: Any = None) -> WorkerData:
     """Turn what a user passes as data into a :class:`WorkerData`.
 
     Accepts a WorkerData, a ``(features, labels)`` pair, features plus ``labels=``,
-    or a map-style torch Dataset of ``(x, y)`` items.
+    a map-style torch Dataset of ``(x, y)`` items, or a dict of named arrays (dict batches,
+    :class:`DictData`; as ``(dict, labels)`` or with ``labels=`` for labels kept apart).
     """
     if isinstance(data, WorkerData):
         return data
+    if isinstance(data, Mapping):
+        return DictData(data, labels)
+    if isinstance(data, tuple) and len(data) == 2 and isinstance(data[0], Mapping) and labels is None:
+        return DictData(*data)
     if labels is not None:
         return TensorData(data, labels)
     if isinstance(data, tuple) and len(data) == 2:
@@ -150,5 +248,6 @@ def as_worker_data(data: Any, labels: Any = None) -> WorkerData:
         return _from_torch_dataset(data)
     raise DataError(
         f"cannot use {type(data).__name__} as training data. Pass (features, labels) arrays or tensors, "
-        "features with labels=..., a map-style torch Dataset of (x, y) pairs, or a built-in dataset name."
+        "features with labels=..., a dict of named arrays, a map-style torch Dataset of (x, y) pairs, or a "
+        "built-in dataset name."
     )

@@ -25,17 +25,19 @@ from ..data.base import WorkerData
 from ..data.datasets import Dataset as BuiltinDataset
 from ..data.datasets import dataset_tensors, load_dataset
 from ..data.shared import shared_with_workers
-from ..data.tensors import TensorData, as_worker_data
+from ..data.tensors import DictData, TensorData, as_worker_data
 from ..errors import ConfigError
 from ..monitor.probe import open_probe
 from ..strategies import resolve_strategy
 from ..strategies.async_ps import AsyncParameterServer
+from ..train.batch import ModelLoss
 from ..train.context import WorkerContext, set_current
 from ..train.jobs import progress
 from ..train.layout import preflight_layout
-from ..train.loop import FitSpec, check_batch, check_labels, class_scores
+from ..train.loop import FitSpec, check_batch, check_labels, class_scores, metric_names
 from ..train.optim import optimizer_factory, resolve_loss
 from ..train.result import TrainResult
+from ..train.schedule import schedule_spec
 from .monitoring import monitored, wants_monitoring
 from .runners import runner_for
 
@@ -73,21 +75,31 @@ def _columnar(data: Any, columns: Columns, what: str) -> Any:
                       "(features, labels) without features=.")
 
 
-def _preflight(model: nn.Module, loss_fn: Callable, data: WorkerData, memory_format: str) -> str:
+def _preflight(model: nn.Module, loss_fn: Callable, data: WorkerData, memory_format: str,
+               metric: Callable | None = None) -> tuple[str, tuple[str, ...]]:
     """Check on the driver, in milliseconds, what would otherwise fail inside every Spark task: the
     column conversion, the model's input shape, the loss and the label range. Columns' mapping to
     tensors is logged before any Spark job.
 
-    Returns the memory format the workers train in (see ``train.layout``)."""
+    Returns the memory format the workers train in (see ``train.layout``) and the names the
+    ``metric`` function returns."""
     columnar = hasattr(data, "converter") and hasattr(data, "sample")
     columns = cast(Any, data)  # when columnar: ParquetData or a streamed DataFrameSource (duck-typed)
     if columnar:
         x, y = columns.converter.preview(columns.sample())
-    elif isinstance(data, TensorData):
+    elif isinstance(data, (TensorData, DictData)):
         x, y = next(data.eval_batches(rank=0, world_size=1, batch_size=2))
     else:  # nothing to probe the layout with: "auto" stays on the safe side
-        return "contiguous" if memory_format == "auto" else memory_format
+        if metric is not None:
+            raise ConfigError(f"metric= needs a sample batch to learn its names, which {type(data).__name__} "
+                              "cannot give on the driver; pass arrays, a dict of arrays or Parquet data.")
+        return ("contiguous" if memory_format == "auto" else memory_format), ()
     out = _forward(model, loss_fn, x, y)
+    names = metric_names(metric, out, x, y) if metric is not None else ()
+    if isinstance(loss_fn, ModelLoss) or not isinstance(x, torch.Tensor):  # no image batches to lay out
+        if columnar:
+            log.info("data columns -> tensors: %s", columns.converter.describe())
+        return ("contiguous" if memory_format == "auto" else memory_format), names
     if columnar:
         if class_scores(out, y) and y.dim() == 1:
             columns.converter.num_classes = out.shape[1]  # every batch's labels are then checked against it
@@ -95,10 +107,10 @@ def _preflight(model: nn.Module, loss_fn: Callable, data: WorkerData, memory_for
     else:
         assert isinstance(data, TensorData)  # any other data returned above
         check_labels(out, data.labels)  # every label, not only the sample's
-    return preflight_layout(memory_format, model, lambda to_batch: _forward(model, loss_fn, to_batch(x), y))
+    return preflight_layout(memory_format, model, lambda to_batch: _forward(model, loss_fn, to_batch(x), y)), names
 
 
-def _forward(model: nn.Module, loss_fn: Callable, x: torch.Tensor, y: torch.Tensor) -> Any:
+def _forward(model: nn.Module, loss_fn: Callable, x: Any, y: Any) -> Any:
     was_training = model.training
     model.eval()
     try:
@@ -110,28 +122,39 @@ def _forward(model: nn.Module, loss_fn: Callable, x: torch.Tensor, y: torch.Tens
 
 def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: Any = None,
         loss: Any = "cross_entropy", optimizer: Any = "sgd", optimizer_options: dict | None = None,
-        lr_scheduler: Callable[[Any], Any] | None = None, spark: Any = None, **settings: Any) -> TrainResult:
+        lr_scheduler: Callable[[Any], Any] | None = None, metric: Callable[[Any, Any], Any] | None = None,
+        spark: Any = None, **settings: Any) -> TrainResult:
     """Train ``model`` data-parallel on Spark and return it trained.
 
     Args:
         model: any ``torch.nn.Module``; it is updated in place with the trained weights.
         data: ``(features, labels)`` arrays/tensors, features with ``labels=``, a
-            map-style torch Dataset, or a built-in dataset name (``"fashion-mnist"``,
-            whose test split then becomes ``eval_data``).
+            map-style torch Dataset, a dict of named arrays (``{"input_ids": ..., "labels": ...}``:
+            dict batches, the model called as ``model(**batch)``), or a built-in dataset name
+            (``"fashion-mnist"``, whose test split then becomes ``eval_data``).
         eval_data: optional held-out data, evaluated after every ``eval_every``-th epoch
             and always after the last one (so ``eval_every=epochs`` evaluates once, at the end).
         labels: the labels, when ``data`` is the features alone.
-        loss: a name (``"cross_entropy"``, ``"mse"``, ...) or ``(outputs, labels) -> loss``.
+        loss: a name (``"cross_entropy"``, ``"mse"``, ...), ``(outputs, labels) -> loss``,
+            ``"model"`` (the model's output carries the loss: ``.loss`` or ``["loss"]``), or
+            :func:`sparkdp.model_loss` ``(fn)`` for ``fn(model, batch) -> loss``.
         optimizer: a name (default ``"sgd"`` with lr 0.01, momentum 0.9), a ``torch.optim``
             class, an instance over ``model.parameters()``, or ``params -> Optimizer``.
         optimizer_options: keyword arguments of a named or class optimizer (``{"lr": 0.05}``).
         lr_scheduler: ``optimizer -> scheduler`` built in every worker; stepped after every
-            optimizer step (e.g. ``lambda o: torch.optim.lr_scheduler.StepLR(o, 1000)``).
+            optimizer step (e.g. ``lambda o: torch.optim.lr_scheduler.StepLR(o, 1000)``); for a
+            named one see ``lr_schedule``.
+        metric: ``(outputs, batch) -> {name: value}`` evaluated with the test metrics: a value is
+            the batch's mean (weighted by its rows), or a ``(sum, count)`` pair; each name is
+            reported as ``test_<name>``, the sums over all batches of all workers divided by the
+            counts. ``batch`` is the dict of a dict batch, else ``(features, labels)``.
         spark: an existing SparkSession to use instead of ``master``'s.
         **settings: any job setting by name, or a whole group (``scaling=ScalingConfig(...)``),
             as :meth:`~sparkdp.config.JobConfig.of` maps them; each is documented on its group:
             :class:`~sparkdp.config.TrainingConfig` (``strategy``, ``strategy_options``,
-            ``epochs``, ``batch_size``, ``seed``, ``shuffle``, ``eval_every``, ``memory_format``),
+            ``epochs``, ``batch_size``, ``seed``, ``shuffle``, ``eval_every``, ``memory_format``,
+            ``precision``, ``accumulate``, ``clip_grad_norm``, ``lr_schedule``, ``warmup_steps``,
+            ``min_lr_ratio``),
             :class:`~sparkdp.config.ScalingConfig` (``workers``, ``master``, ``threads``),
             :class:`~sparkdp.config.CheckpointConfig` (``checkpoint_dir``, ``checkpoint_every``,
             ``checkpoint_every_s``, ``keep_checkpoints``, ``resume``),
@@ -139,7 +162,8 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
             ``start_timeout_s``, ``pg_timeout_s``), :class:`~sparkdp.config.MonitorConfig`
             (``show_progress``, ``run_dir``, ``tensorboard``, ``mlflow``, ``metrics_interval_s``)
             and, with a Spark DataFrame or a Parquet path as ``data``, :class:`~sparkdp.config.Columns`
-            (``features``, ``label``, ``feature_shape``, ``drop_nulls``, ``shuffle_buffer``: rows
+            (``features``, ``label``, ``feature_shape``, ``drop_nulls``, ``shuffle_buffer``,
+            ``dict_batches``: rows
             are then streamed to the workers as Arrow record batches, see ``sparkdp.data.arrow``).
 
     Returns:
@@ -162,18 +186,27 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
     started = time.perf_counter()
     job = JobConfig.of(settings, caller="fit")
     return fit_job(model, data, job, labels=labels, eval_data=eval_data, loss=loss, optimizer=optimizer,
-                   optimizer_options=optimizer_options, lr_scheduler=lr_scheduler, spark=spark, started=started)
+                   optimizer_options=optimizer_options, lr_scheduler=lr_scheduler, metric=metric, spark=spark,
+                   started=started)
 
 
 def fit_job(model: nn.Module, data: Any, job: JobConfig, *, labels: Any = None, eval_data: Any = None,
             loss: Any = "cross_entropy", optimizer: Any = "sgd",
             optimizer_options: dict | None = None, lr_scheduler: Callable[[Any], Any] | None = None,
-            spark: Any = None, started: float | None = None) -> TrainResult:
+            metric: Callable[[Any, Any], Any] | None = None, spark: Any = None,
+            started: float | None = None) -> TrainResult:
     """:func:`fit` with the job's settings as one :class:`~sparkdp.config.JobConfig`."""
     started = time.perf_counter() if started is None else started
     columns = job.columns
     strategy_obj = resolve_strategy(job.training.strategy, **job.training.strategy_options)
     loss_fn = resolve_loss(loss)
+    training = job.training
+    schedule = schedule_spec(training.lr_schedule, training.warmup_steps, training.min_lr_ratio)
+    if schedule is not None and lr_scheduler is not None:
+        raise ConfigError(f"both lr_schedule={training.lr_schedule!r} and lr_scheduler= were given; pass one "
+                          "(lr_schedule names a built-in schedule, lr_scheduler builds any other).")
+    if metric is not None and not callable(metric):
+        raise ConfigError(f"metric must be a function (outputs, batch) -> {{name: value}}; got {type(metric).__name__}.")
     factory = optimizer_factory(optimizer, model, **(optimizer_options or {}))
     if columns.given:
         train = _columnar(data, columns, "data")
@@ -183,7 +216,9 @@ def fit_job(model: nn.Module, data: Any, job: JobConfig, *, labels: Any = None, 
                               "write it to Parquet or pass the Parquet path.")
     else:
         train, test = _resolve_data(data, labels, eval_data)
-    memory_format = _preflight(model, loss_fn, train, job.training.memory_format)
+    memory_format, names = _preflight(model, loss_fn, train, job.training.memory_format, metric)
+    if schedule is not None and train.num_samples() is None:
+        raise schedule.unknown_length()
 
     from ..spark.cluster import on_driver_machine
     from ..spark.session import session
@@ -198,7 +233,9 @@ def fit_job(model: nn.Module, data: Any, job: JobConfig, *, labels: Any = None, 
                           "worker needs at least one row. Use fewer workers or more data.")
     spec = FitSpec(model=model, loss=loss_fn, optimizer=factory, strategy=strategy_obj, train=train, eval=test,
                    epochs=job.training.epochs, batch_size=job.training.batch_size, seed=job.training.seed, shuffle=job.training.shuffle,
-                   scheduler=lr_scheduler, eval_every=job.training.eval_every, memory_format=memory_format)
+                   scheduler=lr_scheduler, eval_every=job.training.eval_every, memory_format=memory_format,
+                   precision=training.precision, accumulate=training.accumulate,
+                   clip_grad_norm=training.clip_grad_norm, lr_schedule=schedule, metric=metric, metric_names=names)
     # Same-machine executors map in-memory data from files instead of unpickling a copy each.
     with shared_with_workers(on_driver_machine(spark), train, test) as (train, test):
         return _fit_on_spark(replace(spec, train=train, eval=test), job, workers, spark, started)

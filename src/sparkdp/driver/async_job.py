@@ -107,7 +107,8 @@ def async_result(spec: FitSpec, reports: list[WorkerReport], workers: int, start
     if not history:  # resumed after the last epoch: nothing was left to train
         history.append({"epoch": spec.part.start_epoch, "loss": float("nan"), "samples": 0, "epoch_time_s": 0.0})
     if spec.eval is not None:  # the final centre, once every worker is done
-        history[-1].update(evaluate(model, spec.loss, spec.eval, SingleProcessCollective(), spec.eval_batch_size))
+        history[-1].update(evaluate(model, spec.loss, spec.eval, SingleProcessCollective(), spec.eval_batch_size,
+                                    metric=spec.metric, metric_names=spec.metric_names))
     return TrainResult(
         model=model, history=history, strategy=strategy.name, workers=workers, epochs=spec.epochs,
         wall_s=time.perf_counter() - started,

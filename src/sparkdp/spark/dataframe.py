@@ -105,8 +105,10 @@ class StreamData(WorkerData):
             raise RuntimeError("StreamData.batches ran without a stream (or twice in one stage)")
         stream, self._stream = self._stream, None
         chunks = (self.converter.convert(rb) for rb in stream if rb.num_rows)
-        yield from rebatch(chunks, batch_size, buffer_rows=self.shuffle_buffer if shuffle else 0,  # type: ignore[misc]  # rebatch yields tuple[Tensor, ...]: these chunks are (features, labels)
-                           generator=seeded_generator(seed, epoch, rank))
+        batches = rebatch(chunks, batch_size, buffer_rows=self.shuffle_buffer if shuffle else 0,
+                          generator=seeded_generator(seed, epoch, rank))
+        yield from (map(self.converter.pack, batches) if self.converter.dict_batches  # type: ignore[misc]  # rebatch yields tuple[Tensor, ...]: these chunks are (features, labels)
+                    else batches)
 
     def counters(self) -> dict[str, int]:
         return {"dropped_null_rows": self.converter.dropped}
@@ -147,7 +149,8 @@ class DataFrameSource:
 
 
 def dataframe_data(df, *, features: str | Sequence[str], label: str | None, feature_shape=None,
-                   drop_nulls: bool = False, shuffle_buffer: int = 10_000) -> ParquetData | DataFrameSource:
+                   drop_nulls: bool = False, shuffle_buffer: int = 10_000,
+                   dict_batches: bool = False) -> ParquetData | DataFrameSource:
     """Route a DataFrame to :class:`ParquetData` (plain Parquet scan) or to per-epoch streaming."""
     columns = [features] if isinstance(features, str) else list(features or [])
     wanted = columns + ([label] if label else [])
@@ -159,7 +162,7 @@ def dataframe_data(df, *, features: str | Sequence[str], label: str | None, feat
     if files is not None:
         try:
             data = ParquetData(_local_paths(files), features=features, label=label, feature_shape=feature_shape,
-                               drop_nulls=drop_nulls, shuffle_buffer=shuffle_buffer)
+                               drop_nulls=drop_nulls, shuffle_buffer=shuffle_buffer, dict_batches=dict_batches)
             log.info("the DataFrame is a plain Parquet scan of %d file(s): workers read the files directly",
                      len(files))
             return data
@@ -167,7 +170,8 @@ def dataframe_data(df, *, features: str | Sequence[str], label: str | None, feat
             log.info("reading the Parquet files directly is not possible (%s); streaming through Spark", exc)
     projected = df.select(*wanted)
     schema = projected.limit(0).toArrow().schema
-    converter = ArrowConverter(schema, features, label, feature_shape=feature_shape, drop_nulls=drop_nulls)
+    converter = ArrowConverter(schema, features, label, feature_shape=feature_shape, drop_nulls=drop_nulls,
+                               dict_batches=dict_batches)
     level = df.storageLevel
     return DataFrameSource(projected, converter, shuffle_buffer, cached=level.useMemory or level.useDisk)
 

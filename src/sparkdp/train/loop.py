@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import math
@@ -20,11 +21,15 @@ from ..data.prefetch import DEFAULT_DEPTH, prefetch
 from ..errors import ConfigError, DataError, TrainingDiverged, WorkerHung
 from ..monitor.probe import MonitorLink, open_probe
 from ..strategies.base import Strategy
+from .batch import ModelLoss, batch_rows, call_model, describe_batch, forward_loss, to_device
 from .checkpoint import CheckpointPolicy, save_checkpoint
 from .faults import Fault
 from .layout import batch_layout, set_layout, use_channels_last
 from .optim import OptimizerFactory
+from .precision import resolve_precision
 from .report import WorkerReport
+from .schedule import ScheduleSpec
+from .step import Stepper, with_last
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +98,18 @@ class FitSpec:
     fault: Fault | None = None
     #: where live metrics go (the driver's ``monitor.hub``); None: not monitored
     monitor: MonitorLink | None = None
+    #: "32", "bf16-mixed" or "fp16-mixed" (``train.precision``)
+    precision: str = "32"
+    #: micro-batches per optimizer step (``train.step``)
+    accumulate: int = 1
+    #: the largest gradient 2-norm an optimizer step takes (None: no clipping)
+    clip_grad_norm: float | None = None
+    #: a named lr schedule over the job's optimizer steps (``train.schedule``)
+    lr_schedule: ScheduleSpec | None = None
+    #: ``(outputs, batch) -> {name: value or (sum, count)}`` evaluated with the test metrics
+    metric: Callable[[Any, Any], Any] | None = None
+    #: the names ``metric`` returns (learned on the driver, so every rank reduces the same ones)
+    metric_names: tuple[str, ...] = ()
 
     def last_epoch(self) -> int:
         """The job's last epoch (0-based), also when this spec runs only part of the job."""
@@ -100,9 +117,14 @@ class FitSpec:
         return part.start_epoch + self.epochs - 1 if part.last_epoch is None else part.last_epoch
 
     def steps_per_epoch(self, world_size: int) -> int | None:
-        """Steps each worker takes per epoch, when the data's size is known (for progress and ETA)."""
+        """Steps (batches) each worker takes per epoch, when the data's size is known (for progress and ETA)."""
         rows = self.train.num_samples()
         return None if rows is None else math.ceil(math.ceil(rows / world_size) / self.batch_size)
+
+    def optimizer_steps(self, world_size: int) -> int | None:
+        """The job's optimizer steps (every epoch, ``accumulate`` batches a step), when known."""
+        batches = self.steps_per_epoch(world_size)
+        return None if batches is None else (self.last_epoch() + 1) * math.ceil(batches / self.accumulate)
 
     def evaluates_after(self, epoch: int) -> bool:
         """Whether test metrics are computed after ``epoch`` (0-based)."""
@@ -117,9 +139,15 @@ def optimizer_state_to_bytes(optimizer: torch.optim.Optimizer, scheduler: Any = 
     return state_io.to_bytes({"optimizer": optimizer.state_dict(), "scheduler": sched})
 
 
-def check_batch(model: nn.Module, loss_fn: Callable, x: torch.Tensor, y: torch.Tensor) -> Any:
+def check_batch(model: nn.Module, loss_fn: Callable, x: Any, y: Any) -> Any:
     """Run one forward pass and the loss on a batch; turn torch's shape errors into ours.
     Returns the model's output."""
+    if isinstance(loss_fn, ModelLoss) or not isinstance(x, torch.Tensor):
+        try:
+            return forward_loss(model, loss_fn, x, y)[1]
+        except (RuntimeError, TypeError, ValueError, IndexError) as exc:
+            raise ConfigError(f"the model and loss cannot take a batch {describe_batch(x)}: {exc}. Check the model's "
+                              "arguments (a dict batch is passed as model(**batch)) against the data.") from exc
     try:
         out = model(x)
     except RuntimeError as exc:
@@ -138,10 +166,10 @@ def _shapes(out: Any) -> Any:
     return tuple(out.shape) if isinstance(out, torch.Tensor) else [tuple(o.shape) for o in out]
 
 
-def class_scores(out: Any, y: torch.Tensor) -> bool:
+def class_scores(out: Any, y: torch.Tensor | None) -> bool:
     """True when ``out`` is one (rows, classes) tensor and ``y`` integer class labels: accuracy applies.
     (A model may return a tuple, e.g. a Siamese net's two features for a pair loss.)"""
-    return isinstance(out, torch.Tensor) and out.dim() == 2 and not y.is_floating_point()
+    return isinstance(out, torch.Tensor) and out.dim() == 2 and y is not None and not y.is_floating_point()
 
 
 def check_labels(out: torch.Tensor, y: torch.Tensor) -> None:
@@ -175,28 +203,85 @@ def synchronized(batches: Iterator, collective: Collective, check: bool) -> Iter
 
 
 def evaluate(model: nn.Module, loss_fn: Callable, data: WorkerData, collective: Collective,
-             batch_size: int, channels_last: bool = False) -> dict[str, float]:
-    """Loss and (for classifiers) accuracy over all ranks' shares, each row counted once."""
+             batch_size: int, channels_last: bool = False, *, metric: Callable[[Any, Any], Any] | None = None,
+             metric_names: tuple[str, ...] = (), autocast: Callable[[], Any] | None = None) -> dict[str, float]:
+    """Loss and (for classifiers) accuracy over all ranks' shares, each row counted once.
+
+    A model that computes its own loss over label tokens (``loss="model"``, dict batches with
+    ``labels``) reports the token-mean loss and its ``exp``, the perplexity. ``metric(outputs,
+    batch)`` returns ``{name: value}`` (a batch mean, weighted by the batch's rows) or
+    ``{name: (sum, count)}`` per batch; each is reported as the sum over all batches of all
+    ranks divided by the count."""
     model.eval()
     device = next(model.parameters(), torch.empty(0)).device  # a GPU worker's model, or the CPU
-    sums = torch.zeros(4, dtype=torch.float64)  # loss*rows, correct, rows, rows with one output tensor
+    # loss*rows, correct, rows, rows with one output tensor, loss*tokens, tokens, then per metric: sum, count
+    sums = torch.zeros(6 + 2 * len(metric_names), dtype=torch.float64)
+    plain = not isinstance(loss_fn, ModelLoss) and metric is None and autocast is None
     with torch.no_grad():
         for x, y in data.eval_batches(rank=collective.rank, world_size=collective.world_size,
                                       batch_size=batch_size):
-            x, y = x.to(device), y.to(device)
-            out = model(batch_layout(x, channels_last))
-            sums[0] += float(loss_fn(out, y)) * len(x)
+            rows = batch_rows(x)
+            if plain and isinstance(x, torch.Tensor):
+                x, y = x.to(device), y.to(device)
+                out = model(batch_layout(x, channels_last))
+                loss = loss_fn(out, y)
+            else:
+                x, y = to_device(x, device), to_device(y, device)
+                with autocast() if autocast is not None else contextlib.nullcontext():
+                    loss, out = forward_loss(model, loss_fn, batch_layout(x, channels_last)
+                                             if isinstance(x, torch.Tensor) else x, y)
+                tokens = loss_fn.tokens(x) if isinstance(loss_fn, ModelLoss) else None
+                if tokens is not None:
+                    sums[4] += float(loss) * tokens
+                    sums[5] += tokens
+                if metric is not None:
+                    _add_metrics(sums[6:], metric(out, x if y is None else (x, y)), metric_names, rows)
+            sums[0] += float(loss) * rows
             if class_scores(out, y):
                 sums[1] += float((out.argmax(1) == y).sum())
-            sums[2] += len(x)
-            sums[3] += len(x) if isinstance(out, torch.Tensor) else 0
+            sums[2] += rows
+            sums[3] += rows if isinstance(out, torch.Tensor) else 0
     collective.all_reduce(sums, "sum")
     model.train()
-    rows = max(sums[2].item(), 1.0)
-    metrics = {"test_loss": sums[0].item() / rows}
+    rows_total = max(sums[2].item(), 1.0)
+    metrics = {"test_loss": sums[0].item() / rows_total}
     if sums[3] > 0:  # not for models returning several tensors (a Siamese net's pair of features)
-        metrics["test_accuracy"] = sums[1].item() / rows
+        metrics["test_accuracy"] = sums[1].item() / rows_total
+    if sums[5] > 0:  # a language model's loss per label token, and its perplexity
+        metrics["test_loss"] = sums[4].item() / sums[5].item()
+        metrics["test_perplexity"] = math.exp(metrics["test_loss"])
+    for i, name in enumerate(metric_names):
+        total, count = sums[6 + 2 * i].item(), sums[7 + 2 * i].item()
+        metrics[f"test_{name}"] = total / count if count else math.nan
     return metrics
+
+
+def _add_metrics(sums: torch.Tensor, values: Any, names: tuple[str, ...], rows: int) -> None:
+    """Add one batch's ``metric`` result to ``sums`` (sum, count per name)."""
+    if not isinstance(values, dict) or set(values) != set(names):
+        got = sorted(values) if isinstance(values, dict) else type(values).__name__
+        raise ConfigError(f"the metric function must return the same names for every batch, {list(names)}; "
+                          f"got {got}.")
+    for i, name in enumerate(names):
+        value = values[name]
+        total, count = value if isinstance(value, (tuple, list)) else (float(value) * rows, rows)
+        sums[2 * i] += float(total)
+        sums[2 * i + 1] += float(count)
+
+
+def metric_names(metric: Callable[[Any, Any], Any], out: Any, x: Any, y: Any) -> tuple[str, ...]:
+    """The names ``metric`` returns for one batch (run on the driver), checked."""
+    values = metric(out, x if y is None else (x, y))
+    if not isinstance(values, dict) or not values or not all(isinstance(k, str) for k in values):
+        raise ConfigError(f"metric must return a dict of name -> value (a batch mean) or (sum, count); got "
+                          f"{values!r}.")
+    for name, value in values.items():
+        pair = isinstance(value, (tuple, list))
+        if (pair and len(value) != 2) or not all(isinstance(v, (int, float)) or
+                                                 (isinstance(v, torch.Tensor) and v.numel() == 1)
+                                                 for v in (value if pair else (value,))):
+            raise ConfigError(f"metric's {name!r} must be a number or a (sum, count) pair; got {value!r}.")
+    return tuple(sorted(values))
 
 
 def fit_worker(spec: FitSpec, collective: Collective) -> WorkerReport | None:
@@ -242,6 +327,8 @@ def _fit_worker(spec: FitSpec, collective: Collective, probe: Any) -> WorkerRepo
         set_layout(model, True)
     optimizer = spec.optimizer.build(model)
     scheduler = spec.scheduler(optimizer) if spec.scheduler is not None else None
+    if spec.lr_schedule is not None:
+        scheduler = spec.lr_schedule.build(optimizer, spec.optimizer_steps(collective.world_size))
     if part.optimizer_state:
         saved = state_io.from_bytes(part.optimizer_state)  # what optimizer_state_to_bytes encoded
         optimizer.load_state_dict(saved["optimizer"])
@@ -257,6 +344,12 @@ def _fit_worker(spec: FitSpec, collective: Collective, probe: Any) -> WorkerRepo
     saver = _Saver(policy, spec, strategy, optimizer, scheduler, collective) if policy is not None else None
     steps_done = 0
     steps_per_epoch = spec.steps_per_epoch(world)
+    precision = resolve_precision(spec.precision, collective.device)
+    # the plain path (float32, a step per batch, no clipping, a classic loss) runs as it always did
+    stepper = None if (not precision.mixed and spec.accumulate == 1 and spec.clip_grad_norm is None
+                       and not isinstance(spec.loss, ModelLoss)) else \
+        Stepper(net, spec.loss, optimizer, scheduler, strategy, precision, spec.accumulate, spec.clip_grad_norm)
+    autocast = precision.autocast if precision.mixed else None
     for epoch in range(part.start_epoch, part.start_epoch + spec.epochs):
         probe.start_epoch(epoch, steps_per_epoch, spec.last_epoch() + 1)
         model.train()
@@ -270,31 +363,42 @@ def _fit_worker(spec: FitSpec, collective: Collective, probe: Any) -> WorkerRepo
             spec.train.batches(rank=rank, world_size=world, epoch=epoch, batch_size=spec.batch_size,
                                seed=spec.seed, shuffle=spec.shuffle), skip, None), spec.prefetch)
         ready = time.perf_counter()
-        for step, (x, y) in enumerate(synchronized(batches, collective, check), start=skip):
+        stream = synchronized(batches, collective, check)
+        # accumulating, a shorter last group of micro-batches must know it is the last
+        marked = with_last(stream) if spec.accumulate > 1 else ((b, False) for b in stream)
+        for step, ((x, y), last) in enumerate(marked, start=skip):
             arrived = time.perf_counter()
             probe.batch_arrived(arrived - ready)
-            x, y = batch_layout(x.to(collective.device), channels_last), y.to(collective.device)
+            if isinstance(x, torch.Tensor):
+                x, y = batch_layout(x.to(collective.device), channels_last), to_device(y, collective.device)
+            else:
+                x, y = to_device(x, collective.device), to_device(y, collective.device)
             if epoch == 0 and step == 0:
                 with torch.no_grad():
                     check_batch(strategy.unwrap(), spec.loss, x, y)
-            strategy.add_samples(len(x))
-            optimizer.zero_grad(set_to_none=True)
-            loss = spec.loss(net(x), y)
-            loss.backward()
-            optimizer.step()
-            if scheduler is not None:
-                scheduler.step()
+            rows = batch_rows(x)
+            if stepper is None:
+                strategy.add_samples(rows)
+                optimizer.zero_grad(set_to_none=True)
+                loss = spec.loss(net(x) if isinstance(x, torch.Tensor) else call_model(net, x), y)
+                loss.backward()
+                optimizer.step()
+                if scheduler is not None:
+                    scheduler.step()
+            else:
+                loss = stepper.micro_step(x, y, rows, step, last)
             value = loss.detach().item()
             if not math.isfinite(value):
                 raise TrainingDiverged(f"worker {rank}: the loss is {value} at epoch {epoch + 1}, step {step + 1}; "
                                        "lower the learning rate, or check the data for NaN/inf values.")
-            stats[0] += value * len(x)
-            stats[1] += len(x)
+            stats[0] += value * rows
+            stats[1] += rows
             steps_done += 1
             if spec.fault is not None:  # (a "slow" fault's sleep counts as this step's compute)
                 spec.fault.maybe_fire(rank, steps_done)
-            probe.step_done(time.perf_counter() - arrived, len(x), value)
-            if saver is not None and saver.due(step + 1):
+            probe.step_done(time.perf_counter() - arrived, rows, value)
+            # (a checkpoint falls between optimizer steps, never inside a group of micro-batches)
+            if saver is not None and (stepper is None or stepper.stepped) and saver.due(step + 1):
                 saver.save(epoch, step + 1, history, stats, before + time.perf_counter() - started)
             ready = time.perf_counter()
         strategy.end_epoch()
@@ -311,7 +415,8 @@ def _fit_worker(spec: FitSpec, collective: Collective, probe: Any) -> WorkerRepo
             if spec.evaluates_after(epoch) else None
         if target is not None:
             assert spec.eval is not None  # evaluates_after(epoch) holds only with evaluation data
-            record.update(evaluate(target[0], spec.loss, spec.eval, target[1], spec.eval_batch_size, channels_last))
+            record.update(evaluate(target[0], spec.loss, spec.eval, target[1], spec.eval_batch_size, channels_last,
+                                   metric=spec.metric, metric_names=spec.metric_names, autocast=autocast))
         history.append(record)
         log.info("rank %d epoch %d: %s", rank, epoch + 1, record)
         if rank == 0:

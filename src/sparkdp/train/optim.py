@@ -19,6 +19,7 @@ from torch.nn import functional as F
 from torch.optim import Optimizer
 
 from ..errors import ConfigError
+from .batch import ModelLoss
 
 OPTIMIZERS: dict[str, type[Optimizer]] = {
     "sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
@@ -90,11 +91,18 @@ def optimizer_factory(optimizer: Any, model: nn.Module, **kwargs: Any) -> Optimi
                       f"({', '.join(sorted(OPTIMIZERS))}), a torch.optim class or instance, or a factory.")
 
 
-def resolve_loss(loss: Any) -> Callable[..., torch.Tensor]:
+def resolve_loss(loss: Any) -> Callable[..., Any]:
+    """A loss name, ``"model"`` (the model computes its loss: ``train.batch.ModelLoss``), a
+    ``ModelLoss``, or a callable ``(outputs, labels) -> loss``."""
+    if isinstance(loss, ModelLoss):
+        return loss
     if isinstance(loss, str):
+        if loss == "model":
+            return ModelLoss()
         if loss not in LOSSES:
-            raise ConfigError(f"Unknown loss {loss!r}. Available: {', '.join(sorted(LOSSES))}; "
-                              "or pass a callable (outputs, labels) -> scalar tensor.")
+            raise ConfigError(f"Unknown loss {loss!r}. Available: {', '.join(sorted(LOSSES))}, or 'model' (the "
+                              "model's output carries the loss); or pass a callable (outputs, labels) -> scalar "
+                              "tensor, or sparkdp.model_loss(fn) for fn(model, batch) -> loss.")
         return LOSSES[loss]
     if callable(loss):
         return loss

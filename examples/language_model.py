@@ -55,7 +55,7 @@ def main() -> None:
         model = build_model("gpt", vocab_size=tokenizer.get_vocab_size(), block_size=BLOCK,
                             n_layer=2, n_head=4, d_model=128)
         result = sparkdp.fit(model, train_blocks, eval_data=validation_path,
-                             features=["input_ids", "labels"], loss="model",
+                             features=["input_ids", "labels"], dict_batches=True, loss="model",
                              optimizer="adamw", optimizer_options={"lr": 3e-3},
                              workers=2, epochs=2, batch_size=16, show_progress=False)
     first, last = result.history[0]["loss"], result.history[-1]["loss"]

@@ -44,7 +44,7 @@ def test_the_corpus_is_packed_for_the_models_vocabulary_and_context(tmp_path, mo
     job = text_job("fortunes", "gpt-tiny", {"block_size": 32}, limit=300)
     # gpt-tiny's preset vocabulary (256) and the option's context (32) reach both the model and the tokenizer
     assert job.model_args == {"vocab_size": 256, "block_size": 32}
-    assert job.columns == {"features": ["input_ids", "labels"]}
+    assert job.columns == {"features": ["input_ids", "labels"], "dict_batches": True}
     ds = load_text_dataset("fortunes", limit=300, vocab_size=256, block_size=32)
     for path, blocks in ((job.data, ds.train_blocks), (job.eval_data, ds.validation_blocks)):
         table = pq.read_table(path)

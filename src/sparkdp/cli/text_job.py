@@ -47,4 +47,4 @@ def text_job(dataset: str, model: str, model_args: dict[str, Any], limit: int | 
     for path, blocks in ((train, ds.train_blocks), (validation, ds.validation_blocks)):
         if not path.is_file():
             write_blocks(blocks, path)
-    return TextJob({**model_args, **sizes}, str(train), str(validation), {"features": list(BLOCK_COLUMNS)})
+    return TextJob({**model_args, **sizes}, str(train), str(validation), {"features": list(BLOCK_COLUMNS), "dict_batches": True})

@@ -172,11 +172,15 @@ def set_torch_distributed_env(master_addr: str, master_port: int, rank: int, wor
     _choose_gloo_interface(master_addr)
 
 
-def set_restart_env(restart: int, checkpoint_dir: str | None) -> None:
+def set_restart_env(restart: int, max_restarts: int, checkpoint_dir: str | None) -> None:
     """What a restarted torchrun worker reads: ``TORCHELASTIC_RESTART_COUNT`` (0 in the first
-    attempt, n in the n-th restart) and, when the job has one, its checkpoint directory as
-    ``SPARKDP_CHECKPOINT_DIR`` (where the script saves and finds what it resumes from)."""
+    attempt, n in the n-th restart of the job), ``TORCHELASTIC_MAX_RESTARTS`` (the job's
+    ``max_restarts``) and, when the job has one, its checkpoint directory as
+    ``SPARKDP_CHECKPOINT_DIR`` (where the script saves and finds what it resumes from). Set once
+    the job's attempt is known, over the Spark task's own attempt number that
+    :func:`set_torch_distributed_env` put there."""
     os.environ["TORCHELASTIC_RESTART_COUNT"] = str(restart)
+    os.environ["TORCHELASTIC_MAX_RESTARTS"] = str(max_restarts)
     if checkpoint_dir is not None:
         os.environ["SPARKDP_CHECKPOINT_DIR"] = checkpoint_dir
     else:

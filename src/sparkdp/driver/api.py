@@ -341,7 +341,7 @@ def run(train_fn: Callable[..., Any], *args: Any, spark: Any = None, argv: list[
             ctx = WorkerContext(collective.rank, collective.world_size, collective, strategy, job.training.seed,
                                 collective.device, probe=probe, restart=attempt.restart,
                                 checkpoint_dir=checkpoint_dir)
-            set_restart_env(ctx.restart, ctx.checkpoint_dir)
+            set_restart_env(ctx.restart, job.failures.max_restarts, ctx.checkpoint_dir)
             set_current(ctx)
             saved_argv, sys.argv = sys.argv, list(worker_argv)
             try:

@@ -20,8 +20,8 @@ log = logging.getLogger(__name__)
 def in_task(body: Callable[[Collective], Any], *, threads: int | None, pg_timeout_s: float) -> Callable:
     """Wrap ``body(collective)`` as the function the launcher runs on every task, in the torchrun
     environment of the task's place (``sparkdp.comm.torchrun_env``; TORCHELASTIC_RESTART_COUNT is
-    the Spark task's attempt number, and TORCHELASTIC_MAX_RESTARTS 0: sparkdp restarts no stage of
-    ``run`` or ``launch`` itself)."""
+    the Spark task's attempt number here, and ``run``/``launch`` set the job's restart number and
+    ``max_restarts`` over it once the attempt is known: ``set_restart_env``)."""
 
     def task(info) -> Any:
         torch.set_num_threads(threads or max(1, info.cpus))

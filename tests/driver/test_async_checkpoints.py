@@ -15,9 +15,15 @@ from safetensors.torch import save_file
 from torch import nn
 
 from sparkdp import state as state_io
-from sparkdp.data.tensors import TensorData
 from sparkdp.config import JobConfig
-from sparkdp.driver.async_job import ServerCheckpoints, _resume_server, load_latest, server_factory, server_lineage
+from sparkdp.data.tensors import TensorData
+from sparkdp.driver.async_job import (
+    ServerCheckpoints,
+    _resume_server,
+    load_latest,
+    server_factory,
+    server_lineage,
+)
 from sparkdp.driver.recovery import refuse_foreign_checkpoints
 from sparkdp.errors import ConfigError
 from sparkdp.strategies import AsyncParameterServer

@@ -129,13 +129,42 @@ def decode(data: bytes) -> tuple[str, str, Any]:
 def host_copy(obj: Any) -> Any:
     """``obj`` with every tensor copied to host memory: what a background writer may read while
     training goes on changing the originals (dicts, lists and tuples are rebuilt, the rest kept)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {k: host_copy(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(host_copy(v) for v in obj)
-    return obj
+    return HostSnapshot().take(obj)
+
+
+class HostSnapshot:
+    """Copies state into host buffers kept from one save to the next, so that a save pays for
+    the copy only, not for allocating and first touching fresh memory (GPU tensors go to pinned
+    buffers, all copies issued before one wait). The buffers a snapshot returns are overwritten
+    by the next :meth:`take`: take it only once the previous snapshot's write is done."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[Any, ...], torch.Tensor] = {}
+
+    def take(self, obj: Any) -> Any:
+        """``obj`` with every tensor copied (dicts, lists and tuples rebuilt, the rest kept)."""
+        devices: set[torch.device] = set()
+        copied = self._take(obj, (), devices)
+        for device in devices:  # the non-blocking device-to-host copies have landed
+            torch.cuda.synchronize(device)
+        return copied
+
+    def _take(self, obj: Any, path: tuple[Any, ...], devices: set[torch.device]) -> Any:
+        if isinstance(obj, torch.Tensor):
+            src = obj.detach()
+            buf = self._buffers.get(path)
+            if buf is None or buf.shape != src.shape or buf.dtype != src.dtype:
+                buf = torch.empty(src.shape, dtype=src.dtype, pin_memory=src.is_cuda)
+                self._buffers[path] = buf
+            buf.copy_(src, non_blocking=src.is_cuda)
+            if src.is_cuda:
+                devices.add(src.device)
+            return buf
+        if isinstance(obj, dict):
+            return {k: self._take(v, (*path, k), devices) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(self._take(v, (*path, i), devices) for i, v in enumerate(obj))
+        return obj
 
 
 class CheckpointStore:
@@ -366,5 +395,5 @@ class BackgroundWriter:
             self._error = exc
 
 
-__all__ = ["BackgroundWriter", "CheckpointName", "CheckpointStore", "DirectoryWriter", "decode", "digest", "encode",
-           "host_copy", "new_job_id", "parse_name", "server_series", "sync_position"]
+__all__ = ["BackgroundWriter", "CheckpointName", "CheckpointStore", "DirectoryWriter", "HostSnapshot", "decode",
+           "digest", "encode", "host_copy", "new_job_id", "parse_name", "server_series", "sync_position"]

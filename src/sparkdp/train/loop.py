@@ -21,7 +21,7 @@ from ..errors import ConfigError, DataError, TrainingDiverged, WorkerHung
 from ..monitor.probe import MonitorLink, open_probe
 from ..strategies.base import Strategy
 from .checkpoint import CheckpointPolicy, save_checkpoint
-from .checkpoint_store import BackgroundWriter, host_copy
+from .checkpoint_store import BackgroundWriter, HostSnapshot
 from .faults import Fault
 from .layout import batch_layout, set_layout, use_channels_last
 from .optim import OptimizerFactory
@@ -355,7 +355,7 @@ class _Saver:
         self.policy, self.spec, self.strategy = policy, spec, strategy
         self.optimizer, self.scheduler, self.collective = optimizer, scheduler, collective
         self.last = time.monotonic()
-        self.writer = BackgroundWriter()
+        self.writer, self.snapshot = BackgroundWriter(), HostSnapshot()
 
     def due(self, step: int) -> bool:
         every_steps, every_s = self.policy.settings.checkpoint_every, self.policy.settings.checkpoint_every_s
@@ -380,9 +380,12 @@ class _Saver:
         self.last = time.monotonic()
         if collective.rank != 0:
             return
-        # the snapshot: what training changes next is copied now, the rest happens in the background
-        model, strategy_state = host_copy(self.strategy.unwrap().state_dict()), host_copy(self.strategy.state_dict())
-        optimizer = host_copy(optimizer_state(self.optimizer, self.scheduler))
+        # the snapshot: what training changes next is copied now (into the buffers of the previous
+        # one, whose write must be done), the rest happens in the background
+        self.writer.wait()
+        model, strategy_state, optimizer = self.snapshot.take((
+            self.strategy.unwrap().state_dict(), self.strategy.state_dict(),
+            optimizer_state(self.optimizer, self.scheduler)))
         policy, history = self.policy, [*self.spec.part.history, *(dict(h) for h in history)]
         rng, workers = [row.to(torch.uint8) for row in states[:-1]], collective.world_size
         epoch_stats = (float(states[-1, 0]), float(states[-1, 1]), seconds)

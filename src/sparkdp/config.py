@@ -201,11 +201,12 @@ class CheckpointConfig:
     """Checkpoints: where, how often, how many, and where to resume from.
 
     Attributes:
-        checkpoint_dir: where synchronous jobs save checkpoints (a directory or an hdfs:// or s3:// URL; at every epoch end at least), asynchronous ones the parameter server's state; unset, a temporary directory serves automatic recovery only.
+        checkpoint_dir: where synchronous jobs save checkpoints (a directory or an fsspec URL such as s3://bucket/run; at every epoch end at least), asynchronous ones the parameter servers' state; unset, a temporary directory serves automatic recovery only.
         checkpoint_every: also save every this many steps of an epoch.
         checkpoint_every_s: also save when this many seconds have passed.
         keep_checkpoints: how many of the newest checkpoints to keep.
         resume: a checkpoint directory: continue from its newest valid checkpoint.
+        checkpoint_storage_options: options for the checkpoint directory's fsspec filesystem (e.g. endpoint_url=http://host:9000 for an S3-compatible store); they travel to the executors with the job.
     """
 
     checkpoint_dir: str | None = setting(None, metavar="DIR")
@@ -213,12 +214,18 @@ class CheckpointConfig:
     checkpoint_every_s: float | None = setting(None, metavar="S")
     keep_checkpoints: int = setting(3, metavar="K")
     resume: str | None = setting(None, metavar="DIR")
+    checkpoint_storage_options: dict[str, Any] | None = setting(None, metavar="KEY=VALUE")
 
     def __post_init__(self) -> None:
         check_int("checkpoint_every", self.checkpoint_every, optional=True)
         check_int("keep_checkpoints", self.keep_checkpoints)
         check_seconds("checkpoint_every_s", self.checkpoint_every_s, optional=True)
         _paths(self, "checkpoint_dir", "resume")
+        options = self.checkpoint_storage_options
+        if options is not None and not (isinstance(options, Mapping) and all(isinstance(k, str) for k in options)):
+            raise ConfigError(f"checkpoint_storage_options={options!r}: expected a mapping of option names to "
+                              "values (e.g. {'endpoint_url': 'http://host:9000'}), as the checkpoint "
+                              "directory's fsspec filesystem takes them.")
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,8 @@ A model's state dict is plain safetensors (:func:`state_to_bytes`, :func:`save_s
 any safetensors reader loads. Nested state (dicts, lists, tuples, numbers, strings, None,
 tensors) keeps its tensors as safetensors entries and the nesting around them as JSON in the
 safetensors metadata under ``"sparkdp"`` (:func:`to_bytes`, :func:`save`). Used for optimizer
-state between stages (``train.loop``, as bytes) and parameter-server checkpoints
-(``ps.server``, as one file: one ``os.replace``, so a crash mid-save leaves the previous
-checkpoint intact).
+state between stages (``train.loop``, as bytes) and the contents of every checkpoint
+(``train.checkpoint_store``).
 
 Example:
     >>> import torch

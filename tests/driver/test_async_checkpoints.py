@@ -1,5 +1,7 @@
-"""The driver's parameter-server checkpoints: resume skips damaged files, a failed periodic save
-does not end periodic saving. No Spark: the server, the saver and the resume step directly."""
+"""Parameter-server checkpoints: resume skips damaged files, a failed periodic save does not end
+periodic saving, and two jobs' server checkpoints in one directory are told apart by the
+identity each carries (rotation, resume and the start-of-job check). No Spark: the server,
+the saver and the resume step directly."""
 
 from __future__ import annotations
 
@@ -13,10 +15,19 @@ from safetensors.torch import save_file
 from torch import nn
 
 from sparkdp import state as state_io
+from sparkdp.config import JobConfig
 from sparkdp.data.tensors import TensorData
-from sparkdp.driver.async_job import ServerCheckpoints, _resume_server, server_factory
+from sparkdp.driver.async_job import (
+    ServerCheckpoints,
+    _resume_server,
+    load_latest,
+    server_factory,
+    server_lineage,
+)
+from sparkdp.driver.recovery import refuse_foreign_checkpoints
 from sparkdp.errors import ConfigError
 from sparkdp.strategies import AsyncParameterServer
+from sparkdp.train.checkpoint_store import CheckpointStore, server_series
 from sparkdp.train.loop import FitSpec
 from sparkdp.train.optim import optimizer_factory, resolve_loss
 
@@ -36,15 +47,24 @@ def _server(model: nn.Module):
     return server_factory(STRATEGY, 1)(list(model.parameters()))
 
 
-def _two_checkpoints(directory):
+JOB = "job-a"
+NEWEST = f"ps-000001-{JOB}.safetensors"
+
+
+def _store(directory, job_id: str = JOB, keep: int = 3) -> CheckpointStore:
+    return CheckpointStore(str(directory), job_id, keep)
+
+
+def _two_checkpoints(directory, job_id: str = JOB, series: str = server_series(), push: float = 2.0):
     """ps-000000 after worker 0's push 0, ps-000001 after its push 1; the centres after each."""
     torch.manual_seed(0)
     server = _server(nn.Linear(4, 3))
+    saver = ServerCheckpoints(server, _store(directory, job_id), 60.0, series)
     centres = []
     for seq in range(2):
         versions = server.pull(worker=0).versions
-        server.push(0, seq=seq, pulled_versions=versions, tensors=[torch.full((3, 4), 2.0), torch.ones(3)])
-        server.save(directory / f"ps-{seq:06d}.safetensors")
+        server.push(0, seq=seq, pulled_versions=versions, tensors=[torch.full((3, 4), push), torch.ones(3)])
+        saver.save()
         centres.append([t.clone() for t in server.pull(worker=1).tensors])
     return centres
 
@@ -77,17 +97,17 @@ DAMAGE = {"truncated": _truncate, "a flipped byte in the header": _flip(40),
 @pytest.mark.parametrize("damage", DAMAGE.values(), ids=DAMAGE.keys())
 def test_resume_skips_a_damaged_newest_checkpoint_for_the_one_before_it(tmp_path, caplog, damage):
     centres = _two_checkpoints(tmp_path)
-    damage(tmp_path / "ps-000001.safetensors")
+    damage(tmp_path / NEWEST)
     model = nn.Linear(4, 3)
     server = _server(model)
     with caplog.at_level(logging.WARNING, logger="sparkdp"):
-        spec = _resume_server(server, _spec(model), STRATEGY, 1, str(tmp_path))
+        spec = _resume_server(server, _spec(model), STRATEGY, 1, _store(tmp_path))
     for got, want in zip(model.parameters(), centres[0], strict=True):
         torch.testing.assert_close(got.detach(), want, rtol=0, atol=0)
     assert server.last_seq(0) == 0  # the older checkpoint's books, not the damaged one's
     assert spec.part.start_epoch == 0 and spec.epochs == 3
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "ps-000001.safetensors" in warnings[0], warnings
+    assert len(warnings) == 1 and NEWEST in warnings[0], warnings
 
 
 def test_resume_with_every_checkpoint_damaged_is_a_clear_error(tmp_path, caplog):
@@ -97,7 +117,7 @@ def test_resume_with_every_checkpoint_damaged_is_a_clear_error(tmp_path, caplog)
     model = nn.Linear(4, 3)
     with caplog.at_level(logging.WARNING, logger="sparkdp"), \
             pytest.raises(ConfigError, match="no readable parameter-server checkpoint.*start afresh"):
-        _resume_server(_server(model), _spec(model), STRATEGY, 1, str(tmp_path))
+        _resume_server(_server(model), _spec(model), STRATEGY, 1, _store(tmp_path))
     assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 2
 
 
@@ -105,36 +125,67 @@ def test_resume_with_a_checkpoint_of_another_model_says_so(tmp_path):
     _two_checkpoints(tmp_path)
     model = nn.Linear(5, 3)
     with pytest.raises(ConfigError, match="different model or shard layout"):
-        _resume_server(_server(model), _spec(model), STRATEGY, 1, str(tmp_path))
-
-
-def test_a_checkpoint_without_a_digest_still_loads(tmp_path):
-    """Checkpoints saved before the SHA-256 was added are read unverified."""
-    centres = _two_checkpoints(tmp_path)
-    torch.manual_seed(0)
-    source = _server(nn.Linear(4, 3))
-    source.load(tmp_path / "ps-000001.safetensors")
-    state_io.save(source.state_dict(), tmp_path / "ps-000001.safetensors")
-    fresh = _server(nn.Linear(4, 3))
-    fresh.load(tmp_path / "ps-000001.safetensors")
-    for got, want in zip(fresh.pull(worker=1).tensors, centres[1], strict=True):
-        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        _resume_server(_server(model), _spec(model), STRATEGY, 1, _store(tmp_path))
 
 
 def test_a_failed_periodic_checkpoint_is_logged_and_the_next_period_saves(tmp_path, caplog, monkeypatch):
     server = _server(nn.Linear(4, 3))
-    real_save, calls, saved = server.save, [], threading.Event()
+    store = _store(tmp_path)
+    real_put, calls, saved = store.put, [], threading.Event()
 
-    def save(path):
-        calls.append(path)
+    def put(name, data):
+        calls.append(name)
         if len(calls) == 1:
             raise OSError(errno.ENOSPC, "No space left on device")
-        real_save(path)
+        real_put(name, data)
         saved.set()
 
-    monkeypatch.setattr(server, "save", save)
-    with caplog.at_level(logging.WARNING, logger="sparkdp"), ServerCheckpoints(server, str(tmp_path), 0.05, 3):
+    monkeypatch.setattr(store, "put", put)
+    with caplog.at_level(logging.WARNING, logger="sparkdp"), ServerCheckpoints(server, store, 0.05):
         assert saved.wait(10), "no checkpoint was saved after the failed one"
-    assert (tmp_path / "ps-000000.safetensors").exists()  # the failed one's name, retried
+    assert (tmp_path / f"ps-000000-{JOB}.safetensors").exists()  # the failed one's name, retried
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert warnings and "ps-000000.safetensors" in warnings[0] and "No space left on device" in warnings[0]
+    assert warnings and f"ps-000000-{JOB}.safetensors" in warnings[0] and "No space left on device" in warnings[0]
+
+
+# ----------------------------------------------------------- two jobs, one directory
+def test_a_second_job_is_refused_where_another_jobs_server_tasks_saved(tmp_path):
+    """Server task checkpoints (servers=K, ps-sKofN-...) are another job's checkpoints too."""
+    refuse_foreign_checkpoints(JobConfig.of(checkpoint_dir=str(tmp_path)))  # empty: fine
+    _two_checkpoints(tmp_path, "first", server_series(0, 2))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ps-s0of2-000000-first.safetensors",
+                                                          "ps-s0of2-000001-first.safetensors"]
+    with pytest.raises(ConfigError, match=r"another job \(ps-s0of2-000000-first.*resume="):
+        refuse_foreign_checkpoints(JobConfig.of(checkpoint_dir=str(tmp_path)))
+    job = JobConfig.of(checkpoint_dir=str(tmp_path), resume=str(tmp_path))
+    assert server_lineage(job) == "first"
+    refuse_foreign_checkpoints(job, server_lineage(job))  # resuming that job: its own files
+
+
+def test_two_jobs_server_checkpoints_in_one_directory_are_told_apart(tmp_path):
+    """Two jobs started on one empty directory save side by side: neither overwrites, rotates
+    away or resumes the other's files."""
+    mine = _two_checkpoints(tmp_path, "job-a", push=2.0)
+    theirs = _two_checkpoints(tmp_path, "job-b", push=-3.0)
+    assert mine[1][0][0, 0] != theirs[1][0][0, 0]
+    for _ in range(4):  # job b saves on, keep=1: only its own older files go
+        ServerCheckpoints(_server(nn.Linear(4, 3)), _store(tmp_path, "job-b", keep=1), 60.0).save()
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["ps-000000-job-a.safetensors", "ps-000001-job-a.safetensors", "ps-000005-job-b.safetensors"]
+    for job_id, want in (("job-a", mine[1]), ("job-b", None)):
+        server = _server(nn.Linear(4, 3))
+        assert load_latest(server, _store(tmp_path, job_id)) == \
+            ("ps-000001-job-a.safetensors" if job_id == "job-a" else "ps-000005-job-b.safetensors")
+        if want is not None:
+            for got, expected in zip(server.pull(worker=1).tensors, want, strict=True):
+                torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    with pytest.raises(ConfigError, match="no readable parameter-server checkpoint of this job"):
+        load_latest(_server(nn.Linear(4, 3)), _store(tmp_path, "job-c"))  # a restart before its first save
+
+
+def test_a_server_checkpoint_renamed_to_another_jobs_name_is_not_loaded(tmp_path, caplog):
+    _two_checkpoints(tmp_path, "job-b")
+    (tmp_path / "ps-000007-job-a.safetensors").write_bytes((tmp_path / "ps-000001-job-b.safetensors").read_bytes())
+    with caplog.at_level(logging.WARNING, logger="sparkdp"), pytest.raises(ConfigError, match="no readable"):
+        load_latest(_server(nn.Linear(4, 3)), _store(tmp_path, "job-a"))
+    assert "not what its name says" in caplog.text

@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 from safetensors.torch import save as st_save
 
 from sparkdp.state import META_KEY
-from sparkdp.train.checkpoint import Checkpoint, CheckpointPolicy, _digest, parse_checkpoint, save_checkpoint
+from sparkdp.train.checkpoint import Checkpoint, CheckpointPolicy, parse_checkpoint, save_checkpoint
+from sparkdp.train.checkpoint_store import digest
 
 EXAMPLES = int(os.environ.get("SPARKDP_FUZZ_EXAMPLES", "1500"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=EXAMPLES < 10_000,
@@ -96,6 +97,5 @@ _JSON = st.recursive(
                                                st.integers(0, 4).map(lambda n: torch.arange(n, dtype=torch.uint8)),
                                                max_size=2))
 def test_crafted_skeletons_with_a_correct_digest_load_or_raise_value_error(skeleton, tensors):
-    text = json.dumps(skeleton)
-    _parse_or_value_error(st_save(tensors, metadata={META_KEY: text, "sha256": _digest(tensors, text),
-                                                     "digest": "v2"}))
+    for text in (json.dumps(skeleton), json.dumps({"job_id": "fuzz", "series": "ckpt", "state": skeleton})):
+        _parse_or_value_error(st_save(tensors, metadata={META_KEY: text, "sha256": digest(tensors, text)}))

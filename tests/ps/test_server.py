@@ -4,7 +4,6 @@ import threading
 import pytest
 import torch
 
-from sparkdp import state as state_module
 from sparkdp.errors import AuthenticationError, ConfigError
 from sparkdp.ps import ParameterServer, PushRejected
 from sparkdp.ps.transport import ConnectFailed, InProcTransport
@@ -190,11 +189,18 @@ def _trained_ps():
     return ps
 
 
+def _round_trip(ps, tmp_path, fresh):
+    """``ps``'s state through a checkpoint file into ``fresh``."""
+    from sparkdp.train.checkpoint_store import CheckpointStore
+
+    store = CheckpointStore(str(tmp_path), "job")
+    fresh.load_state_dict(store.load(store.save("ps", "000000", ps.state_dict())))
+
+
 def test_save_load_round_trip(tmp_path):
     ps = _trained_ps()
-    ps.save(tmp_path / "ps.safetensors")
     fresh = make_ps([(300, 300), (7,)], num_shards=3)
-    fresh.load(tmp_path / "ps.safetensors")
+    _round_trip(ps, tmp_path, fresh)
     a, b = ps.state_dict(), fresh.state_dict()
     assert all(torch.equal(x, y) for x, y in zip(a["center"], b["center"], strict=True))
     assert a["versions"] == b["versions"] == [3, 3, 3]
@@ -203,33 +209,14 @@ def test_save_load_round_trip(tmp_path):
     assert list(fresh._rules[0].per_worker) == [3]  # int keys survive (not turned into "3")
     assert torch.equal(fresh._rules[0].per_worker[3], torch.arange(4.0))
     assert not fresh.push(2, 0, None, [torch.ones(300, 300), torch.ones(7)]).applied  # books restored
-    assert [p.name for p in tmp_path.iterdir()] == ["ps.safetensors"]
+    assert [p.name for p in tmp_path.iterdir()] == ["ps-000000-job.safetensors"]
 
 
-def test_load_refuses_another_layout(tmp_path):
-    _trained_ps().save(tmp_path / "ps.safetensors")
+def test_load_refuses_another_layout_and_other_state(tmp_path):
     with pytest.raises(ConfigError, match="different model or shard layout"):
-        make_ps([(300, 300), (7,)], num_shards=2).load(tmp_path / "ps.safetensors")
-
-
-def test_failed_save_leaves_the_old_checkpoint_intact(tmp_path, monkeypatch):
-    path = tmp_path / "ps.safetensors"
-    ps = _trained_ps()
-    ps.save(path)
-    old = path.read_bytes()
-
-    def crash(tensors, filename, metadata=None):
-        with open(filename, "wb") as fh:
-            fh.write(b"half a checkpoint")
-        raise OSError("disk full")
-
-    monkeypatch.setattr(state_module, "save_file", crash)
-    v, _ = ps.pull(0)
-    ps.push(0, 1, v, [torch.ones(300, 300), torch.ones(7)])
-    with pytest.raises(OSError, match="disk full"):
-        ps.save(path)
-    assert path.read_bytes() == old
-    assert [p.name for p in tmp_path.iterdir()] == ["ps.safetensors"], "temporary file left behind"
+        _round_trip(_trained_ps(), tmp_path, make_ps([(300, 300), (7,)], num_shards=2))
+    with pytest.raises(ValueError, match="not a parameter server's state"):
+        make_ps([(10,)]).load_state_dict({"center": [torch.ones(10)]})
 
 
 def test_metrics_count_bytes():

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from sparkdp.comm import SingleProcessCollective
-from sparkdp.config import JobConfig
+from sparkdp.config import CheckpointConfig, JobConfig
 from sparkdp.data.tensors import TensorData
 from sparkdp.driver.recovery import (
     RestartPolicy,
@@ -58,7 +58,8 @@ def _data(rows: int = 200) -> TensorData:
 
 def _spec(tmp_path: Path | None, epochs: int = 3, every: int | None = None, lr: float = 0.1) -> FitSpec:
     model = _model()
-    policy = CheckpointPolicy(str(tmp_path), every_steps=every, keep=100) if tmp_path is not None else None
+    policy = CheckpointPolicy(str(tmp_path), CheckpointConfig(checkpoint_every=every, keep_checkpoints=100)) \
+        if tmp_path is not None else None
     return FitSpec(model=model, loss=resolve_loss("cross_entropy"),
                    optimizer=optimizer_factory("sgd", model, lr=lr, momentum=0.9),
                    strategy=STRATEGIES.create("allreduce"), train=_data(), eval=None, epochs=epochs,
@@ -66,7 +67,8 @@ def _spec(tmp_path: Path | None, epochs: int = 3, every: int | None = None, lr: 
 
 
 def _save(directory: Path, epoch: int, step: int, keep: int = 3, job_id: str = "job-a") -> str:
-    return save_checkpoint(CheckpointPolicy(str(directory), keep=keep, job_id=job_id), epoch=epoch, step=step,
+    return save_checkpoint(CheckpointPolicy(str(directory), CheckpointConfig(keep_checkpoints=keep), job_id),
+                           epoch=epoch, step=step,
                            model=_model().state_dict(), optimizer=b"\x01\x02", strategy_state={"steps": step},
                            rng=[torch.get_rng_state()], history=[{"epoch": 1, "loss": 0.5, "samples": 10,
                                                                   "epoch_time_s": 1.0}], workers=1)
@@ -75,8 +77,9 @@ def _save(directory: Path, epoch: int, step: int, keep: int = 3, job_id: str = "
 def test_a_checkpoint_round_trips_and_only_the_newest_k_are_kept(tmp_path):
     for epoch, step in [(0, 10), (0, 20), (1, 0), (1, 10)]:
         _save(tmp_path, epoch, step, keep=3)
-    assert checkpoint_names(tmp_path) == ["ckpt-e00000-s00000020.safetensors", "ckpt-e00001-s00000000.safetensors",
-                                          "ckpt-e00001-s00000010.safetensors"]
+    assert checkpoint_names(tmp_path) == ["ckpt-e00000-s00000020-job-a.safetensors",
+                                          "ckpt-e00001-s00000000-job-a.safetensors",
+                                          "ckpt-e00001-s00000010-job-a.safetensors"]
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary left
     ck = latest_checkpoint(tmp_path)
     assert (ck.epoch, ck.step, ck.optimizer, ck.strategy_state, ck.workers) == (1, 10, b"\x01\x02", {"steps": 10}, 1)
@@ -111,7 +114,7 @@ def test_bad_destinations_and_resume_targets_fail_at_the_start(tmp_path):
     with pytest.raises(ConfigError, match="no readable checkpoint"):
         resume_point(JobConfig.of(resume=str(tmp_path)))
     with pytest.raises(ConfigError, match="keep_checkpoints must be a positive integer"):
-        CheckpointPolicy(str(tmp_path), keep=0)
+        CheckpointConfig(keep_checkpoints=0)
 
 
 def test_a_checkpoint_of_another_model_names_what_differs(tmp_path):
@@ -131,7 +134,7 @@ def test_resuming_continues_on_the_same_trajectory(tmp_path, where):
     as one uninterrupted run (dropout draws included: every rank's RNG state is saved)."""
     full = fit_worker(_spec(None), SingleProcessCollective())
     fit_worker(_spec(tmp_path, every=5), SingleProcessCollective())
-    name = f"ckpt-e{where[0]:05d}-s{where[1]:08d}.safetensors"
+    name = next(n for n in checkpoint_names(tmp_path) if n.startswith(f"ckpt-e{where[0]:05d}-s{where[1]:08d}-"))
     checkpoint = load_checkpoint(str(tmp_path), name)
     spec = resumed(_spec(None), checkpoint)
     assert (spec.part.start_epoch, spec.part.start_step, spec.epochs) == (where[0], where[1], 3 - where[0])
@@ -267,17 +270,18 @@ def test_rotation_never_deletes_the_file_just_written_nor_another_jobs(tmp_path)
     there with keep=2 must keep its own newest two and touch nothing else."""
     for epoch in (4, 5):
         _save(tmp_path, epoch, 0, job_id="earlier-long-job")
-    damaged = tmp_path / "ckpt-e00009-s00000000.safetensors"
+    damaged = tmp_path / "ckpt-e00009-s00000000-earlier-long-job.safetensors"
     damaged.write_bytes(b"\x00" * 40)
     written = [Path(_save(tmp_path, 0, step, keep=2, job_id="second-job")).name for step in (10, 20, 30)]
     names = checkpoint_names(tmp_path)
     assert written[1:] == [n for n in names if n.startswith("ckpt-e00000")]  # its newest two, the last included
-    assert {"ckpt-e00004-s00000000.safetensors", "ckpt-e00005-s00000000.safetensors", damaged.name} <= set(names)
+    assert {"ckpt-e00004-s00000000-earlier-long-job.safetensors", "ckpt-e00005-s00000000-earlier-long-job.safetensors",
+            damaged.name} <= set(names)
 
 
 def test_a_restart_resumes_this_jobs_checkpoint_never_another_jobs(tmp_path):
     _save(tmp_path, 5, 0, job_id="other-job")  # newer by name than anything this job writes
-    policy = CheckpointPolicy(str(tmp_path), keep=100, job_id="this-job")
+    policy = CheckpointPolicy(str(tmp_path), CheckpointConfig(keep_checkpoints=100), "this-job")
     save_checkpoint(policy, epoch=0, step=6, model=_model().state_dict(), optimizer=b"", strategy_state={},
                     rng=[torch.get_rng_state()], history=[], workers=1)
     assert latest_checkpoint(tmp_path, "this-job").step == 6
@@ -301,16 +305,16 @@ def test_a_new_job_refuses_a_directory_holding_another_jobs_checkpoints(tmp_path
     first = Path(_save(tmp_path, 2, 0, job_id="earlier"))
     with pytest.raises(ConfigError, match=r"already holds checkpoints of another job.*resume=.*empty or new"):
         refuse_foreign_checkpoints(JobConfig.of(checkpoint_dir=str(tmp_path)))
-    # resuming that job in place is its own lineage, a damaged file beside it is skipped, not foreign
-    (tmp_path / "ckpt-e00003-s00000000.safetensors").write_bytes(b"junk")
+    # resuming that job in place is its own lineage, a damaged file of its own is skipped, not foreign
+    (tmp_path / "ckpt-e00003-s00000000-earlier.safetensors").write_bytes(b"junk")
     refuse_foreign_checkpoints(JobConfig.of(checkpoint_dir=str(tmp_path), resume=str(tmp_path)), "earlier")
     with pytest.raises(ConfigError, match="another job"):  # but not a third job's identity
         refuse_foreign_checkpoints(JobConfig.of(checkpoint_dir=str(tmp_path), resume=str(tmp_path)), "third")
     elsewhere = tmp_path / "new"
     elsewhere.mkdir()
     (elsewhere / first.name).write_bytes(first.read_bytes())
-    (elsewhere / "ps-000001.safetensors").write_bytes(b"a server checkpoint of some asynchronous job")
-    with pytest.raises(ConfigError, match="ps-000001"):  # resuming from one directory into another's
+    (elsewhere / "ps-000001-0123abcd.safetensors").write_bytes(b"a server checkpoint of some asynchronous job")
+    with pytest.raises(ConfigError, match="ps-000001-0123abcd"):  # resuming from one directory into another's
         refuse_foreign_checkpoints(JobConfig.of(checkpoint_dir=str(elsewhere), resume=str(tmp_path)), "earlier")
 
 
@@ -349,11 +353,12 @@ def test_the_digest_covers_dtypes_and_shapes(tmp_path):
 def test_a_malformed_checkpoint_with_a_correct_digest_is_skipped_like_a_damaged_one(tmp_path, skeleton, caplog):
     from safetensors.torch import save as st_save
 
-    from sparkdp.train.checkpoint import _digest
+    from sparkdp.train.checkpoint_store import digest
 
     _save(tmp_path, 0, 10)
-    bad = tmp_path / "ckpt-e00000-s00000020.safetensors"
-    bad.write_bytes(st_save({}, metadata={META_KEY: skeleton, "sha256": _digest({}, skeleton), "digest": "v2"}))
+    bad = tmp_path / "ckpt-e00000-s00000020-job-a.safetensors"
+    wrapped = f'{{"job_id": "job-a", "series": "ckpt", "state": {skeleton}}}'
+    bad.write_bytes(st_save({}, metadata={META_KEY: wrapped, "sha256": digest({}, wrapped)}))
     with pytest.raises(ValueError):
         load_checkpoint(str(tmp_path), bad.name)
     with caplog.at_level(logging.WARNING):
@@ -361,39 +366,33 @@ def test_a_malformed_checkpoint_with_a_correct_digest_is_skipped_like_a_damaged_
     assert bad.name in caplog.text
 
 
-def test_a_file_whose_header_does_not_read_has_no_owner_and_breaks_nothing(tmp_path):
-    """A checkpoint-named file with a deeply nested header: job_of must say 'no owner', not raise
-    RecursionError from rotation, restarts or the start-of-job check."""
-    from sparkdp.train.checkpoint import job_of
-
+def test_a_file_whose_header_does_not_read_breaks_nothing(tmp_path, caplog):
+    """A checkpoint-named file with a deeply nested header: skipped by resume, passed over by
+    rotation, no RecursionError anywhere."""
     deep = b"[" * 100_000 + b"]" * 100_000
-    bad = tmp_path / "ckpt-e00009-s00000000.safetensors"
+    bad = tmp_path / "ckpt-e00009-s00000000-j.safetensors"
     bad.write_bytes(struct.pack("<Q", len(deep)) + deep)
-    assert job_of(tmp_path, bad.name) is None
     written = Path(_save(tmp_path, 0, 10, keep=1, job_id="j"))
     Path(_save(tmp_path, 0, 20, keep=1, job_id="j"))
     assert not written.exists() and bad.exists()  # rotation ran past the unreadable file
-    assert latest_checkpoint(tmp_path, "j").step == 20
+    with caplog.at_level(logging.WARNING):
+        assert latest_checkpoint(tmp_path, "j").step == 20
+    assert bad.name in caplog.text
     with pytest.raises(ConfigError, match="another job"):
         refuse_foreign_checkpoints(JobConfig.of(checkpoint_dir=str(tmp_path)))
 
 
-def test_resuming_an_old_checkpoint_into_a_new_directory_can_be_run_again(tmp_path):
-    """A checkpoint without a job identity (written before they had one) resumed into another
-    directory: the first run writes there under an identity derived from that checkpoint, so the
-    same command run again (after the driver died) is not refused as another job's."""
-    from dataclasses import replace as dc_replace
-
-    from sparkdp.train.checkpoint import lineage_of
-
+def test_resuming_into_a_new_directory_can_be_run_again(tmp_path):
+    """A checkpoint resumed into another directory: the first run writes there under the
+    checkpoint's identity, so the same command run again (after the driver died) is not refused
+    as another job's; a third job's files there are."""
     old, new = tmp_path / "old", tmp_path / "new"
-    ck = load_checkpoint(str(old), Path(_save(old, 1, 0, job_id="")).name)
-    assert ck.job_id == "" and lineage_of(ck) == lineage_of(ck) and lineage_of(ck).startswith("resumed-")
-    assert lineage_of(dc_replace(ck, job_id="abc")) == "abc"
+    ck = load_checkpoint(str(old), Path(_save(old, 1, 0, job_id="first")).name)
+    assert ck.job_id == "first"
     job = JobConfig.of(resume=str(old), checkpoint_dir=str(new))
-    refuse_foreign_checkpoints(job, lineage_of(ck))  # new is empty
-    _save(new, 1, 10, job_id=lineage_of(ck))  # the first run's checkpoint, then the driver died
-    refuse_foreign_checkpoints(job, lineage_of(resume_point(job)))  # the same command again
+    refuse_foreign_checkpoints(job, ck.job_id)  # new is empty
+    _save(new, 1, 10, job_id=ck.job_id)  # the first run's checkpoint, then the driver died
+    refuse_foreign_checkpoints(job, resume_point(job).job_id)  # the same command again
     _save(new, 1, 20, job_id="someone-else")
     with pytest.raises(ConfigError, match="This job resumes from .*: give it a checkpoint_dir of its own"):
-        refuse_foreign_checkpoints(job, lineage_of(resume_point(job)))
+        refuse_foreign_checkpoints(job, resume_point(job).job_id)

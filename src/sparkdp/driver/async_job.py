@@ -1,7 +1,8 @@
 """The driver side of asynchronous training: the parameter server, independent Spark tasks.
 
 With a checkpoint directory the server's state (``ParameterServer.state_dict``) is saved
-periodically as ``ps-NNNNNN.safetensors`` and ``resume`` restarts from it: see
+periodically through the job's checkpoint store as ``ps-NNNNNN-{job}.safetensors`` (the
+``servers=K`` tasks' as ``ps-sKofN-NNNNNN-{job}``), and ``resume`` restarts from it: see
 docs/guide/reliability.md, Automatic recovery.
 """
 
@@ -10,13 +11,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-import os
-import re
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -27,6 +25,7 @@ from ..errors import ConfigError, WorkerLost
 from ..ps import ParameterServer
 from ..ps.transport import TcpOptions, TcpTransport
 from ..strategies.async_ps import AsyncParameterServer
+from ..train.checkpoint_store import CheckpointName, CheckpointStore, new_job_id, parse_name, server_series
 from ..train.children import job_worker_ids
 from ..train.faults import fault_from_env
 from ..train.jobs import task_device
@@ -39,8 +38,9 @@ log = logging.getLogger(__name__)
 
 
 def fit_async(spec: FitSpec, job: JobConfig, *, workers: int, spark: Any, started: float,
-              hub: Any = None) -> TrainResult:
-    """Start the server on the driver, run ``workers`` tasks; the model becomes the centre."""
+              hub: Any = None, job_id: str | None = None) -> TrainResult:
+    """Start the server on the driver, run ``workers`` tasks; the model becomes the centre.
+    ``job_id``: the identity of the server checkpoints (a resumed job's: those it resumes)."""
     from ..spark.cluster import driver_host
     from ..spark.launcher import run_tasks
 
@@ -49,15 +49,18 @@ def fit_async(spec: FitSpec, job: JobConfig, *, workers: int, spark: Any, starte
         job.failures.start_timeout_s
     server = server_factory(strategy, workers)(list(model.parameters()))
     whole = spec  # the job from its first epoch: the server's sequence numbers count from there
+    saver_dir = checkpoint_dir or resume
+    store = server_store(job, saver_dir, job_id or new_job_id()) if saver_dir else None
     if resume is not None:
-        spec = _resume_server(server, spec, strategy, workers, resume)
+        assert store is not None  # saver_dir is resume at least
+        spec = _resume_server(server, spec, strategy, workers, store if saver_dir == resume else
+                              CheckpointStore(resume, store.job_id,
+                                              storage_options=job.checkpoints.checkpoint_storage_options))
     if hub is not None:  # the live display shows the server's pushes and staleness
         hub.server_metrics = server.metrics
     transport = TcpTransport(TcpOptions(mac_payload=strategy.mac_payload, tls=strategy.tls))
     host = driver_host(spark)
-    saver_dir = checkpoint_dir or resume
-    saver = ServerCheckpoints(server, saver_dir, job.checkpoints.checkpoint_every_s or 60.0, job.checkpoints.keep_checkpoints) \
-        if saver_dir else None
+    saver = ServerCheckpoints(server, store, job.checkpoints.checkpoint_every_s or 60.0) if store else None
     with transport.serve(server, host=host, port=0) as endpoint, \
             saver or contextlib.nullcontext():
         info = endpoint.info
@@ -187,22 +190,17 @@ def run_async(call: Callable[[int, Any, AsyncParameterServer, Attempt], Any], st
     return results
 
 
-def _ps_name(prefix: str) -> re.Pattern[str]:
-    return re.compile(rf"^{re.escape(prefix)}-(\d{{6}})\.safetensors$")
-
-
 class ServerCheckpoints:
-    """Saves the server's state every ``every_s`` seconds from a thread, keeping the newest ``keep``
-    as ``{prefix}-NNNNNN.safetensors``."""
+    """Saves a server's state every ``every_s`` seconds from a thread, as ``series`` checkpoints of
+    ``store`` (its job's identity on every file; the store keeps the newest ``keep_checkpoints``).
+    Taking the state copies it under the server's locks; writing it happens on this thread."""
 
-    def __init__(self, server: ParameterServer, directory: str, every_s: float, keep: int,
-                 prefix: str = "ps") -> None:
-        self.server, self.directory, self.every_s, self.keep = server, Path(directory), every_s, keep
-        self.prefix = prefix
-        self.directory.mkdir(parents=True, exist_ok=True)
-        names = server_checkpoint_names(self.directory, prefix)
-        last = _ps_name(prefix).match(names[-1]) if names else None  # server_checkpoint_names keeps matching names only
-        self.count = int(last.group(1)) + 1 if last else 0
+    def __init__(self, server: ParameterServer, store: CheckpointStore, every_s: float,
+                 series: str = server_series()) -> None:
+        self.server, self.store, self.every_s, self.series = server, store, every_s, series
+        mine = store.names(series, store.job_id)
+        last = parse_name(mine[-1]) if mine else None
+        self.count = int(last.position) + 1 if last is not None else 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sparkdp-ps-checkpoints", daemon=True)
 
@@ -220,30 +218,46 @@ class ServerCheckpoints:
                 self.save()
             except Exception as exc:  # a full or read-only disk: training goes on, the next period retries
                 log.warning("the parameter-server checkpoint %s failed (%s: %s); training goes on and the next "
-                            "save is tried in %g s", self._path(), type(exc).__name__, exc, self.every_s)
+                            "save is tried in %g s", self.store.url(self._name()), type(exc).__name__, exc,
+                            self.every_s)
 
-    def _path(self) -> Path:
-        return self.directory / f"{self.prefix}-{self.count:06d}.safetensors"
+    def _name(self) -> str:
+        return self.store.name(self.series, f"{self.count:06d}")
 
     def save(self) -> None:
-        path = self._path()
-        self.server.save(path)
+        name = self.store.save(self.series, f"{self.count:06d}", self.server.state_dict())
         self.count += 1
-        for old in server_checkpoint_names(self.directory, self.prefix)[:-self.keep]:
-            (self.directory / old).unlink(missing_ok=True)
-        log.info("parameter-server checkpoint %s", path)
+        log.info("parameter-server checkpoint %s", self.store.url(name))
 
 
-def server_checkpoint_names(directory: str | os.PathLike[str], prefix: str = "ps") -> list[str]:
-    """The parameter-server checkpoint files in ``directory``, oldest first."""
-    pattern = _ps_name(prefix)
-    return sorted(n for n in os.listdir(directory) if pattern.match(n)) if os.path.isdir(directory) else []
+def server_store(job: JobConfig, directory: str, job_id: str) -> CheckpointStore:
+    """The store of a job's server checkpoints in ``directory``."""
+    store = CheckpointStore(directory, job_id, job.checkpoints.keep_checkpoints,
+                            job.checkpoints.checkpoint_storage_options)
+    store.check_writable()
+    return store
+
+
+def server_lineage(job: JobConfig) -> str | None:
+    """The identity of the job whose newest server checkpoint ``resume=`` names (None without resume):
+    a resumed asynchronous job continues that job's checkpoints."""
+    if job.checkpoints.resume is None:
+        return None
+    store = CheckpointStore(str(job.checkpoints.resume), "reader",
+                            storage_options=job.checkpoints.checkpoint_storage_options)
+    servers = [n for n in store.names() if n.startswith("ps-")]
+    newest = max((cast(CheckpointName, parse_name(n)) for n in servers), key=lambda p: p.position, default=None)
+    if newest is None:
+        raise ConfigError(f"resume={job.checkpoints.resume!r}: no parameter-server checkpoint (ps-*.safetensors) "
+                          "there. Point resume at the checkpoint_dir of an earlier asynchronous run, or leave it "
+                          "unset to start afresh.")
+    return newest.job_id
 
 
 def _resume_server(server: ParameterServer, spec: FitSpec, strategy: AsyncParameterServer, workers: int,
-                   directory: str) -> FitSpec:
-    """Load the newest readable server checkpoint; return ``spec`` for the epochs still to run."""
-    name = load_latest(server, directory)
+                   store: CheckpointStore) -> FitSpec:
+    """Load this job's newest readable server checkpoint; return ``spec`` for the epochs still to run."""
+    name = load_latest(server, store)
     _copy_centre(server, spec.model, workers)
     done = epochs_done(server.last_seq, spec, strategy, workers)
     log.info("resuming the parameter server from %s: %d of %d epoch(s) covered by the applied pushes", name,
@@ -251,23 +265,16 @@ def _resume_server(server: ParameterServer, spec: FitSpec, strategy: AsyncParame
     return remaining(spec, done)
 
 
-def load_latest(server: ParameterServer, directory: str | os.PathLike[str], prefix: str = "ps") -> str:
-    """Load the newest server checkpoint in ``directory`` that reads and verifies into ``server``
-    and return its name; damaged newer ones are skipped with a warning, as the synchronous
-    path's ``latest_checkpoint`` does."""
-    for name in reversed(server_checkpoint_names(directory, prefix)):
-        path = Path(directory) / name
-        try:
-            server.load(path)
-            return name
-        except ConfigError:
-            raise  # a checkpoint of another model or shard layout: the older ones are too
-        except (OSError, ValueError, KeyError) as exc:
-            reason = str(exc).rstrip(".") if str(path) in str(exc) else f"{path}: {exc}"
-            log.warning("skipping the parameter-server checkpoint %s; trying the one before it", reason)
-    raise ConfigError(f"resume={os.fspath(directory)!r}: no readable parameter-server checkpoint ({prefix}-*.safetensors) "
-                      "there. Point resume at the checkpoint_dir of an earlier asynchronous run, or leave it "
-                      "unset to start afresh.")
+def load_latest(server: ParameterServer, store: CheckpointStore, series: str = server_series()) -> str:
+    """Load this job's (``store.job_id``'s) newest ``series`` checkpoint that reads and verifies into
+    ``server`` and return its name; damaged newer ones are skipped with a warning, another job's
+    are never read."""
+    found = store.latest(series, store.job_id, lambda name, state: server.load_state_dict(state))
+    if found is None:
+        raise ConfigError(f"{store.directory!r}: no readable parameter-server checkpoint of this job "
+                          f"({series}-*-{store.job_id}.safetensors) there. Point resume at the checkpoint_dir "
+                          "of an earlier asynchronous run, or leave it unset to start afresh.")
+    return found[0]
 
 
 def epochs_done(last_seq: Callable[[int], int], spec: FitSpec, strategy: AsyncParameterServer, workers: int) -> int:

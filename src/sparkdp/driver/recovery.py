@@ -10,30 +10,20 @@ configuration or data, a diverged loss) are raised at once.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 from ..config import JobConfig
 from ..errors import ConfigError, TrainingDiverged
-from ..train.checkpoint import (
-    Checkpoint,
-    CheckpointPolicy,
-    check_compatible,
-    check_writable,
-    checkpoint_names,
-    job_of,
-    latest_checkpoint,
-    new_job_id,
-)
+from ..train.checkpoint import Checkpoint, CheckpointPolicy, check_compatible, latest_checkpoint
+from ..train.checkpoint_store import CheckpointName, CheckpointStore, new_job_id, parse_name
 from ..train.faults import fault_from_env
 from ..train.loop import FitSpec, StagePart
 from ..train.report import WorkerReport
-from .async_job import server_checkpoint_names
 from .controller import Attempt, Controller, RestartPolicy
 
 log = logging.getLogger(__name__)
@@ -42,27 +32,18 @@ log = logging.getLogger(__name__)
 def refuse_foreign_checkpoints(job: JobConfig, lineage: str | None = None) -> None:
     """Refuse, before training, a checkpoint directory that holds another job's checkpoints.
 
-    A job that does not resume owns none of the checkpoints already there: writing beside them
-    would rotate them away (or, with newer names, its own), and a restart could resume their
-    weights. A job that resumes (``lineage``: the job identity of the checkpoint it resumes)
-    may write beside its own checkpoints and beside files that do not read (resume skips those),
-    not beside another job's."""
+    Every kind counts (synchronous, the driver's server, server tasks', directory checkpoints:
+    one name matcher, :func:`~sparkdp.train.checkpoint_store.parse_name`). A job that does not
+    resume owns none of the checkpoints already there: writing beside them would mix two jobs'
+    files, and a restart could resume the wrong one's weights. A job that resumes (``lineage``:
+    the identity of the checkpoint it resumes) may write beside its own checkpoints, not beside
+    another job's."""
     directory = job.checkpoints.checkpoint_dir or job.checkpoints.resume
     if directory is None:
         return
     directory = str(directory)
-    # both kinds sparkdp writes: synchronous and (local only) parameter-server checkpoints
-    names = checkpoint_names(directory) + ([] if "://" in directory else server_checkpoint_names(directory))
-    if job.checkpoints.resume is not None:
-        in_place = _same_place(str(job.checkpoints.resume), directory)
-
-        def foreign(name: str) -> bool:
-            if name.startswith("ps-"):  # server checkpoints carry no identity: ours only where we resume
-                return not in_place
-            owner = job_of(directory, name)
-            return owner != lineage if owner is not None else not in_place
-
-        names = [n for n in names if foreign(n)]
+    store = CheckpointStore(directory, "reader", storage_options=job.checkpoints.checkpoint_storage_options)
+    names = [n for n in store.names() if lineage is None or cast(CheckpointName, parse_name(n)).job_id != lineage]
     if names:
         shown = ", ".join(names[-3:]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
         todo = (f"To continue that job, resume it: resume={directory!r} (--resume {directory}); to start "
@@ -71,11 +52,7 @@ def refuse_foreign_checkpoints(job: JobConfig, lineage: str | None = None) -> No
              "directory), or remove the other job's files.")
         raise ConfigError(
             f"checkpoint_dir={directory!r} already holds checkpoints of another job ({shown}). Writing beside "
-            f"them would delete some of them in rotation, and a restart could resume the wrong weights. {todo}")
-
-
-def _same_place(a: str, b: str) -> bool:
-    return a.rstrip("/") == b.rstrip("/") if "://" in a or "://" in b else os.path.realpath(a) == os.path.realpath(b)
+            f"them would mix two jobs' checkpoints, and a restart could resume the wrong weights. {todo}")
 
 
 @contextmanager
@@ -92,9 +69,9 @@ def checkpoint_policy(job: JobConfig, temporary_ok: bool, job_id: str | None = N
             return
         directory = temporary = tempfile.mkdtemp(prefix="sparkdp-checkpoints-")
     try:
-        check_writable(directory)
-        yield CheckpointPolicy(str(directory), job.checkpoints.checkpoint_every, job.checkpoints.checkpoint_every_s, job.checkpoints.keep_checkpoints,
-                               job_id or new_job_id())
+        policy = CheckpointPolicy(str(directory), job.checkpoints, job_id or new_job_id())
+        policy.store().check_writable()
+        yield policy
     finally:
         if temporary is not None:
             shutil.rmtree(temporary, ignore_errors=True)
@@ -104,10 +81,10 @@ def resume_point(job: JobConfig) -> Checkpoint | None:
     """The checkpoint ``resume=`` names, or None without ``resume``."""
     if job.checkpoints.resume is None:
         return None
-    found = latest_checkpoint(job.checkpoints.resume)
+    found = latest_checkpoint(job.checkpoints.resume, settings=job.checkpoints)
     if found is None:
-        raise ConfigError(f"resume={job.checkpoints.resume!r}: no readable checkpoint (ckpt-e*-s*.safetensors) there. Point "
-                          "resume at the checkpoint_dir of an earlier run, or leave it unset to start afresh.")
+        raise ConfigError(f"resume={job.checkpoints.resume!r}: no readable checkpoint (ckpt-e*-s*-*.safetensors) there. "
+                          "Point resume at the checkpoint_dir of an earlier run, or leave it unset to start afresh.")
     return found
 
 
@@ -166,7 +143,7 @@ class SpecPlan:
         return _where(self.latest) if self.policy is not None else None
 
     def _latest(self) -> Checkpoint | None:
-        return latest_checkpoint(self.policy.directory, self.policy.job_id) if self.policy is not None else None
+        return latest_checkpoint(self.policy.directory, self.policy.job_id, self.policy.settings) if self.policy is not None else None
 
 
 def run_with_restarts(spec: FitSpec, restarts: RestartPolicy, policy: CheckpointPolicy | None,

@@ -25,7 +25,6 @@ from ..errors import ConfigError
 from ..state import state_from_bytes
 from ..strategies.async_ps import AsyncParameterServer
 from ..strategies.base import Launcher, Strategy
-from ..train.checkpoint import lineage_of
 from ..train.jobs import in_task
 from ..train.loop import FitSpec, fit_worker
 from ..train.report import WorkerReport
@@ -83,7 +82,7 @@ def _resume(spec: FitSpec, job: JobConfig) -> tuple[FitSpec, str | None]:
     """``spec`` continued from ``job``'s resume point, if any, and the job's identity (a resumed
     job keeps its checkpoints'); another job's checkpoints in the directory are refused."""
     start = resume_point(job)
-    lineage = lineage_of(start) if start is not None else None
+    lineage = start.job_id if start is not None else None
     refuse_foreign_checkpoints(job, lineage)
     if start is not None:
         log.info("resuming from %s", start.path)
@@ -173,12 +172,13 @@ class TaskRunner:
     kind = "asynchronous Spark workers"
 
     def fit(self, spec: FitSpec, job: JobConfig, workers: int, spark: Any, hub: Any, started: float) -> TrainResult:
-        from .async_job import fit_async
+        from .async_job import fit_async, server_lineage
         from .server_tasks import fit_on_executors
 
-        refuse_foreign_checkpoints(job)
+        lineage = server_lineage(job)  # a resumed job keeps the identity of the checkpoints it resumes
+        refuse_foreign_checkpoints(job, lineage)
         run = fit_on_executors if cast(AsyncParameterServer, spec.strategy).servers else fit_async
-        return run(spec, job, workers=workers, spark=spark, started=started, hub=hub)
+        return run(spec, job, workers=workers, spark=spark, started=started, hub=hub, job_id=lineage)
 
     def call(self, body: Body, strategy: Strategy, job: JobConfig, workers: int,
              spark: Any, hub: Any, description: str) -> Any:

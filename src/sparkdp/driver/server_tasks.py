@@ -40,6 +40,8 @@ from ..ps.sharding import ShardPlan
 from ..ps.transport import TcpOptions, TcpTransport
 from ..ps.transport.sharded import ShardedInfo, ShardedTransport
 from ..strategies.async_ps import AsyncParameterServer
+from ..train.checkpoint import CheckpointPolicy
+from ..train.checkpoint_store import CheckpointStore, new_job_id, server_series
 from ..train.faults import Fault, fault_from_env
 from ..train.loop import FitSpec, fit_worker
 from ..train.report import WorkerReport
@@ -50,7 +52,6 @@ from .async_job import (
     epochs_done,
     load_latest,
     remaining,
-    server_checkpoint_names,
     server_factory,
     task_collective,
 )
@@ -62,14 +63,11 @@ log = logging.getLogger(__name__)
 _COUNTS = ("pulls", "pushes_applied", "duplicates_dropped", "rejected")
 
 
-def shard_prefix(shard: int, servers: int) -> str:
-    return f"ps-s{shard}of{servers}"
-
-
 def fit_on_executors(spec: FitSpec, job: JobConfig, *, workers: int, spark: Any, started: float,
-                     hub: Any = None) -> TrainResult:
+                     hub: Any = None, job_id: str | None = None) -> TrainResult:
     """Train with ``spec.strategy.servers`` server tasks beside ``workers`` worker tasks (``spec``:
-    the whole job, from its first epoch)."""
+    the whole job, from its first epoch; ``job_id``: the identity of the servers' checkpoints, a
+    resumed job's those it resumes)."""
     from ..spark.cluster import available_slots, on_driver_machine
 
     strategy = cast(AsyncParameterServer, spec.strategy)
@@ -85,11 +83,15 @@ def fit_on_executors(spec: FitSpec, job: JobConfig, *, workers: int, spark: Any,
     with contextlib.ExitStack() as stack:
         if directory is None and on_driver_machine(spark):  # executors share the driver's disk
             directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="sparkdp-ps-"))
-        whole = spec
+        whole, job_id = spec, job_id or new_job_id()
+        policy = CheckpointPolicy(directory, job.checkpoints, job_id) if directory is not None else None
+        if policy is not None:
+            policy.store().check_writable()
         load: list[bytes | None] = [None] * servers
         if job.checkpoints.resume is not None:
-            spec, load = _resume(whole, strategy, plan, workers, job.checkpoints.resume, required=True)
-        stage = _Stage(spec, strategy, plan, workers, job, directory, new_secret(), fault_from_env())
+            resume = CheckpointPolicy(str(job.checkpoints.resume), job.checkpoints, job_id)
+            spec, load = _resume(whole, strategy, plan, workers, resume.store(), required=True)
+        stage = _Stage(spec, strategy, plan, workers, job, policy, new_secret(), fault_from_env())
         restarts = RestartPolicy.of(job)
         controller: Controller[list[Any]] = Controller(
             restarts, workers, lambda: _worker_slots(available_slots(spark), servers))
@@ -118,13 +120,14 @@ class _ServerStages:
         stage = self.stage
         if attempt.restart:
             stage.workers = attempt.workers
+            assert stage.policy is not None  # restart_point gave no restart otherwise
             stage.spec, self.load = _resume(self.whole, stage.strategy, stage.plan, attempt.workers,
-                                            cast(str, stage.directory), required=False)
+                                            stage.policy.store(), required=False)
             stage.fault = None  # an injected fault fires once per job
         return stage.run(self.spark, self.load) if stage.spec.epochs else []
 
     def restart_point(self) -> str | None:
-        if self.stage.directory is None:
+        if self.stage.policy is None:
             log.warning("the servers on the executors keep no checkpoints, so this failure ends the job: "
                         "give checkpoint_dir (a directory the driver and every executor reach) to restart")
             return None
@@ -147,21 +150,22 @@ def combined(per_server: list[dict[str, Any]]) -> dict[str, Any]:
             "staleness": busiest["staleness"]}
 
 
-def _resume(spec: FitSpec, strategy: AsyncParameterServer, plan: ShardPlan, workers: int, directory: str, *,
+def _resume(spec: FitSpec, strategy: AsyncParameterServer, plan: ShardPlan, workers: int, store: CheckpointStore, *,
             required: bool) -> tuple[FitSpec, list[bytes | None]]:
-    """The state of every server's newest readable checkpoint in ``directory`` and ``spec`` for the
-    epochs they do not cover; a server without one starts from ``spec``'s model (``required``:
-    refuse). The states travel to the server tasks themselves: a task of the failed attempt that
-    Spark has not stopped yet may still save and prune the files."""
+    """The state of every server's newest readable checkpoint of this job (``store.job_id``) in
+    ``store`` and ``spec`` for the epochs they do not cover; a server without one starts from
+    ``spec``'s model (``required``: refuse). The states travel to the server tasks themselves: a
+    task of the failed attempt that Spark has not stopped yet may still save and prune the files."""
     names: list[str | None] = []
     books: list[ParameterServer | None] = []
     for s in range(plan.num_shards):
         server = server_factory(strategy, workers)(_pieces(plan, spec.model, s))
+        series = server_series(s, plan.num_shards)
         try:
-            names.append(load_latest(server, directory, shard_prefix(s, plan.num_shards)))
+            names.append(load_latest(server, store, series))
             books.append(server)
         except ConfigError:
-            if required or server_checkpoint_names(directory, shard_prefix(s, plan.num_shards)):
+            if required or store.names(series, store.job_id):
                 raise
             names.append(None)
             books.append(None)
@@ -191,12 +195,11 @@ class _Stage:
     trains as worker ``w``. Pickled into every task (the model's pieces travel in ``spec``)."""
 
     def __init__(self, spec: FitSpec, strategy: AsyncParameterServer, plan: ShardPlan, workers: int,
-                 job: JobConfig, directory: str | None, secret: bytes, fault: Fault | None) -> None:
+                 job: JobConfig, policy: CheckpointPolicy | None, secret: bytes, fault: Fault | None) -> None:
         self.spec, self.strategy, self.plan, self.workers = spec, strategy, plan, workers
         self.threads, self.start_timeout_s = job.scaling.threads, job.failures.start_timeout_s
         self.every_s = job.checkpoints.checkpoint_every_s or 60.0
-        self.keep = job.checkpoints.keep_checkpoints
-        self.directory, self.secret, self.fault = directory, secret, fault
+        self.policy, self.secret, self.fault = policy, secret, fault
         self.options = TcpOptions(mac_payload=strategy.mac_payload, tls=strategy.tls)
 
     def run(self, spark: Any, load: list[bytes | None]) -> list[Any]:
@@ -220,8 +223,8 @@ class _Stage:
         server = server_factory(self.strategy, self.workers)(_pieces(self.plan, self.spec.model, shard))
         if state is not None:
             server.load_state_dict(state_io.from_bytes(state))
-        saver = ServerCheckpoints(server, self.directory, self.every_s, self.keep, shard_prefix(shard, servers)) \
-            if self.directory is not None else None
+        saver = ServerCheckpoints(server, self.policy.store(), self.every_s, server_series(shard, servers)) \
+            if self.policy is not None else None
         with TcpTransport(self.options).serve(server, host=task_host(), port=0, secret=self.secret) as endpoint, \
                 saver or contextlib.nullcontext(), _killer(self.fault, shard, server), \
                 _reporting(self.spec.monitor, self.workers + shard, shard, server):

@@ -1,4 +1,5 @@
-"""Parameter server: centre state, per-shard versions and locking, checkpoints.
+"""Parameter server: centre state, per-shard versions and locking, its state dict (saved as
+checkpoints by :mod:`sparkdp.train.checkpoint_store`).
 
 Transports (in-process, authenticated TCP) live in :mod:`sparkdp.ps.transport`; this
 package itself opens no sockets (design rule 1, docs/architecture.md).

@@ -56,10 +56,8 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import math
-import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -68,7 +66,6 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from sparkdp import state as state_io
 from sparkdp.errors import ConfigError, SparkdpError
 from sparkdp.ps.sharding import MIN_SPLIT_BYTES, ShardPlan
 from sparkdp.rules.base import Locking, Push, UpdateRule
@@ -462,6 +459,12 @@ class ParameterServer:
         return {"plan": self.plan.to_json(), "center": center, "versions": versions, "rules": rules, **books}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s state; ``ValueError`` (nothing loaded) for state that is not
+        a server's, ``ConfigError`` for another model's or shard layout's."""
+        if not isinstance(state, dict) or set(state) != STATE_KEYS:
+            found = sorted(map(str, state)) if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"not a parameter server's state (its keys: {found}; a server's state has "
+                             f"{sorted(STATE_KEYS)}).")
         if ShardPlan.from_json(state["plan"]) != self.plan:
             raise ConfigError(
                 "checkpoint was written for a different model or shard layout; build the ParameterServer "
@@ -481,61 +484,9 @@ class ParameterServer:
             self._last_pulled = {int(w): [int(x) for x in v] for w, v in state["last_pulled"].items()}
         self._magnitude = [magnitude(v) for v in self._views]
 
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write :meth:`state_dict` atomically to ``path`` (safetensors + JSON, no pickle), with a
-        SHA-256 of its contents that :meth:`load` checks."""
-        state = self.state_dict()
-        state_io.save({**state, _DIGEST_KEY: _digest(state)}, path)
 
-    def load(self, path: str | os.PathLike[str]) -> None:
-        """Read a checkpoint written by :meth:`save`; ``ValueError`` (nothing loaded) if the file is
-        truncated, altered or not a parameter-server checkpoint, ``OSError`` if it cannot be read."""
-        state = state_io.load(path)
-        if not isinstance(state, dict) or set(state) - {_DIGEST_KEY} != _STATE_KEYS:
-            found = sorted(map(str, state)) if isinstance(state, dict) else type(state).__name__
-            raise ValueError(f"{path} is sparkdp state but not a parameter-server checkpoint (its keys: {found}; "
-                             f"a checkpoint of ParameterServer.save has {sorted(_STATE_KEYS)}).")
-        # a checkpoint from before the digest was added has none: it loads unverified
-        expected = state.pop(_DIGEST_KEY, None)
-        if expected is not None and expected != _digest(state):
-            raise ValueError(f"{path}: its SHA-256 does not match its contents (damaged or altered).")
-        self.load_state_dict(state)
-
-
-_DIGEST_KEY = "sha256"
-_STATE_KEYS = frozenset({"plan", "center", "versions", "rules", "last_seq", "last_pulled"})
-
-
-def _digest(state: Any) -> str:
-    """SHA-256 of nested state: its structure, scalars and every tensor's dtype, shape and bytes.
-
-    Walked in place rather than through ``state.flatten``, which would copy every tensor once
-    more; the walk sees the same values in the same order after a save/load round trip (dict
-    order, tuples and int keys are kept by ``sparkdp.state``).
-    """
-    h = hashlib.sha256()
-
-    def walk(obj: Any) -> None:
-        if isinstance(obj, Tensor):
-            t = obj.detach().to("cpu").contiguous().reshape(-1)
-            h.update(f"<{t.dtype}{tuple(obj.shape)}>".encode())
-            h.update(t.view(torch.uint8).numpy().data)
-        elif isinstance(obj, dict):
-            h.update(b"{")
-            for k, v in obj.items():
-                walk(k)
-                walk(v)
-            h.update(b"}")
-        elif isinstance(obj, (list, tuple)):
-            h.update(b"[" if isinstance(obj, list) else b"(")
-            for v in obj:
-                walk(v)
-            h.update(b"]")
-        else:  # None, bool, int, float, str: repr tells them apart and round-trips floats exactly
-            h.update(f"{type(obj).__name__}:{obj!r};".encode())
-
-    walk(state)
-    return h.hexdigest()
+#: the keys of :meth:`ParameterServer.state_dict` (what a server checkpoint holds)
+STATE_KEYS = frozenset({"plan", "center", "versions", "rules", "last_seq", "last_pulled"})
 
 
 def check_worker(worker: object) -> int:

@@ -23,6 +23,7 @@ from ..monitor.probe import MonitorLink, open_probe
 from ..strategies.base import Strategy
 from .batch import ModelLoss, batch_rows, call_model, describe_batch, forward_loss, to_device
 from .checkpoint import CheckpointPolicy, save_checkpoint
+from .checkpoint_store import BackgroundWriter, HostSnapshot
 from .faults import Fault
 from .layout import batch_layout, set_layout, use_channels_last
 from .optim import OptimizerFactory
@@ -131,12 +132,17 @@ class FitSpec:
         return self.eval is not None and ((epoch + 1) % self.eval_every == 0 or epoch == self.last_epoch())
 
 
-def optimizer_state_to_bytes(optimizer: torch.optim.Optimizer, scheduler: Any = None) -> bytes:
-    """An optimizer's (and its scheduler's) state as bytes, without pickle (``sparkdp.state``)."""
+def optimizer_state(optimizer: torch.optim.Optimizer, scheduler: Any = None) -> dict[str, Any]:
+    """An optimizer's (and its scheduler's) state, as :func:`optimizer_state_to_bytes` encodes it."""
     sched = None
     if scheduler is not None and hasattr(scheduler, "state_dict"):
         sched = {k: v for k, v in scheduler.state_dict().items() if not callable(v)}
-    return state_io.to_bytes({"optimizer": optimizer.state_dict(), "scheduler": sched})
+    return {"optimizer": optimizer.state_dict(), "scheduler": sched}
+
+
+def optimizer_state_to_bytes(optimizer: torch.optim.Optimizer, scheduler: Any = None) -> bytes:
+    """An optimizer's (and its scheduler's) state as bytes, without pickle (``sparkdp.state``)."""
+    return state_io.to_bytes(optimizer_state(optimizer, scheduler))
 
 
 def check_batch(model: nn.Module, loss_fn: Callable, x: Any, y: Any) -> Any:
@@ -423,6 +429,8 @@ def _fit_worker(spec: FitSpec, collective: Collective, probe: Any) -> WorkerRepo
             probe.event("epoch", **record)
         if saver is not None:
             saver.save(epoch + 1, 0, history)
+    if saver is not None:
+        saver.close()  # the job's last checkpoint is written before the worker reports
     strategy.finish()
     if weights_nhwc:  # what leaves the worker is in the default layout
         set_layout(model, False)
@@ -441,20 +449,24 @@ def _fit_worker(spec: FitSpec, collective: Collective, probe: Any) -> WorkerRepo
 
 
 class _Saver:
-    """Rank 0 saves where every rank agrees to: every ``every_steps`` steps of an epoch, when
-    ``every_seconds`` passed (agreed every 8 steps by one MAX all-reduce), and at epoch ends."""
+    """Rank 0 saves where every rank agrees to: every ``checkpoint_every`` steps of an epoch, when
+    ``checkpoint_every_s`` passed (agreed every 8 steps by one MAX all-reduce), and at epoch ends.
+
+    The training thread only copies the state to host memory; a background writer serializes,
+    writes, commits and rotates it (one write in flight; :class:`BackgroundWriter`)."""
 
     def __init__(self, policy: CheckpointPolicy, spec: FitSpec, strategy: Strategy, optimizer: Any,
                  scheduler: Any, collective: Collective) -> None:
         self.policy, self.spec, self.strategy = policy, spec, strategy
         self.optimizer, self.scheduler, self.collective = optimizer, scheduler, collective
         self.last = time.monotonic()
+        self.writer, self.snapshot = BackgroundWriter(), HostSnapshot()
 
     def due(self, step: int) -> bool:
-        policy = self.policy
-        due = policy.every_steps is not None and step % policy.every_steps == 0
-        if policy.every_seconds is not None and step % 8 == 0:
-            late = torch.tensor([float(time.monotonic() - self.last >= policy.every_seconds)])
+        every_steps, every_s = self.policy.settings.checkpoint_every, self.policy.settings.checkpoint_every_s
+        due = every_steps is not None and step % every_steps == 0
+        if every_s is not None and step % 8 == 0:
+            late = torch.tensor([float(time.monotonic() - self.last >= every_s)])
             self.collective.all_reduce(late, "max")
             due = due or late.item() > 0
         return due and self.strategy.replicas_agree()
@@ -473,13 +485,27 @@ class _Saver:
         self.last = time.monotonic()
         if collective.rank != 0:
             return
-        path = save_checkpoint(
-            self.policy, epoch=epoch, step=step, model=self.strategy.unwrap().state_dict(),
-            optimizer=optimizer_state_to_bytes(self.optimizer, self.scheduler),
-            strategy_state=self.strategy.state_dict(), rng=[row.to(torch.uint8) for row in states[:-1]],
-            history=[*self.spec.part.history, *history], workers=collective.world_size,
-            epoch_stats=(float(states[-1, 0]), float(states[-1, 1]), seconds))
-        log.info("checkpoint %s", path)
+        # the snapshot: what training changes next is copied now (into the buffers of the previous
+        # one, whose write must be done), the rest happens in the background
+        self.writer.wait()
+        model, strategy_state, optimizer = self.snapshot.take((
+            self.strategy.unwrap().state_dict(), self.strategy.state_dict(),
+            optimizer_state(self.optimizer, self.scheduler)))
+        policy, history = self.policy, [*self.spec.part.history, *(dict(h) for h in history)]
+        rng, workers = [row.to(torch.uint8) for row in states[:-1]], collective.world_size
+        epoch_stats = (float(states[-1, 0]), float(states[-1, 1]), seconds)
+
+        def write() -> None:
+            path = save_checkpoint(policy, epoch=epoch, step=step, model=model,
+                                   optimizer=state_io.to_bytes(optimizer), strategy_state=strategy_state, rng=rng,
+                                   history=history, workers=workers, epoch_stats=epoch_stats)
+            log.info("checkpoint %s", path)
+
+        self.writer.submit(write)
+
+    def close(self) -> None:
+        """Wait for the last write; raise its error if it failed."""
+        self.writer.close()
 
 
 def _sum_counters(data: WorkerData, collective: Collective) -> dict[str, int]:

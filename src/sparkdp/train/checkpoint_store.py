@@ -1,0 +1,399 @@
+"""The one checkpoint store: names, job identity, digest, atomic commit, rotation, background writes.
+
+Every checkpoint sparkdp writes goes through a :class:`CheckpointStore`: a synchronous job's
+states (``train.checkpoint``), the parameter server's on the driver and the ``servers=K``
+servers' on the executors (``driver.async_job``), and states that are a directory of files
+(per-rank shards; :meth:`CheckpointStore.directory_checkpoint`).
+
+Names (one matcher, :func:`parse_name`): ``{series}-{position}-{job}{suffix}``, where
+``series`` is ``ckpt`` (a synchronous state, position ``e{epoch:05d}-s{step:08d}``), ``ps``
+(the driver's server, position ``{n:06d}``), ``ps-s{K}of{N}`` (server task K of N, ``{n:06d}``)
+or ``shards`` (a directory checkpoint, ``e{epoch:05d}-s{step:08d}``); ``job`` is the identity of
+the job that wrote it, so two jobs never write the same name, and ``suffix`` is
+``.safetensors`` (one file) or ``.manifest.json`` (the commit record of a directory
+checkpoint). Names of one series sort by position.
+
+A one-file checkpoint is safetensors (``sparkdp.state``: nothing executes code on load) whose
+JSON skeleton carries the job identity and the series, with one SHA-256 over the skeleton and
+every tensor's name, dtype, shape and bytes (:func:`digest`). The directory is a local path or
+any fsspec URL (``s3://``, ``gs://``, ``hdfs://``...; options through
+``checkpoint_storage_options``). What is atomic where: docs/guide/reliability.md, Checkpoints.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import secrets
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from .. import state as state_io
+from ..errors import ConfigError
+from ..files import atomic_write
+
+log = logging.getLogger(__name__)
+
+#: the series a name may carry: synchronous, driver server, server task K of N, directory checkpoints
+_SERIES = r"ckpt|ps|ps-s\d{1,4}of\d{1,4}|shards"
+_NAME = re.compile(rf"^(?P<series>{_SERIES})-(?P<position>e\d{{5}}-s\d{{8}}|\d{{6}})-"
+                   r"(?P<job>[A-Za-z0-9_-]{1,64})(?P<suffix>\.safetensors|\.manifest\.json)$")
+_JOB_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_SUFFIX = {"shards": ".manifest.json"}  # every other series is one .safetensors file
+_MANIFEST_FORMAT = 1
+
+
+def new_job_id() -> str:
+    """A random identity for a job's checkpoints (kept across resumes of that job)."""
+    return secrets.token_hex(8)
+
+
+@dataclass(frozen=True, order=True)
+class CheckpointName:
+    """A parsed checkpoint name; ordered by series, then position (oldest first)."""
+
+    series: str
+    position: str
+    job_id: str
+    suffix: str
+
+    def __str__(self) -> str:
+        return f"{self.series}-{self.position}-{self.job_id}{self.suffix}"
+
+
+def parse_name(name: str) -> CheckpointName | None:
+    """The checkpoint ``name`` stands for, or None for anything that is not a checkpoint's name."""
+    found = _NAME.match(name)
+    if found is None:
+        return None
+    return CheckpointName(found["series"], found["position"], found["job"], found["suffix"])
+
+
+def sync_position(epoch: int, step: int) -> str:
+    return f"e{epoch:05d}-s{step:08d}"
+
+
+def server_series(shard: int | None = None, servers: int | None = None) -> str:
+    """The driver's server (``ps``) or server task ``shard`` of ``servers`` (``ps-sKofN``)."""
+    return "ps" if shard is None else f"ps-s{shard}of{servers}"
+
+
+def digest(tensors: Mapping[str, torch.Tensor], skeleton: str) -> str:
+    """SHA-256 of the skeleton and every tensor's name, dtype, shape and bytes (bytes alone would
+    accept a float32 [4] read back as an int8 [16])."""
+    h = hashlib.sha256(skeleton.encode())
+    for name in sorted(tensors):
+        h.update(name.encode())
+        h.update(f"|{tensors[name].dtype}|{list(tensors[name].shape)}|".encode())
+        h.update(tensors[name].contiguous().view(torch.uint8).numpy().data)
+    return h.hexdigest()
+
+
+def encode(payload: Any, job_id: str, series: str) -> bytes:
+    """``payload`` (nested state) as the bytes of a one-file checkpoint of ``job_id``."""
+    skeleton, tensors = state_io.flatten({"job_id": job_id, "series": series, "state": payload})
+    return st_save(tensors, metadata={state_io.META_KEY: skeleton, "sha256": digest(tensors, skeleton)})
+
+
+def decode(data: bytes) -> tuple[str, str, Any]:
+    """Verify a one-file checkpoint's bytes: (job identity, series, payload); ``ValueError`` for
+    anything that is not an intact checkpoint."""
+    try:
+        meta = json.loads(data[8:8 + int.from_bytes(data[:8], "little")]).get("__metadata__") or {}
+        tensors = st_load(bytes(data))
+    except Exception as exc:  # safetensors raises its own error types for a damaged file
+        raise ValueError(f"not a readable safetensors file ({exc})") from exc
+    skeleton = meta.get(state_io.META_KEY) if isinstance(meta, dict) else None
+    if not isinstance(skeleton, str) or meta.get("sha256") != digest(tensors, skeleton):
+        raise ValueError("its SHA-256 does not match its contents (damaged or altered)")
+    try:
+        wrapper = state_io.unflatten(skeleton, tensors)
+    except Exception as exc:  # a skeleton that is JSON but not sparkdp state's: damaged, like a bad digest
+        raise ValueError(f"its contents are not a checkpoint's ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(wrapper, dict) or not isinstance(wrapper.get("job_id"), str) \
+            or not isinstance(wrapper.get("series"), str) or "state" not in wrapper:
+        raise ValueError("its contents are not a checkpoint's (no job identity)")
+    return wrapper["job_id"], wrapper["series"], wrapper["state"]
+
+
+def host_copy(obj: Any) -> Any:
+    """``obj`` with every tensor copied to host memory: what a background writer may read while
+    training goes on changing the originals (dicts, lists and tuples are rebuilt, the rest kept)."""
+    return HostSnapshot().take(obj)
+
+
+class HostSnapshot:
+    """Copies state into host buffers kept from one save to the next, so that a save pays for
+    the copy only, not for allocating and first touching fresh memory (GPU tensors go to pinned
+    buffers, all copies issued before one wait). The buffers a snapshot returns are overwritten
+    by the next :meth:`take`: take it only once the previous snapshot's write is done."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[Any, ...], torch.Tensor] = {}
+
+    def take(self, obj: Any) -> Any:
+        """``obj`` with every tensor copied (dicts, lists and tuples rebuilt, the rest kept)."""
+        devices: set[torch.device] = set()
+        copied = self._take(obj, (), devices)
+        for device in devices:  # the non-blocking device-to-host copies have landed
+            torch.cuda.synchronize(device)
+        return copied
+
+    def _take(self, obj: Any, path: tuple[Any, ...], devices: set[torch.device]) -> Any:
+        if isinstance(obj, torch.Tensor):
+            src = obj.detach()
+            buf = self._buffers.get(path)
+            if buf is None or buf.shape != src.shape or buf.dtype != src.dtype:
+                buf = torch.empty(src.shape, dtype=src.dtype, pin_memory=src.is_cuda)
+                self._buffers[path] = buf
+            buf.copy_(src, non_blocking=src.is_cuda)
+            if src.is_cuda:
+                devices.add(src.device)
+            return buf
+        if isinstance(obj, dict):
+            return {k: self._take(v, (*path, k), devices) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(self._take(v, (*path, i), devices) for i, v in enumerate(obj))
+        return obj
+
+
+class CheckpointStore:
+    """One job's checkpoints in ``directory`` (a local path or an fsspec URL).
+
+    ``job_id`` names every file this store writes and is written inside it; :meth:`rotate` keeps
+    the newest ``keep`` of this job's checkpoints of a series and never touches another job's."""
+
+    def __init__(self, directory: str, job_id: str, keep: int = 3,
+                 storage_options: Mapping[str, Any] | None = None) -> None:
+        if not _JOB_ID.match(job_id):
+            raise ConfigError(f"checkpoint job identity {job_id!r}: expected 1-64 letters, digits, '_' or '-'.")
+        import fsspec
+
+        self.directory, self.job_id, self.keep = str(directory), job_id, keep
+        self.fs, root = fsspec.core.url_to_fs(self.directory, **dict(storage_options or {}))
+        self.root = root.rstrip("/")
+        self.local = "file" in _protocols(self.fs)
+
+    # ------------------------------------------------------------------ names
+    def url(self, name: str) -> str:
+        """Where ``name`` is, as the user would write it (for messages and ``Checkpoint.path``)."""
+        return f"{self.directory.rstrip('/')}/{name}" if "://" in self.directory else str(Path(self.directory) / name)
+
+    def _path(self, name: str) -> str:
+        return f"{self.root}/{name}"
+
+    def names(self, series: str | None = None, job_id: str | None = None) -> list[str]:
+        """The committed checkpoints (of ``series``, of ``job_id``, when given), oldest first by
+        series and position; an absent directory has none."""
+        try:
+            self.fs.invalidate_cache(self.root)  # object stores' listings are cached per instance
+            entries = self.fs.ls(self.root, detail=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        parsed = [p for p in (parse_name(str(e).rstrip("/").rsplit("/", 1)[-1]) for e in entries) if p is not None
+                  and (series is None or p.series == series) and (job_id is None or p.job_id == job_id)
+                  and p.suffix == _SUFFIX.get(p.series, ".safetensors")]
+        return [str(p) for p in sorted(parsed)]
+
+    def name(self, series: str, position: str) -> str:
+        return str(CheckpointName(series, position, self.job_id, _SUFFIX.get(series, ".safetensors")))
+
+    # ------------------------------------------------------------------ one-file checkpoints
+    def save(self, series: str, position: str, payload: Any) -> str:
+        """Write ``payload`` as this job's checkpoint at ``position`` of ``series``, atomically,
+        then rotate the series; returns its name."""
+        name = self.name(series, position)
+        self.put(name, encode(payload, self.job_id, series))
+        self.rotate(series, name)
+        return name
+
+    def load(self, name: str) -> Any:
+        """Read and verify one checkpoint's payload; ``ValueError`` if it is truncated, altered,
+        not a checkpoint, or carries another identity than its name's."""
+        parsed = parse_name(name)
+        job, series, payload = decode(self.fs.cat_file(self._path(name)))
+        if parsed is None or (job, series) != (parsed.job_id, parsed.series):
+            raise ValueError(f"its contents are job {job!r}'s {series!r} checkpoint, not what its name says")
+        return payload
+
+    def latest(self, series: str, job_id: str | None, read: Callable[[str, Any], Any]) -> tuple[str, Any] | None:
+        """The newest checkpoint of ``series`` (of ``job_id`` only, when given) that reads, verifies
+        and that ``read(name, payload)`` accepts (``ValueError``: damaged); damaged newer ones are
+        skipped with a warning. ``(name, read's result)`` or None."""
+        for name in reversed(self.names(series, job_id)):
+            try:
+                return name, read(name, self.load(name))
+            except ConfigError:
+                raise  # a checkpoint of another model or layout: the older ones are too
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("skipping the checkpoint %s: %s; trying the one before it", self.url(name), exc)
+        return None
+
+    def put(self, name: str, data: bytes) -> None:
+        """Write ``data`` as ``name``, all or nothing: locally a temporary file renamed over it;
+        elsewhere a temporary key, then the final key written last (listings see committed names
+        only: a temporary name is not a checkpoint's)."""
+        if self.local:
+            atomic_write(self._path(name), lambda tmp: Path(tmp).write_bytes(data))
+            return
+        tmp = self._path(f".{name}.{secrets.token_hex(4)}.tmp")
+        self.fs.pipe_file(tmp, data)
+        try:
+            self.fs.mv(tmp, self._path(name))
+        finally:
+            if self.fs.exists(tmp):
+                self.fs.rm_file(tmp)
+
+    # ------------------------------------------------------------------ directory checkpoints
+    @contextmanager
+    def directory_checkpoint(self, series: str, position: str) -> Iterator[DirectoryWriter]:
+        """A checkpoint that is a directory of files (e.g. per-rank shards of
+        ``torch.distributed.checkpoint``): write the parts through the yielded writer; on a clean
+        exit its manifest (every part's size and SHA-256, the job identity) is written last, as
+        one atomic file, and only then is the checkpoint listed. An exception leaves no manifest,
+        and the parts are removed."""
+        name = self.name(series, position)
+        writer = DirectoryWriter(self, name.removesuffix(".manifest.json"))
+        try:
+            yield writer
+        except BaseException:
+            self._remove_tree(writer.directory)
+            raise
+        manifest = {"format": _MANIFEST_FORMAT, "job_id": self.job_id, "series": series, "parts": writer.parts}
+        self.put(name, json.dumps(manifest, sort_keys=True).encode())
+        self.rotate(series, name)
+
+    def read_directory(self, name: str) -> dict[str, bytes]:
+        """Every part of a committed directory checkpoint, each checked against its manifest."""
+        parsed = parse_name(name)
+        try:
+            manifest = json.loads(self.fs.cat_file(self._path(name)))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"its manifest is not JSON ({exc})") from exc
+        if parsed is None or not isinstance(manifest, dict) or manifest.get("job_id") != parsed.job_id \
+                or not isinstance(manifest.get("parts"), dict):
+            raise ValueError("its manifest is not one of this checkpoint's")
+        base = name.removesuffix(".manifest.json")
+        parts = {}
+        for part, sha in manifest["parts"].items():
+            data = self.fs.cat_file(self._path(f"{base}/{part}"))
+            if hashlib.sha256(data).hexdigest() != sha:
+                raise ValueError(f"its part {part} does not match the SHA-256 its manifest gives (damaged or altered)")
+            parts[part] = data
+        return parts
+
+    # ------------------------------------------------------------------ rotation
+    def rotate(self, series: str, written: str) -> None:
+        """Keep the newest ``keep`` of this job's ``series`` checkpoints up to the one just
+        ``written``: the file just written is never deleted, nor a newer one, nor another job's."""
+        older = [n for n in self.names(series, self.job_id) if n < written]
+        for old in older[:max(len(older) - (self.keep - 1), 0)]:
+            self.delete(old)
+
+    def delete(self, name: str) -> None:
+        """Remove a checkpoint (a directory checkpoint's manifest first: it stops being listed)."""
+        try:
+            self.fs.rm_file(self._path(name))
+            if name.endswith(".manifest.json"):
+                self._remove_tree(name.removesuffix(".manifest.json"))
+        except OSError as exc:  # an old checkpoint left behind is not worth failing the job for
+            log.warning("could not delete the old checkpoint %s: %s", self.url(name), exc)
+
+    def _remove_tree(self, directory: str) -> None:
+        path = self._path(directory)
+        if self.fs.exists(path):
+            self.fs.rm(path, recursive=True)
+
+    def check_writable(self) -> None:
+        """Fail at the start of a job, not after an hour of training, if nothing can be saved here."""
+        probe = ".sparkdp-write-test"
+        try:
+            self.fs.makedirs(self.root, exist_ok=True)
+            self.put(probe, b"ok")
+            self.fs.rm_file(self._path(probe))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot write checkpoints to {self.directory!r}: {exc}. Give a directory this user "
+                              "can write (on a cluster, one the executors and the driver share), or leave "
+                              "checkpoint_dir unset.") from exc
+
+
+class DirectoryWriter:
+    """The parts of a directory checkpoint being written (:meth:`CheckpointStore.directory_checkpoint`)."""
+
+    def __init__(self, store: CheckpointStore, directory: str) -> None:
+        self.store, self.directory = store, directory
+        self.parts: dict[str, str] = {}  # part name -> SHA-256 of its bytes
+        store.fs.makedirs(store._path(directory), exist_ok=True)
+
+    @property
+    def path(self) -> str:
+        """The directory's own path on its filesystem (for writers that take a path, with ``fs``)."""
+        return self.store._path(self.directory)
+
+    def write(self, part: str, data: bytes) -> None:
+        if "/" in part or part.startswith(".") or not part:
+            raise ValueError(f"part name {part!r}: expected a plain file name")
+        self.store.put(f"{self.directory}/{part}", data)
+        self.parts[part] = hashlib.sha256(data).hexdigest()
+
+
+def _protocols(fs: Any) -> tuple[str, ...]:
+    protocol = fs.protocol
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
+
+
+class BackgroundWriter:
+    """Writes checkpoints on one background thread, so that training only pays for the snapshot.
+
+    At most one write is in flight: :meth:`submit` waits for the previous one to finish before it
+    starts the next (no save is dropped or merged). A write that failed is logged at once and
+    raised by the next :meth:`submit` or by :meth:`close`, which waits for the last write."""
+
+    def __init__(self, name: str = "sparkdp-checkpoint-writer") -> None:
+        self.name = name
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def submit(self, write: Callable[[], object]) -> None:
+        """Run ``write()`` in the background, after the previous write (whose error it raises)."""
+        self.wait()
+        # not a daemon: a process that ends while a write is in flight finishes that write first
+        self._thread = threading.Thread(target=self._run, args=(write,), name=self.name)
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Wait for the write in flight; raise its error, if it failed."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    close = wait
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _run(self, write: Callable[[], object]) -> None:
+        try:
+            write()
+        except BaseException as exc:  # kept for the training thread, which raises it
+            log.error("writing a checkpoint failed (%s: %s); the job stops at its next save or its end",
+                      type(exc).__name__, exc)
+            self._error = exc
+
+
+__all__ = ["BackgroundWriter", "CheckpointName", "CheckpointStore", "DirectoryWriter", "HostSnapshot", "decode",
+           "digest", "encode", "host_copy", "new_job_id", "parse_name", "server_series", "sync_position"]

@@ -272,8 +272,13 @@ def run(train_fn: Callable[..., Any], *args: Any, spark: Any = None, argv: list[
     ``strategy_options``, ``seed``, ``workers``, ``master``, ``threads``, ``start_timeout_s``,
     ``pg_timeout_s``, ``show_progress``; see :func:`fit`); ``spark`` an existing session.
 
+    The result travels to the driver as data, never as a pickle: ``None``, numbers, strings,
+    bytes, tensors, numpy arrays, and lists, tuples and dicts of them (a ``state_dict`` is one;
+    :mod:`sparkdp.spark.results`).
+
     Raises:
-        ConfigError: bad options (e.g. ``push_every="epoch"`` here).
+        ConfigError: bad options (e.g. ``push_every="epoch"`` here), or ``train_fn`` returned
+            something that is not data (a model object: return its ``state_dict()``).
         WorkerFailed: ``train_fn`` raised on a worker (its rank and traceback in the message).
     """
     job = JobConfig.of(settings, allowed=RUN_SETTINGS, caller="run")

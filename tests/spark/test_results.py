@@ -88,6 +88,23 @@ def test_a_worker_report_comes_back_field_for_field():
     assert torch.equal(weights["weight"], model.weight.detach()) and torch.equal(weights["bias"], model.bias.detach())
 
 
+def test_a_reports_settings_that_are_not_data_travel_as_their_text():
+    """Strategy options are shown, not used, on the driver: a server optimizer given as a factory
+    must not fail the job at its end."""
+    def factory(params):
+        return torch.optim.SGD(params, lr=0.1)
+
+    report = WorkerReport(state=b"", history=[], train_time_s=0.0, samples=0,
+                          strategy_options={"rule": "asgd", "rule_options": {"server_optimizer": factory, "lr": 0.1},
+                                            "betas": (0.9, torch.float32)})
+    back = _round_trip(report)
+    assert back.strategy_options == {"rule": "asgd", "rule_options": {"server_optimizer": repr(factory), "lr": 0.1},
+                                     "betas": (0.9, "torch.float32")}
+    with pytest.raises(ConfigError, match=r"the result\.strategy_state\['f'\] has type function"):
+        encode("s", 0, WorkerReport(state=b"", history=[], train_time_s=0.0, samples=0,
+                                    strategy_state={"f": factory}))
+
+
 @pytest.mark.parametrize(("value", "named"), [
     ({1, 2}, r"the result has type set"),
     ([torch.nn.Linear(1, 1)], r"the result\[0\] has type torch\.nn\.modules\.linear\.Linear"),

@@ -41,6 +41,9 @@ _TAGS = (_BYTES, _NDARRAY, _RECORD, _ITEMS)
 #: the dataclasses a result may be, by name: each is rebuilt from its own fields, nothing else
 _RECORDS: dict[str, type] = {"WorkerReport": WorkerReport}
 _MAX_DEPTH = 64
+#: fields of a record that are only shown (logs, summaries): a setting that is not data there (a
+#: server optimizer given as a factory) travels as its text rather than failing the job
+_SHOWN = {"strategy_options"}
 
 ALLOWED = ("None, bool, int, float, str, bytes, torch tensors, numpy arrays of numbers or booleans, numpy scalars, "
            "and lists, tuples and dicts of them (a state_dict is one)")
@@ -104,8 +107,9 @@ def _to_wire(value: Any, where: str, depth: int) -> Any:
     if type(value).__module__ == "numpy":
         return _numpy(value, where)
     if isinstance(value, WorkerReport):
-        return {_RECORD: ["WorkerReport", {f.name: _to_wire(getattr(value, f.name), f"{where}.{f.name}", depth + 1)
-                                           for f in fields(value)}]}
+        return {_RECORD: ["WorkerReport", {
+            f.name: _to_wire(_shown(getattr(value, f.name)) if f.name in _SHOWN else getattr(value, f.name),
+                             f"{where}.{f.name}", depth + 1) for f in fields(value)}]}
     if isinstance(value, (list, tuple)):
         items = [_to_wire(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
         return items if isinstance(value, list) else tuple(items)
@@ -119,6 +123,15 @@ def _to_wire(value: Any, where: str, depth: int) -> Any:
             return {_ITEMS: [list(pair) for pair in pairs]}
         return dict(pairs)
     raise _refuse(value, where)
+
+
+def _shown(value: Any) -> Any:
+    """``value`` with every leaf that is not a plain JSON value (a factory, a class) as its text."""
+    if isinstance(value, dict):
+        return {k: _shown(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_shown(v) for v in value)
+    return value if value is None or isinstance(value, (bool, int, float, str)) else repr(value)
 
 
 def _is_key(key: Any) -> bool:

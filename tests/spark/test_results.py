@@ -1,7 +1,7 @@
 """A task's result on its way to the driver: data in, the same data out, and nothing else."""
 
 import pickle
-from collections import OrderedDict
+from collections import OrderedDict, namedtuple
 
 import numpy as np
 import pytest
@@ -88,6 +88,9 @@ def test_a_worker_report_comes_back_field_for_field():
     assert torch.equal(weights["weight"], model.weight.detach()) and torch.equal(weights["bias"], model.bias.detach())
 
 
+_Point = namedtuple("_Point", "x y")
+
+
 def test_a_reports_settings_that_are_not_data_travel_as_their_text():
     """Strategy options are shown, not used, on the driver: a server optimizer given as a factory
     must not fail the job at its end."""
@@ -96,10 +99,10 @@ def test_a_reports_settings_that_are_not_data_travel_as_their_text():
 
     report = WorkerReport(state=b"", history=[], train_time_s=0.0, samples=0,
                           strategy_options={"rule": "asgd", "rule_options": {"server_optimizer": factory, "lr": 0.1},
-                                            "betas": (0.9, torch.float32)})
+                                            "betas": (0.9, torch.float32), "at": _Point(1, print)})
     back = _round_trip(report)
     assert back.strategy_options == {"rule": "asgd", "rule_options": {"server_optimizer": repr(factory), "lr": 0.1},
-                                     "betas": (0.9, "torch.float32")}
+                                     "betas": (0.9, "torch.float32"), "at": (1, repr(print))}
     with pytest.raises(ConfigError, match=r"the result\.strategy_state\['f'\] has type function"):
         encode("s", 0, WorkerReport(state=b"", history=[], train_time_s=0.0, samples=0,
                                     strategy_state={"f": factory}))

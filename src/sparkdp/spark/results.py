@@ -77,7 +77,7 @@ def decode(data: bytes, stage: str, index: int) -> Any:
                          f"not of task {index} of this stage ({stage!r})")
     try:
         return _from_wire(document["value"])
-    except (KeyError, TypeError, ValueError) as err:
+    except (KeyError, TypeError, ValueError, RecursionError) as err:
         raise ValueError(f"its document is damaged ({type(err).__name__}: {err})") from None
 
 
@@ -130,7 +130,8 @@ def _shown(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _shown(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(_shown(v) for v in value)
+        shown = [_shown(v) for v in value]
+        return tuple(shown) if isinstance(value, tuple) else shown
     return value if value is None or isinstance(value, (bool, int, float, str)) else repr(value)
 
 

@@ -42,15 +42,6 @@ ALLOWED: dict[tuple[str, str], str] = {
         "pickle carry the paths of files the driver wrote (mapped on the executor) instead of the tensor "
         "bytes. Nothing sparkdp reads from a socket or a user's file is unpickled through it."
     ),
-    ("spark/launcher.py", "import pickle"): (
-        "A stage's task results travel as one pickled Arrow cell per task (a DataFrame stage runs on "
-        "classic and Spark Connect sessions alike), as an RDD collect pickles them: Spark's own result "
-        "channel between this application's executors and its driver."
-    ),
-    ("spark/launcher.py", "out.append(pickle.loads(payload))"): (
-        "The driver reads those results back only after their HMAC-SHA256 checks under a key made for "
-        "the stage and shipped only inside its tasks: bytes sparkdp's own task code wrote, nothing else."
-    ),
 }
 
 

@@ -163,3 +163,28 @@ def test_run_gives_the_workers_the_drivers_argv(spark, monkeypatch):
     assert sparkdp.run(_argparse_main, workers=2, spark=spark, argv=["train.py", "--epochs", "5"])["epochs"] == 5
     with pytest.raises(sparkdp.WorkerFailed, match=r"sys.exit\(2\).*check the arguments the workers see"):
         sparkdp.run(_argparse_main, workers=2, spark=spark, argv=["train.py"], max_restarts=0)
+
+
+def _returns(kind):
+    """What a user's function returns: data of every kind ``run`` sends back, or a model object."""
+    model, _, _ = _problem(8)
+    if kind == "model":
+        return model
+    import numpy as np
+
+    return {"state": model.state_dict(), "ids": np.arange(4, dtype=np.int32), "curve": (0.5, 0.25),
+            "note": "done", "raw": b"\x00\x01", "none": None}
+
+
+def test_run_returns_data_and_names_a_result_that_is_not_data(spark):
+    import numpy as np
+
+    model, _, _ = _problem(8)
+    back = sparkdp.run(_returns, "data", workers=2, spark=spark)
+    assert set(back["state"]) == {"weight", "bias"}
+    assert all(torch.equal(back["state"][k], v) for k, v in model.state_dict().items())
+    assert back["ids"].dtype == np.int32 and back["ids"].tolist() == [0, 1, 2, 3]
+    assert (back["curve"], back["note"], back["raw"], back["none"]) == ((0.5, 0.25), "done", b"\x00\x01", None)
+    with pytest.raises(ConfigError, match=r"the result has type torch\.nn\.modules\.linear\.Linear.*never as a "
+                                          r"pickle.*model\.state_dict\(\).*save anything else to a file"):
+        sparkdp.run(_returns, "model", workers=2, spark=spark)

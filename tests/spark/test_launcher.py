@@ -124,21 +124,70 @@ def test_dynamic_allocation_is_explained_before_a_barrier_stage():
     assert "does not allow with dynamic allocation" in message and "strategy='asgd'" in message
 
 
-def test_stage_results_are_unpickled_only_under_the_stages_seal():
-    """A result cell is read only when its HMAC checks under the stage's own key: changed bytes,
-    another stage's key or an unsealed pickle are refused before anything is unpickled."""
-    from sparkdp.errors import WorkerFailed
-    from sparkdp.spark.launcher import _result_batch, _results, _stage_key
+def _closure_values(fn, seen=None):
+    """Everything a shipped task function carries in its closure, nested closures included:
+    what anyone who sees the task (an executor, a Connect server, a sniffer) can read."""
+    seen = set() if seen is None else seen
+    if id(fn) in seen:
+        return []
+    seen.add(id(fn))
+    out = []
+    for cell in getattr(fn, "__closure__", None) or ():
+        value = cell.cell_contents
+        out.append(value)
+        if callable(value):
+            out += _closure_values(value, seen)
+    return out
 
-    key = _stage_key()
-    rows = [batch.to_pylist()[0] for batch in (_result_batch(key, 1, {"b": 2}), _result_batch(key, 0, [1]))]
-    assert _results(rows, key) == [[1], {"b": 2}]  # in task order
-    cell = rows[0]["result"]
-    changed = [{**rows[0], "result": cell[:-2] + bytes([cell[-2] ^ 1]) + cell[-1:]}]  # one bit of the pickle
-    moved = [{**rows[0], "index": 5}]
+
+def test_a_result_forged_with_everything_in_the_task_closure_runs_nothing_on_the_driver(spark, tmp_path,
+                                                                                        monkeypatch):
+    """An attacker who sees the task the driver ships reads every value in its closure (once a
+    32-byte key that sealed the results), seals a pickle that would create a file when
+    unpickled, and puts it in the result column. The driver refuses it and runs nothing."""
+    import hashlib
+    import hmac
     import pickle
+    from types import SimpleNamespace
 
-    unsealed = [{"index": 0, "result": pickle.dumps("x")}]
-    for bad, with_key in ((changed, key), (moved, key), (rows, _stage_key()), (unsealed, key)):
-        with pytest.raises(WorkerFailed, match="does not carry this job's seal"):
-            _results(bad, with_key)
+    from sparkdp.spark import launcher
+
+    marker = tmp_path / "the driver ran the attacker's code"
+
+    class Exploit:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    payload = pickle.dumps(Exploit())
+
+    def forged_stage(spark_, num_tasks, body, *, barrier):
+        keys = [v for v in _closure_values(body) if isinstance(v, bytes)] or [b"no key in the closure"]
+        cells = [hmac.new(key, (0).to_bytes(8, "big", signed=True) + payload, hashlib.sha256).digest() + payload
+                 for key in keys]
+        return SimpleNamespace(collect=lambda: [{"index": 0, "result": cells[0]}])
+
+    monkeypatch.setattr(launcher, "_task_stage", forged_stage)
+    with pytest.raises(WorkerFailed, match="the result of task 0 was not read: it is not a sparkdp task result"):
+        run_barrier(_rank_and_world, 1, spark=spark)
+    assert not marker.exists()
+
+
+def test_stage_results_are_read_only_as_their_own_tasks_results():
+    """A result cell is read only as the result of its own stage and task: another stage's,
+    another index's, a damaged cell or missing and extra rows are refused."""
+    from sparkdp.spark.launcher import _result_batch, _results, _stage_id
+
+    stage = _stage_id()
+    rows = [batch.to_pylist()[0] for batch in (_result_batch(stage, 1, {"b": 2}), _result_batch(stage, 0, [1]))]
+    assert _results(rows, stage, 2) == [[1], {"b": 2}]  # in task order
+    cell = rows[0]["result"]
+    with pytest.raises(WorkerFailed, match=r"result of task 0 was not read: it is the result of task 1 of stage"):
+        _results([{**rows[0], "index": 0}, {**rows[1], "index": 1}], stage, 2)  # swapped
+    with pytest.raises(WorkerFailed, match=r"result of task 0 was not read: it is the result of task 0 of stage"):
+        _results(rows, _stage_id(), 2)
+    with pytest.raises(WorkerFailed, match=r"result of task 1 was not read: it is not a sparkdp task result"):
+        _results([rows[1], {**rows[0], "result": cell[:-7]}], stage, 2)
+    with pytest.raises(WorkerFailed, match=r"returned results for tasks \[0\]; expected one for each of 0-1"):
+        _results(rows[1:], stage, 2)
+    with pytest.raises(WorkerFailed, match=r"returned results for tasks \[0, 0, 1\]"):
+        _results(rows + rows[1:], stage, 2)

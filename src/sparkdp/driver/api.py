@@ -314,8 +314,13 @@ def run(train_fn: Callable[..., Any], *args: Any, spark: Any = None, argv: list[
     n-th restart sees ``TORCHELASTIC_RESTART_COUNT=n`` and, with ``checkpoint_dir``,
     ``SPARKDP_CHECKPOINT_DIR``, where ``train_fn`` saves and finds what it resumes from.
 
+    The result travels to the driver as data, never as a pickle: ``None``, numbers, strings,
+    bytes, tensors, numpy arrays, and lists, tuples and dicts of them (a ``state_dict`` is one;
+    :mod:`sparkdp.spark.results`).
+
     Raises:
-        ConfigError: bad options (e.g. ``push_every="epoch"`` here).
+        ConfigError: bad options (e.g. ``push_every="epoch"`` here), or ``train_fn`` returned
+            something that is not data (a model object: return its ``state_dict()``).
         WorkerFailed: ``train_fn`` failed on a worker more often than ``max_restarts`` allows (its
             rank and traceback in the message).
     """

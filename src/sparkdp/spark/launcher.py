@@ -4,16 +4,13 @@ ordinary retryable tasks. The same DataFrame code on a classic and a Spark Conne
 
 The driver watches the stage: if its tasks are not running within ``start_timeout_s`` it
 cancels the job and raises :class:`RendezvousTimeout` instead of letting Spark wait for slots
-forever. Each task's result comes back sealed with the stage's key, and whether executors can
-reach this process is checked with one small stage of the same kind.
+forever. Each task's result comes back as data, never a pickle (:mod:`sparkdp.spark.results`),
+and whether executors can reach this process is checked with one small stage of the same kind.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
-import secrets
 import socket
 import threading
 import time
@@ -35,68 +32,64 @@ from .cluster import (
     task_slots,
     too_few_slots_message,
 )
+from .results import decode, encode
 from .task import TaskInfo, rendezvous
 from .worker_errors import encode_error, translate_error
 
 log = logging.getLogger(__name__)
 
 
-#: The one column every sparkdp stage returns: a task's result, pickled and sealed.
+#: The one column every sparkdp stage returns: a task's result as sparkdp state bytes (results.py).
 _RESULT_SCHEMA = "index long, result binary"
-_SEAL_BYTES = 32  # HMAC-SHA256
 
 
-def _seal(key: bytes, index: int, payload: bytes) -> bytes:
-    return hmac.new(key, index.to_bytes(8, "big", signed=True) + payload, hashlib.sha256).digest()
-
-
-def _result_batch(key: bytes, index: int, value: Any):
-    """A task's result as one Arrow row: the pickle, after the HMAC of its index and bytes under
-    the stage's ``key`` (which only the driver and the stage's own tasks hold)."""
-    import pickle
-
+def _result_batch(stage: str, index: int, value: Any):
+    """A task's result as one Arrow row (:func:`sparkdp.spark.results.encode`: data, no pickle)."""
     import pyarrow as pa
 
-    payload = pickle.dumps(value)
-    return pa.RecordBatch.from_pydict({"index": [index], "result": [_seal(key, index, payload) + payload]})
+    return pa.RecordBatch.from_pydict({"index": [index], "result": [encode(stage, index, value)]})
 
 
-def _results(rows, key: bytes) -> list[Any]:
-    """The tasks' results in task order (rank or worker index), unpickled on the driver.
+def _results(rows, stage: str, num_tasks: int) -> list[Any]:
+    """The tasks' results in task order (rank or worker index), decoded on the driver.
 
-    As an RDD's ``collect`` unpickles what its tasks return, but only bytes whose seal checks
-    under this stage's ``key``: whatever else reached the result column (the stage's bytes
-    cross Spark's channels, and a Connect server's gRPC) is refused before it is unpickled."""
-    import pickle
-
+    Nothing in a result cell is run: the decoder builds back data only (numbers, strings,
+    tensors, arrays, sparkdp's own records). A cell that is not a result of this stage's task
+    at its row's index (damaged, from elsewhere, a pickle) is refused with WorkerFailed."""
+    rows = sorted(rows, key=lambda row: row["index"])
+    indices = [int(row["index"]) for row in rows]
+    if indices != list(range(num_tasks)):
+        raise WorkerFailed(f"the stage's {num_tasks} task(s) returned results for tasks {indices}; expected one "
+                           f"for each of 0-{num_tasks - 1}. Something other than sparkdp's tasks wrote them.")
     out = []
-    for row in sorted(rows, key=lambda row: row["index"]):
-        cell = bytes(row["result"])
-        seal, payload = cell[:_SEAL_BYTES], cell[_SEAL_BYTES:]
-        if not hmac.compare_digest(seal, _seal(key, int(row["index"]), payload)):
-            raise WorkerFailed(f"the result of task {row['index']} does not carry this job's seal; it was not "
-                               "read. Something other than sparkdp's task wrote or changed it.")
-        out.append(pickle.loads(payload))
+    for index, row in zip(indices, rows, strict=True):
+        try:
+            out.append(decode(bytes(row["result"]), stage, index))
+        except ValueError as err:
+            raise WorkerFailed(f"the result of task {index} was not read: {err}. Something other than sparkdp's "
+                               "task wrote or changed it; nothing in it was run.") from None
     return out
 
 
-def _stage_key() -> bytes:
-    return secrets.token_bytes(32)
+def _stage_id() -> str:
+    """Names a stage's results (not a secret: it lets the driver tell them from anyone else's)."""
+    return uuid.uuid4().hex
 
 
-def _task_body(key: bytes, start: Callable[[], tuple[int, Any]], fn: Callable[[Any], Any]) -> Callable:
+def _task_body(stage: str, start: Callable[[], tuple[int, Any]], fn: Callable[[Any], Any]) -> Callable:
     """A ``mapInArrow`` function: ``start()`` gives the task's index (rank or worker) and the
-    argument of ``fn``; the task returns ``fn``'s result sealed under ``key``."""
+    argument of ``fn``; the task returns ``fn``'s result encoded as data. A result that cannot
+    be (not data: a model object, an open file) fails the task with a ConfigError saying so."""
     def run_partition(batches):
         for _ in batches:  # the one row of spark.range that made this task: nothing to read
             pass
         index = -1
         try:
             index, argument = start()
-            result = fn(argument)
+            batch = _result_batch(stage, index, fn(argument))
         except BaseException as exc:  # re-raised with a parseable summary for the driver
             raise RuntimeError(encode_error(index, exc)) from None
-        yield _result_batch(key, index, result)
+        yield batch
 
     return run_partition
 
@@ -282,14 +275,14 @@ def run_barrier(fn: Callable[[TaskInfo], Any], num_workers: int, *, spark,
         WorkerFailed: a task raised; the message carries the worker's own error.
     """
     stage = BarrierStage(spark, num_workers, description=description, start_timeout_s=start_timeout_s)
-    key = _stage_key()
+    stage_id = _stage_id()
 
     def start() -> tuple[int, TaskInfo]:
         info = rendezvous(store)
         return info.rank, info
 
-    df = _task_stage(spark, num_workers, _task_body(key, start, fn), barrier=True)
-    return _results(stage.run(df.collect), key)
+    df = _task_stage(spark, num_workers, _task_body(stage_id, start, fn), barrier=True)
+    return _results(stage.run(df.collect), stage_id, num_workers)
 
 
 def unreachable_reason(spark, *, timeout_s: float = 5.0, start_timeout_s: float = 60.0) -> str | None:
@@ -362,7 +355,7 @@ def run_tasks(fn: Callable[[int], Any], num_workers: int, *, spark, description:
     if slots is not None and num_workers > slots:
         log.warning("%d asynchronous workers on %d task slots: they will run in waves, not all at once",
                     num_workers, slots)
-    key = _stage_key()
+    stage_id = _stage_id()
 
     def start() -> tuple[int, int]:
         from pyspark import TaskContext
@@ -371,11 +364,12 @@ def run_tasks(fn: Callable[[int], Any], num_workers: int, *, spark, description:
         index = ctx.partitionId() if ctx is not None else 0
         return index, index
 
-    df = _task_stage(spark, num_workers, _task_body(key, start, fn), barrier=False)
+    df = _task_stage(spark, num_workers, _task_body(stage_id, start, fn), barrier=False)
     what = what or f"the {num_workers} asynchronous workers"
     return _results(run_watched(spark, df.collect, num_workers, description=description,
                                 start_timeout_s=start_timeout_s, need_all=False,
-                                too_slow=_none_started(start_timeout_s, master_of(spark), what)), key)
+                                too_slow=_none_started(start_timeout_s, master_of(spark), what)),
+                    stage_id, num_workers)
 
 
 def _stages(sc, group: str) -> list[Any]:

@@ -23,6 +23,7 @@ from ..strategies.base import Strategy
 from .checkpoint import CheckpointPolicy, save_checkpoint
 from .faults import Fault
 from .layout import batch_layout, set_layout, use_channels_last
+from .memory import MemoryMeter
 from .optim import OptimizerFactory
 from .report import WorkerReport
 
@@ -109,12 +110,14 @@ class FitSpec:
         return self.eval is not None and ((epoch + 1) % self.eval_every == 0 or epoch == self.last_epoch())
 
 
-def optimizer_state_to_bytes(optimizer: torch.optim.Optimizer, scheduler: Any = None) -> bytes:
-    """An optimizer's (and its scheduler's) state as bytes, without pickle (``sparkdp.state``)."""
+def optimizer_state_to_bytes(optimizer: torch.optim.Optimizer, scheduler: Any = None,
+                             state: dict[str, Any] | None = None) -> bytes:
+    """An optimizer's (and its scheduler's) state as bytes, without pickle (``sparkdp.state``);
+    ``state``: the optimizer's state as the strategy gathered it (default: its ``state_dict()``)."""
     sched = None
     if scheduler is not None and hasattr(scheduler, "state_dict"):
         sched = {k: v for k, v in scheduler.state_dict().items() if not callable(v)}
-    return state_io.to_bytes({"optimizer": optimizer.state_dict(), "scheduler": sched})
+    return state_io.to_bytes({"optimizer": optimizer.state_dict() if state is None else state, "scheduler": sched})
 
 
 def check_batch(model: nn.Module, loss_fn: Callable, x: torch.Tensor, y: torch.Tensor) -> Any:
@@ -240,11 +243,12 @@ def _fit_worker(spec: FitSpec, collective: Collective, probe: Any) -> WorkerRepo
     weights_nhwc = channels_last and strategy.channels_last_weights
     if weights_nhwc:  # before DDP lays out its buckets and the optimizer its state
         set_layout(model, True)
+    model = strategy.shard(model, collective)  # a sharding strategy's optimizer steps the shards
     optimizer = spec.optimizer.build(model)
     scheduler = spec.scheduler(optimizer) if spec.scheduler is not None else None
     if part.optimizer_state:
         saved = state_io.from_bytes(part.optimizer_state)  # what optimizer_state_to_bytes encoded
-        optimizer.load_state_dict(saved["optimizer"])
+        strategy.load_optimizer_state(optimizer, saved["optimizer"])
         if scheduler is not None and saved["scheduler"] is not None:
             scheduler.load_state_dict(saved["scheduler"])  # the schedule continues across stages
     net = strategy.setup(model, optimizer, collective)
@@ -256,6 +260,7 @@ def _fit_worker(spec: FitSpec, collective: Collective, probe: Any) -> WorkerRepo
     policy = spec.checkpoint if not collective.independent else None
     saver = _Saver(policy, spec, strategy, optimizer, scheduler, collective) if policy is not None else None
     steps_done = 0
+    memory = MemoryMeter()
     steps_per_epoch = spec.steps_per_epoch(world)
     for epoch in range(part.start_epoch, part.start_epoch + spec.epochs):
         probe.start_epoch(epoch, steps_per_epoch, spec.last_epoch() + 1)
@@ -291,12 +296,15 @@ def _fit_worker(spec: FitSpec, collective: Collective, probe: Any) -> WorkerRepo
             stats[0] += value * len(x)
             stats[1] += len(x)
             steps_done += 1
+            if steps_done == 1:  # the optimizer's state exists from the first step on
+                memory.sample(model, optimizer)
             if spec.fault is not None:  # (a "slow" fault's sleep counts as this step's compute)
                 spec.fault.maybe_fire(rank, steps_done)
             probe.step_done(time.perf_counter() - arrived, len(x), value)
             if saver is not None and saver.due(step + 1):
                 saver.save(epoch, step + 1, history, stats, before + time.perf_counter() - started)
             ready = time.perf_counter()
+        memory.sample(model, optimizer)
         strategy.end_epoch()
         elapsed = before + time.perf_counter() - started
         train_time += elapsed
@@ -323,16 +331,20 @@ def _fit_worker(spec: FitSpec, collective: Collective, probe: Any) -> WorkerRepo
         set_layout(model, False)
     counters = _sum_counters(spec.train, collective)
     independent = collective.independent
+    memory_table = memory.gather(collective)
+    # gathered on every rank (a sharding strategy's shards), kept by rank 0
+    model_state = {} if independent else strategy.model_state()
+    optimizer_state = strategy.optimizer_state(optimizer) if part.return_optimizer_state else None
     if rank != 0 and not independent:
         return None
-    return WorkerReport(state=b"" if independent else state_io.state_to_bytes(strategy.unwrap().state_dict()),
+    return WorkerReport(state=b"" if independent else state_io.state_to_bytes(model_state),
                         history=history, train_time_s=train_time, samples=total_samples,
                         strategy_options=strategy.options(), strategy_state=strategy.state_dict(),
                         data_counters=counters,
-                        optimizer_state=(optimizer_state_to_bytes(optimizer, scheduler)
-                                         if spec.part.return_optimizer_state else b""),
+                        optimizer_state=(optimizer_state_to_bytes(optimizer, scheduler, optimizer_state)
+                                         if optimizer_state is not None else b""),
                         worker=rank, strategy_metrics={**strategy.comm_stats(), **strategy.metrics()}, wall_start=wall_start,
-                        wall_end=time.time())
+                        wall_end=time.time(), memory=memory_table)
 
 
 class _Saver:
@@ -366,11 +378,13 @@ class _Saver:
             states[-1, :2] = stats
         collective.all_reduce(states, "sum")
         self.last = time.monotonic()
+        # gathered on every rank (a sharding strategy's shards), written by rank 0
+        model_state, optimizer_state = self.strategy.model_state(), self.strategy.optimizer_state(self.optimizer)
         if collective.rank != 0:
             return
         path = save_checkpoint(
-            self.policy, epoch=epoch, step=step, model=self.strategy.unwrap().state_dict(),
-            optimizer=optimizer_state_to_bytes(self.optimizer, self.scheduler),
+            self.policy, epoch=epoch, step=step, model=model_state,
+            optimizer=optimizer_state_to_bytes(self.optimizer, self.scheduler, optimizer_state),
             strategy_state=self.strategy.state_dict(), rng=[row.to(torch.uint8) for row in states[:-1]],
             history=[*self.spec.part.history, *history], workers=collective.world_size,
             epoch_stats=(float(states[-1, 0]), float(states[-1, 1]), seconds))

@@ -1,0 +1,71 @@
+"""Worker functions for the fsdp tests (module level so spawn can import them)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from sparkdp.data.tensors import TensorData
+from sparkdp.models.zoo import build_model
+from sparkdp.strategies import STRATEGIES
+from sparkdp.train.loop import FitSpec, fit_worker
+from sparkdp.train.memory import model_state_bytes
+from sparkdp.train.optim import optimizer_factory, resolve_loss
+
+
+def make(model_name: str, seed: int = 0):
+    """A model (same init on every rank) and 20 steps' worth of rows for it."""
+    torch.manual_seed(seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    if model_name == "gpt-tiny":
+        return build_model("gpt-tiny"), torch.randint(0, 256, (160, 16), generator=g), None
+    x = torch.randn(160, 1, 28, 28, generator=g)
+    return build_model(model_name), x, torch.randint(0, 10, (160,), generator=g)
+
+
+def step_losses(coll, strategy_name: str, model_name: str, steps: int = 20, batch: int = 4):
+    """Each rank trains AdamW on its slice of every global batch; its losses, the final whole
+    parameters (gathered) and its model-state bytes after the first step."""
+    model, x, y = make(model_name)
+    strategy = STRATEGIES.create(strategy_name)
+    model = strategy.shard(model, coll)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    net = strategy.setup(model, opt, coll)
+    losses, state_bytes = [], 0
+    for step in range(steps):
+        lo = (step * coll.world_size + coll.rank) * batch
+        opt.zero_grad(set_to_none=True)
+        if y is None:
+            loss = net(x[lo:lo + batch], labels=x[lo:lo + batch])["loss"]
+        else:
+            loss = nn.functional.cross_entropy(net(x[lo:lo + batch]), y[lo:lo + batch])
+        loss.backward()
+        opt.step()
+        if step == 0:
+            state_bytes = model_state_bytes(model, opt)
+        losses.append(loss.item())
+    whole = strategy.model_state()
+    strategy.finish()
+    return {"losses": torch.tensor(losses, dtype=torch.float64), "state": whole, "state_bytes": state_bytes}
+
+
+def _data(rows: int, seed: int) -> TensorData:
+    g = torch.Generator().manual_seed(seed)
+    return TensorData(torch.randn(rows, 1, 28, 28, generator=g), torch.randint(0, 10, (rows,), generator=g))
+
+
+def fit_spec(strategy_name: str, epochs: int = 2, **options) -> FitSpec:
+    torch.manual_seed(0)
+    model = build_model("cnn-small")
+    return FitSpec(model=model, loss=resolve_loss("cross_entropy"),
+                   optimizer=optimizer_factory("adamw", model, lr=1e-3),
+                   strategy=STRATEGIES.create(strategy_name, **options), train=_data(96, 3), eval=_data(30, 4),
+                   epochs=epochs, batch_size=8, seed=5, prefetch=0)
+
+
+def fit(coll, strategy_name: str):
+    """fit_worker's report on rank 0 (None elsewhere), as plain values."""
+    report = fit_worker(fit_spec(strategy_name), coll)
+    if report is None:
+        return None
+    return {"history": report.history, "state": report.state, "memory": report.memory}

@@ -69,3 +69,83 @@ def fit(coll, strategy_name: str):
     if report is None:
         return None
     return {"history": report.history, "state": report.state, "memory": report.memory}
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 3))
+
+
+def _global_step(coll, net, opt, x, y, step: int, rows: int) -> float:
+    """One step on global batch ``step`` (``rows`` rows split evenly over the ranks); the mean loss."""
+    share = rows // coll.world_size
+    lo = step * rows + coll.rank * share
+    opt.zero_grad(set_to_none=True)
+    loss = nn.functional.cross_entropy(net(x[lo:lo + share]), y[lo:lo + share])
+    loss.backward()
+    opt.step()
+    total = loss.detach().reshape(1).double()
+    coll.all_reduce(total, "mean")
+    return float(total)
+
+
+def _problem():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(96, 6, generator=g)
+    return x, (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+
+
+def checkpoint_then_continue(coll, directory: str, steps: int, rows: int):
+    """Train ``steps`` global steps with fsdp, checkpoint (the loop's hooks and file format), then
+    take 2 more steps: their mean losses."""
+    from sparkdp.train.checkpoint import CheckpointPolicy, save_checkpoint
+    from sparkdp.train.loop import optimizer_state_to_bytes
+
+    x, y = _problem()
+    strategy = STRATEGIES.create("fsdp", min_params=100)
+    model = strategy.shard(_mlp(), coll)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    net = strategy.setup(model, opt, coll)
+    for step in range(steps):
+        _global_step(coll, net, opt, x, y, step, rows)
+    weights, optimizer = strategy.model_state(), strategy.optimizer_state(opt)
+    if coll.rank == 0:
+        save_checkpoint(CheckpointPolicy(directory), epoch=0, step=steps, model=weights,
+                        optimizer=optimizer_state_to_bytes(opt, None, optimizer), strategy_state={},
+                        rng=[], history=[], workers=coll.world_size)
+    return [_global_step(coll, net, opt, x, y, step, rows) for step in (steps, steps + 1)]
+
+
+def resume_and_continue(coll, directory: str, steps: int, rows: int):
+    """Resume the checkpoint of :func:`checkpoint_then_continue` (on any number of ranks) and take
+    the same 2 global steps: their mean losses."""
+    from sparkdp import state as state_io
+    from sparkdp.train.checkpoint import latest_checkpoint
+
+    x, y = _problem()
+    checkpoint = latest_checkpoint(directory)
+    assert checkpoint is not None and checkpoint.step == steps
+    model = _mlp()
+    model.load_state_dict(checkpoint.model)  # as the driver's resume does
+    strategy = STRATEGIES.create("fsdp", min_params=100)
+    model = strategy.shard(model, coll)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    strategy.load_optimizer_state(opt, state_io.from_bytes(checkpoint.optimizer)["optimizer"])
+    net = strategy.setup(model, opt, coll)
+    return [_global_step(coll, net, opt, x, y, step, rows) for step in (steps, steps + 1)]
+
+
+def resume_and_continue_without_moments(coll, directory: str, steps: int, rows: int):
+    """:func:`resume_and_continue` with a fresh optimizer (the test's negative control)."""
+    from sparkdp.train.checkpoint import latest_checkpoint
+
+    x, y = _problem()
+    checkpoint = latest_checkpoint(directory)
+    assert checkpoint is not None
+    model = _mlp()
+    model.load_state_dict(checkpoint.model)
+    strategy = STRATEGIES.create("fsdp", min_params=100)
+    model = strategy.shard(model, coll)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    net = strategy.setup(model, opt, coll)
+    return [_global_step(coll, net, opt, x, y, step, rows) for step in (steps, steps + 1)]

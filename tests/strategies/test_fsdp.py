@@ -9,7 +9,13 @@ from sparkdp.strategies import STRATEGIES
 from sparkdp.strategies.fsdp import FSDP, shard_units
 from sparkdp.models.zoo import build_model
 from tests.helpers.dist import run_workers
-from tests.strategies.fsdp_workers import fit, step_losses
+from tests.strategies.fsdp_workers import (
+    checkpoint_then_continue,
+    fit,
+    resume_and_continue,
+    resume_and_continue_without_moments,
+    step_losses,
+)
 
 WORLD = 2
 
@@ -82,3 +88,18 @@ def test_fit_worker_with_fsdp_reports_the_whole_model_metrics_and_memory_like_al
     for mine, theirs in zip(sharded["memory"], ddp["memory"]):
         assert mine["peak_rss_bytes"] > 0
         assert 0 < mine["model_state_bytes"] <= (1 / WORLD + 0.1) * theirs["model_state_bytes"]
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_checkpoint_written_on_4_workers_resumes_on_2_with_the_same_next_losses(tmp_path):
+    """The checkpoint holds the whole model and optimizer state (gathered), so 2 workers shard
+    it their way; the steps after the resume (the second one uses AdamW's restored moments)
+    match the 4-worker run's continuation."""
+    steps, rows = 3, 16
+    four = run_workers(checkpoint_then_continue, 4, str(tmp_path), steps, rows, timeout_s=200)[0]
+    two = run_workers(resume_and_continue, 2, str(tmp_path), steps, rows, timeout_s=200)[0]
+    assert two == pytest.approx(four, rel=1e-4)
+    fresh = run_workers(resume_and_continue_without_moments, 2, str(tmp_path), steps, rows, timeout_s=200)[0]
+    assert fresh[1] != pytest.approx(four[1], rel=1e-4)  # the moments matter to the second step

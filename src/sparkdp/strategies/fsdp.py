@@ -148,12 +148,14 @@ class FSDP(Strategy):
         ranks): each rank keeps its shard of it."""
         if not _is_sharded(self._sharded):
             return super().load_optimizer_state(optimizer, state)
+        assert self._sharded is not None
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         if state.get("param_groups") and not isinstance(state["param_groups"][0]["params"][0], str):
             raise ConfigError("this optimizer state was saved by another strategy (keyed by parameter index); "
                               "strategy='fsdp' resumes from states that fsdp saved (keyed by parameter name).")
-        set_optimizer_state_dict(self.unwrap(), optimizer, state, options=StateDictOptions(full_state_dict=True))
+        # the loop loads it before setup(): the sharded module is known from shard()
+        set_optimizer_state_dict(self._sharded, optimizer, state, options=StateDictOptions(full_state_dict=True))
         return None
 
     def evaluation(self, collective: Collective, last: bool) -> tuple[nn.Module, Collective] | None:

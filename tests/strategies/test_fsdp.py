@@ -5,9 +5,9 @@ import torch
 from safetensors.torch import load as load_safetensors
 
 from sparkdp.errors import ConfigError
+from sparkdp.models.zoo import build_model
 from sparkdp.strategies import STRATEGIES
 from sparkdp.strategies.fsdp import FSDP, shard_units
-from sparkdp.models.zoo import build_model
 from tests.helpers.dist import run_workers
 from tests.strategies.fsdp_workers import (
     checkpoint_then_continue,

@@ -125,7 +125,7 @@ class FSDP(Strategy):
 
     # -- whole states -----------------------------------------------------------------------------
 
-    def model_state(self) -> dict[str, torch.Tensor]:
+    def model_state(self) -> dict[str, Any]:
         """The whole model's state dict on rank 0, on the CPU (every rank must call it; the
         others get an empty dict)."""
         if not _is_sharded(self._sharded):
@@ -191,7 +191,7 @@ def shard_units(model: nn.Module, min_params: int) -> list[str]:
     children before their parents): every transformer block (the built-in GPT's, or a Hugging
     Face model's ``_no_split_modules`` classes), else every submodule holding ``min_params``
     or more parameters not already in a unit. The root is not listed (it is always sharded last)."""
-    names = set()
+    names: set[str] = set()
     for module in model.modules():
         names.update(getattr(module, "_no_split_modules", None) or ())
     blocks = [name for name, module in model.named_modules()

@@ -63,9 +63,17 @@ def fit_spec(strategy_name: str, epochs: int = 2, **options) -> FitSpec:
                    epochs=epochs, batch_size=8, seed=5, prefetch=0)
 
 
-def fit(coll, strategy_name: str):
-    """fit_worker's report on rank 0 (None elsewhere), as plain values."""
-    report = fit_worker(fit_spec(strategy_name), coll)
+def fit(coll, strategy_name: str, checkpoint_dir: str | None = None):
+    """fit_worker's report on rank 0 (None elsewhere), as plain values; with ``checkpoint_dir``,
+    a checkpoint at every epoch end."""
+    from dataclasses import replace
+
+    from sparkdp.train.checkpoint import CheckpointPolicy
+
+    spec = fit_spec(strategy_name)
+    if checkpoint_dir is not None:
+        spec = replace(spec, checkpoint=CheckpointPolicy(checkpoint_dir, keep=10))
+    report = fit_worker(spec, coll)
     if report is None:
         return None
     return {"history": report.history, "state": report.state, "memory": report.memory}

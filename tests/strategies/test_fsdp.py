@@ -103,3 +103,22 @@ def test_a_checkpoint_written_on_4_workers_resumes_on_2_with_the_same_next_losse
     assert two == pytest.approx(four, rel=1e-4)
     fresh = run_workers(resume_and_continue_without_moments, 2, str(tmp_path), steps, rows, timeout_s=200)[0]
     assert fresh[1] != pytest.approx(four[1], rel=1e-4)  # the moments matter to the second step
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(240)
+def test_the_loops_checkpoints_under_fsdp_hold_the_whole_model_and_named_optimizer_state(tmp_path):
+    from sparkdp import state as state_io
+    from sparkdp.train.checkpoint import latest_checkpoint
+
+    report = run_workers(fit, WORLD, "fsdp", str(tmp_path), timeout_s=200)[0]
+    checkpoint = latest_checkpoint(tmp_path)
+    assert checkpoint is not None and (checkpoint.epoch, checkpoint.step, checkpoint.workers) == (2, 0, WORLD)
+    final = load_safetensors(report["state"])
+    assert checkpoint.model.keys() == final.keys()
+    for key, value in final.items():  # the last epoch's checkpoint is the returned model
+        torch.testing.assert_close(checkpoint.model[key], value, rtol=0, atol=0, msg=key)
+    optimizer = state_io.from_bytes(checkpoint.optimizer)["optimizer"]
+    assert sorted(optimizer["state"]) == sorted(final)  # whole moments, by parameter name
+    for name, moments in optimizer["state"].items():
+        assert moments["exp_avg"].shape == final[name].shape, name

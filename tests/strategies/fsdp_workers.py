@@ -23,11 +23,12 @@ def make(model_name: str, seed: int = 0):
     return build_model(model_name), x, torch.randint(0, 10, (160,), generator=g)
 
 
-def step_losses(coll, strategy_name: str, model_name: str, steps: int = 20, batch: int = 4):
+def step_losses(coll, strategy_name: str, model_name: str, steps: int = 20, batch: int = 4,
+                options: dict | None = None):
     """Each rank trains AdamW on its slice of every global batch; its losses, the final whole
     parameters (gathered) and its model-state bytes after the first step."""
     model, x, y = make(model_name)
-    strategy = STRATEGIES.create(strategy_name)
+    strategy = STRATEGIES.create(strategy_name, **(options or {}))
     model = strategy.shard(model, coll)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     net = strategy.setup(model, opt, coll)
@@ -46,7 +47,9 @@ def step_losses(coll, strategy_name: str, model_name: str, steps: int = 20, batc
         losses.append(loss.item())
     whole = strategy.model_state()
     strategy.finish()
-    return {"losses": torch.tensor(losses, dtype=torch.float64), "state": whole, "state_bytes": state_bytes}
+    return {"losses": torch.tensor(losses, dtype=torch.float64), "state": whole, "state_bytes": state_bytes,
+            "dtypes": sorted({str(p.dtype) for p in model.parameters()}), "options": strategy.options(),
+            "sent": strategy.comm_stats()["bytes_sent"]}
 
 
 def _data(rows: int, seed: int) -> TensorData:

@@ -122,3 +122,18 @@ def test_the_loops_checkpoints_under_fsdp_hold_the_whole_model_and_named_optimiz
     assert sorted(optimizer["state"]) == sorted(final)  # whole moments, by parameter name
     for name, moments in optimizer["state"].items():
         assert moments["exp_avg"].shape == final[name].shape, name
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(240)
+def test_bf16_parameters_train_like_fp32_while_the_shards_stay_fp32():
+    """param_dtype=bf16 computes and gathers in bf16 (8 significant bits: losses within 2%),
+    the optimizer keeps float32 shards, and the gathers' bytes on the wire halve."""
+    full = run_workers(step_losses, WORLD, "fsdp", "gpt-tiny", 5, timeout_s=200)
+    half = run_workers(step_losses, WORLD, "fsdp", "gpt-tiny", 5, 4, {"param_dtype": "bf16"}, timeout_s=200)
+    for rank in range(WORLD):
+        torch.testing.assert_close(half[rank]["losses"], full[rank]["losses"], rtol=2e-2, atol=0)
+        assert half[rank]["losses"].tolist() != full[rank]["losses"].tolist()  # bf16 did compute
+        assert half[rank]["dtypes"] == ["torch.float32"] and half[rank]["options"]["param_dtype"] == "bf16"
+        # per step: two fp32 gathers + an fp32 reduce-scatter (12 bytes/value) against 2 + 2 + 4
+        assert half[rank]["sent"] * 12 == pytest.approx(full[rank]["sent"] * 8, rel=1e-3)

@@ -100,11 +100,11 @@ class FSDP(Strategy):
                 fully_shard(model.get_submodule(name), mesh=mesh, mp_policy=policy,
                             reshard_after_forward=self.reshard_after_forward)
             fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=self.reshard_after_forward)
-        width = PARAM_DTYPES[self.reduce_dtype].itemsize
-        grads = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        values = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        gathered = PARAM_DTYPES[self.param_dtype or "fp32"].itemsize * (2 if self.reshard_after_forward else 1)
         # all-gathers (forward, and backward when resharding) and one reduce-scatter: each half a ring
-        gathers = 2 if self.reshard_after_forward else 1
-        self._step_bytes = ring_bytes(grads * width, collective.world_size) * (gathers + 1) // 2
+        self._step_bytes = ring_bytes(values * (gathered + PARAM_DTYPES[self.reduce_dtype].itemsize),
+                                      collective.world_size) // 2
         self._sharded = model
         return model
 

@@ -32,7 +32,7 @@ EOS_CANDIDATES = (EOS_TOKEN, "</s>", "<eos>", "[SEP]", "<|end_of_text|>")
 
 def require_tokenizers() -> Any:
     try:
-        import tokenizers  # type: ignore[import-untyped]
+        import tokenizers  # type: ignore[import-untyped, unused-ignore]
     except ImportError as err:  # an optional dependency
         raise ConfigError("text data needs the Hugging Face `tokenizers` package: "
                           "pip install 'sparkdp[text]' (or pip install tokenizers).") from err

@@ -210,6 +210,8 @@ def trained(report: WorkerReport, finished: FitSpec, workers: int, epochs: int, 
                        details={"strategy_state": report.strategy_state,
                                 # rank 0's communication figures; a synchronous strategy's are every rank's
                                 "comm": dict(report.strategy_metrics),
+                                # per worker: peak RSS and model-state bytes (train.memory)
+                                "memory": list(report.memory),
                                 "restarts": list(restarts.failures)})
 
 

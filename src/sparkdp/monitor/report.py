@@ -162,9 +162,19 @@ def bytes_per_sample(run: Run) -> float | None:
     return sum(r.get("bytes_sent", 0) for r in last.values()) / samples if samples else None
 
 
+def memory_cell(memory: Any) -> str:
+    """The largest worker's model-state bytes and peak RSS, in MB ("–" for runs without them)."""
+    if not isinstance(memory, list) or not memory:
+        return "–"
+    state = max(float(m.get("model_state_bytes", 0)) for m in memory)
+    rss = max(float(m.get("peak_rss_bytes", 0)) for m in memory)
+    return f"{state / 2**20:,.1f} / {rss / 2**20:,.0f}"
+
+
 def summary_table(runs: list[Run]) -> str:
     rows = ["| run | strategy | workers | epochs | final test accuracy | wall time (s) | samples/s | "
-            "bytes sent per sample | status |", "|---|---|---|---|---|---|---|---|---|"]
+            "bytes sent per sample | model state / peak RSS (MB, largest worker) | status |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     for run in runs:
         config, s = run.header.get("config", {}), run.summary or {}
         epochs = [e for e in run.of("epoch") if not e.get("repeated")]
@@ -177,5 +187,5 @@ def summary_table(runs: list[Run]) -> str:
                     + (f"{accuracy:.4f}" if isinstance(accuracy, (int, float)) else "–") + " | "
                     + (f"{s['wall_s']:.1f}" if "wall_s" in s else "–") + " | "
                     + (f"{s['samples_per_s']:,.0f}" if s.get("samples_per_s") else "–") + " | "
-                    + (f"{bps:,.0f}" if bps is not None else "–") + f" | {status} |")
+                    + (f"{bps:,.0f}" if bps is not None else "–") + f" | {memory_cell(s.get('memory'))} | {status} |")
     return "\n".join(rows) + "\n"

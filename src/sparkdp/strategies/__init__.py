@@ -9,10 +9,13 @@ from .async_ps import AsyncParameterServer
 from .average import ParameterAveraging
 from .base import Launcher, Strategy
 from .diloco import DiLoCo
+from .fsdp import FSDP
 
 STRATEGIES: Registry[Strategy] = Registry("strategy")
 STRATEGIES.register("allreduce", AllReduce,
                     description="gradient all-reduce every step (DDP buckets, overlapped with backward)")
+STRATEGIES.register("fsdp", FSDP,
+                    description="fully sharded data parallel: parameters, gradients, optimizer state 1/N per worker")
 STRATEGIES.register("average", ParameterAveraging,
                     description="parameter averaging every k local steps (Deeplearning4j style)")
 STRATEGIES.register("diloco", DiLoCo,
@@ -34,6 +37,6 @@ def resolve_strategy(strategy: str | Strategy, **options) -> Strategy:
 
 
 __all__ = [
-    "STRATEGIES", "AllReduce", "AsyncParameterServer", "DiLoCo", "Launcher", "ParameterAveraging", "Strategy",
+    "FSDP", "STRATEGIES", "AllReduce", "AsyncParameterServer", "DiLoCo", "Launcher", "ParameterAveraging", "Strategy",
     "resolve_strategy",
 ]

@@ -76,6 +76,11 @@ class Strategy(ABC):
         self.optimizer: Optimizer | None = None
         self.comm = CommMeter()
 
+    def shard(self, model: nn.Module, collective: Collective) -> nn.Module:
+        """The module the optimizer is built on. Runs on every rank before the optimizer exists;
+        default: ``model`` itself (a sharding strategy returns it with sharded parameters)."""
+        return model
+
     @abstractmethod
     def setup(self, model: nn.Module, optimizer: Optimizer, collective: Collective) -> nn.Module:
         """Bind to ``collective``; make all ranks start from rank 0's state; return the model to call.
@@ -144,6 +149,19 @@ class Strategy(ABC):
         """The user's module (without DDP or other wrappers)."""
         assert self.model is not None, "setup() must run first"
         return self.model
+
+    def model_state(self) -> dict[str, Any]:
+        """The whole model's state dict on rank 0. Every rank calls it (a sharding strategy
+        gathers the shards); default: the model's own ``state_dict()``."""
+        return self.unwrap().state_dict()
+
+    def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
+        """The optimizer's whole state on rank 0 (every rank calls it); default: its ``state_dict()``."""
+        return optimizer.state_dict()
+
+    def load_optimizer_state(self, optimizer: Optimizer, state: dict[str, Any]) -> None:
+        """Load what :meth:`optimizer_state` returned (every rank, after :meth:`shard`)."""
+        optimizer.load_state_dict(state)
 
     def options(self) -> dict[str, Any]:
         """The strategy's settings, for logs and the JSON summary."""

@@ -26,6 +26,7 @@ from .checkpoint import CheckpointPolicy, save_checkpoint
 from .checkpoint_store import BackgroundWriter, HostSnapshot
 from .faults import Fault
 from .layout import batch_layout, set_layout, use_channels_last
+from .memory import MemoryMeter
 from .optim import OptimizerFactory
 from .precision import resolve_precision
 from .report import WorkerReport
@@ -132,17 +133,20 @@ class FitSpec:
         return self.eval is not None and ((epoch + 1) % self.eval_every == 0 or epoch == self.last_epoch())
 
 
-def optimizer_state(optimizer: torch.optim.Optimizer, scheduler: Any = None) -> dict[str, Any]:
-    """An optimizer's (and its scheduler's) state, as :func:`optimizer_state_to_bytes` encodes it."""
+def optimizer_state(optimizer: torch.optim.Optimizer, scheduler: Any = None,
+                    state: dict[str, Any] | None = None) -> dict[str, Any]:
+    """An optimizer's (and its scheduler's) state, as :func:`optimizer_state_to_bytes` encodes it;
+    ``state``: the optimizer's state as the strategy gathered it (default: its ``state_dict()``)."""
     sched = None
     if scheduler is not None and hasattr(scheduler, "state_dict"):
         sched = {k: v for k, v in scheduler.state_dict().items() if not callable(v)}
-    return {"optimizer": optimizer.state_dict(), "scheduler": sched}
+    return {"optimizer": optimizer.state_dict() if state is None else state, "scheduler": sched}
 
 
-def optimizer_state_to_bytes(optimizer: torch.optim.Optimizer, scheduler: Any = None) -> bytes:
+def optimizer_state_to_bytes(optimizer: torch.optim.Optimizer, scheduler: Any = None,
+                             state: dict[str, Any] | None = None) -> bytes:
     """An optimizer's (and its scheduler's) state as bytes, without pickle (``sparkdp.state``)."""
-    return state_io.to_bytes(optimizer_state(optimizer, scheduler))
+    return state_io.to_bytes(optimizer_state(optimizer, scheduler, state))
 
 
 def check_batch(model: nn.Module, loss_fn: Callable, x: Any, y: Any) -> Any:
@@ -331,13 +335,14 @@ def _fit_worker(spec: FitSpec, collective: Collective, probe: Any) -> WorkerRepo
     weights_nhwc = channels_last and strategy.channels_last_weights
     if weights_nhwc:  # before DDP lays out its buckets and the optimizer its state
         set_layout(model, True)
+    model = strategy.shard(model, collective)  # a sharding strategy's optimizer steps the shards
     optimizer = spec.optimizer.build(model)
     scheduler = spec.scheduler(optimizer) if spec.scheduler is not None else None
     if spec.lr_schedule is not None:
         scheduler = spec.lr_schedule.build(optimizer, spec.optimizer_steps(collective.world_size))
     if part.optimizer_state:
         saved = state_io.from_bytes(part.optimizer_state)  # what optimizer_state_to_bytes encoded
-        optimizer.load_state_dict(saved["optimizer"])
+        strategy.load_optimizer_state(optimizer, saved["optimizer"])
         if scheduler is not None and saved["scheduler"] is not None:
             scheduler.load_state_dict(saved["scheduler"])  # the schedule continues across stages
     net = strategy.setup(model, optimizer, collective)
@@ -349,6 +354,7 @@ def _fit_worker(spec: FitSpec, collective: Collective, probe: Any) -> WorkerRepo
     policy = spec.checkpoint if not collective.independent else None
     saver = _Saver(policy, spec, strategy, optimizer, scheduler, collective) if policy is not None else None
     steps_done = 0
+    memory = MemoryMeter()
     steps_per_epoch = spec.steps_per_epoch(world)
     precision = resolve_precision(spec.precision, collective.device)
     # the plain path (float32, a step per batch, no clipping, a classic loss) runs as it always did
@@ -400,6 +406,8 @@ def _fit_worker(spec: FitSpec, collective: Collective, probe: Any) -> WorkerRepo
             stats[0] += value * rows
             stats[1] += rows
             steps_done += 1
+            if steps_done == 1:  # the optimizer's state exists from the first step on
+                memory.sample(model, optimizer)
             if spec.fault is not None:  # (a "slow" fault's sleep counts as this step's compute)
                 spec.fault.maybe_fire(rank, steps_done)
             probe.step_done(time.perf_counter() - arrived, rows, value)
@@ -407,6 +415,7 @@ def _fit_worker(spec: FitSpec, collective: Collective, probe: Any) -> WorkerRepo
             if saver is not None and (stepper is None or stepper.stepped) and saver.due(step + 1):
                 saver.save(epoch, step + 1, history, stats, before + time.perf_counter() - started)
             ready = time.perf_counter()
+        memory.sample(model, optimizer)
         strategy.end_epoch()
         elapsed = before + time.perf_counter() - started
         train_time += elapsed
@@ -436,16 +445,20 @@ def _fit_worker(spec: FitSpec, collective: Collective, probe: Any) -> WorkerRepo
         set_layout(model, False)
     counters = _sum_counters(spec.train, collective)
     independent = collective.independent
+    memory_table = memory.gather(collective)
+    # gathered on every rank (a sharding strategy's shards), kept by rank 0
+    model_state = {} if independent else strategy.model_state()
+    opt_state = strategy.optimizer_state(optimizer) if part.return_optimizer_state else None
     if rank != 0 and not independent:
         return None
-    return WorkerReport(state=b"" if independent else state_io.state_to_bytes(strategy.unwrap().state_dict()),
+    return WorkerReport(state=b"" if independent else state_io.state_to_bytes(model_state),
                         history=history, train_time_s=train_time, samples=total_samples,
                         strategy_options=strategy.options(), strategy_state=strategy.state_dict(),
                         data_counters=counters,
-                        optimizer_state=(optimizer_state_to_bytes(optimizer, scheduler)
-                                         if spec.part.return_optimizer_state else b""),
+                        optimizer_state=(optimizer_state_to_bytes(optimizer, scheduler, opt_state)
+                                         if opt_state is not None else b""),
                         worker=rank, strategy_metrics={**strategy.comm_stats(), **strategy.metrics()}, wall_start=wall_start,
-                        wall_end=time.time())
+                        wall_end=time.time(), memory=memory_table)
 
 
 class _Saver:
@@ -483,14 +496,15 @@ class _Saver:
             states[-1, :2] = stats
         collective.all_reduce(states, "sum")
         self.last = time.monotonic()
+        # gathered on every rank (a sharding strategy's shards), written by rank 0
+        model_state, opt_state = self.strategy.model_state(), self.strategy.optimizer_state(self.optimizer)
         if collective.rank != 0:
             return
         # the snapshot: what training changes next is copied now (into the buffers of the previous
         # one, whose write must be done), the rest happens in the background
         self.writer.wait()
         model, strategy_state, optimizer = self.snapshot.take((
-            self.strategy.unwrap().state_dict(), self.strategy.state_dict(),
-            optimizer_state(self.optimizer, self.scheduler)))
+            model_state, self.strategy.state_dict(), optimizer_state(self.optimizer, self.scheduler, opt_state)))
         policy, history = self.policy, [*self.spec.part.history, *(dict(h) for h in history)]
         rng, workers = [row.to(torch.uint8) for row in states[:-1]], collective.world_size
         epoch_stats = (float(states[-1, 0]), float(states[-1, 1]), seconds)

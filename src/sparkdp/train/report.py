@@ -26,6 +26,9 @@ class WorkerReport:
         worker: the reporting rank (asynchronous jobs get one report per worker).
         strategy_metrics: the worker's communication figures (``Strategy.metrics()``).
         wall_start, wall_end: when the worker started and ended (``time.time()``).
+        memory: per worker, ``worker``, ``peak_rss_bytes`` (the process's peak resident set) and
+            ``model_state_bytes`` (the peak of its parameters + gradients + optimizer state,
+            local shards only; ``train.memory``).
     """
 
     state: bytes
@@ -40,6 +43,7 @@ class WorkerReport:
     strategy_metrics: dict[str, Any] = field(default_factory=dict)
     wall_start: float = 0.0
     wall_end: float = 0.0
+    memory: list[dict[str, int]] = field(default_factory=list)
 
     def summary_json(self) -> str:
         """Everything but the two byte fields, as JSON (the DataFrame path's ``info`` column)."""

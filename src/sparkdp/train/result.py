@@ -59,4 +59,6 @@ class TrainResult:
         return {"strategy": self.strategy, "workers": self.workers, "epochs": self.epochs,
                 "test_accuracy": self.test_accuracy, "wall_s": self.wall_s, "train_time_s": self.train_time_s,
                 "samples": self.samples, "samples_per_s": self.samples_per_s, "history": self.history,
-                "restarts": len(restarts), "failed_attempts_s": sum(r["attempt_s"] for r in restarts)}
+                "restarts": len(restarts), "failed_attempts_s": sum(r["attempt_s"] for r in restarts),
+                # per worker: peak RSS and peak model-state bytes (train.memory)
+                "memory": list(self.details.get("memory", []))}

@@ -1,0 +1,255 @@
+"""Fully sharded data parallelism (ZeRO-3) with PyTorch's FSDP2 (``fully_shard``).
+
+Each rank keeps 1/N of every parameter, of its gradient and of the optimizer's state. A
+wrapped block all-gathers its parameters just before its forward (and again before its
+backward when ``reshard_after_forward``), and its gradients are reduce-scattered, so every
+rank steps its own shard with the averaged gradient: the same arithmetic as ``allreduce``
+with a fraction of the model state per worker (docs/guide/strategies.md, "fsdp").
+
+The optimizer must hold the sharded parameters, so the training loop calls :meth:`FSDP.shard`
+before it builds the optimizer; :func:`sparkdp.distribute` hands over an optimizer built on the
+whole parameters, which :meth:`FSDP.setup` points at the shards instead.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.optim import Optimizer
+
+from ..comm.base import Collective
+from ..config import check_int
+from ..errors import ConfigError
+from ..models.gpt import GPTBlock
+from .base import Strategy, ring_bytes
+
+#: ``param_dtype`` names the strategy accepts, and their torch dtypes
+PARAM_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+                                        "fp16": torch.float16, "float16": torch.float16,
+                                        "fp32": torch.float32, "float32": torch.float32}
+#: block classes sharded one by one wherever they occur (Hugging Face models name theirs in
+#: ``_no_split_modules``)
+BLOCK_CLASSES: tuple[type[nn.Module], ...] = (GPTBlock,)
+
+
+class FSDP(Strategy):
+    """Parameters, gradients and optimizer state sharded over the workers (FSDP2).
+
+    Args:
+        reshard_after_forward: free each block's gathered parameters after its forward and
+            gather them again for backward (least memory); False keeps them until backward
+            (one all-gather fewer per block and step, a whole unsharded model at the peak).
+        min_params: in a model without known transformer blocks, each submodule holding at
+            least this many parameters (not already in a sharded submodule) becomes its own
+            shard unit; the rest go with the root.
+        param_dtype: compute and all-gather the parameters in this dtype (``"bf16"``,
+            ``"fp16"``; None: as stored, float32), keeping float32 shards for the optimizer.
+        reduce_dtype: the dtype gradients are reduce-scattered in (default float32).
+    """
+
+    name = "fsdp"
+    channels_last_weights = False  # the shards are flat slices of each weight's dim 0
+
+    def __init__(self, reshard_after_forward: bool = True, min_params: int = 1_000_000,
+                 param_dtype: str | None = None, reduce_dtype: str = "fp32") -> None:
+        super().__init__()
+        check_int("fsdp: min_params", min_params)
+        self.reshard_after_forward = _flag("reshard_after_forward", reshard_after_forward)
+        self.min_params = int(min_params)
+        self.param_dtype = None if param_dtype is None else _dtype_name("param_dtype", param_dtype)
+        self.reduce_dtype = _dtype_name("reduce_dtype", reduce_dtype)
+        self._sharded: nn.Module | None = None
+        self._skeleton: nn.Module | None = None  # the model's structure on the meta device, for evaluation
+        self._replica: nn.Module | None = None
+        self._units: list[str] = []
+        self._step_bytes = 0
+
+    def mixed_precision(self, dtype: torch.dtype | str | None) -> None:
+        """Compute in ``dtype`` (parameters all-gathered and used in it; None: float32), with
+        float32 shards for the optimizer and ``reduce_dtype`` for the gradient reductions."""
+        if isinstance(dtype, torch.dtype):
+            dtype = next((k for k, v in PARAM_DTYPES.items() if v == dtype), str(dtype))
+        self.param_dtype = None if dtype is None else _dtype_name("param_dtype", dtype)
+
+    # -- sharding -------------------------------------------------------------------------------
+
+    def shard(self, model: nn.Module, collective: Collective) -> nn.Module:
+        """Start every rank from rank 0's weights, then shard ``model`` in place: its blocks one
+        by one, then the root. Build the optimizer on the returned module's parameters."""
+        if self._sharded is not None:
+            return self._sharded
+        self._skeleton = _meta_copy(model)
+        if collective.world_size > 1:
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+            if not dist.is_initialized():
+                raise ConfigError("strategy='fsdp' needs a torch.distributed process group (the synchronous "
+                                  "launcher's); it cannot run over this worker's collective.")
+            collective.broadcast_coalesced([t.data for t in [*model.parameters(), *model.buffers()]], src=0)
+            mesh = init_device_mesh(collective.device.type, (collective.world_size,))
+            policy = MixedPrecisionPolicy(
+                param_dtype=PARAM_DTYPES[self.param_dtype] if self.param_dtype else None,
+                reduce_dtype=PARAM_DTYPES[self.reduce_dtype])
+            self._units = shard_units(model, self.min_params)
+            for name in self._units:
+                fully_shard(model.get_submodule(name), mesh=mesh, mp_policy=policy,
+                            reshard_after_forward=self.reshard_after_forward)
+            fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=self.reshard_after_forward)
+        values = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        gathered = PARAM_DTYPES[self.param_dtype or "fp32"].itemsize * (2 if self.reshard_after_forward else 1)
+        # all-gathers (forward, and backward when resharding) and one reduce-scatter: each half a ring
+        self._step_bytes = ring_bytes(values * (gathered + PARAM_DTYPES[self.reduce_dtype].itemsize),
+                                      collective.world_size) // 2
+        self._sharded = model
+        return model
+
+    def setup(self, model: nn.Module, optimizer: Optimizer, collective: Collective) -> nn.Module:
+        if self._sharded is None:  # sparkdp.distribute: the optimizer holds the whole parameters
+            whole = list(model.parameters())
+            if optimizer.state:
+                raise ConfigError("strategy='fsdp' shards the optimizer's state, so the optimizer must not have "
+                                  "stepped yet: call sparkdp.distribute(model, optimizer, ...) before training.")
+            self.shard(model, collective)
+            _point_at(optimizer, whole, list(model.parameters()))
+        self._attach(model, optimizer, collective)
+        return model
+
+    def after_step(self) -> None:
+        self._replica = None  # evaluation's whole copy is stale after a step
+        self.comm.add(0.0, self._step_bytes, self._step_bytes)
+
+    # -- whole states -----------------------------------------------------------------------------
+
+    def model_state(self) -> dict[str, Any]:
+        """The whole model's state dict on rank 0, on the CPU (every rank must call it; the
+        others get an empty dict)."""
+        if not _is_sharded(self._sharded):
+            return super().model_state()
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(self.unwrap(), options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
+        """The optimizer's whole state on rank 0, keyed by parameter name (every rank calls it)."""
+        if not _is_sharded(self._sharded):
+            return super().optimizer_state(optimizer)
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        return dict(get_optimizer_state_dict(self.unwrap(), optimizer,
+                                             options=StateDictOptions(full_state_dict=True, cpu_offload=True)))
+
+    def load_optimizer_state(self, optimizer: Optimizer, state: dict[str, Any]) -> None:
+        """Load a whole optimizer state (:meth:`optimizer_state`'s, written by any number of
+        ranks): each rank keeps its shard of it."""
+        if not _is_sharded(self._sharded):
+            return super().load_optimizer_state(optimizer, state)
+        assert self._sharded is not None
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        if state.get("param_groups") and not isinstance(state["param_groups"][0]["params"][0], str):
+            raise ConfigError("this optimizer state was saved by another strategy (keyed by parameter index); "
+                              "strategy='fsdp' resumes from states that fsdp saved (keyed by parameter name).")
+        # the loop loads it before setup(): the sharded module is known from shard()
+        set_optimizer_state_dict(self._sharded, optimizer, state, options=StateDictOptions(full_state_dict=True))
+        return None
+
+    def evaluation(self, collective: Collective, last: bool) -> tuple[nn.Module, Collective] | None:
+        """A whole copy of the model on every rank (sharded forwards would need every rank to run
+        as many evaluation batches as every other); each rank evaluates its share with it."""
+        if not _is_sharded(self._sharded):
+            return super().evaluation(collective, last)
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        whole = get_model_state_dict(self.unwrap(), options=StateDictOptions(full_state_dict=True))
+        assert self._skeleton is not None
+        replica = copy.deepcopy(self._skeleton)
+        replica.load_state_dict(whole, assign=True)
+        self._replica = replica
+        return replica, collective
+
+    def finish(self) -> None:
+        self._replica = None
+        super().finish()
+
+    def options(self) -> dict[str, Any]:
+        return {"reshard_after_forward": self.reshard_after_forward, "min_params": self.min_params,
+                "param_dtype": self.param_dtype, "reduce_dtype": self.reduce_dtype, "shard_units": len(self._units) + 1}
+
+    def __getstate__(self) -> dict[str, Any]:
+        # shipped to the workers before setup: the sharded module and its meta copy stay behind
+        return {**self.__dict__, "_sharded": None, "_skeleton": None, "_replica": None, "model": None,
+                "optimizer": None, "collective": None, "_hook": None}
+
+
+def shard_units(model: nn.Module, min_params: int) -> list[str]:
+    """Names of the submodules to shard one by one, innermost first (``fully_shard`` needs the
+    children before their parents): every transformer block (the built-in GPT's, or a Hugging
+    Face model's ``_no_split_modules`` classes), else every submodule holding ``min_params``
+    or more parameters not already in a unit. The root is not listed (it is always sharded last)."""
+    names: set[str] = set()
+    for module in model.modules():
+        names.update(getattr(module, "_no_split_modules", None) or ())
+    blocks = [name for name, module in model.named_modules()
+              if name and (isinstance(module, BLOCK_CLASSES) or type(module).__name__ in names)]
+    if blocks:
+        return [name for name in blocks if not any(name.startswith(other + ".") for other in blocks)][::-1]
+    units: list[str] = []
+    covered: set[int] = set()
+    for name, module in _post_order(model):
+        if not name:
+            continue
+        mine = [p for p in module.parameters() if id(p) not in covered]
+        if sum(p.numel() for p in mine) >= min_params:
+            units.append(name)
+            covered.update(id(p) for p in mine)
+    return units
+
+
+def _post_order(module: nn.Module, prefix: str = "") -> list[tuple[str, nn.Module]]:
+    out: list[tuple[str, nn.Module]] = []
+    for name, child in module.named_children():
+        out.extend(_post_order(child, f"{prefix}.{name}" if prefix else name))
+    out.append((prefix, module))
+    return out
+
+
+def _meta_copy(model: nn.Module) -> nn.Module:
+    """``model``'s structure with every parameter and buffer on the meta device (no memory)."""
+    memo: dict[int, Any] = {id(p): nn.Parameter(torch.empty_like(p, device="meta"), p.requires_grad)
+                            for p in model.parameters()}
+    memo.update({id(b): torch.empty_like(b, device="meta") for b in model.buffers()})
+    return copy.deepcopy(model, memo)
+
+
+def _point_at(optimizer: Optimizer, whole: list[nn.Parameter], shards: list[nn.Parameter]) -> None:
+    """Make ``optimizer`` step the shards where it held the whole parameters (same order)."""
+    shard_of = {id(p): s for p, s in zip(whole, shards)}
+    for group in optimizer.param_groups:
+        missing = [p for p in group["params"] if id(p) not in shard_of]
+        if missing:
+            raise ConfigError("the optimizer holds parameters that are not the model's; build it with "
+                              "torch.optim.X(model.parameters(), ...) over the model you distribute.")
+        group["params"] = [shard_of[id(p)] for p in group["params"]]
+
+
+def _is_sharded(model: nn.Module | None) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"fsdp: {name} must be true or false; got {value!r}.")
+    return value
+
+
+def _dtype_name(option: str, value: Any) -> str:
+    if not isinstance(value, str) or value.lower() not in PARAM_DTYPES:
+        raise ConfigError(f"fsdp: {option} must be one of {', '.join(sorted(PARAM_DTYPES))}; got {value!r}.")
+    return value.lower()

@@ -1,0 +1,162 @@
+"""Worker functions for the fsdp tests (module level so spawn can import them)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from sparkdp.data.tensors import TensorData
+from sparkdp.models.zoo import build_model
+from sparkdp.strategies import STRATEGIES
+from sparkdp.train.loop import FitSpec, fit_worker
+from sparkdp.train.memory import model_state_bytes
+from sparkdp.train.optim import optimizer_factory, resolve_loss
+
+
+def make(model_name: str, seed: int = 0):
+    """A model (same init on every rank) and 20 steps' worth of rows for it."""
+    torch.manual_seed(seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    if model_name == "gpt-tiny":
+        return build_model("gpt-tiny"), torch.randint(0, 256, (160, 16), generator=g), None
+    x = torch.randn(160, 1, 28, 28, generator=g)
+    return build_model(model_name), x, torch.randint(0, 10, (160,), generator=g)
+
+
+def step_losses(coll, strategy_name: str, model_name: str, steps: int = 20, batch: int = 4,
+                options: dict | None = None):
+    """Each rank trains AdamW on its slice of every global batch; its losses, the final whole
+    parameters (gathered) and its model-state bytes after the first step."""
+    model, x, y = make(model_name)
+    strategy = STRATEGIES.create(strategy_name, **(options or {}))
+    model = strategy.shard(model, coll)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    net = strategy.setup(model, opt, coll)
+    losses, state_bytes = [], 0
+    for step in range(steps):
+        lo = (step * coll.world_size + coll.rank) * batch
+        opt.zero_grad(set_to_none=True)
+        if y is None:
+            loss = net(x[lo:lo + batch], labels=x[lo:lo + batch])["loss"]
+        else:
+            loss = nn.functional.cross_entropy(net(x[lo:lo + batch]), y[lo:lo + batch])
+        loss.backward()
+        opt.step()
+        if step == 0:
+            state_bytes = model_state_bytes(model, opt)
+        losses.append(loss.item())
+    whole = strategy.model_state()
+    strategy.finish()
+    return {"losses": torch.tensor(losses, dtype=torch.float64), "state": whole, "state_bytes": state_bytes,
+            "dtypes": sorted({str(p.dtype) for p in model.parameters()}), "options": strategy.options(),
+            "sent": strategy.comm_stats()["bytes_sent"]}
+
+
+def _data(rows: int, seed: int) -> TensorData:
+    g = torch.Generator().manual_seed(seed)
+    return TensorData(torch.randn(rows, 1, 28, 28, generator=g), torch.randint(0, 10, (rows,), generator=g))
+
+
+def fit_spec(strategy_name: str, epochs: int = 2, **options) -> FitSpec:
+    torch.manual_seed(0)
+    model = build_model("cnn-small")
+    return FitSpec(model=model, loss=resolve_loss("cross_entropy"),
+                   optimizer=optimizer_factory("adamw", model, lr=1e-3),
+                   strategy=STRATEGIES.create(strategy_name, **options), train=_data(96, 3), eval=_data(30, 4),
+                   epochs=epochs, batch_size=8, seed=5, prefetch=0)
+
+
+def fit(coll, strategy_name: str, checkpoint_dir: str | None = None):
+    """fit_worker's report on rank 0 (None elsewhere), as plain values; with ``checkpoint_dir``,
+    a checkpoint at every epoch end."""
+    from dataclasses import replace
+
+    from sparkdp.train.checkpoint import CheckpointPolicy
+
+    spec = fit_spec(strategy_name)
+    if checkpoint_dir is not None:
+        spec = replace(spec, checkpoint=CheckpointPolicy(checkpoint_dir, keep=10))
+    report = fit_worker(spec, coll)
+    if report is None:
+        return None
+    return {"history": report.history, "state": report.state, "memory": report.memory}
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 3))
+
+
+def _global_step(coll, net, opt, x, y, step: int, rows: int) -> float:
+    """One step on global batch ``step`` (``rows`` rows split evenly over the ranks); the mean loss."""
+    share = rows // coll.world_size
+    lo = step * rows + coll.rank * share
+    opt.zero_grad(set_to_none=True)
+    loss = nn.functional.cross_entropy(net(x[lo:lo + share]), y[lo:lo + share])
+    loss.backward()
+    opt.step()
+    total = loss.detach().reshape(1).double()
+    coll.all_reduce(total, "mean")
+    return float(total)
+
+
+def _problem():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(96, 6, generator=g)
+    return x, (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+
+
+def checkpoint_then_continue(coll, directory: str, steps: int, rows: int):
+    """Train ``steps`` global steps with fsdp, checkpoint (the loop's hooks and file format), then
+    take 2 more steps: their mean losses."""
+    from sparkdp.train.checkpoint import CheckpointPolicy, save_checkpoint
+    from sparkdp.train.loop import optimizer_state_to_bytes
+
+    x, y = _problem()
+    strategy = STRATEGIES.create("fsdp", min_params=100)
+    model = strategy.shard(_mlp(), coll)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    net = strategy.setup(model, opt, coll)
+    for step in range(steps):
+        _global_step(coll, net, opt, x, y, step, rows)
+    weights, optimizer = strategy.model_state(), strategy.optimizer_state(opt)
+    if coll.rank == 0:
+        save_checkpoint(CheckpointPolicy(directory), epoch=0, step=steps, model=weights,
+                        optimizer=optimizer_state_to_bytes(opt, None, optimizer), strategy_state={},
+                        rng=[], history=[], workers=coll.world_size)
+    return [_global_step(coll, net, opt, x, y, step, rows) for step in (steps, steps + 1)]
+
+
+def resume_and_continue(coll, directory: str, steps: int, rows: int):
+    """Resume the checkpoint of :func:`checkpoint_then_continue` (on any number of ranks) and take
+    the same 2 global steps: their mean losses."""
+    from sparkdp import state as state_io
+    from sparkdp.train.checkpoint import latest_checkpoint
+
+    x, y = _problem()
+    checkpoint = latest_checkpoint(directory)
+    assert checkpoint is not None and checkpoint.step == steps
+    model = _mlp()
+    model.load_state_dict(checkpoint.model)  # as the driver's resume does
+    strategy = STRATEGIES.create("fsdp", min_params=100)
+    model = strategy.shard(model, coll)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    strategy.load_optimizer_state(opt, state_io.from_bytes(checkpoint.optimizer)["optimizer"])
+    net = strategy.setup(model, opt, coll)
+    return [_global_step(coll, net, opt, x, y, step, rows) for step in (steps, steps + 1)]
+
+
+def resume_and_continue_without_moments(coll, directory: str, steps: int, rows: int):
+    """:func:`resume_and_continue` with a fresh optimizer (the test's negative control)."""
+    from sparkdp.train.checkpoint import latest_checkpoint
+
+    x, y = _problem()
+    checkpoint = latest_checkpoint(directory)
+    assert checkpoint is not None
+    model = _mlp()
+    model.load_state_dict(checkpoint.model)
+    strategy = STRATEGIES.create("fsdp", min_params=100)
+    model = strategy.shard(model, coll)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    net = strategy.setup(model, opt, coll)
+    return [_global_step(coll, net, opt, x, y, step, rows) for step in (steps, steps + 1)]

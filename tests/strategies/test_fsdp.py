@@ -1,0 +1,139 @@
+"""strategy='fsdp' (FSDP2 over gloo) against allreduce: the same losses, a fraction of the state."""
+
+import pytest
+import torch
+from safetensors.torch import load as load_safetensors
+
+from sparkdp.errors import ConfigError
+from sparkdp.models.zoo import build_model
+from sparkdp.strategies import STRATEGIES
+from sparkdp.strategies.fsdp import FSDP, shard_units
+from tests.helpers.dist import run_workers
+from tests.strategies.fsdp_workers import (
+    checkpoint_then_continue,
+    fit,
+    resume_and_continue,
+    resume_and_continue_without_moments,
+    step_losses,
+)
+
+WORLD = 2
+
+
+def test_the_blocks_of_a_transformer_are_its_shard_units():
+    assert shard_units(build_model("gpt-tiny"), min_params=1) == ["blocks.1", "blocks.0"]
+
+
+def test_without_blocks_submodules_over_min_params_are_units_innermost_first():
+    model = torch.nn.Sequential(torch.nn.Linear(100, 100), torch.nn.Sequential(torch.nn.Linear(100, 50),
+                                                                               torch.nn.Linear(50, 2)))
+    # 10100 in "0"; "1.0" has 5050 and "1.1" 102, so "1" holds 5152
+    assert shard_units(model, min_params=5000) == ["0", "1.0"]
+    assert shard_units(model, min_params=100) == ["0", "1.0", "1.1"]
+    assert shard_units(model, min_params=20000) == []
+
+
+def test_hugging_face_blocks_are_found_by_no_split_modules():
+    class Block(torch.nn.Linear):
+        pass
+
+    class Model(torch.nn.Module):
+        _no_split_modules = ["Block"]
+
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([Block(4, 4), Block(4, 4)])
+            self.head = torch.nn.Linear(4, 2)
+
+    assert shard_units(Model(), min_params=1) == ["layers.1", "layers.0"]
+
+
+def test_bad_options_are_refused_with_what_is_allowed():
+    with pytest.raises(ConfigError, match="param_dtype must be one of"):
+        FSDP(param_dtype="int8")
+    with pytest.raises(ConfigError, match="reshard_after_forward must be true or false"):
+        FSDP(reshard_after_forward="yes")  # type: ignore[arg-type]
+    strategy = STRATEGIES.create("fsdp", reshard_after_forward=False, min_params=10)
+    strategy.mixed_precision(torch.bfloat16)
+    assert strategy.options()["param_dtype"] == "bf16" and strategy.options()["reshard_after_forward"] is False
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("model", ["cnn-small", "gpt-tiny"])
+def test_fsdp_gives_allreduce_losses_for_20_steps_with_a_fraction_of_the_state(model):
+    ddp = run_workers(step_losses, WORLD, "allreduce", model, timeout_s=200)
+    sharded = run_workers(step_losses, WORLD, "fsdp", model, timeout_s=200)
+    for rank in range(WORLD):
+        torch.testing.assert_close(sharded[rank]["losses"], ddp[rank]["losses"], rtol=1e-4, atol=1e-6)
+        assert sharded[rank]["state_bytes"] <= (1 / WORLD + 0.1) * ddp[rank]["state_bytes"], (rank, model)
+    for key, value in ddp[0]["state"].items():  # rank 0 gathers the whole model
+        torch.testing.assert_close(sharded[0]["state"][key], value, rtol=1e-4, atol=1e-5, msg=key)
+    assert sharded[1]["state"] == {}
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(240)
+def test_fit_worker_with_fsdp_reports_the_whole_model_metrics_and_memory_like_allreduce():
+    ddp = run_workers(fit, WORLD, "allreduce", timeout_s=200)[0]
+    sharded = run_workers(fit, WORLD, "fsdp", timeout_s=200)[0]
+    for mine, theirs in zip(sharded["history"], ddp["history"]):
+        for key in ("loss", "test_loss", "test_accuracy"):
+            assert mine[key] == pytest.approx(theirs[key], rel=1e-4), key
+    want, got = load_safetensors(ddp["state"]), load_safetensors(sharded["state"])
+    assert want.keys() == got.keys()
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], rtol=1e-4, atol=1e-5, msg=key)
+    assert [m["worker"] for m in sharded["memory"]] == list(range(WORLD))
+    for mine, theirs in zip(sharded["memory"], ddp["memory"]):
+        assert mine["peak_rss_bytes"] > 0
+        assert 0 < mine["model_state_bytes"] <= (1 / WORLD + 0.1) * theirs["model_state_bytes"]
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_checkpoint_written_on_4_workers_resumes_on_2_with_the_same_next_losses(tmp_path):
+    """The checkpoint holds the whole model and optimizer state (gathered), so 2 workers shard
+    it their way; the steps after the resume (the second one uses AdamW's restored moments)
+    match the 4-worker run's continuation."""
+    steps, rows = 3, 16
+    four = run_workers(checkpoint_then_continue, 4, str(tmp_path), steps, rows, timeout_s=200)[0]
+    two = run_workers(resume_and_continue, 2, str(tmp_path), steps, rows, timeout_s=200)[0]
+    assert two == pytest.approx(four, rel=1e-4)
+    fresh = run_workers(resume_and_continue_without_moments, 2, str(tmp_path), steps, rows, timeout_s=200)[0]
+    assert fresh[1] != pytest.approx(four[1], rel=1e-4)  # the moments matter to the second step
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(240)
+def test_the_loops_checkpoints_under_fsdp_hold_the_whole_model_and_named_optimizer_state(tmp_path):
+    from sparkdp import state as state_io
+    from sparkdp.train.checkpoint import latest_checkpoint
+
+    report = run_workers(fit, WORLD, "fsdp", str(tmp_path), timeout_s=200)[0]
+    checkpoint = latest_checkpoint(tmp_path)
+    assert checkpoint is not None and (checkpoint.epoch, checkpoint.step, checkpoint.workers) == (2, 0, WORLD)
+    final = load_safetensors(report["state"])
+    assert checkpoint.model.keys() == final.keys()
+    for key, value in final.items():  # the last epoch's checkpoint is the returned model
+        torch.testing.assert_close(checkpoint.model[key], value, rtol=0, atol=0, msg=key)
+    optimizer = state_io.from_bytes(checkpoint.optimizer)["optimizer"]
+    assert sorted(optimizer["state"]) == sorted(final)  # whole moments, by parameter name
+    for name, moments in optimizer["state"].items():
+        assert moments["exp_avg"].shape == final[name].shape, name
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(240)
+def test_bf16_parameters_train_like_fp32_while_the_shards_stay_fp32():
+    """param_dtype=bf16 computes and gathers in bf16 (8 significant bits: losses within 2%),
+    the optimizer keeps float32 shards, and the gathers' bytes on the wire halve."""
+    full = run_workers(step_losses, WORLD, "fsdp", "gpt-tiny", 5, timeout_s=200)
+    half = run_workers(step_losses, WORLD, "fsdp", "gpt-tiny", 5, 4, {"param_dtype": "bf16"}, timeout_s=200)
+    for rank in range(WORLD):
+        torch.testing.assert_close(half[rank]["losses"], full[rank]["losses"], rtol=2e-2, atol=0)
+        assert half[rank]["losses"].tolist() != full[rank]["losses"].tolist()  # bf16 did compute
+        assert half[rank]["dtypes"] == ["torch.float32"] and half[rank]["options"]["param_dtype"] == "bf16"
+        # per step: two fp32 gathers + an fp32 reduce-scatter (12 bytes/value) against 2 + 2 + 4
+        assert half[rank]["sent"] * 12 == pytest.approx(full[rank]["sent"] * 8, rel=1e-3)

@@ -58,6 +58,24 @@ def test_bad_options_are_refused_with_what_is_allowed():
     assert strategy.options()["param_dtype"] == "bf16" and strategy.options()["reshard_after_forward"] is False
 
 
+def test_the_jobs_mixed_precision_sets_the_gathered_dtype_unless_an_option_chose_one():
+    from sparkdp.comm import SingleProcessCollective
+    from sparkdp.data.tensors import TensorData
+    from sparkdp.train.loop import FitSpec, fit_worker
+    from sparkdp.train.optim import optimizer_factory, resolve_loss
+
+    chosen = FSDP(param_dtype="fp32")
+    chosen.adopt_precision(torch.bfloat16)
+    assert chosen.options()["param_dtype"] == "fp32"
+    model = torch.nn.Linear(4, 2)
+    strategy = FSDP()
+    spec = FitSpec(model=model, loss=resolve_loss("mse"), optimizer=optimizer_factory("sgd", model, lr=0.1),
+                   strategy=strategy, train=TensorData(torch.randn(8, 4), torch.randn(8, 2)), eval=None, epochs=1,
+                   batch_size=4, precision="bf16-mixed")
+    fit_worker(spec, SingleProcessCollective())
+    assert strategy.options()["param_dtype"] == "bf16"
+
+
 @pytest.mark.distributed
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("model", ["cnn-small", "gpt-tiny"])

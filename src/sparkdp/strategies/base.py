@@ -6,6 +6,7 @@ import enum
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import nn
 from torch.optim import Optimizer
 
@@ -75,6 +76,10 @@ class Strategy(ABC):
         self.model: nn.Module | None = None
         self.optimizer: Optimizer | None = None
         self.comm = CommMeter()
+
+    def adopt_precision(self, dtype: torch.dtype) -> None:
+        """The job computes in ``dtype`` (``precision="bf16-mixed"``, ...): a strategy whose own
+        parameter copies should follow takes it here, before :meth:`shard`; default: nothing."""
 
     def shard(self, model: nn.Module, collective: Collective) -> nn.Module:
         """The module the optimizer is built on. Runs on every rank before the optimizer exists;

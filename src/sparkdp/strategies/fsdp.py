@@ -75,6 +75,12 @@ class FSDP(Strategy):
             dtype = next((k for k, v in PARAM_DTYPES.items() if v == dtype), str(dtype))
         self.param_dtype = None if dtype is None else _dtype_name("param_dtype", dtype)
 
+    def adopt_precision(self, dtype: torch.dtype) -> None:
+        """The job's mixed precision becomes the all-gathered parameters' dtype, unless the
+        ``param_dtype`` option already chose one."""
+        if self.param_dtype is None:
+            self.mixed_precision(dtype)
+
     # -- sharding -------------------------------------------------------------------------------
 
     def shard(self, model: nn.Module, collective: Collective) -> nn.Module:

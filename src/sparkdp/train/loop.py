@@ -335,6 +335,9 @@ def _fit_worker(spec: FitSpec, collective: Collective, probe: Any) -> WorkerRepo
     weights_nhwc = channels_last and strategy.channels_last_weights
     if weights_nhwc:  # before DDP lays out its buckets and the optimizer its state
         set_layout(model, True)
+    precision = resolve_precision(spec.precision, collective.device)
+    if precision.mixed:
+        strategy.adopt_precision(precision.dtype)
     model = strategy.shard(model, collective)  # a sharding strategy's optimizer steps the shards
     optimizer = spec.optimizer.build(model)
     scheduler = spec.scheduler(optimizer) if spec.scheduler is not None else None
@@ -356,7 +359,6 @@ def _fit_worker(spec: FitSpec, collective: Collective, probe: Any) -> WorkerRepo
     steps_done = 0
     memory = MemoryMeter()
     steps_per_epoch = spec.steps_per_epoch(world)
-    precision = resolve_precision(spec.precision, collective.device)
     # the plain path (float32, a step per batch, no clipping, a classic loss) runs as it always did
     stepper = None if (not precision.mixed and spec.accumulate == 1 and spec.clip_grad_norm is None
                        and not isinstance(spec.loss, ModelLoss)) else \

@@ -584,6 +584,10 @@ def test_a_worker_id_outside_the_job_is_refused_at_the_handshake(tcp):
     ep = tcp(ps)
     with pytest.raises(ValueError, match="worker id 4 is not one of this job's"):
         _connect(ep, 4)
+    # the server counts the refusal on its connection's thread, after its reply reached the client
+    deadline = time.monotonic() + 10
+    while ep.rejected_connections == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert ep.rejected_connections == 1 and ps.last_seq(4) == -1
     with _connect(ep, 3) as client:
         honest_round(client, 0)

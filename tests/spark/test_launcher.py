@@ -142,8 +142,8 @@ def _closure_values(fn, seen=None):
 
 def test_a_result_forged_with_everything_in_the_task_closure_runs_nothing_on_the_driver(spark, tmp_path,
                                                                                         monkeypatch):
-    """An attacker who sees the task the driver ships reads every value in its closure (once a
-    32-byte key that sealed the results), seals a pickle that would create a file when
+    """An attacker who sees the task the driver ships reads every value in its closure, seals a
+    pickle with any key found there that would create a file when
     unpickled, and puts it in the result column. The driver refuses it and runs nothing."""
     import hashlib
     import hmac

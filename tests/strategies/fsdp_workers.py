@@ -71,11 +71,12 @@ def fit(coll, strategy_name: str, checkpoint_dir: str | None = None):
     a checkpoint at every epoch end."""
     from dataclasses import replace
 
+    from sparkdp.config import CheckpointConfig
     from sparkdp.train.checkpoint import CheckpointPolicy
 
     spec = fit_spec(strategy_name)
     if checkpoint_dir is not None:
-        spec = replace(spec, checkpoint=CheckpointPolicy(checkpoint_dir, keep=10))
+        spec = replace(spec, checkpoint=CheckpointPolicy(checkpoint_dir, CheckpointConfig(keep_checkpoints=10)))
     report = fit_worker(spec, coll)
     if report is None:
         return None

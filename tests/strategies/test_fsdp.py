@@ -66,14 +66,16 @@ def test_the_jobs_mixed_precision_sets_the_gathered_dtype_unless_an_option_chose
 
     chosen = FSDP(param_dtype="fp32")
     chosen.adopt_precision(torch.bfloat16)
-    assert chosen.options()["param_dtype"] == "fp32"
+    assert chosen.gathered_dtype == "fp32"
+    with pytest.raises(ConfigError, match="fp16-mixed.*does not combine with strategy='fsdp'.*bf16-mixed"):
+        FSDP().adopt_precision(torch.float16)
     model = torch.nn.Linear(4, 2)
     strategy = FSDP()
     spec = FitSpec(model=model, loss=resolve_loss("mse"), optimizer=optimizer_factory("sgd", model, lr=0.1),
                    strategy=strategy, train=TensorData(torch.randn(8, 4), torch.randn(8, 2)), eval=None, epochs=1,
                    batch_size=4, precision="bf16-mixed")
     fit_worker(spec, SingleProcessCollective())
-    assert strategy.options()["param_dtype"] == "bf16"
+    assert strategy.gathered_dtype == "bf16" and strategy.options()["param_dtype"] is None  # the option stays
 
 
 @pytest.mark.distributed

@@ -1,6 +1,6 @@
 """Run a function on N Spark tasks as one stage: a barrier stage (all at once, a
 torch.distributed group among them; see :mod:`sparkdp.spark.task` for the rendezvous) or
-ordinary retryable tasks. The same DataFrame code on a classic and a Spark Connect session.
+ordinary tasks. The same DataFrame code on a classic and a Spark Connect session.
 
 The driver watches the stage: if its tasks are not running within ``start_timeout_s`` it
 cancels the job and raises :class:`RendezvousTimeout` instead of letting Spark wait for slots
@@ -345,7 +345,8 @@ def run_tasks(fn: Callable[[int], Any], num_workers: int, *, spark, description:
     """Run ``fn(worker_index)`` as ``num_workers`` ordinary (non-barrier) Spark tasks.
 
     Unlike a barrier stage, Spark retries a failed task on its own (up to
-    ``spark.task.maxFailures``; ``local[N,F]`` in local mode), and the tasks need not
+    ``spark.task.maxFailures``; ``local[N,F]`` in local mode; a body may stop such a retry at
+    once to leave the restart to its caller), and the tasks need not
     all run at once: with fewer slots than workers they run in waves. If none of them has started
     within ``start_timeout_s`` (no executor can take one), the job is cancelled with a
     ``RendezvousTimeout`` (naming ``what`` the tasks are) instead of waiting for ever.

@@ -23,7 +23,7 @@ class Launcher(enum.Enum):
     #: all workers together in one barrier stage, joined by a process group (synchronous);
     #: a failed task fails the stage
     BARRIER = "barrier"
-    #: independent, retryable Spark tasks around a parameter server (asynchronous)
+    #: independent Spark tasks around a parameter server (asynchronous; the job controller restarts them)
     TASKS = "tasks"
 
 

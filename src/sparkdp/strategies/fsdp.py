@@ -67,6 +67,7 @@ class FSDP(Strategy):
         self._replica: nn.Module | None = None
         self._units: list[str] = []
         self._step_bytes = 0
+        self._job_dtype: str | None = None  # the job's mixed precision (adopt_precision), beside the option
 
     def mixed_precision(self, dtype: torch.dtype | str | None) -> None:
         """Compute in ``dtype`` (parameters all-gathered and used in it; None: float32), with
@@ -77,9 +78,20 @@ class FSDP(Strategy):
 
     def adopt_precision(self, dtype: torch.dtype) -> None:
         """The job's mixed precision becomes the all-gathered parameters' dtype, unless the
-        ``param_dtype`` option already chose one."""
-        if self.param_dtype is None:
-            self.mixed_precision(dtype)
+        ``param_dtype`` option chose one (the option itself stays as the user set it)."""
+        if dtype == torch.float16:
+            # a plain GradScaler decides to skip a step from its own rank's gradient shards only:
+            # ranks would disagree and their loss scales drift apart
+            raise ConfigError("precision='fp16-mixed' does not combine with strategy='fsdp' (each rank holds "
+                              "only its own gradient shards, so their loss scaling would disagree); use "
+                              "precision='bf16-mixed', which needs no scaling.")
+        self._job_dtype = next((k for k, v in PARAM_DTYPES.items() if v == dtype), None)
+
+    @property
+    def gathered_dtype(self) -> str | None:
+        """The dtype parameters are all-gathered and computed in (None: float32): the
+        ``param_dtype`` option, else the job's mixed precision."""
+        return self.param_dtype or self._job_dtype
 
     # -- sharding -------------------------------------------------------------------------------
 
@@ -99,7 +111,7 @@ class FSDP(Strategy):
             collective.broadcast_coalesced([t.data for t in [*model.parameters(), *model.buffers()]], src=0)
             mesh = init_device_mesh(collective.device.type, (collective.world_size,))
             policy = MixedPrecisionPolicy(
-                param_dtype=PARAM_DTYPES[self.param_dtype] if self.param_dtype else None,
+                param_dtype=PARAM_DTYPES[self.gathered_dtype] if self.gathered_dtype else None,
                 reduce_dtype=PARAM_DTYPES[self.reduce_dtype])
             self._units = shard_units(model, self.min_params)
             for name in self._units:
@@ -107,7 +119,7 @@ class FSDP(Strategy):
                             reshard_after_forward=self.reshard_after_forward)
             fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=self.reshard_after_forward)
         values = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        gathered = PARAM_DTYPES[self.param_dtype or "fp32"].itemsize * (2 if self.reshard_after_forward else 1)
+        gathered = PARAM_DTYPES[self.gathered_dtype or "fp32"].itemsize * (2 if self.reshard_after_forward else 1)
         # all-gathers (forward, and backward when resharding) and one reduce-scatter: each half a ring
         self._step_bytes = ring_bytes(values * (gathered + PARAM_DTYPES[self.reduce_dtype].itemsize),
                                       collective.world_size) // 2

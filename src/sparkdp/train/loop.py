@@ -359,7 +359,7 @@ def _fit_worker(spec: FitSpec, collective: Collective, probe: Any) -> WorkerRepo
     steps_done = 0
     memory = MemoryMeter()
     steps_per_epoch = spec.steps_per_epoch(world)
-    # the plain path (float32, a step per batch, no clipping, a classic loss) runs as it always did
+    # the plain path (float32, a step per batch, no clipping, a classic loss) does no extra work per step
     stepper = None if (not precision.mixed and spec.accumulate == 1 and spec.clip_grad_norm is None
                        and not isinstance(spec.loss, ModelLoss)) else \
         Stepper(net, spec.loss, optimizer, scheduler, strategy, precision, spec.accumulate, spec.clip_grad_norm)

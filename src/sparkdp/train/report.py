@@ -59,4 +59,15 @@ class WorkerReport:
         mine, theirs = self.data_counters, later.data_counters  # summed key by key, zero counts kept
         counters = {key: mine.get(key, 0) + theirs.get(key, 0) for key in {**mine, **theirs}}
         return replace(later, history=self.history + later.history, train_time_s=self.train_time_s + later.train_time_s,
-                       samples=self.samples + later.samples, data_counters=counters, wall_start=self.wall_start)
+                       samples=self.samples + later.samples, data_counters=counters, wall_start=self.wall_start,
+                       memory=_peak_memory(self.memory, later.memory))
+
+
+def _peak_memory(earlier: list[dict[str, int]], later: list[dict[str, int]]) -> list[dict[str, int]]:
+    """Per worker, the larger of two stages' peaks (a streamed job's stages each measure their own)."""
+    peaks = {m["worker"]: dict(m) for m in earlier}
+    for m in later:
+        mine = peaks.setdefault(m["worker"], {})
+        for key, value in m.items():
+            mine[key] = value if key == "worker" else max(value, mine.get(key, value))
+    return [peaks[w] for w in sorted(peaks)]

@@ -64,7 +64,8 @@ docs-serve: docs
 	$(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000
 
 lint: $(STAMP)
-	$(PY) -m ruff check src tests benchmarks
+	$(PY) -m ruff check src tests benchmarks examples scripts
+	$(PY) -m ruff format --check src tests benchmarks examples scripts
 
 typecheck: $(STAMP)
 	$(PY) -m mypy src/sparkdp

@@ -62,7 +62,9 @@ def _worker(rank: int, world: int, port: int, reps: int, queue) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--reps", type=int, default=30)
     args = parser.parse_args()
@@ -72,7 +74,9 @@ def main() -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, args.world, port, args.reps, queue)) for r in range(args.world)]
+    procs = [
+        ctx.Process(target=_worker, args=(r, args.world, port, args.reps, queue)) for r in range(args.world)
+    ]
     for p in procs:
         p.start()
     results = [queue.get(timeout=600) for _ in SIZES]
@@ -86,12 +90,33 @@ def main() -> None:
 
     rows = []
     for n, times in results:
-        rows.append([f"{n:,} ({n * 4 / 1e6:.1f} MB)", ms(times["gloo"], 0.5), ms(times["gloo"], 0.9),
-                     ms(times["shm"], 0.5), ms(times["shm"], 0.9), ms(times["gloo"], 0.5) / ms(times["shm"], 0.5)])
-    print(f"all-reduce (sum) of float32 tensors, {args.world} processes on one host, {args.reps} interleaved "
-          f"calls each; machine {machine_info()}\n")
-    print(markdown_table(["floats", "gloo median ms", "gloo p90 ms", "shared memory median ms",
-                          "shared memory p90 ms", "speed-up (medians)"], rows))
+        rows.append(
+            [
+                f"{n:,} ({n * 4 / 1e6:.1f} MB)",
+                ms(times["gloo"], 0.5),
+                ms(times["gloo"], 0.9),
+                ms(times["shm"], 0.5),
+                ms(times["shm"], 0.9),
+                ms(times["gloo"], 0.5) / ms(times["shm"], 0.5),
+            ]
+        )
+    print(
+        f"all-reduce (sum) of float32 tensors, {args.world} processes on one host, {args.reps} interleaved "
+        f"calls each; machine {machine_info()}\n"
+    )
+    print(
+        markdown_table(
+            [
+                "floats",
+                "gloo median ms",
+                "gloo p90 ms",
+                "shared memory median ms",
+                "shared memory p90 ms",
+                "speed-up (medians)",
+            ],
+            rows,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -37,13 +37,23 @@ def _norm(tensors) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rule", default="ddcasgd", help=f"one of {', '.join(RULES.available())}")
-    p.add_argument("--rule-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="rule hyper-parameter (float), repeatable")
+    p.add_argument(
+        "--rule-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="rule hyper-parameter (float), repeatable",
+    )
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--model", default="cnn-small")
     p.add_argument("--pushes", type=int, default=40, help="total pushes to trace")
     p.add_argument("--every", type=int, default=1, help="print every N-th push")
-    p.add_argument("--lr", type=float, default=0.05, help="worker SGD learning rate (default 0.05, as in the figures of docs/algorithms.md)")
+    p.add_argument(
+        "--lr",
+        type=float,
+        default=0.05,
+        help="worker SGD learning rate (default 0.05, as in the figures of docs/algorithms.md)",
+    )
     p.add_argument("--momentum", type=float, default=0.9, help="worker SGD momentum (CLI default 0.9)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--eval-rows", type=int, default=10000)
@@ -80,15 +90,20 @@ def main() -> None:
         local = copy.deepcopy(model)
         opt = torch.optim.SGD(local.parameters(), lr=args.lr, momentum=args.momentum)
         client = transport.connect(endpoint.info.address, endpoint.info.secret, m)
-        batches = train.batches(rank=m, world_size=args.workers, epoch=0, batch_size=args.batch_size, seed=args.seed,
-                                shuffle=True)
+        batches = train.batches(
+            rank=m, world_size=args.workers, epoch=0, batch_size=args.batch_size, seed=args.seed, shuffle=True
+        )
         workers.append((local, opt, AsyncWorker(strategy, client, local, opt, args.workers), batches))
 
     momentum = getattr(rule0, "momentum", 0.0)
-    print(f"rule {args.rule} ({type(rule0).__name__}), server lr {getattr(rule0, 'lr', None)}, server momentum "
-          f"{momentum}; worker SGD lr {args.lr} momentum {args.momentum}; {args.workers} workers round-robin")
-    print(f"{'push':>5} {'tau':>4} {'|centre|':>9} {'|push|':>9} {'|grad|':>8} {'push/grad':>9} "
-          f"{'|update|':>9} {'mu_tau':>7} {'|c|/|g|':>8} {'loss':>7}")
+    print(
+        f"rule {args.rule} ({type(rule0).__name__}), server lr {getattr(rule0, 'lr', None)}, server momentum "
+        f"{momentum}; worker SGD lr {args.lr} momentum {args.momentum}; {args.workers} workers round-robin"
+    )
+    print(
+        f"{'push':>5} {'tau':>4} {'|centre|':>9} {'|push|':>9} {'|grad|':>8} {'push/grad':>9} "
+        f"{'|update|':>9} {'mu_tau':>7} {'|c|/|g|':>8} {'loss':>7}"
+    )
     for n in range(args.pushes):
         local, opt, runner, batches = workers[n % args.workers]
         x, y = next(batches)
@@ -113,13 +128,19 @@ def main() -> None:
         after = server.pull(worker=args.workers).tensors
         staleness = dict(server.metrics().get("staleness", {}))
         tau = next((t for t, c in staleness.items() if c > staleness_before.get(t, 0)), -1)
-        mu = functional.momentum_for_delay(tau, momentum) if isinstance(rule0, DDCASGD) and tau >= 0 else momentum
+        mu = (
+            functional.momentum_for_delay(tau, momentum)
+            if isinstance(rule0, DDCASGD) and tau >= 0
+            else momentum
+        )
         if n % args.every == 0 or n == args.pushes - 1:
             update = _norm([a - b for a, b in zip(after, before)])
-            ratio = (max(comp) if comp else float("nan"))
+            ratio = max(comp) if comp else float("nan")
             pn = pushed[0] if pushed else float("nan")
-            print(f"{n:5d} {tau:4d} {_norm(after):9.3f} {pn:9.3f} {grad_norm:8.3f} {pn / grad_norm:9.2f} "
-                  f"{update:9.4f} {mu:7.3f} {ratio:8.3f} {loss.item():7.3f}")
+            print(
+                f"{n:5d} {tau:4d} {_norm(after):9.3f} {pn:9.3f} {grad_norm:8.3f} {pn / grad_norm:9.2f} "
+                f"{update:9.4f} {mu:7.3f} {ratio:8.3f} {loss.item():7.3f}"
+            )
     with torch.no_grad():
         for q, c in zip(model.parameters(), server.pull(worker=args.workers).tensors):
             q.copy_(c)

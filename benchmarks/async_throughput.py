@@ -38,7 +38,7 @@ def single_process(x, y, xt, yt, batch: int, seed: int) -> dict:
     order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
     started = time.perf_counter()
     for start in range(0, len(x), batch):
-        idx = order[start:start + batch]
+        idx = order[start : start + batch]
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
         opt.step()
@@ -57,15 +57,31 @@ def sparkdp_async(strategy: str, x, y, xt, yt, batch: int, seed: int, spark) -> 
     torch.manual_seed(seed)
     model = build_model("cnn-small")
     started = time.perf_counter()
-    result = sparkdp.fit(model, (x, y), eval_data=(xt, yt), strategy=strategy,
-                         strategy_options={"rule_options": {"lr": 0.05}, "push_every": 1},
-                         optimizer="sgd", optimizer_options={"lr": 0.05, "momentum": 0.0},
-                         workers=2, epochs=1, batch_size=batch, seed=seed, spark=spark, show_progress=False)
+    result = sparkdp.fit(
+        model,
+        (x, y),
+        eval_data=(xt, yt),
+        strategy=strategy,
+        strategy_options={"rule_options": {"lr": 0.05}, "push_every": 1},
+        optimizer="sgd",
+        optimizer_options={"lr": 0.05, "momentum": 0.0},
+        workers=2,
+        epochs=1,
+        batch_size=batch,
+        seed=seed,
+        spark=spark,
+        show_progress=False,
+    )
     server = result.details["server"]
-    return {"samples_per_s": result.samples_per_s, "train_s": result.train_time_s,
-            "wall_s": time.perf_counter() - started, "test_accuracy": result.test_accuracy,
-            "pushes": server["pushes_applied"], "mean_staleness": _mean(server["staleness"]),
-            "comm_s": sum(w["comm_s"] for w in result.details["per_worker"])}
+    return {
+        "samples_per_s": result.samples_per_s,
+        "train_s": result.train_time_s,
+        "wall_s": time.perf_counter() - started,
+        "test_accuracy": result.test_accuracy,
+        "pushes": server["pushes_applied"],
+        "mean_staleness": _mean(server["staleness"]),
+        "comm_s": sum(w["comm_s"] for w in result.details["per_worker"]),
+    }
 
 
 def _mean(hist: dict) -> float:
@@ -97,20 +113,42 @@ def main(argv=None) -> int:
         runs["single"].append(single_process(x, y, xt, yt, args.batch_size, rep))
         for name in ("asgd", "hogwild"):
             runs[name].append(sparkdp_async(name, x, y, xt, yt, args.batch_size, rep, spark))
-        print(f"repeat {rep + 1}/{args.repeats}: " + ", ".join(
-            f"{k} {v[-1]['samples_per_s']:,.0f}/s" for k, v in runs.items()), flush=True)
+        print(
+            f"repeat {rep + 1}/{args.repeats}: "
+            + ", ".join(f"{k} {v[-1]['samples_per_s']:,.0f}/s" for k, v in runs.items()),
+            flush=True,
+        )
     spark.stop()
     med = {k: {m: median(r.get(m) for r in v) for m in v[0]} for k, v in runs.items()}
-    rows = [[k, med[k]["samples_per_s"], med[k]["train_s"], med[k].get("wall_s"), med[k]["test_accuracy"],
-             med[k].get("pushes"), med[k].get("mean_staleness"), med[k].get("comm_s")] for k in runs]
-    print(f"\nrows {len(x):,}, batch {args.batch_size}, 1 epoch, repeats {args.repeats} (medians); "
-          f"Spark session start {session_s:.1f} s\n")
-    print(markdown_table(["way", "samples/s", "train s", "fit wall s", "test acc", "pushes", "mean tau",
-                          "worker comm s"], rows))
+    rows = [
+        [
+            k,
+            med[k]["samples_per_s"],
+            med[k]["train_s"],
+            med[k].get("wall_s"),
+            med[k]["test_accuracy"],
+            med[k].get("pushes"),
+            med[k].get("mean_staleness"),
+            med[k].get("comm_s"),
+        ]
+        for k in runs
+    ]
+    print(
+        f"\nrows {len(x):,}, batch {args.batch_size}, 1 epoch, repeats {args.repeats} (medians); "
+        f"Spark session start {session_s:.1f} s\n"
+    )
+    print(
+        markdown_table(
+            ["way", "samples/s", "train s", "fit wall s", "test acc", "pushes", "mean tau", "worker comm s"],
+            rows,
+        )
+    )
     checks = []
     for name in ("asgd", "hogwild"):
         r = ratio(med[name]["samples_per_s"], med["single"]["samples_per_s"])
-        checks.append([f"{name} / single-process throughput", r, ">= 1.0", pass_fail(r is not None and r >= 1.0)])
+        checks.append(
+            [f"{name} / single-process throughput", r, ">= 1.0", pass_fail(r is not None and r >= 1.0)]
+        )
     print()
     print(markdown_table(["check", "measured", "target", "result"], checks))
     if args.json_out:

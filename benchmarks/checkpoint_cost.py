@@ -59,10 +59,16 @@ def per_save(model_name: str, saves: int) -> None:
     torch.manual_seed(0)
     model = build_model(model_name)
     x, y = torch.randn(32, 1, 28, 28), torch.randint(0, 10, (32,))
-    spec = FitSpec(model=model, loss=resolve_loss("cross_entropy"),
-                   optimizer=optimizer_factory("sgd", model, lr=0.01, momentum=0.9),
-                   strategy=STRATEGIES.create("allreduce"), train=TensorData(x, y), eval=None, epochs=1,
-                   batch_size=32)
+    spec = FitSpec(
+        model=model,
+        loss=resolve_loss("cross_entropy"),
+        optimizer=optimizer_factory("sgd", model, lr=0.01, momentum=0.9),
+        strategy=STRATEGIES.create("allreduce"),
+        train=TensorData(x, y),
+        eval=None,
+        epochs=1,
+        batch_size=32,
+    )
     collective = SingleProcessCollective()
     optimizer = spec.optimizer.build(model)
     net = spec.strategy.setup(model, optimizer, collective)
@@ -80,9 +86,17 @@ def per_save(model_name: str, saves: int) -> None:
         saver = _Saver(policy, spec, spec.strategy, optimizer, None, collective)
         for n in range(saves):
             began = time.perf_counter()
-            save_checkpoint(policy, epoch=0, step=2 * n + 1, model=spec.strategy.unwrap().state_dict(),
-                            optimizer=optimizer_state_to_bytes(optimizer), strategy_state=spec.strategy.state_dict(),
-                            rng=[torch.get_rng_state()], history=[], workers=1)
+            save_checkpoint(
+                policy,
+                epoch=0,
+                step=2 * n + 1,
+                model=spec.strategy.unwrap().state_dict(),
+                optimizer=optimizer_state_to_bytes(optimizer),
+                strategy_state=spec.strategy.state_dict(),
+                rng=[torch.get_rng_state()],
+                history=[],
+                workers=1,
+            )
             sync_s.append(time.perf_counter() - began)
             step()
             began = time.perf_counter()
@@ -95,12 +109,21 @@ def per_save(model_name: str, saves: int) -> None:
             saver.close()
             background_s.append(time.perf_counter() - began)
             steps_during.append(steps)
-    print(f"per save, {saves} of each ({model_name}, {params / 1e6:.2f}M parameters, SGD momentum, "
-          f"{torch.get_num_threads()} torch threads), median and fastest:")
-    for label, values in (("synchronous save", sync_s), ("training blocked", blocked_s),
-                          ("background write", background_s)):
-        ratio = f"  ({statistics.median(values) / statistics.median(sync_s):.3f}x / " \
-                f"{min(values) / min(sync_s):.3f}x the synchronous save)" if values is blocked_s else ""
+    print(
+        f"per save, {saves} of each ({model_name}, {params / 1e6:.2f}M parameters, SGD momentum, "
+        f"{torch.get_num_threads()} torch threads), median and fastest:"
+    )
+    for label, values in (
+        ("synchronous save", sync_s),
+        ("training blocked", blocked_s),
+        ("background write", background_s),
+    ):
+        ratio = (
+            f"  ({statistics.median(values) / statistics.median(sync_s):.3f}x / "
+            f"{min(values) / min(sync_s):.3f}x the synchronous save)"
+            if values is blocked_s
+            else ""
+        )
         print(f"  {label}: {statistics.median(values) * 1e3:8.1f} ms / {min(values) * 1e3:8.1f} ms{ratio}")
     print(f"  training steps of 32 rows run during a background write: {statistics.median(steps_during):.0f}")
 
@@ -108,7 +131,11 @@ def per_save(model_name: str, saves: int) -> None:
 def throughput(args: argparse.Namespace) -> None:
     train, test = dataset_tensors(load_dataset("fashion-mnist", limit=args.limit))
     spark = sparkdp.session()
-    variants = {"none": {"max_restarts": 0}, "epoch": {}, f"every {args.every} steps": {"checkpoint_every": args.every}}
+    variants = {
+        "none": {"max_restarts": 0},
+        "epoch": {},
+        f"every {args.every} steps": {"checkpoint_every": args.every},
+    }
     rates: dict[str, list[float]] = {name: [] for name in variants}
     for repeat in range(args.repeats):
         for name, options in variants.items():
@@ -117,13 +144,27 @@ def throughput(args: argparse.Namespace) -> None:
                     options = {**options, "checkpoint_dir": directory}
                 torch.manual_seed(0)
                 started = time.perf_counter()
-                result = sparkdp.fit(build_model(args.model), train, eval_data=test, workers=2, epochs=args.epochs,
-                                     optimizer_options={"lr": 0.05}, spark=spark, show_progress=False, **options)
+                result = sparkdp.fit(
+                    build_model(args.model),
+                    train,
+                    eval_data=test,
+                    workers=2,
+                    epochs=args.epochs,
+                    optimizer_options={"lr": 0.05},
+                    spark=spark,
+                    show_progress=False,
+                    **options,
+                )
             rates[name].append(result.samples_per_s)
-            print(f"repeat {repeat + 1} {name:>16}: {result.samples_per_s:8.1f} samples/s, "
-                  f"{time.perf_counter() - started:6.1f} s, test accuracy {result.test_accuracy:.4f}", flush=True)
+            print(
+                f"repeat {repeat + 1} {name:>16}: {result.samples_per_s:8.1f} samples/s, "
+                f"{time.perf_counter() - started:6.1f} s, test accuracy {result.test_accuracy:.4f}",
+                flush=True,
+            )
     base = statistics.median(rates["none"])
-    print(f"\nmedians over {args.repeats} repeats ({args.model}, {args.limit} rows, {args.epochs} epochs, 2 workers):")
+    print(
+        f"\nmedians over {args.repeats} repeats ({args.model}, {args.limit} rows, {args.epochs} epochs, 2 workers):"
+    )
     for name, values in rates.items():
         median = statistics.median(values)
         print(f"  {name:>16}: {median:8.1f} samples/s  ({median / base:.3f}x no checkpoints)")

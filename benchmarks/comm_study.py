@@ -63,7 +63,9 @@ def main() -> None:
     ap.add_argument("--workers", default="1,2,4")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--limit", type=int, default=4000)
-    ap.add_argument("--qdisc", default="", help='e.g. "tbf rate 4gbit burst 256kb latency 50ms" (empty: plain loopback)')
+    ap.add_argument(
+        "--qdisc", default="", help='e.g. "tbf rate 4gbit burst 256kb latency 50ms" (empty: plain loopback)'
+    )
     args = ap.parse_args()
     counts = [int(v) for v in args.workers.split(",")]
 
@@ -76,15 +78,24 @@ def main() -> None:
     try:
         work = bench.workload("comm-bound")
         spark = sparkdp.session(f"local[{max(counts)}]", log_level="OFF")
-        cal = calibrate(work.build_model(), spark=spark, workers=max(2, min(counts[-1], 2)), batch=work.batch,
-                        sample_shape=(64,), reps=10, shared_memory=False)
+        cal = calibrate(
+            work.build_model(),
+            spark=spark,
+            workers=max(2, min(counts[-1], 2)),
+            batch=work.batch,
+            sample_shape=(64,),
+            reps=10,
+            shared_memory=False,
+        )
         net = cal.network()
         # every worker shares this machine's cores: more workers than cores stretch each step
         load = costmodel.Workload(cal.params, cal.step_compute_s, batch=work.batch, cpu_slots=os.cpu_count())
         choices = {
             "allreduce": (bench.StrategyChoice("allreduce", {"shared_memory": False}), ("allreduce", {})),
-            "average(k=4)": (bench.StrategyChoice("average", {"period": 4, "shared_memory": False}),
-                             ("average", {"k": 4})),
+            "average(k=4)": (
+                bench.StrategyChoice("average", {"period": 4, "shared_memory": False}),
+                ("average", {"k": 4}),
+            ),
             "asgd": (bench.StrategyChoice("asgd"), ("asgd", {})),
         }
         data = work.load(args.limit, 0)
@@ -96,20 +107,43 @@ def main() -> None:
                 measured = r["train_time_s"] / steps_per_worker
                 sent = r["bytes_per_sample"] * work.batch  # bytes on the wire per worker-step
                 predicted = costmodel.predict(model_name, load, net, m, **options)
-                rows.append([label, m, f"{sent / 1e6:.2f}", f"{measured * 1e3:.1f}", f"{predicted.step_s * 1e3:.1f}",
-                             f"{predicted.step_s / measured - 1:+.0%}", f"{r['test_accuracy']:.3f}"])
+                rows.append(
+                    [
+                        label,
+                        m,
+                        f"{sent / 1e6:.2f}",
+                        f"{measured * 1e3:.1f}",
+                        f"{predicted.step_s * 1e3:.1f}",
+                        f"{predicted.step_s / measured - 1:+.0%}",
+                        f"{r['test_accuracy']:.3f}",
+                    ]
+                )
                 print(rows[-1], flush=True)
     finally:
         if shaped:
             unshape_loopback()
     print(machine_info())
     link = f"loopback shaped by tc qdisc '{args.qdisc}'" if shaped else "plain loopback (no shaping)"
-    print(f"comm-bound: {cal.params:,} parameters, batch {work.batch}; {link}; calibration: C "
-          f"{cal.step_compute_s * 1e3:.1f} ms, α {net.latency_s * 1e6:.0f} µs, {8 / net.seconds_per_byte / 1e9:.2f} "
-          f"Gbit/s all-reduce; α_ps {net.ps_alpha * 1e6:.0f} µs, {8 / net.ps_beta / 1e9:.2f} Gbit/s parameter server, "
-          f"its ASGD update {cal.server_apply_s * 1e3:.1f} ms per push")
-    print(markdown_table(["strategy", "workers", "MB on the wire per worker-step", "measured step (ms)",
-                          "predicted step (ms)", "prediction error", "test accuracy"], rows))
+    print(
+        f"comm-bound: {cal.params:,} parameters, batch {work.batch}; {link}; calibration: C "
+        f"{cal.step_compute_s * 1e3:.1f} ms, α {net.latency_s * 1e6:.0f} µs, {8 / net.seconds_per_byte / 1e9:.2f} "
+        f"Gbit/s all-reduce; α_ps {net.ps_alpha * 1e6:.0f} µs, {8 / net.ps_beta / 1e9:.2f} Gbit/s parameter server, "
+        f"its ASGD update {cal.server_apply_s * 1e3:.1f} ms per push"
+    )
+    print(
+        markdown_table(
+            [
+                "strategy",
+                "workers",
+                "MB on the wire per worker-step",
+                "measured step (ms)",
+                "predicted step (ms)",
+                "prediction error",
+                "test accuracy",
+            ],
+            rows,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -71,8 +71,9 @@ def pass_fail(ok: bool | None) -> str:
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], digits: int = 2) -> str:
     """A GitHub-flavoured markdown table (cells formatted with :func:`fmt`), columns padded."""
     cells = [[fmt(c, digits) for c in row] for row in rows]
-    widths = [max(len(str(h)), *(len(r[i]) for r in cells)) if cells else len(str(h))
-              for i, h in enumerate(headers)]
+    widths = [
+        max(len(str(h)), *(len(r[i]) for r in cells)) if cells else len(str(h)) for i, h in enumerate(headers)
+    ]
 
     def line(items: Sequence[str]) -> str:
         return "| " + " | ".join(str(x).ljust(w) for x, w in zip(items, widths, strict=True)) + " |"
@@ -105,15 +106,18 @@ def parse_result(text: str) -> dict | None:
         idx = line.find(RESULT_MARKER)
         if idx >= 0:
             try:
-                return json.loads(line[idx + len(RESULT_MARKER):])
+                return json.loads(line[idx + len(RESULT_MARKER) :])
             except json.JSONDecodeError:
                 return None
     return None
 
 
 def machine_info() -> dict[str, Any]:
-    info: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(),
-                            "cpus": os.cpu_count()}
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+    }
     try:
         info["load_avg_1m"] = round(os.getloadavg()[0], 2)
     except OSError:
@@ -214,8 +218,15 @@ def _kill_group(proc: subprocess.Popen) -> None:
             continue
 
 
-def run_child(cmd: list[str], *, timeout_s: float, env: dict[str, str] | None = None,
-              log_path: str | None = None, echo: bool = False, sample_rss: bool = True) -> ChildRun:
+def run_child(
+    cmd: list[str],
+    *,
+    timeout_s: float,
+    env: dict[str, str] | None = None,
+    log_path: str | None = None,
+    echo: bool = False,
+    sample_rss: bool = True,
+) -> ChildRun:
     """Run ``cmd`` in its own process group, time it (wall clock around the whole process),
     kill the group after ``timeout_s``, and collect its :func:`emit_result` JSON line.
 
@@ -224,8 +235,17 @@ def run_child(cmd: list[str], *, timeout_s: float, env: dict[str, str] | None = 
     out_chunks: list[str] = []
     log_fh = open(log_path, "w", encoding="utf-8") if log_path else None  # noqa: SIM115
     started = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env=env, start_new_session=True, text=True, errors="replace", bufsize=1)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,
+        text=True,
+        errors="replace",
+        bufsize=1,
+    )
 
     def pump() -> None:
         assert proc.stdout is not None
@@ -265,7 +285,13 @@ def run_child(cmd: list[str], *, timeout_s: float, env: dict[str, str] | None = 
     if log_fh:
         log_fh.close()
     output = "".join(out_chunks)
-    run = ChildRun(cmd=cmd, returncode=proc.returncode, wall_s=wall, output=output, timed_out=timed_out,
-                   peak_tree_rss_mb=sampler.peak_mb if sampler else None)
+    run = ChildRun(
+        cmd=cmd,
+        returncode=proc.returncode,
+        wall_s=wall,
+        output=output,
+        timed_out=timed_out,
+        peak_tree_rss_mb=sampler.peak_mb if sampler else None,
+    )
     run.result = parse_result(output)
     return run

@@ -100,8 +100,10 @@ def generate(path: str, rows: int, features: int, files: int, row_group: int) ->
                 n = min(row_group, n_file - start)
                 x = rng.standard_normal((n, features), dtype=np.float32)
                 y = (x @ weights).argmax(1).astype(np.int64)
-                xs = pa.ListArray.from_arrays(pa.array(np.arange(0, n * features + 1, features, dtype=np.int32)),
-                                              pa.array(x.reshape(-1)))
+                xs = pa.ListArray.from_arrays(
+                    pa.array(np.arange(0, n * features + 1, features, dtype=np.int32)),
+                    pa.array(x.reshape(-1)),
+                )
                 writer.write_table(pa.table({"x": xs, "y": y}, schema=schema), row_group_size=row_group)
         written += n_file
     return rows * (features * 4 + 8)
@@ -137,8 +139,19 @@ def sparkdp_epoch(data, spark, features: int, workers: int, batch_size: int, **k
     torch.manual_seed(0)
     model = torch.nn.Linear(features, 10)
     started = time.perf_counter()
-    result = sparkdp.fit(model, data, features="x", label="y", workers=workers, epochs=1, batch_size=batch_size,
-                         spark=spark, show_progress=False, optimizer_options={"lr": 0.01}, **kw)
+    result = sparkdp.fit(
+        model,
+        data,
+        features="x",
+        label="y",
+        workers=workers,
+        epochs=1,
+        batch_size=batch_size,
+        spark=spark,
+        show_progress=False,
+        optimizer_options={"lr": 0.01},
+        **kw,
+    )
     return result, time.perf_counter() - started
 
 
@@ -151,9 +164,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--read-rows", type=int, default=8192, help="rows per Arrow batch read")
-    parser.add_argument("--repeats", type=int, default=3, help="interleaved (a)/(b) pairs; medians are reported")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="interleaved (a)/(b) pairs; medians are reported"
+    )
     parser.add_argument("--stream", action="store_true", help="also run (c): the DataFrame streamed by Spark")
-    parser.add_argument("--dir", default=None, help="where to create the temporary dataset (default: $TMPDIR)")
+    parser.add_argument(
+        "--dir", default=None, help="where to create the temporary dataset (default: $TMPDIR)"
+    )
     args = parser.parse_args(argv)
 
     path = tempfile.mkdtemp(prefix="sparkdp-bench-", dir=args.dir)
@@ -162,9 +179,11 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         payload = generate(path, args.rows, args.features, args.files, args.row_group)
         on_disk = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
-        print(f"generated {args.rows:,} rows x {args.features} float32 + int64 label: "
-              f"{payload / 1e9:.2f} GB payload, {on_disk / 1e9:.2f} GB on disk in {time.perf_counter() - t0:.0f} s",
-              flush=True)
+        print(
+            f"generated {args.rows:,} rows x {args.features} float32 + int64 label: "
+            f"{payload / 1e9:.2f} GB payload, {on_disk / 1e9:.2f} GB on disk in {time.perf_counter() - t0:.0f} s",
+            flush=True,
+        )
         plain_pyarrow(path, args.features, args.read_rows)  # warm the page cache for both measurements
 
         import sparkdp
@@ -185,30 +204,41 @@ def main(argv: list[str] | None = None) -> int:
             delivered = result.history[0]["samples"] * (args.features * 4 + 8) / MB / epoch_s
             runs["(b) Parquet read by workers"].append((delivered, epoch_s, wall))
             _merge_peaks(peaks["(b) Parquet read by workers"], rss)
-            print(f"[{rep + 1}/{args.repeats}] (a) plain pyarrow {plain_runs[-1]:,.0f} MB/s; (b) sparkdp epoch "
-                  f"{epoch_s:.1f} s in the loop, {wall:.1f} s wall, {delivered:,.0f} MB/s delivered", flush=True)
+            print(
+                f"[{rep + 1}/{args.repeats}] (a) plain pyarrow {plain_runs[-1]:,.0f} MB/s; (b) sparkdp epoch "
+                f"{epoch_s:.1f} s in the loop, {wall:.1f} s wall, {delivered:,.0f} MB/s delivered",
+                flush=True,
+            )
         if args.stream:
             name = "(c) DataFrame streamed by Spark"
             df = spark.read.parquet(path).filter("y >= 0")  # not a plain scan: streamed through Spark
             with PeakRss() as rss_c:
                 result_c, wall_c = sparkdp_epoch(df, spark, args.features, args.workers, args.batch_size)
             epoch_c = result_c.history[0]["epoch_time_s"]
-            runs[name] = [(result_c.history[0]["samples"] * (args.features * 4 + 8) / MB / epoch_c, epoch_c, wall_c)]
+            runs[name] = [
+                (result_c.history[0]["samples"] * (args.features * 4 + 8) / MB / epoch_c, epoch_c, wall_c)
+            ]
             peaks[name] = {}
             _merge_peaks(peaks[name], rss_c)
         plain = statistics.median(plain_runs)
         print()
         print(f"medians of {args.repeats} interleaved run(s)\n")
         print("| measurement | value |\n|---|---|")
-        print(f"| dataset | {args.rows:,} rows x {args.features} float32 + label, {payload / 1e9:.2f} GB "
-              f"({on_disk / 1e9:.2f} GB on disk, {args.files} files, row groups of {args.row_group:,}) |")
-        print(f"| (a) plain pyarrow -> numpy, 1 process | {plain:,.0f} MB/s "
-              f"(runs: {', '.join(f'{v:,.0f}' for v in plain_runs)}) |")
+        print(
+            f"| dataset | {args.rows:,} rows x {args.features} float32 + label, {payload / 1e9:.2f} GB "
+            f"({on_disk / 1e9:.2f} GB on disk, {args.files} files, row groups of {args.row_group:,}) |"
+        )
+        print(
+            f"| (a) plain pyarrow -> numpy, 1 process | {plain:,.0f} MB/s "
+            f"(runs: {', '.join(f'{v:,.0f}' for v in plain_runs)}) |"
+        )
         for name, values in runs.items():
             mbs = statistics.median(v[0] for v in values)
-            print(f"| {name}, {args.workers} workers | {mbs:,.0f} MB/s delivered = {mbs / plain:.2f}x plain "
-                  f"(runs: {', '.join(f'{v[0]:,.0f}' for v in values)} MB/s; epoch "
-                  f"{statistics.median(v[1] for v in values):.1f} s, fit wall {statistics.median(v[2] for v in values):.1f} s) |")
+            print(
+                f"| {name}, {args.workers} workers | {mbs:,.0f} MB/s delivered = {mbs / plain:.2f}x plain "
+                f"(runs: {', '.join(f'{v[0]:,.0f}' for v in values)} MB/s; epoch "
+                f"{statistics.median(v[1] for v in values):.1f} s, fit wall {statistics.median(v[2] for v in values):.1f} s) |"
+            )
             for role, peak in sorted(peaks[name].items()):
                 print(f"| {name}: peak RSS, {role} (max over runs) | {peak / 1e9:.2f} GB |")
         print(f"| python | {sys.version.split()[0]}, {os.cpu_count()} CPUs |")

@@ -31,7 +31,10 @@ def reference(model, train, workers: int, batch: int, lr: float, seed: int):
     """One process, SGD on the concatenation of every rank's step-s batch."""
     model = copy.deepcopy(model)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.0)
-    streams = [train.batches(rank=r, world_size=workers, epoch=0, batch_size=batch, seed=seed) for r in range(workers)]
+    streams = [
+        train.batches(rank=r, world_size=workers, epoch=0, batch_size=batch, seed=seed)
+        for r in range(workers)
+    ]
     for parts in zip(*streams, strict=True):
         x = torch.cat([p[0] for p in parts])
         y = torch.cat([p[1] for p in parts])
@@ -76,16 +79,30 @@ def main() -> None:
     spark = sparkdp.session(f"local[{args.workers}]", log_level="OFF")
     rows = [["single process, batch M·m", "—", f"{accuracy(ref, test):.4f}"]]
     for k in (int(v) for v in args.periods.split(",")):
-        result = sparkdp.fit(copy.deepcopy(start), train, strategy="average", strategy_options={"period": k},
-                             workers=args.workers, epochs=1, batch_size=args.batch, seed=0,
-                             optimizer="sgd", optimizer_options={"lr": args.lr, "momentum": 0.0},
-                             spark=spark, show_progress=False)
+        result = sparkdp.fit(
+            copy.deepcopy(start),
+            train,
+            strategy="average",
+            strategy_options={"period": k},
+            workers=args.workers,
+            epochs=1,
+            batch_size=args.batch,
+            seed=0,
+            optimizer="sgd",
+            optimizer_options={"lr": args.lr, "momentum": 0.0},
+            spark=spark,
+            show_progress=False,
+        )
         gap = float((flat(result.model) - ref_flat).norm() / ref_flat.norm())
-        rows.append([f"sparkdp average k={k}, M={args.workers}", f"{gap:.2e}", f"{accuracy(result.model, test):.4f}"])
+        rows.append(
+            [f"sparkdp average k={k}, M={args.workers}", f"{gap:.2e}", f"{accuracy(result.model, test):.4f}"]
+        )
         print(rows[-1], flush=True)
     print(machine_info())
-    print(f"{args.model}, {args.limit} Fashion-MNIST rows, one epoch, M = {args.workers} workers x m = {args.batch} "
-          f"rows, plain SGD lr {args.lr}")
+    print(
+        f"{args.model}, {args.limit} Fashion-MNIST rows, one epoch, M = {args.workers} workers x m = {args.batch} "
+        f"rows, plain SGD lr {args.lr}"
+    )
     print(markdown_table(["run", "‖θ − θ_ref‖ / ‖θ_ref‖ after 1 epoch", "test accuracy"], rows))
 
 

@@ -61,13 +61,31 @@ def main() -> None:
                 torch.manual_seed(0)
                 model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 2))
                 start = time.time()
-                result = sparkdp.fit(model, (x, y), loss=FirstCall(marker), workers=2, epochs=1, batch_size=64,
-                                     spark=spark, show_progress=False)
+                result = sparkdp.fit(
+                    model,
+                    (x, y),
+                    loss=FirstCall(marker),
+                    workers=2,
+                    epochs=1,
+                    batch_size=64,
+                    spark=spark,
+                    show_progress=False,
+                )
                 total = time.time() - start
                 first = float(Path(marker).read_text().split()[0]) - start
-                print(json.dumps({"api_mode": args.api_mode, "fit": i + 1, "session_s": round(session_s, 2),
-                                  "first_step_s": round(first, 2), "fit_s": round(total, 2),
-                                  "samples": result.history[-1]["samples"]}), flush=True)
+                print(
+                    json.dumps(
+                        {
+                            "api_mode": args.api_mode,
+                            "fit": i + 1,
+                            "session_s": round(session_s, 2),
+                            "first_step_s": round(first, 2),
+                            "fit_s": round(total, 2),
+                            "samples": result.history[-1]["samples"],
+                        }
+                    ),
+                    flush=True,
+                )
     finally:
         spark.stop()
 

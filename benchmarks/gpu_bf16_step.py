@@ -41,8 +41,14 @@ def blocks(rows: int, block: int, vocab: int) -> dict[str, torch.Tensor]:
 
 def make_model(args: argparse.Namespace) -> torch.nn.Module:
     torch.manual_seed(0)
-    return build_model("gpt", vocab_size=args.vocab, block_size=args.block, n_layer=args.layers,
-                       n_head=args.width // 64, d_model=args.width)
+    return build_model(
+        "gpt",
+        vocab_size=args.vocab,
+        block_size=args.block,
+        n_layer=args.layers,
+        n_head=args.width // 64,
+        d_model=args.width,
+    )
 
 
 def torch_epoch(args: argparse.Namespace, data: DictData, precision: str, device: torch.device) -> float:
@@ -74,9 +80,17 @@ def torch_epoch(args: argparse.Namespace, data: DictData, precision: str, device
 def sparkdp_epoch(args: argparse.Namespace, data: DictData, precision: str, device: torch.device) -> float:
     """Tokens per second of one epoch of sparkdp's worker loop (the second of two, the first warming up)."""
     model = make_model(args)
-    spec = FitSpec(model=model, loss=resolve_loss("model"), optimizer=optimizer_factory("adamw", model, lr=LR),
-                   strategy=resolve_strategy("allreduce"), train=data, eval=None, epochs=2, batch_size=args.batch,
-                   precision=precision)
+    spec = FitSpec(
+        model=model,
+        loss=resolve_loss("model"),
+        optimizer=optimizer_factory("adamw", model, lr=LR),
+        strategy=resolve_strategy("allreduce"),
+        train=data,
+        eval=None,
+        epochs=2,
+        batch_size=args.batch,
+        precision=precision,
+    )
     report = fit_worker(spec, IndependentCollective(0, 1, device))
     last = report.history[-1]
     return last["samples"] * args.block / last["epoch_time_s"]
@@ -98,8 +112,10 @@ def main() -> None:
     torch.cuda.set_device(device)
     data = DictData(blocks(args.rows, args.block, args.vocab))
     params = sum(p.numel() for p in make_model(args).parameters())
-    print(f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}, GPT {params / 1e6:.1f}M parameters, "
-          f"batch {args.batch} x {args.block} tokens, {args.rows // args.batch} steps per epoch")
+    print(
+        f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}, GPT {params / 1e6:.1f}M parameters, "
+        f"batch {args.batch} x {args.block} tokens, {args.rows // args.batch} steps per epoch"
+    )
     rows = []
     for precision in ("32", "bf16-mixed"):
         runs: dict[str, list[float]] = {"torch": [], "sparkdp": []}
@@ -107,12 +123,15 @@ def main() -> None:
             runs["torch"].append(torch_epoch(args, data, precision, device))
             runs["sparkdp"].append(sparkdp_epoch(args, data, precision, device))
         t, s = (statistics.median(runs[k]) for k in ("torch", "sparkdp"))
-        rows.append({"precision": precision, "torch_tokens_s": t, "sparkdp_tokens_s": s, "ratio": s / t,
-                     "runs": runs})
+        rows.append(
+            {"precision": precision, "torch_tokens_s": t, "sparkdp_tokens_s": s, "ratio": s / t, "runs": runs}
+        )
     print("| precision | torch tokens/s | sparkdp tokens/s | sparkdp / torch |")
     print("|---|---|---|---|")
     for r in rows:
-        print(f"| {r['precision']} | {r['torch_tokens_s']:,.0f} | {r['sparkdp_tokens_s']:,.0f} | {r['ratio']:.3f} |")
+        print(
+            f"| {r['precision']} | {r['torch_tokens_s']:,.0f} | {r['sparkdp_tokens_s']:,.0f} | {r['ratio']:.3f} |"
+        )
     print(json.dumps(rows))
 
 

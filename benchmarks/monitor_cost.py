@@ -40,14 +40,28 @@ def main() -> None:
                 options = {"show_progress": False} if name == "quiet" else {"run_dir": directory}
                 torch.manual_seed(0)
                 started = time.perf_counter()
-                result = sparkdp.fit(build_model(args.model), train, eval_data=test, workers=2, epochs=args.epochs,
-                                     strategy=args.strategy, optimizer_options={"lr": 0.05}, spark=spark, **options)
+                result = sparkdp.fit(
+                    build_model(args.model),
+                    train,
+                    eval_data=test,
+                    workers=2,
+                    epochs=args.epochs,
+                    strategy=args.strategy,
+                    optimizer_options={"lr": 0.05},
+                    spark=spark,
+                    **options,
+                )
             rates[name].append(result.samples_per_s)
-            print(f"repeat {repeat + 1} {name:>10}: {result.samples_per_s:8.1f} samples/s, "
-                  f"{time.perf_counter() - started:6.1f} s, test accuracy {result.test_accuracy:.4f}", flush=True)
+            print(
+                f"repeat {repeat + 1} {name:>10}: {result.samples_per_s:8.1f} samples/s, "
+                f"{time.perf_counter() - started:6.1f} s, test accuracy {result.test_accuracy:.4f}",
+                flush=True,
+            )
     base = statistics.median(rates["quiet"])
-    print(f"\nmedians over {args.repeats} repeats ({args.model}, {args.strategy}, {args.limit} rows, "
-          f"{args.epochs} epoch(s), 2 workers):")
+    print(
+        f"\nmedians over {args.repeats} repeats ({args.model}, {args.strategy}, {args.limit} rows, "
+        f"{args.epochs} epoch(s), 2 workers):"
+    )
     for name, values in rates.items():
         median = statistics.median(values)
         print(f"  {name:>10}: {median:8.1f} samples/s  ({median / base:.3f}x quiet)")

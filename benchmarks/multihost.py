@@ -74,30 +74,63 @@ DEFAULT = ["allreduce", "average-8", "asgd"]
 
 def train(cluster: netbed.SparkOnNetBed, label: str, workers: int, seed: int, args, out: Path) -> dict:
     run_dir = out.with_suffix("")
-    cmd = [sys.executable, "-m", "sparkdp.cli.main", "train", "--dataset", "fashion-mnist", "--model", "cnn",
-           *STRATEGIES[label], "--workers", str(workers), "--epochs", str(args.epochs), "--lr", "0.05",
-           "--limit", str(args.limit), "--seed", str(seed), "--master", cluster.master_url, "--quiet",
-           "--json-out", str(out), "--out", str(run_dir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sparkdp.cli.main",
+        "train",
+        "--dataset",
+        "fashion-mnist",
+        "--model",
+        "cnn",
+        *STRATEGIES[label],
+        "--workers",
+        str(workers),
+        "--epochs",
+        str(args.epochs),
+        "--lr",
+        "0.05",
+        "--limit",
+        str(args.limit),
+        "--seed",
+        str(seed),
+        "--master",
+        cluster.master_url,
+        "--quiet",
+        "--json-out",
+        str(out),
+        "--out",
+        str(run_dir),
+    ]
     before = {h: cluster.bed.qdisc_stats(h) for h in cluster.bed.hosts}
     started = time.monotonic()
     proc = cluster.run_driver(cmd, timeout=args.timeout)
     wall = time.monotonic() - started
     if proc.returncode != 0:
-        return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"}
+        return {
+            "error": proc.stderr.strip().splitlines()[-1]
+            if proc.stderr.strip()
+            else f"exit {proc.returncode}"
+        }
     after = {h: cluster.bed.qdisc_stats(h) for h in cluster.bed.hosts}
     moved = {h: sum(after[h][k] - before[h][k] for k in ("sent", "received")) for h in cluster.bed.hosts}
     summary = json.loads(out.read_text())
     history = summary.get("history") or [{}]
     executors = {h: v for h, v in moved.items() if h.startswith(("worker-", "server-"))}
     workers_bytes = sum(executors.values())
-    return {"samples_per_s": summary["samples_per_s"], "epoch_s": history[-1].get("epoch_time_s"),
-            "test_accuracy": history[-1].get("test_accuracy"), "wall_s": wall,
-            "time_to_target_s": time_to_target(history, args.target),
-            "accuracy_by_epoch": [[e.get("epoch_time_s"), e.get("test_accuracy")] for e in history],
-            "bytes_per_sample": workers_bytes / (args.limit * args.epochs),
-            "driver_link_mb": moved["driver"] / 1e6, "worker_link_mb": workers_bytes / len(executors) / 1e6,
-            "busiest_link_mb": max(moved.values()) / 1e6,
-            **diagnosis(run_dir / "run.jsonl")}
+    return {
+        "samples_per_s": summary["samples_per_s"],
+        "epoch_s": history[-1].get("epoch_time_s"),
+        "test_accuracy": history[-1].get("test_accuracy"),
+        "wall_s": wall,
+        "time_to_target_s": time_to_target(history, args.target),
+        "accuracy_by_epoch": [[e.get("epoch_time_s"), e.get("test_accuracy")] for e in history],
+        "bytes_per_sample": workers_bytes / (args.limit * args.epochs),
+        "driver_link_mb": moved["driver"] / 1e6,
+        "worker_link_mb": workers_bytes / len(executors) / 1e6,
+        "busiest_link_mb": max(moved.values()) / 1e6,
+        **diagnosis(run_dir / "run.jsonl"),
+    }
 
 
 def diagnosis(run_log: Path) -> dict:
@@ -121,13 +154,36 @@ def diagnosis(run_log: Path) -> dict:
 def plan(cluster: netbed.SparkOnNetBed, workers: int, args, out: Path, servers: int) -> list[dict]:
     """``sparkdp plan --calibrate --verify`` on the driver host: predicted and measured step per strategy
     (asgd also with ``servers`` server tasks on hosts of their own, when the bed has them)."""
-    cmd = [sys.executable, "-m", "sparkdp.cli.main", "plan", "--model", "cnn", "--calibrate", "--verify",
-           "--workers", str(workers), "--calibration-workers", str(workers), "--verify-rows", str(args.limit),
-           "--master", cluster.master_url, "--json", *(["--shards", str(servers)] if servers > 1 else [])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sparkdp.cli.main",
+        "plan",
+        "--model",
+        "cnn",
+        "--calibrate",
+        "--verify",
+        "--workers",
+        str(workers),
+        "--calibration-workers",
+        str(workers),
+        "--verify-rows",
+        str(args.limit),
+        "--master",
+        cluster.master_url,
+        "--json",
+        *(["--shards", str(servers)] if servers > 1 else []),
+    ]
     proc = cluster.run_driver(cmd, timeout=args.timeout)
     if proc.returncode != 0:
-        return [{"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"}]
-    report = json.loads(proc.stdout[proc.stdout.index("{"):])
+        return [
+            {
+                "error": proc.stderr.strip().splitlines()[-1]
+                if proc.stderr.strip()
+                else f"exit {proc.returncode}"
+            }
+        ]
+    report = json.loads(proc.stdout[proc.stdout.index("{") :])
     out.write_text(json.dumps(report, indent=2))
     return [{**v, "calibration": report["calibration"]} for v in report["verify"]]
 
@@ -165,36 +221,82 @@ def main() -> None:
     results = []
     for workers in args.workers:
         for rate in args.rates:
-            hosts = netbed.cluster_hosts(workers, max((SERVERS.get(s, 0) for s in args.strategies), default=0))
+            hosts = netbed.cluster_hosts(
+                workers, max((SERVERS.get(s, 0) for s in args.strategies), default=0)
+            )
             with netbed.NetBed(hosts, rate=rate, rates=slow) as bed:
                 cluster = netbed.SparkOnNetBed(bed, hosts[2:]).start()
                 if args.plan:
-                    for row in plan(cluster, workers, args, bed.directory / "plan.json", len(hosts) - 2 - workers):
+                    for row in plan(
+                        cluster, workers, args, bed.directory / "plan.json", len(hosts) - 2 - workers
+                    ):
                         results.append({"workers": workers, "rate": rate, **row})
                         print(json.dumps(results[-1]), file=sys.stderr, flush=True)
                     continue
                 for seed in args.seeds:
                     for label in args.strategies:
-                        row = {"workers": workers, "rate": rate, "strategy": label, "seed": seed,
-                               **train(cluster, label, workers, seed, args, bed.directory / f"{label}-{seed}.json")}
+                        row = {
+                            "workers": workers,
+                            "rate": rate,
+                            "strategy": label,
+                            "seed": seed,
+                            **train(
+                                cluster, label, workers, seed, args, bed.directory / f"{label}-{seed}.json"
+                            ),
+                        }
                         print(json.dumps(row), file=sys.stderr, flush=True)
                         results.append(row)
     if args.plan:
-        print(markdown_table(["workers", "link per host", "strategy", "predicted ms", "measured ms", "error"],
-                             [[r["workers"], r["rate"], r.get("strategy", r.get("error")),
-                               1e3 * r.get("predicted_step_s", 0), 1e3 * r.get("measured_step_s", 0),
-                               f"{100 * r['error']:+.0f} %" if isinstance(r.get("error"), float) else None]
-                              for r in results], digits=1))
+        print(
+            markdown_table(
+                ["workers", "link per host", "strategy", "predicted ms", "measured ms", "error"],
+                [
+                    [
+                        r["workers"],
+                        r["rate"],
+                        r.get("strategy", r.get("error")),
+                        1e3 * r.get("predicted_step_s", 0),
+                        1e3 * r.get("measured_step_s", 0),
+                        f"{100 * r['error']:+.0f} %" if isinstance(r.get("error"), float) else None,
+                    ]
+                    for r in results
+                ],
+                digits=1,
+            )
+        )
         write_json(args.json, {"args": vars(args), "results": results})
         return
-    headers = ["workers", "link per host", "strategy", "seed", "samples/s", "last epoch s", "test acc.",
-               f"s to {args.target}" if args.target else "s to target", "bytes/sample", "MB per executor link",
-               "MB driver link", "MB busiest link"]
-    rows = [[r["workers"], r["rate"], r["strategy"], r["seed"], r.get("samples_per_s", r.get("error")),
-             r.get("epoch_s"), f"{r['test_accuracy']:.3f}" if r.get("test_accuracy") is not None else None,
-             r.get("time_to_target_s"), r.get("bytes_per_sample"), r.get("worker_link_mb"), r.get("driver_link_mb"),
-             r.get("busiest_link_mb")]
-            for r in results]
+    headers = [
+        "workers",
+        "link per host",
+        "strategy",
+        "seed",
+        "samples/s",
+        "last epoch s",
+        "test acc.",
+        f"s to {args.target}" if args.target else "s to target",
+        "bytes/sample",
+        "MB per executor link",
+        "MB driver link",
+        "MB busiest link",
+    ]
+    rows = [
+        [
+            r["workers"],
+            r["rate"],
+            r["strategy"],
+            r["seed"],
+            r.get("samples_per_s", r.get("error")),
+            r.get("epoch_s"),
+            f"{r['test_accuracy']:.3f}" if r.get("test_accuracy") is not None else None,
+            r.get("time_to_target_s"),
+            r.get("bytes_per_sample"),
+            r.get("worker_link_mb"),
+            r.get("driver_link_mb"),
+            r.get("busiest_link_mb"),
+        ]
+        for r in results
+    ]
     print(markdown_table(headers, rows, digits=1))
     print()
     print(summary_table(results, args.target))
@@ -218,12 +320,32 @@ def summary_table(results: list[dict], target: float | None) -> str:
         base = groups.get((workers, rate, "allreduce"))
         reach, base_reach = median(runs, "time_to_target_s"), base and median(base, "time_to_target_s")
         accuracy, base_accuracy = median(runs, "test_accuracy"), base and median(base, "test_accuracy")
-        rows.append([workers, rate, strategy, len(runs), median(runs, "samples_per_s"), reach,
-                     f"{base_reach / reach:.1f}x" if reach and base_reach else None,
-                     f"{accuracy:.3f}", f"{100 * (accuracy - base_accuracy):+.1f}" if base_accuracy else None,
-                     median(runs, "bytes_per_sample")])
-    headers = ["workers", "link per host", "strategy", "seeds", "samples/s", f"s to {target}",
-               "sooner than allreduce", "test acc.", "points vs allreduce", "bytes/sample"]
+        rows.append(
+            [
+                workers,
+                rate,
+                strategy,
+                len(runs),
+                median(runs, "samples_per_s"),
+                reach,
+                f"{base_reach / reach:.1f}x" if reach and base_reach else None,
+                f"{accuracy:.3f}",
+                f"{100 * (accuracy - base_accuracy):+.1f}" if base_accuracy else None,
+                median(runs, "bytes_per_sample"),
+            ]
+        )
+    headers = [
+        "workers",
+        "link per host",
+        "strategy",
+        "seeds",
+        "samples/s",
+        f"s to {target}",
+        "sooner than allreduce",
+        "test acc.",
+        "points vs allreduce",
+        "bytes/sample",
+    ]
     return markdown_table(headers, rows, digits=1)
 
 

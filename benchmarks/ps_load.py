@@ -63,21 +63,28 @@ def initial_centre(numel: int) -> list[torch.Tensor]:
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
-    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))] if sorted_values else float("nan")
+    return (
+        sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+        if sorted_values
+        else float("nan")
+    )
 
 
 # --------------------------------------------------------------------------- client process
 
 
-def client(worker: int, address: str, secret: bytes, numel: int, go_connect: Any, start: Any, stop: Any,
-           conn: Any) -> None:
+def client(
+    worker: int, address: str, secret: bytes, numel: int, go_connect: Any, start: Any, stop: Any, conn: Any
+) -> None:
     """One worker: connect when told, then pull -> push until ``stop``; results to ``conn`` as JSON."""
     # 33 processes share a few cores: OpenMP spin-waits of one process' torch threads would starve the others
     torch.set_num_threads(1)
     result: dict[str, Any] = {"worker": worker}
     try:
-        pushes = {k: [torch.full((n,), float(k * (j + 1))) for j, n in enumerate(shapes(numel))]
-                  for k in range(1, MULTIPLIERS + 1)}
+        pushes = {
+            k: [torch.full((n,), float(k * (j + 1))) for j, n in enumerate(shapes(numel))]
+            for k in range(1, MULTIPLIERS + 1)
+        }
         out = [torch.empty(n) for n in shapes(numel)]
         conn.send_bytes(b'{"stage": "imported"}')
         if not go_connect.wait(START_TIMEOUT_S):
@@ -107,8 +114,17 @@ def client(worker: int, address: str, secret: bytes, numel: int, go_connect: Any
             last = time.monotonic()
         finally:
             ps.close()
-        result.update(stage="done", sent=seq, acked=acked, not_applied=not_applied, sum_k=sum_k, push_s=push_s,
-                      pull_s=pull_s, first=first, last=last)
+        result.update(
+            stage="done",
+            sent=seq,
+            acked=acked,
+            not_applied=not_applied,
+            sum_k=sum_k,
+            push_s=push_s,
+            pull_s=pull_s,
+            first=first,
+            last=last,
+        )
     except BaseException as exc:  # reported to the parent, which fails the run
         result.update(stage="error", error=f"{type(exc).__name__}: {exc}")
     # JSON, not multiprocessing's pickling: the parent never unpickles what a client sends
@@ -148,7 +164,9 @@ def _receive(worker: int, conn: Any, timeout: float, what: str) -> dict[str, Any
     try:
         message = json.loads(conn.recv_bytes())
     except EOFError:
-        raise RuntimeError(f"client {worker} exited while {what}, without a result (see its output above).") from None
+        raise RuntimeError(
+            f"client {worker} exited while {what}, without a result (see its output above)."
+        ) from None
     if message.get("stage") == "error":
         raise RuntimeError(f"client {worker} failed: {message['error']}")
     return message
@@ -167,9 +185,21 @@ def run_load(clients: int, seconds: float, numel: int) -> dict[str, Any]:
         try:
             for w in range(clients):
                 parent_end, child_end = ctx.Pipe(duplex=False)
-                p = ctx.Process(target=client, name=f"ps-load-client-{w}", daemon=True,
-                                args=(w, endpoint.address, endpoint.info.secret, numel, go_connect, start, stop,
-                                      child_end))
+                p = ctx.Process(
+                    target=client,
+                    name=f"ps-load-client-{w}",
+                    daemon=True,
+                    args=(
+                        w,
+                        endpoint.address,
+                        endpoint.info.secret,
+                        numel,
+                        go_connect,
+                        start,
+                        stop,
+                        child_end,
+                    ),
+                )
                 p.start()
                 child_end.close()
                 procs.append(p)
@@ -184,7 +214,9 @@ def run_load(clients: int, seconds: float, numel: int) -> dict[str, Any]:
             start.set()
             time.sleep(seconds)
             stop.set()
-            results = [_receive(w, conn, 300.0, "finishing its last round trip") for w, conn in enumerate(pipes)]
+            results = [
+                _receive(w, conn, 300.0, "finishing its last round trip") for w, conn in enumerate(pipes)
+            ]
             for p in procs:
                 p.join(60)
         finally:
@@ -211,62 +243,101 @@ def run_load(clients: int, seconds: float, numel: int) -> dict[str, Any]:
     pull_s = sorted(x for r in results for x in r["pull_s"])
     elapsed = max(r["last"] for r in results) - min(r["first"] for r in results)
     problems = []
-    largest = max(float(t.abs().max()) for t in expected)  # every push subtracts: the centre only moves one way
+    largest = max(
+        float(t.abs().max()) for t in expected
+    )  # every push subtracts: the centre only moves one way
     if largest >= EXACT_LIMIT:
-        problems.append(f"the centre reaches {largest:,.0f}, beyond float32's exact integers (2**24): the check "
-                        "cannot be exact; run fewer seconds or clients")
+        problems.append(
+            f"the centre reaches {largest:,.0f}, beyond float32's exact integers (2**24): the check "
+            "cannot be exact; run fewer seconds or clients"
+        )
     if not centre_exact:
         worst = max(float((c - e).abs().max()) for c, e in zip(centre, expected, strict=True))
-        problems.append(f"the centre differs from initial - sum of the acknowledged pushes (by up to {worst:g})")
+        problems.append(
+            f"the centre differs from initial - sum of the acknowledged pushes (by up to {worst:g})"
+        )
     if metrics["pushes_applied"] != acked:
-        problems.append(f"the server applied {metrics['pushes_applied']:,} pushes, the clients had "
-                        f"{acked:,} acknowledged as applied")
+        problems.append(
+            f"the server applied {metrics['pushes_applied']:,} pushes, the clients had "
+            f"{acked:,} acknowledged as applied"
+        )
     if acked != sent:
         problems.append(f"{sent - acked:,} of {sent:,} pushes were acknowledged but not applied")
     if metrics["rejected"] or metrics["duplicates_dropped"]:
-        problems.append(f"{metrics['rejected']} push(es) rejected, {metrics['duplicates_dropped']} dropped as "
-                        "duplicates")
+        problems.append(
+            f"{metrics['rejected']} push(es) rejected, {metrics['duplicates_dropped']} dropped as duplicates"
+        )
     if not push_s:
         problems.append("no push completed")
     model_bytes = 4 * numel
     return {
-        "clients": clients, "seconds": seconds, "numel": numel, "elapsed_s": elapsed,
-        "pushes_sent": sent, "pushes_acked": acked, "pushes_applied": metrics["pushes_applied"],
-        "pulls": metrics["pulls"], "centre_exact": centre_exact, "problems": problems,
+        "clients": clients,
+        "seconds": seconds,
+        "numel": numel,
+        "elapsed_s": elapsed,
+        "pushes_sent": sent,
+        "pushes_acked": acked,
+        "pushes_applied": metrics["pushes_applied"],
+        "pulls": metrics["pulls"],
+        "centre_exact": centre_exact,
+        "problems": problems,
         "round_trips_per_s": len(push_s) / elapsed if elapsed > 0 else float("nan"),
         "mb_per_s": 2 * model_bytes * len(push_s) / elapsed / 1e6 if elapsed > 0 else float("nan"),
-        "push_p50_ms": 1e3 * percentile(push_s, 0.50), "push_p99_ms": 1e3 * percentile(push_s, 0.99),
-        "pull_p50_ms": 1e3 * percentile(pull_s, 0.50), "pull_p99_ms": 1e3 * percentile(pull_s, 0.99),
-        "rss_before_mb": rss_before / 2**20, "rss_peak_mb": rss.peak / 2**20, "rss_after_mb": rss_after / 2**20,
-        "staleness_max": max(metrics["staleness"], default=0), "machine": machine_info(),
+        "push_p50_ms": 1e3 * percentile(push_s, 0.50),
+        "push_p99_ms": 1e3 * percentile(push_s, 0.99),
+        "pull_p50_ms": 1e3 * percentile(pull_s, 0.50),
+        "pull_p99_ms": 1e3 * percentile(pull_s, 0.99),
+        "rss_before_mb": rss_before / 2**20,
+        "rss_peak_mb": rss.peak / 2**20,
+        "rss_after_mb": rss_after / 2**20,
+        "staleness_max": max(metrics["staleness"], default=0),
+        "machine": machine_info(),
     }
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--clients", type=int, default=32, help="client processes (default 32)")
-    p.add_argument("--seconds", type=float, default=60.0, help="how long the clients push and pull (default 60)")
-    p.add_argument("--numel", type=int, default=1_000_000,
-                   help="float32 parameters in the model (default 1,000,000 = 4 MB)")
+    p.add_argument(
+        "--seconds", type=float, default=60.0, help="how long the clients push and pull (default 60)"
+    )
+    p.add_argument(
+        "--numel",
+        type=int,
+        default=1_000_000,
+        help="float32 parameters in the model (default 1,000,000 = 4 MB)",
+    )
     p.add_argument("--json-out", help="also write the figures as JSON here")
     args = p.parse_args()
     if args.clients < 1 or args.seconds <= 0 or args.numel < len(FRACTIONS) + 1:
         p.error(f"--clients must be >= 1, --seconds > 0 and --numel >= {len(FRACTIONS) + 1}.")
     r = run_load(args.clients, args.seconds, args.numel)
-    print(f"{r['clients']} client processes x {r['seconds']:g} s, {r['numel']:,} parameters, on "
-          f"{r['machine']['cpus']} CPU(s)")
-    print(markdown_table(["figure", "value"], [
-        ["round trips (pull + push) per s", r["round_trips_per_s"]],
-        ["parameter bytes moved, MB/s", r["mb_per_s"]],
-        ["push round trip p50 / p99, ms", f"{r['push_p50_ms']:.2f} / {r['push_p99_ms']:.2f}"],
-        ["pull round trip p50 / p99, ms", f"{r['pull_p50_ms']:.2f} / {r['pull_p99_ms']:.2f}"],
-        ["pushes applied: server counter / clients' acknowledged", f"{r['pushes_applied']:,} / {r['pushes_acked']:,}"],
-        ["pushes sent", r["pushes_sent"]],
-        ["largest staleness", r["staleness_max"]],
-        ["centre = initial - sum of pushes, exactly", r["centre_exact"]],
-        ["server RSS before / peak / after, MB",
-         f"{r['rss_before_mb']:.0f} / {r['rss_peak_mb']:.0f} / {r['rss_after_mb']:.0f}"],
-    ]))
+    print(
+        f"{r['clients']} client processes x {r['seconds']:g} s, {r['numel']:,} parameters, on "
+        f"{r['machine']['cpus']} CPU(s)"
+    )
+    print(
+        markdown_table(
+            ["figure", "value"],
+            [
+                ["round trips (pull + push) per s", r["round_trips_per_s"]],
+                ["parameter bytes moved, MB/s", r["mb_per_s"]],
+                ["push round trip p50 / p99, ms", f"{r['push_p50_ms']:.2f} / {r['push_p99_ms']:.2f}"],
+                ["pull round trip p50 / p99, ms", f"{r['pull_p50_ms']:.2f} / {r['pull_p99_ms']:.2f}"],
+                [
+                    "pushes applied: server counter / clients' acknowledged",
+                    f"{r['pushes_applied']:,} / {r['pushes_acked']:,}",
+                ],
+                ["pushes sent", r["pushes_sent"]],
+                ["largest staleness", r["staleness_max"]],
+                ["centre = initial - sum of pushes, exactly", r["centre_exact"]],
+                [
+                    "server RSS before / peak / after, MB",
+                    f"{r['rss_before_mb']:.0f} / {r['rss_peak_mb']:.0f} / {r['rss_after_mb']:.0f}",
+                ],
+            ],
+        )
+    )
     if args.json_out:
         write_json(args.json_out, r)
     if r["problems"]:

@@ -29,15 +29,41 @@ from tests.helpers.standalone import StandaloneCluster  # noqa: E402 - after the
 
 
 def train(master: str, args: argparse.Namespace, out: Path, env: dict[str, str]) -> dict:
-    cmd = [sys.executable, "-m", "sparkdp.cli.main", "train", "--dataset", "fashion-mnist", "--model", args.model,
-           "--strategy", args.strategy, "--workers", "2", "--epochs", str(args.epochs), "--lr", "0.05",
-           "--limit", str(args.limit), "--master", master, "--quiet", "--json-out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sparkdp.cli.main",
+        "train",
+        "--dataset",
+        "fashion-mnist",
+        "--model",
+        args.model,
+        "--strategy",
+        args.strategy,
+        "--workers",
+        "2",
+        "--epochs",
+        str(args.epochs),
+        "--lr",
+        "0.05",
+        "--limit",
+        str(args.limit),
+        "--master",
+        master,
+        "--quiet",
+        "--json-out",
+        str(out),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"{master}: sparkdp train failed:\n{proc.stderr[-3000:]}")
     summary = json.loads(out.read_text())
     epoch_s = statistics.median(h["epoch_time_s"] for h in summary["history"])
-    return {"samples_per_s": summary["samples_per_s"], "epoch_s": epoch_s, "accuracy": summary["test_accuracy"]}
+    return {
+        "samples_per_s": summary["samples_per_s"],
+        "epoch_s": epoch_s,
+        "accuracy": summary["test_accuracy"],
+    }
 
 
 def main() -> None:
@@ -59,17 +85,24 @@ def main() -> None:
                     env = cluster.env() if name == "standalone" else dict(os.environ)
                     result = train(master, args, Path(tmp) / f"{name}-{repeat}.json", env)
                     runs[name].append(result)
-                    print(f"repeat {repeat + 1}  {name:>10}: {result['samples_per_s']:7.1f} samples/s, "
-                          f"epoch {result['epoch_s']:5.1f} s, test accuracy {result['accuracy']:.4f}", flush=True)
+                    print(
+                        f"repeat {repeat + 1}  {name:>10}: {result['samples_per_s']:7.1f} samples/s, "
+                        f"epoch {result['epoch_s']:5.1f} s, test accuracy {result['accuracy']:.4f}",
+                        flush=True,
+                    )
         finally:
             cluster.stop()
     local_epoch = statistics.median(r["epoch_s"] for r in runs["local[2]"])
-    print(f"\nmedians over {args.repeats} repeats ({args.model}, {args.strategy}, {args.limit} rows, 2 workers):")
+    print(
+        f"\nmedians over {args.repeats} repeats ({args.model}, {args.strategy}, {args.limit} rows, 2 workers):"
+    )
     for name, results in runs.items():
         epoch = statistics.median(r["epoch_s"] for r in results)
         rate = statistics.median(r["samples_per_s"] for r in results)
-        print(f"  {name:>10}: {rate:7.1f} samples/s, epoch {epoch:5.1f} s ({epoch / local_epoch:.3f}x local[2]'s "
-              "epoch time)")
+        print(
+            f"  {name:>10}: {rate:7.1f} samples/s, epoch {epoch:5.1f} s ({epoch / local_epoch:.3f}x local[2]'s "
+            "epoch time)"
+        )
 
 
 if __name__ == "__main__":

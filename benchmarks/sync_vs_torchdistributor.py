@@ -77,7 +77,7 @@ TARGET_ACC_GAP = 0.5  # |sparkdp - single| test accuracy, percentage points <=
 
 def _batches_from_indices(x, y, idx, batch_size):
     for start in range(0, len(idx), batch_size):
-        take = idx[start:start + batch_size]
+        take = idx[start : start + batch_size]
         yield x[take], y[take]
 
 
@@ -90,7 +90,7 @@ def _evaluate(model, x, y, batch_size=1000):
     correct, loss_sum = 0, 0.0
     with torch.no_grad():
         for start in range(0, len(x), batch_size):
-            xb, yb = x[start:start + batch_size], y[start:start + batch_size]
+            xb, yb = x[start : start + batch_size], y[start : start + batch_size]
             out = model(xb)
             loss_sum += float(F.cross_entropy(out, yb, reduction="sum"))
             correct += int((out.argmax(1) == yb).sum())
@@ -128,8 +128,9 @@ def _td_train_fn(cfg: dict, result_path: str) -> dict:
     # DistributedSampler draws randperm(seed + epoch) and gives rank r every world-th index
     # from r, as sparkdp and the single process do with seed * 1_000_003 + epoch: this seed
     # makes all three ways take the same rows in every step.
-    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True,
-                                 seed=cfg["seed"] * 1_000_003)
+    sampler = DistributedSampler(
+        dataset, num_replicas=world, rank=rank, shuffle=True, seed=cfg["seed"] * 1_000_003
+    )
     loader = None
     if cfg["td_loader"] == "dataloader":
         loader = DataLoader(dataset, batch_size=cfg["batch_size"], sampler=sampler)
@@ -152,8 +153,14 @@ def _td_train_fn(cfg: dict, result_path: str) -> dict:
             stats[1] += len(xb)
         elapsed = time.perf_counter() - started
         dist.all_reduce(stats)
-        history.append({"epoch": epoch + 1, "loss": stats[0].item() / max(stats[1].item(), 1.0),
-                        "samples": int(stats[1].item()), "epoch_time_s": elapsed})
+        history.append(
+            {
+                "epoch": epoch + 1,
+                "loss": stats[0].item() / max(stats[1].item(), 1.0),
+                "samples": int(stats[1].item()),
+                "epoch_time_s": elapsed,
+            }
+        )
     t_train_end = time.time()
 
     acc = test_loss = None
@@ -161,11 +168,21 @@ def _td_train_fn(cfg: dict, result_path: str) -> dict:
         xt, yt = torch.from_numpy(ds.x_test), torch.from_numpy(ds.y_test)
         acc, test_loss = _evaluate(model, xt, yt)
     t_eval_end = time.time()
-    result = {"history": history, "test_accuracy": acc, "test_loss": test_loss,
-              "train_time_s": sum(h["epoch_time_s"] for h in history),
-              "samples": sum(h["samples"] for h in history), "world_size": world,
-              "marks": {"fn_start": t_fn_start, "pg_ready": t_pg, "data_loaded": t_data,
-                        "train_end": t_train_end, "eval_end": t_eval_end}}
+    result = {
+        "history": history,
+        "test_accuracy": acc,
+        "test_loss": test_loss,
+        "train_time_s": sum(h["epoch_time_s"] for h in history),
+        "samples": sum(h["samples"] for h in history),
+        "world_size": world,
+        "marks": {
+            "fn_start": t_fn_start,
+            "pg_ready": t_pg,
+            "data_loaded": t_data,
+            "train_end": t_train_end,
+            "eval_end": t_eval_end,
+        },
+    }
     # TorchDistributor's generated script makes EVERY rank pickle its return value to the
     # same output file; give all ranks rank 0's result so whichever write lands last is right.
     box = [result]
@@ -198,18 +215,35 @@ def _child_sparkdp(cfg: dict, marks: dict) -> dict:
     marks["data_loaded"] = time.time()
     torch.manual_seed(cfg["seed"])
     model = build_model(cfg["model"])
-    res = sparkdp.fit(model, (ds.x_train, ds.y_train), eval_data=(ds.x_test, ds.y_test), optimizer="sgd",
-                      optimizer_options={"lr": cfg["lr"], "momentum": cfg["momentum"]}, strategy="allreduce",
-                      workers=cfg["workers"], epochs=cfg["epochs"], batch_size=cfg["batch_size"],
-                      seed=cfg["seed"], spark=spark, show_progress=False, eval_every=cfg["epochs"],
-                      memory_format=cfg.get("memory_format", "auto"))
+    res = sparkdp.fit(
+        model,
+        (ds.x_train, ds.y_train),
+        eval_data=(ds.x_test, ds.y_test),
+        optimizer="sgd",
+        optimizer_options={"lr": cfg["lr"], "momentum": cfg["momentum"]},
+        strategy="allreduce",
+        workers=cfg["workers"],
+        epochs=cfg["epochs"],
+        batch_size=cfg["batch_size"],
+        seed=cfg["seed"],
+        spark=spark,
+        show_progress=False,
+        eval_every=cfg["epochs"],
+        memory_format=cfg.get("memory_format", "auto"),
+    )
     marks["fit_end"] = time.time()
     spark.stop()
     marks["spark_stopped"] = time.time()
-    return {"history": [{k: v for k, v in h.items()} for h in res.history],
-            "epoch_times_s": [h["epoch_time_s"] for h in res.history],
-            "train_time_s": res.train_time_s, "samples": res.samples, "samples_per_s": res.samples_per_s,
-            "test_accuracy": res.test_accuracy, "fit_wall_s": res.wall_s, "strategy_options": res.strategy_options}
+    return {
+        "history": [{k: v for k, v in h.items()} for h in res.history],
+        "epoch_times_s": [h["epoch_time_s"] for h in res.history],
+        "train_time_s": res.train_time_s,
+        "samples": res.samples,
+        "samples_per_s": res.samples_per_s,
+        "test_accuracy": res.test_accuracy,
+        "fit_wall_s": res.wall_s,
+        "strategy_options": res.strategy_options,
+    }
 
 
 def _child_torchdist(cfg: dict, marks: dict) -> dict:
@@ -222,9 +256,12 @@ def _child_torchdist(cfg: dict, marks: dict) -> dict:
         except Exception as exc:  # noqa: BLE001 - reported, not hidden
             problems.append(f"{mod}: {type(exc).__name__}: {exc}")
     if problems:
-        raise RuntimeError("TorchDistributor cannot run here; missing or broken imports: " + "; ".join(problems)
-                           + ". TorchDistributor needs torch (torch.distributed.run), pyspark>=3.4 with "
-                             "pyspark.ml, pandas and pyarrow in this interpreter.")
+        raise RuntimeError(
+            "TorchDistributor cannot run here; missing or broken imports: "
+            + "; ".join(problems)
+            + ". TorchDistributor needs torch (torch.distributed.run), pyspark>=3.4 with "
+            "pyspark.ml, pandas and pyarrow in this interpreter."
+        )
     from pyspark.ml.torch.distributor import TorchDistributor
 
     import sparkdp
@@ -255,10 +292,15 @@ def _child_torchdist(cfg: dict, marks: dict) -> dict:
     for key, value in out.pop("marks", {}).items():
         marks[f"rank0_{key}"] = value
     train = out["train_time_s"]
-    return {"history": out["history"], "epoch_times_s": [h["epoch_time_s"] for h in out["history"]],
-            "train_time_s": train, "samples": out["samples"],
-            "samples_per_s": out["samples"] / train if train > 0 else None,
-            "test_accuracy": out["test_accuracy"], "world_size": out["world_size"]}
+    return {
+        "history": out["history"],
+        "epoch_times_s": [h["epoch_time_s"] for h in out["history"]],
+        "train_time_s": train,
+        "samples": out["samples"],
+        "samples_per_s": out["samples"] / train if train > 0 else None,
+        "test_accuracy": out["test_accuracy"],
+        "world_size": out["world_size"],
+    }
 
 
 def _child_single(cfg: dict, marks: dict) -> dict:
@@ -274,7 +316,9 @@ def _child_single(cfg: dict, marks: dict) -> dict:
     marks["data_loaded"] = time.time()
     torch.manual_seed(cfg["seed"])
     model = build_model(cfg["model"])
-    layout = torch.channels_last if cfg.get("single_memory_format") == "channels_last" else torch.contiguous_format
+    layout = (
+        torch.channels_last if cfg.get("single_memory_format") == "channels_last" else torch.contiguous_format
+    )
     model.to(memory_format=layout)  # a no-op for contiguous; restrides the 4-D weights for channels_last
     opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=cfg["momentum"])
     history = []
@@ -290,15 +334,27 @@ def _child_single(cfg: dict, marks: dict) -> dict:
             opt.step()
             loss_sum += loss.detach().item() * len(xb)
             rows += len(xb)
-        history.append({"epoch": epoch + 1, "loss": loss_sum / max(rows, 1), "samples": rows,
-                        "epoch_time_s": time.perf_counter() - started})
+        history.append(
+            {
+                "epoch": epoch + 1,
+                "loss": loss_sum / max(rows, 1),
+                "samples": rows,
+                "epoch_time_s": time.perf_counter() - started,
+            }
+        )
     marks["train_end"] = time.time()
     acc, _ = _evaluate(model, torch.from_numpy(ds.x_test), torch.from_numpy(ds.y_test))
     marks["eval_end"] = time.time()
     train = sum(h["epoch_time_s"] for h in history)
     samples = sum(h["samples"] for h in history)
-    return {"history": history, "epoch_times_s": [h["epoch_time_s"] for h in history], "train_time_s": train,
-            "samples": samples, "samples_per_s": samples / train if train > 0 else None, "test_accuracy": acc}
+    return {
+        "history": history,
+        "epoch_times_s": [h["epoch_time_s"] for h in history],
+        "train_time_s": train,
+        "samples": samples,
+        "samples_per_s": samples / train if train > 0 else None,
+        "test_accuracy": acc,
+    }
 
 
 def child_main(way: str, cfg: dict) -> int:
@@ -325,25 +381,42 @@ _CHILD_START = time.time()
 
 def phase_breakdown(way: str, marks: dict, wall_s: float) -> dict[str, float | None]:
     """Seconds spent in each phase of a child, from its wall-clock marks."""
+
     def gap(a: str, b: str) -> float | None:
         return marks[b] - marks[a] if marks.get(a) is not None and marks.get(b) is not None else None
 
     out: dict[str, float | None] = {"interpreter+imports": gap("launch", "imports")}
     if way == "sparkdp":
-        out.update({"spark session": gap("imports", "session"), "load data (driver)": gap("session", "data_loaded"),
-                    "fit() call": gap("data_loaded", "fit_end"), "spark.stop": gap("fit_end", "spark_stopped")})
+        out.update(
+            {
+                "spark session": gap("imports", "session"),
+                "load data (driver)": gap("session", "data_loaded"),
+                "fit() call": gap("data_loaded", "fit_end"),
+                "spark.stop": gap("fit_end", "spark_stopped"),
+            }
+        )
     elif way == "torchdist":
-        out.update({"spark session": gap("imports", "session"), "TorchDistributor.run": gap("run_start", "run_end"),
-                    "run: torchrun start -> train_fn (rank 0)": gap("run_start", "rank0_fn_start"),
-                    "run: process group": gap("rank0_fn_start", "rank0_pg_ready"),
-                    "run: load data (per rank)": gap("rank0_pg_ready", "rank0_data_loaded"),
-                    "run: build model + train (rank 0)": gap("rank0_data_loaded", "rank0_train_end"),
-                    "run: evaluate (rank 0)": gap("rank0_train_end", "rank0_eval_end"),
-                    "run: train_fn end -> run returns": gap("rank0_eval_end", "run_end"),
-                    "spark.stop": gap("run_end", "spark_stopped")})
+        out.update(
+            {
+                "spark session": gap("imports", "session"),
+                "TorchDistributor.run": gap("run_start", "run_end"),
+                "run: torchrun start -> train_fn (rank 0)": gap("run_start", "rank0_fn_start"),
+                "run: process group": gap("rank0_fn_start", "rank0_pg_ready"),
+                "run: load data (per rank)": gap("rank0_pg_ready", "rank0_data_loaded"),
+                "run: build model + train (rank 0)": gap("rank0_data_loaded", "rank0_train_end"),
+                "run: evaluate (rank 0)": gap("rank0_train_end", "rank0_eval_end"),
+                "run: train_fn end -> run returns": gap("rank0_eval_end", "run_end"),
+                "spark.stop": gap("run_end", "spark_stopped"),
+            }
+        )
     else:
-        out.update({"load data": gap("imports", "data_loaded"), "train": gap("data_loaded", "train_end"),
-                    "evaluate": gap("train_end", "eval_end")})
+        out.update(
+            {
+                "load data": gap("imports", "data_loaded"),
+                "train": gap("data_loaded", "train_end"),
+                "evaluate": gap("train_end", "eval_end"),
+            }
+        )
     last = max((v for k, v in marks.items() if v is not None and k != "launch"), default=None)
     if last is not None and marks.get("launch") is not None:
         out["after last mark -> exit"] = wall_s - (last - marks["launch"])
@@ -357,10 +430,17 @@ def summarize(way: str, runs: list[dict]) -> dict[str, Any]:
         summary["error"] = next((r.get("error") for r in runs if r.get("error")), "no result")
         return summary
     n_epochs = max(len(r["epoch_times_s"]) for r in good)
-    summary["epoch_times_s"] = [median(r["epoch_times_s"][i] for r in good if len(r["epoch_times_s"]) > i)
-                                for i in range(n_epochs)]
-    for key in ("train_time_s", "samples_per_s", "test_accuracy", "wall_s", "peak_tree_rss_mb",
-                "driver_peak_rss_mb"):
+    summary["epoch_times_s"] = [
+        median(r["epoch_times_s"][i] for r in good if len(r["epoch_times_s"]) > i) for i in range(n_epochs)
+    ]
+    for key in (
+        "train_time_s",
+        "samples_per_s",
+        "test_accuracy",
+        "wall_s",
+        "peak_tree_rss_mb",
+        "driver_peak_rss_mb",
+    ):
         summary[key] = median(r.get(key) for r in good)
     summary["samples"] = good[0]["samples"]
     phases: dict[str, list] = {}
@@ -373,16 +453,28 @@ def summarize(way: str, runs: list[dict]) -> dict[str, Any]:
     return summary
 
 
-def print_report(cfg: dict, summaries: dict[str, dict], checks: list[dict], runs: dict[str, list[dict]]) -> None:
+def print_report(
+    cfg: dict, summaries: dict[str, dict], checks: list[dict], runs: dict[str, list[dict]]
+) -> None:
     print()
-    print(f"## sparkdp allreduce vs TorchDistributor vs single process — {cfg['model']}, "
-          f"{cfg['workers']} workers, batch {cfg['batch_size']}/worker, SGD lr {cfg['lr']} momentum {cfg['momentum']}, "
-          f"{cfg['epochs']} epoch(s), {'all' if not cfg['limit'] else cfg['limit']} rows, "
-          f"{cfg['repeats']} repeat(s) (medians)"
-          + (f"; single process at batch {cfg['single_batch_size']}" if cfg.get("single_batch_size") else ""))
+    print(
+        f"## sparkdp allreduce vs TorchDistributor vs single process — {cfg['model']}, "
+        f"{cfg['workers']} workers, batch {cfg['batch_size']}/worker, SGD lr {cfg['lr']} momentum {cfg['momentum']}, "
+        f"{cfg['epochs']} epoch(s), {'all' if not cfg['limit'] else cfg['limit']} rows, "
+        f"{cfg['repeats']} repeat(s) (medians)"
+        + (f"; single process at batch {cfg['single_batch_size']}" if cfg.get("single_batch_size") else "")
+    )
     print()
-    headers = ["way", "epoch times (s)", "train (s)", "samples/s", "wall (s)", "wall - train (s)",
-               "test acc (%)", "peak RSS, all procs (MiB)"]
+    headers = [
+        "way",
+        "epoch times (s)",
+        "train (s)",
+        "samples/s",
+        "wall (s)",
+        "wall - train (s)",
+        "test acc (%)",
+        "peak RSS, all procs (MiB)",
+    ]
     rows = []
     for s in summaries.values():
         if not s.get("ok_runs"):
@@ -390,14 +482,28 @@ def print_report(cfg: dict, summaries: dict[str, dict], checks: list[dict], runs
             continue
         epochs = " / ".join(fmt(t) for t in s["epoch_times_s"])
         acc = s["test_accuracy"] * 100 if s["test_accuracy"] is not None else None
-        rows.append([s["label"], epochs, s["train_time_s"], s["samples_per_s"], s["wall_s"],
-                     s["wall_s"] - s["train_time_s"], acc, s["peak_tree_rss_mb"]])
+        rows.append(
+            [
+                s["label"],
+                epochs,
+                s["train_time_s"],
+                s["samples_per_s"],
+                s["wall_s"],
+                s["wall_s"] - s["train_time_s"],
+                acc,
+                s["peak_tree_rss_mb"],
+            ]
+        )
     print(markdown_table(headers, rows))
     print()
     print(per_repeat_table(runs, cfg))
     print()
-    print(markdown_table(["check", "measured", "target", "result"],
-                         [[c["check"], c["display"], c["target"], pass_fail(c["pass"])] for c in checks]))
+    print(
+        markdown_table(
+            ["check", "measured", "target", "result"],
+            [[c["check"], c["display"], c["target"], pass_fail(c["pass"])] for c in checks],
+        )
+    )
     print()
     print("Where the wall time goes (medians, seconds; from wall-clock marks in each child):")
     print()
@@ -427,22 +533,32 @@ def per_repeat_table(runs: dict[str, list[dict]], cfg: dict) -> str:
         row = [f"{i + 1} ({cfg['seed'] + i})"]
         for w in ways:
             r = rec[w]
-            row.append("failed" if r is None else
-                       f"{r['wall_s']:.1f} / {r['samples_per_s']:,.0f} / {100 * r['test_accuracy']:.2f}")
+            row.append(
+                "failed"
+                if r is None
+                else f"{r['wall_s']:.1f} / {r['samples_per_s']:,.0f} / {100 * r['test_accuracy']:.2f}"
+            )
         sp, td, single = rec.get("sparkdp"), rec.get("torchdist"), rec.get("single")
         if has["sparkdp"] and has["torchdist"]:
-            row += [f"{sp['wall_s'] / td['wall_s']:.3f}" if sp and td else "-",
-                    f"{sp['samples_per_s'] / td['samples_per_s']:.3f}" if sp and td else "-"]
+            row += [
+                f"{sp['wall_s'] / td['wall_s']:.3f}" if sp and td else "-",
+                f"{sp['samples_per_s'] / td['samples_per_s']:.3f}" if sp and td else "-",
+            ]
         if has["sparkdp"] and has["single"]:
-            row.append(f"{100 * (sp['test_accuracy'] - single['test_accuracy']):+.2f}" if sp and single else "-")
+            row.append(
+                f"{100 * (sp['test_accuracy'] - single['test_accuracy']):+.2f}" if sp and single else "-"
+            )
         rows.append(row)
     return markdown_table(headers, rows)
 
 
 def paired(runs: dict[str, list[dict]], a: str, b: str, value) -> list[float]:
     """``value(run_a, run_b)`` for every repeat in which both ways completed."""
-    return [value(ra, rb) for ra, rb in zip(runs.get(a, []), runs.get(b, []), strict=False)
-            if ra.get("ok") and rb.get("ok")]
+    return [
+        value(ra, rb)
+        for ra, rb in zip(runs.get(a, []), runs.get(b, []), strict=False)
+        if ra.get("ok") and rb.get("ok")
+    ]
 
 
 def build_checks(summaries: dict[str, dict], runs: dict[str, list[dict]]) -> list[dict]:
@@ -465,49 +581,107 @@ def build_checks(summaries: dict[str, dict], runs: dict[str, list[dict]]) -> lis
     def check(name, values, target, passes, fmt_value, beside):
         m = median(values) if values else None
         spread = ", ".join(fmt_value(v) for v in values)
-        return {"check": name, "value": m, "per_repeat": values, "of_medians": beside,
-                "display": "-" if m is None else f"{fmt_value(m)} (repeats: {spread}; of the medians: "
-                                                 f"{'-' if beside is None else fmt_value(beside)})",
-                "target": target, "pass": None if m is None else passes(m)}
+        return {
+            "check": name,
+            "value": m,
+            "per_repeat": values,
+            "of_medians": beside,
+            "display": "-"
+            if m is None
+            else f"{fmt_value(m)} (repeats: {spread}; of the medians: "
+            f"{'-' if beside is None else fmt_value(beside)})",
+            "target": target,
+            "pass": None if m is None else passes(m),
+        }
 
     return [
-        check("sparkdp / TorchDistributor training throughput", thr, f">= {TARGET_THROUGHPUT}x",
-              lambda v: v >= TARGET_THROUGHPUT, lambda v: f"{v:.3f}x", of_medians("samples_per_s")),
-        check("sparkdp / TorchDistributor total wall time", wall, f"<= {TARGET_WALL}x",
-              lambda v: v <= TARGET_WALL, lambda v: f"{v:.3f}x", of_medians("wall_s")),
-        check("test accuracy, sparkdp - single process (points)", gap, f"|gap| <= {TARGET_ACC_GAP}",
-              lambda v: abs(v) <= TARGET_ACC_GAP, lambda v: f"{v:+.2f}", of_medians("test_accuracy", 100, True)),
+        check(
+            "sparkdp / TorchDistributor training throughput",
+            thr,
+            f">= {TARGET_THROUGHPUT}x",
+            lambda v: v >= TARGET_THROUGHPUT,
+            lambda v: f"{v:.3f}x",
+            of_medians("samples_per_s"),
+        ),
+        check(
+            "sparkdp / TorchDistributor total wall time",
+            wall,
+            f"<= {TARGET_WALL}x",
+            lambda v: v <= TARGET_WALL,
+            lambda v: f"{v:.3f}x",
+            of_medians("wall_s"),
+        ),
+        check(
+            "test accuracy, sparkdp - single process (points)",
+            gap,
+            f"|gap| <= {TARGET_ACC_GAP}",
+            lambda v: abs(v) <= TARGET_ACC_GAP,
+            lambda v: f"{v:+.2f}",
+            of_medians("test_accuracy", 100, True),
+        ),
     ]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--model", default="cnn", choices=["cnn", "cnn-small"])
-    p.add_argument("--limit", type=int, default=None, metavar="N",
-                   help="use only the first N training (and test) rows, for a quick run")
-    p.add_argument("--repeats", type=int, default=1, metavar="R",
-                   help="run each way R times, interleaved, and report medians")
+    p.add_argument(
+        "--limit",
+        type=int,
+        default=None,
+        metavar="N",
+        help="use only the first N training (and test) rows, for a quick run",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        metavar="R",
+        help="run each way R times, interleaved, and report medians",
+    )
     p.add_argument("--json-out", metavar="FILE", help="also write every run and the summary as JSON here")
     p.add_argument("--skip-single", action="store_true", help="skip the single-process reference run")
     p.add_argument("--ways", default=",".join(WAYS), help=f"comma-separated subset of {', '.join(WAYS)}")
-    p.add_argument("--single-batch-size", type=int, metavar="N",
-                   help="the single process's batch (default: workers x batch size, the batch one synchronous "
-                        "step of the workers equals: with the same seed it takes the same rows per step)")
-    p.add_argument("--memory-format", choices=["auto", "channels_last", "contiguous"], default="auto",
-                   help="sparkdp's fit(memory_format=...) (default auto: channels-last on CPU workers)")
-    p.add_argument("--single-memory-format", choices=["contiguous", "channels_last"], default="contiguous",
-                   help="the single process's layout (default contiguous: plain PyTorch)")
-    p.add_argument("--first-seed", type=int, default=0, metavar="S",
-                   help="repeat r uses seed S + r (default 0)")
+    p.add_argument(
+        "--single-batch-size",
+        type=int,
+        metavar="N",
+        help="the single process's batch (default: workers x batch size, the batch one synchronous "
+        "step of the workers equals: with the same seed it takes the same rows per step)",
+    )
+    p.add_argument(
+        "--memory-format",
+        choices=["auto", "channels_last", "contiguous"],
+        default="auto",
+        help="sparkdp's fit(memory_format=...) (default auto: channels-last on CPU workers)",
+    )
+    p.add_argument(
+        "--single-memory-format",
+        choices=["contiguous", "channels_last"],
+        default="contiguous",
+        help="the single process's layout (default contiguous: plain PyTorch)",
+    )
+    p.add_argument(
+        "--first-seed", type=int, default=0, metavar="S", help="repeat r uses seed S + r (default 0)"
+    )
     p.add_argument("--skip-torchdist", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--batch-size", type=int, default=64,
-                   help="per worker (the single process takes workers x this; see --single-batch-size)")
-    p.add_argument("--td-loader", choices=["slice", "dataloader"], default="slice",
-                   help="TorchDistributor loop: slice the in-memory tensors by the DistributedSampler's "
-                        "indices (default, as sparkdp does) or use a torch DataLoader over a TensorDataset")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=64,
+        help="per worker (the single process takes workers x this; see --single-batch-size)",
+    )
+    p.add_argument(
+        "--td-loader",
+        choices=["slice", "dataloader"],
+        default="slice",
+        help="TorchDistributor loop: slice the in-memory tensors by the DistributedSampler's "
+        "indices (default, as sparkdp does) or use a torch DataLoader over a TensorDataset",
+    )
     p.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="per child process (seconds)")
     p.add_argument("--log-dir", help="where each child's output goes (default: a new temp directory)")
     p.add_argument("--verbose", "-v", action="store_true", help="echo the children's output")
@@ -531,21 +705,40 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         return child_main(args.child, json.loads(args.config))
 
-    cfg = {"model": args.model, "epochs": args.epochs, "limit": args.limit, "workers": args.workers,
-           "batch_size": args.batch_size, "lr": 0.05, "momentum": 0.9, "seed": args.first_seed,
-           "td_loader": args.td_loader, "single_threads": 2, "repeats": args.repeats,
-           "single_batch_size": args.single_batch_size or args.workers * args.batch_size,
-           "memory_format": args.memory_format, "single_memory_format": args.single_memory_format}
+    cfg = {
+        "model": args.model,
+        "epochs": args.epochs,
+        "limit": args.limit,
+        "workers": args.workers,
+        "batch_size": args.batch_size,
+        "lr": 0.05,
+        "momentum": 0.9,
+        "seed": args.first_seed,
+        "td_loader": args.td_loader,
+        "single_threads": 2,
+        "repeats": args.repeats,
+        "single_batch_size": args.single_batch_size or args.workers * args.batch_size,
+        "memory_format": args.memory_format,
+        "single_memory_format": args.single_memory_format,
+    }
     chosen = args.ways.split(",")
     if not set(chosen) <= set(WAYS):
         raise SystemExit(f"--ways takes a comma-separated subset of {', '.join(WAYS)}; got {args.ways!r}")
-    ways = [w for w in WAYS if w in chosen and not (w == "single" and args.skip_single)
-            and not (w == "torchdist" and args.skip_torchdist)]
+    ways = [
+        w
+        for w in WAYS
+        if w in chosen
+        and not (w == "single" and args.skip_single)
+        and not (w == "torchdist" and args.skip_torchdist)
+    ]
     log_dir = args.log_dir or tempfile.mkdtemp(prefix="sparkdp-bench-sync-")
     os.makedirs(log_dir, exist_ok=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    print(f"sync_vs_torchdistributor: {', '.join(ways)} x {args.repeats}; child logs in {log_dir}; "
-          f"machine {machine_info()}", file=sys.stderr)
+    print(
+        f"sync_vs_torchdistributor: {', '.join(ways)} x {args.repeats}; child logs in {log_dir}; "
+        f"machine {machine_info()}",
+        file=sys.stderr,
+    )
 
     runs: dict[str, list[dict]] = {w: [] for w in ways}
     for rep in range(args.repeats):
@@ -553,38 +746,68 @@ def main(argv: list[str] | None = None) -> int:
             # Repeat r seeds all three ways with r (initial weights, shuffles): the accuracy
             # median is then over seeds, not over replays of one trajectory.
             child_cfg = dict(cfg, launch_time=time.time(), seed=cfg["seed"] + rep)
-            cmd = [sys.executable, os.path.abspath(__file__), "--child", way, "--config", json.dumps(child_cfg)]
+            cmd = [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--child",
+                way,
+                "--config",
+                json.dumps(child_cfg),
+            ]
             log_path = os.path.join(log_dir, f"{way}-{rep + 1}.log")
             print(f"[{rep + 1}/{args.repeats}] {LABELS[way]} ...", end=" ", file=sys.stderr, flush=True)
             child = run_child(cmd, timeout_s=args.timeout, env=env, log_path=log_path, echo=args.verbose)
             rec: dict[str, Any] = dict(child.result or {})
-            rec.update(wall_s=child.wall_s, returncode=child.returncode, timed_out=child.timed_out,
-                       peak_tree_rss_mb=child.peak_tree_rss_mb, log=log_path, repeat=rep + 1)
+            rec.update(
+                wall_s=child.wall_s,
+                returncode=child.returncode,
+                timed_out=child.timed_out,
+                peak_tree_rss_mb=child.peak_tree_rss_mb,
+                log=log_path,
+                repeat=rep + 1,
+            )
             if child.timed_out:
                 rec.update(ok=False, error=f"timed out after {args.timeout:.0f} s (process group killed)")
             elif not child.result:
-                rec.update(ok=False, error=f"exit code {child.returncode} and no result line; last output:\n"
-                                           f"{child.tail(30)}")
+                rec.update(
+                    ok=False,
+                    error=f"exit code {child.returncode} and no result line; last output:\n{child.tail(30)}",
+                )
             elif child.returncode != 0:
                 rec["ok"] = False
             if rec.get("ok"):
                 rec["phases"] = phase_breakdown(way, rec.get("marks", {}), child.wall_s)
-                print(f"ok: wall {child.wall_s:.1f} s, {rec['samples_per_s']:.0f} samples/s, "
-                      f"acc {100 * rec['test_accuracy']:.2f}%", file=sys.stderr)
+                print(
+                    f"ok: wall {child.wall_s:.1f} s, {rec['samples_per_s']:.0f} samples/s, "
+                    f"acc {100 * rec['test_accuracy']:.2f}%",
+                    file=sys.stderr,
+                )
             else:
                 print("FAILED", file=sys.stderr)
                 what = "TorchDistributor" if way == "torchdist" else LABELS[way]
-                print(f"  {what} failed: {rec.get('error')}\n  full log: {log_path}\n"
-                      + "\n".join("  | " + ln for ln in child.tail(25).splitlines()), file=sys.stderr)
+                print(
+                    f"  {what} failed: {rec.get('error')}\n  full log: {log_path}\n"
+                    + "\n".join("  | " + ln for ln in child.tail(25).splitlines()),
+                    file=sys.stderr,
+                )
             runs[way].append(rec)
 
     summaries = {w: summarize(w, runs[w]) for w in ways}
     checks = build_checks(summaries, runs)
     print_report(cfg, summaries, checks, runs)
     if args.json_out:
-        write_json(args.json_out, {"benchmark": "sync_vs_torchdistributor", "config": cfg,
-                                   "machine": machine_info(), "summary": summaries, "checks": checks,
-                                   "runs": runs, "log_dir": log_dir})
+        write_json(
+            args.json_out,
+            {
+                "benchmark": "sync_vs_torchdistributor",
+                "config": cfg,
+                "machine": machine_info(),
+                "summary": summaries,
+                "checks": checks,
+                "runs": runs,
+                "log_dir": log_dir,
+            },
+        )
         print(f"JSON written to {args.json_out}", file=sys.stderr)
     return 0 if all(s.get("ok_runs") == s.get("runs") for s in summaries.values()) else 1
 

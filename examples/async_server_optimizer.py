@@ -32,8 +32,11 @@ def main() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10))
     result = sparkdp.fit(
-        model, train, eval_data=test,
-        optimizer="sgd", optimizer_options={"lr": 0.05, "momentum": 0.0},  # the workers' optimizer
+        model,
+        train,
+        eval_data=test,
+        optimizer="sgd",
+        optimizer_options={"lr": 0.05, "momentum": 0.0},  # the workers' optimizer
         strategy="asgd",
         strategy_options={
             # The server's optimizer and its learning rate: Adam's steps are about lr per
@@ -42,12 +45,18 @@ def main() -> None:
             "push_every": 4,  # local batches between pushes: each push moves the whole model
             "pull_every": 2,  # local batches between pulls of the server's weights
         },
-        workers=2, epochs=1, batch_size=32, show_progress=False)
+        workers=2,
+        epochs=1,
+        batch_size=32,
+        show_progress=False,
+    )
 
     accuracy = result.test_accuracy
     server = result.details["server"]  # the parameter server's own counters
-    print(f"server: {server['pushes_applied']} pushes applied, {server['pulls']} pulls, "
-          f"staleness histogram {server['staleness']}")
+    print(
+        f"server: {server['pushes_applied']} pushes applied, {server['pulls']} pulls, "
+        f"staleness histogram {server['staleness']}"
+    )
     print(f"async_server_optimizer: test accuracy {accuracy:.3f}")
     if accuracy < 0.4:  # chance is 0.1 on ten classes
         sys.exit(f"async_server_optimizer: accuracy {accuracy:.3f} is too low, training is broken")

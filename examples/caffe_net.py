@@ -37,8 +37,16 @@ def main() -> None:
     # restores that before the prototxt's own transform_param scale applies.
     # epochs=1 overrides the epochs the solver's max_iter would give; the batch size
     # (32 per worker) comes from the Data layer.
-    result = fit_caffe(HERE / "lenet_small.prototxt", HERE / "lenet_small_solver.prototxt", train,
-                       eval_data=test, raw_scale=255.0, epochs=1, workers=2, show_progress=False)
+    result = fit_caffe(
+        HERE / "lenet_small.prototxt",
+        HERE / "lenet_small_solver.prototxt",
+        train,
+        eval_data=test,
+        raw_scale=255.0,
+        epochs=1,
+        workers=2,
+        show_progress=False,
+    )
     accuracy = result.test_accuracy
     with tempfile.TemporaryDirectory() as tmp:
         # Back to Caffe's own format: a .caffemodel that Caffe (or fit_caffe(weights=...)) loads.

@@ -40,13 +40,28 @@ def main() -> None:
         write_parquet(spark, data.x_test, data.y_test, test_path)
 
         torch.manual_seed(0)
-        model = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                              nn.Flatten(), nn.Linear(16 * 14 * 14, 10))
+        model = nn.Sequential(
+            nn.Conv2d(1, 16, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(16 * 14 * 14, 10),
+        )
         # data may be the DataFrame or the path; eval_data takes a Parquet path (or a plain scan).
-        result = sparkdp.fit(model, spark.read.parquet(train_path), eval_data=test_path,
-                             features="pixels", label="label", feature_shape=(1, 28, 28),
-                             optimizer="sgd", optimizer_options={"lr": 0.05},
-                             workers=2, epochs=1, batch_size=32, show_progress=False)
+        result = sparkdp.fit(
+            model,
+            spark.read.parquet(train_path),
+            eval_data=test_path,
+            features="pixels",
+            label="label",
+            feature_shape=(1, 28, 28),
+            optimizer="sgd",
+            optimizer_options={"lr": 0.05},
+            workers=2,
+            epochs=1,
+            batch_size=32,
+            show_progress=False,
+        )
     accuracy = result.test_accuracy
     print(f"trained on {result.samples} rows in {result.train_time_s:.1f} s")
     print(f"dataframe_parquet: test accuracy {accuracy:.3f}")

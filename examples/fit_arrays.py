@@ -25,9 +25,14 @@ ROWS = int(os.environ.get("SPARKDP_EXAMPLE_ROWS", "20000"))
 
 def make_model() -> nn.Module:
     return nn.Sequential(
-        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(32 * 7 * 7, 10),
+        nn.Conv2d(1, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(32 * 7 * 7, 10),
     )
 
 
@@ -39,9 +44,17 @@ def main() -> None:
     torch.manual_seed(0)
     model = make_model()
     # batch_size is per worker: 2 workers x 32 = a global batch of 64 per step.
-    result = sparkdp.fit(model, (x_train, y_train), eval_data=(x_test, y_test),
-                         optimizer=torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-                         strategy="allreduce", workers=2, epochs=1, batch_size=32, show_progress=False)
+    result = sparkdp.fit(
+        model,
+        (x_train, y_train),
+        eval_data=(x_test, y_test),
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+        strategy="allreduce",
+        workers=2,
+        epochs=1,
+        batch_size=32,
+        show_progress=False,
+    )
     for epoch, row in enumerate(result.history, 1):
         print(f"epoch {epoch}: loss {row['loss']:.3f}, test accuracy {row['test_accuracy']:.3f}")
 

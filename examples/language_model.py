@@ -52,12 +52,23 @@ def main() -> None:
         tokenize_blocks(validation_df, "text", tokenizer, block_size=BLOCK).write.parquet(validation_path)
 
         torch.manual_seed(0)
-        model = build_model("gpt", vocab_size=tokenizer.get_vocab_size(), block_size=BLOCK,
-                            n_layer=2, n_head=4, d_model=128)
-        result = sparkdp.fit(model, train_blocks, eval_data=validation_path,
-                             features=["input_ids", "labels"], dict_batches=True, loss="model",
-                             optimizer="adamw", optimizer_options={"lr": 3e-3},
-                             workers=2, epochs=2, batch_size=16, show_progress=False)
+        model = build_model(
+            "gpt", vocab_size=tokenizer.get_vocab_size(), block_size=BLOCK, n_layer=2, n_head=4, d_model=128
+        )
+        result = sparkdp.fit(
+            model,
+            train_blocks,
+            eval_data=validation_path,
+            features=["input_ids", "labels"],
+            dict_batches=True,
+            loss="model",
+            optimizer="adamw",
+            optimizer_options={"lr": 3e-3},
+            workers=2,
+            epochs=2,
+            batch_size=16,
+            show_progress=False,
+        )
     first, last = result.history[0]["loss"], result.history[-1]["loss"]
     print(f"trained on {result.samples} blocks of {BLOCK} tokens in {result.train_time_s:.1f} s")
     print("sample:", repr(continue_text(result.model.eval(), tokenizer, "The")))

@@ -42,10 +42,19 @@ def main() -> None:
     # StringIndexer writes class indices as doubles; the Estimator reads them as classes
     # for its cross-entropy loss
     indexer = StringIndexer(inputCol="class", outputCol="label")
-    estimator = Estimator(model="cnn-small", modelKwargs=json.dumps({"num_classes": 10}),
-                          featuresCol="pixels", labelCol="label", featureShape=[1, 28, 28],
-                          probabilityCol="probability", optimizer="adam", learningRate=0.002,
-                          epochs=1, batchSize=32, workers=2)
+    estimator = Estimator(
+        model="cnn-small",
+        modelKwargs=json.dumps({"num_classes": 10}),
+        featuresCol="pixels",
+        labelCol="label",
+        featureShape=[1, 28, 28],
+        probabilityCol="probability",
+        optimizer="adam",
+        learningRate=0.002,
+        epochs=1,
+        batchSize=32,
+        workers=2,
+    )
     fitted = Pipeline(stages=[indexer, estimator]).fit(train_df)
     print("training history:", fitted.stages[-1].history)
 

@@ -33,7 +33,7 @@ def quick_model(x: torch.Tensor, y: torch.Tensor) -> nn.Module:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     for i in range(0, len(x), 32):
         optimizer.zero_grad()
-        nnf.cross_entropy(model(x[i:i + 32]), y[i:i + 32]).backward()
+        nnf.cross_entropy(model(x[i : i + 32]), y[i : i + 32]).backward()
         optimizer.step()
     return model
 
@@ -43,8 +43,9 @@ def main() -> None:
     model = quick_model(torch.from_numpy(data.x_train), torch.from_numpy(data.y_train))
 
     spark = sparkdp.session()
-    rows = pd.DataFrame({"id": range(len(data.y_test)), "pixels": list(data.x_test.reshape(-1, 784)),
-                         "label": data.y_test})
+    rows = pd.DataFrame(
+        {"id": range(len(data.y_test)), "pixels": list(data.x_test.reshape(-1, 784)), "label": data.y_test}
+    )
     df = spark.createDataFrame(rows, "id long, pixels array<float>, label long")
 
     # feature_shape is not needed: the model flattens. A CNN would take feature_shape=(1, 28, 28).

@@ -30,11 +30,15 @@ def train(rows: int, epochs: int, save_to: str) -> float:
     # Runs on every worker. Each one loads the data itself, which beats shipping it inside
     # the Spark task; on a cluster the files must exist on every executor.
     data = fashion_mnist(limit=rows)
-    loader = DataLoader(TensorDataset(torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)),
-                        batch_size=32, shuffle=True)
+    loader = DataLoader(
+        TensorDataset(torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)),
+        batch_size=32,
+        shuffle=True,
+    )
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                          nn.Flatten(), nn.Linear(16 * 14 * 14, 10))
+    model = nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(16 * 14 * 14, 10)
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     model, optimizer, loader = sparkdp.distribute(model, optimizer, loader)  # the one line
 

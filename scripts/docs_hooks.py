@@ -45,7 +45,9 @@ def _command(name: str, parser: argparse.ArgumentParser) -> str:
         lines += [_cell(parser.description), ""]
     # argparse indents continuation lines under "usage: "; the page shows the usage without it
     first, *rest = parser.format_usage().strip().splitlines()
-    usage = "\n".join([first.removeprefix("usage: "), *(line.removeprefix(" " * len("usage: ")) for line in rest)])
+    usage = "\n".join(
+        [first.removeprefix("usage: "), *(line.removeprefix(" " * len("usage: ")) for line in rest)]
+    )
     lines += ["```text", usage, "```", "", "| argument | meaning | default |", "|---|---|---|"]
     for action in parser._actions:
         if isinstance(action, argparse._HelpAction):
@@ -61,8 +63,11 @@ def cli_reference() -> str:
 
     parser = build_parser()
     verbose = next(a for a in parser._actions if "--verbose" in a.option_strings)
-    parts = [f"`sparkdp [-v | -vv] COMMAND ...`: before the command, `-v` / `--verbose` gives "
-             f"{_cell(verbose.help)}.", ""]
+    parts = [
+        f"`sparkdp [-v | -vv] COMMAND ...`: before the command, `-v` / `--verbose` gives "
+        f"{_cell(verbose.help)}.",
+        "",
+    ]
     for name, sub in _subcommands(parser).items():
         parts.append(_command(name, sub))
         nested = _subcommands(sub)
@@ -81,8 +86,11 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
 
 
 def on_post_build(config) -> None:
-    missing = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "examples").glob("*.py")
-                     if str(p.relative_to(ROOT)) not in _shown)
+    missing = sorted(
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "examples").glob("*.py")
+        if str(p.relative_to(ROOT)) not in _shown
+    )
     _shown.clear()
     if missing:
         raise PluginError(f"examples shown on no page of the guide: {', '.join(missing)}")

@@ -10,11 +10,25 @@ import pytest
 from sparkdp.comm.torchrun_env import TORCHRUN_VARIABLES
 
 # Variables that torch.distributed / Spark legitimately set in-process.
-_ENV_ALLOWED = {*TORCHRUN_VARIABLES, "GLOO_SOCKET_IFNAME",
-                "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_LOCAL_IP", "PYSPARK_GATEWAY_PORT",
-                "PYSPARK_GATEWAY_SECRET", "SPARK_HOME", "PYTHONHASHSEED", "SPARK_AUTH_SOCKET_TIMEOUT",
-                "SPARK_BUFFER_SIZE", "PYSPARK_PIN_THREAD", "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK",
-                "PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"}
+_ENV_ALLOWED = {
+    *TORCHRUN_VARIABLES,
+    "GLOO_SOCKET_IFNAME",
+    "PYSPARK_PYTHON",
+    "PYSPARK_DRIVER_PYTHON",
+    "SPARK_LOCAL_IP",
+    "PYSPARK_GATEWAY_PORT",
+    "PYSPARK_GATEWAY_SECRET",
+    "SPARK_HOME",
+    "PYTHONHASHSEED",
+    "SPARK_AUTH_SOCKET_TIMEOUT",
+    "SPARK_BUFFER_SIZE",
+    "PYSPARK_PIN_THREAD",
+    "KMP_DUPLICATE_LIB_OK",
+    "KMP_INIT_AT_FORK",
+    "PYTEST_CURRENT_TEST",
+    "TORCHINDUCTOR_CACHE_DIR",
+    "TRITON_CACHE_DIR",
+}
 
 
 @pytest.fixture(autouse=True)
@@ -46,9 +60,14 @@ def no_zombie_threads():
     """A parameter-server, transport or monitor thread (named sparkdp*) left alive fails the test."""
     before = set(threading.enumerate())
     yield
-    leftover = [t for t in threading.enumerate()
-                if t not in before and t.is_alive() and t.name.lower().startswith("sparkdp")
-                and t.name not in _SELF_ENDING_THREADS]
+    leftover = [
+        t
+        for t in threading.enumerate()
+        if t not in before
+        and t.is_alive()
+        and t.name.lower().startswith("sparkdp")
+        and t.name not in _SELF_ENDING_THREADS
+    ]
     for t in leftover:
         t.join(timeout=5)
     alive = [t.name for t in leftover if t.is_alive()]

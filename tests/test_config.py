@@ -52,7 +52,9 @@ class _MonitorWithAKnob(MonitorConfig):
     flush_every: int = setting(5, metavar="N")
 
 
-def test_a_new_setting_reaches_the_flags_job_files_and_keywords_without_cli_changes(monkeypatch, tmp_path, capsys):
+def test_a_new_setting_reaches_the_flags_job_files_and_keywords_without_cli_changes(
+    monkeypatch, tmp_path, capsys
+):
     monkeypatch.setitem(GROUPS, "monitor", _MonitorWithAKnob)
     parser = build_parser()
     train = parser._subparsers._group_actions[0].choices["train"]
@@ -86,7 +88,9 @@ def test_command_line_defaults_are_the_configs():
     printed = yaml.safe_load(effective_config(args, args.settings))
     for name, value in JOB_DEFAULTS.settings().items():
         assert printed[name] == (dict(value) if name == "strategy_options" else value), name
-    assert args.epochs is None and args.batch_size is None  # not given: a script's own values, else the config's
+    assert (
+        args.epochs is None and args.batch_size is None
+    )  # not given: a script's own values, else the config's
 
 
 def test_command_line_and_api_build_the_same_default_optimizer():
@@ -108,16 +112,19 @@ def test_command_line_optimizer_flag_errors():
         optimizer_choice(_train_args("--lr", "0.1"), script_optimizer=torch.optim.SGD)
 
 
-@pytest.mark.parametrize(("settings", "message"), [
-    ({"epochs": 0}, "epochs must be a positive integer; got 0"),
-    ({"batch_size": 2.5}, "batch_size must be a positive integer"),
-    ({"workers": True}, "workers must be a positive integer"),
-    ({"eval_every": -1}, "eval_every must be a positive integer"),
-    ({"seed": "1"}, "seed must be an integer"),
-    ({"memory_format": "nhwc"}, "memory_format must be one of auto, channels_last, contiguous"),
-    ({"pg_timeout_s": 0}, "pg_timeout_s must be a number of seconds > 0"),
-    ({"strategy_options": [1]}, "strategy_options must be a mapping"),
-])
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"epochs": 0}, "epochs must be a positive integer; got 0"),
+        ({"batch_size": 2.5}, "batch_size must be a positive integer"),
+        ({"workers": True}, "workers must be a positive integer"),
+        ({"eval_every": -1}, "eval_every must be a positive integer"),
+        ({"seed": "1"}, "seed must be an integer"),
+        ({"memory_format": "nhwc"}, "memory_format must be one of auto, channels_last, contiguous"),
+        ({"pg_timeout_s": 0}, "pg_timeout_s must be a number of seconds > 0"),
+        ({"strategy_options": [1]}, "strategy_options must be a mapping"),
+    ],
+)
 def test_bad_settings_say_what_is_allowed(settings, message):
     with pytest.raises(ConfigError, match=message):
         JobConfig.of(**settings)
@@ -125,8 +132,12 @@ def test_bad_settings_say_what_is_allowed(settings, message):
 
 def test_flat_settings_make_a_config_and_unknown_names_are_refused():
     job = JobConfig.of({"epochs": 3, "strategy": "average", "strategy_options": {"period": 4}})
-    assert (job.training.epochs, job.training.strategy, dict(job.training.strategy_options),
-            job.training.batch_size) == (3, "average", {"period": 4}, 64)
+    assert (
+        job.training.epochs,
+        job.training.strategy,
+        dict(job.training.strategy_options),
+        job.training.batch_size,
+    ) == (3, "average", {"period": 4}, 64)
     assert JobConfig.of(job.settings()) == job
     with pytest.raises(ConfigError, match="has no setting 'epoch'.*Did you mean 'epochs'"):
         JobConfig.of(epoch=3)

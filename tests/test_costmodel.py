@@ -21,7 +21,9 @@ def test_ring_allreduce_matches_the_documented_example():
     # M = 8: 2·7/8·S = 22.9 MB -> 18.3 ms; latency adds 2(M-1)α
     assert costmodel.ring_allreduce_s(s, 8, TEN_GBIT) == pytest.approx(0.01834, rel=1e-3)
     slow = Network.from_link(10.0, 1.0)
-    assert costmodel.ring_allreduce_s(s, 8, slow) - costmodel.ring_allreduce_s(s, 8, TEN_GBIT) == pytest.approx(0.014)
+    assert costmodel.ring_allreduce_s(s, 8, slow) - costmodel.ring_allreduce_s(
+        s, 8, TEN_GBIT
+    ) == pytest.approx(0.014)
     assert costmodel.ring_allreduce_s(s, 1, slow) == 0.0
 
 
@@ -30,7 +32,9 @@ def test_predictions_per_strategy():
     assert allreduce.step_s == pytest.approx(0.070 + 0.01048, rel=1e-3)
     assert allreduce.efficiency == pytest.approx(0.070 / allreduce.step_s)
     assert allreduce.samples_per_s == pytest.approx(2 * 64 / allreduce.step_s)
-    assert predict("allreduce", CNN, TEN_GBIT, 2, overlap=0.5).step_s == pytest.approx(0.070 + 0.00524, rel=1e-3)
+    assert predict("allreduce", CNN, TEN_GBIT, 2, overlap=0.5).step_s == pytest.approx(
+        0.070 + 0.00524, rel=1e-3
+    )
     assert predict("average", CNN, TEN_GBIT, 2, k=8).step_s == pytest.approx(0.070 + 0.01048 / 8, rel=1e-3)
     # one worker: C + push + pull of S = 70 + 2 × 10.48 ms
     assert predict("asgd", CNN, TEN_GBIT, 1).step_s == pytest.approx(0.070 + 0.02096, rel=1e-3)
@@ -66,10 +70,12 @@ def test_workers_in_step_stretch_the_server_bound_round():
     assert bunched.step_s == pytest.approx(1.4 * 4 * CNN.nbytes * 80e-9) and bunched.bound == "server"
     # fully in step (b = 1): every push, then every pull, 8 transfers per round
     assert predict("asgd", CNN, dataclasses.replace(slow, ps_bunching=1.0), 4).step_s == pytest.approx(
-        8 * CNN.nbytes * 80e-9)
+        8 * CNN.nbytes * 80e-9
+    )
     # one worker has nobody to fall into step with: its own round, C + 2·S·β
     assert predict("asgd", CNN, dataclasses.replace(slow, ps_bunching=1.0), 1).step_s == pytest.approx(
-        0.070 + 2 * CNN.nbytes * 80e-9)
+        0.070 + 2 * CNN.nbytes * 80e-9
+    )
 
 
 def test_calibration_derives_the_bunching_from_the_measured_rounds():
@@ -79,9 +85,18 @@ def test_calibration_derives_the_bunching_from_the_measured_rounds():
     # a 100 Mbit/s server link with no latency: push+pull of S takes 2.096 s, one of TINY floats
     # 2·TINY·4·80 ns; four workers measured 5.87 s per round, 1.4 × their 4 × 1.048 s on the link
     tiny = 2 * TINY * 4 * 80e-9
-    cal = Calibration(workers=4, params=CNN.params, batch=64, step_compute_s=0.070, allreduce_tiny_s=None,
-                      allreduce_full_s=None, ps_tiny_s=tiny, ps_full_s=2 * s * 80e-9, ps_shared_s=4 * s * 80e-9,
-                      ps_rounds_s=1.4 * 4 * s * 80e-9)
+    cal = Calibration(
+        workers=4,
+        params=CNN.params,
+        batch=64,
+        step_compute_s=0.070,
+        allreduce_tiny_s=None,
+        allreduce_full_s=None,
+        ps_tiny_s=tiny,
+        ps_full_s=2 * s * 80e-9,
+        ps_shared_s=4 * s * 80e-9,
+        ps_rounds_s=1.4 * 4 * s * 80e-9,
+    )
     assert cal.network().ps_bunching == pytest.approx(0.4)
     # rounds faster than the link's limit, or not paced by it, say the workers never bunched
     fast = dataclasses.replace(cal, ps_rounds_s=3.0)
@@ -97,8 +112,13 @@ def test_worker_counts_table_and_recommendation():
     assert costmodel.worker_counts(8) == [1, 2, 4, 8]
     assert costmodel.worker_counts(100) == [1, 2, 4, 8, 16, 32, 64, 100]
     rows = costmodel.table(CNN, TEN_GBIT, [1, 2, 1024], average_k=8)
-    assert [r.label for r in rows[:5]] == ["allreduce", "allreduce(bf16)", "average(k=8)",
-                                           "diloco(H=32,int8)", "asgd(k=1,shards=1)"]
+    assert [r.label for r in rows[:5]] == [
+        "allreduce",
+        "allreduce(bf16)",
+        "average(k=8)",
+        "diloco(H=32,int8)",
+        "asgd(k=1,shards=1)",
+    ]
     assert costmodel.recommend(rows, 2).startswith("allreduce: 87% scaling efficiency")
     slow = Network.from_link(1.0, 0.5)
     far = costmodel.table(CNN, slow, [1024], average_k=8)
@@ -111,7 +131,9 @@ def test_worker_counts_table_and_recommendation():
 def test_compression_and_diloco_by_hand():
     s, beta = CNN.nbytes, 0.8e-9
     # bf16 halves the ring's bytes: M = 2 moves S/2 -> 5.24 ms
-    assert predict("allreduce", CNN, TEN_GBIT, 2, compression="bf16").step_s == pytest.approx(0.070 + s / 2 * beta)
+    assert predict("allreduce", CNN, TEN_GBIT, 2, compression="bf16").step_s == pytest.approx(
+        0.070 + s / 2 * beta
+    )
     # int8 at M = 4: an all-gather of 3 × (S/4 + S/1024) bytes
     int8 = predict("average", CNN, TEN_GBIT, 4, k=8, compression="int8")
     assert int8.step_s == pytest.approx(0.070 + 3 * (s / 4 + s / 1024) * beta / 8)
@@ -120,7 +142,11 @@ def test_compression_and_diloco_by_hand():
     assert plain.step_s == pytest.approx(0.070 + (s + 8) * beta / 32) and plain.label == "diloco(H=32)"
     # four pieces, each of S/4 = 2.6 ms, hidden behind one 70 ms step apiece: nothing left to pay
     hidden = predict("diloco", CNN, TEN_GBIT, 2, k=32, fragments=4, overlap_steps=1)
-    assert hidden.step_s == pytest.approx(0.070) and hidden.options == {"H": 32, "fragments": 4, "overlap_steps": 1}
+    assert hidden.step_s == pytest.approx(0.070) and hidden.options == {
+        "H": 32,
+        "fragments": 4,
+        "overlap_steps": 1,
+    }
     # on a 100 Mbit/s link a piece takes 262 ms: one 70 ms step hides only part of it
     slow = Network.from_link(0.1, 0.0)
     part = predict("diloco", CNN, slow, 2, k=32, fragments=4, overlap_steps=1)
@@ -131,7 +157,10 @@ def test_compression_and_diloco_by_hand():
     ("call", "message"),
     [
         (lambda: predict("sgd", CNN, TEN_GBIT, 2), "knows allreduce, average, diloco, asgd"),
-        (lambda: predict("allreduce", CNN, TEN_GBIT, 2, compression="powersgd"), "prices allreduce with compression"),
+        (
+            lambda: predict("allreduce", CNN, TEN_GBIT, 2, compression="powersgd"),
+            "prices allreduce with compression",
+        ),
         (lambda: predict("average", CNN, TEN_GBIT, 2, k=0), "k >= 1"),
         (lambda: predict("allreduce", CNN, TEN_GBIT, 0), "workers >= 1"),
         (lambda: Network.from_link(0, 1), "bandwidth must be > 0"),

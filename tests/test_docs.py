@@ -16,9 +16,14 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def _build(site: Path, root: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
-                          cwd=root, capture_output=True, text=True, timeout=240,
-                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
 
 
 def test_the_guide_builds_strictly_and_shows_the_cli_and_the_examples(tmp_path):

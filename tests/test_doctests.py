@@ -11,8 +11,11 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-MODULES = sorted(".".join(p.relative_to(SRC).with_suffix("").parts).removesuffix(".__init__")
-                 for p in (SRC / "sparkdp").rglob("*.py") if ">>> " in p.read_text())
+MODULES = sorted(
+    ".".join(p.relative_to(SRC).with_suffix("").parts).removesuffix(".__init__")
+    for p in (SRC / "sparkdp").rglob("*.py")
+    if ">>> " in p.read_text()
+)
 pytestmark = pytest.mark.timeout(180)
 
 
@@ -28,4 +31,6 @@ def test_docstring_examples_run(name, spark):
     for test in doctest.DocTestFinder(exclude_empty=True).find(module, name):
         runner.run(test)
     result = runner.summarize(verbose=False)
-    assert result.failed == 0, f"{result.failed} of {result.attempted} docstring examples in {name} failed (above)"
+    assert result.failed == 0, (
+        f"{result.failed} of {result.attempted} docstring examples in {name} failed (above)"
+    )

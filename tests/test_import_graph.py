@@ -83,10 +83,15 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_module_imports_another_modules_private_names():
     modules = _modules()
-    offenders = [f"{name} imports {target}.{imported}"
-                 for name, path in modules.items() for target, imported in _imports(name, path)
-                 if imported.startswith("_") and not imported.startswith("__") and target != name]
-    assert not offenders, "private names crossing modules (make them public or move the code):\n" + "\n".join(offenders)
+    offenders = [
+        f"{name} imports {target}.{imported}"
+        for name, path in modules.items()
+        for target, imported in _imports(name, path)
+        if imported.startswith("_") and not imported.startswith("__") and target != name
+    ]
+    assert not offenders, "private names crossing modules (make them public or move the code):\n" + "\n".join(
+        offenders
+    )
 
 
 def test_no_import_cycle_between_modules():
@@ -96,16 +101,26 @@ def test_no_import_cycle_between_modules():
 
 def test_the_worker_engine_never_imports_the_driver_or_spark():
     """train/ is what runs inside a task; the driver layer (driver/) and the stages (spark/) sit above it."""
-    offenders = [f"{name} -> {t}" for name, targets in _graph().items() if name.startswith("sparkdp.train")
-                 for t in targets if t.startswith(("sparkdp.spark", "sparkdp.driver"))]
+    offenders = [
+        f"{name} -> {t}"
+        for name, targets in _graph().items()
+        if name.startswith("sparkdp.train")
+        for t in targets
+        if t.startswith(("sparkdp.spark", "sparkdp.driver"))
+    ]
     assert not offenders, "\n".join(offenders)
 
 
 def test_the_spark_adapter_never_imports_the_driver():
     """spark/ adapts Spark to the engine below it; the driver (driver/: plans, restarts) sits above
     it and hands it what it needs, so no import arrow runs from spark/ back up to driver/."""
-    offenders = [f"{name} -> {t}" for name, targets in _graph().items() if name.startswith("sparkdp.spark")
-                 for t in targets if t.startswith("sparkdp.driver")]
+    offenders = [
+        f"{name} -> {t}"
+        for name, targets in _graph().items()
+        if name.startswith("sparkdp.spark")
+        for t in targets
+        if t.startswith("sparkdp.driver")
+    ]
     assert not offenders, "\n".join(offenders)
 
 

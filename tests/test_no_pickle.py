@@ -27,11 +27,26 @@ ROOT = Path(sparkdp.__file__).parent
 FILES = sorted(ROOT.rglob("*.py"))
 
 # Modules (or any part of a dotted module path) whose loaders unpickle or run code.
-_PICKLE_MODULES = {"pickle", "cPickle", "_pickle", "cloudpickle", "dill", "jsonpickle", "joblib", "marshal",
-                   "shelve", "copyreg"}
-_ATTRIBUTES = {"Unpickler": "an Unpickler", "read_pickle": "pandas.read_pickle",
-               "unsafe_load": "yaml.unsafe_load", "unsafe_load_all": "yaml.unsafe_load_all",
-               "full_load": "yaml.full_load", "full_load_all": "yaml.full_load_all"}
+_PICKLE_MODULES = {
+    "pickle",
+    "cPickle",
+    "_pickle",
+    "cloudpickle",
+    "dill",
+    "jsonpickle",
+    "joblib",
+    "marshal",
+    "shelve",
+    "copyreg",
+}
+_ATTRIBUTES = {
+    "Unpickler": "an Unpickler",
+    "read_pickle": "pandas.read_pickle",
+    "unsafe_load": "yaml.unsafe_load",
+    "unsafe_load_all": "yaml.unsafe_load_all",
+    "full_load": "yaml.full_load",
+    "full_load_all": "yaml.full_load_all",
+}
 _SAFE_YAML_LOADERS = {"SafeLoader", "CSafeLoader", "BaseLoader", "CBaseLoader"}
 _HOOKS = {"__reduce__", "__reduce_ex__", "__setstate__"}
 
@@ -104,7 +119,9 @@ def findings(source: str, filename: str = "<source>") -> list[tuple[int, str]]:
             if what:
                 found.append((node.lineno, what))
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in _HOOKS:
-            found.append((node.lineno, f"defines {node.name}, which decides what runs when the object is unpickled"))
+            found.append(
+                (node.lineno, f"defines {node.name}, which decides what runs when the object is unpickled")
+            )
     return sorted(set(found))
 
 
@@ -116,7 +133,8 @@ def _scan() -> dict[tuple[str, str], list[str]]:
         lines = text.splitlines()
         for line, what in findings(text, str(path)):
             out.setdefault((path.relative_to(ROOT).as_posix(), lines[line - 1].strip()), []).append(
-                f"line {line}: {what}")
+                f"line {line}: {what}"
+            )
     return out
 
 
@@ -132,42 +150,87 @@ def test_nothing_is_unpickled_or_evaluated():
     offenders = {key: whats for key, whats in found.items() if key not in ALLOWED}
     assert not offenders, "\n".join(
         f"src/sparkdp/{path}: {'; '.join(whats)}: {text}" for (path, text), whats in offenders.items()
-    ) + ("\nRead network and file input with a format that cannot run code (safetensors, JSON, the ps "
-         "codec); a line that only takes part in Spark's own task shipping goes into ALLOWED with its reason.")
+    ) + (
+        "\nRead network and file input with a format that cannot run code (safetensors, JSON, the ps "
+        "codec); a line that only takes part in Spark's own task shipping goes into ALLOWED with its reason."
+    )
     stale = [key for key in ALLOWED if key not in found]
     assert not stale, f"ALLOWED entries that match no line any more (remove them): {stale}"
 
 
-@pytest.mark.parametrize("source", [
-    "import pickle", "import cPickle", "import _pickle as p", "from pickle import loads", "from pickle import *",
-    "import cloudpickle", "from pyspark import cloudpickle", "from pyspark.cloudpickle import loads",
-    "from pyspark.serializers import CPickleSerializer", "import dill", "import jsonpickle", "import joblib",
-    "import marshal", "from marshal import loads", "import shelve", "import copyreg",
-    "x = pickle.loads(b)", "x = pickle.load(f)", "x = dill.loads(b)", "x = cloudpickle.loads(b)",
-    "x = marshal.loads(b)", "x = shelve.open(p)['k']", "x = joblib.load(p)", "x = something.Unpickler(f).load()",
-    "x = pd.read_pickle(p)",
-    "torch.load(f)", "torch.load(f, map_location='cpu')", "torch.load(f, weights_only=False)",
-    "torch.load(f, weights_only=flag)", "torch.serialization.load(f)",
-    "np.load(p, allow_pickle=True)", "numpy.load(p, allow_pickle=flag)",
-    "yaml.load(s)", "yaml.load(s, Loader=yaml.Loader)", "yaml.load(s, Loader=yaml.FullLoader)",
-    "yaml.load(s, yaml.UnsafeLoader)", "yaml.load_all(s)", "yaml.unsafe_load(s)", "yaml.full_load(s)",
-    "yaml.unsafe_load_all(s)",
-    "eval(text)", "exec(code)", "builtins.eval(text)",
-    "class A:\n    def __reduce__(self):\n        return (os.system, ('id',))",
-    "class A:\n    def __reduce_ex__(self, p):\n        return (f, ())",
-    "class A:\n    def __setstate__(self, s):\n        pass",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import pickle",
+        "import cPickle",
+        "import _pickle as p",
+        "from pickle import loads",
+        "from pickle import *",
+        "import cloudpickle",
+        "from pyspark import cloudpickle",
+        "from pyspark.cloudpickle import loads",
+        "from pyspark.serializers import CPickleSerializer",
+        "import dill",
+        "import jsonpickle",
+        "import joblib",
+        "import marshal",
+        "from marshal import loads",
+        "import shelve",
+        "import copyreg",
+        "x = pickle.loads(b)",
+        "x = pickle.load(f)",
+        "x = dill.loads(b)",
+        "x = cloudpickle.loads(b)",
+        "x = marshal.loads(b)",
+        "x = shelve.open(p)['k']",
+        "x = joblib.load(p)",
+        "x = something.Unpickler(f).load()",
+        "x = pd.read_pickle(p)",
+        "torch.load(f)",
+        "torch.load(f, map_location='cpu')",
+        "torch.load(f, weights_only=False)",
+        "torch.load(f, weights_only=flag)",
+        "torch.serialization.load(f)",
+        "np.load(p, allow_pickle=True)",
+        "numpy.load(p, allow_pickle=flag)",
+        "yaml.load(s)",
+        "yaml.load(s, Loader=yaml.Loader)",
+        "yaml.load(s, Loader=yaml.FullLoader)",
+        "yaml.load(s, yaml.UnsafeLoader)",
+        "yaml.load_all(s)",
+        "yaml.unsafe_load(s)",
+        "yaml.full_load(s)",
+        "yaml.unsafe_load_all(s)",
+        "eval(text)",
+        "exec(code)",
+        "builtins.eval(text)",
+        "class A:\n    def __reduce__(self):\n        return (os.system, ('id',))",
+        "class A:\n    def __reduce_ex__(self, p):\n        return (f, ())",
+        "class A:\n    def __setstate__(self, s):\n        pass",
+    ],
+)
 def test_the_scan_catches_each_offender(source):
     assert findings(source), f"the scan misses: {source!r}"
 
 
-@pytest.mark.parametrize("source", [
-    "torch.load(f, weights_only=True)", "torch.load(f, map_location='cpu', weights_only=True)",
-    "np.load(p)", "np.load(p, allow_pickle=False)", "yaml.safe_load(s)", "yaml.load(s, Loader=yaml.SafeLoader)",
-    "yaml.load(s, yaml.CSafeLoader)", "json.loads(s)", "model.eval()", "net.eval().cuda()",
-    "safetensors.torch.load(b)", "class A:\n    def __getstate__(self):\n        return {}",
-    '"""Never pickle: sparktorch used dill.loads() and elephas pickle.loads()."""',
-    "# torch.load(f) would unpickle",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "torch.load(f, weights_only=True)",
+        "torch.load(f, map_location='cpu', weights_only=True)",
+        "np.load(p)",
+        "np.load(p, allow_pickle=False)",
+        "yaml.safe_load(s)",
+        "yaml.load(s, Loader=yaml.SafeLoader)",
+        "yaml.load(s, yaml.CSafeLoader)",
+        "json.loads(s)",
+        "model.eval()",
+        "net.eval().cuda()",
+        "safetensors.torch.load(b)",
+        "class A:\n    def __getstate__(self):\n        return {}",
+        '"""Never pickle: sparktorch used dill.loads() and elephas pickle.loads()."""',
+        "# torch.load(f) would unpickle",
+    ],
+)
 def test_the_scan_passes_safe_code(source):
     assert not findings(source), f"the scan flags safe code: {source!r}"

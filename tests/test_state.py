@@ -51,26 +51,47 @@ def test_a_missing_file_stays_an_os_error(tmp_path):
 GOOD = state.to_bytes({"w": torch.ones(3), "step": 4})
 
 
-@pytest.mark.parametrize("data", [
-    b"", GOOD[:7],  # shorter than the 8-byte header size
-    GOOD[:-1], GOOD[:len(GOOD) // 2],  # truncated tensor data or header
-    b"\xff" * 8 + GOOD[8:],  # a header size beyond the data
-    GOOD[:8] + b"[" + GOOD[9:],  # a header that is not JSON
-], ids=["empty", "7-bytes", "one-short", "half", "huge-header-size", "broken-header"])
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        GOOD[:7],  # shorter than the 8-byte header size
+        GOOD[:-1],
+        GOOD[: len(GOOD) // 2],  # truncated tensor data or header
+        b"\xff" * 8 + GOOD[8:],  # a header size beyond the data
+        GOOD[:8] + b"[" + GOOD[9:],  # a header that is not JSON
+    ],
+    ids=["empty", "7-bytes", "one-short", "half", "huge-header-size", "broken-header"],
+)
 def test_damaged_bytes_raise_value_error(data):
     """safetensors' own exception (and struct.error for short input) escaped from_bytes."""
     with pytest.raises(ValueError, match="not sparkdp state: they do not read as safetensors"):
         state.from_bytes(data)
 
 
-@pytest.mark.parametrize("skeleton", [
-    '{"w": {"__tensor__": "t9"}}',  # a tensor that is not stored
-    '{"w": {"__tensor__": []}}',
-    '{"__items__": 1}', '{"__items__": [[1]]}', '{"__items__": [[[], 1]]}', '{"__tuple__": 5}',
-    "[" * 100_000 + "]" * 100_000,  # deeper than Python's recursion limit
-    "not json",
-], ids=["missing-tensor", "unhashable-name", "items-not-a-list", "item-not-a-pair", "unhashable-key",
-        "tuple-not-a-list", "deep", "not-json"])
+@pytest.mark.parametrize(
+    "skeleton",
+    [
+        '{"w": {"__tensor__": "t9"}}',  # a tensor that is not stored
+        '{"w": {"__tensor__": []}}',
+        '{"__items__": 1}',
+        '{"__items__": [[1]]}',
+        '{"__items__": [[[], 1]]}',
+        '{"__tuple__": 5}',
+        "[" * 100_000 + "]" * 100_000,  # deeper than Python's recursion limit
+        "not json",
+    ],
+    ids=[
+        "missing-tensor",
+        "unhashable-name",
+        "items-not-a-list",
+        "item-not-a-pair",
+        "unhashable-key",
+        "tuple-not-a-list",
+        "deep",
+        "not-json",
+    ],
+)
 def test_a_damaged_skeleton_raises_value_error(skeleton):
     """The skeleton is read by json and unflatten: KeyError, TypeError and RecursionError escaped."""
     data = save({"t0": torch.ones(3)}, metadata={state.META_KEY: skeleton})

@@ -29,8 +29,11 @@ def main() -> None:
     args = parser.parse_args()
 
     data = fashion_mnist(limit=args.rows)
-    loader = DataLoader(TensorDataset(torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)),
-                        batch_size=args.batch_size, shuffle=True)
+    loader = DataLoader(
+        TensorDataset(torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)),
+        batch_size=args.batch_size,
+        shuffle=True,
+    )
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)

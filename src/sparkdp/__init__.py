@@ -25,7 +25,24 @@ from .train.result import TrainResult
 __version__ = "0.1.0"
 
 __all__ = [
-    "STRATEGIES", "Columns", "ConfigError", "DataError", "JobConfig", "RendezvousTimeout", "SparkdpError",
-    "TrainResult", "WorkerFailed", "__version__", "distribute", "fit", "fit_job", "is_main_process", "launch", "model_loss", "predict",
-    "run", "session", "unwrap",
+    "STRATEGIES",
+    "Columns",
+    "ConfigError",
+    "DataError",
+    "JobConfig",
+    "RendezvousTimeout",
+    "SparkdpError",
+    "TrainResult",
+    "WorkerFailed",
+    "__version__",
+    "distribute",
+    "fit",
+    "fit_job",
+    "is_main_process",
+    "launch",
+    "model_loss",
+    "predict",
+    "run",
+    "session",
+    "unwrap",
 ]

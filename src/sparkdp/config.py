@@ -26,18 +26,35 @@ PRECISIONS = ("32", "bf16-mixed", "fp16-mixed")
 LR_SCHEDULES = ("constant", "warmup-cosine")
 
 
-def setting(default: Any = dataclasses.MISSING, *, factory: Callable[[], Any] | None = None,
-            flag: str | None = None, aliases: tuple[str, ...] = (), negative: tuple[str, ...] = (),
-            choices: tuple[Any, ...] | None = None, metavar: str | None = None,
-            parse: Callable[[str], Any] | None = None, positional: bool = False, action: Any = None) -> Any:
+def setting(
+    default: Any = dataclasses.MISSING,
+    *,
+    factory: Callable[[], Any] | None = None,
+    flag: str | None = None,
+    aliases: tuple[str, ...] = (),
+    negative: tuple[str, ...] = (),
+    choices: tuple[Any, ...] | None = None,
+    metavar: str | None = None,
+    parse: Callable[[str], Any] | None = None,
+    positional: bool = False,
+    action: Any = None,
+) -> Any:
     """A dataclass field with how it appears on the command line.
 
     ``flag`` replaces the ``--field-name`` spelling; ``aliases`` are further spellings (also
     accepted as job-file keys); ``negative`` are flags that set a bool field to False;
     ``parse`` turns a flag's text into the value (a job file gives typed YAML values);
     ``positional`` makes it an optional positional argument; ``action`` an argparse action."""
-    meta = {"flag": flag, "aliases": aliases, "negative": negative, "choices": choices, "metavar": metavar,
-            "parse": parse, "positional": positional, "action": action}
+    meta = {
+        "flag": flag,
+        "aliases": aliases,
+        "negative": negative,
+        "choices": choices,
+        "metavar": metavar,
+        "parse": parse,
+        "positional": positional,
+        "action": action,
+    }
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -73,8 +90,10 @@ def check_int(name: str, value: Any, low: int | None = 1, *, optional: bool = Fa
 
 def check_memory_format(value: Any) -> str:
     if value not in MEMORY_FORMATS:
-        raise ConfigError(f"memory_format must be one of {', '.join(MEMORY_FORMATS)}; got {value!r}. "
-                          "'auto' trains convolutional models channels-last on CPU.")
+        raise ConfigError(
+            f"memory_format must be one of {', '.join(MEMORY_FORMATS)}; got {value!r}. "
+            "'auto' trains convolutional models channels-last on CPU."
+        )
     return value
 
 
@@ -134,8 +153,9 @@ class TrainingConfig:
     """
 
     strategy: Any = setting("allreduce")
-    strategy_options: Mapping[str, Any] = setting(factory=dict, flag="--strategy-option", metavar="KEY=VALUE",
-                                                  parse=strategy_option)
+    strategy_options: Mapping[str, Any] = setting(
+        factory=dict, flag="--strategy-option", metavar="KEY=VALUE", parse=strategy_option
+    )
     epochs: int = setting(1)
     batch_size: int = setting(64)
     seed: int = setting(0)
@@ -156,24 +176,36 @@ class TrainingConfig:
         check_int("warmup_steps", self.warmup_steps, 0)
         check_memory_format(self.memory_format)
         if self.precision not in PRECISIONS:
-            raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}; got {self.precision!r}. "
-                              "bf16-mixed runs on CPUs and GPUs, fp16-mixed on CUDA GPUs only.")
+            raise ConfigError(
+                f"precision must be one of {', '.join(PRECISIONS)}; got {self.precision!r}. "
+                "bf16-mixed runs on CPUs and GPUs, fp16-mixed on CUDA GPUs only."
+            )
         if self.lr_schedule not in LR_SCHEDULES:
-            raise ConfigError(f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}; got {self.lr_schedule!r}. "
-                              "For any other schedule pass fit(lr_scheduler=optimizer -> scheduler).")
-        if self.clip_grad_norm is not None and (isinstance(self.clip_grad_norm, bool)
-                                                or not isinstance(self.clip_grad_norm, (int, float))
-                                                or not self.clip_grad_norm > 0):
-            raise ConfigError(f"clip_grad_norm must be a number > 0 (the largest gradient norm allowed) or unset; "
-                              f"got {self.clip_grad_norm!r}.")
+            raise ConfigError(
+                f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}; got {self.lr_schedule!r}. "
+                "For any other schedule pass fit(lr_scheduler=optimizer -> scheduler)."
+            )
+        if self.clip_grad_norm is not None and (
+            isinstance(self.clip_grad_norm, bool)
+            or not isinstance(self.clip_grad_norm, (int, float))
+            or not self.clip_grad_norm > 0
+        ):
+            raise ConfigError(
+                f"clip_grad_norm must be a number > 0 (the largest gradient norm allowed) or unset; "
+                f"got {self.clip_grad_norm!r}."
+            )
         ratio = self.min_lr_ratio
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
-            raise ConfigError(f"min_lr_ratio must be a number in [0, 1] (the final lr as a fraction of the "
-                              f"optimizer's); got {ratio!r}.")
+            raise ConfigError(
+                f"min_lr_ratio must be a number in [0, 1] (the final lr as a fraction of the "
+                f"optimizer's); got {ratio!r}."
+            )
         _flags(self, "shuffle")
         if not isinstance(self.strategy_options, Mapping):
-            raise ConfigError(f"strategy_options must be a mapping of setting -> value; got "
-                              f"{type(self.strategy_options).__name__}.")
+            raise ConfigError(
+                f"strategy_options must be a mapping of setting -> value; got "
+                f"{type(self.strategy_options).__name__}."
+            )
 
 
 @dataclass(frozen=True)
@@ -222,10 +254,14 @@ class CheckpointConfig:
         check_seconds("checkpoint_every_s", self.checkpoint_every_s, optional=True)
         _paths(self, "checkpoint_dir", "resume")
         options = self.checkpoint_storage_options
-        if options is not None and not (isinstance(options, Mapping) and all(isinstance(k, str) for k in options)):
-            raise ConfigError(f"checkpoint_storage_options={options!r}: expected a mapping of option names to "
-                              "values (e.g. {'endpoint_url': 'http://host:9000'}), as the checkpoint "
-                              "directory's fsspec filesystem takes them.")
+        if options is not None and not (
+            isinstance(options, Mapping) and all(isinstance(k, str) for k in options)
+        ):
+            raise ConfigError(
+                f"checkpoint_storage_options={options!r}: expected a mapping of option names to "
+                "values (e.g. {'endpoint_url': 'http://host:9000'}), as the checkpoint "
+                "directory's fsspec filesystem takes them."
+            )
 
 
 @dataclass(frozen=True)
@@ -274,8 +310,10 @@ class MonitorConfig:
         _paths(self, "run_dir", "mlflow")
         check_seconds("metrics_interval_s", self.metrics_interval_s)
         if self.tensorboard and self.run_dir is None:
-            raise ConfigError("tensorboard=True needs run_dir (the directory its event files go to); "
-                              "on the command line, --tensorboard needs --run-dir DIR.")
+            raise ConfigError(
+                "tensorboard=True needs run_dir (the directory its event files go to); "
+                "on the command line, --tensorboard needs --run-dir DIR."
+            )
 
 
 def _comma_list(text: str) -> Any:
@@ -287,7 +325,9 @@ def _shape(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(v) for v in text.split(","))
     except ValueError:
-        raise ConfigError(f"feature_shape expects comma-separated integers such as 1,28,28; got {text!r}.") from None
+        raise ConfigError(
+            f"feature_shape expects comma-separated integers such as 1,28,28; got {text!r}."
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -316,8 +356,10 @@ class Columns:
         check_int("shuffle_buffer", self.shuffle_buffer)
         _flags(self, "drop_nulls", "dict_batches")
         if self.dict_batches and self.feature_shape is not None:
-            raise ConfigError("feature_shape reshapes one concatenated feature tensor; with dict_batches=True each "
-                              "column keeps its own shape. Drop one of the two.")
+            raise ConfigError(
+                "feature_shape reshapes one concatenated feature tensor; with dict_batches=True each "
+                "column keeps its own shape. Drop one of the two."
+            )
 
     @property
     def given(self) -> bool:
@@ -345,21 +387,34 @@ class JobConfig:
     def __post_init__(self) -> None:
         for group in dataclasses.fields(self):
             if not isinstance(getattr(self, group.name), GROUPS[group.name]):
-                raise ConfigError(f"{group.name} must be a {GROUPS[group.name].__name__}; got "
-                                  f"{type(getattr(self, group.name)).__name__}.")
+                raise ConfigError(
+                    f"{group.name} must be a {GROUPS[group.name].__name__}; got "
+                    f"{type(getattr(self, group.name)).__name__}."
+                )
         every, accumulate = self.checkpoints.checkpoint_every, self.training.accumulate
         if every is not None and every % accumulate:
-            raise ConfigError(f"checkpoint_every ({every}) counts batches and must be a multiple of accumulate "
-                              f"({accumulate}): checkpoints fall between optimizer steps. Use e.g. "
-                              f"checkpoint_every={every - every % accumulate or accumulate}.")
+            raise ConfigError(
+                f"checkpoint_every ({every}) counts batches and must be a multiple of accumulate "
+                f"({accumulate}): checkpoints fall between optimizer steps. Use e.g. "
+                f"checkpoint_every={every - every % accumulate or accumulate}."
+            )
         low, high = self.failures.min_workers, self.scaling.workers
         if low is not None and high is not None and low > high:
-            raise ConfigError(f"min_workers ({low}) cannot exceed workers ({high}); "
-                              "min_workers is how far an elastic restart may shrink the job.")
+            raise ConfigError(
+                f"min_workers ({low}) cannot exceed workers ({high}); "
+                "min_workers is how far an elastic restart may shrink the job."
+            )
 
     @classmethod
-    def of(cls, settings: Mapping[str, Any] | None = None, /, *, allowed: Collection[str] | None = None,
-           caller: str = "the job", **more: Any) -> JobConfig:
+    def of(
+        cls,
+        settings: Mapping[str, Any] | None = None,
+        /,
+        *,
+        allowed: Collection[str] | None = None,
+        caller: str = "the job",
+        **more: Any,
+    ) -> JobConfig:
         """A config from flat settings (``epochs=2``) or whole groups (``scaling=ScalingConfig(...)``).
 
         ``allowed`` limits which settings the caller takes; anything else is a ``ConfigError``
@@ -375,8 +430,9 @@ class JobConfig:
                 close = difflib.get_close_matches(str(key), permitted, n=1)
                 hint = f" Did you mean {close[0]!r}?" if close else ""
                 what = "setting" if key in known or key not in GROUPS else "group"
-                raise ConfigError(f"{caller} has no {what} {key!r}; allowed: "
-                                  f"{', '.join(sorted(permitted))}.{hint}")
+                raise ConfigError(
+                    f"{caller} has no {what} {key!r}; allowed: {', '.join(sorted(permitted))}.{hint}"
+                )
             if key in GROUPS:
                 groups[key] = value
             else:
@@ -389,8 +445,11 @@ class JobConfig:
 
     def settings(self) -> dict[str, Any]:
         """Every setting by its flat name (for run logs, summaries and job files)."""
-        return {name: getattr(getattr(self, group), name) for group, cls in GROUPS.items()
-                for name in setting_names(cls)}
+        return {
+            name: getattr(getattr(self, group), name)
+            for group, cls in GROUPS.items()
+            for name in setting_names(cls)
+        }
 
 
 def setting_names(cls: type) -> list[str]:
@@ -403,14 +462,48 @@ def group_of(name: str) -> str:
 
 
 #: JobConfig's groups by attribute name
-GROUPS: dict[str, type] = {"training": TrainingConfig, "scaling": ScalingConfig, "checkpoints": CheckpointConfig,
-                           "failures": FailureConfig, "monitor": MonitorConfig, "columns": Columns}
+GROUPS: dict[str, type] = {
+    "training": TrainingConfig,
+    "scaling": ScalingConfig,
+    "checkpoints": CheckpointConfig,
+    "failures": FailureConfig,
+    "monitor": MonitorConfig,
+    "columns": Columns,
+}
 
 JOB_DEFAULTS = JobConfig()
 
 #: the settings ``sparkdp.run`` and ``sparkdp.launch`` take: the user's own loop sets the rest
-RUN_SETTINGS = ("strategy", "strategy_options", "seed", "workers", "master", "threads", "checkpoint_dir",
-                "max_restarts", "min_workers", "start_timeout_s", "pg_timeout_s", "show_progress")
+RUN_SETTINGS = (
+    "strategy",
+    "strategy_options",
+    "seed",
+    "workers",
+    "master",
+    "threads",
+    "checkpoint_dir",
+    "max_restarts",
+    "min_workers",
+    "start_timeout_s",
+    "pg_timeout_s",
+    "show_progress",
+)
 
-__all__ = ["GROUPS", "JOB_DEFAULTS", "LR_SCHEDULES", "MEMORY_FORMATS", "PRECISIONS", "RUN_SETTINGS", "CheckpointConfig", "Columns", "FailureConfig", "JobConfig",
-           "MonitorConfig", "ScalingConfig", "TrainingConfig", "field_docs", "group_of", "setting"]
+__all__ = [
+    "GROUPS",
+    "JOB_DEFAULTS",
+    "LR_SCHEDULES",
+    "MEMORY_FORMATS",
+    "PRECISIONS",
+    "RUN_SETTINGS",
+    "CheckpointConfig",
+    "Columns",
+    "FailureConfig",
+    "JobConfig",
+    "MonitorConfig",
+    "ScalingConfig",
+    "TrainingConfig",
+    "field_docs",
+    "group_of",
+    "setting",
+]

@@ -37,8 +37,12 @@ from .errors import ConfigError
 STRATEGIES = ("allreduce", "average", "diloco", "asgd")
 #: what the model can price: a codec's bytes depend on the parameter count alone (PowerSGD's
 #: depend on every tensor's shape, so it is left out)
-CODECS = {"allreduce": ("none", "bf16", "fp16"), "average": ("none", "bf16", "fp16", "int8"),
-          "diloco": ("none", "bf16", "fp16", "int8"), "asgd": ("none",)}
+CODECS = {
+    "allreduce": ("none", "bf16", "fp16"),
+    "average": ("none", "bf16", "fp16", "int8"),
+    "diloco": ("none", "bf16", "fp16", "int8"),
+    "asgd": ("none",),
+}
 
 
 @dataclass(frozen=True)
@@ -62,7 +66,9 @@ class Network:
     @classmethod
     def from_link(cls, gbit_per_s: float, latency_ms: float) -> Network:
         if gbit_per_s <= 0 or latency_ms < 0:
-            raise ConfigError(f"bandwidth must be > 0 Gbit/s and latency >= 0 ms; got {gbit_per_s} and {latency_ms}")
+            raise ConfigError(
+                f"bandwidth must be > 0 Gbit/s and latency >= 0 ms; got {gbit_per_s} and {latency_ms}"
+            )
         return cls(latency_ms / 1e3, 8.0 / (gbit_per_s * 1e9))
 
     @property
@@ -132,18 +138,32 @@ def reduction_s(nbytes: float, workers: int, net: Network, compression: str = "n
     return ring_allreduce_s(nbytes / 2 if compression in ("bf16", "fp16") else nbytes, workers, net)
 
 
-def predict(strategy: str, work: Workload, net: Network, workers: int, *, k: int = 1, shards: int = 1,
-            overlap: float = 0.0, compression: str = "none", fragments: int = 1,
-            overlap_steps: int = 0) -> Prediction:
+def predict(
+    strategy: str,
+    work: Workload,
+    net: Network,
+    workers: int,
+    *,
+    k: int = 1,
+    shards: int = 1,
+    overlap: float = 0.0,
+    compression: str = "none",
+    fragments: int = 1,
+    overlap_steps: int = 0,
+) -> Prediction:
     """The predicted step of ``strategy`` on ``workers`` workers (see the module docstring)."""
     if strategy not in STRATEGIES:
         raise ConfigError(f"the cost model knows {', '.join(STRATEGIES)}; got {strategy!r}")
     if workers < 1 or k < 1 or shards < 1 or not 0.0 <= overlap < 1.0 or fragments < 1 or overlap_steps < 0:
-        raise ConfigError(f"need workers >= 1, k >= 1, shards >= 1, 0 <= overlap < 1, fragments >= 1 and "
-                          f"overlap_steps >= 0; got {workers}, {k}, {shards}, {overlap}, {fragments}, {overlap_steps}")
+        raise ConfigError(
+            f"need workers >= 1, k >= 1, shards >= 1, 0 <= overlap < 1, fragments >= 1 and "
+            f"overlap_steps >= 0; got {workers}, {k}, {shards}, {overlap}, {fragments}, {overlap_steps}"
+        )
     if compression not in CODECS[strategy]:
-        raise ConfigError(f"the cost model prices {strategy} with compression {', '.join(CODECS[strategy])}; "
-                          f"got {compression!r}")
+        raise ConfigError(
+            f"the cost model prices {strategy} with compression {', '.join(CODECS[strategy])}; "
+            f"got {compression!r}"
+        )
     c, s = work.step_compute_s * work.cpu_share(workers), work.nbytes
     options: dict = {"compression": compression} if compression != "none" else {}
     bound = "compute"
@@ -158,12 +178,17 @@ def predict(strategy: str, work: Workload, net: Network, workers: int, *, k: int
         options = {"k": k, **options}
     elif strategy == "diloco":
         # each piece: its reduction and the rows' all-reduce, less what overlap_steps of compute hide
-        piece = reduction_s(s / fragments, workers, net, compression) + (ring_allreduce_s(8, workers, net)
-                                                                           if workers > 1 else 0.0)
+        piece = reduction_s(s / fragments, workers, net, compression) + (
+            ring_allreduce_s(8, workers, net) if workers > 1 else 0.0
+        )
         comm = fragments * max(0.0, piece - overlap_steps * c) / k
         step = c + comm
-        options = {"H": k, **options, **({"fragments": fragments} if fragments > 1 else {}),
-                   **({"overlap_steps": overlap_steps} if overlap_steps else {})}
+        options = {
+            "H": k,
+            **options,
+            **({"fragments": fragments} if fragments > 1 else {}),
+            **({"overlap_steps": overlap_steps} if overlap_steps else {}),
+        }
     else:
         # a push and a pull cross each shard's link a K-th part (the shared queues) and the
         # worker's own link whole, pipelined: K pushes of S/K in turn, each shard's pull
@@ -180,8 +205,9 @@ def predict(strategy: str, work: Workload, net: Network, workers: int, *, k: int
         options = {"k": k, "shards": shards}
     if bound == "compute" and comm > c:
         bound = "network"
-    return Prediction(strategy, workers, step, comm, workers * work.batch / step,
-                      work.step_compute_s / step, bound, options)
+    return Prediction(
+        strategy, workers, step, comm, workers * work.batch / step, work.step_compute_s / step, bound, options
+    )
 
 
 def ps_round_s(think_s: float, in_s: float, out_s: float, workers: int) -> float:
@@ -217,8 +243,18 @@ def worker_counts(maximum: int) -> list[int]:
     return counts if counts[-1] == maximum else [*counts, maximum]
 
 
-def table(work: Workload, net: Network, counts: Sequence[int], *, average_k: int = 8, ps_k: int = 1,
-          shards: int = 1, overlap: float = 0.0, diloco_h: int = 32, diloco_compression: str = "int8") -> list[Prediction]:
+def table(
+    work: Workload,
+    net: Network,
+    counts: Sequence[int],
+    *,
+    average_k: int = 8,
+    ps_k: int = 1,
+    shards: int = 1,
+    overlap: float = 0.0,
+    diloco_h: int = 32,
+    diloco_compression: str = "int8",
+) -> list[Prediction]:
     """Every strategy at every worker count: allreduce (plain and bf16), average(k),
     diloco(H, compression) and asgd(k) with its server on the driver (shards=1) and, when
     ``shards`` > 1, with that many server tasks on the executors (``servers=shards``)."""
@@ -242,11 +278,17 @@ def recommend(rows: Sequence[Prediction], workers: int) -> str:
     sync = next(r for r in at if r.strategy == "allreduce" and not r.options)
     best = max(at, key=lambda r: r.samples_per_s)
     if sync.efficiency >= 0.8 or best is sync:
-        return (f"allreduce: {sync.efficiency:.0%} scaling efficiency at {workers} workers; it trains exactly like "
-                "one process on the combined batch, so prefer it.")
-    why = ("sends 16-bit gradients, which rarely changes accuracy" if best.strategy == "allreduce" else
-           f"{best.strategy} communicates less often or without a barrier, which can need more epochs to reach "
-           "the same accuracy")
-    return (f"{best.label}: {best.samples_per_s / sync.samples_per_s:.2f}x allreduce's throughput at {workers} "
-            f"workers, where allreduce keeps only {sync.efficiency:.0%} of each worker's compute speed; {why}.")
-
+        return (
+            f"allreduce: {sync.efficiency:.0%} scaling efficiency at {workers} workers; it trains exactly like "
+            "one process on the combined batch, so prefer it."
+        )
+    why = (
+        "sends 16-bit gradients, which rarely changes accuracy"
+        if best.strategy == "allreduce"
+        else f"{best.strategy} communicates less often or without a barrier, which can need more epochs to reach "
+        "the same accuracy"
+    )
+    return (
+        f"{best.label}: {best.samples_per_s / sync.samples_per_s:.2f}x allreduce's throughput at {workers} "
+        f"workers, where allreduce keeps only {sync.efficiency:.0%} of each worker's compute speed; {why}."
+    )

@@ -37,7 +37,9 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str | os.PathLike[str], write: Callable[[str], object], *, make_dirs: bool = True) -> Path:
+def atomic_write(
+    path: str | os.PathLike[str], write: Callable[[str], object], *, make_dirs: bool = True
+) -> Path:
     """Call ``write(tmp_path)``, flush it to disk, rename it over ``path``, then sync the directory.
 
     The temporary file sits in the destination's directory, so the rename is atomic: a

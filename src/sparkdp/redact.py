@@ -18,8 +18,10 @@ __all__ = ["redact"]
 _USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)[^@?#\s]*@")
 # credentials passed as query parameters: any parameter whose name contains one of these words
 # (access_token, X-Goog-Signature, X-Amz-Security-Token, client_secret, Authorization)
-_SECRET_QUERY = re.compile(r"(?i)(?P<key>[?&;][\w.\-]*?(?:passw(?:or)?d|pwd|secret|token|signature|sig|"
-                           r"credential|api[_\-]?key|access[_\-]?key|sas|authori[sz]ation)[\w.\-]*=)[^&;#\s'\"]*")
+_SECRET_QUERY = re.compile(
+    r"(?i)(?P<key>[?&;][\w.\-]*?(?:passw(?:or)?d|pwd|secret|token|signature|sig|"
+    r"credential|api[_\-]?key|access[_\-]?key|sas|authori[sz]ation)[\w.\-]*=)[^&;#\s'\"]*"
+)
 # A Spark Connect URL's ';name=value' parameters: those the client does not know itself are sent to the
 # server as gRPC headers, where credentials travel (an authorization header, a vendor's key), so every
 # value is hidden except the client's own settings that are no secret.
@@ -31,7 +33,8 @@ _CONNECT_PUBLIC = frozenset({"use_ssl", "user_id", "user_agent", "session_id", "
 def _connect(match: re.Match[str]) -> str:
     return _CONNECT_PARAM.sub(
         lambda p: p.group(0) if p.group("name").lower() in _CONNECT_PUBLIC else f";{p.group('name')}=***",
-        match.group(0))
+        match.group(0),
+    )
 
 
 def redact(value: Any) -> Any:

@@ -48,7 +48,9 @@ class Registry(Generic[T]):
             raise ValueError(f"{self.kind} {name!r} is registered twice")
         self._entries[key] = Entry(key, factory, description, dict(preset))
 
-    def __call__(self, name: str, *, description: str = "", **preset: Any) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    def __call__(
+        self, name: str, *, description: str = "", **preset: Any
+    ) -> Callable[[Callable[..., T]], Callable[..., T]]:
         """Decorator form of :meth:`register`."""
 
         def deco(factory: Callable[..., T]) -> Callable[..., T]:

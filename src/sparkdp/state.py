@@ -49,13 +49,17 @@ def state_from_bytes(data: bytes) -> dict[str, Tensor]:
     return _st_load(data)
 
 
-def save_state(state: Mapping[str, Tensor], path: str | Path, metadata: Mapping[str, Any] | None = None) -> Path:
+def save_state(
+    state: Mapping[str, Tensor], path: str | Path, metadata: Mapping[str, Any] | None = None
+) -> Path:
     """Write a state dict as plain safetensors (+ a JSON sidecar of metadata), atomically."""
     path = Path(path)
     atomic_write(path, lambda tmp: save_file({k: _plain(v) for k, v in state.items()}, tmp))
     if metadata is not None:
-        atomic_write(path.with_suffix(".json"),
-                     lambda tmp: Path(tmp).write_text(json.dumps(dict(metadata), indent=2, default=str)))
+        atomic_write(
+            path.with_suffix(".json"),
+            lambda tmp: Path(tmp).write_text(json.dumps(dict(metadata), indent=2, default=str)),
+        )
     return path
 
 
@@ -91,18 +95,22 @@ def from_bytes(data: bytes) -> Any:
         # (a JSON object, string metadata, tensor byte ranges inside the data)
         tensors = _st_load(data)
     except SafetensorError as err:
-        raise ValueError(f"these bytes are not sparkdp state: they do not read as safetensors ({err}). "
-                         "Are they truncated or damaged?") from err
+        raise ValueError(
+            f"these bytes are not sparkdp state: they do not read as safetensors ({err}). "
+            "Are they truncated or damaged?"
+        ) from err
     (size,) = struct.unpack("<Q", data[:8])  # safetensors: u64 header size, then the JSON header
-    metadata = json.loads(data[8:8 + size]).get("__metadata__") or {}
+    metadata = json.loads(data[8 : 8 + size]).get("__metadata__") or {}
     if META_KEY not in metadata:
         raise ValueError("these bytes are safetensors but not sparkdp state (no 'sparkdp' metadata).")
     try:
         return unflatten(metadata[META_KEY], tensors)
     except (ValueError, KeyError, TypeError, RecursionError) as err:
         # the skeleton is JSON of our own shape; anything else means the bytes were damaged
-        raise ValueError(f"these bytes hold damaged sparkdp state: its 'sparkdp' metadata does not describe "
-                         f"the stored values ({type(err).__name__}: {err}).") from err
+        raise ValueError(
+            f"these bytes hold damaged sparkdp state: its 'sparkdp' metadata does not describe "
+            f"the stored values ({type(err).__name__}: {err})."
+        ) from err
 
 
 def save(obj: Any, path: str | os.PathLike[str]) -> None:
@@ -118,12 +126,16 @@ def load(path: str | os.PathLike[str]) -> Any:
         with safe_open(str(path), framework="pt") as fh:
             meta = fh.metadata() or {}
             if META_KEY not in meta:
-                raise ValueError(f"{path} is a safetensors file but not sparkdp state (no 'sparkdp' metadata).")
+                raise ValueError(
+                    f"{path} is a safetensors file but not sparkdp state (no 'sparkdp' metadata)."
+                )
             return unflatten(meta[META_KEY], {k: fh.get_tensor(k) for k in fh.keys()})
     except (OSError, ValueError):
         raise
     except Exception as exc:  # safetensors raises its own error type (not a ValueError) for a damaged file
-        raise ValueError(f"{path} is not a readable sparkdp state file ({type(exc).__name__}: {exc}).") from exc
+        raise ValueError(
+            f"{path} is not a readable sparkdp state file ({type(exc).__name__}: {exc})."
+        ) from exc
 
 
 def _encode(obj: Any, tensors: dict[str, Tensor], where: str) -> Any:
@@ -135,8 +147,11 @@ def _encode(obj: Any, tensors: dict[str, Tensor], where: str) -> Any:
         if all(isinstance(k, str) for k in obj) and not any(k in _RESERVED for k in obj):
             return {k: _encode(v, tensors, f"{where}.{k}") for k, v in obj.items()}
         # int keys (per-worker or per-parameter state) would silently become strings in JSON
-        return {"__items__": [[_encode(k, tensors, where), _encode(v, tensors, f"{where}[{k!r}]")]
-                              for k, v in obj.items()]}
+        return {
+            "__items__": [
+                [_encode(k, tensors, where), _encode(v, tensors, f"{where}[{k!r}]")] for k, v in obj.items()
+            ]
+        }
     if isinstance(obj, list):
         return [_encode(v, tensors, f"{where}[{i}]") for i, v in enumerate(obj)]
     if isinstance(obj, tuple):

@@ -30,8 +30,9 @@ layer {{ name: "feat{s}" type: "InnerProduct" bottom: "ip1{s}" top: "feat{s}"
 """
 
 
-def siamese_net(train_source: str = "pairs_train_lmdb", test_source: str = "pairs_test_lmdb",
-                batch_size: int = 64) -> str:
+def siamese_net(
+    train_source: str = "pairs_train_lmdb", test_source: str = "pairs_test_lmdb", batch_size: int = 64
+) -> str:
     """The train/test prototxt; ``*_source`` name the pair databases (LMDB)."""
     data = "".join(
         f"""
@@ -67,7 +68,9 @@ solver_mode: CPU
 """
 
 
-def fashion_pairs(images: np.ndarray, labels: np.ndarray, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def fashion_pairs(
+    images: np.ndarray, labels: np.ndarray, n: int, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
     """``n`` pairs (n, 2, 28, 28) of the images (uint8) and ``sim`` (1 = same class), half of them similar."""
     rng = np.random.default_rng(seed)
     by_class = [np.flatnonzero(labels == c) for c in range(int(labels.max()) + 1)]

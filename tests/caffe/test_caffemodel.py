@@ -232,7 +232,10 @@ def _one_blob_net(blob: bytes) -> bytes:
     "blob, message",
     [
         # 2**32 * 2**32 = 2**64: an int64 product wraps to 0 and passed for an empty blob
-        (blob_v2((1 << 32, 1 << 32), []), r"at most 2,147,483,647 values .* found shape \(4294967296, 4294967296\)"),
+        (
+            blob_v2((1 << 32, 1 << 32), []),
+            r"at most 2,147,483,647 values .* found shape \(4294967296, 4294967296\)",
+        ),
         # 3 * 6148914691236517206 = 2**64 + 2: wrapped to 2, the number of values given
         (blob_v2((3, 6148914691236517206), [1, 2]), "at most 2,147,483,647 values"),
         # an empty blob still needs a shape an array can have
@@ -268,7 +271,9 @@ def test_many_repeated_shape_fields_decode_in_linear_time():
     assert elapsed < 5.0, f"decoding 100,000 shape fields took {elapsed:.1f} s"
 
 
-def _refused_within(data, message: str, *, peak_mib: float | None, seconds: float = 10.0, read=decode_net) -> None:
+def _refused_within(
+    data, message: str, *, peak_mib: float | None, seconds: float = 10.0, read=decode_net
+) -> None:
     """``read(data)`` raises a CaffemodelError matching ``message``, allocating at most ``peak_mib``
     MiB on the way (the input is allocated before the count starts; None: not traced, which is
     slow per object) and within ``seconds``."""
@@ -284,7 +289,9 @@ def _refused_within(data, message: str, *, peak_mib: float | None, seconds: floa
         peak = tracemalloc.get_traced_memory()[1] / 2**20
     finally:
         tracemalloc.stop()
-    assert peak_mib is None or peak < peak_mib, f"{peak:.1f} MiB allocated before refusing {len(data) / 2**20:.1f} MiB"
+    assert peak_mib is None or peak < peak_mib, (
+        f"{peak:.1f} MiB allocated before refusing {len(data) / 2**20:.1f} MiB"
+    )
     assert elapsed < seconds, f"{elapsed:.1f} s before refusing {len(data) / 2**20:.1f} MiB"
 
 
@@ -292,31 +299,52 @@ _MANY = 4 << 20  # 4 MiB of one-byte varints: 4 million values declared
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("data, message", [
-    (_one_blob_net(lfield(7, lfield(1, b"\x01" * _MANY))), "at most 32 axes .*, found more than 32"),
-    (lfield(3, "data") + lfield(4, b"\x01" * _MANY), "at most 4096 input_dim values"),
-    (lfield(3, "data") + lfield(8, lfield(1, b"\x01" * _MANY)), "at most 32 axes"),
-    (lfield(3, "data") + lfield(8, b"".join(lfield(1, varint(1)) for _ in range(100_000))), "at most 32 axes"),
-    # 1 declared value, 100,000 given one by one: refused by count, without a view per value
-    (_one_blob_net(blob_v2((1,), [0.5] * 100_000, packed=False)), "a blob with 1 values for shape \\(1,\\), "
-                                                                  "found 100000"),
-    (lfield(8, b"") * 2000, "at most 1024 input_shape entries"),
-], ids=["blob-dims", "input-dim", "input-shape-dims", "input-shape-repeated", "unpacked-values",
-        "input-shapes"])
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (_one_blob_net(lfield(7, lfield(1, b"\x01" * _MANY))), "at most 32 axes .*, found more than 32"),
+        (lfield(3, "data") + lfield(4, b"\x01" * _MANY), "at most 4096 input_dim values"),
+        (lfield(3, "data") + lfield(8, lfield(1, b"\x01" * _MANY)), "at most 32 axes"),
+        (
+            lfield(3, "data") + lfield(8, b"".join(lfield(1, varint(1)) for _ in range(100_000))),
+            "at most 32 axes",
+        ),
+        # 1 declared value, 100,000 given one by one: refused by count, without a view per value
+        (
+            _one_blob_net(blob_v2((1,), [0.5] * 100_000, packed=False)),
+            "a blob with 1 values for shape \\(1,\\), found 100000",
+        ),
+        (lfield(8, b"") * 2000, "at most 1024 input_shape entries"),
+    ],
+    ids=[
+        "blob-dims",
+        "input-dim",
+        "input-shape-dims",
+        "input-shape-repeated",
+        "unpacked-values",
+        "input-shapes",
+    ],
+)
 def test_declared_sizes_are_checked_before_lists_are_built(data, message):
     _refused_within(data, message, peak_mib=4)
 
 
-@pytest.mark.parametrize("dims, message", [
-    ((1 << 40, 1 << 40, 1, 1), "at most 2,147,483,647 values"), ((1, -3, 2, 2), "non-negative blob dimensions"),
-])
+@pytest.mark.parametrize(
+    "dims, message",
+    [
+        ((1 << 40, 1 << 40, 1, 1), "at most 2,147,483,647 values"),
+        ((1, -3, 2, 2), "non-negative blob dimensions"),
+    ],
+)
 def test_input_shapes_are_held_to_the_blob_limits(dims, message):
     shape = lfield(8, lfield(1, b"".join(varint(d) for d in dims)))
     legacy = b"".join(vfield(4, d) for d in dims)
     for data in (lfield(3, "data") + shape, lfield(3, "data") + legacy):
         with pytest.raises(CaffemodelError, match=message):
             decode_net(data)
-    assert decode_net(lfield(3, "data") + b"".join(vfield(4, d) for d in (2, 3, 4, 5))).input_shapes == [(2, 3, 4, 5)]
+    assert decode_net(lfield(3, "data") + b"".join(vfield(4, d) for d in (2, 3, 4, 5))).input_shapes == [
+        (2, 3, 4, 5)
+    ]
 
 
 @pytest.mark.timeout(60)

@@ -149,7 +149,8 @@ def test_wiring_errors(build):
             data=(1, 2),
         )
     with pytest.raises(
-        ConfigError, match=r"has type 'Frobnicate', which sparkdp cannot convert\. Supported types: .*Convolution"
+        ConfigError,
+        match=r"has type 'Frobnicate', which sparkdp cannot convert\. Supported types: .*Convolution",
     ):
         build('layer { name: "l" type: "Frobnicate" bottom: "data" top: "y" }', data=(1, 2))
     with pytest.raises(ConfigError, match=r"Did you mean 'ReLU'\? \(type names are case-sensitive\)"):
@@ -157,7 +158,8 @@ def test_wiring_errors(build):
     with pytest.raises(ConfigError, match=r"'SoftmaxLoss'.*Did you mean 'SoftmaxWithLoss'"):
         build('layer { name: "l" type: "SoftmaxLoss" bottom: "data" top: "y" }', data=(1, 2))
     with pytest.raises(
-        ConfigError, match=r"layer 'py' is a Python layer \(module 'my_layers', layer 'Odd'\).*own Python code"
+        ConfigError,
+        match=r"layer 'py' is a Python layer \(module 'my_layers', layer 'Odd'\).*own Python code",
     ):
         build(
             'layer { name: "py" type: "Python" bottom: "data" top: "y" '

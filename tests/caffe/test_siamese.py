@@ -41,14 +41,29 @@ def test_siamese_net_trains_from_its_pair_lmdb_through_sparkdp_train(tmp_path):
 
     ds = load_dataset("fashion-mnist", limit=6000)
     as_bytes = lambda a: (a * 255).round().astype(np.uint8)  # noqa: E731 (the dataset scales to [0, 1])
-    for name, (x, y, n, seed) in {"pairs_train_lmdb": (ds.x_train, ds.y_train, 4000, 0),
-                                  "pairs_test_lmdb": (ds.x_test, ds.y_test, 1000, 1)}.items():
+    for name, (x, y, n, seed) in {
+        "pairs_train_lmdb": (ds.x_train, ds.y_train, 4000, 0),
+        "pairs_test_lmdb": (ds.x_test, ds.y_test, 1000, 1),
+    }.items():
         pairs, sim = fashion_pairs(as_bytes(x), y, n, seed=seed)
         write_datum_db(tmp_path / name, pairs, sim)
     (tmp_path / "siamese_train_test.prototxt").write_text(siamese_net())
     (tmp_path / "solver.prototxt").write_text(SOLVER)
-    proc = sparkdp("train", "--caffe-solver", "solver.prototxt", "--workers", "2", "--epochs", "3", "-q",
-                   "--json-out", "run.json", "--out", "out", cwd=tmp_path)
+    proc = sparkdp(
+        "train",
+        "--caffe-solver",
+        "solver.prototxt",
+        "--workers",
+        "2",
+        "--epochs",
+        "3",
+        "-q",
+        "--json-out",
+        "run.json",
+        "--out",
+        "out",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, _explain(proc)
     run = json.loads((tmp_path / "run.json").read_text())
     losses = [h["test_loss"] for h in run["history"]]

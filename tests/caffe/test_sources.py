@@ -48,7 +48,8 @@ def test_datum_decodes_hand_written_bytes_field_by_field():
         b"\x08\x01"  # 1 channels = 1 (varint)
         + b"\x10\x02"  # 2 height = 2
         + b"\x18\x03"  # 3 width = 3
-        + b"\x22\x06" + pixels  # 4 data: length-delimited, 6 bytes
+        + b"\x22\x06"
+        + pixels  # 4 data: length-delimited, 6 bytes
         + b"\x28\x07"  # 5 label = 7
     )
     datum = parse_datum(record)
@@ -74,7 +75,7 @@ def test_datum_float_data_packed_and_unpacked():
         array, label = decode_datum(record)
         assert array.dtype == np.float32 and array.tolist() == [[[0.5, -2.0, 3.25]]] and label == 2
     # Caffe (proto2, not packed) writes float_data unpacked: so does encode_datum
-    assert encode_datum(values.reshape(1, 1, 3), 2) == head[:6] + b"\x28\x02" + unpacked[len(head):]
+    assert encode_datum(values.reshape(1, 1, 3), 2) == head[:6] + b"\x28\x02" + unpacked[len(head) :]
     # data wins over float_data when both are present (DataTransformer checks data.size() > 0)
     both = head + b"\x22\x03\x09\x08\x07" + b"\x32\x0c" + values.tobytes()
     assert decode_datum(both)[0].tolist() == [[[9, 8, 7]]]
@@ -88,7 +89,9 @@ def test_encoded_png_is_exact_and_colour_comes_out_bgr():
     buf = io.BytesIO()
     Image.fromarray(rgb, "RGB").save(buf, format="PNG")
     png = buf.getvalue()
-    record = b"\x22" + bytes([len(png) & 0x7F | 0x80, len(png) >> 7]) + png + b"\x28\x03\x38\x01"  # 4, 5, 7: true
+    record = (
+        b"\x22" + bytes([len(png) & 0x7F | 0x80, len(png) >> 7]) + png + b"\x28\x03\x38\x01"
+    )  # 4, 5, 7: true
     array, label = decode_datum(record)
     assert label == 3 and array.shape == (3, 5, 7)
     assert np.array_equal(array, rgb[:, :, ::-1].transpose(2, 0, 1))  # C×H×W, B first as OpenCV
@@ -130,8 +133,12 @@ def _png_chunk(kind: bytes, body: bytes) -> bytes:
 
 def test_an_encoded_image_declaring_billions_of_pixels_is_a_data_error():
     """A 60-byte PNG header can declare 100,000 x 100,000 pixels: Pillow's own error escaped."""
-    png = (b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", struct.pack(">IIBBBBB", 100_000, 100_000, 8, 0, 0, 0, 0))
-           + _png_chunk(b"IDAT", zlib.compress(b"")) + _png_chunk(b"IEND", b""))
+    png = (
+        b"\x89PNG\r\n\x1a\n"
+        + _png_chunk(b"IHDR", struct.pack(">IIBBBBB", 100_000, 100_000, 8, 0, 0, 0, 0))
+        + _png_chunk(b"IDAT", zlib.compress(b""))
+        + _png_chunk(b"IEND", b"")
+    )
     record = b"\x22" + bytes([len(png)]) + png + b"\x38\x01"
     with pytest.raises(DataError, match="declares more pixels than Pillow will decode"):
         decode_datum(record)
@@ -139,13 +146,17 @@ def test_an_encoded_image_declaring_billions_of_pixels_is_a_data_error():
 
 # ------------------------------------------------------------------------- transform
 
-X = np.array([[100, 101, 102, 103], [104, 105, 106, 107], [108, 109, 110, 111], [112, 113, 114, 115]], np.uint8)
+X = np.array(
+    [[100, 101, 102, 103], [104, 105, 106, 107], [108, 109, 110, 111], [112, 113, 114, 115]], np.uint8
+)
 MEAN = np.array([[0, 1, 2, 3], [10, 12, 14, 16], [20, 23, 26, 29], [30, 34, 38, 42]], np.float32)
 
 
 def _layer(tmp_path: Path, transform: str, phase: str = "TRAIN"):
-    text = (f'layer {{ name: "d" type: "Data" top: "data" top: "label" include {{ phase: {phase} }} '
-            f'transform_param {{ {transform} }} data_param {{ source: "db" batch_size: 4 }} }}')
+    text = (
+        f'layer {{ name: "d" type: "Data" top: "data" top: "label" include {{ phase: {phase} }} '
+        f'transform_param {{ {transform} }} data_param {{ source: "db" batch_size: 4 }} }}'
+    )
     return load_net_spec(text).layers[0]
 
 
@@ -170,7 +181,7 @@ def test_random_crops_and_mirror_in_train_cover_every_offset(tmp_path):
     allowed = {}
     for h in range(3):
         for w in range(3):
-            crop = diff[h:h + 2, w:w + 2]
+            crop = diff[h : h + 2, w : w + 2]
             allowed[crop.tobytes()] = (h, w, False)
             allowed[crop[:, ::-1].copy().tobytes()] = (h, w, True)
     out = t(np.repeat(X.reshape(1, 1, 4, 4), 200, axis=0), np.random.default_rng(1))
@@ -208,7 +219,9 @@ def test_transform_errors_follow_caffes_checks(tmp_path):
 
 
 def _indexed_lmdb(path: Path, n: int, shape=(1, 2, 2)) -> Path:
-    images = (np.arange(n, dtype=np.int64) % 256).astype(np.uint8)[:, None, None, None] * np.ones(shape, np.uint8)
+    images = (np.arange(n, dtype=np.int64) % 256).astype(np.uint8)[:, None, None, None] * np.ones(
+        shape, np.uint8
+    )
     write_datum_db(path, images, np.arange(n))
     return path
 
@@ -216,8 +229,11 @@ def _indexed_lmdb(path: Path, n: int, shape=(1, 2, 2)) -> Path:
 def _epoch(source, world: int, epoch: int, seed: int = 3, batch: int = 4, shuffle: bool = True):
     per_rank = []
     for rank in range(world):
-        batches = list(source.batches(rank=rank, world_size=world, epoch=epoch, batch_size=batch, seed=seed,
-                                      shuffle=shuffle))
+        batches = list(
+            source.batches(
+                rank=rank, world_size=world, epoch=epoch, batch_size=batch, seed=seed, shuffle=shuffle
+            )
+        )
         for x, y in batches:  # every row still carries its own record's pixels
             assert torch.equal(x[:, 0, 0, 0], (y % 256).float())
         per_rank.append(torch.cat([y for _, y in batches]).tolist())
@@ -235,8 +251,10 @@ def test_lmdb_records_are_sharded_once_per_epoch_deterministically(tmp_path):
     assert len(seen) - 103 == 2 and len(dups) == 2  # ... once, but the 2 wrapped-around rows of the last rank
     assert ranks == _epoch(pickle.loads(pickle.dumps(source)), 3, epoch=0)  # seeded; shipped by pickling
     assert ranks != _epoch(source, 3, epoch=1) and ranks != _epoch(source, 3, epoch=0, seed=4)
-    evaluated = [torch.cat([y for _, y in source.eval_batches(rank=r, world_size=3, batch_size=10)]).tolist()
-                 for r in range(3)]
+    evaluated = [
+        torch.cat([y for _, y in source.eval_batches(rank=r, world_size=3, batch_size=10)]).tolist()
+        for r in range(3)
+    ]
     assert sum(evaluated, []) == list(range(103))  # evaluation: storage order, each record exactly once
     plain = _epoch(source, 2, epoch=5, shuffle=False)
     assert plain == [list(range(52)), list(range(52, 103)) + [0]]
@@ -246,8 +264,10 @@ def test_lmdb_records_are_sharded_once_per_epoch_deterministically(tmp_path):
 
 def test_hdf5_source_shards_rows_across_files_and_honours_shuffle(tmp_path):
     x = np.arange(50, dtype=np.float32)[:, None, None, None] * np.ones((1, 2, 2), np.float32)
-    parts = [{"data": x[:30], "label": np.arange(30, dtype=np.float32)},
-             {"data": x[30:], "label": np.arange(30, 50, dtype=np.float32)[:, None]}]
+    parts = [
+        {"data": x[:30], "label": np.arange(30, dtype=np.float32)},
+        {"data": x[30:], "label": np.arange(30, 50, dtype=np.float32)[:, None]},
+    ]
     write_hdf5_source(tmp_path / "train.txt", parts[:1])
     with h5py.File(tmp_path / "b.h5", "w") as f:
         f["data"], f["label"] = parts[1]["data"], parts[1]["label"].reshape(20)
@@ -291,12 +311,15 @@ def test_net_data_reads_both_phases_relative_to_the_prototxt(tmp_path, monkeypat
     (tmp_path / "net.prototxt").write_text(NET)
     monkeypatch.chdir(tmp_path.parent)  # not where the databases are: found next to the prototxt
     data = net_data(tmp_path / "net.prototxt")
-    assert data.sample_shape == (1, 20, 20) and data.train.num_samples() == 40 and data.eval.num_samples() == 12
+    assert (
+        data.sample_shape == (1, 20, 20) and data.train.num_samples() == 40 and data.eval.num_samples() == 12
+    )
     assert data.train.transform.train and data.train.transform.mirror and not data.eval.transform.train
     assert data.eval.backend == "lmdb"  # no backend stated (Caffe's default LEVELDB): told by data.mdb
     spec = read_solver_spec('base_lr: 0.1 lr_policy: "fixed"')
-    model = build_model(tmp_path / "net.prototxt", spec, sample_shape=data.sample_shape, raw_scale=1.0,
-                        apply_transform=False)  # crop_size/mirror are the source's job: no refusal here
+    model = build_model(
+        tmp_path / "net.prototxt", spec, sample_shape=data.sample_shape, raw_scale=1.0, apply_transform=False
+    )  # crop_size/mirror are the source's job: no refusal here
     data.check_model(model)
     x, y = next(data.eval.eval_batches(rank=0, world_size=1, batch_size=8))
     assert x.shape == (8, 1, 20, 20) and torch.allclose(x[:, 0, 0, 0], y.float() / 256)
@@ -359,14 +382,18 @@ def test_records_of_another_size_are_refused_naming_the_record(tmp_path):
     _indexed_lmdb(tmp_path / "train_lmdb", 4, (1, 28, 28))
     _indexed_lmdb(tmp_path / "test_lmdb", 4, (1, 24, 24))
     (tmp_path / "net.prototxt").write_text(NET.replace("crop_size: 20", ""))
-    with pytest.raises(DataError, match=r"TEST source .* gives rows of shape \(1, 24, 24\) .* is \(1, 28, 28\)"):
+    with pytest.raises(
+        DataError, match=r"TEST source .* gives rows of shape \(1, 24, 24\) .* is \(1, 28, 28\)"
+    ):
         net_data(tmp_path / "net.prototxt")
 
 
 def test_hdf5_list_naming_missing_files_names_them_with_file_and_line(tmp_path):
     write_hdf5_source(tmp_path / "list.txt", [{"data": np.zeros((4, 3)), "label": np.zeros(4)}])
     (tmp_path / "list.txt").write_text("list_0.h5\nmissing_a.h5\n\n/nowhere/b.h5\n")
-    with pytest.raises(DataError, match=r"2 file\(s\) named in .*list.txt:2: missing_a.h5; .*list.txt:4: /nowhere/b.h5"):
+    with pytest.raises(
+        DataError, match=r"2 file\(s\) named in .*list.txt:2: missing_a.h5; .*list.txt:4: /nowhere/b.h5"
+    ):
         HDF5Source(tmp_path / "list.txt")
     (tmp_path / "list.txt").write_text("list_0.h5\n")
     with pytest.raises(DataError, match=r"list.txt:1: .* has no dataset 'target'"):
@@ -375,12 +402,26 @@ def test_hdf5_list_naming_missing_files_names_them_with_file_and_line(tmp_path):
         HDF5Source(tmp_path / "nope.txt")
 
 
-@pytest.mark.parametrize("package, call, extra", [
-    ("lmdb", lambda p: DatumDBSource(p / "lmdb"), "LMDB sources need the lmdb package: pip install 'sparkdp[caffe-data]'"),
-    ("plyvel", lambda p: DatumDBSource(p / "ldb", backend="leveldb"),
-     "LevelDB sources need the plyvel package: pip install 'sparkdp[caffe-leveldb]'"),
-    ("h5py", lambda p: HDF5Source(p / "list.txt"), "HDF5 sources need the h5py package: pip install 'sparkdp[caffe-data]'"),
-])
+@pytest.mark.parametrize(
+    "package, call, extra",
+    [
+        (
+            "lmdb",
+            lambda p: DatumDBSource(p / "lmdb"),
+            "LMDB sources need the lmdb package: pip install 'sparkdp[caffe-data]'",
+        ),
+        (
+            "plyvel",
+            lambda p: DatumDBSource(p / "ldb", backend="leveldb"),
+            "LevelDB sources need the plyvel package: pip install 'sparkdp[caffe-leveldb]'",
+        ),
+        (
+            "h5py",
+            lambda p: HDF5Source(p / "list.txt"),
+            "HDF5 sources need the h5py package: pip install 'sparkdp[caffe-data]'",
+        ),
+    ],
+)
 def test_missing_optional_packages_name_the_extra(tmp_path, monkeypatch, package, call, extra):
     _indexed_lmdb(tmp_path / "lmdb", 2)
     (tmp_path / "ldb").mkdir()
@@ -395,9 +436,13 @@ def test_leveldb_source_reads_and_waits_for_the_lock(tmp_path):
     plyvel = pytest.importorskip("plyvel")
     images = np.arange(20, dtype=np.uint8)[:, None, None, None] * np.ones((1, 2, 2), np.uint8)
     write_datum_db(tmp_path / "ldb", images, np.arange(20), backend="leveldb")
-    (tmp_path / "net.prototxt").write_text(NET.replace('"train_lmdb"', '"ldb"').replace("backend: LMDB", "")
-                                           .replace("crop_size: 20", "").replace('"test_lmdb"', '"ldb"')
-                                           .replace("scale: 0.00390625", ""))
+    (tmp_path / "net.prototxt").write_text(
+        NET.replace('"train_lmdb"', '"ldb"')
+        .replace("backend: LMDB", "")
+        .replace("crop_size: 20", "")
+        .replace('"test_lmdb"', '"ldb"')
+        .replace("scale: 0.00390625", "")
+    )
     data = net_data(tmp_path / "net.prototxt")  # no backend: Caffe's default, LEVELDB
     assert data.train.backend == "leveldb" and data.sample_shape == (1, 2, 2)
     assert sorted(sum(_epoch(data.train, 2, epoch=0), [])) == list(range(20))
@@ -433,12 +478,19 @@ def test_fit_caffe_trains_from_the_nets_hdf5_sources(spark, tmp_path):
         pytest.skip("dataset-fashion-mnist is not installed")
     x, xt = ds.x_train.reshape(-1, 784), ds.x_test.reshape(-1, 784)
     # labels as float32, as Caffe's HDF5 examples store them; two training files
-    write_hdf5_source(tmp_path / "train.txt", [{"data": x[:1200], "label": ds.y_train[:1200].astype(np.float32)},
-                                               {"data": x[1200:], "label": ds.y_train[1200:].astype(np.float32)}])
+    write_hdf5_source(
+        tmp_path / "train.txt",
+        [
+            {"data": x[:1200], "label": ds.y_train[:1200].astype(np.float32)},
+            {"data": x[1200:], "label": ds.y_train[1200:].astype(np.float32)},
+        ],
+    )
     write_hdf5_source(tmp_path / "test.txt", [{"data": xt, "label": ds.y_test.astype(np.float32)}])
     (tmp_path / "net.prototxt").write_text(HDF5_NET)
     solver = 'base_lr: 0.05 momentum: 0.9 lr_policy: "fixed" max_iter: 100'
-    result = fit_caffe(tmp_path / "net.prototxt", solver, workers=2, epochs=3, spark=spark, show_progress=False)
+    result = fit_caffe(
+        tmp_path / "net.prototxt", solver, workers=2, epochs=3, spark=spark, show_progress=False
+    )
     assert result.epochs == 3 and result.history[-1]["samples"] == 2000
     assert result.history[-1]["test_accuracy"] > 0.7, result.history
 
@@ -452,16 +504,23 @@ def test_hdf5_datasets_larger_than_a_caffe_blob_are_refused(tmp_path, shape):
         f.create_dataset("data", shape=shape, dtype="f4", chunks=(1,) * len(shape))
         f["label"] = np.zeros(2, np.float32)
     (tmp_path / "list.txt").write_text("huge.h5\n")
-    with pytest.raises(DataError, match=r"has shape \(.*\); Caffe loads it into one blob, which has at most 32 "
-                                        r"axes and 2,147,483,647 values"):
+    with pytest.raises(
+        DataError,
+        match=r"has shape \(.*\); Caffe loads it into one blob, which has at most 32 "
+        r"axes and 2,147,483,647 values",
+    ):
         HDF5Source(tmp_path / "list.txt")
 
 
 def _blank_png(width: int, height: int) -> bytes:
     """A grey PNG of one colour: a few KiB that decode to width × height bytes."""
     rows = zlib.compress(bytes((width + 1) * height), 9)  # filter byte 0, then the row's zeros
-    return (b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
-            + _png_chunk(b"IDAT", rows) + _png_chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + _png_chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+        + _png_chunk(b"IDAT", rows)
+        + _png_chunk(b"IEND", b"")
+    )
 
 
 def _encoded_record(png: bytes) -> bytes:
@@ -495,7 +554,9 @@ def test_an_encoded_image_larger_than_the_pixel_limit_is_refused_before_decoding
     assert len(record) < 64 << 10
 
     def refused():
-        with pytest.raises(DataError, match=r"is 6000×6000 pixels, more than .*MAX_IMAGE_PIXELS .* refused before"):
+        with pytest.raises(
+            DataError, match=r"is 6000×6000 pixels, more than .*MAX_IMAGE_PIXELS .* refused before"
+        ):
             decode_datum(record)
 
     assert _peak_mib(refused) < 2
@@ -515,7 +576,9 @@ def test_an_encoded_record_larger_than_the_nets_input_is_refused_before_decoding
     assert source.record_shape == (1, 4, 4)
 
     def refused():
-        with pytest.raises(DataError, match=r"record b'1' is 3000×3000 \(H×W\) but the net's input.* is 1×4×4"):
+        with pytest.raises(
+            DataError, match=r"record b'1' is 3000×3000 \(H×W\) but the net's input.* is 1×4×4"
+        ):
             list(source.eval_batches(rank=0, world_size=1, batch_size=2))
 
     assert _peak_mib(refused) < 4  # decoding it would take 9 MiB, and 36 more as float32
@@ -542,7 +605,7 @@ def test_a_damaged_lmdb_is_refused_instead_of_crashing_the_worker(tmp_path, dama
     data = bytearray((good / "data.mdb").read_bytes())
     page = struct.unpack_from("<I", data, 40)[0]  # lmdb.h: the free tree's md_pad holds the page size
     if damage == "truncated":
-        del data[3 * page:]  # a partial copy: both meta pages and one more
+        del data[3 * page :]  # a partial copy: both meta pages and one more
     else:
         for meta in (0, page):  # both meta pages: the main tree's root and the last page far past the end
             struct.pack_into("<QQ", data, meta + 128, 900, 1000)
@@ -552,8 +615,13 @@ def test_a_damaged_lmdb_is_refused_instead_of_crashing_the_worker(tmp_path, dama
 
     src = str(Path(__file__).resolve().parents[2] / "src")
     for db, expected in ((good, "read 300"), (tmp_path / "bad", "DataError: LMDB ")):
-        run = subprocess.run([sys.executable, "-c", _OPEN_IN_CHILD, str(db)], capture_output=True, text=True,
-                             timeout=60, env={**__import__("os").environ, "PYTHONPATH": src})
+        run = subprocess.run(
+            [sys.executable, "-c", _OPEN_IN_CHILD, str(db)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**__import__("os").environ, "PYTHONPATH": src},
+        )
         assert run.returncode == 0, f"the child died with {run.returncode} on the {damage} database"
         assert run.stdout.startswith(expected), run.stdout + run.stderr
     assert "Copy the database again" in run.stdout

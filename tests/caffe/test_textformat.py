@@ -137,15 +137,25 @@ def _seconds_to_parse(text: str) -> float:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("make", [
-    lambda n: "a: " + "1" * n + "x",  # a digit run followed by a letter
-    lambda n: "a: " + "1" * n + "." + "1" * n + "e",  # digits, '.', digits, an exponent without digits
-    lambda n: "a: 1." + "1" * n + "e",
-    lambda n: "a: " + "1" * n + "e" + "1" * n + "_",
-    lambda n: "a: 0x" + "f" * n + "g",
-    lambda n: "a: " + "1" * n + "." * n,
-], ids=["digits-letter", "digits-dot-digits-e", "one-dot-digits-e", "exponent-digits-underscore",
-        "hex-digits-letter", "digits-dots"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda n: "a: " + "1" * n + "x",  # a digit run followed by a letter
+        lambda n: "a: " + "1" * n + "." + "1" * n + "e",  # digits, '.', digits, an exponent without digits
+        lambda n: "a: 1." + "1" * n + "e",
+        lambda n: "a: " + "1" * n + "e" + "1" * n + "_",
+        lambda n: "a: 0x" + "f" * n + "g",
+        lambda n: "a: " + "1" * n + "." * n,
+    ],
+    ids=[
+        "digits-letter",
+        "digits-dot-digits-e",
+        "one-dot-digits-e",
+        "exponent-digits-underscore",
+        "hex-digits-letter",
+        "digits-dots",
+    ],
+)
 def test_tokenizing_a_long_number_takes_linear_time(make):
     """A number pattern that backtracks over digit runs took quadratic time: 12 s for 16,000 digits."""
     small = _seconds_to_parse(make(20_000))

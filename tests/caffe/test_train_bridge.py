@@ -137,8 +137,10 @@ def test_optimizer_factory_rebuilds_lr_mult_groups_on_a_copy(lenet, solver_spec)
     assert all(p.dim() > 1 for p in groups[1.0]["params"])
     expected_biases = [worker_copy.blobs_of(name)[1] for name in ("conv1", "conv2", "ip1", "ip2")]
     assert [id(p) for p in biases] == [id(p) for p in expected_biases]
-    assert all(g["weight_decay"] == pytest.approx(5e-4) and g["momentum"] == pytest.approx(0.9)
-               for g in optimizer.param_groups)
+    assert all(
+        g["weight_decay"] == pytest.approx(5e-4) and g["momentum"] == pytest.approx(0.9)
+        for g in optimizer.param_groups
+    )
     assert type(optimizer).__name__ == "CaffeSGD"
 
 
@@ -232,9 +234,16 @@ def test_short_single_process_run_lowers_the_loss(lenet, solver_spec):
     x[y == 0, :, :, :14] += 0.6
     x[y == 1, :, :, 14:] += 0.6
     data = TensorData(x, y)
-    spec = FitSpec(model=lenet, loss=lenet.caffe_loss(),
-                   optimizer=optimizer_factory(CaffeOptimizerFactory(solver_spec, lenet), lenet),
-                   strategy=resolve_strategy("allreduce"), train=data, eval=data, epochs=3, batch_size=16)
+    spec = FitSpec(
+        model=lenet,
+        loss=lenet.caffe_loss(),
+        optimizer=optimizer_factory(CaffeOptimizerFactory(solver_spec, lenet), lenet),
+        strategy=resolve_strategy("allreduce"),
+        train=data,
+        eval=data,
+        epochs=3,
+        batch_size=16,
+    )
     out = fit_worker(spec, SingleProcessCollective())
     losses = [record["loss"] for record in out.history]
     assert losses[-1] < 0.5 * losses[0], losses
@@ -253,9 +262,7 @@ def test_weights_round_trip_through_the_wrapper(lenet, lenet_path, tmp_path):
 
 
 def test_nets_sparkdp_cannot_feed_are_refused_clearly():
-    two_losses = TINY + (
-        'layer { name: "loss2" type: "EuclideanLoss" bottom: "fc" bottom: "fc" top: "l2" }'
-    )
+    two_losses = TINY + ('layer { name: "loss2" type: "EuclideanLoss" bottom: "fc" bottom: "fc" top: "l2" }')
     with pytest.raises(ConfigError, match="exactly one loss layer.*'loss' \\(SoftmaxWithLoss\\), 'loss2'"):
         CaffeClassifier(two_losses, sample_shape=(5,))
     mirrored = TINY.replace("scale: 0.5", "scale: 0.5 mirror: true")
@@ -283,9 +290,22 @@ def test_cli_job_builds_model_batch_epochs_and_initial_weights(lenet, lenet_path
     from sparkdp.data.tensors import TensorData
 
     weights = save_weights(lenet, tmp_path / "init.caffemodel")
-    args = Namespace(caffe_net=str(lenet_path), caffe_solver=str(_example("lenet_solver.prototxt")),
-                     caffe_weights=str(weights), script=None, model=None, optimizer=None, lr=None, momentum=None,
-                     dataset="fashion-mnist", batch_size=None, epochs=2, workers=2, master=None, seed=5)
+    args = Namespace(
+        caffe_net=str(lenet_path),
+        caffe_solver=str(_example("lenet_solver.prototxt")),
+        caffe_weights=str(weights),
+        script=None,
+        model=None,
+        optimizer=None,
+        lr=None,
+        momentum=None,
+        dataset="fashion-mnist",
+        batch_size=None,
+        epochs=2,
+        workers=2,
+        master=None,
+        seed=5,
+    )
     data = TensorData(torch.rand(10, 1, 28, 28), torch.randint(0, 10, (10,)))
     desc: dict = {}
     job = cli_job(args, JobConfig.of(workers=2, seed=5), data, desc)
@@ -306,8 +326,18 @@ def test_fit_caffe_trains_on_spark(spark, lenet_path):
     x = torch.rand(128, 1, 28, 28, generator=gen) * 0.3
     x[y == 0, :, :, :14] += 0.6
     x[y == 1, :, :, 14:] += 0.6
-    result = fit_caffe(lenet_path, _example("lenet_solver.prototxt"), (x, y), eval_data=(x, y), raw_scale=255.0,
-                       workers=2, epochs=2, batch_size=16, spark=spark, show_progress=False)
+    result = fit_caffe(
+        lenet_path,
+        _example("lenet_solver.prototxt"),
+        (x, y),
+        eval_data=(x, y),
+        raw_scale=255.0,
+        workers=2,
+        epochs=2,
+        batch_size=16,
+        spark=spark,
+        show_progress=False,
+    )
     assert isinstance(result.model, CaffeClassifier) and result.epochs == 2
     assert result.history[-1]["test_accuracy"] > 0.9, result.history
 
@@ -325,7 +355,9 @@ def test_hdf5_data_net_trains_on_given_data_with_labels_shaped_as_caffe_does():
 def test_caffe_input_shape_flag_takes_named_shapes():
     from sparkdp.cli.main import build_parser
 
-    args = build_parser().parse_args(["train", "--caffe-input-shape", "label=10", "--caffe-input-shape", "aux=10,3"])
+    args = build_parser().parse_args(
+        ["train", "--caffe-input-shape", "label=10", "--caffe-input-shape", "aux=10,3"]
+    )
     assert args.caffe_input_shape == {"label": (10,), "aux": (10, 3)}
     with pytest.raises(SystemExit):
         build_parser().parse_args(["train", "--caffe-input-shape", "label=", "--caffe-input-shape", "x=1"])

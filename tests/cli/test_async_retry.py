@@ -53,10 +53,36 @@ def test_a_failed_async_task_is_restarted_and_its_replayed_pushes_are_not_double
     script.write_text(f"MARK = {str(tmp_path / 'failed-once')!r}\n" + FLAKY)
     summary = tmp_path / "s.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "sparkdp.cli.main", "train", str(script), "--master", "local[2,2]",
-         "--workers", "2", "--epochs", "2", "--strategy", "asgd", "--lr", "0.1", "--momentum", "0",
-         "--optimizer", "sgd", "--strategy-option", 'rule_options={"lr": 0.1}', "--json-out", str(summary)],
-        capture_output=True, text=True, timeout=240, env=dict(os.environ))
+        [
+            sys.executable,
+            "-m",
+            "sparkdp.cli.main",
+            "train",
+            str(script),
+            "--master",
+            "local[2,2]",
+            "--workers",
+            "2",
+            "--epochs",
+            "2",
+            "--strategy",
+            "asgd",
+            "--lr",
+            "0.1",
+            "--momentum",
+            "0",
+            "--optimizer",
+            "sgd",
+            "--strategy-option",
+            'rule_options={"lr": 0.1}',
+            "--json-out",
+            str(summary),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=dict(os.environ),
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     data = json.loads(summary.read_text())
     # the same keys as a synchronous run: workers is the count; per-worker figures have their own key

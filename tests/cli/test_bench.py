@@ -26,8 +26,15 @@ def test_strategy_choices_parse_and_unknown_names_are_listed():
 
 
 def test_summary_is_mean_and_sd_over_seeds_and_failures_are_kept_out():
-    base = {"workload": "w", "strategy": "asgd", "workers": 4, "samples_per_s": 100.0, "bytes_per_sample": 2000.0,
-            "cpu_util": 0.5, "time_to_target_s": None}
+    base = {
+        "workload": "w",
+        "strategy": "asgd",
+        "workers": 4,
+        "samples_per_s": 100.0,
+        "bytes_per_sample": 2000.0,
+        "cpu_util": 0.5,
+        "time_to_target_s": None,
+    }
     records = [
         {**base, "seed": 0, "test_accuracy": 0.80, "staleness": {"0": 3, "2": 1}},
         {**base, "seed": 1, "test_accuracy": 0.84, "staleness": {"0": 1, "1": 3}, "time_to_target_s": 5.0},
@@ -38,12 +45,31 @@ def test_summary_is_mean_and_sd_over_seeds_and_failures_are_kept_out():
     assert row["accuracy_sd"] == pytest.approx(0.028284, rel=1e-4)  # sample sd of 0.80 and 0.84
     assert row["staleness"] == {"0": 4, "1": 3, "2": 1} and row["reached_target"] == "1/2"
     table = bench.markdown([row])
-    assert "| w | asgd | 4 | 2 | 0.8200 ± 0.0283 | 100 | 2.0 | 5.0 | 1/2 | 50% | 0.62 / 0 / 2 / 2 / 2 |" in table
+    assert (
+        "| w | asgd | 4 | 2 | 0.8200 ± 0.0283 | 100 | 2.0 | 5.0 | 1/2 | 50% | 0.62 / 0 / 2 / 2 / 2 |" in table
+    )
 
 
 def test_a_matrix_too_large_for_the_budget_asks_first(capsys):
-    assert main(["bench", "--workload", "fashion-mnist-cnn", "--strategies", "allreduce", "asgd",
-                 "--workers", "2,4", "--seeds", "0,1,2", "--epochs", "10"]) == 2
+    assert (
+        main(
+            [
+                "bench",
+                "--workload",
+                "fashion-mnist-cnn",
+                "--strategies",
+                "allreduce",
+                "asgd",
+                "--workers",
+                "2,4",
+                "--seeds",
+                "0,1,2",
+                "--epochs",
+                "10",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "12 runs of fashion-mnist-cnn, about" in err and "pass --yes" in err
 
@@ -53,13 +79,22 @@ def test_runs_write_records_with_stable_keys(spark, tmp_path):
     work = bench.workload("fashion-mnist-mlp")
     choices = [bench.StrategyChoice.parse("allreduce"), bench.StrategyChoice.parse("asgd")]
     out = tmp_path / "runs.jsonl"
-    records = bench.run_matrix(work, choices, [2], [0], epochs=1, limit=1024, spark=spark, out=out,
-                               echo=lambda line: None)
+    records = bench.run_matrix(
+        work, choices, [2], [0], epochs=1, limit=1024, spark=spark, out=out, echo=lambda line: None
+    )
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert lines == json.loads(json.dumps(records))  # each run was written as it ended
     for r in lines:
-        for key in ("strategy", "workers", "seed", "test_accuracy", "wall_s", "samples_per_s", "bytes_per_sample",
-                    "time_to_target_s"):
+        for key in (
+            "strategy",
+            "workers",
+            "seed",
+            "test_accuracy",
+            "wall_s",
+            "samples_per_s",
+            "bytes_per_sample",
+            "time_to_target_s",
+        ):
             assert key in r, (key, r)
         assert r["workers"] == 2 and 0.1 < r["test_accuracy"] <= 1.0
     params = 784 * 256 + 256 + 2570
@@ -76,9 +111,23 @@ def test_runs_write_records_with_stable_keys(spark, tmp_path):
 
 def test_summarise_from_the_command_line(tmp_path, capsys):
     runs = tmp_path / "runs.jsonl"
-    runs.write_text(json.dumps({"workload": "w", "strategy": "asgd", "workers": 2, "seed": 0, "test_accuracy": 0.8,
-                                "samples_per_s": 10.0, "bytes_per_sample": 1.0, "cpu_util": 0.2,
-                                "time_to_target_s": None, "staleness": {"0": 2}}) + "\n")
+    runs.write_text(
+        json.dumps(
+            {
+                "workload": "w",
+                "strategy": "asgd",
+                "workers": 2,
+                "seed": 0,
+                "test_accuracy": 0.8,
+                "samples_per_s": 10.0,
+                "bytes_per_sample": 1.0,
+                "cpu_util": 0.2,
+                "time_to_target_s": None,
+                "staleness": {"0": 2},
+            }
+        )
+        + "\n"
+    )
     assert main(["bench", "--summarise", str(runs), "--out", str(tmp_path / "o")]) == 0
     assert "| w | asgd | 2 | 1 | 0.8000 ± 0.0000 |" in (tmp_path / "o" / "results.md").read_text()
     assert (tmp_path / "o" / "results.png").is_file() and "results.md" in capsys.readouterr().out

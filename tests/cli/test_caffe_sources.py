@@ -32,25 +32,40 @@ def test_lenet_from_its_lmdb_matches_the_built_in_dataset_run(tmp_path, spark):
     write_datum_db(tmp_path / "fashion_test_lmdb", ds.x_test_uint8, ds.y_test)
     text = _example("lenet_train_test.prototxt").read_text()
     text = text.replace("examples/mnist/mnist_train_lmdb", "fashion_train_lmdb")
-    (tmp_path / "lenet.prototxt").write_text(text.replace("examples/mnist/mnist_test_lmdb", "fashion_test_lmdb"))
+    (tmp_path / "lenet.prototxt").write_text(
+        text.replace("examples/mnist/mnist_test_lmdb", "fashion_test_lmdb")
+    )
     solver = _example("lenet_solver.prototxt")
     common = ["--caffe-solver", str(solver), "--workers", "2", "--epochs", "3", "--seed", "0", "-q"]
 
     # relative sources: found from the working directory, as Caffe looks for them
-    proc = sparkdp("train", "--caffe-net", "lenet.prototxt", *common, "--json-out", "lmdb.json", "--out", "out",
-                   cwd=tmp_path)
+    proc = sparkdp(
+        "train",
+        "--caffe-net",
+        "lenet.prototxt",
+        *common,
+        "--json-out",
+        "lmdb.json",
+        "--out",
+        "out",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, _explain(proc)
     own = json.loads((tmp_path / "lmdb.json").read_text())
     assert [h["samples"] for h in own["history"]] == [ROWS] * 3
     sidecar = json.loads((tmp_path / "out" / "model.json").read_text())
     assert sidecar["caffe_data"].startswith("LMDB") and "scale 0.00390625" in sidecar["caffe_data"], sidecar
-    assert "fashion_test_lmdb" in sidecar["caffe_eval_data"] and (tmp_path / "out" / "model.caffemodel").is_file()
+    assert (
+        "fashion_test_lmdb" in sidecar["caffe_eval_data"]
+        and (tmp_path / "out" / "model.caffemodel").is_file()
+    )
 
     # the built-in path in this process (the shared session: no second Spark start-up to wait for)
     from sparkdp.caffe.train import fit_caffe
 
-    result = fit_caffe(tmp_path / "lenet.prototxt", solver, ds, workers=2, epochs=3, seed=0, spark=spark,
-                       show_progress=False)
+    result = fit_caffe(
+        tmp_path / "lenet.prototxt", solver, ds, workers=2, epochs=3, seed=0, spark=spark, show_progress=False
+    )
     builtin = {"test_accuracy": result.test_accuracy, "history": result.history}
 
     # Same net, init, solver and rows; only the shuffling differs (blocks + buffer vs a permutation).
@@ -62,8 +77,15 @@ def test_lenet_from_its_lmdb_matches_the_built_in_dataset_run(tmp_path, spark):
 @pytest.mark.e2e
 def test_missing_lmdb_source_is_a_readable_error(tmp_path):
     (tmp_path / "lenet.prototxt").write_text(_example("lenet_train_test.prototxt").read_text())
-    proc = sparkdp("train", "--caffe-net", str(tmp_path / "lenet.prototxt"), "--caffe-solver",
-                   str(_example("lenet_solver.prototxt")), timeout=120, cwd=tmp_path)
+    proc = sparkdp(
+        "train",
+        "--caffe-net",
+        str(tmp_path / "lenet.prototxt"),
+        "--caffe-solver",
+        str(_example("lenet_solver.prototxt")),
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2, _explain(proc)
     assert "examples/mnist/mnist_train_lmdb' does not exist" in proc.stderr, _explain(proc)
     assert "convert_imageset" in proc.stderr and "Traceback" not in proc.stderr, _explain(proc)

@@ -24,8 +24,9 @@ def _example(name: str) -> Path:
 
 
 def sparkdp(*args: str, timeout: float = 240, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([*SPARKDP, *args], capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ), cwd=cwd)
+    return subprocess.run(
+        [*SPARKDP, *args], capture_output=True, text=True, timeout=timeout, env=dict(os.environ), cwd=cwd
+    )
 
 
 def _explain(proc) -> str:
@@ -43,9 +44,27 @@ def test_lenet_trains_with_its_solver_and_writes_a_caffemodel(tmp_path):
     net, solver = _example("lenet_train_test.prototxt"), _example("lenet_solver.prototxt")
     out, summary = tmp_path / "out", tmp_path / "summary.json"
     # The solver's `net: "examples/mnist/..."` does not exist here: --caffe-net takes precedence.
-    proc = sparkdp("-v", "train", "--caffe-net", str(net), "--caffe-solver", str(solver),
-                   "--dataset", "fashion-mnist", "--limit", "3000", "--workers", "2", "--epochs", "1",
-                   "--json-out", str(summary), "--out", str(out), cwd=tmp_path)
+    proc = sparkdp(
+        "-v",
+        "train",
+        "--caffe-net",
+        str(net),
+        "--caffe-solver",
+        str(solver),
+        "--dataset",
+        "fashion-mnist",
+        "--limit",
+        "3000",
+        "--workers",
+        "2",
+        "--epochs",
+        "1",
+        "--json-out",
+        str(summary),
+        "--out",
+        str(out),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, _explain(proc)
     data = json.loads(summary.read_text())
     assert data["workers"] == 2 and data["epochs"] == 1
@@ -67,14 +86,33 @@ def test_lenet_trains_with_its_solver_and_writes_a_caffemodel(tmp_path):
 @needs_fashion
 def test_missing_prototxt_is_a_readable_error(tmp_path):
     solver = _example("lenet_solver.prototxt")
-    proc = sparkdp("train", "--caffe-net", str(tmp_path / "nope.prototxt"), "--caffe-solver", str(solver),
-                   "--dataset", "fashion-mnist", "--limit", "100", timeout=120)
+    proc = sparkdp(
+        "train",
+        "--caffe-net",
+        str(tmp_path / "nope.prototxt"),
+        "--caffe-solver",
+        str(solver),
+        "--dataset",
+        "fashion-mnist",
+        "--limit",
+        "100",
+        timeout=120,
+    )
     assert proc.returncode == 2, _explain(proc)
     assert "nope.prototxt" in proc.stderr and "Traceback" not in proc.stderr, _explain(proc)
 
-    proc = sparkdp("train", "--caffe-net", str(_example("lenet_train_test.prototxt")),
-                   "--caffe-solver", str(tmp_path / "missing_solver.prototxt"), "--dataset", "fashion-mnist",
-                   "--limit", "100", timeout=120)
+    proc = sparkdp(
+        "train",
+        "--caffe-net",
+        str(_example("lenet_train_test.prototxt")),
+        "--caffe-solver",
+        str(tmp_path / "missing_solver.prototxt"),
+        "--dataset",
+        "fashion-mnist",
+        "--limit",
+        "100",
+        timeout=120,
+    )
     assert proc.returncode == 2, _explain(proc)
     assert "missing_solver.prototxt" in proc.stderr and "Traceback" not in proc.stderr, _explain(proc)
 
@@ -83,9 +121,25 @@ def test_missing_prototxt_is_a_readable_error(tmp_path):
 @needs_fashion
 def test_caffe_flags_refuse_clashing_options(tmp_path):
     net, solver = _example("lenet_train_test.prototxt"), _example("lenet_solver.prototxt")
-    proc = sparkdp("train", "--caffe-net", str(net), "--caffe-solver", str(solver), "--model", "cnn",
-                   "--lr", "0.1", "--dataset", "fashion-mnist", "--limit", "100", timeout=120)
+    proc = sparkdp(
+        "train",
+        "--caffe-net",
+        str(net),
+        "--caffe-solver",
+        str(solver),
+        "--model",
+        "cnn",
+        "--lr",
+        "0.1",
+        "--dataset",
+        "fashion-mnist",
+        "--limit",
+        "100",
+        timeout=120,
+    )
     assert proc.returncode == 2, _explain(proc)
     assert "--model, --lr cannot be used" in proc.stderr, _explain(proc)
-    proc = sparkdp("train", "--caffe-net", str(net), "--dataset", "fashion-mnist", "--limit", "100", timeout=120)
+    proc = sparkdp(
+        "train", "--caffe-net", str(net), "--dataset", "fashion-mnist", "--limit", "100", timeout=120
+    )
     assert proc.returncode == 2 and "need --caffe-solver" in proc.stderr, _explain(proc)

@@ -16,9 +16,17 @@ FASHION = Path("/usr/share/datasets/fashion-mnist")
 needs_fashion = pytest.mark.skipif(not FASHION.is_dir(), reason="dataset-fashion-mnist is not installed")
 
 
-def sparkdp(*args: str, timeout: float = 240, env: dict | None = None, cwd=None) -> subprocess.CompletedProcess:
-    proc = subprocess.run([*SPARKDP, *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})}, cwd=cwd)
+def sparkdp(
+    *args: str, timeout: float = 240, env: dict | None = None, cwd=None
+) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        [*SPARKDP, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+    )
     return proc
 
 
@@ -30,8 +38,24 @@ def _explain(proc) -> str:
 @needs_fashion
 def test_builtin_job_writes_model_and_stable_json_summary(tmp_path):
     out, summary = tmp_path / "out", tmp_path / "summary.json"
-    proc = sparkdp("train", "--dataset", "fashion-mnist", "--model", "linear", "--limit", "2000",
-                   "--workers", "2", "--epochs", "1", "--out", str(out), "--json-out", str(summary), "--quiet")
+    proc = sparkdp(
+        "train",
+        "--dataset",
+        "fashion-mnist",
+        "--model",
+        "linear",
+        "--limit",
+        "2000",
+        "--workers",
+        "2",
+        "--epochs",
+        "1",
+        "--out",
+        str(out),
+        "--json-out",
+        str(summary),
+        "--quiet",
+    )
     assert proc.returncode == 0, _explain(proc)
     assert proc.stdout == "", "--quiet printed something"
     data = json.loads(summary.read_text())
@@ -50,7 +74,7 @@ def test_builtin_job_writes_model_and_stable_json_summary(tmp_path):
     crashed = tmp_path / "crashed"
     crashed.mkdir()
     text = (out / "run.jsonl").read_text()
-    (crashed / "run.jsonl").write_text(text[:text.rindex('{"type": "summary"') + 20])
+    (crashed / "run.jsonl").write_text(text[: text.rindex('{"type": "summary"') + 20])
     report = sparkdp("report", str(out), str(crashed), "--out", str(tmp_path / "report"))
     assert report.returncode == 0, _explain(report)
     table = (tmp_path / "report" / "summary.md").read_text()
@@ -59,7 +83,7 @@ def test_builtin_job_writes_model_and_stable_json_summary(tmp_path):
     assert (tmp_path / "report" / "loss.png").stat().st_size > 10_000
 
 
-SCRIPT = '''
+SCRIPT = """
 import torch
 from torch import nn
 
@@ -75,7 +99,7 @@ batch_size = 16
 
 if __name__ == "__main__":   # the single-machine loop; sparkdp does not run this part
     raise SystemExit("sparkdp must not execute the script's main block")
-'''
+"""
 
 
 @pytest.mark.e2e
@@ -83,24 +107,56 @@ def test_unmodified_user_script_trains_distributed(tmp_path):
     script = tmp_path / "train_me.py"
     script.write_text(SCRIPT)
     summary = tmp_path / "s.json"
-    proc = sparkdp("train", str(script), "--workers", "2", "--epochs", "3", "--strategy", "average",
-                   "--strategy-option", "period=2", "--json-out", str(summary))
+    proc = sparkdp(
+        "train",
+        str(script),
+        "--workers",
+        "2",
+        "--epochs",
+        "3",
+        "--strategy",
+        "average",
+        "--strategy-option",
+        "period=2",
+        "--json-out",
+        str(summary),
+    )
     assert proc.returncode == 0, _explain(proc)
     data = json.loads(summary.read_text())
     assert data["strategy"] == "average" and data["test_accuracy"] > 0.9, data
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("args,message", [
-    (["--dataset", "fashion-mnist", "--model", "resnet9000"], "Unknown model 'resnet9000'. Available: cnn, cnn-small, gpt, gpt-tiny, linear, mlp"),
-    (["--dataset", "fashion-mnist", "--model", "linear", "--strategy", "ring"], "Unknown strategy 'ring'. Available: allreduce, asgd, average, dcasgd"),
-    (["--dataset", "fashion-mnist", "--model", "linear", "--workers", "0"], "workers must be a positive integer"),
-    (["--dataset", "fashion-mnist", "--model", "linear", "--batch-size", "0"], "batch_size must be a positive integer"),
-    (["--dataset", "fashion-mnist", "--model", "linear", "--epochs", "0"], "epochs must be a positive integer"),
-    (["--model", "linear", "--dataset", "fashion-mnist", "--master", "spark://127.0.0.1:9"],
-     "Cannot reach the Spark master 'spark://127.0.0.1:9'"),
-    (["missing_script.py"], "training script 'missing_script.py' does not exist"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (
+            ["--dataset", "fashion-mnist", "--model", "resnet9000"],
+            "Unknown model 'resnet9000'. Available: cnn, cnn-small, gpt, gpt-tiny, linear, mlp",
+        ),
+        (
+            ["--dataset", "fashion-mnist", "--model", "linear", "--strategy", "ring"],
+            "Unknown strategy 'ring'. Available: allreduce, asgd, average, dcasgd",
+        ),
+        (
+            ["--dataset", "fashion-mnist", "--model", "linear", "--workers", "0"],
+            "workers must be a positive integer",
+        ),
+        (
+            ["--dataset", "fashion-mnist", "--model", "linear", "--batch-size", "0"],
+            "batch_size must be a positive integer",
+        ),
+        (
+            ["--dataset", "fashion-mnist", "--model", "linear", "--epochs", "0"],
+            "epochs must be a positive integer",
+        ),
+        (
+            ["--model", "linear", "--dataset", "fashion-mnist", "--master", "spark://127.0.0.1:9"],
+            "Cannot reach the Spark master 'spark://127.0.0.1:9'",
+        ),
+        (["missing_script.py"], "training script 'missing_script.py' does not exist"),
+    ],
+)
 def test_bad_input_gets_one_readable_error(args, message, tmp_path):
     proc = sparkdp("train", *args, "--limit", "100", timeout=120, cwd=tmp_path)
     assert proc.returncode == 2, _explain(proc)
@@ -110,16 +166,24 @@ def test_bad_input_gets_one_readable_error(args, message, tmp_path):
 
 @pytest.mark.e2e
 def test_missing_dataset_says_how_to_install_it(tmp_path):
-    proc = sparkdp("train", "--dataset", "fashion-mnist", "--model", "linear",
-                   env={"SPARKDP_FASHION_MNIST": str(tmp_path / "nowhere")}, timeout=120)
+    proc = sparkdp(
+        "train",
+        "--dataset",
+        "fashion-mnist",
+        "--model",
+        "linear",
+        env={"SPARKDP_FASHION_MNIST": str(tmp_path / "nowhere")},
+        timeout=120,
+    )
     assert proc.returncode == 2 and "apt-get install -y dataset-fashion-mnist" in proc.stderr, _explain(proc)
 
 
 @pytest.mark.e2e
 def test_no_java_is_reported_with_the_fix(tmp_path):
     env = {"JAVA_HOME": str(tmp_path / "no-jdk"), "PATH": str(tmp_path)}
-    proc = sparkdp("train", "--dataset", "fashion-mnist", "--model", "linear", "--limit", "100", env=env,
-                   timeout=120)
+    proc = sparkdp(
+        "train", "--dataset", "fashion-mnist", "--model", "linear", "--limit", "100", env=env, timeout=120
+    )
     assert proc.returncode == 2 and "needs Java 17 or newer" in proc.stderr, _explain(proc)
     assert "openjdk-17-jre-headless" in proc.stderr
 
@@ -145,10 +209,30 @@ def test_parquet_data_from_the_command_line(tmp_path):
     script = tmp_path / "model.py"
     script.write_text("from torch import nn\nmodel = nn.Linear(3, 2)\n")
     summary = tmp_path / "s.json"
-    proc = sparkdp("train", str(script), "--data", str(tmp_path / "d.parquet"), "--eval-data",
-                   str(tmp_path / "d.parquet"), "--features", "a,b,c", "--label", "y", "--workers", "2",
-                   "--epochs", "4", "--batch-size", "16", "--optimizer", "sgd", "--lr", "0.2",
-                   "--json-out", str(summary))
+    proc = sparkdp(
+        "train",
+        str(script),
+        "--data",
+        str(tmp_path / "d.parquet"),
+        "--eval-data",
+        str(tmp_path / "d.parquet"),
+        "--features",
+        "a,b,c",
+        "--label",
+        "y",
+        "--workers",
+        "2",
+        "--epochs",
+        "4",
+        "--batch-size",
+        "16",
+        "--optimizer",
+        "sgd",
+        "--lr",
+        "0.2",
+        "--json-out",
+        str(summary),
+    )
     assert proc.returncode == 0, _explain(proc)
     assert json.loads(summary.read_text())["test_accuracy"] > 0.9
 
@@ -161,15 +245,31 @@ def test_diloco_with_int8_deltas_checkpoints_its_outer_momentum_and_resumes(tmp_
     script = tmp_path / "train_me.py"
     script.write_text(SCRIPT)
     ckpt, summary = tmp_path / "ckpt", tmp_path / "s.json"
-    job = ["train", str(script), "--workers", "2", "--strategy", "diloco", "--strategy-option", "period=2",
-           "--strategy-option", "compression=int8", "--checkpoint-dir", str(ckpt), "--json-out", str(summary)]
+    job = [
+        "train",
+        str(script),
+        "--workers",
+        "2",
+        "--strategy",
+        "diloco",
+        "--strategy-option",
+        "period=2",
+        "--strategy-option",
+        "compression=int8",
+        "--checkpoint-dir",
+        str(ckpt),
+        "--json-out",
+        str(summary),
+    ]
     proc = sparkdp(*job, "--epochs", "1")
     assert proc.returncode == 0, _explain(proc)
     first = json.loads(summary.read_text())
     assert first["strategy"] == "diloco" and first["strategy_options"]["compression"] == "int8", first
     # the summary names the outer momentum's tensors; the checkpoint holds them
     buffers = first["strategy_state"]["outer"]["state"]
-    assert buffers and all(v["momentum_buffer"].startswith("tensor(float32") for v in buffers.values()), buffers
+    assert buffers and all(v["momentum_buffer"].startswith("tensor(float32") for v in buffers.values()), (
+        buffers
+    )
     saved = latest_checkpoint(ckpt)
     assert saved is not None and saved.epoch == 1
     momentum = [v["momentum_buffer"] for v in saved.strategy_state["outer"]["state"].values()]

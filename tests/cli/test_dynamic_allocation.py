@@ -20,7 +20,7 @@ from .test_cli import needs_fashion
 # a minute of a standalone cluster starting and losing executors: behind `make test-all`
 pytestmark = [pytest.mark.e2e, pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(420)]
 
-JOB = textwrap.dedent('''
+JOB = textwrap.dedent("""
     import json, sys, time
     import torch
     import sparkdp
@@ -52,7 +52,7 @@ JOB = textwrap.dedent('''
         out[job]["executors_left_after"] = sc._jsc.sc().getExecutorIds().size()
     spark.stop()  # drains the listener bus, so the event log holds every executor event
     print("RESULT " + json.dumps(out))
-''')
+""")
 
 
 @needs_fashion
@@ -62,8 +62,13 @@ def test_async_jobs_run_in_waves_while_executors_arrive_and_leave(tmp_path):
     events.mkdir()
     cluster = StandaloneCluster(tmp_path / "cluster", workers=2, cores=1).start()
     try:
-        proc = subprocess.run([sys.executable, "-c", JOB, cluster.master_url, str(events)], capture_output=True,
-                              text=True, timeout=360, env=cluster.env())
+        proc = subprocess.run(
+            [sys.executable, "-c", JOB, cluster.master_url, str(events)],
+            capture_output=True,
+            text=True,
+            timeout=360,
+            env=cluster.env(),
+        )
     finally:
         cluster.stop()
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -72,10 +77,17 @@ def test_async_jobs_run_in_waves_while_executors_arrive_and_leave(tmp_path):
     for job, workers in (("waves", 4), ("after_idle", 2)):
         assert out[job]["workers"] == workers and out[job]["accuracy"] > 0.6, out
         assert out[job]["pushes"] > 0 and out[job]["executors_left_after"] == 0, out
-    log = [json.loads(line) for p in Path(events).rglob("*") if p.is_file() and not p.name.startswith(".")
-           for line in p.read_text().splitlines()]
-    changes = sorted((e["Timestamp"], +1 if e["Event"] == "SparkListenerExecutorAdded" else -1) for e in log
-                     if e["Event"] in ("SparkListenerExecutorAdded", "SparkListenerExecutorRemoved"))
+    log = [
+        json.loads(line)
+        for p in Path(events).rglob("*")
+        if p.is_file() and not p.name.startswith(".")
+        for line in p.read_text().splitlines()
+    ]
+    changes = sorted(
+        (e["Timestamp"], +1 if e["Event"] == "SparkListenerExecutorAdded" else -1)
+        for e in log
+        if e["Event"] in ("SparkListenerExecutorAdded", "SparkListenerExecutorRemoved")
+    )
     held, most, came_back = 0, 0, False
     for _, change in changes:
         came_back |= change > 0 and held == 0 and most > 0  # an executor requested after all had left

@@ -27,10 +27,34 @@ def test_a_lost_worker_machine_shrinks_the_job_to_the_slots_left(tmp_path):
     try:
         with open(err, "wb") as stderr:
             proc = subprocess.Popen(
-                [*SPARKDP, "train", "--dataset", "fashion-mnist", "--model", "cnn-small", "--limit", "6000",
-                 "--workers", "2", "--min-workers", "1", "--epochs", "2", "--master", cluster.master_url,
-                 "--checkpoint-dir", str(ckpt), "--checkpoint-every", "10", "--json-out", str(summary)],
-                stdout=subprocess.DEVNULL, stderr=stderr, env=cluster.env())
+                [
+                    *SPARKDP,
+                    "train",
+                    "--dataset",
+                    "fashion-mnist",
+                    "--model",
+                    "cnn-small",
+                    "--limit",
+                    "6000",
+                    "--workers",
+                    "2",
+                    "--min-workers",
+                    "1",
+                    "--epochs",
+                    "2",
+                    "--master",
+                    cluster.master_url,
+                    "--checkpoint-dir",
+                    str(ckpt),
+                    "--checkpoint-every",
+                    "10",
+                    "--json-out",
+                    str(summary),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                env=cluster.env(),
+            )
             deadline = time.monotonic() + 240
             while time.monotonic() < deadline and proc.poll() is None:
                 if ckpt.is_dir() and any(p.startswith("ckpt-") for p in os.listdir(ckpt)):

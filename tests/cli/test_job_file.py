@@ -12,8 +12,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 def test_a_job_file_sets_defaults_and_flags_override_it(tmp_path):
     job = tmp_path / "job.yaml"
-    job.write_text("dataset: fashion-mnist\nmodel: cnn\nepochs: 5\nbatch-size: 32\nlr: 0.05\n"
-                   "strategy: average\nstrategy_options: {period: 4}\ntensorboard: true\nout: runs/a\n")
+    job.write_text(
+        "dataset: fashion-mnist\nmodel: cnn\nepochs: 5\nbatch-size: 32\nlr: 0.05\n"
+        "strategy: average\nstrategy_options: {period: 4}\ntensorboard: true\nout: runs/a\n"
+    )
     proc = sparkdp("train", "--config", str(job), "--epochs", "2", "--print-config")
     assert proc.returncode == 0, _explain(proc)
     effective = yaml.safe_load(proc.stdout)
@@ -27,14 +29,17 @@ def test_a_job_file_sets_defaults_and_flags_override_it(tmp_path):
     assert yaml.safe_load(sparkdp("train", "--config", str(again), "--print-config").stdout) == effective
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("epochs: 2\nbatch_sise: 32\n", "unknown setting 'batch_sise' (did you mean 'batch_size'?)"),
-    ("epochs: two\n", "epochs is 'two' (str); expected an integer"),
-    ("memory_format: nhwc\n", "expected one of auto, channels_last, contiguous"),
-    ("show_progress: 1\n", "show_progress is 1 (int); expected true or false"),
-    ("- epochs\n", "must be a mapping of setting: value"),
-    ("epochs: [1\n", "is not valid YAML"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("epochs: 2\nbatch_sise: 32\n", "unknown setting 'batch_sise' (did you mean 'batch_size'?)"),
+        ("epochs: two\n", "epochs is 'two' (str); expected an integer"),
+        ("memory_format: nhwc\n", "expected one of auto, channels_last, contiguous"),
+        ("show_progress: 1\n", "show_progress is 1 (int); expected true or false"),
+        ("- epochs\n", "must be a mapping of setting: value"),
+        ("epochs: [1\n", "is not valid YAML"),
+    ],
+)
 def test_a_bad_job_file_names_the_key_the_value_and_what_is_allowed(tmp_path, text, message):
     job = tmp_path / "job.yaml"
     job.write_text(text)
@@ -51,6 +56,17 @@ def test_report_on_a_directory_that_is_not_a_run(tmp_path):
 def test_an_unwritable_output_directory_fails_at_the_start(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    proc = sparkdp("train", "--dataset", "fashion-mnist", "--model", "linear", "--limit", "200", "--workers", "1",
-                   "--out", str(blocker / "run"))
+    proc = sparkdp(
+        "train",
+        "--dataset",
+        "fashion-mnist",
+        "--model",
+        "linear",
+        "--limit",
+        "200",
+        "--workers",
+        "1",
+        "--out",
+        str(blocker / "run"),
+    )
     assert proc.returncode == 2 and "cannot write the run log" in proc.stderr, _explain(proc)

@@ -20,8 +20,14 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 
 def _alone(script: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120,
-                          cwd=script.parent, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, str(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=script.parent,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def _accuracy(path: Path) -> dict:
@@ -71,14 +77,28 @@ def test_a_script_importing_its_sibling_module(tmp_path):
     assert alone.returncode == 0, _explain(alone)
     spark = _launch(script, "2", str(tmp_path / "spark.json"))
     assert spark.returncode == 0, _explain(spark)
-    assert abs(_accuracy(tmp_path / "spark.json")["accuracy"] - _accuracy(tmp_path / "alone.json")["accuracy"]) < 0.05
+    assert (
+        abs(_accuracy(tmp_path / "spark.json")["accuracy"] - _accuracy(tmp_path / "alone.json")["accuracy"])
+        < 0.05
+    )
 
 
 def test_a_non_zero_exit_names_the_rank_and_a_missing_script_is_refused(tmp_path):
-    failed = sparkdp("launch", "--workers", "2", "--master", "local[2]", "--max-restarts", "0",
-                     str(SCRIPTS / "exits.py"), timeout=240)
+    failed = sparkdp(
+        "launch",
+        "--workers",
+        "2",
+        "--master",
+        "local[2]",
+        "--max-restarts",
+        "0",
+        str(SCRIPTS / "exits.py"),
+        timeout=240,
+    )
     assert failed.returncode == 2
-    assert "worker 1 failed: ScriptFailed: exits.py exited with status 3 on worker 1" in failed.stderr, _explain(failed)
+    assert "worker 1 failed: ScriptFailed: exits.py exited with status 3 on worker 1" in failed.stderr, (
+        _explain(failed)
+    )
     missing = sparkdp("launch", str(tmp_path / "nope.py"), timeout=60)
     assert missing.returncode == 2 and "no training script at" in missing.stderr
 
@@ -96,24 +116,65 @@ def test_a_hogwild_script_trains_asynchronously_through_the_parameter_server(tmp
     """The processes of a Hogwild! script become Spark workers and its shared-memory model the
     parameter server (``--strategy hogwild``): the same file, one process per worker."""
     script = SCRIPTS / "hogwild.py"
-    alone = _alone(script, "--epochs", "3", "--out", str(tmp_path / "alone.json"))  # 2 processes, shared memory
+    alone = _alone(
+        script, "--epochs", "3", "--out", str(tmp_path / "alone.json")
+    )  # 2 processes, shared memory
     assert alone.returncode == 0, _explain(alone)
-    spark = sparkdp("launch", "--workers", "2", "--master", "local[2]", "--strategy", "hogwild",
-                    "--strategy-option", 'rule_options={"lr": 0.05}', str(script), "--",
-                    "--num-processes", "1", "--epochs", "3", "--out", str(tmp_path / "spark.json"), timeout=240)
+    spark = sparkdp(
+        "launch",
+        "--workers",
+        "2",
+        "--master",
+        "local[2]",
+        "--strategy",
+        "hogwild",
+        "--strategy-option",
+        'rule_options={"lr": 0.05}',
+        str(script),
+        "--",
+        "--num-processes",
+        "1",
+        "--epochs",
+        "3",
+        "--out",
+        str(tmp_path / "spark.json"),
+        timeout=240,
+    )
     assert spark.returncode == 0, _explain(spark)
     launched, single = _accuracy(tmp_path / "spark.json"), _accuracy(tmp_path / "alone.json")
     # rank 0 tests its copy of the centre when it finishes, which may be before worker 1 has
     # pushed everything (asynchronous): a looser bound than the synchronous scripts'
-    assert launched["accuracy"] > 0.85 and abs(launched["accuracy"] - single["accuracy"]) < 0.07, (launched, single)
+    assert launched["accuracy"] > 0.85 and abs(launched["accuracy"] - single["accuracy"]) < 0.07, (
+        launched,
+        single,
+    )
     assert "[rank 0] Test accuracy" in spark.stdout and "[rank 1] Test accuracy" in spark.stdout
-    steps = [line.split() for line in (spark.stdout + spark.stderr).splitlines() if line.lstrip().startswith(("0 ", "1 "))]
+    steps = [
+        line.split()
+        for line in (spark.stdout + spark.stderr).splitlines()
+        if line.lstrip().startswith(("0 ", "1 "))
+    ]
     assert [row[2] for row in steps] == ["114", "114"], spark.stderr  # 3 epochs x 38 batches, counted live
     # a torchrun-style script cannot run asynchronously: its workers share no process group
-    ddp = sparkdp("launch", "--workers", "2", "--master", "local[2]", "--strategy", "asgd",
-                  str(SCRIPTS / "torchrun_ddp.py"), "--", "--epochs", "1", "--out", str(tmp_path / "ddp.json"),
-                  timeout=240)
-    assert ddp.returncode != 0 and "is asynchronous: its workers share no process group" in ddp.stderr, _explain(ddp)
+    ddp = sparkdp(
+        "launch",
+        "--workers",
+        "2",
+        "--master",
+        "local[2]",
+        "--strategy",
+        "asgd",
+        str(SCRIPTS / "torchrun_ddp.py"),
+        "--",
+        "--epochs",
+        "1",
+        "--out",
+        str(tmp_path / "ddp.json"),
+        timeout=240,
+    )
+    assert ddp.returncode != 0 and "is asynchronous: its workers share no process group" in ddp.stderr, (
+        _explain(ddp)
+    )
 
 
 def _hogwild_processes(tmp_path, method: str, processes: int, epochs: int = 4) -> None:
@@ -124,15 +185,35 @@ def _hogwild_processes(tmp_path, method: str, processes: int, epochs: int = 4) -
     args = ["--num-processes", str(processes), "--start-method", method, "--epochs", str(epochs)]
     alone = _alone(script, *args, "--out", str(tmp_path / "alone.json"))
     assert alone.returncode == 0, _explain(alone)
-    spark = sparkdp("-v", "launch", "--workers", "2", "--master", "local[2]", "--strategy", "hogwild",
-                    "--strategy-option", 'rule_options={"lr": 0.1}', str(script), "--", *args,
-                    "--out", str(tmp_path / "spark.json"), timeout=300)
+    spark = sparkdp(
+        "-v",
+        "launch",
+        "--workers",
+        "2",
+        "--master",
+        "local[2]",
+        "--strategy",
+        "hogwild",
+        "--strategy-option",
+        'rule_options={"lr": 0.1}',
+        str(script),
+        "--",
+        *args,
+        "--out",
+        str(tmp_path / "spark.json"),
+        timeout=300,
+    )
     assert spark.returncode == 0, _explain(spark)
-    assert f"{processes} of the {processes} processes worker 0 started joined the job" in spark.stderr, _explain(spark)
+    assert f"{processes} of the {processes} processes worker 0 started joined the job" in spark.stderr, (
+        _explain(spark)
+    )
     server = next(line for line in spark.stderr.splitlines() if "parameter server: {" in line)
     assert f"'pushes_applied': {2 * processes * 38 * epochs}," in server and "'rejected': 0" in server, server
     launched, single = _accuracy(tmp_path / "spark.json"), _accuracy(tmp_path / "alone.json")
-    assert abs(launched["accuracy"] - single["accuracy"]) < 0.05 and launched["accuracy"] > 0.85, (launched, single)
+    assert abs(launched["accuracy"] - single["accuracy"]) < 0.05 and launched["accuracy"] > 0.85, (
+        launched,
+        single,
+    )
 
 
 def test_processes_a_hogwild_script_starts_join_the_parameter_server(tmp_path):
@@ -148,11 +229,27 @@ def test_processes_a_hogwild_script_starts_join_the_parameter_server_more_shapes
 @pytest.mark.slow  # (make test-all) a message's wording
 def test_processes_a_synchronous_job_starts_are_named_as_training_alone(tmp_path):
     script = SCRIPTS / "hogwild_spawn.py"
-    spark = sparkdp("launch", "--workers", "2", "--master", "local[2]", str(script), "--", "--num-processes", "1",
-                    "--epochs", "1", "--out", str(tmp_path / "spark.json"), timeout=240)
+    spark = sparkdp(
+        "launch",
+        "--workers",
+        "2",
+        "--master",
+        "local[2]",
+        str(script),
+        "--",
+        "--num-processes",
+        "1",
+        "--epochs",
+        "1",
+        "--out",
+        str(tmp_path / "spark.json"),
+        timeout=240,
+    )
     assert spark.returncode == 0, _explain(spark)
-    assert ("hogwild_spawn.py started 1 process(es) on worker 0 and none joined the job: in a synchronous job "
-            "(allreduce, average) processes a worker starts cannot join") in spark.stderr, _explain(spark)
+    assert (
+        "hogwild_spawn.py started 1 process(es) on worker 0 and none joined the job: in a synchronous job "
+        "(allreduce, average) processes a worker starts cannot join"
+    ) in spark.stderr, _explain(spark)
     assert "trained its own independent copy" not in spark.stderr
 
 
@@ -167,22 +264,40 @@ def test_on_a_cluster_master_the_scripts_directory_is_shipped_to_the_executors(t
 
     job = tmp_path / "job"
     shutil.copytree(SCRIPTS / "sibling", job)
-    (job / "where.py").write_text("import os, sys\nprint('ran from', os.path.abspath(sys.argv[0]))\n"
-                                  "exec(open(os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), "
-                                  "'train.py')).read())\n")
+    (job / "where.py").write_text(
+        "import os, sys\nprint('ran from', os.path.abspath(sys.argv[0]))\n"
+        "exec(open(os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), "
+        "'train.py')).read())\n"
+    )
     shutil.copy(SCRIPTS / "common_data.py", job)
     alone = _alone(job / "train.py", "2", str(tmp_path / "alone.json"))
     assert alone.returncode == 0, _explain(alone)
     (tmp_path / "cluster").mkdir()
     cluster = StandaloneCluster(tmp_path / "cluster", workers=2, cores=1).start()
     try:
-        spark = sparkdp("launch", "--workers", "2", "--master", cluster.master_url, str(job / "where.py"), "--",
-                        "2", str(tmp_path / "spark.json"), env=cluster.env(), timeout=300)
+        spark = sparkdp(
+            "launch",
+            "--workers",
+            "2",
+            "--master",
+            cluster.master_url,
+            str(job / "where.py"),
+            "--",
+            "2",
+            str(tmp_path / "spark.json"),
+            env=cluster.env(),
+            timeout=300,
+        )
     finally:
         cluster.stop()
     assert spark.returncode == 0, _explain(spark)
     ran_from = [line.split("ran from ", 1)[1] for line in spark.stdout.splitlines() if "ran from " in line]
     # each executor's own unpacked copy, in its Spark work directory (not the driver's file)
-    assert len(ran_from) == 2 and all(str(tmp_path / "cluster" / "work") in p and "/job-" in p and
-                                      p.endswith(".zip/where.py") for p in ran_from), spark.stdout
-    assert abs(_accuracy(tmp_path / "spark.json")["accuracy"] - _accuracy(tmp_path / "alone.json")["accuracy"]) < 0.05
+    assert len(ran_from) == 2 and all(
+        str(tmp_path / "cluster" / "work") in p and "/job-" in p and p.endswith(".zip/where.py")
+        for p in ran_from
+    ), spark.stdout
+    assert (
+        abs(_accuracy(tmp_path / "spark.json")["accuracy"] - _accuracy(tmp_path / "alone.json")["accuracy"])
+        < 0.05
+    )

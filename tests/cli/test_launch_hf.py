@@ -23,13 +23,21 @@ try:  # Trainer (at import) and accelerate (preparing a distributed DataLoader) 
     # which must match the installed pyarrow; transformers.trainer imports it when installed
     import transformers.trainer  # noqa: F401
 except Exception as exc:  # an installation problem (e.g. datasets < 2.20 with pyarrow >= 21), not sparkdp's
-    pytest.skip(f"transformers/accelerate cannot be imported here ({type(exc).__name__}: {exc}); "
-                "pip install 'sparkdp[hf]'", allow_module_level=True)
+    pytest.skip(
+        f"transformers/accelerate cannot be imported here ({type(exc).__name__}: {exc}); "
+        "pip install 'sparkdp[hf]'",
+        allow_module_level=True,
+    )
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts" / "hf"
 STEPS = 3
-OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
+OFFLINE = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+}
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +48,9 @@ def tokenizer_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tokenizer")
     bpe = tokenizers.ByteLevelBPETokenizer()
     bpe.train([textwrap.__file__], vocab_size=400, min_frequency=2, special_tokens=["<|endoftext|>"])
-    PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
-                            unk_token="<|endoftext|>").save_pretrained(out)
+    PreTrainedTokenizerFast(
+        tokenizer_object=bpe, bos_token="<|endoftext|>", eos_token="<|endoftext|>", unk_token="<|endoftext|>"
+    ).save_pretrained(out)
     return out
 
 
@@ -50,15 +59,36 @@ def _per_worker(output: str) -> dict[str, tuple[int, int, float]]:
     rows = {}
     for line in output.splitlines():
         cells = line.split()
-        if len(cells) == 9 and cells[0] in ("0", "1") and cells[2].isdigit() and cells[-1].replace(".", "").isdigit():
-            rows[cells[0]] = (int(cells[2].replace(",", "")), int(cells[3].replace(",", "")), float(cells[-1]))
+        if (
+            len(cells) == 9
+            and cells[0] in ("0", "1")
+            and cells[2].isdigit()
+            and cells[-1].replace(".", "").isdigit()
+        ):
+            rows[cells[0]] = (
+                int(cells[2].replace(",", "")),
+                int(cells[3].replace(",", "")),
+                float(cells[-1]),
+            )
     return rows
 
 
 def _launch(script: str, tokenizer_dir: Path, out: Path, tmp_path: Path) -> list[dict]:
-    proc = sparkdp("launch", "--workers", "2", "--master", "local[2]", str(SCRIPTS / script), "--",
-                   str(tokenizer_dir), heapq.__file__, str(out), str(STEPS), timeout=280,
-                   env={**OFFLINE, "HF_HOME": str(tmp_path / "hf-home")})
+    proc = sparkdp(
+        "launch",
+        "--workers",
+        "2",
+        "--master",
+        "local[2]",
+        str(SCRIPTS / script),
+        "--",
+        str(tokenizer_dir),
+        heapq.__file__,
+        str(out),
+        str(STEPS),
+        timeout=280,
+        env={**OFFLINE, "HF_HOME": str(tmp_path / "hf-home")},
+    )
     assert proc.returncode == 0, _explain(proc)
     output = proc.stdout + proc.stderr
     assert "trained its own independent copy" not in output, _explain(proc)
@@ -72,10 +102,28 @@ def _launch(script: str, tokenizer_dir: Path, out: Path, tmp_path: Path) -> list
 
 def _check_places(views: list[dict]) -> None:
     for rank, view in enumerate(views):
-        assert {k: view[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                                     "GROUP_WORLD_SIZE", "ROLE_NAME", "TORCHELASTIC_RESTART_COUNT")} == {
-            "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2",
-            "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_NAME": "default", "TORCHELASTIC_RESTART_COUNT": "0"}
+        assert {
+            k: view[k]
+            for k in (
+                "RANK",
+                "WORLD_SIZE",
+                "LOCAL_RANK",
+                "LOCAL_WORLD_SIZE",
+                "GROUP_RANK",
+                "GROUP_WORLD_SIZE",
+                "ROLE_NAME",
+                "TORCHELASTIC_RESTART_COUNT",
+            )
+        } == {
+            "RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": "2",
+            "GROUP_RANK": "0",
+            "GROUP_WORLD_SIZE": "1",
+            "ROLE_NAME": "default",
+            "TORCHELASTIC_RESTART_COUNT": "0",
+        }
         # what the library made of it: one local main process, rank 0
         assert (view["hf_local_rank"], view["hf_world_size"]) == (rank, 2)
         assert view["local_zero"] is view["world_zero"] is (rank == 0)

@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.spark, pytest.mark.
 ROOT = Path(__file__).resolve().parents[2]
 BARE_PYTHON = sys._base_executable  # the interpreter the driver's venv was made from: no torch, no sparkdp
 
-JOB = textwrap.dedent('''
+JOB = textwrap.dedent("""
     import json, sys
     import sparkdp
     from sparkdp.data.datasets import dataset_tensors, load_dataset
@@ -46,7 +46,7 @@ JOB = textwrap.dedent('''
                              spark=spark, show_progress=False)
         out[strategy] = result.test_accuracy
     print("RESULT " + json.dumps(out))
-''')
+""")
 
 
 def _packed_env(tmp_path: Path) -> Path:
@@ -57,16 +57,30 @@ def _packed_env(tmp_path: Path) -> Path:
     # the archive ("expanding bin/python3.11 would create entry outside of ..."), and a plain venv's
     # bin/python is one, to the base interpreter
     subprocess.run([BARE_PYTHON, "-m", "venv", "--copies", str(env)], check=True, timeout=120)
-    pins = [f"{name}=={version(name).split('+')[0]}" for name in
-            ("torch", "numpy", "pyarrow", "pandas", "rich", "pyyaml", "psutil", "safetensors", "pillow", "matplotlib")]
+    pins = [
+        f"{name}=={version(name).split('+')[0]}"
+        for name in (
+            "torch",
+            "numpy",
+            "pyarrow",
+            "pandas",
+            "rich",
+            "pyyaml",
+            "psutil",
+            "safetensors",
+            "pillow",
+            "matplotlib",
+        )
+    ]
     pip = [str(env / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     subprocess.run([*pip, *pins, "venv-pack"], check=True, timeout=900)
     subprocess.run([*pip, "--no-deps", str(ROOT)], check=True, timeout=300)
     # zip: Spark 4 untars in Java and drops the files' modes (bin/python is then "Permission denied");
     # its unzip keeps them
     archive = tmp_path / "env.zip"
-    subprocess.run([str(env / "bin" / "venv-pack"), "-p", str(env), "-o", str(archive), "-q"],
-                   check=True, timeout=600)
+    subprocess.run(
+        [str(env / "bin" / "venv-pack"), "-p", str(env), "-o", str(archive), "-q"], check=True, timeout=600
+    )
     return archive
 
 
@@ -80,17 +94,32 @@ def test_a_venv_pack_archive_trains_on_executors_without_sparkdp(tmp_path):
     cluster = StandaloneCluster(tmp_path / "cluster", workers=2, cores=1).start()
     try:
         base = {**cluster.env(), "PYSPARK_DRIVER_PYTHON": sys.executable}
-        without = subprocess.run([sys.executable, "-c", JOB, cluster.master_url], capture_output=True, text=True,
-                                 timeout=300, env={**base, "PYSPARK_PYTHON": BARE_PYTHON}, cwd=tmp_path)
-        shipped = subprocess.run([sys.executable, "-c", JOB, cluster.master_url, str(archive)], capture_output=True,
-                                 text=True, timeout=600, env={**base, "PYSPARK_PYTHON": "./env/bin/python"},
-                                 cwd=tmp_path)
+        without = subprocess.run(
+            [sys.executable, "-c", JOB, cluster.master_url],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**base, "PYSPARK_PYTHON": BARE_PYTHON},
+            cwd=tmp_path,
+        )
+        shipped = subprocess.run(
+            [sys.executable, "-c", JOB, cluster.master_url, str(archive)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={**base, "PYSPARK_PYTHON": "./env/bin/python"},
+            cwd=tmp_path,
+        )
     finally:
         cluster.stop()
     assert without.returncode != 0
-    assert "EnvironmentProblem" in without.stderr and "could not import" in without.stderr, without.stderr[-3000:]
+    assert "EnvironmentProblem" in without.stderr and "could not import" in without.stderr, without.stderr[
+        -3000:
+    ]
     assert "spark.archives" in without.stderr, without.stderr[-3000:]  # says what to do
-    assert f"Python ({BARE_PYTHON}) does not have" in without.stderr, without.stderr[-3000:]  # and which Python
+    assert f"Python ({BARE_PYTHON}) does not have" in without.stderr, without.stderr[
+        -3000:
+    ]  # and which Python
     assert shipped.returncode == 0, shipped.stderr[-4000:]
     out = json.loads(next(line for line in shipped.stdout.splitlines() if line.startswith("RESULT "))[7:])
     work = str(tmp_path / "cluster" / "work")

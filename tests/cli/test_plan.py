@@ -10,8 +10,25 @@ from sparkdp.cli.main import main
 
 
 def test_plan_json_from_stated_figures(capsys):
-    assert main(["plan", "--model", "cnn", "--step-compute-ms", "70", "--workers", "16", "--bandwidth", "10",
-                 "--latency", "0", "--json"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--model",
+                "cnn",
+                "--step-compute-ms",
+                "70",
+                "--workers",
+                "16",
+                "--bandwidth",
+                "10",
+                "--latency",
+                "0",
+                "--json",
+            ]
+        )
+        == 0
+    )
     report = json.loads(capsys.readouterr().out)
     assert report["params"] == 3_274_634 and report["step_compute_s"] == pytest.approx(0.070)
     rows = {(r["label"], r["workers"]): r for r in report["predictions"]}
@@ -21,7 +38,8 @@ def test_plan_json_from_stated_figures(capsys):
     # allreduce keeps 78 % < 80 % at 16; diloco's one int8 model per 32 steps costs 0.1 ms a step
     assert report["recommendation"].startswith("diloco(H=32,int8): 1.26x")
     assert rows[("diloco(H=32,int8)", 16)]["step_s"] == pytest.approx(
-        0.070 + (15 * (3_274_634 + 3_274_634 * 4 / 1024) * 0.8e-9 + 2 * 15 * 8 / 16 * 0.8e-9) / 32, rel=1e-6)
+        0.070 + (15 * (3_274_634 + 3_274_634 * 4 / 1024) * 0.8e-9 + 2 * 15 * 8 / 16 * 0.8e-9) / 32, rel=1e-6
+    )
 
 
 def test_plan_table_and_errors(capsys):
@@ -60,7 +78,8 @@ def test_calibration_measures_every_term(spark):
     assert 2 * net.ps_alpha + 2 * cal.params * 4 * net.ps_beta == pytest.approx(cal.ps_full_s, rel=1e-6)
     # two pushes at once through the server's link: its shared rate, never faster than one flow's
     assert cal.ps_shared_s > 0 and net.ps_link_beta == pytest.approx(
-        max(cal.ps_shared_s / (2 * cal.params * 4), net.ps_beta), rel=1e-9)
+        max(cal.ps_shared_s / (2 * cal.params * 4), net.ps_beta), rel=1e-9
+    )
     # two workers cycling through the server: a round is at least one worker's compute and exchange,
     # and the bunching read from it is a fraction of the link's busy time
     assert cal.ps_rounds_s > cal.step_compute_s / 2 and 0.0 <= net.ps_bunching <= 1.0

@@ -16,14 +16,33 @@ from .test_cli import SPARKDP, _explain, needs_fashion, sparkdp
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
-JOB = ["train", "--dataset", "fashion-mnist", "--model", "cnn-small", "--limit", "4000", "--workers", "2",
-       "--epochs", "3", "--memory-format", "contiguous"]
+JOB = [
+    "train",
+    "--dataset",
+    "fashion-mnist",
+    "--model",
+    "cnn-small",
+    "--limit",
+    "4000",
+    "--workers",
+    "2",
+    "--epochs",
+    "3",
+    "--memory-format",
+    "contiguous",
+]
 
 
 def _run_until_the_driver_is_killed(args: list[str]) -> subprocess.CompletedProcess:
     """Run the job with SPARKDP_FAULT=kill-driver: worker 0 SIGKILLs the driver mid-run."""
-    proc = subprocess.Popen([*SPARKDP, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "SPARKDP_FAULT": "kill-driver:step=25"}, start_new_session=True)
+    proc = subprocess.Popen(
+        [*SPARKDP, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "SPARKDP_FAULT": "kill-driver:step=25"},
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=180)
     finally:

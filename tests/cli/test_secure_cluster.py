@@ -21,7 +21,7 @@ from tests.cli.test_caffe_train import needs_fashion
 
 PASSWORD = "store-pass-for-this-test"
 
-JOB = '''
+JOB = """
 import json, socket, ssl, sys
 import sparkdp.ps.transport.tcp as tcp
 
@@ -50,7 +50,7 @@ if len(sys.argv) > 3:  # the driver's RPC endpoint must complete a TLS handshake
         with context.wrap_socket(raw) as conn:
             tls = conn.version()
 print(json.dumps({"accuracy": result.test_accuracy, "secret": SECRET.hex(), "tls": tls}))
-'''
+"""
 
 
 def _keystore(tmp_path: Path) -> tuple[Path, Path]:
@@ -58,27 +58,60 @@ def _keystore(tmp_path: Path) -> tuple[Path, Path]:
     keytool = shutil.which("keytool") or str(Path(os.environ.get("JAVA_HOME", "/usr")) / "bin" / "keytool")
     store, pem = tmp_path / "spark.p12", tmp_path / "spark.pem"
     common = ["-alias", "spark", "-keystore", str(store), "-storetype", "PKCS12", "-storepass", PASSWORD]
-    subprocess.run([keytool, "-genkeypair", *common, "-keyalg", "RSA", "-keysize", "2048", "-dname", "CN=127.0.0.1",
-                    "-ext", "SAN=ip:127.0.0.1", "-validity", "2", "-keypass", PASSWORD],
-                   check=True, capture_output=True, timeout=60)
-    subprocess.run([keytool, "-exportcert", "-rfc", *common, "-file", str(pem)], check=True, capture_output=True,
-                   timeout=60)
+    subprocess.run(
+        [
+            keytool,
+            "-genkeypair",
+            *common,
+            "-keyalg",
+            "RSA",
+            "-keysize",
+            "2048",
+            "-dname",
+            "CN=127.0.0.1",
+            "-ext",
+            "SAN=ip:127.0.0.1",
+            "-validity",
+            "2",
+            "-keypass",
+            PASSWORD,
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    subprocess.run(
+        [keytool, "-exportcert", "-rfc", *common, "-file", str(pem)],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     return store, pem
 
 
 @pytest.mark.e2e
 @needs_fashion
-@pytest.mark.parametrize("encryption", ["tls", pytest.param("aes", marks=pytest.mark.slow)])  # aes: make test-all
+@pytest.mark.parametrize(
+    "encryption", ["tls", pytest.param("aes", marks=pytest.mark.slow)]
+)  # aes: make test-all
 def test_async_training_on_an_authenticated_encrypted_spark_keeps_the_secret_out_of_the_event_log(
-        tmp_path, encryption):
+    tmp_path, encryption
+):
     args: list[str] = []
     if encryption == "tls":
         store, pem = _keystore(tmp_path)
-        extra = {"spark.ssl.enabled": "true", "spark.ssl.rpc.enabled": "true", "spark.ssl.protocol": "TLSv1.3",
-                 "spark.ssl.keyStore": str(store), "spark.ssl.keyStoreType": "PKCS12",
-                 "spark.ssl.keyStorePassword": PASSWORD, "spark.ssl.keyPassword": PASSWORD,
-                 "spark.ssl.trustStore": str(store), "spark.ssl.trustStoreType": "PKCS12",
-                 "spark.ssl.trustStorePassword": PASSWORD}
+        extra = {
+            "spark.ssl.enabled": "true",
+            "spark.ssl.rpc.enabled": "true",
+            "spark.ssl.protocol": "TLSv1.3",
+            "spark.ssl.keyStore": str(store),
+            "spark.ssl.keyStoreType": "PKCS12",
+            "spark.ssl.keyStorePassword": PASSWORD,
+            "spark.ssl.keyPassword": PASSWORD,
+            "spark.ssl.trustStore": str(store),
+            "spark.ssl.trustStoreType": "PKCS12",
+            "spark.ssl.trustStorePassword": PASSWORD,
+        }
         args = [str(pem)]
     else:
         extra = {"spark.network.crypto.enabled": "true"}
@@ -86,8 +119,14 @@ def test_async_training_on_an_authenticated_encrypted_spark_keeps_the_secret_out
     logs = tmp_path / "events"
     logs.mkdir()
     env = {**os.environ, "SPARK_HOME": str(Path(pyspark.__file__).parent), "PYSPARK_PYTHON": sys.executable}
-    proc = subprocess.run([sys.executable, str(tmp_path / "job.py"), str(logs), json.dumps(extra), *args],
-                          capture_output=True, text=True, timeout=240, cwd=tmp_path, env=env)
+    proc = subprocess.run(
+        [sys.executable, str(tmp_path / "job.py"), str(logs), json.dumps(extra), *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = json.loads(proc.stdout.strip().splitlines()[-1])
     assert run["accuracy"] > 0.5, run

@@ -18,7 +18,7 @@ from .test_cli import needs_fashion
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark, pytest.mark.timeout(420)]
 
-JOBS = textwrap.dedent('''
+JOBS = textwrap.dedent("""
     import json, sys
     import torch
     import sparkdp
@@ -47,12 +47,17 @@ JOBS = textwrap.dedent('''
                              epochs=1, batch_size=32, spark=spark, show_progress=False)
         out[strategy] = result.test_accuracy
     print("RESULT " + json.dumps(out))
-''')
+""")
 
 
 def _run(master: str, parquet, env: dict) -> dict:
-    proc = subprocess.run([sys.executable, "-c", JOBS, master, str(parquet)], capture_output=True, text=True,
-                          timeout=300, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-c", JOBS, master, str(parquet)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
     return json.loads(line.removeprefix("RESULT "))

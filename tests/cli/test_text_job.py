@@ -16,7 +16,9 @@ from sparkdp.train.optim import resolve_loss
 
 from .test_cli import _explain, sparkdp
 
-needs_fortunes = pytest.mark.skipif(not FORTUNES_DIR.is_dir(), reason="the Debian package `fortunes` is not installed")
+needs_fortunes = pytest.mark.skipif(
+    not FORTUNES_DIR.is_dir(), reason="the Debian package `fortunes` is not installed"
+)
 
 
 def _model_loss_supported() -> bool:
@@ -28,8 +30,19 @@ def _model_loss_supported() -> bool:
 
 
 def test_model_options_are_parsed_as_json_values():
-    args = build_parser().parse_args(["train", "--model", "gpt", "--model-option", "n_layer=4",
-                                      "--model-option", "dropout=0.1", "--model-option", "d_model=128"])
+    args = build_parser().parse_args(
+        [
+            "train",
+            "--model",
+            "gpt",
+            "--model-option",
+            "n_layer=4",
+            "--model-option",
+            "dropout=0.1",
+            "--model-option",
+            "d_model=128",
+        ]
+    )
     assert args.model_options == {"n_layer": 4, "dropout": 0.1, "d_model": 128}
 
 
@@ -59,9 +72,30 @@ def test_the_corpus_is_packed_for_the_models_vocabulary_and_context(tmp_path, mo
 @pytest.mark.timeout(240)
 def test_train_a_tiny_gpt_on_fortunes(tmp_path):
     summary = tmp_path / "summary.json"
-    proc = sparkdp("train", "--dataset", "fortunes", "--model", "gpt-tiny", "--limit", "400", "--workers", "2",
-                   "--epochs", "2", "--batch-size", "8", "--optimizer", "adamw", "--lr", "0.003",
-                   "--json-out", str(summary), timeout=200, cwd=tmp_path, env={"SPARKDP_CACHE": str(tmp_path)})
+    proc = sparkdp(
+        "train",
+        "--dataset",
+        "fortunes",
+        "--model",
+        "gpt-tiny",
+        "--limit",
+        "400",
+        "--workers",
+        "2",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "8",
+        "--optimizer",
+        "adamw",
+        "--lr",
+        "0.003",
+        "--json-out",
+        str(summary),
+        timeout=200,
+        cwd=tmp_path,
+        env={"SPARKDP_CACHE": str(tmp_path)},
+    )
     assert proc.returncode == 0, _explain(proc)
     history = json.loads(summary.read_text())["history"]
     assert history[-1]["loss"] < history[0]["loss"] < 6.0  # ln(256) = 5.55 at the start

@@ -21,7 +21,12 @@ def reduce_many(coll, slot_bytes: int):
     assert reducer is not None, "ranks on one host must get a shared-memory reducer"
     out = {"results": []}
     # odd lengths, several chunks per call, and calls back to back (the alternating slot sets)
-    for n, dtype in [(50_021, torch.float32), (3, torch.float64), (70_001, torch.bfloat16), (50_021, torch.float32)]:
+    for n, dtype in [
+        (50_021, torch.float32),
+        (3, torch.float64),
+        (70_001, torch.bfloat16),
+        (50_021, torch.float32),
+    ]:
         t = rank_tensor(coll.rank, n, dtype)
         reducer.all_reduce_(t.view(-1), scale=None)
         out["results"].append(t)
@@ -49,5 +54,7 @@ def connect_when_one_rank_cannot_map(coll):
     if coll.rank == 1:  # as if rank 1 were on another host: rank 0's file is not there
         shm._open = lambda message: None
     reducer = shm.SharedMemoryReducer.connect(coll)
-    return {"reducer": reducer is not None,
-            "leftovers": sorted(p.name for p in Path("/dev/shm").glob(f"sparkdp-reduce-{os.getpid()}-*"))}
+    return {
+        "reducer": reducer is not None,
+        "leftovers": sorted(p.name for p in Path("/dev/shm").glob(f"sparkdp-reduce-{os.getpid()}-*")),
+    }

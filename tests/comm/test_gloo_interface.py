@@ -39,8 +39,12 @@ def test_loopback_is_found_by_its_address():
 @linux
 def test_a_non_loopback_rendezvous_picks_the_interface_routing_to_it(monkeypatch):
     # this host's own non-loopback address, if it has one: routing to it names its interface
-    own = [(name, a) for name, addrs in interface_addresses().items() for a in addrs
-           if name != "lo" and "." in a and not a.startswith("127.")]
+    own = [
+        (name, a)
+        for name, addrs in interface_addresses().items()
+        for a in addrs
+        if name != "lo" and "." in a and not a.startswith("127.")
+    ]
     if not own:
         pytest.skip("this machine has no non-loopback IPv4 address")
     name, address = own[0]
@@ -99,8 +103,14 @@ def test_an_unreachable_rendezvous_store_is_named_within_seconds(monkeypatch):
     monkeypatch.setattr(torch_dist, "STORE_CONNECT_GRACE_S", 1.0)
     started = time.monotonic()
     with pytest.raises(RendezvousTimeout) as info:
-        TorchCollective().setup(master_addr="127.0.0.1", master_port=port, rank=1, world_size=2, timeout_s=60,
-                                store_listening=True)
+        TorchCollective().setup(
+            master_addr="127.0.0.1",
+            master_port=port,
+            rank=1,
+            world_size=2,
+            timeout_s=60,
+            store_listening=True,
+        )
     assert time.monotonic() - started < 10
     message = str(info.value)
     assert f"rendezvous store at 127.0.0.1:{port}" in message and "ConnectionRefusedError" in message, message

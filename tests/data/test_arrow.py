@@ -11,8 +11,14 @@ from PIL import Image
 from sparkdp.data.arrow import ArrowConverter
 from sparkdp.errors import DataError
 
-VECTOR = pa.struct([("type", pa.int8()), ("size", pa.int32()), ("indices", pa.list_(pa.int32())),
-                    ("values", pa.list_(pa.float64()))])
+VECTOR = pa.struct(
+    [
+        ("type", pa.int8()),
+        ("size", pa.int32()),
+        ("indices", pa.list_(pa.int32())),
+        ("values", pa.list_(pa.float64())),
+    ]
+)
 
 
 def _convert(columns, features, label=None, **kw):
@@ -31,8 +37,16 @@ def test_scalar_columns_are_assembled_in_order():
     assert conv.layout()["features"]["shape"] == (3,)
 
 
-@pytest.mark.parametrize("arrow_type", [pa.list_(pa.float32()), pa.list_(pa.float64()), pa.large_list(pa.float32()),
-                                        pa.list_(pa.int64()), pa.list_(pa.float32(), 6)])
+@pytest.mark.parametrize(
+    "arrow_type",
+    [
+        pa.list_(pa.float32()),
+        pa.list_(pa.float64()),
+        pa.large_list(pa.float32()),
+        pa.list_(pa.int64()),
+        pa.list_(pa.float32(), 6),
+    ],
+)
 def test_arrays_and_fixed_shape(arrow_type):
     values = np.arange(24, dtype=np.float64).reshape(4, 6)
     col = pa.array([list(r) for r in values], type=arrow_type)
@@ -50,10 +64,12 @@ def test_mixed_scalar_and_array_columns_concatenate():
 
 
 def test_spark_ml_vectors_dense_and_sparse_and_sliced():
-    rows = [{"type": 1, "size": None, "indices": None, "values": [1.0, 2.0, 3.0, 4.0]},
-            {"type": 0, "size": 4, "indices": [0, 3], "values": [5.0, 6.0]},
-            {"type": 0, "size": 4, "indices": [], "values": []},
-            {"type": 1, "size": None, "indices": None, "values": [7.0, 8.0, 9.0, 10.0]}]
+    rows = [
+        {"type": 1, "size": None, "indices": None, "values": [1.0, 2.0, 3.0, 4.0]},
+        {"type": 0, "size": 4, "indices": [0, 3], "values": [5.0, 6.0]},
+        {"type": 0, "size": 4, "indices": [], "values": []},
+        {"type": 1, "size": None, "indices": None, "values": [7.0, 8.0, 9.0, 10.0]},
+    ]
     expected = np.array([[1, 2, 3, 4], [5, 0, 0, 6], [0, 0, 0, 0], [7, 8, 9, 10]], dtype=np.float32)
     batch = pa.RecordBatch.from_pydict({"v": pa.array(rows, type=VECTOR), "y": [0, 1, 2, 3]})
     conv = ArrowConverter(batch.schema, "v", "y")
@@ -91,15 +107,21 @@ def test_missing_column_lists_available():
 
 
 def test_unsupported_type_names_type_and_supported():
-    with pytest.raises(DataError, match=r"column 's' has type string, which cannot become a tensor.*Supported: "
-                                        r"integer"):
+    with pytest.raises(
+        DataError,
+        match=r"column 's' has type string, which cannot become a tensor.*Supported: "
+        r"integer",
+    ):
         _convert({"s": ["a"]}, "s")
 
 
 def test_ragged_arrays_report_first_offending_row():
     col = pa.array([[1.0] * 4, [1.0] * 4, [1.0] * 3, [1.0] * 5])
-    with pytest.raises(DataError, match=r"column 'v' is ragged: row 2 .* holds 3 values, but feature_shape "
-                                        r"\(2, 2\) needs 4"):
+    with pytest.raises(
+        DataError,
+        match=r"column 'v' is ragged: row 2 .* holds 3 values, but feature_shape "
+        r"\(2, 2\) needs 4",
+    ):
         _convert({"v": col}, "v", feature_shape=(2, 2))
     with pytest.raises(DataError, match=r"row 2 .* holds 3 values, but earlier rows hold 4"):
         _convert({"v": col}, "v")
@@ -117,7 +139,9 @@ def test_nulls_error_by_default_and_drop_nulls_counts():
 
 
 def test_labels_outside_classes():
-    with pytest.raises(DataError, match=r"label column 'y' has label 3 at row 2 .* labels must lie in \[0, 3\)"):
+    with pytest.raises(
+        DataError, match=r"label column 'y' has label 3 at row 2 .* labels must lie in \[0, 3\)"
+    ):
         _convert({"v": [1.0, 2.0, 3.0], "y": [0, 2, 3]}, "v", "y", num_classes=3)
 
 

@@ -13,7 +13,7 @@ from sparkdp.errors import ConfigError, DataError
 def _write_idx(path, array, code=0x08):
     header = bytes([0, 0, code, array.ndim]) + b"".join(struct.pack(">I", d) for d in array.shape)
     data = header + array.astype(array.dtype.newbyteorder(">")).tobytes()
-    with (gzip.open(path, "wb") if str(path).endswith(".gz") else open(path, "wb")) as fh:
+    with gzip.open(path, "wb") if str(path).endswith(".gz") else open(path, "wb") as fh:
         fh.write(data)
 
 
@@ -51,11 +51,18 @@ def test_real_fashion_mnist_shapes():
 @pytest.mark.parametrize("rows,world", [(10, 2), (11, 2), (7, 3), (3, 3), (2, 5)])
 def test_shards_cover_every_row_and_have_equal_sizes(rows, world):
     data = TensorData(torch.arange(rows).float()[:, None], torch.arange(rows))
-    shards = [data.shard_indices(rank=r, world_size=world, epoch=0, seed=1, shuffle=True) for r in range(world)]
+    shards = [
+        data.shard_indices(rank=r, world_size=world, epoch=0, seed=1, shuffle=True) for r in range(world)
+    ]
     assert len({len(s) for s in shards}) == 1, "every rank must get the same number of rows"
     assert set(torch.cat(shards).tolist()) == set(range(rows))
-    evals = [torch.cat([y for _, y in data.eval_batches(rank=r, world_size=world, batch_size=4)] or
-                       [torch.empty(0, dtype=torch.long)]) for r in range(world)]
+    evals = [
+        torch.cat(
+            [y for _, y in data.eval_batches(rank=r, world_size=world, batch_size=4)]
+            or [torch.empty(0, dtype=torch.long)]
+        )
+        for r in range(world)
+    ]
     assert sorted(torch.cat(evals).tolist()) == list(range(rows)), "evaluation counts each row once"
 
 

@@ -27,8 +27,12 @@ def parquet_dir(tmp_path):
 def _ids(data, world, epoch=0, shuffle=True, batch=32):
     per_rank = []
     for r in range(world):
-        ys = [y for _x, y in data.batches(rank=r, world_size=world, epoch=epoch, batch_size=batch, seed=7,
-                                          shuffle=shuffle)]
+        ys = [
+            y
+            for _x, y in data.batches(
+                rank=r, world_size=world, epoch=epoch, batch_size=batch, seed=7, shuffle=shuffle
+            )
+        ]
         per_rank.append(torch.cat(ys) if ys else torch.empty(0, dtype=torch.long))
     return per_rank
 
@@ -50,7 +54,9 @@ def test_shards_cover_every_row_once_with_equal_counts(parquet_dir, world, epoch
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_eval_batches_count_every_row_exactly_once(parquet_dir, world):
     data = ParquetData(parquet_dir, features="x", label="id")
-    ys = torch.cat([y for r in range(world) for _x, y in data.eval_batches(rank=r, world_size=world, batch_size=50)])
+    ys = torch.cat(
+        [y for r in range(world) for _x, y in data.eval_batches(rank=r, world_size=world, batch_size=50)]
+    )
     assert sorted(ys.tolist()) == list(range(1287))
 
 
@@ -78,7 +84,9 @@ def test_errors_before_any_job(parquet_dir, tmp_path_factory):
     with pytest.raises(DataError, match=r"column 'nope' is not in the data. Available columns: x, id"):
         ParquetData(parquet_dir, features="nope", label="id")
     empty = tmp_path_factory.mktemp("empty")
-    pq.write_table(pa.table({"x": pa.array([], pa.float32()), "id": pa.array([], pa.int64())}), empty / "e.parquet")
+    pq.write_table(
+        pa.table({"x": pa.array([], pa.float32()), "id": pa.array([], pa.int64())}), empty / "e.parquet"
+    )
     with pytest.raises(DataError, match="is empty"):
         ParquetData(empty, features="x", label="id")
     with pytest.raises(DataError, match="cannot open Parquet data"):

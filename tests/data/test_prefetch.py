@@ -61,7 +61,9 @@ def test_prefetch_respects_the_byte_budget_but_always_allows_one_batch():
         assert len(produced) == 4  # 1 taken + 2 queued + 1 waiting for room
     finally:
         it.close()
-    assert [t.numel() for t in prefetch((torch.zeros(10_000) for _ in range(3)), 4, max_bytes=10)] == [10_000] * 3
+    assert [t.numel() for t in prefetch((torch.zeros(10_000) for _ in range(3)), 4, max_bytes=10)] == [
+        10_000
+    ] * 3
 
 
 def test_producer_errors_reach_the_consumer_with_their_type_and_after_good_items():

@@ -33,8 +33,11 @@ def test_a_mapped_tensor_reads_back_exactly(tmp_path, dtype):
 
 def test_shared_tensor_data_pickles_as_handles_and_yields_the_same_batches(tmp_path):
     gen = torch.Generator().manual_seed(3)
-    data = TensorData(torch.randint(0, 256, (600, 1, 8, 8), generator=gen, dtype=torch.uint8),
-                      torch.randint(0, 10, (600,), generator=gen), divisor=255.0)
+    data = TensorData(
+        torch.randint(0, 256, (600, 1, 8, 8), generator=gen, dtype=torch.uint8),
+        torch.randint(0, 10, (600,), generator=gen),
+        divisor=255.0,
+    )
     store = SharedTensorDir(base=tmp_path)
     blob = cloudpickle.dumps(data.shared(store))
     assert len(blob) < 2000 < len(cloudpickle.dumps(data))  # paths and shapes, not the 38 kB of rows
@@ -54,8 +57,13 @@ def test_a_shared_data_dict_pickles_as_handles_and_yields_the_same_dict_batches(
     from sparkdp.data.tensors import DictData
 
     gen = torch.Generator().manual_seed(4)
-    data = DictData({"input_ids": torch.randint(0, 50, (600, 16), generator=gen),
-                     "attention_mask": torch.ones(600, 16, dtype=torch.int64)}, labels)
+    data = DictData(
+        {
+            "input_ids": torch.randint(0, 50, (600, 16), generator=gen),
+            "attention_mask": torch.ones(600, 16, dtype=torch.int64),
+        },
+        labels,
+    )
     store = SharedTensorDir(base=tmp_path)
     blob = cloudpickle.dumps(data.shared(store))
     assert len(blob) < 2000 < len(cloudpickle.dumps(data))
@@ -84,7 +92,9 @@ def test_sharing_is_skipped_when_disabled_or_small(tmp_path, monkeypatch):
         assert train is small and test is small
     monkeypatch.setattr(shared, "_default_base", lambda expected: tmp_path)
     with shared_with_workers(True, big, None, "not tensor data") as (train, test, other):
-        assert train is not big and "_handles" in train.__dict__ and test is None and other == "not tensor data"
+        assert (
+            train is not big and "_handles" in train.__dict__ and test is None and other == "not tensor data"
+        )
         assert len(list(tmp_path.glob("sparkdp-data-*/*.bin"))) == 2
     assert not list(tmp_path.glob("sparkdp-data-*"))
 
@@ -100,8 +110,9 @@ def test_the_files_are_removed_when_the_job_fails(tmp_path, monkeypatch):
 
 
 def test_directories_of_dead_drivers_are_removed_and_live_ones_kept(tmp_path):
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True, check=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     orphan = tmp_path / f"sparkdp-data-{dead.stdout.strip()}-abc"
     orphan.mkdir()
     (orphan / "t0.bin").write_bytes(b"x")
@@ -146,11 +157,16 @@ def test_a_directory_whose_owner_runs_in_another_pid_namespace_is_kept(tmp_path)
     """Its name carries a process id that means nothing here (the owner is in another container
     sharing /dev/shm): the owner's lock, not the id, says it is alive. Once the owner is gone,
     the next driver removes it."""
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True, check=True).stdout.strip()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     live = tmp_path / f"sparkdp-data-{dead}-elsewhere"
-    owner = subprocess.Popen([sys.executable, "-c", _OWNER, str(live), shared.LOCK_FILE], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
+    owner = subprocess.Popen(
+        [sys.executable, "-c", _OWNER, str(live), shared.LOCK_FILE],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert owner.stdout.readline() == "ready\n"
         (live / "t0.bin").write_bytes(b"x")
@@ -169,15 +185,25 @@ def test_the_lock_holds_across_a_real_pid_namespace(tmp_path):
     name is that namespace's) is kept while that process runs and removed after."""
     import shutil as sh
 
-    probe = subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True) if sh.which("unshare") else None
+    probe = (
+        subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True)
+        if sh.which("unshare")
+        else None
+    )
     if probe is None or probe.returncode != 0:
         pytest.skip("cannot create a PID namespace here (needs unshare and the right to use it)")
     src = os.path.dirname(os.path.dirname(os.path.dirname(shared.__file__)))  # the sparkdp under test
-    code = ("import sys; from pathlib import Path; from sparkdp.data.shared import OwnedDirectory; "
-            "d = OwnedDirectory(Path(sys.argv[1]), 'sparkdp-data-'); print(d.path, flush=True); sys.stdin.read()")
-    owner = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", sys.executable, "-c", code, str(tmp_path)],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                             env={**os.environ, "PYTHONPATH": src})
+    code = (
+        "import sys; from pathlib import Path; from sparkdp.data.shared import OwnedDirectory; "
+        "d = OwnedDirectory(Path(sys.argv[1]), 'sparkdp-data-'); print(d.path, flush=True); sys.stdin.read()"
+    )
+    owner = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--kill-child", sys.executable, "-c", code, str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": src},
+    )
     try:
         made = tmp_path / os.path.basename(owner.stdout.readline().strip())
         assert made.name.startswith("sparkdp-data-") and made.is_dir()

@@ -59,5 +59,9 @@ def test_shuffle_buffer_mixes_beyond_one_chunk():
 
 
 def test_seeded_generator_differs_by_part():
-    draws = {tuple(torch.randperm(10, generator=seeded_generator(0, e, r)).tolist()) for e in range(3) for r in range(3)}
+    draws = {
+        tuple(torch.randperm(10, generator=seeded_generator(0, e, r)).tolist())
+        for e in range(3)
+        for r in range(3)
+    }
     assert len(draws) == 9

@@ -38,9 +38,16 @@ STRATEGY = AsyncParameterServer("asgd", {"lr": 1.0})
 
 def _spec(model: nn.Module) -> FitSpec:
     x, y = torch.zeros(16, 4), torch.zeros(16, dtype=torch.long)
-    return FitSpec(model=model, loss=resolve_loss("cross_entropy"),
-                   optimizer=optimizer_factory("sgd", model, lr=0.1), strategy=STRATEGY,
-                   train=TensorData(x, y), eval=None, epochs=3, batch_size=8)
+    return FitSpec(
+        model=model,
+        loss=resolve_loss("cross_entropy"),
+        optimizer=optimizer_factory("sgd", model, lr=0.1),
+        strategy=STRATEGY,
+        train=TensorData(x, y),
+        eval=None,
+        epochs=3,
+        batch_size=8,
+    )
 
 
 def _server(model: nn.Module):
@@ -78,6 +85,7 @@ def _flip(offset):
         data = bytearray(path.read_bytes())
         data[offset] ^= 0x5A
         path.write_bytes(bytes(data))
+
     return damage
 
 
@@ -89,9 +97,14 @@ def _other_sparkdp_state(path):
     state_io.save({"format": 1, "epoch": 0, "model": {"w": torch.zeros(3)}}, path)  # sparkdp, not a server's
 
 
-DAMAGE = {"truncated": _truncate, "a flipped byte in the header": _flip(40),
-          "a flipped byte in the tensor data": _flip(-3), "text": lambda p: p.write_text("not a checkpoint"),
-          "plain safetensors": _plain_safetensors, "other sparkdp state": _other_sparkdp_state}
+DAMAGE = {
+    "truncated": _truncate,
+    "a flipped byte in the header": _flip(40),
+    "a flipped byte in the tensor data": _flip(-3),
+    "text": lambda p: p.write_text("not a checkpoint"),
+    "plain safetensors": _plain_safetensors,
+    "other sparkdp state": _other_sparkdp_state,
+}
 
 
 @pytest.mark.parametrize("damage", DAMAGE.values(), ids=DAMAGE.keys())
@@ -115,8 +128,10 @@ def test_resume_with_every_checkpoint_damaged_is_a_clear_error(tmp_path, caplog)
     for path in tmp_path.iterdir():
         _truncate(path)
     model = nn.Linear(4, 3)
-    with caplog.at_level(logging.WARNING, logger="sparkdp"), \
-            pytest.raises(ConfigError, match="no readable parameter-server checkpoint.*start afresh"):
+    with (
+        caplog.at_level(logging.WARNING, logger="sparkdp"),
+        pytest.raises(ConfigError, match="no readable parameter-server checkpoint.*start afresh"),
+    ):
         _resume_server(_server(model), _spec(model), STRATEGY, 1, _store(tmp_path))
     assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 2
 
@@ -145,7 +160,11 @@ def test_a_failed_periodic_checkpoint_is_logged_and_the_next_period_saves(tmp_pa
         assert saved.wait(10), "no checkpoint was saved after the failed one"
     assert (tmp_path / f"ps-000000-{JOB}.safetensors").exists()  # the failed one's name, retried
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert warnings and f"ps-000000-{JOB}.safetensors" in warnings[0] and "No space left on device" in warnings[0]
+    assert (
+        warnings
+        and f"ps-000000-{JOB}.safetensors" in warnings[0]
+        and "No space left on device" in warnings[0]
+    )
 
 
 # ----------------------------------------------------------- two jobs, one directory
@@ -153,8 +172,10 @@ def test_a_second_job_is_refused_where_another_jobs_server_tasks_saved(tmp_path)
     """Server task checkpoints (servers=K, ps-sKofN-...) are another job's checkpoints too."""
     refuse_foreign_checkpoints(JobConfig.of(checkpoint_dir=str(tmp_path)))  # empty: fine
     _two_checkpoints(tmp_path, "first", server_series(0, 2))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ps-s0of2-000000-first.safetensors",
-                                                          "ps-s0of2-000001-first.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "ps-s0of2-000000-first.safetensors",
+        "ps-s0of2-000001-first.safetensors",
+    ]
     with pytest.raises(ConfigError, match=r"another job \(ps-s0of2-000000-first.*resume="):
         refuse_foreign_checkpoints(JobConfig.of(checkpoint_dir=str(tmp_path)))
     job = JobConfig.of(checkpoint_dir=str(tmp_path), resume=str(tmp_path))
@@ -171,11 +192,16 @@ def test_two_jobs_server_checkpoints_in_one_directory_are_told_apart(tmp_path):
     for _ in range(4):  # job b saves on, keep=1: only its own older files go
         ServerCheckpoints(_server(nn.Linear(4, 3)), _store(tmp_path, "job-b", keep=1), 60.0).save()
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == ["ps-000000-job-a.safetensors", "ps-000001-job-a.safetensors", "ps-000005-job-b.safetensors"]
+    assert names == [
+        "ps-000000-job-a.safetensors",
+        "ps-000001-job-a.safetensors",
+        "ps-000005-job-b.safetensors",
+    ]
     for job_id, want in (("job-a", mine[1]), ("job-b", None)):
         server = _server(nn.Linear(4, 3))
-        assert load_latest(server, _store(tmp_path, job_id)) == \
-            ("ps-000001-job-a.safetensors" if job_id == "job-a" else "ps-000005-job-b.safetensors")
+        assert load_latest(server, _store(tmp_path, job_id)) == (
+            "ps-000001-job-a.safetensors" if job_id == "job-a" else "ps-000005-job-b.safetensors"
+        )
         if want is not None:
             for got, expected in zip(server.pull(worker=1).tensors, want, strict=True):
                 torch.testing.assert_close(got, expected, rtol=0, atol=0)
@@ -185,7 +211,9 @@ def test_two_jobs_server_checkpoints_in_one_directory_are_told_apart(tmp_path):
 
 def test_a_server_checkpoint_renamed_to_another_jobs_name_is_not_loaded(tmp_path, caplog):
     _two_checkpoints(tmp_path, "job-b")
-    (tmp_path / "ps-000007-job-a.safetensors").write_bytes((tmp_path / "ps-000001-job-b.safetensors").read_bytes())
+    (tmp_path / "ps-000007-job-a.safetensors").write_bytes(
+        (tmp_path / "ps-000001-job-b.safetensors").read_bytes()
+    )
     with caplog.at_level(logging.WARNING, logger="sparkdp"), pytest.raises(ConfigError, match="no readable"):
         load_latest(_server(nn.Linear(4, 3)), _store(tmp_path, "job-a"))
     assert "not what its name says" in caplog.text

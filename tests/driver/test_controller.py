@@ -33,14 +33,18 @@ class _Plan:
 def test_each_failure_and_each_recovery_is_one_line_and_attempts_count_restarts(caplog):
     slots = iter([1, 3, 3])
     controller: Controller[list[Attempt]] = Controller(
-        RestartPolicy.of(JobConfig.of(max_restarts=2, min_workers=1)), 3, lambda: next(slots))
+        RestartPolicy.of(JobConfig.of(max_restarts=2, min_workers=1)), 3, lambda: next(slots)
+    )
     with caplog.at_level(logging.WARNING, logger="sparkdp"):
-        seen = controller.run(_Plan(WorkerLost("worker 2 died"), WorkerFailed("worker 0 failed: boom\ntrace")))
+        seen = controller.run(
+            _Plan(WorkerLost("worker 2 died"), WorkerFailed("worker 0 failed: boom\ntrace"))
+        )
     assert seen == [Attempt(0, 3), Attempt(1, 1), Attempt(2, 3)]
     assert [r.getMessage() for r in caplog.records] == [
         "sparkdp: worker 2 died -- restart 1 of 2 from epoch 1, step 6 on 1 of 3 workers (task slots gone)",
         "sparkdp: worker 0 failed: boom -- restart 2 of 2 from epoch 1, step 6",
-        "sparkdp: recovered from failure 2 (worker 0 failed: boom) on 3 of 3 workers"]
+        "sparkdp: recovered from failure 2 (worker 0 failed: boom) on 3 of 3 workers",
+    ]
     # a plan run in parts (a streamed DataFrame's epochs) shares the count: a third failure is one too many
     with pytest.raises(WorkerFailed, match=r"failed 3 times, more than max_restarts=2"):
         controller.run(_Plan(WorkerLost("worker 1 died")))
@@ -58,5 +62,7 @@ def test_errors_a_restart_cannot_fix_and_plans_without_checkpoints_fail_at_once(
     assert info.value is lost and len(plan.seen) == 1
     plan = _Plan(WorkerLost("worker 1 died"))
     with pytest.raises(WorkerLost):
-        Controller(RestartPolicy(max_restarts=0), 2).run(plan)  # max_restarts=0: the first failure ends the job
+        Controller(RestartPolicy(max_restarts=0), 2).run(
+            plan
+        )  # max_restarts=0: the first failure ends the job
     assert len(plan.seen) == 1

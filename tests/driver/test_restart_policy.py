@@ -18,14 +18,21 @@ def test_each_failure_is_one_line_and_the_policy_shrinks_and_grows_the_job(caplo
     policy = RestartPolicy.of(JobConfig.of(max_restarts=2, min_workers=2, pg_timeout_s=15))
     with caplog.at_level(logging.WARNING, logger="sparkdp"):
         assert policy.recover(WorkerLost("worker 3 died"), 4, 3, "epoch 2, step 10") == 3
-        assert policy.recover(WorkerHung("worker 1 stopped making progress"), 4, 1, "the start of epoch 3") == 2
+        assert (
+            policy.recover(WorkerHung("worker 1 stopped making progress"), 4, 1, "the start of epoch 3") == 2
+        )
     lines = [r.getMessage() for r in caplog.records]
-    assert lines == ["sparkdp: worker 3 died -- restart 1 of 2 from epoch 2, step 10 on 3 of 4 workers (task slots gone)",
-                     "sparkdp: worker 1 stopped making progress (after 15 s) -- restart 2 of 2 from the start of "
-                     "epoch 3 on 2 of 4 workers (task slots gone)"]
+    assert lines == [
+        "sparkdp: worker 3 died -- restart 1 of 2 from epoch 2, step 10 on 3 of 4 workers (task slots gone)",
+        "sparkdp: worker 1 stopped making progress (after 15 s) -- restart 2 of 2 from the start of "
+        "epoch 3 on 2 of 4 workers (task slots gone)",
+    ]
     assert policy.workers(4, 4) == 4 and policy.workers(4, None) == 4  # the slots returned, or unknown
-    with pytest.raises(WorkerFailed, match=r"failed 3 times, more than max_restarts=2 allows \(1: worker 3 died; "
-                                           r"2: worker 1 stopped .*; 3: boom\)"):
+    with pytest.raises(
+        WorkerFailed,
+        match=r"failed 3 times, more than max_restarts=2 allows \(1: worker 3 died; "
+        r"2: worker 1 stopped .*; 3: boom\)",
+    ):
         policy.recover(WorkerFailed("boom"), 4, 4, "x")
 
 
@@ -45,19 +52,36 @@ def test_a_hung_worker_reaches_the_driver_typed_and_a_killed_one_as_lost():
     assert str(hung) == "worker 1 stopped making progress; worker 0 timed out waiting for it"
     other = _decode_error(encode_error(2, ValueError("bad row")))
     assert type(other) is WorkerFailed and other.rank == 2
-    killed = translate_error(RuntimeError("Task 1 in stage 3.0 failed: Python worker exited unexpectedly (crashed)"),
-                             2, "local[2]")
+    killed = translate_error(
+        RuntimeError("Task 1 in stage 3.0 failed: Python worker exited unexpectedly (crashed)"), 2, "local[2]"
+    )
     assert isinstance(killed, WorkerLost) and str(killed).startswith("worker 1 died")
 
 
 def test_spark_connect_cancel_and_message_size_errors_become_sparkdp_messages():
     from sparkdp.errors import ConfigError
 
-    cancelled = translate_error(RuntimeError("(org.apache.spark.SparkException) [OPERATION_CANCELED] Operation "
-                                             "has been cancelled. SQLSTATE: HY008"), 2, "local[2]")
-    assert type(cancelled) is WorkerFailed and "was cancelled" in str(cancelled) and "stays usable" in str(cancelled)
-    big = translate_error(RuntimeError("<_MultiThreadedRendezvous of RPC that terminated with: status = "
-                                       "StatusCode.RESOURCE_EXHAUSTED details = \"CLIENT: Sent message larger than "
-                                       "max (157287896 vs. 134217728)\">"), 2, "local[2]")
+    cancelled = translate_error(
+        RuntimeError(
+            "(org.apache.spark.SparkException) [OPERATION_CANCELED] Operation "
+            "has been cancelled. SQLSTATE: HY008"
+        ),
+        2,
+        "local[2]",
+    )
+    assert (
+        type(cancelled) is WorkerFailed
+        and "was cancelled" in str(cancelled)
+        and "stays usable" in str(cancelled)
+    )
+    big = translate_error(
+        RuntimeError(
+            "<_MultiThreadedRendezvous of RPC that terminated with: status = "
+            'StatusCode.RESOURCE_EXHAUSTED details = "CLIENT: Sent message larger than '
+            'max (157287896 vs. 134217728)">'
+        ),
+        2,
+        "local[2]",
+    )
     assert isinstance(big, ConfigError) and "(150 MiB, the limit is 128 MiB)" in str(big)
     assert "DataFrame or a Parquet path" in str(big)

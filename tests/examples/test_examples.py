@@ -38,7 +38,6 @@ EXAMPLES = {
 }
 
 
-
 def _missing_for(name: str) -> str | None:
     """Why an example cannot run here, or None."""
     if name != "language_model.py":
@@ -60,8 +59,14 @@ def test_example_runs_on_a_small_slice(name, tmp_path):
     if (missing := _missing_for(name)) is not None:
         pytest.skip(missing)
     # cwd=tmp_path: an example that writes into its working directory does not touch the checkout
-    proc = subprocess.run([sys.executable, str(EXAMPLES_DIR / name)], capture_output=True, text=True,
-                          timeout=200, cwd=tmp_path, env={**os.environ, "SPARKDP_EXAMPLE_ROWS": ROWS})
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES_DIR / name)],
+        capture_output=True,
+        text=True,
+        timeout=200,
+        cwd=tmp_path,
+        env={**os.environ, "SPARKDP_EXAMPLE_ROWS": ROWS},
+    )
     assert proc.returncode == 0, _explain(proc)
     lines = proc.stdout.strip().splitlines()
     assert lines and lines[-1].startswith(EXAMPLES[name]), _explain(proc)
@@ -70,5 +75,7 @@ def test_example_runs_on_a_small_slice(name, tmp_path):
 
 def test_every_example_is_tested():
     found = {path.name for path in EXAMPLES_DIR.glob("*.py")}
-    assert found == set(EXAMPLES), (f"examples without a test: {sorted(found - set(EXAMPLES))}; "
-                                    f"tests without an example: {sorted(set(EXAMPLES) - found)}")
+    assert found == set(EXAMPLES), (
+        f"examples without a test: {sorted(found - set(EXAMPLES))}; "
+        f"tests without an example: {sorted(set(EXAMPLES) - found)}"
+    )

@@ -21,14 +21,22 @@ def test_the_example_notebook_runs_in_a_kernel(tmp_path, monkeypatch):
     monkeypatch.setenv("SPARKDP_EXAMPLE_ROWS", "2000")  # the kernel inherits this process's environment
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     # a failing cell raises CellExecutionError with the cell's traceback
-    nbclient.NotebookClient(notebook, timeout=240, kernel_name="python3",
-                            resources={"metadata": {"path": str(tmp_path)}}).execute()
-    printed = ["".join(out.get("text", "")) for cell in notebook.cells if cell.cell_type == "code"
-               for out in cell.get("outputs", []) if out.get("output_type") == "stream"]
+    nbclient.NotebookClient(
+        notebook, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
+    printed = [
+        "".join(out.get("text", ""))
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+        for out in cell.get("outputs", [])
+        if out.get("output_type") == "stream"
+    ]
     text = "\n".join(printed)
     assert "second fit on the same session:" in text, text[-2000:]
     assert text.strip().splitlines()[-1].startswith("notebook: test accuracy "), text[-2000:]
-    errors = [out for cell in notebook.cells for out in cell.get("outputs", []) if out.get("output_type") == "error"]
+    errors = [
+        out for cell in notebook.cells for out in cell.get("outputs", []) if out.get("output_type") == "error"
+    ]
     assert not errors, errors
 
 
@@ -81,13 +89,18 @@ def test_interrupting_the_kernel_cancels_the_jobs_tasks_and_the_session_goes_on(
         manager.interrupt_kernel()
         reply = client.get_shell_msg(timeout=60)
         assert reply["parent_header"]["msg_id"] == long_fit
-        assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt", reply
-        content, printed = run("import time\n"
-                               "for _ in range(100):\n"
-                               "    if not spark.sparkContext.statusTracker().getActiveJobsIds(): break\n"
-                               "    time.sleep(0.2)\n"
-                               "print('active jobs', spark.sparkContext.statusTracker().getActiveJobsIds())\n"
-                               "print('trained', fit(2).history[-1]['samples'] > 0)", 120)
+        assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt", (
+            reply
+        )
+        content, printed = run(
+            "import time\n"
+            "for _ in range(100):\n"
+            "    if not spark.sparkContext.statusTracker().getActiveJobsIds(): break\n"
+            "    time.sleep(0.2)\n"
+            "print('active jobs', spark.sparkContext.statusTracker().getActiveJobsIds())\n"
+            "print('trained', fit(2).history[-1]['samples'] > 0)",
+            120,
+        )
         assert content["status"] == "ok", content
         assert "active jobs []" in printed and "trained True" in printed, printed
     finally:

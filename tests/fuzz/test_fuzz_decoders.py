@@ -37,15 +37,29 @@ EXAMPLES = int(os.environ.get("SPARKDP_FUZZ_EXAMPLES", "1500"))
 # Mutated inputs are small and decode in microseconds: a third of the examples keeps the
 # default run at a few seconds per target (``make fuzz`` still runs its full count).
 DEFAULT = EXAMPLES if "SPARKDP_FUZZ_EXAMPLES" in os.environ else EXAMPLES // 3
-FUZZ = settings(max_examples=DEFAULT, deadline=None, derandomize=EXAMPLES < 10_000,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=DEFAULT,
+    deadline=None,
+    derandomize=EXAMPLES < 10_000,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 pytestmark = pytest.mark.timeout(max(120, EXAMPLES // 20))  # make fuzz: a hang guard, not a budget
 
 # Varints at their extremes: 0, the largest one-byte value, int32/int64 boundaries, all
 # ten bytes set (bits beyond 64), and an unterminated run.
-_EXTREME_VARINTS = [b"\x00", b"\x7f", b"\x80\x01", b"\xff\xff\xff\xff\x07", b"\xff\xff\xff\xff\x0f",
-                    b"\xff" * 9 + b"\x00", b"\x80" * 9 + b"\x01", b"\xff" * 9 + b"\x01", b"\xff" * 9 + b"\x7f",
-                    b"\xff" * 10, b"\x80" * 11]
+_EXTREME_VARINTS = [
+    b"\x00",
+    b"\x7f",
+    b"\x80\x01",
+    b"\xff\xff\xff\xff\x07",
+    b"\xff\xff\xff\xff\x0f",
+    b"\xff" * 9 + b"\x00",
+    b"\x80" * 9 + b"\x01",
+    b"\xff" * 9 + b"\x01",
+    b"\xff" * 9 + b"\x7f",
+    b"\xff" * 10,
+    b"\x80" * 11,
+]
 
 
 def _mutate(data: st.DataObject, raw: bytes) -> bytes:
@@ -56,7 +70,7 @@ def _mutate(data: st.DataObject, raw: bytes) -> bytes:
         if action == "flip" and i < len(buf):
             buf[i] ^= 1 << data.draw(st.integers(0, 7))
         elif action == "set" and i < len(buf):
-            buf[i] = data.draw(st.sampled_from([0x00, 0x01, 0x02, 0x05, 0x7f, 0x80, 0xff]))
+            buf[i] = data.draw(st.sampled_from([0x00, 0x01, 0x02, 0x05, 0x7F, 0x80, 0xFF]))
         elif action == "cut":
             buf = buf[:i]
         elif action == "insert":
@@ -69,7 +83,7 @@ def _mutate(data: st.DataObject, raw: bytes) -> bytes:
             if data.draw(st.booleans()):
                 buf[i:i] = extreme
             else:
-                buf[i:i + len(extreme)] = extreme
+                buf[i : i + len(extreme)] = extreme
     return bytes(buf)
 
 
@@ -83,7 +97,9 @@ def _caffemodels(draw) -> bytes:
     for i in range(draw(st.integers(0, 3))):
         shapes = draw(st.lists(_SHAPES, max_size=2))
         blobs = [np.arange(int(np.prod(s)), dtype=np.float32).reshape(s) for s in shapes]
-        layers.append(CaffeLayerBlobs(f"l{i}", draw(st.sampled_from(["InnerProduct", "Convolution", ""])), blobs))
+        layers.append(
+            CaffeLayerBlobs(f"l{i}", draw(st.sampled_from(["InnerProduct", "Convolution", ""])), blobs)
+        )
     return encode_net(layers, name=draw(st.sampled_from(["", "net"])))
 
 
@@ -110,8 +126,21 @@ def _v1_caffemodels(draw) -> bytes:
 
 # Dimensions whose products wrap around in 64 bits (2**32 * 2**32, 3 * 6148914691236517206),
 # exceed an int64, are negative, or are more than a blob can have.
-_EXTREME_DIMS = st.sampled_from([0, 1, 3, 1 << 31, 1 << 32, (1 << 63) - 1, 1 << 63, (1 << 64) - 1, -1,
-                                 6148914691236517206, 12297829382473034411])
+_EXTREME_DIMS = st.sampled_from(
+    [
+        0,
+        1,
+        3,
+        1 << 31,
+        1 << 32,
+        (1 << 63) - 1,
+        1 << 63,
+        (1 << 64) - 1,
+        -1,
+        6148914691236517206,
+        12297829382473034411,
+    ]
+)
 
 
 @st.composite
@@ -232,14 +261,23 @@ def _varint(v: int) -> bytearray:
 
 
 # ------------------------------------------------------------------ state bytes
-_LEAVES = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.floats(allow_nan=False), st.text(max_size=4),
-                    st.integers(0, 3).map(lambda n: torch.arange(n, dtype=torch.float32)))
+_LEAVES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-5, 5),
+    st.floats(allow_nan=False),
+    st.text(max_size=4),
+    st.integers(0, 3).map(lambda n: torch.arange(n, dtype=torch.float32)),
+)
 
 
 def _containers(inner: st.SearchStrategy) -> st.SearchStrategy:
-    return st.one_of(st.lists(inner, max_size=3), st.lists(inner, max_size=3).map(tuple),
-                     st.dictionaries(st.text(max_size=3), inner, max_size=3),
-                     st.dictionaries(st.integers(0, 9), inner, max_size=3))
+    return st.one_of(
+        st.lists(inner, max_size=3),
+        st.lists(inner, max_size=3).map(tuple),
+        st.dictionaries(st.text(max_size=3), inner, max_size=3),
+        st.dictionaries(st.integers(0, 9), inner, max_size=3),
+    )
 
 
 _STATES = st.recursive(_LEAVES, _containers, max_leaves=6)
@@ -270,13 +308,34 @@ def test_state_bytes_with_a_mutated_header_load_or_raise_value_error(data):
     """Mutations aimed at the JSON header (tensor offsets, dtypes, the sparkdp skeleton)."""
     raw = state.to_bytes(data.draw(_STATES))
     size = int.from_bytes(raw[:8], "little")
-    header = raw[8:8 + size].decode()
+    header = raw[8 : 8 + size].decode()
     i = data.draw(st.integers(0, len(header)))
-    piece = data.draw(st.sampled_from(['"', "{", "}", "[", "]", ",", ":", "0", "-1", "1e999", "18446744073709551616",
-                                       '"__tensor__"', '"__items__"', '"__tuple__"', '"t9"', "null", "[" * 2000]))
-    header = header[:i] + piece + header[i + data.draw(st.integers(0, 3)):]
+    piece = data.draw(
+        st.sampled_from(
+            [
+                '"',
+                "{",
+                "}",
+                "[",
+                "]",
+                ",",
+                ":",
+                "0",
+                "-1",
+                "1e999",
+                "18446744073709551616",
+                '"__tensor__"',
+                '"__items__"',
+                '"__tuple__"',
+                '"t9"',
+                "null",
+                "[" * 2000,
+            ]
+        )
+    )
+    header = header[:i] + piece + header[i + data.draw(st.integers(0, 3)) :]
     encoded = header.encode()
-    _from_bytes_or_value_error(len(encoded).to_bytes(8, "little") + encoded + raw[8 + size:])
+    _from_bytes_or_value_error(len(encoded).to_bytes(8, "little") + encoded + raw[8 + size :])
 
 
 @FUZZ
@@ -287,9 +346,32 @@ def test_state_bytes_with_a_mutated_skeleton_load_or_raise_value_error(data):
 
     skeleton, tensors = state.flatten(data.draw(_STATES))
     i = data.draw(st.integers(0, len(skeleton)))
-    piece = data.draw(st.sampled_from(['"', "{", "}", "[", "]", ",", ":", "0", "-1", "1e999", "NaN", "null",
-                                       '{"__tensor__": "t9"}', '{"__tensor__": []}', '{"__items__": 1}',
-                                       '{"__items__": [[[], 1]]}', '{"__items__": [[1]]}', '{"__tuple__": 5}',
-                                       '"__tensor__"', "[" * 5000 + "]" * 5000, '{"a":' * 5000 + "1" + "}" * 5000]))
-    skeleton = skeleton[:i] + piece + skeleton[i + data.draw(st.integers(0, 3)):]
+    piece = data.draw(
+        st.sampled_from(
+            [
+                '"',
+                "{",
+                "}",
+                "[",
+                "]",
+                ",",
+                ":",
+                "0",
+                "-1",
+                "1e999",
+                "NaN",
+                "null",
+                '{"__tensor__": "t9"}',
+                '{"__tensor__": []}',
+                '{"__items__": 1}',
+                '{"__items__": [[[], 1]]}',
+                '{"__items__": [[1]]}',
+                '{"__tuple__": 5}',
+                '"__tensor__"',
+                "[" * 5000 + "]" * 5000,
+                '{"a":' * 5000 + "1" + "}" * 5000,
+            ]
+        )
+    )
+    skeleton = skeleton[:i] + piece + skeleton[i + data.draw(st.integers(0, 3)) :]
     _from_bytes_or_value_error(save(tensors, metadata={state.META_KEY: skeleton}))

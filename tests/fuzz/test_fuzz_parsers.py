@@ -21,24 +21,49 @@ from sparkdp.errors import ProtocolError
 from sparkdp.ps.codec import HEADER_SIZE, Limits, Op, decode_from_bytes, encode_to_bytes
 
 EXAMPLES = int(os.environ.get("SPARKDP_FUZZ_EXAMPLES", "1500"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=EXAMPLES < 10_000,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=EXAMPLES < 10_000,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 pytestmark = pytest.mark.timeout(max(120, EXAMPLES // 20))  # make fuzz: a hang guard, not a budget
 
 # ----------------------------------------------------------------- prototxt
-_WORDS = st.sampled_from(["layer", "name", "type", "bottom", "top", "param", "convolution_param", "a", "b_2",
-                          "inf", "nan", "true", "False", "-"])
-_NUMBERS = st.one_of(st.integers(min_value=-(1 << 70), max_value=1 << 70).map(str),
-                     st.floats(allow_nan=True, allow_infinity=True).map(repr),
-                     st.text("0123456789", min_size=1, max_size=6000),
-                     st.text("0123456789abcdefABCDEF", min_size=1, max_size=40).map(lambda s: "0x" + s),
-                     st.sampled_from(["1e999999", "1.5f", ".5", "-0", "0x", "1e", "--1"]))
+_WORDS = st.sampled_from(
+    [
+        "layer",
+        "name",
+        "type",
+        "bottom",
+        "top",
+        "param",
+        "convolution_param",
+        "a",
+        "b_2",
+        "inf",
+        "nan",
+        "true",
+        "False",
+        "-",
+    ]
+)
+_NUMBERS = st.one_of(
+    st.integers(min_value=-(1 << 70), max_value=1 << 70).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.text("0123456789", min_size=1, max_size=6000),
+    st.text("0123456789abcdefABCDEF", min_size=1, max_size=40).map(lambda s: "0x" + s),
+    st.sampled_from(["1e999999", "1.5f", ".5", "-0", "0x", "1e", "--1"]),
+)
 # Long digit runs glued to what may not follow a number: a pattern that backtracks over the
 # run takes quadratic time on these (seconds at 10,000 digits).  Runs are drawn as a length,
 # since Hypothesis does not draw strings that long character by character.
 _DIGIT_RUN = st.text("0123456789", min_size=1, max_size=50) | st.builds(
-    lambda head, digit, n: head + digit * n, st.text("0123456789", max_size=5), st.sampled_from("0123456789"),
-    st.integers(1, 50_000))
+    lambda head, digit, n: head + digit * n,
+    st.text("0123456789", max_size=5),
+    st.sampled_from("0123456789"),
+    st.integers(1, 50_000),
+)
 _GLUED_NUMBERS = st.one_of(
     st.tuples(_DIGIT_RUN, st.sampled_from("xeEfF_a.Z")).map("".join),
     _DIGIT_RUN.map(lambda s: "1." + s + "e"),
@@ -49,7 +74,8 @@ _GLUED_NUMBERS = st.one_of(
     st.integers(1, 50_000).map(lambda n: "1" + "." * n),
 )
 _STRINGS = st.text(max_size=30).map(lambda s: '"' + s.replace('"', "") + '"') | st.sampled_from(
-    ['"\\U00110000"', '"\\xZZ"', '"\\777"', '"\\u12"', '"unterminated', "'single'", '"\\U0010FFFF"'])
+    ['"\\U00110000"', '"\\xZZ"', '"\\777"', '"\\u12"', '"unterminated', "'single'", '"\\U0010FFFF"']
+)
 _SYMBOLS = st.sampled_from(["{", "}", "<", ">", ":", "[", "]", ",", ";", "#c\n", "\n", " "])
 _TOKENS = st.lists(st.one_of(_WORDS, _NUMBERS, _STRINGS, _SYMBOLS), max_size=60).map(" ".join)
 _GLUED = st.tuples(st.sampled_from(["a: ", "a: -", "a: [", "a { b: ", ""]), _GLUED_NUMBERS).map("".join)
@@ -80,13 +106,26 @@ def test_noise_parses_or_raises_text_format_error(text):
     _parse_or_documented_error(text)
 
 
-@pytest.mark.parametrize("text", [
-    "a {" * 5000, "a <" * 5000, "a: [" + "{" * 5000, "a: " + "9" * 5000, "a: -" + "9" * 5000,
-    "a: 0x" + "f" * 5000, 'a: "\\U00110000"', "a: 18446744073709551616",
-    # a digit run followed by what cannot follow a number (these took quadratic time)
-    "a: " + "9" * 200_000 + "x", "a: 1." + "9" * 200_000 + "e", "a: " + "9" * 100_000 + "." + "9" * 100_000 + "e",
-    "a: " + "9" * 200_000 + "." * 10, "a: " + "-" * 50_000 + "1", "a: 0x" + "f" * 200_000 + "g",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a {" * 5000,
+        "a <" * 5000,
+        "a: [" + "{" * 5000,
+        "a: " + "9" * 5000,
+        "a: -" + "9" * 5000,
+        "a: 0x" + "f" * 5000,
+        'a: "\\U00110000"',
+        "a: 18446744073709551616",
+        # a digit run followed by what cannot follow a number (these took quadratic time)
+        "a: " + "9" * 200_000 + "x",
+        "a: 1." + "9" * 200_000 + "e",
+        "a: " + "9" * 100_000 + "." + "9" * 100_000 + "e",
+        "a: " + "9" * 200_000 + "." * 10,
+        "a: " + "-" * 50_000 + "1",
+        "a: 0x" + "f" * 200_000 + "g",
+    ],
+)
 def test_crafted_inputs_raise_text_format_error(text):
     with pytest.raises(TextFormatError):
         parse(text)
@@ -109,7 +148,9 @@ def _valid_frame(data: st.DataObject) -> bytearray:
     n = data.draw(st.integers(0, 3))
     tensors = [torch.randn(data.draw(st.integers(0, 5))) for _ in range(n)]
     meta = data.draw(st.dictionaries(st.text(max_size=5), st.integers() | st.text(max_size=5), max_size=3))
-    return encode_to_bytes(data.draw(st.sampled_from(list(Op))), data.draw(st.integers(0, 1 << 31)), meta, tensors)
+    return encode_to_bytes(
+        data.draw(st.sampled_from(list(Op))), data.draw(st.integers(0, 1 << 31)), meta, tensors
+    )
 
 
 def _decode_or_documented_error(frame: bytes | bytearray) -> None:
@@ -142,8 +183,9 @@ def test_mutated_valid_frames_decode_or_raise_protocol_error(data):
             frame += data.draw(st.binary(min_size=1, max_size=50))
         elif len(frame) >= HEADER_SIZE:  # rewrite a header field with an extreme value
             j = data.draw(st.integers(0, HEADER_SIZE - 4))
-            frame[j:j + 4] = data.draw(st.sampled_from([b"\xff\xff\xff\xff", b"\x00\x00\x00\x00",
-                                                        b"\x7f\xff\xff\xff"]))
+            frame[j : j + 4] = data.draw(
+                st.sampled_from([b"\xff\xff\xff\xff", b"\x00\x00\x00\x00", b"\x7f\xff\xff\xff"])
+            )
     _decode_or_documented_error(frame)
 
 

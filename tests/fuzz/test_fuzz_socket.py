@@ -40,8 +40,13 @@ from sparkdp.ps.transport import TcpOptions, TcpTransport
 from sparkdp.rules.base import Locking, UpdateRule
 
 EXAMPLES = int(os.environ.get("SPARKDP_FUZZ_EXAMPLES", "300"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=EXAMPLES < 10_000, database=None,
-                suppress_health_check=list(HealthCheck))
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=EXAMPLES < 10_000,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
 # per target: ~220 handshake inputs/s, ~90 after-auth inputs/s on two shared cores
 pytestmark = pytest.mark.timeout(max(240, EXAMPLES // 30))
 
@@ -70,11 +75,19 @@ class HonestOnly(UpdateRule):
 
 # ------------------------------------------------------------------ frames and mutations
 def _frame(op: int, seq: int, body: bytes, payload: bytes = b"", flags: int = 0) -> bytearray:
-    return bytearray(HEADER.pack(MAGIC, PROTOCOL_VERSION, op, flags, seq, len(body), len(payload)) + body + payload)
+    return bytearray(
+        HEADER.pack(MAGIC, PROTOCOL_VERSION, op, flags, seq, len(body), len(payload)) + body + payload
+    )
 
 
 _EXTREMES = [0, 1, 2**31 - 1, 2**32 - 1, 2**63, 2**64 - 1]
-_FIELDS = {"op": (5, "B"), "flags": (6, "H"), "seq": (8, "Q"), "json_len": (16, "I"), "payload_len": (20, "Q")}
+_FIELDS = {
+    "op": (5, "B"),
+    "flags": (6, "H"),
+    "seq": (8, "Q"),
+    "json_len": (16, "I"),
+    "payload_len": (20, "Q"),
+}
 
 
 def _mutate(data: st.DataObject, frame: bytearray) -> bytearray:
@@ -92,24 +105,69 @@ def _mutate(data: st.DataObject, frame: bytearray) -> bytearray:
             offset, fmt = _FIELDS[data.draw(st.sampled_from(sorted(_FIELDS)))]
             size = {"B": 1, "H": 2, "I": 4, "Q": 8}[fmt]
             value = data.draw(st.sampled_from(_EXTREMES) | st.integers(0, 64)) % 2 ** (8 * size)
-            frame[offset:offset + size] = value.to_bytes(size, "big")
+            frame[offset : offset + size] = value.to_bytes(size, "big")
     return frame
 
 
 # A pool of hostile JSON values, drawn by index: a recursive text/number strategy cost several
 # times the socket round trip per input, and the server's checks care about types and ranges,
 # not about the spelling of a string.
-_POOL = [None, True, False, 0, 1, -1, 3, 2**31, 2**63 - 1, 2**63, 2**64, -(2**63), 10**30, -(10**30), 0.5, -0.0,
-         1e308, "", "x", "0" * 64, "ff" * 32, "\u0000", "\ud800x", [], [0], [1, 2], [-1], [0.5], [None], [[0]],
-         ["a"], [2**63] * 3, list(range(40)), {}, {"a": 1}, {"tensors": []}, {"dtype": "float32"},
-         [{"dtype": "float32", "shape": [1], "offset": 0}], [[[[[]]]]], {"k": {"k": {"k": [{}]}}}]
+_POOL = [
+    None,
+    True,
+    False,
+    0,
+    1,
+    -1,
+    3,
+    2**31,
+    2**63 - 1,
+    2**63,
+    2**64,
+    -(2**63),
+    10**30,
+    -(10**30),
+    0.5,
+    -0.0,
+    1e308,
+    "",
+    "x",
+    "0" * 64,
+    "ff" * 32,
+    "\u0000",
+    "\ud800x",
+    [],
+    [0],
+    [1, 2],
+    [-1],
+    [0.5],
+    [None],
+    [[0]],
+    ["a"],
+    [2**63] * 3,
+    list(range(40)),
+    {},
+    {"a": 1},
+    {"tensors": []},
+    {"dtype": "float32"},
+    [{"dtype": "float32", "shape": [1], "offset": 0}],
+    [[[[[]]]]],
+    {"k": {"k": {"k": [{}]}}},
+]
 _JSON_VALUES = st.sampled_from(_POOL) | st.integers(-5, 70)
 _DIMS = st.sampled_from([0, 1, 2, 3, 9, 64, 2**31, 2**48, 2**63 - 1, 10**30, -1])
-_DESCRIPTOR = st.fixed_dictionaries(
-    {"dtype": st.sampled_from([*codec.DTYPES, "object", "complex64", 3]),
-     "shape": st.lists(_DIMS, max_size=4) | st.lists(st.just(0), min_size=30, max_size=70) | _JSON_VALUES,
-     "offset": st.sampled_from([0, 64, 128, 3, -64, 2**64]) | _JSON_VALUES},
-) | _JSON_VALUES
+_DESCRIPTOR = (
+    st.fixed_dictionaries(
+        {
+            "dtype": st.sampled_from([*codec.DTYPES, "object", "complex64", 3]),
+            "shape": st.lists(_DIMS, max_size=4)
+            | st.lists(st.just(0), min_size=30, max_size=70)
+            | _JSON_VALUES,
+            "offset": st.sampled_from([0, 64, 128, 3, -64, 2**64]) | _JSON_VALUES,
+        },
+    )
+    | _JSON_VALUES
+)
 _TENSOR_LISTS = st.lists(_DESCRIPTOR, max_size=3) | _JSON_VALUES
 
 
@@ -124,8 +182,14 @@ def _valid_tensor_list(data: st.DataObject) -> list[torch.Tensor]:
 
 def _meta(data: st.DataObject) -> dict:
     """The fields the server reads, each either plausible or hostile."""
-    meta = data.draw(st.dictionaries(st.sampled_from(["seq", "pulled", "num_samples", "local_steps", "observe",
-                                                      "worker", "x"]), _JSON_VALUES, max_size=3), label="meta")
+    meta = data.draw(
+        st.dictionaries(
+            st.sampled_from(["seq", "pulled", "num_samples", "local_steps", "observe", "worker", "x"]),
+            _JSON_VALUES,
+            max_size=3,
+        ),
+        label="meta",
+    )
     if data.draw(st.booleans()):
         meta["seq"] = data.draw(st.integers(0, 3))
     return meta
@@ -171,26 +235,40 @@ class Fuzzer:
                 _send_and_close(sock, data.draw(st.binary(max_size=200)))
                 return
             hello = bytearray()
-            while len(hello) < HEADER_SIZE or len(hello) < HEADER_SIZE + HEADER.unpack(hello[:HEADER_SIZE])[5]:
+            while (
+                len(hello) < HEADER_SIZE or len(hello) < HEADER_SIZE + HEADER.unpack(hello[:HEADER_SIZE])[5]
+            ):
                 chunk = sock.recv(4096)
                 assert chunk, "the server closed a fresh connection before HELLO"
                 hello += chunk
             server_nonce = bytes.fromhex(json.loads(bytes(hello[HEADER_SIZE:]))["nonce"])
             worker = data.draw(st.integers(1, 2**63 - 1) | st.integers(-5, 0), label="worker")
             nonce = os.urandom(NONCE_BYTES)
-            proof = (client_proof(self.ep.info.secret, server_nonce, nonce, worker) if worker >= 0
-                     else os.urandom(32))
+            proof = (
+                client_proof(self.ep.info.secret, server_nonce, nonce, worker)
+                if worker >= 0
+                else os.urandom(32)
+            )
             meta = {"worker": worker, "nonce": nonce.hex(), "proof": proof.hex(), "tensors": []}
             shape = data.draw(st.sampled_from(["valid", "json", "fields", "bytes"]), label="auth")
             if shape == "json":  # any JSON object, or not JSON at all
-                body = data.draw(st.dictionaries(st.sampled_from([*meta, "mac_payload"]), _JSON_VALUES, max_size=5)
-                                 .map(lambda m: json.dumps(m).encode()) | st.binary(max_size=100))
+                body = data.draw(
+                    st.dictionaries(st.sampled_from([*meta, "mac_payload"]), _JSON_VALUES, max_size=5).map(
+                        lambda m: json.dumps(m).encode()
+                    )
+                    | st.binary(max_size=100)
+                )
             else:
                 if shape == "fields":
-                    meta[data.draw(st.sampled_from([*meta, "mac_payload"]))] = data.draw(_JSON_VALUES | _TENSOR_LISTS)
+                    meta[data.draw(st.sampled_from([*meta, "mac_payload"]))] = data.draw(
+                        _JSON_VALUES | _TENSOR_LISTS
+                    )
                 body = json.dumps(meta).encode()
-            frame = _frame(data.draw(st.sampled_from(list(Op)) if shape == "fields" else st.just(Op.AUTH)),
-                           data.draw(st.just(0) | st.integers(0, 2**64 - 1)), body)
+            frame = _frame(
+                data.draw(st.sampled_from(list(Op)) if shape == "fields" else st.just(Op.AUTH)),
+                data.draw(st.just(0) | st.integers(0, 2**64 - 1)),
+                body,
+            )
             if shape == "bytes":
                 frame = _mutate(data, frame)
             _send_and_close(sock, bytes(frame))
@@ -199,11 +277,15 @@ class Fuzzer:
         self.connections += 1
         self.next_worker = self.next_worker + 1 if self.next_worker < 160 else 100  # some seq history per id
         options = TcpOptions(mac_payload=data.draw(st.booleans(), label="mac_payload"))
-        client = TcpTransport(options).connect(self.ep.address, self.ep.info.secret, self.next_worker, timeout=10)
+        client = TcpTransport(options).connect(
+            self.ep.address, self.ep.info.secret, self.next_worker, timeout=10
+        )
         try:
             chan, sock = client._chan, client._chan.sock
             out = bytearray()
-            for _ in range(data.draw(st.sampled_from([1, 1, 1, 2, 3]), label="frames")):  # mostly one: cheaper
+            for _ in range(
+                data.draw(st.sampled_from([1, 1, 1, 2, 3]), label="frames")
+            ):  # mostly one: cheaper
                 if data.draw(st.booleans(), label="forge"):
                     out += self._forged(data, chan)
                 else:  # a well-formed frame, then byte edits: every edit breaks a MAC or the framing
@@ -241,11 +323,12 @@ class Fuzzer:
         chan.send_seq += 1
         return frame
 
-
     def flood(self, data: st.DataObject) -> None:
         """A burst of connections from many loopback addresses, each idle or sending a drawn
         prefix of a frame, held while an honest client connects; then all closed."""
-        sources = data.draw(st.lists(st.integers(2, 40), min_size=1, max_size=2 * FLOOD_SLOTS), label="sources")
+        sources = data.draw(
+            st.lists(st.integers(2, 40), min_size=1, max_size=2 * FLOOD_SLOTS), label="sources"
+        )
         held = []
         try:
             for last in sources:
@@ -256,14 +339,19 @@ class Fuzzer:
                     sock.settimeout(2)
                     sock.bind((f"127.0.0.{last}", 0))
                     sock.connect(self.where)
-                    start = data.draw(st.sampled_from([b"", b"", bytes(_frame(Op.AUTH, 0, b'{"worker": 1'))])
-                                      | st.binary(max_size=40), label="first bytes")
+                    start = data.draw(
+                        st.sampled_from([b"", b"", bytes(_frame(Op.AUTH, 0, b'{"worker": 1'))])
+                        | st.binary(max_size=40),
+                        label="first bytes",
+                    )
                     if start:
                         sock.sendall(start)
                 except OSError:
                     pass  # the backlog is full or the server already closed it: a flood meets that too
             started = time.monotonic()
-            with TcpTransport().connect(self.ep.address, self.ep.info.secret, HONEST + 1, timeout=10) as client:
+            with TcpTransport().connect(
+                self.ep.address, self.ep.info.secret, HONEST + 1, timeout=10
+            ) as client:
                 client.pull(observe=True)
             assert time.monotonic() - started < 10
         finally:
@@ -297,8 +385,11 @@ def test_a_live_server_survives_fuzzed_connections_while_a_worker_trains(target,
     rule = HonestOnly()
     ps = ParameterServer(lambda shard: rule, [torch.zeros(s) for s in SHAPES], num_shards=1)
     # short handshake deadline: an input the fuzzer failed to end must not stall the run for long
-    slots = {"max_unauthenticated": FLOOD_SLOTS, "max_unauthenticated_per_source": FLOOD_SLOTS // 2} \
-        if target == "flood" else {}
+    slots = (
+        {"max_unauthenticated": FLOOD_SLOTS, "max_unauthenticated_per_source": FLOOD_SLOTS // 2}
+        if target == "flood"
+        else {}
+    )
     ep = TcpTransport(TcpOptions(handshake_timeout=2.0, frame_timeout=5.0, **slots)).serve(ps)
     stop, pushes, errors = threading.Event(), [], []
     honest = threading.Thread(target=_honest_worker, args=(ep, stop, pushes, errors), name="honest-worker")
@@ -339,8 +430,13 @@ def test_a_live_server_survives_fuzzed_connections_while_a_worker_trains(target,
         honest.join(30)
         ep.close()
     assert not died, died[:3]
-    unexpected = [r.getMessage() for r in caplog.records  # the catch-all's line, or a server error
-                  if "after an unexpected" in r.getMessage() or r.levelno >= logging.ERROR]
+    unexpected = [
+        r.getMessage()
+        for r in caplog.records  # the catch-all's line, or a server error
+        if "after an unexpected" in r.getMessage() or r.levelno >= logging.ERROR
+    ]
     assert not unexpected, unexpected[:3]
-    print(f"\n{target}: {examples} inputs in {elapsed:.1f}s ({examples / elapsed:.0f}/s), "
-          f"{ep.rejected_connections} connections rejected, {n} honest pushes")
+    print(
+        f"\n{target}: {examples} inputs in {elapsed:.1f}s ({examples / elapsed:.0f}/s), "
+        f"{ep.rejected_connections} connections rejected, {n} honest pushes"
+    )

@@ -71,7 +71,9 @@ def _assert_close(got, want, what: str, atol: float = ATOL, rtol: float = RTOL) 
     assert len(got) == len(want), f"{what}: {len(got)} tensors, expected {len(want)}"
     for i, (g, w) in enumerate(zip(got, want)):
         g, w = g.detach().cpu(), w.detach().cpu()
-        assert torch.allclose(g, w, atol=atol, rtol=rtol), f"{what}: tensor {i} differs by {(g - w).abs().max():.3g}"
+        assert torch.allclose(g, w, atol=atol, rtol=rtol), (
+            f"{what}: tensor {i} differs by {(g - w).abs().max():.3g}"
+        )
 
 
 def _gpus() -> tuple[str, ...]:
@@ -133,8 +135,13 @@ def test_a_cuda_collective_is_nccl_and_keeps_tensors_on_the_gpu():
     assert got["backend"] == "nccl" and "nccl" in got["group_backend"], got["group_backend"]
     assert set(got["devices"]) == {DEVICE} and got["stats_device"] == "cpu"
     # world size 1: sum, max and mean over one rank, and a broadcast from it, leave every value as it was
-    expected = [torch.tensor([1.0, -2.0, 3.5]), torch.tensor([4.0, 0.5]), torch.full((2, 2), 3.0),
-                torch.arange(3, dtype=torch.float64), torch.tensor([7.0, 8.0])]
+    expected = [
+        torch.tensor([1.0, -2.0, 3.5]),
+        torch.tensor([4.0, 0.5]),
+        torch.full((2, 2), 3.0),
+        torch.arange(3, dtype=torch.float64),
+        torch.tensor([7.0, 8.0]),
+    ]
     for i, (g, e) in enumerate(zip(got["values"], expected, strict=True)):
         assert g.dtype == e.dtype and torch.equal(g, e), f"tensor {i}: {g} != {e}"
     assert torch.equal(got["stats"], torch.tensor([2.5, 4.0], dtype=torch.float64))
@@ -143,8 +150,9 @@ def test_a_cuda_collective_is_nccl_and_keeps_tensors_on_the_gpu():
 # --- synchronous strategies: two gloo ranks, CUDA tensors, one GPU ----------------------------
 
 
-@pytest.mark.parametrize("strategy,transport_option", [("allreduce", "gradient_transport"),
-                                                       ("average", "parameter_transport")])
+@pytest.mark.parametrize(
+    "strategy,transport_option", [("allreduce", "gradient_transport"), ("average", "parameter_transport")]
+)
 def test_two_ranks_on_one_gpu_equal_one_process_on_the_concatenated_batches(strategy, transport_option):
     ranks = run_workers(workers.train_sharded, WORLD, strategy, STEPS, BATCH, backend="gloo", device=DEVICE)
     reference = workers.single_process(DEVICE, STEPS, BATCH, WORLD)
@@ -158,16 +166,29 @@ def test_two_ranks_on_one_gpu_equal_one_process_on_the_concatenated_batches(stra
     assert all(torch.equal(a, b) for a, b in zip(ranks[0]["params"], ranks[1]["params"])), "the ranks differ"
 
 
-@pytest.mark.parametrize("strategy,options,atol", [
-    ("allreduce", {"compression": "bf16"}, 5e-3),  # sparkdp's own half-precision hook on gloo
-    ("diloco", {"period": 2, "compression": "int8"}, 5e-3),  # quantised on the GPU, gathered by gloo
-    ("diloco", {"period": 2, "compression": "bf16"}, 1e-2),
-])
+@pytest.mark.parametrize(
+    "strategy,options,atol",
+    [
+        ("allreduce", {"compression": "bf16"}, 5e-3),  # sparkdp's own half-precision hook on gloo
+        ("diloco", {"period": 2, "compression": "int8"}, 5e-3),  # quantised on the GPU, gathered by gloo
+        ("diloco", {"period": 2, "compression": "bf16"}, 1e-2),
+    ],
+)
 def test_compressed_strategies_on_the_gpu_stay_near_float32(strategy, options, atol):
     run = {**options, "shared_memory": False}
-    plain = run_workers(workers.train_sharded, WORLD, strategy, STEPS, BATCH, {**run, "compression": "none"},
-                        backend="gloo", device=DEVICE)
-    ranks = run_workers(workers.train_sharded, WORLD, strategy, STEPS, BATCH, run, backend="gloo", device=DEVICE)
+    plain = run_workers(
+        workers.train_sharded,
+        WORLD,
+        strategy,
+        STEPS,
+        BATCH,
+        {**run, "compression": "none"},
+        backend="gloo",
+        device=DEVICE,
+    )
+    ranks = run_workers(
+        workers.train_sharded, WORLD, strategy, STEPS, BATCH, run, backend="gloo", device=DEVICE
+    )
     for rank, got in enumerate(ranks):
         assert got["device"] == DEVICE and got["options"]["compression"] == options["compression"], got
         assert got["state_devices"] == (["cpu"] if strategy == "diloco" else []), got["state_devices"]
@@ -198,7 +219,9 @@ def test_an_asgd_push_from_a_gpu_model_moves_the_server_by_the_hand_worked_step(
     with endpoint:
         local = copy.deepcopy(model).to(DEVICE)
         opt = torch.optim.SGD(local.parameters(), lr=0.1)
-        strategy.connect_to(transport, endpoint.info).setup(local, opt, IndependentCollective(0, 1, torch.device(DEVICE)))
+        strategy.connect_to(transport, endpoint.info).setup(
+            local, opt, IndependentCollective(0, 1, torch.device(DEVICE))
+        )
         try:
             x, target = torch.ones(1, 2, device=DEVICE), torch.zeros(1, 1, device=DEVICE)
             strategy.add_samples(1)
@@ -238,23 +261,37 @@ def test_the_async_task_loop_on_the_gpu_over_tcp_is_torch_sgd():
     data, epochs, batch = TensorData(x, y), 2, 8
     model = _tiny_model()
     strategy = AsyncParameterServer("asgd", {"lr": 0.3})
-    spec = FitSpec(model=model, loss=resolve_loss("cross_entropy"),
-                   optimizer=optimizer_factory("sgd", model, lr=0.05, momentum=0.0), strategy=strategy,
-                   train=data, eval=None, epochs=epochs, batch_size=batch)
+    spec = FitSpec(
+        model=model,
+        loss=resolve_loss("cross_entropy"),
+        optimizer=optimizer_factory("sgd", model, lr=0.05, momentum=0.0),
+        strategy=strategy,
+        train=data,
+        eval=None,
+        epochs=epochs,
+        batch_size=batch,
+    )
     server, transport, endpoint = _serve(model, strategy)
     with endpoint:
-        report = fit_worker(replace(spec, strategy=strategy.connect_to(transport, endpoint.info)),
-                            IndependentCollective(0, 1, torch.device(DEVICE)))
+        report = fit_worker(
+            replace(spec, strategy=strategy.connect_to(transport, endpoint.info)),
+            IndependentCollective(0, 1, torch.device(DEVICE)),
+        )
         centre = server.pull(worker=0, observe=True).tensors
         metrics = server.metrics()
-    batches = [(x[idx], y[idx]) for epoch in range(epochs)
-               for idx in data.shard_indices(rank=0, world_size=1, epoch=epoch, seed=0, shuffle=True).split(batch)]
+    batches = [
+        (x[idx], y[idx])
+        for epoch in range(epochs)
+        for idx in data.shard_indices(rank=0, world_size=1, epoch=epoch, seed=0, shuffle=True).split(batch)
+    ]
     _assert_close(centre, _torch_sgd(batches, lr=0.3), "server centre vs torch SGD")
     assert report.strategy_metrics["pushes"] == len(batches) == metrics["pushes_applied"]
     assert metrics["staleness"] == {0: len(batches)}  # one worker never pushes stale
     # fit_worker moved the model in place; every pull since copied the CPU wire's centre onto it
     assert {p.device for p in model.parameters()} == {torch.device(DEVICE)}
-    _assert_close(list(model.parameters()), centre, "worker's model vs the centre it last pulled", atol=0, rtol=0)
+    _assert_close(
+        list(model.parameters()), centre, "worker's model vs the centre it last pulled", atol=0, rtol=0
+    )
 
 
 # --- one Spark task's body: the CNN on the GPU against the CPU --------------------------------
@@ -268,15 +305,25 @@ def test_a_task_body_trains_the_cnn_on_the_gpu_as_on_the_cpu():
     assert gpu["backend"] == ("nccl" if ON_CUDA else "gloo") and cpu["device"] == "cpu"
     losses = [[r[k] for r in run["history"] for k in ("loss", "test_loss")] for run in (gpu, cpu)]
     assert losses[1][-2] < 0.8 * losses[1][0], f"the CPU run did not learn: {losses[1]}"  # a test that trains
-    _assert_close([torch.tensor(losses[0])], [torch.tensor(losses[1])], "per-epoch losses, GPU vs CPU",
-                  atol=1e-4, rtol=1e-3)
+    _assert_close(
+        [torch.tensor(losses[0])],
+        [torch.tensor(losses[1])],
+        "per-epoch losses, GPU vs CPU",
+        atol=1e-4,
+        rtol=1e-3,
+    )
     # a row whose two best scores nearly tie may flip: allow two of them
     for g, c in zip(*([r["test_accuracy"] for r in run["history"]] for run in (gpu, cpu))):
         assert abs(g - c) <= 2 / workers.CNN_ROWS, f"test accuracy {g} on the GPU, {c} on the CPU"
     names = sorted(cpu["state"])
     assert sorted(gpu["state"]) == names
-    _assert_close([gpu["state"][n] for n in names], [cpu["state"][n] for n in names], "final weights, GPU vs CPU",
-                  atol=1e-3, rtol=1e-3)
+    _assert_close(
+        [gpu["state"][n] for n in names],
+        [cpu["state"][n] for n in names],
+        "final weights, GPU vs CPU",
+        atol=1e-3,
+        rtol=1e-3,
+    )
 
 
 # --- mixed precision: fp16 with gradient scaling, bf16 ----------------------------------------
@@ -291,9 +338,18 @@ def _lm_spec(precision: str, clip: float | None):
 
     model = TinyCausalLM(seed=1)
     data = DictData(token_data(32))
-    return FitSpec(model=model, loss=resolve_loss("model"), optimizer=optimizer_factory("sgd", model, lr=0.5),
-                   strategy=resolve_strategy("allreduce"), train=data, eval=None, epochs=2, batch_size=8,
-                   precision=precision, clip_grad_norm=clip)
+    return FitSpec(
+        model=model,
+        loss=resolve_loss("model"),
+        optimizer=optimizer_factory("sgd", model, lr=0.5),
+        strategy=resolve_strategy("allreduce"),
+        train=data,
+        eval=None,
+        epochs=2,
+        batch_size=8,
+        precision=precision,
+        clip_grad_norm=clip,
+    )
 
 
 @needs_cuda

@@ -59,9 +59,14 @@ def collectives_on_device(coll) -> dict[str, Any]:
     stats = torch.tensor([2.5, 4.0], dtype=torch.float64)
     coll.all_reduce(stats, "sum")
     on_device = (summed, largest, *many, sent)
-    return {"backend": coll.backend, "group_backend": str(dist.get_backend()),
-            "devices": [str(t.device) for t in on_device], "stats_device": str(stats.device),
-            "values": _cpu(on_device), "stats": stats}
+    return {
+        "backend": coll.backend,
+        "group_backend": str(dist.get_backend()),
+        "devices": [str(t.device) for t in on_device],
+        "stats_device": str(stats.device),
+        "values": _cpu(on_device),
+        "stats": stats,
+    }
 
 
 # --- synchronous strategies: two ranks on one GPU ---------------------------------------------
@@ -78,11 +83,14 @@ def _strategy(name: str):
         return AllReduce(shared_memory=True, shared_memory_min_bytes=0)
     with warnings.catch_warnings():  # period=1's advice to use allreduce instead
         warnings.simplefilter("ignore", UserWarning)
-        return ParameterAveraging(period=1, average_optimizer_state=True, shared_memory=True,
-                                  shared_memory_min_bytes=0)
+        return ParameterAveraging(
+            period=1, average_optimizer_state=True, shared_memory=True, shared_memory_min_bytes=0
+        )
 
 
-def train_sharded(coll, strategy_name: str, steps: int, batch: int, options: dict | None = None) -> dict[str, Any]:
+def train_sharded(
+    coll, strategy_name: str, steps: int, batch: int, options: dict | None = None
+) -> dict[str, Any]:
     """Each rank trains on ``coll.device`` on its slice of every global batch (momentum SGD);
     ``options``: the strategy made by name with them instead of the fixed ones above."""
     model, x, y = make_problem()
@@ -96,10 +104,18 @@ def train_sharded(coll, strategy_name: str, steps: int, batch: int, options: dic
     strategy = _strategy(strategy_name) if options is None else STRATEGIES.create(strategy_name, **options)
     train_slices(coll, model, opt, strategy, x, y, steps, batch)
     state = strategy.state_dict()
-    outer = [v for entry in (state.get("outer") or {}).get("state", {}).values() for v in entry.values()
-             if torch.is_tensor(v)]  # diloco's outer momentum: checkpoints need it on the host
-    return {"params": _cpu(model.parameters()), "options": strategy.options(), "device": _device_of(model),
-            "state_devices": sorted({str(t.device) for t in outer})}
+    outer = [
+        v
+        for entry in (state.get("outer") or {}).get("state", {}).values()
+        for v in entry.values()
+        if torch.is_tensor(v)
+    ]  # diloco's outer momentum: checkpoints need it on the host
+    return {
+        "params": _cpu(model.parameters()),
+        "options": strategy.options(),
+        "device": _device_of(model),
+        "state_devices": sorted({str(t.device) for t in outer}),
+    }
 
 
 def single_process(device: str, steps: int, batch: int, world: int) -> list[torch.Tensor]:
@@ -111,7 +127,7 @@ def single_process(device: str, steps: int, batch: int, world: int) -> list[torc
     for step in range(steps):
         lo = step * batch * world
         opt.zero_grad()
-        nn.functional.cross_entropy(model(x[lo:lo + batch * world]), y[lo:lo + batch * world]).backward()
+        nn.functional.cross_entropy(model(x[lo : lo + batch * world]), y[lo : lo + batch * world]).backward()
         opt.step()
     return _cpu(model.parameters())
 
@@ -129,7 +145,7 @@ def _cnn_data() -> TensorData:
     half = CNN_SIDE // 2
     for row, label in enumerate(y.tolist()):
         top, left = divmod(label, 2)
-        x[row, 0, top * half:(top + 1) * half, left * half:(left + 1) * half] += 0.5
+        x[row, 0, top * half : (top + 1) * half, left * half : (left + 1) * half] += 0.5
     return TensorData(x, y)
 
 
@@ -137,9 +153,16 @@ def _cnn_spec(epochs: int) -> FitSpec:
     torch.manual_seed(0)  # the same initial weights for every device
     model = build_model("cnn-small", image_size=CNN_SIDE, num_classes=CNN_CLASSES)
     data = _cnn_data()
-    return FitSpec(model=model, loss=resolve_loss("cross_entropy"),
-                   optimizer=optimizer_factory("sgd", model, lr=0.05, momentum=0.9), strategy=AllReduce(),
-                   train=data, eval=data, epochs=epochs, batch_size=32)
+    return FitSpec(
+        model=model,
+        loss=resolve_loss("cross_entropy"),
+        optimizer=optimizer_factory("sgd", model, lr=0.05, momentum=0.9),
+        strategy=AllReduce(),
+        train=data,
+        eval=data,
+        epochs=epochs,
+        batch_size=32,
+    )
 
 
 def fit_cnn_as_a_task(gpus: tuple[str, ...], epochs: int) -> dict[str, Any]:
@@ -149,14 +172,20 @@ def fit_cnn_as_a_task(gpus: tuple[str, ...], epochs: int) -> dict[str, Any]:
     # cuDNN convolutions default to TF32 (10-bit mantissa); the CPU reference computes in float32
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
-    info = SimpleNamespace(cpus=1, gpus=gpus, master_addr="127.0.0.1", master_port=free_port(), rank=0,
-                           world_size=1, store=None)
+    info = SimpleNamespace(
+        cpus=1, gpus=gpus, master_addr="127.0.0.1", master_port=free_port(), rank=0, world_size=1, store=None
+    )
     spec = _cnn_spec(epochs)
 
     def body(coll):
         report = fit_worker(spec, coll)
-        return {"history": report.history, "state": state_from_bytes(report.state),
-                "device": str(coll.device), "backend": coll.backend, "trained_on": _device_of(spec.model)}
+        return {
+            "history": report.history,
+            "state": state_from_bytes(report.state),
+            "device": str(coll.device),
+            "backend": coll.backend,
+            "trained_on": _device_of(spec.model),
+        }
 
     return in_task(body, threads=1, pg_timeout_s=60)(info)
 
@@ -173,7 +202,22 @@ def local_rank_and_device(gpus: tuple[str, ...], local_rank: int) -> dict[str, A
     handler = logging.Handler()
     handler.emit = lambda record: warned.append(record.getMessage())  # type: ignore[method-assign]
     logging.getLogger("sparkdp.train.jobs").addHandler(handler)
-    info = SimpleNamespace(cpus=1, gpus=gpus, master_addr="127.0.0.1", master_port=free_port(), rank=0,
-                           world_size=1, store=None, placement=Placement(0, 1, local_rank, local_rank + 1, 0, 1))
-    return in_task(lambda coll: {"LOCAL_RANK": os.environ["LOCAL_RANK"], "current": torch.cuda.current_device(),
-                                 "warned": warned}, threads=1, pg_timeout_s=60)(info)
+    info = SimpleNamespace(
+        cpus=1,
+        gpus=gpus,
+        master_addr="127.0.0.1",
+        master_port=free_port(),
+        rank=0,
+        world_size=1,
+        store=None,
+        placement=Placement(0, 1, local_rank, local_rank + 1, 0, 1),
+    )
+    return in_task(
+        lambda coll: {
+            "LOCAL_RANK": os.environ["LOCAL_RANK"],
+            "current": torch.cuda.current_device(),
+            "warned": warned,
+        },
+        threads=1,
+        pg_timeout_s=60,
+    )(info)

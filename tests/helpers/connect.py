@@ -48,10 +48,19 @@ class ConnectServer:
     def __enter__(self) -> str:
         # Absolute entries: the server's Python workers run in a per-session folder, where a
         # relative PYTHONPATH would find nothing (or another checkout's editable install).
-        path = [str(ROOT / "src"), str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+        path = [
+            str(ROOT / "src"),
+            str(ROOT),
+            *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)),
+        ]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
-        self.proc = subprocess.Popen([sys.executable, "-c", _SERVER, self.master, str(self.port)], env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _SERVER, self.master, str(self.port)],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         if line.strip() != "ready":
             self.__exit__()

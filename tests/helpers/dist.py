@@ -23,13 +23,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank: int, fn: Callable, world_size: int, port: int, outdir: str, args: tuple,
-           backend: str | None = None, device: str = "cpu") -> None:
+def _entry(
+    rank: int,
+    fn: Callable,
+    world_size: int,
+    port: int,
+    outdir: str,
+    args: tuple,
+    backend: str | None = None,
+    device: str = "cpu",
+) -> None:
     from sparkdp.comm.torch_dist import TorchCollective
 
     torch.set_num_threads(1)
     coll = TorchCollective(backend=backend, device=device).setup(
-        master_addr="127.0.0.1", master_port=port, rank=rank, world_size=world_size, timeout_s=60)
+        master_addr="127.0.0.1", master_port=port, rank=rank, world_size=world_size, timeout_s=60
+    )
     try:
         result = fn(coll, *args)
         torch.save(result, os.path.join(outdir, f"rank{rank}.pt"))
@@ -40,8 +49,14 @@ def _entry(rank: int, fn: Callable, world_size: int, port: int, outdir: str, arg
         coll.teardown()
 
 
-def run_workers(fn: Callable, world_size: int, *args: Any, timeout_s: float = 120,
-                backend: str | None = None, device: str = "cpu") -> list[Any]:
+def run_workers(
+    fn: Callable,
+    world_size: int,
+    *args: Any,
+    timeout_s: float = 120,
+    backend: str | None = None,
+    device: str = "cpu",
+) -> list[Any]:
     """Run ``fn(collective, *args)`` on ``world_size`` spawned processes; return results by rank.
 
     ``fn`` must be importable (module level). A hang fails after ``timeout_s``. ``backend`` and
@@ -49,8 +64,13 @@ def run_workers(fn: Callable, world_size: int, *args: Any, timeout_s: float = 12
     """
     port = free_port()
     with tempfile.TemporaryDirectory() as outdir:
-        ctx = mp.start_processes(_entry, args=(fn, world_size, port, outdir, args, backend, device),
-                                 nprocs=world_size, join=False, start_method="spawn")
+        ctx = mp.start_processes(
+            _entry,
+            args=(fn, world_size, port, outdir, args, backend, device),
+            nprocs=world_size,
+            join=False,
+            start_method="spawn",
+        )
         try:
             import time
 

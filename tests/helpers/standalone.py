@@ -32,25 +32,55 @@ class StandaloneCluster:
     procs: list[subprocess.Popen] = field(default_factory=list)
 
     def env(self) -> dict[str, str]:
-        return {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_LOCAL_IP": "127.0.0.1",
-                "PYSPARK_PYTHON": sys.executable, "SPARK_WORKER_DIR": str(self.directory / "work"),
-                "SPARK_LOG_DIR": str(self.directory / "logs"), "SPARK_NO_DAEMONIZE": "1"}
+        return {
+            **os.environ,
+            "SPARK_HOME": str(SPARK_HOME),
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "PYSPARK_PYTHON": sys.executable,
+            "SPARK_WORKER_DIR": str(self.directory / "work"),
+            "SPARK_LOG_DIR": str(self.directory / "logs"),
+            "SPARK_NO_DAEMONIZE": "1",
+        }
 
     def _start(self, name: str, *args: str) -> subprocess.Popen:
         log = open(self.directory / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen([str(SPARK_HOME / "bin" / "spark-class"), *args], env=self.env(),
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [str(SPARK_HOME / "bin" / "spark-class"), *args],
+            env=self.env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.procs.append(proc)
         return proc
 
     def start(self, timeout_s: float = 90.0) -> StandaloneCluster:
         port = _free_port()
         self.master_url = f"spark://127.0.0.1:{port}"
-        self._start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
-                    "--webui-port", "0")
+        self._start(
+            "master",
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--webui-port",
+            "0",
+        )
         for i in range(self.workers):
-            self._start(f"worker-{i}", "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores",
-                        str(self.cores), "--memory", "2g", "--webui-port", "0", self.master_url)
+            self._start(
+                f"worker-{i}",
+                "org.apache.spark.deploy.worker.Worker",
+                "--host",
+                "127.0.0.1",
+                "--cores",
+                str(self.cores),
+                "--memory",
+                "2g",
+                "--webui-port",
+                "0",
+                self.master_url,
+            )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             text = (self.directory / "master.log").read_text(errors="replace")

@@ -45,8 +45,12 @@ def test_loss_is_shifted_cross_entropy_ignoring_minus_100():
     out = model(ids, labels=labels)
     logits = out.logits
     # by hand: position t predicts labels[t + 1]; the three -100 targets are left out of the mean
-    terms = [F.cross_entropy(logits[b, t], labels[b, t + 1])
-             for b in range(2) for t in range(11) if labels[b, t + 1] != -100]
+    terms = [
+        F.cross_entropy(logits[b, t], labels[b, t + 1])
+        for b in range(2)
+        for t in range(11)
+        if labels[b, t + 1] != -100
+    ]
     assert len(terms) == 22 - 3
     torch.testing.assert_close(out.loss, torch.stack(terms).mean())
 
@@ -69,8 +73,9 @@ def _count(vocab: int, block: int, layers: int, d: int) -> int:
     return vocab * d + block * d + layers * (12 * d * d + 13 * d) + 2 * d
 
 
-@pytest.mark.parametrize(("name", "expected"), [("gpt", _count(8192, 256, 6, 384)),
-                                                ("gpt-tiny", _count(256, 64, 2, 32))])
+@pytest.mark.parametrize(
+    ("name", "expected"), [("gpt", _count(8192, 256, 6, 384)), ("gpt-tiny", _count(256, 64, 2, 32))]
+)
 def test_preset_parameter_counts(name, expected):
     model = build_model(name)
     assert sum(p.numel() for p in model.parameters()) == expected

@@ -30,8 +30,9 @@ def _wait_for(predicate, timeout=10.0):
 
 
 def test_probe_records_reach_the_run_log_with_rates_from_the_counters(tmp_path):
-    with MonitorHub(world_size=1, config={"strategy": "allreduce"}, run_dir=str(tmp_path), display=False,
-                    interval_s=0.1) as hub:
+    with MonitorHub(
+        world_size=1, config={"strategy": "allreduce"}, run_dir=str(tmp_path), display=False, interval_s=0.1
+    ) as hub:
         comm = {"comm_s": 0.5, "bytes_sent": 1000, "bytes_recv": 10}  # 0.5 s before the first step (a pull)
         probe = Probe(hub.link, rank=0, comm_stats=lambda: dict(comm))
         probe.start_epoch(0, 20, 1)
@@ -92,7 +93,11 @@ def test_script_output_is_assembled_into_prefixed_lines(tmp_path, capsys):
         probe.close()
         time.sleep(0.3)
     out = capsys.readouterr().out.splitlines()
-    assert out[:3] == ["[rank 1] hello world", "[rank 1] second line", "[rank 1] no newline at the end" + "x" * 300_000]
+    assert out[:3] == [
+        "[rank 1] hello world",
+        "[rank 1] second line",
+        "[rank 1] no newline at the end" + "x" * 300_000,
+    ]
 
 
 def test_carriage_return_redraws_are_lines_and_pending_text_is_bounded(capsys):
@@ -129,7 +134,11 @@ def test_the_monitoring_endpoint_uses_tls_when_the_job_does(tmp_path, monkeypatc
     monkeypatch.setattr(cluster, "driver_host", lambda spark: "127.0.0.1")
     job = JobConfig.of(run_dir=str(tmp_path), show_progress=False)
     with monitored(job, None, 1, "t", strategy=AsyncParameterServer(tls=True)) as hub:
-        assert hub.detector.own_parts == ("data_s", "compute_s", "comm_s")  # asynchronous: its comm is its own
+        assert hub.detector.own_parts == (
+            "data_s",
+            "compute_s",
+            "comm_s",
+        )  # asynchronous: its comm is its own
         info = hub.link.info
         assert info.tls_cert is not None and "BEGIN CERTIFICATE" in info.tls_cert
         shown = []
@@ -152,22 +161,33 @@ def test_credentials_in_urls_never_reach_the_run_log_or_mlflow(tmp_path):
     from sparkdp.redact import redact
 
     secrets_ = ["AKIAKEYID", "S3CR3T/value", "hunter2", "tok3n", "pw0rd"]
-    config = {"checkpoint_dir": "s3://AKIAKEYID:S3CR3T/value@bucket/ckpt", "resume": None,
-              "data": ["hdfs://alice:hunter2@namenode:8020/train?token=tok3n&part=1"],
-              "master": "spark://u:pw0rd@host:7077", "mlflow": "https://bob:pw0rd@mlflow.example/x",
-              "plain": "s3://bucket/no-credentials", "epochs": 3}
+    config = {
+        "checkpoint_dir": "s3://AKIAKEYID:S3CR3T/value@bucket/ckpt",
+        "resume": None,
+        "data": ["hdfs://alice:hunter2@namenode:8020/train?token=tok3n&part=1"],
+        "master": "spark://u:pw0rd@host:7077",
+        "mlflow": "https://bob:pw0rd@mlflow.example/x",
+        "plain": "s3://bucket/no-credentials",
+        "epochs": 3,
+    }
     assert redact(config["plain"]) == "s3://bucket/no-credentials"
     assert redact(config["checkpoint_dir"]) == "s3://***@bucket/ckpt"
     assert redact(config["data"]) == ["hdfs://***@namenode:8020/train?token=***&part=1"]
-    for url in ["https://storage.example/b/o?X-Goog-Credential=gc1&X-Goog-Signature=gs1&alt=media",
-                "https://h/x?access_token=at1", "s3://b/k?X-Amz-Security-Token=st1&x=1",
-                "https://h/cb?client_secret=cs1&password=pw1"]:
-        assert not {"gc1", "gs1", "at1", "st1", "cs1", "pw1"} & set(re.split(r"[=&?/]", redact(url))), redact(url)
+    for url in [
+        "https://storage.example/b/o?X-Goog-Credential=gc1&X-Goog-Signature=gs1&alt=media",
+        "https://h/x?access_token=at1",
+        "s3://b/k?X-Amz-Security-Token=st1&x=1",
+        "https://h/cb?client_secret=cs1&password=pw1",
+    ]:
+        assert not {"gc1", "gs1", "at1", "st1", "cs1", "pw1"} & set(re.split(r"[=&?/]", redact(url))), redact(
+            url
+        )
     assert redact("https://h/x?alt=media&page=2") == "https://h/x?alt=media&page=2"
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     with pytest.raises(RuntimeError):  # a job that fails with a URL in its error message
-        with MonitorHub(world_size=1, config=config, run_dir=str(tmp_path / "run"), display=False,
-                        mlflow=uri) as hub:
+        with MonitorHub(
+            world_size=1, config=config, run_dir=str(tmp_path / "run"), display=False, mlflow=uri
+        ) as hub:
             hub.finish({"data": config["data"][0], "samples": 10})
             raise RuntimeError("cannot write checkpoints to 's3://AKIAKEYID:S3CR3T/value@bucket/ckpt'")
     logged = (tmp_path / "run" / "run.jsonl").read_text()
@@ -176,16 +196,29 @@ def test_credentials_in_urls_never_reach_the_run_log_or_mlflow(tmp_path):
     params = json.dumps(run.data.params)
     for secret in secrets_:
         assert secret not in logged and secret not in params, secret
-    assert "s3://***@bucket/ckpt" in logged and "spark://***@host:7077" in params and '"epochs": "3"' in params
+    assert (
+        "s3://***@bucket/ckpt" in logged and "spark://***@host:7077" in params and '"epochs": "3"' in params
+    )
     assert '"type": "failed"' in logged and "cannot write checkpoints to 's3://***@bucket/ckpt'" in logged
 
 
 def test_the_per_worker_summary_counts_every_attempt_and_the_failed_ones_apart(capsys):
     """A worker whose counters start again was restarted by recovery: the table at the end
     shows the whole job's steps and samples, and what the failed attempt did as its own column."""
+
     def metrics(steps: int, at: float) -> dict:
-        return {"type": "metrics", "time": at, "steps": steps, "samples": 32 * steps, "data_s": 0.0,
-                "compute_s": float(steps), "comm_s": 0.0, "net_sent": 0, "net_recv": 0, "loss_sum": 0.0}
+        return {
+            "type": "metrics",
+            "time": at,
+            "steps": steps,
+            "samples": 32 * steps,
+            "data_s": 0.0,
+            "compute_s": float(steps),
+            "comm_s": 0.0,
+            "net_sent": 0,
+            "net_recv": 0,
+            "loss_sum": 0.0,
+        }
 
     with MonitorHub(world_size=2, config={}, display=True, title="job") as hub:
         hub.display.stream = __import__("sys").stdout
@@ -196,7 +229,9 @@ def test_the_per_worker_summary_counts_every_attempt_and_the_failed_ones_apart(c
     assert (whole[1]["steps"], whole[1]["samples"], whole[1]["failed_steps"]) == (70, 70 * 32, 30)
     assert (whole[0]["steps"], whole[0]["failed_steps"]) == (70, 0)
     table = capsys.readouterr().out
-    rows = {line.split()[0]: line.split() for line in table.splitlines() if line.split()[:1] in (["0"], ["1"])}
+    rows = {
+        line.split()[0]: line.split() for line in table.splitlines() if line.split()[:1] in (["0"], ["1"])
+    }
     assert "failed" in table and rows["1"][1:4] == ["70", "2,240", "30"] and rows["0"][3] == "0", table
 
 
@@ -216,16 +251,30 @@ def test_processes_a_worker_started_are_labelled_with_their_worker():
 
     display = Display("job", 2, enabled=False)
     assert [display.worker_label(r) for r in (0, 1)] == ["0", "1"]
-    assert [display.worker_label(child_worker_id(rank, 2, k)) for rank, k in ((0, 0), (1, 0), (1, 2))] == \
-        ["0.0", "1.0", "1.2"]
+    assert [display.worker_label(child_worker_id(rank, 2, k)) for rank, k in ((0, 0), (1, 0), (1, 2))] == [
+        "0.0",
+        "1.0",
+        "1.2",
+    ]
 
 
 def test_a_worker_that_took_no_step_since_its_last_report_adds_nothing_to_the_jobs_samples_per_s(tmp_path):
     """An asynchronous worker that finished (or one evaluating) trains no rows: the job's
     samples/s is the sum over the workers still stepping."""
+
     def record(rank, steps, at):
-        return {"type": "metrics", "rank": rank, "time": at, "steps": steps, "samples": 64 * steps,
-                "data_s": 0.0, "compute_s": 0.01 * steps, "comm_s": 0.0, "net_sent": 0, "net_recv": 0}
+        return {
+            "type": "metrics",
+            "rank": rank,
+            "time": at,
+            "steps": steps,
+            "samples": 64 * steps,
+            "data_s": 0.0,
+            "compute_s": 0.01 * steps,
+            "comm_s": 0.0,
+            "net_sent": 0,
+            "net_recv": 0,
+        }
 
     with MonitorHub(world_size=2, config={}, run_dir=str(tmp_path), display=False) as hub:
         for rank, steps in ((0, 10), (1, 10)):
@@ -238,8 +287,17 @@ def test_a_worker_that_took_no_step_since_its_last_report_adds_nothing_to_the_jo
 
 
 def _metrics_record(steps: int, at: float) -> dict:
-    return {"type": "metrics", "time": at, "steps": steps, "samples": 32 * steps, "data_s": 0.0,
-            "compute_s": 0.01 * steps, "comm_s": 0.0, "net_sent": 0, "net_recv": 0}
+    return {
+        "type": "metrics",
+        "time": at,
+        "steps": steps,
+        "samples": 32 * steps,
+        "data_s": 0.0,
+        "compute_s": 0.01 * steps,
+        "comm_s": 0.0,
+        "net_sent": 0,
+        "net_recv": 0,
+    }
 
 
 def test_a_malformed_record_is_refused_and_the_workers_later_records_still_count(tmp_path, caplog):
@@ -261,18 +319,33 @@ def test_a_malformed_record_is_refused_and_the_workers_later_records_still_count
     assert _records(tmp_path, "job")[-1]["samples"] == 960
 
 
-@pytest.mark.parametrize("kind, change", [
-    ("metrics", {"steps": "20"}), ("metrics", {"time": float("nan")}), ("metrics", {"samples": -1}),
-    ("metrics", {"comm_s": float("inf")}), ("metrics", {"steps": True}), ("metrics", {"host": "h" * 300}),
-    ("metrics", {"net_sent": None}), ("epoch", {"epoch": "2"}), ("epoch", {"epoch": None}),
-    ("epoch_start", {"steps_per_epoch": "x"}), ("epoch_start", {"epochs": 0}),
-    ("output", {"text": ["a"]}), ("output", {"stream": "stdin"}), ("server", {"shard": "0"}),
-])
+@pytest.mark.parametrize(
+    "kind, change",
+    [
+        ("metrics", {"steps": "20"}),
+        ("metrics", {"time": float("nan")}),
+        ("metrics", {"samples": -1}),
+        ("metrics", {"comm_s": float("inf")}),
+        ("metrics", {"steps": True}),
+        ("metrics", {"host": "h" * 300}),
+        ("metrics", {"net_sent": None}),
+        ("epoch", {"epoch": "2"}),
+        ("epoch", {"epoch": None}),
+        ("epoch_start", {"steps_per_epoch": "x"}),
+        ("epoch_start", {"epochs": 0}),
+        ("output", {"text": ["a"]}),
+        ("output", {"stream": "stdin"}),
+        ("server", {"shard": "0"}),
+    ],
+)
 def test_records_of_the_wrong_type_or_range_are_refused_without_harm(kind, change, capsys):
-    good = {"metrics": _metrics_record(20, 2.0), "epoch": {"type": "epoch", "epoch": 2, "loss": 0.5},
-            "epoch_start": {"type": "epoch_start", "epoch": 2, "epochs": 3, "steps_per_epoch": 10},
-            "output": {"type": "output", "stream": "stdout", "text": "hello\n"},
-            "server": {"type": "server", "shard": 0, "time": 1.0}}
+    good = {
+        "metrics": _metrics_record(20, 2.0),
+        "epoch": {"type": "epoch", "epoch": 2, "loss": 0.5},
+        "epoch_start": {"type": "epoch_start", "epoch": 2, "epochs": 3, "steps_per_epoch": 10},
+        "output": {"type": "output", "stream": "stdout", "text": "hello\n"},
+        "server": {"type": "server", "shard": 0, "time": 1.0},
+    }
     with MonitorHub(world_size=2, config={}, display=True, title="job") as hub:
         hub.display.stream = __import__("sys").stdout
         hub._on_report(0, _metrics_record(10, 1.0))

@@ -20,8 +20,16 @@ def _feed(detector, windows, per_step, hosts=None):
             t[1] += 10 * data
             t[2] += 10 * compute
             t[3] += 10 * comm
-            said += detector.update({"rank": rank, "steps": t[0], "data_s": t[1], "compute_s": t[2], "comm_s": t[3],
-                                     **({"host": hosts[rank]} if hosts else {})})
+            said += detector.update(
+                {
+                    "rank": rank,
+                    "steps": t[0],
+                    "data_s": t[1],
+                    "compute_s": t[2],
+                    "comm_s": t[3],
+                    **({"host": hosts[rank]} if hosts else {}),
+                }
+            )
     return said
 
 
@@ -52,8 +60,13 @@ def test_a_job_communicating_most_of_the_time_is_told_what_to_try():
 def test_an_asynchronous_worker_on_a_slow_link_is_named_with_the_network_as_cause():
     # asgd: worker 1's pushes and pulls take 10x longer (its host's link); both compute alike
     per_step = {0: (0.001, 0.048, 0.300), 1: (0.001, 0.048, 3.000)}
-    said = [s for s in _feed(StragglerDetector(2, patience=3, comm_is_own=True), 6, per_step,
-                             hosts={0: "node-a", 1: "node-b"}) if "straggler" in s]
+    said = [
+        s
+        for s in _feed(
+            StragglerDetector(2, patience=3, comm_is_own=True), 6, per_step, hosts={0: "node-a", 1: "node-b"}
+        )
+        if "straggler" in s
+    ]
     assert len(said) == 1 and said[0].startswith("worker 1 on host node-b is a straggler"), said
     assert "slow network" in said[0], said
     assert "3000.0 against 300.0 ms per step" in said[0]
@@ -64,5 +77,9 @@ def test_an_asynchronous_worker_on_a_slow_link_is_named_with_the_network_as_caus
 def test_a_synchronous_communication_bound_job_says_the_slowest_link_slows_everyone():
     said = _feed(StragglerDetector(2, comm_min_s=1.0), 5, {0: (0.0, 0.05, 0.95), 1: (0.0, 0.05, 0.95)})
     assert len(said) == 1 and "at least 95%" in said[0] and "slowest link" in said[0]
-    said = _feed(StragglerDetector(2, comm_min_s=1.0, comm_is_own=True), 5, {0: (0.0, 0.05, 0.95), 1: (0.0, 0.05, 0.95)})
+    said = _feed(
+        StragglerDetector(2, comm_min_s=1.0, comm_is_own=True),
+        5,
+        {0: (0.0, 0.05, 0.95), 1: (0.0, 0.05, 0.95)},
+    )
     assert len(said) == 1 and "slowest link" not in said[0]

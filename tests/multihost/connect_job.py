@@ -45,18 +45,31 @@ def main() -> None:
     kept = Kept()
     logging.getLogger("sparkdp").addHandler(kept)
     spark = sparkdp.session(remote=remote)
-    out = {"client": socket.gethostname(), "connect": type(spark).__module__,
-           "executors": sorted(r.hostname for r in spark.range(2, numPartitions=2)
-                               .mapInArrow(_task_host, "hostname string", barrier=True).collect()),
-           "runs": []}
+    out = {
+        "client": socket.gethostname(),
+        "connect": type(spark).__module__,
+        "executors": sorted(
+            r.hostname
+            for r in spark.range(2, numPartitions=2)
+            .mapInArrow(_task_host, "hostname string", barrier=True)
+            .collect()
+        ),
+        "runs": [],
+    }
     data = fashion_mnist(limit=job.get("limit", 2000))
     for fit in job["fits"]:
         kept.messages.clear()
         started = time.monotonic()
         run: dict = {}
         try:
-            result = sparkdp.fit(build_model("cnn"), (data.x_train, data.y_train), eval_data=(data.x_test, data.y_test),
-                                 spark=spark, show_progress=True, **fit)
+            result = sparkdp.fit(
+                build_model("cnn"),
+                (data.x_train, data.y_train),
+                eval_data=(data.x_test, data.y_test),
+                spark=spark,
+                show_progress=True,
+                **fit,
+            )
             run["history"] = result.history
             run["servers"] = [s.get("host") for s in result.details.get("servers") or []]
         except Exception as exc:  # noqa: BLE001 - reported to the test, which decides
@@ -68,8 +81,11 @@ def main() -> None:
     for strategy in job.get("run_strategies", []):  # sparkdp.run of a function of the user's own
         started = time.monotonic()
         try:
-            call = {"result": sparkdp.run(_rank_plus_one, strategy=strategy, workers=1, spark=spark,
-                                          show_progress=False)}
+            call = {
+                "result": sparkdp.run(
+                    _rank_plus_one, strategy=strategy, workers=1, spark=spark, show_progress=False
+                )
+            }
         except Exception as exc:  # noqa: BLE001 - reported to the test, which decides
             call = {"error": {"type": type(exc).__name__, "message": str(exc)}}
         out["calls"].append({"strategy": strategy, "seconds": time.monotonic() - started, **call})

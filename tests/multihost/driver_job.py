@@ -45,31 +45,55 @@ def main() -> None:
     deadline = time.monotonic() + 60
     while (available_slots(spark) or 0) < workers and time.monotonic() < deadline:
         time.sleep(0.5)
-    out = {"driver": where(), "driver_host": sc.getConf().get("spark.driver.host"),
-           "executors": sc.parallelize(range(workers), workers).barrier().mapPartitions(_task_where).collect()}
+    out = {
+        "driver": where(),
+        "driver_host": sc.getConf().get("spark.driver.host"),
+        "executors": sc.parallelize(range(workers), workers).barrier().mapPartitions(_task_where).collect(),
+    }
     data = fashion_mnist(limit=job.get("limit", 2000))
     train, test, columns = (data.x_train, data.y_train), (data.x_test, data.y_test), {}
     if job.get("input") == "dataframe":
+
         def frame(x, y):
-            return spark.createDataFrame([(row.reshape(-1).tolist(), int(label)) for row, label in zip(x, y)],
-                                         "features array<float>, label long")
+            return spark.createDataFrame(
+                [(row.reshape(-1).tolist(), int(label)) for row, label in zip(x, y)],
+                "features array<float>, label long",
+            )
 
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         # evaluation reads Parquet (each worker its fragments); the training rows stream from the DataFrame
         test = str(Path(sys.argv[2]).with_name("eval.parquet"))
-        pq.write_table(pa.table({"features": pa.array(data.x_test[:1000].reshape(1000, -1).tolist(),
-                                                      pa.list_(pa.float32())),
-                                 "label": pa.array(data.y_test[:1000].tolist(), pa.int64())}), test)
+        pq.write_table(
+            pa.table(
+                {
+                    "features": pa.array(
+                        data.x_test[:1000].reshape(1000, -1).tolist(), pa.list_(pa.float32())
+                    ),
+                    "label": pa.array(data.y_test[:1000].tolist(), pa.int64()),
+                }
+            ),
+            test,
+        )
         train = frame(data.x_train, data.y_train)
         columns = {"features": "features", "label": "label", "feature_shape": tuple(data.x_train.shape[1:])}
     started = time.monotonic()
     try:
-        result = sparkdp.fit(build_model(job.get("model", "cnn")), train, eval_data=test,
-                             spark=spark, show_progress=False, **columns, **job["fit"])
-        out["result"] = {"samples_per_s": result.samples_per_s, "history": result.history,
-                         "details": {"servers": result.details.get("servers")}}
+        result = sparkdp.fit(
+            build_model(job.get("model", "cnn")),
+            train,
+            eval_data=test,
+            spark=spark,
+            show_progress=False,
+            **columns,
+            **job["fit"],
+        )
+        out["result"] = {
+            "samples_per_s": result.samples_per_s,
+            "history": result.history,
+            "details": {"servers": result.details.get("servers")},
+        }
     except Exception as exc:  # noqa: BLE001 - reported to the test, which decides
         out["error"] = {"type": type(exc).__name__, "message": str(exc)}
     out["seconds"] = time.monotonic() - started

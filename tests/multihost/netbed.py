@@ -241,8 +241,23 @@ class NetBed:
         for ns, dev in ((self.netns(host), "eth0"), (self.bridge_netns, self.port(host))):
             _sh("tc", "-n", ns, "qdisc", "del", "dev", dev, "root", check=False)
             if rate is not None:
-                _sh("tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst",
-                    self.burst or auto_burst(rate), "latency", self.latency)
+                _sh(
+                    "tc",
+                    "-n",
+                    ns,
+                    "qdisc",
+                    "add",
+                    "dev",
+                    dev,
+                    "root",
+                    "tbf",
+                    "rate",
+                    rate,
+                    "burst",
+                    self.burst or auto_burst(rate),
+                    "latency",
+                    self.latency,
+                )
         if rate is None:
             self.rates.pop(host, None)
         else:
@@ -261,7 +276,10 @@ class NetBed:
     def qdisc_stats(self, host: str) -> dict[str, int]:
         """Bytes sent by ``host`` (its eth0's tbf) and to it (its bridge port's tbf)."""
         out = {}
-        for key, ns, dev in (("sent", self.netns(host), "eth0"), ("received", self.bridge_netns, self.port(host))):
+        for key, ns, dev in (
+            ("sent", self.netns(host), "eth0"),
+            ("received", self.bridge_netns, self.port(host)),
+        ):
             text = _sh("tc", "-s", "-n", ns, "qdisc", "show", "dev", dev).stdout
             match = re.search(r"Sent (\d+) bytes", text)
             out[key] = int(match.group(1)) if match else 0
@@ -269,27 +287,73 @@ class NetBed:
 
     def command(self, host: str, argv: list[str]) -> list[str]:
         """The command line that runs ``argv`` on ``host`` (its own hostname, /etc/hosts, /dev/shm)."""
-        return ["ip", "netns", "exec", self.netns(host), "unshare", "--uts", "--mount", "--propagation", "private",
-                "sh", "-c", _ENTER, "sdpnb-enter", host, str(self.hosts_file(host)), self.shm_size, *argv]
+        return [
+            "ip",
+            "netns",
+            "exec",
+            self.netns(host),
+            "unshare",
+            "--uts",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            _ENTER,
+            "sdpnb-enter",
+            host,
+            str(self.hosts_file(host)),
+            self.shm_size,
+            *argv,
+        ]
 
-    def popen(self, host: str, argv: list[str], *, env: dict[str, str] | None = None, log: Path | None = None,
-              cwd: str | Path | None = None) -> subprocess.Popen:
+    def popen(
+        self,
+        host: str,
+        argv: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        log: Path | None = None,
+        cwd: str | Path | None = None,
+    ) -> subprocess.Popen:
         """Start ``argv`` on ``host`` in a process group of its own (its output to ``log``)."""
         out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - closed below, the child has it
         try:
-            proc = subprocess.Popen(self.command(host, argv), env=env, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True, cwd=cwd)
+            proc = subprocess.Popen(
+                self.command(host, argv),
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=cwd,
+            )
         finally:
             if log:
                 out.close()
         self.procs.append(proc)
         return proc
 
-    def run(self, host: str, argv: list[str], *, env: dict[str, str] | None = None, timeout: float = 300,
-            cwd: str | Path | None = None) -> subprocess.CompletedProcess:
+    def run(
+        self,
+        host: str,
+        argv: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        timeout: float = 300,
+        cwd: str | Path | None = None,
+    ) -> subprocess.CompletedProcess:
         """Run ``argv`` on ``host`` to its end; its process group is killed on timeout."""
-        proc = subprocess.Popen(self.command(host, argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                stdin=subprocess.DEVNULL, text=True, start_new_session=True, cwd=cwd)
+        proc = subprocess.Popen(
+            self.command(host, argv),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+            cwd=cwd,
+        )
         self.procs.append(proc)
         try:
             out, err = proc.communicate(timeout=timeout)
@@ -403,12 +467,23 @@ class SparkOnNetBed:
         return f"spark://{self.bed.address(self.master)}:{SPARK_MASTER_PORT}"
 
     def env(self, **more: str) -> dict[str, str]:
-        keep = {k: v for k, v in os.environ.items()
-                if not k.startswith(("SPARK_", "PYSPARK_", "MASTER_", "GLOO_", "PYTEST_"))}
+        keep = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("SPARK_", "PYSPARK_", "MASTER_", "GLOO_", "PYTEST_"))
+        }
         pythonpath = os.pathsep.join([str(source_root()), *filter(None, [os.environ.get("PYTHONPATH")])])
-        return {**keep, "SPARK_HOME": str(spark_home()), "PYSPARK_PYTHON": self.python,
-                "PYSPARK_DRIVER_PYTHON": self.python, "PYTHONPATH": pythonpath, "SPARK_NO_DAEMONIZE": "1",
-                "SPARK_LOG_DIR": str(self.bed.directory / "logs"), **self.extra_env, **more}
+        return {
+            **keep,
+            "SPARK_HOME": str(spark_home()),
+            "PYSPARK_PYTHON": self.python,
+            "PYSPARK_DRIVER_PYTHON": self.python,
+            "PYTHONPATH": pythonpath,
+            "SPARK_NO_DAEMONIZE": "1",
+            "SPARK_LOG_DIR": str(self.bed.directory / "logs"),
+            **self.extra_env,
+            **more,
+        }
 
     def log(self, name: str) -> Path:
         (self.bed.directory / "logs").mkdir(exist_ok=True)
@@ -416,15 +491,42 @@ class SparkOnNetBed:
 
     def start(self, timeout_s: float = 120.0) -> SparkOnNetBed:
         spark_class = str(spark_home() / "bin" / "spark-class")
-        self.bed.popen(self.master, [spark_class, "org.apache.spark.deploy.master.Master", "--host",
-                                     self.bed.address(self.master), "--port", str(SPARK_MASTER_PORT),
-                                     "--webui-port", "0"], env=self.env(), log=self.log("master"))
+        self.bed.popen(
+            self.master,
+            [
+                spark_class,
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                self.bed.address(self.master),
+                "--port",
+                str(SPARK_MASTER_PORT),
+                "--webui-port",
+                "0",
+            ],
+            env=self.env(),
+            log=self.log("master"),
+        )
         for host in self.workers:
             work = self.bed.directory / "work" / host
             work.mkdir(parents=True)
-            self.bed.popen(host, [spark_class, "org.apache.spark.deploy.worker.Worker", "--cores", str(self.cores),
-                                  "--memory", self.memory, "--webui-port", "0", "--work-dir", str(work),
-                                  self.master_url], env=self.env(), log=self.log(f"worker-{host}"))
+            self.bed.popen(
+                host,
+                [
+                    spark_class,
+                    "org.apache.spark.deploy.worker.Worker",
+                    "--cores",
+                    str(self.cores),
+                    "--memory",
+                    self.memory,
+                    "--webui-port",
+                    "0",
+                    "--work-dir",
+                    str(work),
+                    self.master_url,
+                ],
+                env=self.env(),
+                log=self.log(f"worker-{host}"),
+            )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             text = self.log("master").read_text(errors="replace") if self.log("master").exists() else ""
@@ -432,10 +534,14 @@ class SparkOnNetBed:
                 return self
             dead = [p for p in self.bed.procs if p.poll() is not None]
             if dead:
-                raise RuntimeError(f"a Spark daemon exited ({dead[0].returncode}); see {self.bed.directory / 'logs'}")
+                raise RuntimeError(
+                    f"a Spark daemon exited ({dead[0].returncode}); see {self.bed.directory / 'logs'}"
+                )
             time.sleep(0.5)
-        raise TimeoutError(f"{len(self.workers)} workers did not register with {self.master_url} within "
-                           f"{timeout_s:.0f} s; see {self.bed.directory / 'logs'}")
+        raise TimeoutError(
+            f"{len(self.workers)} workers did not register with {self.master_url} within "
+            f"{timeout_s:.0f} s; see {self.bed.directory / 'logs'}"
+        )
 
     def run_driver(self, argv: list[str], *, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
         """Run ``argv`` (e.g. ``[python, "-m", "sparkdp.cli.main", "train", ...]``) on the driver host."""
@@ -445,4 +551,9 @@ class SparkOnNetBed:
 def cluster_hosts(workers: int, servers: int = 0) -> list[str]:
     """The driver, the Spark Master, and one Spark Worker host per training worker and per
     parameter-server task (with one core each, Spark puts one task on each host)."""
-    return ["driver", "master", *[f"worker-{i}" for i in range(workers)], *[f"server-{i}" for i in range(servers)]]
+    return [
+        "driver",
+        "master",
+        *[f"worker-{i}" for i in range(workers)],
+        *[f"server-{i}" for i in range(servers)],
+    ]

@@ -22,20 +22,34 @@ CONNECT_PORT = 15002
 def _start_connect_server(cluster: netbed.SparkOnNetBed) -> str:
     bed = cluster.bed
     driver = bed.address("driver")
-    bed.popen("driver", [str(netbed.spark_home() / "sbin" / "start-connect-server.sh"), "--wait",
-                         "--master", cluster.master_url, "--conf", f"spark.driver.host={driver}",
-                         "--conf", f"spark.connect.grpc.binding.address={driver}",
-                         "--conf", f"spark.connect.grpc.binding.port={CONNECT_PORT}"],
-              env=cluster.env(SPARK_PID_DIR=str(bed.directory)), log=cluster.log("connect-server"))
+    bed.popen(
+        "driver",
+        [
+            str(netbed.spark_home() / "sbin" / "start-connect-server.sh"),
+            "--wait",
+            "--master",
+            cluster.master_url,
+            "--conf",
+            f"spark.driver.host={driver}",
+            "--conf",
+            f"spark.connect.grpc.binding.address={driver}",
+            "--conf",
+            f"spark.connect.grpc.binding.port={CONNECT_PORT}",
+        ],
+        env=cluster.env(SPARK_PID_DIR=str(bed.directory)),
+        log=cluster.log("connect-server"),
+    )
     # the client host polls the server's port until it listens
-    wait = ("import socket, sys, time\n"
-            "deadline = time.monotonic() + 150\n"
-            "while time.monotonic() < deadline:\n"
-            "    try:\n"
-            f"        socket.create_connection(({driver!r}, {CONNECT_PORT}), 2).close(); sys.exit(0)\n"
-            "    except OSError:\n"
-            "        time.sleep(1)\n"
-            "sys.exit(1)\n")
+    wait = (
+        "import socket, sys, time\n"
+        "deadline = time.monotonic() + 150\n"
+        "while time.monotonic() < deadline:\n"
+        "    try:\n"
+        f"        socket.create_connection(({driver!r}, {CONNECT_PORT}), 2).close(); sys.exit(0)\n"
+        "    except OSError:\n"
+        "        time.sleep(1)\n"
+        "sys.exit(1)\n"
+    )
     ready = bed.run("client", [sys.executable, "-c", wait], timeout=180)
     log = cluster.log("connect-server")
     assert ready.returncode == 0, log.read_text(errors="replace")[-3000:] if log.exists() else "no server log"
@@ -50,17 +64,38 @@ def test_a_connect_client_the_executors_cannot_reach_trains_sync_and_async():
         bed.unreachable_from(["worker-0", "worker-1"], "client")
         client = bed.address("client")
         # the executors' hosts provably cannot open a connection to the client
-        tried = bed.run("worker-0", [sys.executable, "-c", f"import socket; socket.create_connection(({client!r}, 9), 5)"],
-                        timeout=30)
+        tried = bed.run(
+            "worker-0",
+            [sys.executable, "-c", f"import socket; socket.create_connection(({client!r}, 9), 5)"],
+            timeout=30,
+        )
         assert tried.returncode != 0 and "No route to host" in tried.stderr, tried.stderr[-2000:]
         remote = _start_connect_server(cluster)
         job = bed.directory / "connect-job.json"
-        job.write_text(json.dumps({"limit": 2000, "fits": [
-            {"strategy": "allreduce", "workers": 2, "epochs": 1, "optimizer_options": {"lr": 0.05}},
-            {"strategy": "asgd", "workers": 1, "epochs": 1, "optimizer_options": {"lr": 0.05}},
-        ], "run_strategies": ["allreduce", "asgd"]}))
-        proc = bed.run("client", [sys.executable, str(Path(__file__).with_name("connect_job.py")), remote, str(job)],
-                       env=cluster.env(), timeout=700, cwd=bed.directory)
+        job.write_text(
+            json.dumps(
+                {
+                    "limit": 2000,
+                    "fits": [
+                        {
+                            "strategy": "allreduce",
+                            "workers": 2,
+                            "epochs": 1,
+                            "optimizer_options": {"lr": 0.05},
+                        },
+                        {"strategy": "asgd", "workers": 1, "epochs": 1, "optimizer_options": {"lr": 0.05}},
+                    ],
+                    "run_strategies": ["allreduce", "asgd"],
+                }
+            )
+        )
+        proc = bed.run(
+            "client",
+            [sys.executable, str(Path(__file__).with_name("connect_job.py")), remote, str(job)],
+            env=cluster.env(),
+            timeout=700,
+            cwd=bed.directory,
+        )
     assert not bed.leftovers()
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, f"client failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
@@ -73,7 +108,9 @@ def test_a_connect_client_the_executors_cannot_reach_trains_sync_and_async():
         assert run["history"][-1]["test_accuracy"] > 0.25, run["history"]  # 10 classes: chance is 0.1
         # one line says live monitoring is off and why, naming the client's address
         [monitoring] = [w for w in run["warnings"] if "live monitoring is off" in w]
-        assert f"cannot reach this process at {client}:" in monitoring and "No route to host" in monitoring, monitoring
+        assert f"cannot reach this process at {client}:" in monitoring and "No route to host" in monitoring, (
+            monitoring
+        )
     assert sync["servers"] == []
     # the asynchronous job's parameter server moved to the executors, with one line saying so
     [moved] = [w for w in async_["warnings"] if "parameter server runs as a Spark task" in w]
@@ -85,4 +122,6 @@ def test_a_connect_client_the_executors_cannot_reach_trains_sync_and_async():
     assert sync_call.get("result") == 1, sync_call
     message = async_call["error"]["message"]
     assert "cannot reach the parameter server in this Spark Connect client" in message, async_call
-    assert "synchronous strategy" in message and "sparkdp.fit" in message and async_call["seconds"] < 30, async_call
+    assert "synchronous strategy" in message and "sparkdp.fit" in message and async_call["seconds"] < 30, (
+        async_call
+    )

@@ -22,14 +22,26 @@ def test_asgd_finishes_after_a_worker_host_is_taken_away():
         cluster = netbed.SparkOnNetBed(bed, ["worker-0", "worker-1"]).start()
         job = bed.directory / "job.json"
         # Spark notices a silent executor by its missing heartbeats: shorten that from 120 s
-        job.write_text(json.dumps({"limit": 6000, "conf": {"spark.network.timeout": "15s",
-                                                           "spark.executor.heartbeatInterval": "3s",
-                                                           "spark.network.timeoutInterval": "5s"},
-                                   "fit": {"strategy": "asgd", "workers": 2, "epochs": 1,
-                                           "optimizer_options": {"lr": 0.05}}}))
+        job.write_text(
+            json.dumps(
+                {
+                    "limit": 6000,
+                    "conf": {
+                        "spark.network.timeout": "15s",
+                        "spark.executor.heartbeatInterval": "3s",
+                        "spark.network.timeoutInterval": "5s",
+                    },
+                    "fit": {"strategy": "asgd", "workers": 2, "epochs": 1, "optimizer_options": {"lr": 0.05}},
+                }
+            )
+        )
         log = bed.directory / "driver.log"
-        driver = bed.popen("driver", [sys.executable, str(Path(__file__).with_name("driver_job.py")),
-                                      cluster.master_url, str(job)], env=cluster.env(), log=log)
+        driver = bed.popen(
+            "driver",
+            [sys.executable, str(Path(__file__).with_name("driver_job.py")), cluster.master_url, str(job)],
+            env=cluster.env(),
+            log=log,
+        )
         # wait until both workers are pushing (bytes on worker-1's link), then take worker-1 away
         deadline = time.monotonic() + 180
         while bed.qdisc_stats("worker-1")["sent"] < 100_000_000:
@@ -61,16 +73,36 @@ def test_allreduce_resumes_on_the_remaining_host_from_a_checkpoint():
         checkpoints = bed.directory / "checkpoints"
         checkpoints.mkdir(mode=0o777)
         job = bed.directory / "job.json"
-        job.write_text(json.dumps({"limit": 6000, "conf": {"spark.network.timeout": "15s",
-                                                           "spark.executor.heartbeatInterval": "3s",
-                                                           "spark.network.timeoutInterval": "5s"},
-                                   "fit": {"strategy": "allreduce", "workers": 2, "epochs": 2,
-                                           "optimizer_options": {"lr": 0.05}, "pg_timeout_s": 20,
-                                           "checkpoint_dir": str(checkpoints), "checkpoint_every": 10,
-                                           "max_restarts": 2, "min_workers": 1}}))
+        job.write_text(
+            json.dumps(
+                {
+                    "limit": 6000,
+                    "conf": {
+                        "spark.network.timeout": "15s",
+                        "spark.executor.heartbeatInterval": "3s",
+                        "spark.network.timeoutInterval": "5s",
+                    },
+                    "fit": {
+                        "strategy": "allreduce",
+                        "workers": 2,
+                        "epochs": 2,
+                        "optimizer_options": {"lr": 0.05},
+                        "pg_timeout_s": 20,
+                        "checkpoint_dir": str(checkpoints),
+                        "checkpoint_every": 10,
+                        "max_restarts": 2,
+                        "min_workers": 1,
+                    },
+                }
+            )
+        )
         log = bed.directory / "driver.log"
-        driver = bed.popen("driver", [sys.executable, str(Path(__file__).with_name("driver_job.py")),
-                                      cluster.master_url, str(job)], env=cluster.env(), log=log)
+        driver = bed.popen(
+            "driver",
+            [sys.executable, str(Path(__file__).with_name("driver_job.py")), cluster.master_url, str(job)],
+            env=cluster.env(),
+            log=log,
+        )
         deadline = time.monotonic() + 180
         while not any(checkpoints.iterdir()):
             assert driver.poll() is None, log.read_text()[-3000:]

@@ -17,9 +17,11 @@ from . import netbed
 
 pytestmark = [pytest.mark.multihost]
 
-_WHERE = ("import json, os, socket; print(json.dumps({'hostname': socket.gethostname(), "
-          "'netns': os.stat('/proc/self/ns/net').st_ino, 'shm': sorted(os.listdir('/dev/shm')), "
-          "'peer': socket.gethostbyname('b'), 'self': socket.gethostbyname(socket.gethostname())}))")
+_WHERE = (
+    "import json, os, socket; print(json.dumps({'hostname': socket.gethostname(), "
+    "'netns': os.stat('/proc/self/ns/net').st_ino, 'shm': sorted(os.listdir('/dev/shm')), "
+    "'peer': socket.gethostbyname('b'), 'self': socket.gethostbyname(socket.gethostname())}))"
+)
 
 
 @pytest.mark.timeout(60)
@@ -29,12 +31,16 @@ def test_each_host_has_its_own_name_address_namespace_and_shm():
         marker = f"{bed.prefix}-marker"
         wrote = bed.run("a", ["sh", "-c", f"touch /dev/shm/{marker} && ls /dev/shm"], timeout=30)
         assert wrote.returncode == 0 and marker in wrote.stdout, wrote.stderr
-        seen = {h: json.loads(bed.run(h, [sys.executable, "-c", _WHERE], timeout=30).stdout) for h in ("a", "b")}
+        seen = {
+            h: json.loads(bed.run(h, [sys.executable, "-c", _WHERE], timeout=30).stdout) for h in ("a", "b")
+        }
     assert seen["a"]["hostname"] == "a" and seen["b"]["hostname"] == "b"
     assert seen["a"]["netns"] != seen["b"]["netns"] != os.stat("/proc/self/ns/net").st_ino
     assert seen["a"]["peer"] == seen["b"]["peer"] == "198.18.0.11"
     assert seen["a"]["self"] == "198.18.0.10"
-    assert marker not in seen["b"]["shm"] and marker not in seen["a"]["shm"]  # a's tmpfs went with its process
+    assert (
+        marker not in seen["b"]["shm"] and marker not in seen["a"]["shm"]
+    )  # a's tmpfs went with its process
     assert not os.path.exists(f"/dev/shm/{marker}")
     assert not bed.leftovers()
 
@@ -103,25 +109,38 @@ def test_teardown_runs_when_the_body_fails_and_kills_every_process():
         proc = bed.popen("a", ["sleep", "600"])
         # a grandchild in its own session escapes the process group; only the namespace finds it
         bed.run("a", ["sh", "-c", "setsid sleep 601 >/dev/null 2>&1 < /dev/null &"], timeout=10)
-        pids = subprocess.run(["ip", "netns", "pids", bed.netns("a")], capture_output=True, text=True).stdout.split()
+        pids = subprocess.run(
+            ["ip", "netns", "pids", bed.netns("a")], capture_output=True, text=True
+        ).stdout.split()
         assert len(pids) >= 2, pids
         raise RuntimeError("boom")
     assert proc.poll() is not None
     assert not bed.leftovers()
-    assert not any(os.path.exists(f"/proc/{pid}") and "sleep" in open(f"/proc/{pid}/cmdline").read()
-                   for pid in pids)
+    assert not any(
+        os.path.exists(f"/proc/{pid}") and "sleep" in open(f"/proc/{pid}/cmdline").read() for pid in pids
+    )
     assert not bed.directory.exists()
 
 
 @pytest.mark.timeout(60)
 def test_a_killed_runs_leftovers_are_removed_as_stale():
     """A test bed whose owner died by SIGKILL (no finally, no atexit) is found by its name."""
-    child = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; sys.path.insert(0, sys.argv[1]);"
-        "from tests.multihost.netbed import NetBed;"
-        "bed = NetBed(['a'], rate='10mbit').up(); bed.popen('a', ['sleep', '600']);"
-        "print(bed.prefix, flush=True); time.sleep(600)"), str(netbed.Path(__file__).parents[2])],
-        stdout=subprocess.PIPE, text=True, start_new_session=True)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys, time; sys.path.insert(0, sys.argv[1]);"
+                "from tests.multihost.netbed import NetBed;"
+                "bed = NetBed(['a'], rate='10mbit').up(); bed.popen('a', ['sleep', '600']);"
+                "print(bed.prefix, flush=True); time.sleep(600)"
+            ),
+            str(netbed.Path(__file__).parents[2]),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         prefix = child.stdout.readline().strip()
         assert prefix.startswith(f"{netbed.PREFIX_ROOT}-{child.pid}-"), prefix
@@ -140,15 +159,25 @@ def test_a_killed_runs_leftovers_are_removed_as_stale():
 def test_ctrl_c_and_sigterm_tear_the_bed_down(sig):
     """A script holding a bed (with a process on a host) is interrupted: its namespaces, its
     processes and its directory are gone when it exits, with no help from remove_stale."""
-    child = subprocess.Popen([sys.executable, "-c", (
-        # Ctrl-C's KeyboardInterrupt even when this test runs in a background job, whose children
-        # start with SIGINT ignored (and Python then leaves it so)
-        "import signal, sys, time; signal.signal(signal.SIGINT, signal.default_int_handler);"
-        "sys.path.insert(0, sys.argv[1]);"
-        "from tests.multihost import netbed; netbed.install_signal_teardown();"
-        "bed = netbed.NetBed(['a', 'b'], rate='10mbit').up(); p = bed.popen('a', ['sleep', '600']);"
-        "print(bed.prefix, bed.directory, p.pid, flush=True); time.sleep(600)"), str(netbed.Path(__file__).parents[2])],
-        stdout=subprocess.PIPE, text=True, start_new_session=True)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                # Ctrl-C's KeyboardInterrupt even when this test runs in a background job, whose children
+                # start with SIGINT ignored (and Python then leaves it so)
+                "import signal, sys, time; signal.signal(signal.SIGINT, signal.default_int_handler);"
+                "sys.path.insert(0, sys.argv[1]);"
+                "from tests.multihost import netbed; netbed.install_signal_teardown();"
+                "bed = netbed.NetBed(['a', 'b'], rate='10mbit').up(); p = bed.popen('a', ['sleep', '600']);"
+                "print(bed.prefix, bed.directory, p.pid, flush=True); time.sleep(600)"
+            ),
+            str(netbed.Path(__file__).parents[2]),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         prefix, directory, pid = child.stdout.readline().split()
         assert any(n.startswith(prefix) for n in netbed._netns_names())

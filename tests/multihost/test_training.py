@@ -45,8 +45,13 @@ def test_allreduce_trains_across_hosts_over_the_links(cluster):
     before = link_bytes(cluster)
     # three epochs: after one (16 steps) the test accuracy ranged from 0.25 (once, on the bed) to
     # 0.44 (one process, four seeds), too near the bar below; after three it is near 0.7
-    out = run_job(cluster, {"limit": 2000, "fit": {"strategy": "allreduce", "workers": 2, "epochs": 3,
-                                                   "optimizer_options": {"lr": 0.05}}})
+    out = run_job(
+        cluster,
+        {
+            "limit": 2000,
+            "fit": {"strategy": "allreduce", "workers": 2, "epochs": 3, "optimizer_options": {"lr": 0.05}},
+        },
+    )
     assert "error" not in out, out["error"]
     assert_on_other_hosts(out)
     after = link_bytes(cluster)
@@ -62,8 +67,13 @@ def test_allreduce_trains_across_hosts_over_the_links(cluster):
 @pytest.mark.timeout(420)
 def test_asgd_trains_across_hosts_through_the_drivers_link(cluster):
     before = link_bytes(cluster)
-    out = run_job(cluster, {"limit": 2000, "fit": {"strategy": "asgd", "workers": 2, "epochs": 1,
-                                                   "optimizer_options": {"lr": 0.05}}})
+    out = run_job(
+        cluster,
+        {
+            "limit": 2000,
+            "fit": {"strategy": "asgd", "workers": 2, "epochs": 1, "optimizer_options": {"lr": 0.05}},
+        },
+    )
     assert "error" not in out, out["error"]
     assert_on_other_hosts(out)
     after = link_bytes(cluster)
@@ -83,9 +93,19 @@ def test_a_server_task_on_its_own_host_carries_the_pushes_and_the_drivers_link_s
     with netbed.NetBed(netbed.cluster_hosts(2, servers=1), rate="1gbit") as bed:
         cluster = netbed.SparkOnNetBed(bed, ["worker-0", "worker-1", "server-0"]).start()
         before = link_bytes(cluster)
-        out = run_job(cluster, {"limit": 2000, "fit": {"strategy": "asgd", "workers": 2, "epochs": 1,
-                                                       "strategy_options": {"servers": 1},
-                                                       "optimizer_options": {"lr": 0.05}}})
+        out = run_job(
+            cluster,
+            {
+                "limit": 2000,
+                "fit": {
+                    "strategy": "asgd",
+                    "workers": 2,
+                    "epochs": 1,
+                    "strategy_options": {"servers": 1},
+                    "optimizer_options": {"lr": 0.05},
+                },
+            },
+        )
         after = link_bytes(cluster)
     assert not bed.leftovers()
     assert "error" not in out, out["error"]
@@ -94,7 +114,9 @@ def test_a_server_task_on_its_own_host_carries_the_pushes_and_the_drivers_link_s
     busiest = max(("worker-0", "worker-1", "server-0"), key=moved.get)
     # the server's host received every push and sent every pull: twice what a worker's link moved
     assert moved[busiest] > pushes * CNN_BYTES, moved
-    assert all(moved[h] < 0.7 * moved[busiest] for h in ("worker-0", "worker-1", "server-0") if h != busiest), moved
+    assert all(
+        moved[h] < 0.7 * moved[busiest] for h in ("worker-0", "worker-1", "server-0") if h != busiest
+    ), moved
     # the driver sent the job (the model in each of the 3 tasks' closures) and got the centre back
     assert moved["driver"] < 6 * CNN_BYTES, moved
     server = out["result"]["details"]["servers"][0]
@@ -106,8 +128,14 @@ def test_a_server_task_on_its_own_host_carries_the_pushes_and_the_drivers_link_s
 def test_a_wrong_gloo_interface_fails_within_seconds_naming_it(cluster):
     """Executors told to use loopback for gloo cannot connect to each other: the job must fail
     fast (not after the 60 s process-group timeout) and say what to change."""
-    out = run_job(cluster, {"limit": 500, "conf": {"spark.executorEnv.GLOO_SOCKET_IFNAME": "lo"},
-                            "fit": {"strategy": "allreduce", "workers": 2, "epochs": 1, "max_restarts": 0}})
+    out = run_job(
+        cluster,
+        {
+            "limit": 500,
+            "conf": {"spark.executorEnv.GLOO_SOCKET_IFNAME": "lo"},
+            "fit": {"strategy": "allreduce", "workers": 2, "epochs": 1, "max_restarts": 0},
+        },
+    )
     assert "error" in out, out
     message = out["error"]["message"]
     assert "GLOO_SOCKET_IFNAME=lo" in message and "127.0.0.1" in message, message
@@ -126,8 +154,18 @@ def test_ranks_on_one_host_share_memory_and_leave_the_link_idle():
     with netbed.NetBed(["driver", "master", "worker-0"], rate="1gbit", hostname_loopback=True) as bed:
         cluster = netbed.SparkOnNetBed(bed, ["worker-0"], cores=2, memory="3g").start()
         before = link_bytes(cluster)
-        out = run_job(cluster, {"limit": 2000, "fit": {"strategy": "allreduce", "workers": 2, "epochs": 1,
-                                                       "optimizer_options": {"lr": 0.05}}})
+        out = run_job(
+            cluster,
+            {
+                "limit": 2000,
+                "fit": {
+                    "strategy": "allreduce",
+                    "workers": 2,
+                    "epochs": 1,
+                    "optimizer_options": {"lr": 0.05},
+                },
+            },
+        )
         after = link_bytes(cluster)
     assert not bed.leftovers()
     assert "error" not in out, out["error"]
@@ -150,9 +188,21 @@ def test_a_dataframe_streams_to_executors_on_other_hosts_and_monitoring_sees_the
     monitoring hears from both worker hosts and counts the gradients' network time as
     communication (gloo's reduction, not the shared-memory one, crosses the links here)."""
     run_dir = cluster.bed.directory / "run-dataframe"
-    out = run_job(cluster, {"limit": 2000, "input": "dataframe",
-                            "fit": {"strategy": "allreduce", "workers": 2, "epochs": 1, "run_dir": str(run_dir),
-                                    "metrics_interval_s": 0.5, "optimizer_options": {"lr": 0.05}}})
+    out = run_job(
+        cluster,
+        {
+            "limit": 2000,
+            "input": "dataframe",
+            "fit": {
+                "strategy": "allreduce",
+                "workers": 2,
+                "epochs": 1,
+                "run_dir": str(run_dir),
+                "metrics_interval_s": 0.5,
+                "optimizer_options": {"lr": 0.05},
+            },
+        },
+    )
     assert "error" not in out, out["error"]
     assert_on_other_hosts(out)
     assert out["result"]["history"][-1]["test_accuracy"] > 0.25, out["result"]
@@ -181,13 +231,31 @@ def test_a_launched_script_runs_on_the_worker_hosts(cluster, tmp_path):
         "import os, socket, sys\nprint('ran on', socket.gethostname(), flush=True)\n"
         "print('place', *(os.environ[k] for k in ('RANK', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE', 'GROUP_RANK',"
         " 'GROUP_WORLD_SIZE')), flush=True)\n"
-        "exec(open(os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), 'argparse_main.py')).read())\n")
+        "exec(open(os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), 'argparse_main.py')).read())\n"
+    )
     result = cluster.bed.directory / "launched.json"
-    proc = cluster.run_driver([sys.executable, "-m", "sparkdp.cli.main", "launch", "--workers", "2", "--master",
-                               cluster.master_url, str(job / "where.py"), "--", "--out", str(result)], timeout=300)
+    proc = cluster.run_driver(
+        [
+            sys.executable,
+            "-m",
+            "sparkdp.cli.main",
+            "launch",
+            "--workers",
+            "2",
+            "--master",
+            cluster.master_url,
+            str(job / "where.py"),
+            "--",
+            "--out",
+            str(result),
+        ],
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     hosts = sorted(line.rsplit(" ", 1)[1] for line in proc.stdout.splitlines() if "ran on " in line)
     assert hosts == ["worker-0", "worker-1"], proc.stdout[-3000:]
     places = sorted(line.split("place ", 1)[1] for line in proc.stdout.splitlines() if "] place " in line)
-    assert places == ["0 0 1 0 2", "1 0 1 1 2"], proc.stdout[-3000:]  # RANK LOCAL_RANK LOCAL_WORLD_SIZE GROUP_*
+    assert places == ["0 0 1 0 2", "1 0 1 1 2"], proc.stdout[
+        -3000:
+    ]  # RANK LOCAL_RANK LOCAL_WORLD_SIZE GROUP_*
     assert json.loads(result.read_text())["accuracy"] > 0.8, result.read_text()  # as tests/cli/test_launch.py

@@ -21,12 +21,31 @@ pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]
 def test_the_load_benchmark_runs_and_loses_no_push(tmp_path):
     out = tmp_path / "load.json"
     # the clients are spawned interpreters: they must import the sparkdp this test imports
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(Path(sparkdp.__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(Path(sparkdp.__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]
+        ),
+    }
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "ps_load.py"), "--clients", "3", "--seconds", "3",
-         "--numel", "10000", "--json-out", str(out)],
-        capture_output=True, text=True, timeout=200, env=env, cwd=tmp_path)
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "ps_load.py"),
+            "--clients",
+            "3",
+            "--seconds",
+            "3",
+            "--numel",
+            "10000",
+            "--json-out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=200,
+        env=env,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ps_load: PASS" in proc.stdout
     result = json.loads(out.read_text())

@@ -28,7 +28,9 @@ def test_only_the_jobs_worker_ids_are_accepted():
 
 
 def test_an_id_outside_the_job_gets_no_dcasgd_backup():
-    ps = ParameterServer(lambda s: RULES.create("dcasgd", lr=0.1, num_workers=2), [torch.zeros(3)], worker_ids=2)
+    ps = ParameterServer(
+        lambda s: RULES.create("dcasgd", lr=0.1, num_workers=2), [torch.zeros(3)], worker_ids=2
+    )
     ps.pull(1)
     with pytest.raises(ValueError, match="not one of this job's"):
         ps.pull(2)

@@ -45,7 +45,9 @@ def main():
             loss.backward()
             optimizer.step()
             if batch_idx % 20 == 0:
-                print(f"Train Epoch: {epoch} [{batch_idx * len(data)}/{len(train_loader.dataset)}]\tLoss: {loss.item():.6f}")
+                print(
+                    f"Train Epoch: {epoch} [{batch_idx * len(data)}/{len(train_loader.dataset)}]\tLoss: {loss.item():.6f}"
+                )
         scheduler.step()
     model.eval()
     with torch.no_grad():

@@ -43,8 +43,10 @@ def train(rank, args, model):
             loss.backward()
             optimizer.step()
             if batch_idx % 25 == 0:
-                print(f"{rank}\tTrain Epoch: {epoch} [{batch_idx * len(data)}/{len(loader.dataset)}]\t"
-                      f"Loss: {loss.item():.6f}")
+                print(
+                    f"{rank}\tTrain Epoch: {epoch} [{batch_idx * len(data)}/{len(loader.dataset)}]\t"
+                    f"Loss: {loss.item():.6f}"
+                )
     return model
 
 

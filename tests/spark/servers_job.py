@@ -31,27 +31,57 @@ def one_worker(spark, args):
     opt = torch.optim.SGD(reference.parameters(), lr=0.3)
     order = TensorData(x, y).shard_indices(rank=0, world_size=1, epoch=0, seed=0, shuffle=True)
     for start in range(0, 64, 8):
-        idx = order[start:start + 8]
+        idx = order[start : start + 8]
         opt.zero_grad()
         nn.functional.cross_entropy(reference(x[idx]), y[idx]).backward()
         opt.step()
-    result = sparkdp.fit(model, (x, y), strategy="asgd", strategy_options={"servers": 2, "rule_options": {"lr": 0.3}},
-                         optimizer="sgd", optimizer_options={"lr": 0.05, "momentum": 0.0}, workers=1, epochs=1,
-                         batch_size=8, spark=spark, show_progress=False, run_dir=args["dir"],
-                         metrics_interval_s=0.2)
+    result = sparkdp.fit(
+        model,
+        (x, y),
+        strategy="asgd",
+        strategy_options={"servers": 2, "rule_options": {"lr": 0.3}},
+        optimizer="sgd",
+        optimizer_options={"lr": 0.05, "momentum": 0.0},
+        workers=1,
+        epochs=1,
+        batch_size=8,
+        spark=spark,
+        show_progress=False,
+        run_dir=args["dir"],
+        metrics_interval_s=0.2,
+    )
     error = max((p - q).abs().max().item() for p, q in zip(model.parameters(), reference.parameters()))
-    return {"max_error": error, "servers": result.details["servers"], "server": result.details["server"],
-            "model_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
+    return {
+        "max_error": error,
+        "servers": result.details["servers"],
+        "server": result.details["server"],
+        "model_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+    }
 
 
 def killed_server(spark, args):
     model, x, y = _problem(512)
-    result = sparkdp.fit(model, (x, y), eval_data=(x, y), strategy="asgd",
-                         strategy_options={"servers": 2, "rule_options": {"lr": 0.1}}, optimizer="sgd",
-                         optimizer_options={"lr": 0.1, "momentum": 0.0}, workers=2, epochs=4, batch_size=16,
-                         spark=spark, show_progress=False, checkpoint_dir=args["dir"], checkpoint_every_s=0.1)
-    return {"accuracy": result.test_accuracy, "restarts": result.details["restarts"],
-            "servers": [{k: v for k, v in s.items() if k != "staleness"} for s in result.details["servers"]]}
+    result = sparkdp.fit(
+        model,
+        (x, y),
+        eval_data=(x, y),
+        strategy="asgd",
+        strategy_options={"servers": 2, "rule_options": {"lr": 0.1}},
+        optimizer="sgd",
+        optimizer_options={"lr": 0.1, "momentum": 0.0},
+        workers=2,
+        epochs=4,
+        batch_size=16,
+        spark=spark,
+        show_progress=False,
+        checkpoint_dir=args["dir"],
+        checkpoint_every_s=0.1,
+    )
+    return {
+        "accuracy": result.test_accuracy,
+        "restarts": result.details["restarts"],
+        "servers": [{k: v for k, v in s.items() if k != "staleness"} for s in result.details["servers"]],
+    }
 
 
 def shrunk(spark, args):
@@ -62,22 +92,49 @@ def shrunk(spark, args):
 
     cluster.available_slots = lambda _spark: 3
     model, x, y = _problem(512)
-    result = sparkdp.fit(model, (x, y), eval_data=(x, y), strategy="asgd",
-                         strategy_options={"servers": 2, "rule_options": {"lr": 0.1}}, optimizer="sgd",
-                         optimizer_options={"lr": 0.1, "momentum": 0.0}, workers=2, min_workers=1, epochs=3,
-                         batch_size=16, spark=spark, show_progress=False, checkpoint_dir=args["dir"],
-                         checkpoint_every_s=0.1)
-    return {"accuracy": result.test_accuracy, "restarts": result.details["restarts"], "workers": result.workers}
+    result = sparkdp.fit(
+        model,
+        (x, y),
+        eval_data=(x, y),
+        strategy="asgd",
+        strategy_options={"servers": 2, "rule_options": {"lr": 0.1}},
+        optimizer="sgd",
+        optimizer_options={"lr": 0.1, "momentum": 0.0},
+        workers=2,
+        min_workers=1,
+        epochs=3,
+        batch_size=16,
+        spark=spark,
+        show_progress=False,
+        checkpoint_dir=args["dir"],
+        checkpoint_every_s=0.1,
+    )
+    return {
+        "accuracy": result.test_accuracy,
+        "restarts": result.details["restarts"],
+        "workers": result.workers,
+    }
 
 
 def resumed(spark, args):
     """The killed-server job's checkpoints resumed: every epoch is covered, so nothing trains and
     the model is the saved centre."""
     model, x, y = _problem(512)
-    result = sparkdp.fit(model, (x, y), eval_data=(x, y), strategy="asgd",
-                         strategy_options={"servers": 2, "rule_options": {"lr": 0.1}}, optimizer="sgd",
-                         optimizer_options={"lr": 0.1, "momentum": 0.0}, workers=2, epochs=4, batch_size=16,
-                         spark=spark, show_progress=False, resume=args["dir"])
+    result = sparkdp.fit(
+        model,
+        (x, y),
+        eval_data=(x, y),
+        strategy="asgd",
+        strategy_options={"servers": 2, "rule_options": {"lr": 0.1}},
+        optimizer="sgd",
+        optimizer_options={"lr": 0.1, "momentum": 0.0},
+        workers=2,
+        epochs=4,
+        batch_size=16,
+        spark=spark,
+        show_progress=False,
+        resume=args["dir"],
+    )
     return {"accuracy": result.test_accuracy, "samples": result.samples}
 
 
@@ -86,8 +143,12 @@ if __name__ == "__main__":
     args = json.loads(sys.argv[1])
     session = sparkdp.session("local[4]", app_name="sparkdp-servers-test")
     try:
-        out = {"one-worker": one_worker, "killed-server": killed_server, "resumed": resumed,
-               "shrunk": shrunk}[args["case"]](session, args)
+        out = {
+            "one-worker": one_worker,
+            "killed-server": killed_server,
+            "resumed": resumed,
+            "shrunk": shrunk,
+        }[args["case"]](session, args)
     finally:
         session.stop()
     print(json.dumps(out))

@@ -33,8 +33,11 @@ def _free_port() -> int:
 def s3(request):
     """``checkpoint_storage_options`` for a moto S3 server on 127.0.0.1, with one bucket."""
     port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
     def stop() -> None:
         server.terminate()
@@ -55,12 +58,22 @@ def s3(request):
             if server.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the moto S3 server did not start on {url}") from None
             time.sleep(0.2)
-    options = {"endpoint_url": url, "key": "testing", "secret": "testing",
-               "client_kwargs": {"region_name": "us-east-1"}, "skip_instance_cache": True}
+    options = {
+        "endpoint_url": url,
+        "key": "testing",
+        "secret": "testing",
+        "client_kwargs": {"region_name": "us-east-1"},
+        "skip_instance_cache": True,
+    }
     import boto3
 
-    boto3.client("s3", endpoint_url=url, aws_access_key_id="testing", aws_secret_access_key="testing",
-                 region_name="us-east-1").create_bucket(Bucket="ckpts")
+    boto3.client(
+        "s3",
+        endpoint_url=url,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    ).create_bucket(Bucket="ckpts")
     return options
 
 
@@ -73,7 +86,11 @@ def test_the_store_writes_rotates_and_commits_in_a_bucket(s3):
         store.save("ps", f"{n:06d}", {"w": torch.full((3,), float(n))})
     other.save("ps", "000001", {"w": torch.full((3,), -2.0)})
     keys = sorted(k.rsplit("/", 1)[-1] for k in store.fs.ls("ckpts/store", refresh=True))
-    assert keys == ["ps-000001-job-a.safetensors", "ps-000001-job-b.safetensors", "ps-000002-job-a.safetensors"]
+    assert keys == [
+        "ps-000001-job-a.safetensors",
+        "ps-000001-job-b.safetensors",
+        "ps-000002-job-a.safetensors",
+    ]
     found = store.latest("ps", "job-a", lambda name, payload: payload)
     assert found is not None and found[0] == "ps-000002-job-a.safetensors"
     assert torch.equal(found[1]["w"], torch.full((3,), 2.0))
@@ -91,9 +108,18 @@ def test_a_fit_saves_to_a_bucket_and_a_second_fit_resumes_from_it(spark, s3):
     def fit(epochs, **kw):
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
-        return sparkdp.fit(model, (x, y), workers=2, epochs=epochs, batch_size=16, spark=spark,
-                           optimizer_options={"lr": 0.1, "momentum": 0.9}, show_progress=False,
-                           checkpoint_storage_options=s3, **kw)
+        return sparkdp.fit(
+            model,
+            (x, y),
+            workers=2,
+            epochs=epochs,
+            batch_size=16,
+            spark=spark,
+            optimizer_options={"lr": 0.1, "momentum": 0.9},
+            show_progress=False,
+            checkpoint_storage_options=s3,
+            **kw,
+        )
 
     fit(2, checkpoint_dir="s3://ckpts/run", checkpoint_every=4)
     names = checkpoint_names("s3://ckpts/run", _settings(s3))

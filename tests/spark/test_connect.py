@@ -66,8 +66,19 @@ def _problem(rows=192, seed=1):
 @pytest.mark.parametrize("strategy", ["allreduce", "hogwild"])
 def test_fit_on_arrays(session, strategy):
     model, x, y = _problem()
-    result = sparkdp.fit(model, (x, y), eval_data=(x, y), strategy=strategy, workers=2, epochs=2, batch_size=8,
-                         optimizer="sgd", optimizer_options={"lr": 0.2}, spark=session, show_progress=False)
+    result = sparkdp.fit(
+        model,
+        (x, y),
+        eval_data=(x, y),
+        strategy=strategy,
+        workers=2,
+        epochs=2,
+        batch_size=8,
+        optimizer="sgd",
+        optimizer_options={"lr": 0.2},
+        spark=session,
+        show_progress=False,
+    )
     assert result.workers == 2 and len(result.history) == 2
     assert result.test_accuracy is not None and result.test_accuracy > 0.8, result.test_accuracy
 
@@ -76,25 +87,49 @@ def test_fit_on_a_dataframe(session):
     x = np.random.default_rng(0).normal(size=(600, 3)).astype(np.float32)
     w = np.array([1.5, -2.0, 0.5], np.float32)
     y = x @ w + 0.3
-    df = session.createDataFrame([(*map(float, row), float(t)) for row, t in zip(x, y, strict=True)],
-                                 ["a", "b", "c", "y"]).repartition(2)
+    df = session.createDataFrame(
+        [(*map(float, row), float(t)) for row, t in zip(x, y, strict=True)], ["a", "b", "c", "y"]
+    ).repartition(2)
     torch.manual_seed(0)
     model = nn.Linear(3, 1)
-    result = sparkdp.fit(model, df, features=["a", "b", "c"], label="y",
-                         loss=lambda out, t: nn.functional.mse_loss(out.squeeze(1), t), workers=2, epochs=3,
-                         batch_size=16, optimizer_options={"lr": 0.05}, spark=session, show_progress=False)
+    result = sparkdp.fit(
+        model,
+        df,
+        features=["a", "b", "c"],
+        label="y",
+        loss=lambda out, t: nn.functional.mse_loss(out.squeeze(1), t),
+        workers=2,
+        epochs=3,
+        batch_size=16,
+        optimizer_options={"lr": 0.05},
+        spark=session,
+        show_progress=False,
+    )
     assert [h["samples"] for h in result.history] == [600] * 3
     np.testing.assert_allclose(model.weight.detach().numpy()[0], w, atol=0.1)
 
 
 def test_a_killed_worker_restarts_from_its_checkpoint_and_ends_where_an_uninterrupted_run_does(
-        session, tmp_path, monkeypatch):
+    session, tmp_path, monkeypatch
+):
     """Checkpoints and automatic recovery: worker 1 killed at step 30 of 48, the stage restarts
     from the step-20 checkpoint, and the weights equal an uninterrupted run's."""
+
     def fit(**kw):
         model, x, y = _problem()
-        result = sparkdp.fit(model, (x, y), strategy="allreduce", workers=2, epochs=2, batch_size=8,
-                             optimizer="sgd", optimizer_options={"lr": 0.2}, spark=session, show_progress=False, **kw)
+        result = sparkdp.fit(
+            model,
+            (x, y),
+            strategy="allreduce",
+            workers=2,
+            epochs=2,
+            batch_size=8,
+            optimizer="sgd",
+            optimizer_options={"lr": 0.2},
+            spark=session,
+            show_progress=False,
+            **kw,
+        )
         return model, result
 
     clean, _ = fit()
@@ -118,9 +153,31 @@ def test_the_command_line_trains_through_the_session_kind(session, tmp_path):
     server = connect_server(session)
     master = f"sc://{server[0]}:{server[1]}" if server else "local[2]"
     summary = tmp_path / "summary.json"
-    proc = subprocess.run([sys.executable, "-m", "sparkdp.cli.main", "train", "--master", master, "--dataset",
-                           "fashion-mnist", "--limit", "1000", "--model", "linear", "--workers", "2", "--epochs", "1",
-                           "--json-out", str(summary)], capture_output=True, text=True, timeout=150)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sparkdp.cli.main",
+            "train",
+            "--master",
+            master,
+            "--dataset",
+            "fashion-mnist",
+            "--limit",
+            "1000",
+            "--model",
+            "linear",
+            "--workers",
+            "2",
+            "--epochs",
+            "1",
+            "--json-out",
+            str(summary),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(summary.read_text())
     assert data["workers"] == 2 and data["test_accuracy"] > 0.5, data
@@ -149,7 +206,9 @@ def test_predict_matches_local_torch(session):
     x = np.random.default_rng(0).normal(size=(60, 4))
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
-    df = session.createDataFrame([(i, row.tolist()) for i, row in enumerate(x)], "id long, features array<double>")
+    df = session.createDataFrame(
+        [(i, row.tolist()) for i, row in enumerate(x)], "id long, features array<double>"
+    )
     out = sparkdp.predict(model, df.repartition(2), features="features").orderBy("id").toPandas()
     with torch.no_grad():
         expected = model(torch.from_numpy(x).float()).argmax(1).tolist()
@@ -162,10 +221,19 @@ def test_estimator_fit_and_transform(session):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(400, 4))
     y = (x @ np.array([1.0, -2.0, 0.5, 1.5]) > 0).astype(int)
-    df = session.createDataFrame([(i, row.tolist(), int(t)) for i, (row, t) in enumerate(zip(x, y, strict=True))],
-                                 "id long, features array<double>, label long")
-    est = Estimator(model="linear", modelKwargs=json.dumps({"image_size": 2, "num_classes": 2}),
-                    featureShape=[1, 2, 2], epochs=2, workers=2, batchSize=16, learningRate=0.1)
+    df = session.createDataFrame(
+        [(i, row.tolist(), int(t)) for i, (row, t) in enumerate(zip(x, y, strict=True))],
+        "id long, features array<double>, label long",
+    )
+    est = Estimator(
+        model="linear",
+        modelKwargs=json.dumps({"image_size": 2, "num_classes": 2}),
+        featureShape=[1, 2, 2],
+        epochs=2,
+        workers=2,
+        batchSize=16,
+        learningRate=0.1,
+    )
     fitted = est.fit(df)
     assert isinstance(fitted, Model)
     scored = fitted.transform(df).orderBy("id").toPandas()

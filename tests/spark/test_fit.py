@@ -27,12 +27,21 @@ def _reference(model, x, y, *, epochs, batch, world, lr):
     data = TensorData(x, y)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     for epoch in range(epochs):
-        shards = [data.shard_indices(rank=r, world_size=world, epoch=epoch, seed=0, shuffle=True)
-                  for r in range(world)]
+        shards = [
+            data.shard_indices(rank=r, world_size=world, epoch=epoch, seed=0, shuffle=True)
+            for r in range(world)
+        ]
         for start in range(0, len(shards[0]), batch):
             opt.zero_grad()
-            loss = sum(nn.functional.cross_entropy(model(x[s[start:start + batch]]), y[s[start:start + batch]])
-                       for s in shards) / world
+            loss = (
+                sum(
+                    nn.functional.cross_entropy(
+                        model(x[s[start : start + batch]]), y[s[start : start + batch]]
+                    )
+                    for s in shards
+                )
+                / world
+            )
             loss.backward()
             opt.step()
     return model
@@ -42,11 +51,23 @@ def _reference(model, x, y, *, epochs, batch, world, lr):
 def test_fit_equals_single_process_sgd_on_union_batches(spark, strategy, options):
     model, x, y = _problem()
     ref = _reference(_problem()[0], x, y, epochs=2, batch=8, world=2, lr=0.2)
-    result = sparkdp.fit(model, (x, y), eval_data=(x, y), optimizer="sgd",
-                         optimizer_options={"lr": 0.2, "momentum": 0.0}, strategy=strategy,
-                         strategy_options=options, workers=2, epochs=2, batch_size=8, spark=spark)
+    result = sparkdp.fit(
+        model,
+        (x, y),
+        eval_data=(x, y),
+        optimizer="sgd",
+        optimizer_options={"lr": 0.2, "momentum": 0.0},
+        strategy=strategy,
+        strategy_options=options,
+        workers=2,
+        epochs=2,
+        batch_size=8,
+        spark=spark,
+    )
     for name, p in model.state_dict().items():
-        assert torch.allclose(p, ref.state_dict()[name], atol=1e-5), f"{strategy}: {name} {p} vs {ref.state_dict()[name]}"
+        assert torch.allclose(p, ref.state_dict()[name], atol=1e-5), (
+            f"{strategy}: {name} {p} vs {ref.state_dict()[name]}"
+        )
     assert len(result.history) == 2 and result.history[-1]["samples"] == 96
     assert result.test_accuracy is not None and result.test_accuracy > 0.8
     assert result.samples_per_s > 0 and result.workers == 2
@@ -61,11 +82,22 @@ def test_data_shared_through_files_trains_exactly_like_data_in_the_closure(spark
     monkeypatch.setattr(shared, "_default_base", lambda expected: tmp_path)
     written = []
     share = shared.SharedTensorDir.share
-    monkeypatch.setattr(shared.SharedTensorDir, "share", lambda self, t: written.append(t.shape) or share(self, t))
+    monkeypatch.setattr(
+        shared.SharedTensorDir, "share", lambda self, t: written.append(t.shape) or share(self, t)
+    )
     model, x, y = _problem()
     ref = _reference(_problem()[0], x, y, epochs=2, batch=8, world=2, lr=0.2)
-    sparkdp.fit(model, (x, y), eval_data=(x, y), optimizer="sgd", optimizer_options={"lr": 0.2, "momentum": 0.0},
-                workers=2, epochs=2, batch_size=8, spark=spark)
+    sparkdp.fit(
+        model,
+        (x, y),
+        eval_data=(x, y),
+        optimizer="sgd",
+        optimizer_options={"lr": 0.2, "momentum": 0.0},
+        workers=2,
+        epochs=2,
+        batch_size=8,
+        spark=spark,
+    )
     assert written == [(96, 4), (96,), (96, 4), (96,)]  # train and eval features and labels
     for name, p in model.state_dict().items():
         assert torch.allclose(p, ref.state_dict()[name], atol=1e-5), name
@@ -91,8 +123,16 @@ def test_unequal_shards_do_not_deadlock(spark):
 
 def test_eval_every_evaluates_every_kth_epoch_and_the_last(spark):
     model, x, y = _problem(64)
-    result = sparkdp.fit(model, (x, y), eval_data=(x[:40], y[:40]), workers=2, epochs=3, batch_size=16,
-                         eval_every=2, spark=spark)
+    result = sparkdp.fit(
+        model,
+        (x, y),
+        eval_data=(x[:40], y[:40]),
+        workers=2,
+        epochs=3,
+        batch_size=16,
+        eval_every=2,
+        spark=spark,
+    )
     assert ["test_accuracy" in h for h in result.history] == [False, True, True]
     with torch.no_grad():  # the last epoch's metrics are those of the returned model, over all 40 rows
         want = (model(x[:40]).argmax(1) == y[:40]).float().mean().item()
@@ -123,8 +163,12 @@ def _user_loop(lr):
             optimizer.step()
     import torch.distributed as dist
 
-    return {"world_size": dist.get_world_size(), "batches_per_epoch": len(loader), "loss": float(loss),
-            "weight_norm": float(model.module.weight.norm())}
+    return {
+        "world_size": dist.get_world_size(),
+        "batches_per_epoch": len(loader),
+        "loss": float(loss),
+        "weight_norm": float(model.module.weight.norm()),
+    }
 
 
 def test_bad_inputs_fail_before_spark_work(spark):
@@ -160,7 +204,9 @@ def _argparse_main():
 def test_run_gives_the_workers_the_drivers_argv(spark, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["train.py", "--epochs", "3"])
     assert sparkdp.run(_argparse_main, workers=2, spark=spark) == {"epochs": 3, "main": True}
-    assert sparkdp.run(_argparse_main, workers=2, spark=spark, argv=["train.py", "--epochs", "5"])["epochs"] == 5
+    assert (
+        sparkdp.run(_argparse_main, workers=2, spark=spark, argv=["train.py", "--epochs", "5"])["epochs"] == 5
+    )
     with pytest.raises(sparkdp.WorkerFailed, match=r"sys.exit\(2\).*check the arguments the workers see"):
         sparkdp.run(_argparse_main, workers=2, spark=spark, argv=["train.py"], max_restarts=0)
 
@@ -172,8 +218,14 @@ def _returns(kind):
         return model
     import numpy as np
 
-    return {"state": model.state_dict(), "ids": np.arange(4, dtype=np.int32), "curve": (0.5, 0.25),
-            "note": "done", "raw": b"\x00\x01", "none": None}
+    return {
+        "state": model.state_dict(),
+        "ids": np.arange(4, dtype=np.int32),
+        "curve": (0.5, 0.25),
+        "note": "done",
+        "raw": b"\x00\x01",
+        "none": None,
+    }
 
 
 def test_run_returns_data_and_names_a_result_that_is_not_data(spark):
@@ -184,7 +236,15 @@ def test_run_returns_data_and_names_a_result_that_is_not_data(spark):
     assert set(back["state"]) == {"weight", "bias"}
     assert all(torch.equal(back["state"][k], v) for k, v in model.state_dict().items())
     assert back["ids"].dtype == np.int32 and back["ids"].tolist() == [0, 1, 2, 3]
-    assert (back["curve"], back["note"], back["raw"], back["none"]) == ((0.5, 0.25), "done", b"\x00\x01", None)
-    with pytest.raises(ConfigError, match=r"the result has type torch\.nn\.modules\.linear\.Linear.*never as a "
-                                          r"pickle.*model\.state_dict\(\).*save anything else to a file"):
+    assert (back["curve"], back["note"], back["raw"], back["none"]) == (
+        (0.5, 0.25),
+        "done",
+        b"\x00\x01",
+        None,
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"the result has type torch\.nn\.modules\.linear\.Linear.*never as a "
+        r"pickle.*model\.state_dict\(\).*save anything else to a file",
+    ):
         sparkdp.run(_returns, "model", workers=2, spark=spark)

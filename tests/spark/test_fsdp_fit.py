@@ -1,6 +1,5 @@
 """strategy='fsdp' through Spark: fit and run + distribute give allreduce's model."""
 
-
 import pytest
 import torch
 from torch import nn
@@ -22,9 +21,19 @@ def test_fit_with_fsdp_returns_allreduce_model_and_a_memory_entry_per_worker(spa
     results = {}
     for name in ("allreduce", "fsdp"):
         model, x, y = _problem()
-        results[name] = sparkdp.fit(model, (x, y), epochs=2, batch_size=8, optimizer="adamw", optimizer_options={"lr": 0.01},
-                                    strategy=name, workers=2, spark=spark, eval_data=(x, y),
-                                    strategy_options={"min_params": 100} if name == "fsdp" else {})
+        results[name] = sparkdp.fit(
+            model,
+            (x, y),
+            epochs=2,
+            batch_size=8,
+            optimizer="adamw",
+            optimizer_options={"lr": 0.01},
+            strategy=name,
+            workers=2,
+            spark=spark,
+            eval_data=(x, y),
+            strategy_options={"min_params": 100} if name == "fsdp" else {},
+        )
     want, got = results["allreduce"], results["fsdp"]
     for key, value in want.model.state_dict().items():
         torch.testing.assert_close(got.model.state_dict()[key], value, rtol=1e-4, atol=1e-5, msg=key)

@@ -21,7 +21,7 @@ import torch
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
 
-JOB = textwrap.dedent('''
+JOB = textwrap.dedent("""
     import json, sys
     import torch
     from torch import nn
@@ -46,7 +46,7 @@ JOB = textwrap.dedent('''
         except Exception as exc:
             out[strategy] = {"error": type(exc).__name__, "message": str(exc)}
     print("RESULT " + json.dumps(out))
-''')
+""")
 
 
 def _run(tmp_path: Path, addresses: list[str], sync_workers: int) -> dict:
@@ -54,15 +54,23 @@ def _run(tmp_path: Path, addresses: list[str], sync_workers: int) -> dict:
     script.write_text("#!/bin/sh\necho '" + json.dumps({"name": "gpu", "addresses": addresses}) + "'\n")
     script.chmod(0o755)
     env = {**os.environ, "SPARK_HOME": str(Path(pyspark.__file__).parent), "PYSPARK_PYTHON": sys.executable}
-    proc = subprocess.run([sys.executable, "-c", JOB, str(script), str(sync_workers)], capture_output=True,
-                          text=True, timeout=240, env=env, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-c", JOB, str(script), str(sync_workers)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
     return json.loads(line.removeprefix("RESULT "))
 
 
 @pytest.mark.slow  # a cluster of its own with GPU resources: make test-all
-@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: test_training_on_spark_assigned_gpus")
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="this machine has CUDA: test_training_on_spark_assigned_gpus"
+)
 def test_a_task_given_a_gpu_without_cuda_says_which_gpu_and_what_to_do(tmp_path):
     out = _run(tmp_path, ["0"], sync_workers=2)
     for strategy in ("allreduce", "asgd"):
@@ -73,9 +81,11 @@ def test_a_task_given_a_gpu_without_cuda_says_which_gpu_and_what_to_do(tmp_path)
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(),
-                    reason=f"no CUDA GPU here (torch {torch.__version__}, torch.cuda.is_available() is False): "
-                           "the Spark-scheduled GPU path trains only where a GPU is")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason=f"no CUDA GPU here (torch {torch.__version__}, torch.cuda.is_available() is False): "
+    "the Spark-scheduled GPU path trains only where a GPU is",
+)
 def test_training_on_spark_assigned_gpus(tmp_path):
     # every executor discovers GPU 0 and NCCL refuses two ranks on one GPU: the barrier job
     # runs one worker, the asynchronous one two (they share the GPU)
@@ -85,7 +95,7 @@ def test_training_on_spark_assigned_gpus(tmp_path):
         assert out[strategy]["accuracy"] > 0.9, out
 
 
-NO_EXECUTOR = textwrap.dedent('''
+NO_EXECUTOR = textwrap.dedent("""
     import json, sys, time
     import torch
     from torch import nn
@@ -106,7 +116,7 @@ NO_EXECUTOR = textwrap.dedent('''
         except Exception as exc:
             out[strategy] = {"error": type(exc).__name__, "message": str(exc), "s": time.monotonic() - started}
     print("RESULT " + json.dumps(out))
-''')
+""")
 
 
 @pytest.mark.slow  # (make test-all) a local-cluster whose executors lack the requested GPU
@@ -114,11 +124,17 @@ def test_jobs_no_executor_can_take_stop_within_the_start_timeout(tmp_path):
     """Never a hang: tasks that no executor can hold (here: a GPU no Worker has) end in a
     RendezvousTimeout after ``start_timeout_s``, for asynchronous jobs as for barrier stages."""
     script = tmp_path / "gpus.sh"
-    script.write_text("#!/bin/sh\necho '{\"name\": \"gpu\", \"addresses\": [\"0\"]}'\n")
+    script.write_text('#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0"]}\'\n')
     script.chmod(0o755)
     env = {**os.environ, "SPARK_HOME": str(Path(pyspark.__file__).parent), "PYSPARK_PYTHON": sys.executable}
-    proc = subprocess.run([sys.executable, "-c", NO_EXECUTOR, str(script)], capture_output=True, text=True,
-                          timeout=200, env=env, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-c", NO_EXECUTOR, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=200,
+        env=env,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
     for strategy in ("asgd", "allreduce"):
@@ -127,5 +143,7 @@ def test_jobs_no_executor_can_take_stop_within_the_start_timeout(tmp_path):
     assert "did not start within 8 s" in out["asgd"]["message"], out
     assert "no executor took any of its tasks" in out["asgd"]["message"], out
     # the barrier stage: Spark's own slot check (3 tries, 2 s apart, as sparkdp sets it) or sparkdp's watchdog
-    assert "fewer task slots right now" in out["allreduce"]["message"] \
-        or "did not start them all within 8 s" in out["allreduce"]["message"], out
+    assert (
+        "fewer task slots right now" in out["allreduce"]["message"]
+        or "did not start them all within 8 s" in out["allreduce"]["message"]
+    ), out

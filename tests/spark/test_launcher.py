@@ -14,8 +14,15 @@ pytestmark = pytest.mark.spark
 
 def _rank_and_world(info):
     p = info.placement
-    return (info.rank, info.world_size, info.master_addr, info.master_port > 0,
-            (p.rank, p.local_rank, p.local_world_size, p.group_rank, p.group_world_size), info.run_id, info.attempt)
+    return (
+        info.rank,
+        info.world_size,
+        info.master_addr,
+        info.master_port > 0,
+        (p.rank, p.local_rank, p.local_world_size, p.group_rank, p.group_world_size),
+        info.run_id,
+        info.attempt,
+    )
 
 
 def test_every_rank_runs_and_agrees_on_the_rendezvous(spark):
@@ -33,8 +40,11 @@ def test_the_rendezvous_store_listens_on_the_task_address_only():
     from torch.distributed import TCPStore
 
     def listening(port):
-        return [c.laddr for c in psutil.net_connections("inet") if c.status == psutil.CONN_LISTEN
-                and c.laddr.port == port]
+        return [
+            c.laddr
+            for c in psutil.net_connections("inet")
+            if c.status == psutil.CONN_LISTEN and c.laddr.port == port
+        ]
 
     store = listening_store("127.0.0.1", 2)
     port = store.port
@@ -53,7 +63,9 @@ def test_the_session_warms_up_the_worker_daemon(spark):
 def test_too_many_workers_fails_fast_with_advice(spark):
     assert task_slots(spark.sparkContext) == 2
     started = time.monotonic()
-    with pytest.raises(RendezvousTimeout, match=r"requested 4 workers.*at most 2 tasks at once.*workers <= 2"):
+    with pytest.raises(
+        RendezvousTimeout, match=r"requested 4 workers.*at most 2 tasks at once.*workers <= 2"
+    ):
         run_barrier(_rank_and_world, 4, spark=spark)
     assert time.monotonic() - started < 5
 
@@ -109,8 +121,11 @@ def test_an_unreachable_driver_address_fails_fast_and_names_it(spark):
         s.bind(("127.0.0.1", 0))
         closed = s.getsockname()[1]
     started = time.monotonic()
-    with pytest.raises(EnvironmentProblem, match=rf"cannot reach the parameter server on the driver at "
-                                                 rf"127.0.0.1:{closed} within 5 s .*spark.driver.host"):
+    with pytest.raises(
+        EnvironmentProblem,
+        match=rf"cannot reach the parameter server on the driver at "
+        rf"127.0.0.1:{closed} within 5 s .*spark.driver.host",
+    ):
         check_reachable(spark, f"127.0.0.1:{closed}")
     assert time.monotonic() - started < 30
 
@@ -140,8 +155,9 @@ def _closure_values(fn, seen=None):
     return out
 
 
-def test_a_result_forged_with_everything_in_the_task_closure_runs_nothing_on_the_driver(spark, tmp_path,
-                                                                                        monkeypatch):
+def test_a_result_forged_with_everything_in_the_task_closure_runs_nothing_on_the_driver(
+    spark, tmp_path, monkeypatch
+):
     """An attacker who sees the task the driver ships reads every value in its closure, seals a
     pickle with any key found there that would create a file when
     unpickled, and puts it in the result column. The driver refuses it and runs nothing."""
@@ -162,12 +178,16 @@ def test_a_result_forged_with_everything_in_the_task_closure_runs_nothing_on_the
 
     def forged_stage(spark_, num_tasks, body, *, barrier):
         keys = [v for v in _closure_values(body) if isinstance(v, bytes)] or [b"no key in the closure"]
-        cells = [hmac.new(key, (0).to_bytes(8, "big", signed=True) + payload, hashlib.sha256).digest() + payload
-                 for key in keys]
+        cells = [
+            hmac.new(key, (0).to_bytes(8, "big", signed=True) + payload, hashlib.sha256).digest() + payload
+            for key in keys
+        ]
         return SimpleNamespace(collect=lambda: [{"index": 0, "result": cells[0]}])
 
     monkeypatch.setattr(launcher, "_task_stage", forged_stage)
-    with pytest.raises(WorkerFailed, match="the result of task 0 was not read: it is not a sparkdp task result"):
+    with pytest.raises(
+        WorkerFailed, match="the result of task 0 was not read: it is not a sparkdp task result"
+    ):
         run_barrier(_rank_and_world, 1, spark=spark)
     assert not marker.exists()
 
@@ -178,12 +198,18 @@ def test_stage_results_are_read_only_as_their_own_tasks_results():
     from sparkdp.spark.launcher import _result_batch, _results, _stage_id
 
     stage = _stage_id()
-    rows = [batch.to_pylist()[0] for batch in (_result_batch(stage, 1, {"b": 2}), _result_batch(stage, 0, [1]))]
+    rows = [
+        batch.to_pylist()[0] for batch in (_result_batch(stage, 1, {"b": 2}), _result_batch(stage, 0, [1]))
+    ]
     assert _results(rows, stage, 2) == [[1], {"b": 2}]  # in task order
     cell = rows[0]["result"]
-    with pytest.raises(WorkerFailed, match=r"result of task 0 was not read: it is the result of task 1 of stage"):
+    with pytest.raises(
+        WorkerFailed, match=r"result of task 0 was not read: it is the result of task 1 of stage"
+    ):
         _results([{**rows[0], "index": 0}, {**rows[1], "index": 1}], stage, 2)  # swapped
-    with pytest.raises(WorkerFailed, match=r"result of task 0 was not read: it is the result of task 0 of stage"):
+    with pytest.raises(
+        WorkerFailed, match=r"result of task 0 was not read: it is the result of task 0 of stage"
+    ):
         _results(rows, _stage_id(), 2)
     with pytest.raises(WorkerFailed, match=r"result of task 1 was not read: it is not a sparkdp task result"):
         _results([rows[1], {**rows[0], "result": cell[:-7]}], stage, 2)

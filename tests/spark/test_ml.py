@@ -15,8 +15,10 @@ def _df(spark, n=400, seed=0):
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(n, 4))
     y = (x @ np.array([1.0, -2.0, 0.5, 1.5]) > 0).astype(int)
-    return spark.createDataFrame([(i, *map(float, row), int(t)) for i, (row, t) in enumerate(zip(x, y, strict=True))],
-                                 ["id", "a", "b", "c", "d", "label"])
+    return spark.createDataFrame(
+        [(i, *map(float, row), int(t)) for i, (row, t) in enumerate(zip(x, y, strict=True))],
+        ["id", "a", "b", "c", "d", "label"],
+    )
 
 
 def test_pipeline_fit_transform_save_load(spark, tmp_path):
@@ -27,10 +29,19 @@ def test_pipeline_fit_transform_save_load(spark, tmp_path):
 
     df = _df(spark).cache()
     try:
-        est = Estimator(model="linear", modelKwargs=json.dumps({"image_size": 2, "num_classes": 2}),
-                        featureShape=[1, 2, 2], epochs=2, workers=2, batchSize=16, learningRate=0.1,
-                        probabilityCol="probability")
-        pipeline = Pipeline(stages=[VectorAssembler(inputCols=["a", "b", "c", "d"], outputCol="features"), est])
+        est = Estimator(
+            model="linear",
+            modelKwargs=json.dumps({"image_size": 2, "num_classes": 2}),
+            featureShape=[1, 2, 2],
+            epochs=2,
+            workers=2,
+            batchSize=16,
+            learningRate=0.1,
+            probabilityCol="probability",
+        )
+        pipeline = Pipeline(
+            stages=[VectorAssembler(inputCols=["a", "b", "c", "d"], outputCol="features"), est]
+        )
         fitted = pipeline.fit(df)
         assert isinstance(fitted.stages[-1], Model)
         scored = fitted.transform(df).orderBy("id").toPandas()
@@ -55,8 +66,11 @@ def test_estimator_params_round_trip_and_errors(spark, tmp_path):
     est = Estimator(model="mlp", modelKwargs='{"hidden": 8}', epochs=3, strategy="average")
     est.write().overwrite().save(str(tmp_path / "est"))
     back = Estimator.load(str(tmp_path / "est"))
-    assert (back.getOrDefault("model"), back.getOrDefault("epochs"), back.getOrDefault("strategy")) == \
-        ("mlp", 3, "average")
+    assert (back.getOrDefault("model"), back.getOrDefault("epochs"), back.getOrDefault("strategy")) == (
+        "mlp",
+        3,
+        "average",
+    )
     with pytest.raises(ConfigError, match="no network given"):
         Estimator()._build_module()
     with pytest.raises(ConfigError, match="modelKwargs must be a JSON object"):
@@ -103,16 +117,23 @@ def test_loading_never_calls_a_factory_nobody_trusted(spark, tmp_path, monkeypat
     monkeypatch.setattr(ml_impl, "_TRUSTED", set())
     folder = _saved_with_factory(tmp_path)
     canary = tmp_path / "pwned"
-    _edit_saved_params(folder, moduleFactory="os:system", modelKwargs=json.dumps({"command": f"touch {canary}"}))
-    with pytest.raises(ConfigError, match=r"moduleFactory 'os:system'.*not been told to trust.*trusted_factories"):
+    _edit_saved_params(
+        folder, moduleFactory="os:system", modelKwargs=json.dumps({"command": f"touch {canary}"})
+    )
+    with pytest.raises(
+        ConfigError, match=r"moduleFactory 'os:system'.*not been told to trust.*trusted_factories"
+    ):
         Model.load(str(folder))
     from pyspark.ml import PipelineModel
 
-    pipe = PipelineModel(stages=[Model.load(str(_saved_with_factory(tmp_path, "ok")),
-                                            trusted_factories=[make_small_net])])
+    pipe = PipelineModel(
+        stages=[Model.load(str(_saved_with_factory(tmp_path, "ok")), trusted_factories=[make_small_net])]
+    )
     pipe.write().overwrite().save(str(tmp_path / "pipe"))
     stage_dir = next((tmp_path / "pipe" / "stages").iterdir())
-    _edit_saved_params(stage_dir, moduleFactory="os:system", modelKwargs=json.dumps({"command": f"touch {canary}"}))
+    _edit_saved_params(
+        stage_dir, moduleFactory="os:system", modelKwargs=json.dumps({"command": f"touch {canary}"})
+    )
     with pytest.raises(ConfigError, match="not been told to trust"):
         PipelineModel.load(str(tmp_path / "pipe"))
     assert not canary.exists()
@@ -148,7 +169,8 @@ def test_loading_never_imports_the_class_the_metadata_names(spark, tmp_path, mon
     module_dir = tmp_path / "mods"
     module_dir.mkdir()
     (module_dir / "planted_module.py").write_text(
-        f"open({str(canary)!r}, 'w').close()\nclass Thing:\n    pass\n")
+        f"open({str(canary)!r}, 'w').close()\nclass Thing:\n    pass\n"
+    )
     monkeypatch.syspath_prepend(str(module_dir))
     model_dir = _saved_with_factory(tmp_path)
     Estimator(model="mlp").write().overwrite().save(str(tmp_path / "est"))
@@ -159,7 +181,10 @@ def test_loading_never_imports_the_class_the_metadata_names(spark, tmp_path, mon
         part.write_text(json.dumps(meta) + "\n")
         for crc in (folder / "metadata").glob(".*.crc"):
             crc.unlink()
-        with pytest.raises(ConfigError, match=r"for class 'planted_module.Thing', not 'sparkdp\.(spark\.)?ml\.(Model|Estimator)'"):
+        with pytest.raises(
+            ConfigError,
+            match=r"for class 'planted_module.Thing', not 'sparkdp\.(spark\.)?ml\.(Model|Estimator)'",
+        ):
             cls.load(str(folder))
     assert not canary.exists()
 
@@ -168,11 +193,16 @@ def test_a_loaded_estimator_names_trust_factory_when_its_factory_is_not_trusted(
     import sparkdp.spark.ml as ml_impl
     from sparkdp.ml import Estimator
 
-    Estimator(moduleFactory="tests.spark.test_ml:make_small_net").write().overwrite().save(str(tmp_path / "e"))
+    Estimator(moduleFactory="tests.spark.test_ml:make_small_net").write().overwrite().save(
+        str(tmp_path / "e")
+    )
     monkeypatch.setattr(ml_impl, "_TRUSTED", set())  # as in a new process
     loaded = Estimator.load(str(tmp_path / "e"))
-    with pytest.raises(ConfigError, match=r"loaded or copied.*register it before fitting with "
-                                          r"sparkdp.ml.trust_factory"):
+    with pytest.raises(
+        ConfigError,
+        match=r"loaded or copied.*register it before fitting with "
+        r"sparkdp.ml.trust_factory",
+    ):
         loaded._build_module()
 
 

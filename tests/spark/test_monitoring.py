@@ -29,14 +29,26 @@ def test_a_slowed_worker_is_named_and_the_run_reads_back_everywhere(spark, tmp_p
     x, y = _images()
     torch.manual_seed(0)
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    result = sparkdp.fit(build_model("cnn-small"), (x, y), eval_data=(x[:500], y[:500]), workers=2, epochs=2,
-                         batch_size=32, spark=spark, run_dir=str(tmp_path / "run"), tensorboard=True, mlflow=uri,
-                         metrics_interval_s=0.3, show_progress=False)
+    result = sparkdp.fit(
+        build_model("cnn-small"),
+        (x, y),
+        eval_data=(x[:500], y[:500]),
+        workers=2,
+        epochs=2,
+        batch_size=32,
+        spark=spark,
+        run_dir=str(tmp_path / "run"),
+        tensorboard=True,
+        mlflow=uri,
+        metrics_interval_s=0.3,
+        show_progress=False,
+    )
     records = [json.loads(line) for line in (tmp_path / "run" / "run.jsonl").read_text().splitlines()]
     warnings = [r["message"] for r in records if r["type"] == "warning"]
     host = socket.gethostname()  # local[2]: both workers on this machine
-    assert any(w.startswith(f"worker 1 on host {host} is a straggler") and "slow compute" in w
-               for w in warnings), warnings
+    assert any(
+        w.startswith(f"worker 1 on host {host} is a straggler") and "slow compute" in w for w in warnings
+    ), warnings
     assert not any(w.startswith("worker 0 ") for w in warnings)
     metrics = [r for r in records if r["type"] == "metrics"]
     assert {r["rank"] for r in metrics} == {0, 1}
@@ -71,8 +83,18 @@ def test_a_slowed_worker_is_named_and_the_run_reads_back_everywhere(spark, tmp_p
 def test_an_async_job_reports_staleness_and_pushes(spark, tmp_path):
     x, y = _images(2000, seed=1)
     torch.manual_seed(0)
-    sparkdp.fit(build_model("cnn-small"), (x, y), strategy="asgd", workers=2, epochs=1, batch_size=32, spark=spark,
-                run_dir=str(tmp_path), metrics_interval_s=0.3, show_progress=False)
+    sparkdp.fit(
+        build_model("cnn-small"),
+        (x, y),
+        strategy="asgd",
+        workers=2,
+        epochs=1,
+        batch_size=32,
+        spark=spark,
+        run_dir=str(tmp_path),
+        metrics_interval_s=0.3,
+        show_progress=False,
+    )
     jobs = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
     jobs = [r for r in jobs if r["type"] == "job" and r.get("staleness")]
     assert jobs, "no parameter-server figures in the run log"

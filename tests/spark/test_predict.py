@@ -18,7 +18,9 @@ def _vectors_df(spark, x):
     rows = []
     for i, row in enumerate(x):
         nz = np.nonzero(row)[0]
-        vec = Vectors.sparse(len(row), nz.tolist(), row[nz].tolist()) if i % 2 else Vectors.dense(row.tolist())
+        vec = (
+            Vectors.sparse(len(row), nz.tolist(), row[nz].tolist()) if i % 2 else Vectors.dense(row.tolist())
+        )
         rows.append((i, vec))
     return spark.createDataFrame(rows, ["id", "features"]).repartition(2)
 
@@ -28,8 +30,13 @@ def test_classifier_predictions_and_probabilities_match_local_torch(spark):
     x = rng.normal(size=(90, 5)) * (rng.random((90, 5)) > 0.3)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 3))
-    out = sparkdp.predict(model, _vectors_df(spark, x), features="features", probability_col="probability",
-                          batch_size=7).orderBy("id").toPandas()
+    out = (
+        sparkdp.predict(
+            model, _vectors_df(spark, x), features="features", probability_col="probability", batch_size=7
+        )
+        .orderBy("id")
+        .toPandas()
+    )
     with torch.no_grad():
         logits = model(torch.from_numpy(x).float())
     assert out["id"].tolist() == list(range(90)), "every row kept, with its other columns"
@@ -41,17 +48,22 @@ def test_classifier_predictions_and_probabilities_match_local_torch(spark):
 def test_raw_and_value_outputs_on_array_and_scalar_columns(spark):
     rng = np.random.default_rng(1)
     x = rng.normal(size=(40, 4)).astype(np.float32)
-    df = spark.createDataFrame([(i, x[i].tolist(), float(x[i, 0]), int(i)) for i in range(40)],
-                               ["id", "arr", "s", "t"])
+    df = spark.createDataFrame(
+        [(i, x[i].tolist(), float(x[i, 0]), int(i)) for i in range(40)], ["id", "arr", "s", "t"]
+    )
     torch.manual_seed(0)
     raw_model = nn.Linear(4, 2)
     raw = sparkdp.predict(raw_model, df, features="arr", output="raw").orderBy("id").toPandas()
     with torch.no_grad():
-        np.testing.assert_allclose(np.stack(raw["prediction"]), raw_model(torch.from_numpy(x)).numpy(), atol=1e-6)
+        np.testing.assert_allclose(
+            np.stack(raw["prediction"]), raw_model(torch.from_numpy(x)).numpy(), atol=1e-6
+        )
     value_model = nn.Linear(2, 1)
     val = sparkdp.predict(value_model, df, features=["s", "t"], output_col="score").orderBy("id").toPandas()
     with torch.no_grad():
-        ref = value_model(torch.from_numpy(np.stack([x[:, 0], np.arange(40)], 1).astype(np.float32))).squeeze(1)
+        ref = value_model(torch.from_numpy(np.stack([x[:, 0], np.arange(40)], 1).astype(np.float32))).squeeze(
+            1
+        )
     np.testing.assert_allclose(val["score"].to_numpy(), ref.numpy(), atol=1e-5)
 
 

@@ -26,8 +26,18 @@ def _fit(spark, data, **kw):
     train, test = data
     torch.manual_seed(0)
     model = build_model("cnn-small", dropout=0.3)  # dropout: the resumed RNG streams matter
-    return sparkdp.fit(model, train, eval_data=test, workers=2, epochs=2, batch_size=64, spark=spark,
-                       memory_format="contiguous", show_progress=False, **kw)
+    return sparkdp.fit(
+        model,
+        train,
+        eval_data=test,
+        workers=2,
+        epochs=2,
+        batch_size=64,
+        spark=spark,
+        memory_format="contiguous",
+        show_progress=False,
+        **kw,
+    )
 
 
 def _same_weights(a, b) -> None:
@@ -38,8 +48,11 @@ def _same_weights(a, b) -> None:
 
 def _lines(caplog) -> list[str]:
     """The controller's lines: one per failure ("-- restart"), one per recovery."""
-    return [r.getMessage() for r in caplog.records if "-- restart" in r.getMessage()
-            or r.getMessage().startswith("sparkdp: recovered")]
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if "-- restart" in r.getMessage() or r.getMessage().startswith("sparkdp: recovered")
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -47,17 +60,22 @@ def uninterrupted(spark, fashion):
     return _fit(spark, fashion)
 
 
-def test_killed_worker_restarts_from_the_latest_checkpoint(spark, fashion, uninterrupted, tmp_path, monkeypatch,
-                                                           caplog):
+def test_killed_worker_restarts_from_the_latest_checkpoint(
+    spark, fashion, uninterrupted, tmp_path, monkeypatch, caplog
+):
     monkeypatch.setenv("SPARKDP_FAULT", "kill:rank=1:step=30")  # 47 steps per epoch
     with caplog.at_level(logging.WARNING, logger="sparkdp"):
         result = _fit(spark, fashion, checkpoint_dir=str(tmp_path), checkpoint_every=20)
     restarts = _lines(caplog)
-    assert len(restarts) == 2 and restarts[1].startswith("sparkdp: recovered from failure 1 (worker 1 died"), restarts
+    assert len(restarts) == 2 and restarts[1].startswith(
+        "sparkdp: recovered from failure 1 (worker 1 died"
+    ), restarts
     assert "worker 1 died" in restarts[0] and "restart 1 of 3 from epoch 1, step 20" in restarts[0]
     assert restarts[1].endswith(") on 2 of 2 workers"), restarts
     [failure] = result.details["restarts"]  # the whole job's account: the failure and its attempt's time
-    assert failure["restart_from"] == "epoch 1, step 20" and failure["workers"] == 2 and failure["attempt_s"] > 0
+    assert (
+        failure["restart_from"] == "epoch 1, step 20" and failure["workers"] == 2 and failure["attempt_s"] > 0
+    )
     assert result.summary()["restarts"] == 1 and result.summary()["failed_attempts_s"] == failure["attempt_s"]
     _same_weights(uninterrupted, result)  # NCHW, same seed: the same trajectory, bit for bit
     assert abs(result.test_accuracy - uninterrupted.test_accuracy) <= 0.005
@@ -82,9 +100,12 @@ def test_max_restarts_zero_fails_with_one_readable_line(spark, fashion, monkeypa
     assert "\n" not in message and "at org.apache" not in message
 
 
-@pytest.mark.parametrize(("stopped", "waiting"), [(1, 0)])  # a stopped rank 0 is not recovered: see docs/guide/reliability.md
+@pytest.mark.parametrize(
+    ("stopped", "waiting"), [(1, 0)]
+)  # a stopped rank 0 is not recovered: see docs/guide/reliability.md
 def test_a_stopped_worker_is_detected_by_the_collective_timeout_named_and_recovered(
-        spark, fashion, uninterrupted, tmp_path, monkeypatch, caplog, stopped, waiting):
+    spark, fashion, uninterrupted, tmp_path, monkeypatch, caplog, stopped, waiting
+):
     monkeypatch.setenv("SPARKDP_FAULT", f"stop:rank={stopped}:step=30")  # SIGSTOP: alive, but no progress
     started = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="sparkdp"):
@@ -92,8 +113,10 @@ def test_a_stopped_worker_is_detected_by_the_collective_timeout_named_and_recove
     elapsed = time.monotonic() - started
     restarts = [line for line in _lines(caplog) if "-- restart" in line]
     assert len(restarts) == 1 and "from epoch 1, step 20" in restarts[0], restarts
-    assert (f"worker {stopped} stopped making progress; worker {waiting} timed out waiting for it in a "
-            "collective (after 15 s)") in restarts[0], restarts
+    assert (
+        f"worker {stopped} stopped making progress; worker {waiting} timed out waiting for it in a "
+        "collective (after 15 s)"
+    ) in restarts[0], restarts
     _same_weights(uninterrupted, result)
     assert elapsed < 15 + 120, f"the stopped worker was not detected in time ({elapsed:.0f} s)"
 
@@ -106,10 +129,20 @@ def test_a_killed_asynchronous_worker_restarts_as_max_restarts_allows(spark, fas
 
     def run(**kw):
         torch.manual_seed(0)
-        return sparkdp.fit(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 10)), train, eval_data=test,
-                           workers=2, epochs=1, batch_size=64, spark=spark, show_progress=False, strategy="asgd",
-                           strategy_options={"rule_options": {"lr": 0.05}},
-                           optimizer_options={"lr": 0.05, "momentum": 0.0}, **kw)
+        return sparkdp.fit(
+            torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 10)),
+            train,
+            eval_data=test,
+            workers=2,
+            epochs=1,
+            batch_size=64,
+            spark=spark,
+            show_progress=False,
+            strategy="asgd",
+            strategy_options={"rule_options": {"lr": 0.05}},
+            optimizer_options={"lr": 0.05, "momentum": 0.0},
+            **kw,
+        )
 
     monkeypatch.setenv("SPARKDP_FAULT", "kill:rank=1:step=30")  # 47 steps per epoch and worker
     with pytest.raises(sparkdp.WorkerFailed, match=r"^worker 1's task failed"):
@@ -117,8 +150,10 @@ def test_a_killed_asynchronous_worker_restarts_as_max_restarts_allows(spark, fas
     with caplog.at_level(logging.WARNING, logger="sparkdp"):
         result = run(max_restarts=1)
     cause = "worker 1's task failed (Spark's retry of it stops: the job's restart policy decides)"
-    assert _lines(caplog) == [f"sparkdp: {cause} -- restart 1 of 1 from the parameter server's current centre",
-                              f"sparkdp: recovered from failure 1 ({cause}) on 2 of 2 workers"], _lines(caplog)
+    assert _lines(caplog) == [
+        f"sparkdp: {cause} -- restart 1 of 1 from the parameter server's current centre",
+        f"sparkdp: recovered from failure 1 ({cause}) on 2 of 2 workers",
+    ], _lines(caplog)
     server = result.details["server"]
     assert server["rejected"] == 0 and server["duplicates_dropped"] == 0
     finished = sum(w["pushes"] for w in result.details["per_worker"])
@@ -132,13 +167,28 @@ def test_a_streamed_dataframe_epoch_is_rerun_and_checkpoints_resume(spark, tmp_p
     g = torch.Generator().manual_seed(0)
     x = torch.randn(800, 4, generator=g)
     y = (x[:, 0] - x[:, 1] > 0).long()
-    df = spark.createDataFrame([(row.tolist(), int(t)) for row, t in zip(x, y, strict=True)],
-                               "x array<float>, y long").repartition(2).cache()
+    df = (
+        spark.createDataFrame(
+            [(row.tolist(), int(t)) for row, t in zip(x, y, strict=True)], "x array<float>, y long"
+        )
+        .repartition(2)
+        .cache()
+    )
 
     def fit(epochs, **kw):
         torch.manual_seed(0)
-        return sparkdp.fit(torch.nn.Linear(4, 2), df, features="x", label="y", workers=2, epochs=epochs,
-                           batch_size=16, spark=spark, show_progress=False, **kw)
+        return sparkdp.fit(
+            torch.nn.Linear(4, 2),
+            df,
+            features="x",
+            label="y",
+            workers=2,
+            epochs=epochs,
+            batch_size=16,
+            spark=spark,
+            show_progress=False,
+            **kw,
+        )
 
     try:
         clean = fit(2)
@@ -148,8 +198,9 @@ def test_a_streamed_dataframe_epoch_is_rerun_and_checkpoints_resume(spark, tmp_p
         monkeypatch.delenv("SPARKDP_FAULT")
         lines = _lines(caplog)
         assert len(lines) == 2 and "restart 1 of 3 from the start of epoch 1" in lines[0], lines
-        assert lines[1].startswith("sparkdp: recovered from failure 1 (worker 0 died") and \
-            lines[1].endswith("on 2 of 2 workers"), lines
+        assert lines[1].startswith("sparkdp: recovered from failure 1 (worker 0 died") and lines[1].endswith(
+            "on 2 of 2 workers"
+        ), lines
         _same_weights(clean, rerun)
         resumed = fit(3, resume=str(tmp_path))  # continues after epoch 2 with a third
         longer = fit(3)
@@ -163,20 +214,52 @@ def test_an_asynchronous_job_resumes_its_parameter_server(spark, fashion, tmp_pa
     """The server's state is checkpointed (at the end at least); resume restores the centre and
     every worker's push sequence, and runs only the epochs the applied pushes do not cover."""
     train, test = fashion
-    options = {"strategy": "asgd", "strategy_options": {"rule_options": {"lr": 0.05}, "push_every": 4},
-               "optimizer_options": {"lr": 0.05, "momentum": 0.0}}
+    options = {
+        "strategy": "asgd",
+        "strategy_options": {"rule_options": {"lr": 0.05}, "push_every": 4},
+        "optimizer_options": {"lr": 0.05, "momentum": 0.0},
+    }
     torch.manual_seed(0)
-    first = sparkdp.fit(build_model("cnn-small"), train, eval_data=test, workers=2, epochs=1, spark=spark,
-                        show_progress=False, checkpoint_dir=str(tmp_path), **options)
-    assert [re.sub(r"-[0-9a-f]{16}\.", "-JOB.", p.name) for p in tmp_path.iterdir()] == ["ps-000000-JOB.safetensors"]
+    first = sparkdp.fit(
+        build_model("cnn-small"),
+        train,
+        eval_data=test,
+        workers=2,
+        epochs=1,
+        spark=spark,
+        show_progress=False,
+        checkpoint_dir=str(tmp_path),
+        **options,
+    )
+    assert [re.sub(r"-[0-9a-f]{16}\.", "-JOB.", p.name) for p in tmp_path.iterdir()] == [
+        "ps-000000-JOB.safetensors"
+    ]
     # the same job, resumed: its one epoch is covered, so the model is the saved centre
-    same = sparkdp.fit(build_model("cnn-small"), train, eval_data=test, workers=2, epochs=1, spark=spark,
-                       show_progress=False, resume=str(tmp_path), **options)
+    same = sparkdp.fit(
+        build_model("cnn-small"),
+        train,
+        eval_data=test,
+        workers=2,
+        epochs=1,
+        spark=spark,
+        show_progress=False,
+        resume=str(tmp_path),
+        **options,
+    )
     _same_weights(first, same)
     assert same.details["server"]["pushes_applied"] == 0
     # a second epoch continues from it: every worker's sequence numbers go on, nothing is rejected
-    more = sparkdp.fit(build_model("cnn-small"), train, eval_data=test, workers=2, epochs=2, spark=spark,
-                       show_progress=False, resume=str(tmp_path), **options)
+    more = sparkdp.fit(
+        build_model("cnn-small"),
+        train,
+        eval_data=test,
+        workers=2,
+        epochs=2,
+        spark=spark,
+        show_progress=False,
+        resume=str(tmp_path),
+        **options,
+    )
     assert [h["epoch"] for h in more.history] == [2]
     server = more.details["server"]
     assert server["rejected"] == 0 and server["duplicates_dropped"] == 0 and server["pushes_applied"] > 0
@@ -191,19 +274,36 @@ def test_a_streamed_dataframe_job_continues_on_fewer_workers_down_to_min_workers
     g = torch.Generator().manual_seed(1)
     x = torch.randn(600, 4, generator=g)
     y = (x[:, 0] + x[:, 2] > 0).long()
-    df = spark.createDataFrame([(row.tolist(), int(t)) for row, t in zip(x, y, strict=True)],
-                               "x array<float>, y long").repartition(2).cache()
+    df = (
+        spark.createDataFrame(
+            [(row.tolist(), int(t)) for row, t in zip(x, y, strict=True)], "x array<float>, y long"
+        )
+        .repartition(2)
+        .cache()
+    )
     monkeypatch.setattr(cluster, "available_slots", lambda sc: 1)
     monkeypatch.setenv("SPARKDP_FAULT", "kill:rank=1:step=5")
     try:
         torch.manual_seed(0)
         with caplog.at_level(logging.WARNING, logger="sparkdp"):
-            result = sparkdp.fit(torch.nn.Linear(4, 2), df, features="x", label="y", workers=2, min_workers=1,
-                                 epochs=2, batch_size=16, spark=spark, show_progress=False)
+            result = sparkdp.fit(
+                torch.nn.Linear(4, 2),
+                df,
+                features="x",
+                label="y",
+                workers=2,
+                min_workers=1,
+                epochs=2,
+                batch_size=16,
+                spark=spark,
+                show_progress=False,
+            )
     finally:
         df.unpersist()
     restarts = _lines(caplog)
-    assert len(restarts) == 2 and "restart 1 of 3 from the start of epoch 1 on 1 of 2 workers" in restarts[0], restarts
+    assert (
+        len(restarts) == 2 and "restart 1 of 3 from the start of epoch 1 on 1 of 2 workers" in restarts[0]
+    ), restarts
     assert restarts[1].endswith("on 1 of 2 workers"), restarts
     assert result.workers == 1 and [h["epoch"] for h in result.history] == [1, 2]
     assert sum(h["samples"] for h in result.history) == 2 * 600  # every row, on the one worker left
@@ -219,16 +319,25 @@ def test_a_launched_script_is_restarted_and_sees_its_restart_number(spark, tmp_p
         "restart, rank = os.environ['TORCHELASTIC_RESTART_COUNT'], os.environ['RANK']\n"
         "open(os.path.join(os.environ['SPARKDP_CHECKPOINT_DIR'], f'seen-{restart}-{rank}'), 'w').close()\n"
         "if restart == '0' and rank == '1':\n"
-        "    os.kill(os.getpid(), signal.SIGKILL)\n")
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
     checkpoints = tmp_path / "checkpoints"
     checkpoints.mkdir()
     with caplog.at_level(logging.WARNING, logger="sparkdp"):
-        sparkdp.launch(script, spark=spark, workers=2, max_restarts=1, checkpoint_dir=str(checkpoints),
-                       show_progress=False)
+        sparkdp.launch(
+            script,
+            spark=spark,
+            workers=2,
+            max_restarts=1,
+            checkpoint_dir=str(checkpoints),
+            show_progress=False,
+        )
     assert sorted(p.name for p in checkpoints.iterdir()) == ["seen-0-0", "seen-0-1", "seen-1-0", "seen-1-1"]
     lines = _lines(caplog)
     assert len(lines) == 2, lines
     assert lines[0].startswith("sparkdp: worker 1 died") and lines[0].endswith(
-        "-- restart 1 of 1 from the start (the workers' own code resumes from its checkpoints)"), lines
-    assert lines[1].startswith("sparkdp: recovered from failure 1 (worker 1 died") and \
-        lines[1].endswith("on 2 of 2 workers"), lines
+        "-- restart 1 of 1 from the start (the workers' own code resumes from its checkpoints)"
+    ), lines
+    assert lines[1].startswith("sparkdp: recovered from failure 1 (worker 1 died") and lines[1].endswith(
+        "on 2 of 2 workers"
+    ), lines

@@ -42,25 +42,53 @@ def _same(a, b):
         assert a == b
 
 
-@pytest.mark.parametrize("value", [
-    None, True, False, 0, -7, 2 ** 80, 2.5, float("inf"), float("nan"), "", "résumé", b"", b"\x00\xffbytes",
-    [1, "a", None], (1, (2.0, "b")), [], (), {}, {"loss": 0.25, "epochs": 3},
-    {1: "int key", (2, "x"): "tuple key", None: 0.5},
-    torch.arange(6, dtype=torch.float32).reshape(2, 3), torch.tensor([True, False]), torch.zeros(0, 4),
-    torch.ones(3, dtype=torch.bfloat16), torch.arange(4, dtype=torch.int64),
-    OrderedDict(weight=torch.ones(2, 3), bias=torch.zeros(2)),  # what state_dict() returns
-    np.arange(6, dtype=np.float64).reshape(3, 2), np.array([1, 2], dtype=np.uint8), np.array([True]),
-    np.zeros((0,), dtype=np.int32),
-    {"model": {"w": torch.ones(2, 2)}, "curve": [0.9, 0.5], "ids": np.arange(3), "raw": b"abc"},
-], ids=repr)
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        True,
+        False,
+        0,
+        -7,
+        2**80,
+        2.5,
+        float("inf"),
+        float("nan"),
+        "",
+        "résumé",
+        b"",
+        b"\x00\xffbytes",
+        [1, "a", None],
+        (1, (2.0, "b")),
+        [],
+        (),
+        {},
+        {"loss": 0.25, "epochs": 3},
+        {1: "int key", (2, "x"): "tuple key", None: 0.5},
+        torch.arange(6, dtype=torch.float32).reshape(2, 3),
+        torch.tensor([True, False]),
+        torch.zeros(0, 4),
+        torch.ones(3, dtype=torch.bfloat16),
+        torch.arange(4, dtype=torch.int64),
+        OrderedDict(weight=torch.ones(2, 3), bias=torch.zeros(2)),  # what state_dict() returns
+        np.arange(6, dtype=np.float64).reshape(3, 2),
+        np.array([1, 2], dtype=np.uint8),
+        np.array([True]),
+        np.zeros((0,), dtype=np.int32),
+        {"model": {"w": torch.ones(2, 2)}, "curve": [0.9, 0.5], "ids": np.arange(3), "raw": b"abc"},
+    ],
+    ids=repr,
+)
 def test_every_kind_a_run_may_return_comes_back_as_it_was(value):
     _same(_round_trip(value), value)
 
 
 def test_views_non_contiguous_and_gpu_like_inputs_come_back_as_plain_cpu_values():
     base = torch.arange(12.0).reshape(3, 4)
-    _same(_round_trip({"t": base.t(), "p": torch.nn.Parameter(torch.ones(2))}),
-          {"t": base.t().contiguous(), "p": torch.ones(2)})
+    _same(
+        _round_trip({"t": base.t(), "p": torch.nn.Parameter(torch.ones(2))}),
+        {"t": base.t().contiguous(), "p": torch.ones(2)},
+    )
     array = np.arange(12, dtype=">i4").reshape(3, 4)[:, ::-2]  # big-endian, negative strides
     back = _round_trip(array)
     assert back.dtype == np.int32 and np.array_equal(back, array)
@@ -68,8 +96,15 @@ def test_views_non_contiguous_and_gpu_like_inputs_come_back_as_plain_cpu_values(
 
 
 def test_dict_keys_that_look_like_the_codecs_own_tags_stay_user_keys():
-    value = {"__bytes__": 1, "__ndarray__": [2], "__record__": "x", "__result_items__": None,
-             "__tensor__": "state's own tag", "__tuple__": (), "__items__": {}}
+    value = {
+        "__bytes__": 1,
+        "__ndarray__": [2],
+        "__record__": "x",
+        "__result_items__": None,
+        "__tensor__": "state's own tag",
+        "__tuple__": (),
+        "__items__": {},
+    }
     _same(_round_trip(value), value)
     _same(_round_trip({"__bytes__": b"real bytes"}), {"__bytes__": b"real bytes"})
 
@@ -79,13 +114,23 @@ def test_a_worker_report_comes_back_field_for_field():
     report = WorkerReport(
         state=state_to_bytes(model.state_dict()),
         history=[{"epoch": 0, "loss": 0.75, "samples": 64, "epoch_time_s": 0.5, "test_accuracy": 0.5}],
-        train_time_s=1.25, samples=64, strategy_options={"k": 4, "compression": None},
-        strategy_state={"step": 12}, data_counters={"dropped_null_rows": 2}, optimizer_state=b"\x01\x02",
-        worker=1, strategy_metrics={"pushes": 9, "staleness": {0: 5, 2: 4}}, wall_start=10.0, wall_end=11.5)
+        train_time_s=1.25,
+        samples=64,
+        strategy_options={"k": 4, "compression": None},
+        strategy_state={"step": 12},
+        data_counters={"dropped_null_rows": 2},
+        optimizer_state=b"\x01\x02",
+        worker=1,
+        strategy_metrics={"pushes": 9, "staleness": {0: 5, 2: 4}},
+        wall_start=10.0,
+        wall_end=11.5,
+    )
     back = _round_trip([report, None])
     assert isinstance(back[0], WorkerReport) and back == [report, None]
     weights = state_from_bytes(back[0].state)
-    assert torch.equal(weights["weight"], model.weight.detach()) and torch.equal(weights["bias"], model.bias.detach())
+    assert torch.equal(weights["weight"], model.weight.detach()) and torch.equal(
+        weights["bias"], model.bias.detach()
+    )
 
 
 _Point = namedtuple("_Point", "x y")
@@ -94,30 +139,50 @@ _Point = namedtuple("_Point", "x y")
 def test_a_reports_settings_that_are_not_data_travel_as_their_text():
     """Strategy options are shown, not used, on the driver: a server optimizer given as a factory
     must not fail the job at its end."""
+
     def factory(params):
         return torch.optim.SGD(params, lr=0.1)
 
-    report = WorkerReport(state=b"", history=[], train_time_s=0.0, samples=0,
-                          strategy_options={"rule": "asgd", "rule_options": {"server_optimizer": factory, "lr": 0.1},
-                                            "betas": (0.9, torch.float32), "at": _Point(1, print)})
+    report = WorkerReport(
+        state=b"",
+        history=[],
+        train_time_s=0.0,
+        samples=0,
+        strategy_options={
+            "rule": "asgd",
+            "rule_options": {"server_optimizer": factory, "lr": 0.1},
+            "betas": (0.9, torch.float32),
+            "at": _Point(1, print),
+        },
+    )
     back = _round_trip(report)
-    assert back.strategy_options == {"rule": "asgd", "rule_options": {"server_optimizer": repr(factory), "lr": 0.1},
-                                     "betas": (0.9, "torch.float32"), "at": (1, repr(print))}
+    assert back.strategy_options == {
+        "rule": "asgd",
+        "rule_options": {"server_optimizer": repr(factory), "lr": 0.1},
+        "betas": (0.9, "torch.float32"),
+        "at": (1, repr(print)),
+    }
     with pytest.raises(ConfigError, match=r"the result\.strategy_state\['f'\] has type function"):
-        encode("s", 0, WorkerReport(state=b"", history=[], train_time_s=0.0, samples=0,
-                                    strategy_state={"f": factory}))
+        encode(
+            "s",
+            0,
+            WorkerReport(state=b"", history=[], train_time_s=0.0, samples=0, strategy_state={"f": factory}),
+        )
 
 
-@pytest.mark.parametrize(("value", "named"), [
-    ({1, 2}, r"the result has type set"),
-    ([torch.nn.Linear(1, 1)], r"the result\[0\] has type torch\.nn\.modules\.linear\.Linear"),
-    ({"f": lambda: 1}, r"the result\['f'\] has type function"),
-    (np.array(["a", "b"]), r"has type numpy\.ndarray of dtype <U1"),
-    (np.array([1, None], dtype=object), r"has type numpy\.ndarray of dtype object"),
-    (np.array([1j]), r"of dtype complex128"),
-    ({object(): 1}, r"a key of the result has type object \(a dict key must be"),
-    (torch.eye(2).to_sparse(), r"with layout torch.sparse_coo"),
-])
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        ({1, 2}, r"the result has type set"),
+        ([torch.nn.Linear(1, 1)], r"the result\[0\] has type torch\.nn\.modules\.linear\.Linear"),
+        ({"f": lambda: 1}, r"the result\['f'\] has type function"),
+        (np.array(["a", "b"]), r"has type numpy\.ndarray of dtype <U1"),
+        (np.array([1, None], dtype=object), r"has type numpy\.ndarray of dtype object"),
+        (np.array([1j]), r"of dtype complex128"),
+        ({object(): 1}, r"a key of the result has type object \(a dict key must be"),
+        (torch.eye(2).to_sparse(), r"with layout torch.sparse_coo"),
+    ],
+)
 def test_what_is_not_data_is_refused_on_the_worker_saying_what_to_do(value, named):
     with pytest.raises(ConfigError, match=named) as caught:
         encode("s", 0, value)
@@ -149,22 +214,51 @@ class _Exploit:
         return (open, (self.marker, "w"))
 
 
-@pytest.mark.parametrize("make", [
-    lambda marker: pickle.dumps(_Exploit(marker)),
-    lambda marker: pickle.dumps({"format": "sparkdp-result/1", "value": _Exploit(marker)}),
-    lambda marker: b"\x00" * 64,
-    lambda marker: safetensors_save({"t": torch.ones(1)}),  # safetensors, but not sparkdp state
-    lambda marker: safetensors_save({"t": torch.ones(1)}, metadata={"sparkdp": '{"format": "x", "value": 1}'}),
-    lambda marker: safetensors_save({}, metadata={"sparkdp": '{"format": "sparkdp-result/1", "stage": "s", '
-                                                             '"index": 0, "value": {"__record__": ["os.system", '
-                                                             '{"command": "x"}]}}'}),
-    lambda marker: safetensors_save({}, metadata={"sparkdp": '{"format": "sparkdp-result/1", "stage": "s", '
-                                                             '"index": 0, "value": {"__bytes__": "not a tensor"}}'}),
-    lambda marker: safetensors_save({}, metadata={"sparkdp": '{"format": "sparkdp-result/1", "stage": "s", '
-                                                             '"index": 0, "value": {"__record__": ["WorkerReport", '
-                                                             '{"state": 1}]}}'}),
-], ids=["pickle", "pickle in the result's shape", "zeros", "plain safetensors", "other document",
-        "unknown record", "bytes tag on a string", "record with missing fields"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda marker: pickle.dumps(_Exploit(marker)),
+        lambda marker: pickle.dumps({"format": "sparkdp-result/1", "value": _Exploit(marker)}),
+        lambda marker: b"\x00" * 64,
+        lambda marker: safetensors_save({"t": torch.ones(1)}),  # safetensors, but not sparkdp state
+        lambda marker: safetensors_save(
+            {"t": torch.ones(1)}, metadata={"sparkdp": '{"format": "x", "value": 1}'}
+        ),
+        lambda marker: safetensors_save(
+            {},
+            metadata={
+                "sparkdp": '{"format": "sparkdp-result/1", "stage": "s", '
+                '"index": 0, "value": {"__record__": ["os.system", '
+                '{"command": "x"}]}}'
+            },
+        ),
+        lambda marker: safetensors_save(
+            {},
+            metadata={
+                "sparkdp": '{"format": "sparkdp-result/1", "stage": "s", '
+                '"index": 0, "value": {"__bytes__": "not a tensor"}}'
+            },
+        ),
+        lambda marker: safetensors_save(
+            {},
+            metadata={
+                "sparkdp": '{"format": "sparkdp-result/1", "stage": "s", '
+                '"index": 0, "value": {"__record__": ["WorkerReport", '
+                '{"state": 1}]}}'
+            },
+        ),
+    ],
+    ids=[
+        "pickle",
+        "pickle in the result's shape",
+        "zeros",
+        "plain safetensors",
+        "other document",
+        "unknown record",
+        "bytes tag on a string",
+        "record with missing fields",
+    ],
+)
 def test_anything_else_is_refused_and_nothing_in_it_runs(make, tmp_path):
     marker = tmp_path / "ran"
     with pytest.raises(ValueError, match=r"not a sparkdp task result|not a task result|document is damaged"):

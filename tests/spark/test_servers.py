@@ -19,8 +19,17 @@ def _job(case: str, **args) -> tuple[dict, str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
     env.pop("SPARKDP_FAULT", None)
     env.update(args.pop("env", {}))
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "spark" / "servers_job.py"),
-                           json.dumps({"case": case, **args})], capture_output=True, text=True, env=env, timeout=220)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tests" / "spark" / "servers_job.py"),
+            json.dumps({"case": case, **args}),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=220,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
@@ -51,7 +60,9 @@ def test_a_killed_server_task_restarts_the_stage_from_the_servers_checkpoints(tm
     assert "the 2 servers resume from ps-s0of2-" in log and "ps-s1of2-" in log
     assert out["accuracy"] > 0.85, out
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert any(n.startswith("ps-s0of2-") for n in names) and any(n.startswith("ps-s1of2-") for n in names), names
+    assert any(n.startswith("ps-s0of2-") for n in names) and any(n.startswith("ps-s1of2-") for n in names), (
+        names
+    )
     # after the restart the workers continue their numbering: nothing is refused or applied twice
     assert all(s["rejected"] == 0 for s in out["servers"]), out
     # resuming the finished job trains nothing and gives back the centre the servers saved
@@ -64,13 +75,18 @@ def test_a_killed_worker_beside_two_servers_continues_on_the_workers_left(tmp_pa
     """servers=2 with min_workers=1: after a worker is killed and only 3 task slots are left (the
     2 servers and 1 worker), the stage restarts from the servers' checkpoints on one worker."""
     out, log = _job("shrunk", dir=str(tmp_path), env={"SPARKDP_FAULT": "kill:rank=1:step=20"})
-    lines = [ln.split(" WARNING ", 1)[1] for ln in log.splitlines()
-             if " WARNING sparkdp:" in ln and ("-- restart" in ln or "sparkdp: recovered" in ln)]
+    lines = [
+        ln.split(" WARNING ", 1)[1]
+        for ln in log.splitlines()
+        if " WARNING sparkdp:" in ln and ("-- restart" in ln or "sparkdp: recovered" in ln)
+    ]
     assert len(lines) == 2, log[-3000:]
     # Spark names the stage's task, and the 2 server tasks come first: worker 1 is task 3
     assert lines[0].startswith("sparkdp: worker 3 died") and lines[0].endswith(
-        "-- restart 1 of 3 from the servers' newest checkpoints on 1 of 2 workers (task slots gone)"), lines
-    assert lines[1].startswith("sparkdp: recovered from failure 1 (worker 3 died") and \
-        lines[1].endswith("on 1 of 2 workers"), lines
+        "-- restart 1 of 3 from the servers' newest checkpoints on 1 of 2 workers (task slots gone)"
+    ), lines
+    assert lines[1].startswith("sparkdp: recovered from failure 1 (worker 3 died") and lines[1].endswith(
+        "on 1 of 2 workers"
+    ), lines
     assert out["workers"] == 1 and len(out["restarts"]) == 1 and out["restarts"][0]["workers"] == 1, out
     assert out["accuracy"] > 0.85, out

@@ -35,7 +35,9 @@ def test_a_spark_connect_token_is_not_logged(how, monkeypatch, caplog):
 
     import pyspark.sql.connect.session as connect
 
-    session_module = importlib.import_module("sparkdp.spark.session")  # the package's `session` is the function
+    session_module = importlib.import_module(
+        "sparkdp.spark.session"
+    )  # the package's `session` is the function
 
     builder = _Builder()
     monkeypatch.setattr(connect.SparkSession, "builder", builder)
@@ -47,6 +49,8 @@ def test_a_spark_connect_token_is_not_logged(how, monkeypatch, caplog):
     with caplog.at_level(logging.DEBUG, logger="sparkdp"):
         assert session_module.session(**kwargs) == "session"
     assert builder.url == url  # the client still gets the whole URL
-    assert "connecting to Spark Connect at sc://spark.example:15002/;use_ssl=true;token=***;x-api-secret=***" \
+    assert (
+        "connecting to Spark Connect at sc://spark.example:15002/;use_ssl=true;token=***;x-api-secret=***"
         in caplog.text
+    )
     assert "s3cr3t" not in caplog.text and "h34der" not in caplog.text

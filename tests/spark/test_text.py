@@ -17,7 +17,9 @@ pytestmark = pytest.mark.timeout(180)
 
 
 def word_tokenizer() -> Tokenizer:
-    tok = Tokenizer(models.WordLevel({"<|endoftext|>": 0, "a": 1, "b": 2, "c": 3, "[UNK]": 4}, unk_token="[UNK]"))
+    tok = Tokenizer(
+        models.WordLevel({"<|endoftext|>": 0, "a": 1, "b": 2, "c": 3, "[UNK]": 4}, unk_token="[UNK]")
+    )
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return tok
 
@@ -44,11 +46,16 @@ def test_partitions_pack_separately_and_match_tokenizer_encode(spark):
     tok = train_bpe_tokenizer(texts, 300)
     # spark.range's partitions are contiguous id ranges: documents 0-19, 20-39, 40-59
     df = spark.range(0, 60, numPartitions=3).selectExpr(
-        "concat('line ', id, ': ', repeat('spark ', id % 7), 'tokenizes text on executors') AS doc")
+        "concat('line ', id, ': ', repeat('spark ', id % 7), 'tokenizes text on executors') AS doc"
+    )
     expected = []
-    for part in (texts[0:20], texts[20:40], texts[40:60]):  # encode each document, pack each partition by hand
+    for part in (
+        texts[0:20],
+        texts[20:40],
+        texts[40:60],
+    ):  # encode each document, pack each partition by hand
         stream = [i for t in part for i in [*tok.encode(t).ids, 0]]
-        expected += [stream[k:k + 32] for k in range(0, len(stream) - 31, 32)]
+        expected += [stream[k : k + 32] for k in range(0, len(stream) - 31, 32)]
     ids, _ = rows(tokenize_blocks(df, "doc", tok, block_size=32))
     assert sorted(map(tuple, ids.tolist())) == sorted(map(tuple, expected))
     assert len(ids) > 5

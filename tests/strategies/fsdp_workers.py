@@ -23,8 +23,9 @@ def make(model_name: str, seed: int = 0):
     return build_model(model_name), x, torch.randint(0, 10, (160,), generator=g)
 
 
-def step_losses(coll, strategy_name: str, model_name: str, steps: int = 20, batch: int = 4,
-                options: dict | None = None):
+def step_losses(
+    coll, strategy_name: str, model_name: str, steps: int = 20, batch: int = 4, options: dict | None = None
+):
     """Each rank trains AdamW on its slice of every global batch; its losses, the final whole
     parameters (gathered) and its model-state bytes after the first step."""
     model, x, y = make(model_name)
@@ -37,9 +38,9 @@ def step_losses(coll, strategy_name: str, model_name: str, steps: int = 20, batc
         lo = (step * coll.world_size + coll.rank) * batch
         opt.zero_grad(set_to_none=True)
         if y is None:
-            loss = net(x[lo:lo + batch], labels=x[lo:lo + batch])["loss"]
+            loss = net(x[lo : lo + batch], labels=x[lo : lo + batch])["loss"]
         else:
-            loss = nn.functional.cross_entropy(net(x[lo:lo + batch]), y[lo:lo + batch])
+            loss = nn.functional.cross_entropy(net(x[lo : lo + batch]), y[lo : lo + batch])
         loss.backward()
         opt.step()
         if step == 0:
@@ -47,9 +48,14 @@ def step_losses(coll, strategy_name: str, model_name: str, steps: int = 20, batc
         losses.append(loss.item())
     whole = strategy.model_state()
     strategy.finish()
-    return {"losses": torch.tensor(losses, dtype=torch.float64), "state": whole, "state_bytes": state_bytes,
-            "dtypes": sorted({str(p.dtype) for p in model.parameters()}), "options": strategy.options(),
-            "sent": strategy.comm_stats()["bytes_sent"]}
+    return {
+        "losses": torch.tensor(losses, dtype=torch.float64),
+        "state": whole,
+        "state_bytes": state_bytes,
+        "dtypes": sorted({str(p.dtype) for p in model.parameters()}),
+        "options": strategy.options(),
+        "sent": strategy.comm_stats()["bytes_sent"],
+    }
 
 
 def _data(rows: int, seed: int) -> TensorData:
@@ -60,10 +66,18 @@ def _data(rows: int, seed: int) -> TensorData:
 def fit_spec(strategy_name: str, epochs: int = 2, **options) -> FitSpec:
     torch.manual_seed(0)
     model = build_model("cnn-small")
-    return FitSpec(model=model, loss=resolve_loss("cross_entropy"),
-                   optimizer=optimizer_factory("adamw", model, lr=1e-3),
-                   strategy=STRATEGIES.create(strategy_name, **options), train=_data(96, 3), eval=_data(30, 4),
-                   epochs=epochs, batch_size=8, seed=5, prefetch=0)
+    return FitSpec(
+        model=model,
+        loss=resolve_loss("cross_entropy"),
+        optimizer=optimizer_factory("adamw", model, lr=1e-3),
+        strategy=STRATEGIES.create(strategy_name, **options),
+        train=_data(96, 3),
+        eval=_data(30, 4),
+        epochs=epochs,
+        batch_size=8,
+        seed=5,
+        prefetch=0,
+    )
 
 
 def fit(coll, strategy_name: str, checkpoint_dir: str | None = None):
@@ -76,7 +90,9 @@ def fit(coll, strategy_name: str, checkpoint_dir: str | None = None):
 
     spec = fit_spec(strategy_name)
     if checkpoint_dir is not None:
-        spec = replace(spec, checkpoint=CheckpointPolicy(checkpoint_dir, CheckpointConfig(keep_checkpoints=10)))
+        spec = replace(
+            spec, checkpoint=CheckpointPolicy(checkpoint_dir, CheckpointConfig(keep_checkpoints=10))
+        )
     report = fit_worker(spec, coll)
     if report is None:
         return None
@@ -93,7 +109,7 @@ def _global_step(coll, net, opt, x, y, step: int, rows: int) -> float:
     share = rows // coll.world_size
     lo = step * rows + coll.rank * share
     opt.zero_grad(set_to_none=True)
-    loss = nn.functional.cross_entropy(net(x[lo:lo + share]), y[lo:lo + share])
+    loss = nn.functional.cross_entropy(net(x[lo : lo + share]), y[lo : lo + share])
     loss.backward()
     opt.step()
     total = loss.detach().reshape(1).double()
@@ -122,9 +138,17 @@ def checkpoint_then_continue(coll, directory: str, steps: int, rows: int):
         _global_step(coll, net, opt, x, y, step, rows)
     weights, optimizer = strategy.model_state(), strategy.optimizer_state(opt)
     if coll.rank == 0:
-        save_checkpoint(CheckpointPolicy(directory), epoch=0, step=steps, model=weights,
-                        optimizer=optimizer_state_to_bytes(opt, None, optimizer), strategy_state={},
-                        rng=[], history=[], workers=coll.world_size)
+        save_checkpoint(
+            CheckpointPolicy(directory),
+            epoch=0,
+            step=steps,
+            model=weights,
+            optimizer=optimizer_state_to_bytes(opt, None, optimizer),
+            strategy_state={},
+            rng=[],
+            history=[],
+            workers=coll.world_size,
+        )
     return [_global_step(coll, net, opt, x, y, step, rows) for step in (steps, steps + 1)]
 
 

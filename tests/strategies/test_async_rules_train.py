@@ -49,9 +49,17 @@ def _train(rule: str, data) -> float:
     torch.manual_seed(0)
     model = build_model("cnn-small")
     strategy = AsyncParameterServer(rule)
-    spec = FitSpec(model=model, loss=resolve_loss("cross_entropy"),
-                   optimizer=optimizer_factory("sgd", model, lr=0.05, momentum=0.9), strategy=strategy,
-                   train=train, eval=None, epochs=1, batch_size=64, prefetch=0)
+    spec = FitSpec(
+        model=model,
+        loss=resolve_loss("cross_entropy"),
+        optimizer=optimizer_factory("sgd", model, lr=0.05, momentum=0.9),
+        strategy=strategy,
+        train=train,
+        eval=None,
+        epochs=1,
+        batch_size=64,
+        prefetch=0,
+    )
     rule_spec = strategy.rule_spec(WORKERS)
     server = ParameterServer(lambda shard: rule_spec.create(), list(model.parameters()))
     errors: list[BaseException] = []
@@ -62,12 +70,16 @@ def _train(rule: str, data) -> float:
 
         def worker(m: int) -> None:
             try:  # each task gets its own copy of the model, as Spark's deserialisation gives it
-                own = replace(_own_copy(spec), strategy=copy.copy(strategy).connect_to(transport, endpoint.info))
+                own = replace(
+                    _own_copy(spec), strategy=copy.copy(strategy).connect_to(transport, endpoint.info)
+                )
                 fit_worker(own, IndependentCollective(m, WORKERS))
             except BaseException as exc:  # surfaced below, with the rule's name
                 errors.append(exc)
 
-        threads = [threading.Thread(target=worker, args=(m,), name=f"test-worker-{m}") for m in range(WORKERS)]
+        threads = [
+            threading.Thread(target=worker, args=(m,), name=f"test-worker-{m}") for m in range(WORKERS)
+        ]
         for t in threads:
             t.start()
         for t in threads:

@@ -61,7 +61,7 @@ def _torch_reference(make_opt, batches, group: int = 1) -> list[torch.Tensor]:
     opt = make_opt(model.parameters())
     for start in range(0, len(batches), group):
         opt.zero_grad()
-        chunk = batches[start:start + group]
+        chunk = batches[start : start + group]
         for x, y in chunk:
             (nn.functional.cross_entropy(model(x), y) / len(chunk)).backward()
         opt.step()
@@ -70,14 +70,18 @@ def _torch_reference(make_opt, batches, group: int = 1) -> list[torch.Tensor]:
 
 def _assert_close(got, expected, what):
     for i, (a, b) in enumerate(zip(got, expected, strict=True)):
-        assert torch.allclose(a, b, atol=1e-6, rtol=1e-5), f"{what}: tensor {i} differs by {(a - b).abs().max():.3g}"
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-5), (
+            f"{what}: tensor {i} differs by {(a - b).abs().max():.3g}"
+        )
 
 
 def test_rules_declare_what_their_workers_push():
     kinds = {name: RULES.create(name, num_workers=2).pushes for name in RULES.available()}
     assert kinds["ddcasgd"] is PushKind.GRADIENT
     assert kinds["easgd"] is kinds["easgd-deepspark"] is PushKind.ELASTIC
-    assert {kinds[n] for n in ("asgd", "hogwild", "dcasgd", "sa-asgd", "dynsgd")} == {PushKind.PSEUDO_GRADIENT}
+    assert {kinds[n] for n in ("asgd", "hogwild", "dcasgd", "sa-asgd", "dynsgd")} == {
+        PushKind.PSEUDO_GRADIENT
+    }
 
 
 @pytest.mark.parametrize("worker_momentum", [0.0, 0.9])
@@ -86,7 +90,9 @@ def test_one_ddcasgd_worker_is_torch_momentum_sgd_whatever_the_worker_optimizer(
     so a momentum worker must not add its own (two momenta compound and training diverges)."""
     batches = _batches(12)
     strategy = AsyncParameterServer("ddcasgd", {"lr": 0.1, "momentum": 0.9})
-    got = _run_one_worker(strategy, lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=worker_momentum), batches)
+    got = _run_one_worker(
+        strategy, lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=worker_momentum), batches
+    )
     expected = _torch_reference(lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9), batches)
     _assert_close(got, expected, f"DDC-ASGD (worker momentum {worker_momentum}) vs torch SGD(0.1, 0.9)")
 
@@ -116,20 +122,34 @@ def test_the_task_loop_at_world_size_one_through_the_in_process_transport_is_tor
     data = TensorData(x, y)
     model = _model()
     strategy = AsyncParameterServer("asgd", {"lr": 0.3})
-    spec = FitSpec(model=model, loss=resolve_loss("cross_entropy"),
-                   optimizer=optimizer_factory("sgd", model, lr=0.05, momentum=0.0), strategy=strategy,
-                   train=data, eval=None, epochs=2, batch_size=8)
+    spec = FitSpec(
+        model=model,
+        loss=resolve_loss("cross_entropy"),
+        optimizer=optimizer_factory("sgd", model, lr=0.05, momentum=0.0),
+        strategy=strategy,
+        train=data,
+        eval=None,
+        epochs=2,
+        batch_size=8,
+    )
     rule = strategy.rule_spec(1)
     server = ParameterServer(lambda shard: rule.create(), list(model.parameters()))
     transport = InProcTransport(use_codec=True)
     with transport.serve(server) as endpoint:
-        report = fit_worker(replace(spec, strategy=strategy.connect_to(transport, endpoint.info)),
-                            IndependentCollective(0, 1))
-    batches = [(x[idx], y[idx]) for epoch in range(2)
-               for order in [data.shard_indices(rank=0, world_size=1, epoch=epoch, seed=0, shuffle=True)]
-               for idx in order.split(8)]
-    _assert_close(server.pull(worker=1).tensors, _torch_reference(lambda ps: torch.optim.SGD(ps, lr=0.3), batches),
-                  "fit_worker (async) through InProcTransport vs torch SGD")
+        report = fit_worker(
+            replace(spec, strategy=strategy.connect_to(transport, endpoint.info)), IndependentCollective(0, 1)
+        )
+    batches = [
+        (x[idx], y[idx])
+        for epoch in range(2)
+        for order in [data.shard_indices(rank=0, world_size=1, epoch=epoch, seed=0, shuffle=True)]
+        for idx in order.split(8)
+    ]
+    _assert_close(
+        server.pull(worker=1).tensors,
+        _torch_reference(lambda ps: torch.optim.SGD(ps, lr=0.3), batches),
+        "fit_worker (async) through InProcTransport vs torch SGD",
+    )
     assert report.strategy_metrics["pushes"] == 16 and server.metrics()["staleness"] == {0: 16}
     assert report.state == b""  # the trained parameters are the server's
 
@@ -139,9 +159,17 @@ def test_worker_zero_evaluates_the_centre_every_eval_every_epochs_without_moving
     x, y = torch.randn(32, 4, generator=g), torch.randint(0, 3, (32,), generator=g)
     model = _model()
     strategy = AsyncParameterServer("dcasgd", {"lr": 0.1})
-    spec = FitSpec(model=model, loss=resolve_loss("cross_entropy"),
-                   optimizer=optimizer_factory("sgd", model, lr=0.05, momentum=0.0), strategy=strategy,
-                   train=TensorData(x, y), eval=TensorData(x, y), epochs=5, batch_size=8, eval_every=2)
+    spec = FitSpec(
+        model=model,
+        loss=resolve_loss("cross_entropy"),
+        optimizer=optimizer_factory("sgd", model, lr=0.05, momentum=0.0),
+        strategy=strategy,
+        train=TensorData(x, y),
+        eval=TensorData(x, y),
+        epochs=5,
+        batch_size=8,
+        eval_every=2,
+    )
     rule = strategy.rule_spec(1)
     server = ParameterServer(lambda shard: rule.create(), list(model.parameters()))
     connected = []
@@ -153,8 +181,9 @@ def test_worker_zero_evaluates_the_centre_every_eval_every_epochs_without_moving
 
     transport = CountingTransport(use_codec=True)
     with transport.serve(server) as endpoint:
-        report = fit_worker(replace(spec, strategy=strategy.connect_to(transport, endpoint.info)),
-                            IndependentCollective(0, 1))
+        report = fit_worker(
+            replace(spec, strategy=strategy.connect_to(transport, endpoint.info)), IndependentCollective(0, 1)
+        )
     # epochs 2 and 4 (1-based) by worker 0; the last one is the driver's, after every worker is done
     assert ["test_accuracy" in h for h in report.history] == [False, True, False, True, False]
     # over the worker's own connection: a second one could be refused while the server is busy

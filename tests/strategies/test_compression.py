@@ -22,7 +22,7 @@ def test_int8_rounding_is_within_half_a_step_of_each_block_scale():
     values, scales = quantize_int8(flat)
     assert values.dtype == torch.int8 and scales.numel() == 4  # 4029 values in blocks of 1024
     back = dequantize_int8(values, scales, flat.numel())
-    step = scales.repeat_interleave(1024)[:flat.numel()]
+    step = scales.repeat_interleave(1024)[: flat.numel()]
     assert torch.all((back - flat).abs() <= step / 2 + 1e-6 * flat.abs())
     assert torch.equal(back[:1024], torch.zeros(1024))  # an all-zero block stays zero
 
@@ -38,13 +38,16 @@ def _sums(codec: str, rounds: int, vector: torch.Tensor, feedback: bool) -> torc
     return total
 
 
-@pytest.mark.parametrize("codec,vector", [
-    # a block with one large value: int8's step (1/127) rounds the small ones to zero every round
-    ("int8", torch.tensor([1.0] + [1e-4] * 7)),
-    # bfloat16 keeps 8 significant bits: 1 + 1e-3 is sent as 1 every round
-    ("bf16", torch.tensor([1.0 + 1e-3, 3e-3])),
-    ("fp16", torch.tensor([1.0 + 1e-4, 2.0 + 1e-4])),
-])
+@pytest.mark.parametrize(
+    "codec,vector",
+    [
+        # a block with one large value: int8's step (1/127) rounds the small ones to zero every round
+        ("int8", torch.tensor([1.0] + [1e-4] * 7)),
+        # bfloat16 keeps 8 significant bits: 1 + 1e-3 is sent as 1 every round
+        ("bf16", torch.tensor([1.0 + 1e-3, 3e-3])),
+        ("fp16", torch.tensor([1.0 + 1e-4, 2.0 + 1e-4])),
+    ],
+)
 def test_error_feedback_keeps_the_accumulated_sum_unbiased(codec, vector):
     rounds = 1000
     want = vector.double() * rounds
@@ -73,15 +76,22 @@ def uncompressed():
     from tests.helpers.dist import run_workers
     from tests.strategies.workers import train_compressed
 
-    return (train_compressed(None, "none", STEPS, BATCH, False),
-            run_workers(train_compressed, 2, "none", STEPS, BATCH, False))
+    return (
+        train_compressed(None, "none", STEPS, BATCH, False),
+        run_workers(train_compressed, 2, "none", STEPS, BATCH, False),
+    )
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("codec,shared,transport", [
-    ("bf16", True, "shared-memory"), ("bf16", False, "process-group"), ("fp16", False, "process-group"),
-    ("powersgd", True, "process-group"),  # PowerSGD's factors go through the process group
-])
+@pytest.mark.parametrize(
+    "codec,shared,transport",
+    [
+        ("bf16", True, "shared-memory"),
+        ("bf16", False, "process-group"),
+        ("fp16", False, "process-group"),
+        ("powersgd", True, "process-group"),  # PowerSGD's factors go through the process group
+    ],
+)
 def test_compressed_gradients_keep_ranks_identical_near_the_reference(uncompressed, codec, shared, transport):
     from tests.helpers.dist import run_workers
     from tests.strategies.workers import train_compressed
@@ -115,4 +125,3 @@ def test_averaging_compressed_deltas_stays_near_plain_averaging(codec):
     assert all(torch.equal(a, b) for a, b in zip(params, other)), "ranks differ"
     drift = max((a - b).abs().max().item() for a, b in zip(params, plain[0][0]))
     assert 0 < drift < 5e-3, drift
-

@@ -19,12 +19,22 @@ BATCH = 4
 
 def _close(got, want, what, atol=1e-5):
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
-        assert torch.allclose(g, w, atol=atol, rtol=1e-4), f"{what}: tensor {i} differs by {(g - w).abs().max()}"
+        assert torch.allclose(g, w, atol=atol, rtol=1e-4), (
+            f"{what}: tensor {i} differs by {(g - w).abs().max()}"
+        )
 
 
-def by_hand(steps: int, period: int, *, lr: float = 0.7, momentum: float = 0.9, nesterov: bool = True,
-            fragments: tuple[tuple[tuple[int, ...], int], ...] | None = None, overlap: int = 0,
-            mixing: float = 0.5) -> list[torch.Tensor]:
+def by_hand(
+    steps: int,
+    period: int,
+    *,
+    lr: float = 0.7,
+    momentum: float = 0.9,
+    nesterov: bool = True,
+    fragments: tuple[tuple[tuple[int, ...], int], ...] | None = None,
+    overlap: int = 0,
+    mixing: float = 0.5,
+) -> list[torch.Tensor]:
     """One worker: plain SGD inner steps; every `period` steps (at each fragment's offset) the
     delta g − θ is the outer gradient of torch-free momentum SGD, written out term by term."""
     model, x, y = make_problem()
@@ -42,7 +52,7 @@ def by_hand(steps: int, period: int, *, lr: float = 0.7, momentum: float = 0.9, 
 
     for step in range(1, steps + 1):
         lo = (step - 1) * BATCH
-        loss = nn.functional.cross_entropy(model(x[lo:lo + BATCH]), y[lo:lo + BATCH])
+        loss = nn.functional.cross_entropy(model(x[lo : lo + BATCH]), y[lo : lo + BATCH])
         grads = torch.autograd.grad(loss, params)
         with torch.no_grad():
             for p, g in zip(params, grads):
@@ -74,7 +84,7 @@ def run_one(steps: int, **options) -> tuple[list[torch.Tensor], DiLoCo]:
         lo = step * BATCH
         strategy.add_samples(BATCH)
         opt.zero_grad()
-        nn.functional.cross_entropy(model(x[lo:lo + BATCH]), y[lo:lo + BATCH]).backward()
+        nn.functional.cross_entropy(model(x[lo : lo + BATCH]), y[lo : lo + BATCH]).backward()
         opt.step()
     return [p.detach().clone() for p in model.parameters()], strategy
 
@@ -120,10 +130,13 @@ def float32_run():
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("codec,atol,ratio", [("int8", 5e-3, (0.2, 0.3)), ("bf16", 1e-2, (0.5, 0.5)),
-                                              ("fp16", 1e-2, (0.5, 0.5))])
+@pytest.mark.parametrize(
+    "codec,atol,ratio", [("int8", 5e-3, (0.2, 0.3)), ("bf16", 1e-2, (0.5, 0.5)), ("fp16", 1e-2, (0.5, 0.5))]
+)
 def test_compressed_deltas_keep_ranks_identical_and_close_to_float32(float32_run, codec, atol, ratio):
-    runs = run_workers(train_diloco, 2, 16, BATCH, {"period": 4, "shared_memory": False, "compression": codec})
+    runs = run_workers(
+        train_diloco, 2, 16, BATCH, {"period": 4, "shared_memory": False, "compression": codec}
+    )
     assert all(torch.equal(a, b) for a, b in zip(runs[0][0], runs[1][0])), "ranks differ"
     _close(runs[0][0], float32_run[0][0], f"{codec} against float32", atol=atol)
     sent = runs[0][2]["bytes_sent"] / float32_run[0][2]["bytes_sent"]
@@ -148,19 +161,22 @@ def test_the_outer_state_survives_a_checkpoint():
             assert second._steps == 4
         lo = step * BATCH
         opt.zero_grad()
-        nn.functional.cross_entropy(model(x[lo:lo + BATCH]), y[lo:lo + BATCH]).backward()
+        nn.functional.cross_entropy(model(x[lo : lo + BATCH]), y[lo : lo + BATCH]).backward()
         opt.step()
     _close([p.detach() for p in model.parameters()], whole, "resumed")
 
 
-@pytest.mark.parametrize("options,message", [
-    ({"period": 0}, "period must be a positive integer"),
-    ({"period": 4, "fragments": 5}, "cannot exceed period"),
-    ({"period": 4, "fragments": 2, "overlap_steps": 2}, "must be less than period / fragments"),
-    ({"outer_optimizer": "adamw2"}, "no torch.optim optimizer named 'adamw2'"),
-    ({"compression": "int4"}, "compression must be one of"),
-    ({"mixing": 1.5}, "mixing must be in"),
-])
+@pytest.mark.parametrize(
+    "options,message",
+    [
+        ({"period": 0}, "period must be a positive integer"),
+        ({"period": 4, "fragments": 5}, "cannot exceed period"),
+        ({"period": 4, "fragments": 2, "overlap_steps": 2}, "must be less than period / fragments"),
+        ({"outer_optimizer": "adamw2"}, "no torch.optim optimizer named 'adamw2'"),
+        ({"compression": "int4"}, "compression must be one of"),
+        ({"mixing": 1.5}, "mixing must be in"),
+    ],
+)
 def test_bad_settings_say_what_is_allowed(options, message):
     with pytest.raises(ConfigError, match=message):
         DiLoCo(**options)

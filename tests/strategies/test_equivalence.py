@@ -12,7 +12,9 @@ STEPS, BATCH, WORLD = 8, 4, 2
 
 def _assert_close(got, want, what):
     for i, (g, w) in enumerate(zip(got, want)):
-        assert torch.allclose(g, w, atol=1e-5, rtol=1e-4), f"{what}: tensor {i} differs by {(g - w).abs().max()}"
+        assert torch.allclose(g, w, atol=1e-5, rtol=1e-4), (
+            f"{what}: tensor {i} differs by {(g - w).abs().max()}"
+        )
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adam"])
@@ -26,7 +28,9 @@ def test_allreduce_equals_one_process_on_concatenated_batch(optimizer):
 def test_shared_memory_and_gloo_transports_give_the_reference():
     reference = single_process(STEPS, BATCH, WORLD, "momentum")
     for shared, transport in [(True, "shared-memory"), (False, "process-group")]:
-        ranks = run_workers(train_sharded, WORLD, "allreduce", STEPS, BATCH, "momentum", 1, False, True, shared, True)
+        ranks = run_workers(
+            train_sharded, WORLD, "allreduce", STEPS, BATCH, "momentum", 1, False, True, shared, True
+        )
         for rank, (params, options) in enumerate(ranks):
             assert options["gradient_transport"] == transport, options
             _assert_close(params, reference, f"{transport} rank {rank}")
@@ -48,7 +52,9 @@ def test_average_k1_plain_sgd_equals_single_machine_sgd():
 
 @pytest.mark.parametrize("shared,transport", [(True, "shared-memory"), (False, "process-group")])
 def test_average_with_momentum_state_equals_the_reference_on_both_transports(shared, transport):
-    ranks = run_workers(train_sharded, WORLD, "average", STEPS, BATCH, "momentum", 1, True, True, shared, True)
+    ranks = run_workers(
+        train_sharded, WORLD, "average", STEPS, BATCH, "momentum", 1, True, True, shared, True
+    )
     reference = single_process(STEPS, BATCH, WORLD, "momentum")
     for rank, (params, options) in enumerate(ranks):
         assert options["parameter_transport"] == transport, options

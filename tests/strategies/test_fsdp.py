@@ -25,8 +25,9 @@ def test_the_blocks_of_a_transformer_are_its_shard_units():
 
 
 def test_without_blocks_submodules_over_min_params_are_units_innermost_first():
-    model = torch.nn.Sequential(torch.nn.Linear(100, 100), torch.nn.Sequential(torch.nn.Linear(100, 50),
-                                                                               torch.nn.Linear(50, 2)))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(100, 100), torch.nn.Sequential(torch.nn.Linear(100, 50), torch.nn.Linear(50, 2))
+    )
     # 10100 in "0"; "1.0" has 5050 and "1.1" 102, so "1" holds 5152
     assert shard_units(model, min_params=5000) == ["0", "1.0"]
     assert shard_units(model, min_params=100) == ["0", "1.0", "1.1"]
@@ -55,7 +56,9 @@ def test_bad_options_are_refused_with_what_is_allowed():
         FSDP(reshard_after_forward="yes")  # type: ignore[arg-type]
     strategy = STRATEGIES.create("fsdp", reshard_after_forward=False, min_params=10)
     strategy.mixed_precision(torch.bfloat16)
-    assert strategy.options()["param_dtype"] == "bf16" and strategy.options()["reshard_after_forward"] is False
+    assert (
+        strategy.options()["param_dtype"] == "bf16" and strategy.options()["reshard_after_forward"] is False
+    )
 
 
 def test_the_jobs_mixed_precision_sets_the_gathered_dtype_unless_an_option_chose_one():
@@ -71,9 +74,17 @@ def test_the_jobs_mixed_precision_sets_the_gathered_dtype_unless_an_option_chose
         FSDP().adopt_precision(torch.float16)
     model = torch.nn.Linear(4, 2)
     strategy = FSDP()
-    spec = FitSpec(model=model, loss=resolve_loss("mse"), optimizer=optimizer_factory("sgd", model, lr=0.1),
-                   strategy=strategy, train=TensorData(torch.randn(8, 4), torch.randn(8, 2)), eval=None, epochs=1,
-                   batch_size=4, precision="bf16-mixed")
+    spec = FitSpec(
+        model=model,
+        loss=resolve_loss("mse"),
+        optimizer=optimizer_factory("sgd", model, lr=0.1),
+        strategy=strategy,
+        train=TensorData(torch.randn(8, 4), torch.randn(8, 2)),
+        eval=None,
+        epochs=1,
+        batch_size=4,
+        precision="bf16-mixed",
+    )
     fit_worker(spec, SingleProcessCollective())
     assert strategy.gathered_dtype == "bf16" and strategy.options()["param_dtype"] is None  # the option stays
 

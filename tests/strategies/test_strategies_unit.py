@@ -8,7 +8,9 @@ from sparkdp.strategies import STRATEGIES, Launcher, ParameterAveraging, resolve
 
 
 def test_registry_lists_valid_names_on_a_miss():
-    with pytest.raises(ConfigError, match="Unknown strategy 'alreduce'.*allreduce, asgd, average.*Did you mean 'allreduce'"):
+    with pytest.raises(
+        ConfigError, match="Unknown strategy 'alreduce'.*allreduce, asgd, average.*Did you mean 'allreduce'"
+    ):
         resolve_strategy("alreduce")
 
 
@@ -96,6 +98,7 @@ def test_the_other_strategies_keep_no_schedule_state(name):
 
 def test_the_averaging_period_continues_after_a_state_round_trip():
     """4 steps, state saved; a fresh strategy loading it averages at global step 6, not at its own 3rd."""
+
     def run(strategy, steps):
         model = nn.Linear(3, 2)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -35,7 +35,7 @@ def train_slices(coll, model, opt, strategy, x, y, steps: int, batch: int) -> No
     net = strategy.setup(model, opt, coll)
     for step in range(steps):
         lo = (step * coll.world_size + coll.rank) * batch
-        xb, yb = x[lo:lo + batch], y[lo:lo + batch]
+        xb, yb = x[lo : lo + batch], y[lo : lo + batch]
         strategy.add_samples(len(xb))
         opt.zero_grad()
         nn.functional.cross_entropy(net(xb), yb).backward()
@@ -43,24 +43,44 @@ def train_slices(coll, model, opt, strategy, x, y, steps: int, batch: int) -> No
     strategy.finish()
 
 
-def train_sharded(coll, strategy_name: str, steps: int, batch: int, optimizer: str, period: int = 1,
-                  average_state: bool = False, bucket_view: bool = True, shared_memory: bool = True,
-                  with_options: bool = False, compression: str = "none"):
+def train_sharded(
+    coll,
+    strategy_name: str,
+    steps: int,
+    batch: int,
+    optimizer: str,
+    period: int = 1,
+    average_state: bool = False,
+    bucket_view: bool = True,
+    shared_memory: bool = True,
+    with_options: bool = False,
+    compression: str = "none",
+):
     """Each rank trains on its slice of every global batch; returns the final parameters."""
     model, x, y = make_problem()
     if coll.rank != 0:  # different local init: the strategy must broadcast rank 0's
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(1.0)
-    opt = (torch.optim.SGD(model.parameters(), lr=0.1) if optimizer == "sgd"
-           else torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if optimizer == "momentum"
-           else torch.optim.Adam(model.parameters(), lr=0.01))
+    opt = (
+        torch.optim.SGD(model.parameters(), lr=0.1)
+        if optimizer == "sgd"
+        else torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        if optimizer == "momentum"
+        else torch.optim.Adam(model.parameters(), lr=0.01)
+    )
     # every bucket of this tiny model through shared memory when it is on
-    strategy = AllReduce(gradient_as_bucket_view=bucket_view, shared_memory=shared_memory,
-                         shared_memory_min_bytes=0) \
-        if strategy_name == "allreduce" else ParameterAveraging(
-        period=period, average_optimizer_state=average_state, shared_memory=shared_memory,
-        shared_memory_min_bytes=0, compression=compression)
+    strategy = (
+        AllReduce(gradient_as_bucket_view=bucket_view, shared_memory=shared_memory, shared_memory_min_bytes=0)
+        if strategy_name == "allreduce"
+        else ParameterAveraging(
+            period=period,
+            average_optimizer_state=average_state,
+            shared_memory=shared_memory,
+            shared_memory_min_bytes=0,
+            compression=compression,
+        )
+    )
     train_slices(coll, model, opt, strategy, x, y, steps, batch)
     params = [p.detach().clone() for p in model.parameters()]
     return (params, strategy.options()) if with_options else params
@@ -69,12 +89,16 @@ def train_sharded(coll, strategy_name: str, steps: int, batch: int, optimizer: s
 def single_process(steps: int, batch: int, world: int, optimizer: str):
     """The reference: one process on the concatenated global batches."""
     model, x, y = make_problem()
-    opt = (torch.optim.SGD(model.parameters(), lr=0.1) if optimizer == "sgd"
-           else torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if optimizer == "momentum"
-           else torch.optim.Adam(model.parameters(), lr=0.01))
+    opt = (
+        torch.optim.SGD(model.parameters(), lr=0.1)
+        if optimizer == "sgd"
+        else torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        if optimizer == "momentum"
+        else torch.optim.Adam(model.parameters(), lr=0.01)
+    )
     for step in range(steps):
         lo = step * batch * world
-        xb, yb = x[lo:lo + batch * world], y[lo:lo + batch * world]
+        xb, yb = x[lo : lo + batch * world], y[lo : lo + batch * world]
         opt.zero_grad()
         nn.functional.cross_entropy(model(xb), yb).backward()
         opt.step()
@@ -114,15 +138,22 @@ def train_compressed(coll, compression: str, steps: int, batch: int, shared_memo
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     net, strategy = model, None
     if coll is not None:
-        strategy = AllReduce(compression=compression, shared_memory=shared_memory, shared_memory_min_bytes=0,
-                             powersgd_start_step=2)
+        strategy = AllReduce(
+            compression=compression,
+            shared_memory=shared_memory,
+            shared_memory_min_bytes=0,
+            powersgd_start_step=2,
+        )
         net = strategy.setup(model, opt, coll)
     for step in range(steps):
         if coll is None:
-            xb, yb = x[step * batch * 2:(step + 1) * batch * 2], y[step * batch * 2:(step + 1) * batch * 2]
+            xb, yb = (
+                x[step * batch * 2 : (step + 1) * batch * 2],
+                y[step * batch * 2 : (step + 1) * batch * 2],
+            )
         else:
             lo = step * batch * world + coll.rank * batch
-            xb, yb = x[lo:lo + batch], y[lo:lo + batch]
+            xb, yb = x[lo : lo + batch], y[lo : lo + batch]
         opt.zero_grad()
         nn.functional.cross_entropy(net(xb), yb).backward()
         opt.step()
@@ -144,7 +175,7 @@ def train_one_rank_slow(coll, steps: int, delay_s: float, shared_memory: bool):
     net = strategy.setup(model, opt, coll)
     for step in range(steps):
         opt.zero_grad()
-        loss = nn.functional.cross_entropy(net(x[step * 8:(step + 1) * 8]), y[step * 8:(step + 1) * 8])
+        loss = nn.functional.cross_entropy(net(x[step * 8 : (step + 1) * 8]), y[step * 8 : (step + 1) * 8])
         if coll.rank == 1:
             time.sleep(delay_s)
         loss.backward()

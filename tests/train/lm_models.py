@@ -33,8 +33,9 @@ class TinyCausalLM(nn.Module):
         self.seen_dtype = logits.dtype
         loss = None
         if labels is not None:
-            loss = F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB).float(), labels[:, 1:].reshape(-1),
-                                   ignore_index=-100)
+            loss = F.cross_entropy(
+                logits[:, :-1].reshape(-1, VOCAB).float(), labels[:, 1:].reshape(-1), ignore_index=-100
+            )
         if self.as_dict:
             return {"loss": loss, "logits": logits}
         return SimpleNamespace(loss=loss, logits=logits)

@@ -31,10 +31,17 @@ def _train(coll, batch_size: int, accumulate: int):
     data = TensorData(torch.randn(64, 5, generator=g), torch.randint(0, 3, (64,), generator=g))
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3))
-    spec = FitSpec(model=model, loss=resolve_loss("cross_entropy"),
-                   optimizer=optimizer_factory("sgd", model, lr=0.1, momentum=0.9),
-                   strategy=resolve_strategy("allreduce", shared_memory=False), train=data, eval=None, epochs=2,
-                   batch_size=batch_size, accumulate=accumulate)
+    spec = FitSpec(
+        model=model,
+        loss=resolve_loss("cross_entropy"),
+        optimizer=optimizer_factory("sgd", model, lr=0.1, momentum=0.9),
+        strategy=resolve_strategy("allreduce", shared_memory=False),
+        train=data,
+        eval=None,
+        epochs=2,
+        batch_size=batch_size,
+        accumulate=accumulate,
+    )
     fit_worker(spec, coll)
     return {"params": [p.detach().clone() for p in model.parameters()], "reductions": reductions[0]}
 
@@ -44,7 +51,9 @@ def test_accumulate_two_of_b_equals_one_step_of_2b_with_one_reduction_per_bucket
     small = run_workers(_train, 2, 4, 2)
     for rank in range(2):
         for a, b in zip(small[rank]["params"], big[rank]["params"], strict=True):
-            assert torch.allclose(a, b, atol=1e-6, rtol=1e-5), f"rank {rank}: differs by {(a - b).abs().max()}"
+            assert torch.allclose(a, b, atol=1e-6, rtol=1e-5), (
+                f"rank {rank}: differs by {(a - b).abs().max()}"
+            )
     # 64 rows / 2 workers / 8 rows a step = 4 optimizer steps an epoch, 2 epochs
     steps = 2 * 4
     for rank in range(2):

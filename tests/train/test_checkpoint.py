@@ -58,31 +58,56 @@ def _data(rows: int = 200) -> TensorData:
 
 def _spec(tmp_path: Path | None, epochs: int = 3, every: int | None = None, lr: float = 0.1) -> FitSpec:
     model = _model()
-    policy = CheckpointPolicy(str(tmp_path), CheckpointConfig(checkpoint_every=every, keep_checkpoints=100)) \
-        if tmp_path is not None else None
-    return FitSpec(model=model, loss=resolve_loss("cross_entropy"),
-                   optimizer=optimizer_factory("sgd", model, lr=lr, momentum=0.9),
-                   strategy=STRATEGIES.create("allreduce"), train=_data(), eval=None, epochs=epochs,
-                   batch_size=16, seed=5, checkpoint=policy)
+    policy = (
+        CheckpointPolicy(str(tmp_path), CheckpointConfig(checkpoint_every=every, keep_checkpoints=100))
+        if tmp_path is not None
+        else None
+    )
+    return FitSpec(
+        model=model,
+        loss=resolve_loss("cross_entropy"),
+        optimizer=optimizer_factory("sgd", model, lr=lr, momentum=0.9),
+        strategy=STRATEGIES.create("allreduce"),
+        train=_data(),
+        eval=None,
+        epochs=epochs,
+        batch_size=16,
+        seed=5,
+        checkpoint=policy,
+    )
 
 
 def _save(directory: Path, epoch: int, step: int, keep: int = 3, job_id: str = "job-a") -> str:
-    return save_checkpoint(CheckpointPolicy(str(directory), CheckpointConfig(keep_checkpoints=keep), job_id),
-                           epoch=epoch, step=step,
-                           model=_model().state_dict(), optimizer=b"\x01\x02", strategy_state={"steps": step},
-                           rng=[torch.get_rng_state()], history=[{"epoch": 1, "loss": 0.5, "samples": 10,
-                                                                  "epoch_time_s": 1.0}], workers=1)
+    return save_checkpoint(
+        CheckpointPolicy(str(directory), CheckpointConfig(keep_checkpoints=keep), job_id),
+        epoch=epoch,
+        step=step,
+        model=_model().state_dict(),
+        optimizer=b"\x01\x02",
+        strategy_state={"steps": step},
+        rng=[torch.get_rng_state()],
+        history=[{"epoch": 1, "loss": 0.5, "samples": 10, "epoch_time_s": 1.0}],
+        workers=1,
+    )
 
 
 def test_a_checkpoint_round_trips_and_only_the_newest_k_are_kept(tmp_path):
     for epoch, step in [(0, 10), (0, 20), (1, 0), (1, 10)]:
         _save(tmp_path, epoch, step, keep=3)
-    assert checkpoint_names(tmp_path) == ["ckpt-e00000-s00000020-job-a.safetensors",
-                                          "ckpt-e00001-s00000000-job-a.safetensors",
-                                          "ckpt-e00001-s00000010-job-a.safetensors"]
+    assert checkpoint_names(tmp_path) == [
+        "ckpt-e00000-s00000020-job-a.safetensors",
+        "ckpt-e00001-s00000000-job-a.safetensors",
+        "ckpt-e00001-s00000010-job-a.safetensors",
+    ]
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary left
     ck = latest_checkpoint(tmp_path)
-    assert (ck.epoch, ck.step, ck.optimizer, ck.strategy_state, ck.workers) == (1, 10, b"\x01\x02", {"steps": 10}, 1)
+    assert (ck.epoch, ck.step, ck.optimizer, ck.strategy_state, ck.workers) == (
+        1,
+        10,
+        b"\x01\x02",
+        {"steps": 10},
+        1,
+    )
     for k, v in _model().state_dict().items():
         torch.testing.assert_close(ck.model[k], v, rtol=0, atol=0)
     _model()  # the RNG state _save stored: right after seeding and initialising a model
@@ -120,7 +145,9 @@ def test_bad_destinations_and_resume_targets_fail_at_the_start(tmp_path):
 def test_a_checkpoint_of_another_model_names_what_differs(tmp_path):
     _save(tmp_path, 0, 1)
     other = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 3), nn.Linear(3, 3))
-    with pytest.raises(ConfigError, match=r"not in the model.*|missing in the checkpoint: 4.bias.*shapes: 0.bias"):
+    with pytest.raises(
+        ConfigError, match=r"not in the model.*|missing in the checkpoint: 4.bias.*shapes: 0.bias"
+    ):
         check_compatible(other, latest_checkpoint(tmp_path))
 
 
@@ -134,7 +161,9 @@ def test_resuming_continues_on_the_same_trajectory(tmp_path, where):
     as one uninterrupted run (dropout draws included: every rank's RNG state is saved)."""
     full = fit_worker(_spec(None), SingleProcessCollective())
     fit_worker(_spec(tmp_path, every=5), SingleProcessCollective())
-    name = next(n for n in checkpoint_names(tmp_path) if n.startswith(f"ckpt-e{where[0]:05d}-s{where[1]:08d}-"))
+    name = next(
+        n for n in checkpoint_names(tmp_path) if n.startswith(f"ckpt-e{where[0]:05d}-s{where[1]:08d}-")
+    )
     checkpoint = load_checkpoint(str(tmp_path), name)
     spec = resumed(_spec(None), checkpoint)
     assert (spec.part.start_epoch, spec.part.start_step, spec.epochs) == (where[0], where[1], 3 - where[0])
@@ -173,7 +202,9 @@ def test_restarts_resume_from_the_latest_checkpoint_then_give_up_with_every_caus
     def stage(attempt: FitSpec, workers: int):
         seen.append((attempt.part.start_epoch, attempt.part.start_step, attempt.fault))
         if len(seen) == 1:
-            fit_worker(replace(attempt, epochs=1, checkpoint=policy), SingleProcessCollective())  # leaves e1-s0
+            fit_worker(
+                replace(attempt, epochs=1, checkpoint=policy), SingleProcessCollective()
+            )  # leaves e1-s0
         raise WorkerFailed(f"worker 1 died (attempt {len(seen)})")
 
     job = JobConfig.of(max_restarts=2)
@@ -193,7 +224,9 @@ def test_errors_a_restart_cannot_fix_are_raised_at_once(tmp_path):
         raise ConfigError("bad setting")
 
     with pytest.raises(ConfigError):
-        run_with_restarts(_spec(None), RestartPolicy.of(JobConfig.of()), CheckpointPolicy(str(tmp_path)), stage, 2)
+        run_with_restarts(
+            _spec(None), RestartPolicy.of(JobConfig.of()), CheckpointPolicy(str(tmp_path)), stage, 2
+        )
     assert calls == [1]
 
 
@@ -214,8 +247,17 @@ def test_an_elastic_restart_continues_on_the_slots_left_and_grows_back(tmp_path,
     """Two workers; after the first failure one slot is left (min_workers=1): the restart runs
     on one worker from the same rows; after the second, both slots are back."""
     spec, policy = _spec(None, epochs=2), CheckpointPolicy(str(tmp_path))
-    save_checkpoint(policy, epoch=0, step=6, model=_model().state_dict(), optimizer=b"", strategy_state={},
-                    rng=[torch.get_rng_state()] * 2, history=[], workers=2)
+    save_checkpoint(
+        policy,
+        epoch=0,
+        step=6,
+        model=_model().state_dict(),
+        optimizer=b"",
+        strategy_state={},
+        rng=[torch.get_rng_state()] * 2,
+        history=[],
+        workers=2,
+    )
     slots = iter([1, 2])
     runs = []
 
@@ -227,7 +269,9 @@ def test_an_elastic_restart_continues_on_the_slots_left_and_grows_back(tmp_path,
 
     job = JobConfig.of(max_restarts=3, min_workers=1)
     with caplog.at_level(logging.WARNING):
-        report, _, workers = run_with_restarts(spec, RestartPolicy.of(job), policy, stage, 2, slots=lambda: next(slots))
+        report, _, workers = run_with_restarts(
+            spec, RestartPolicy.of(job), policy, stage, 2, slots=lambda: next(slots)
+        )
     assert (report, workers) == ("report", 2)
     assert runs == [(2, 0), (1, 12), (2, 6)]  # step 6 of 2 workers = step 12 of one: the same rows
     assert "restart 1 of 3 from epoch 1, step 6 on 1 of 2 workers (task slots gone)" in caplog.text
@@ -258,11 +302,11 @@ def _rewrite_header(path: Path, edit) -> None:
     """Apply ``edit`` to a safetensors file's JSON header, keeping the header's length (padded with spaces)."""
     data = path.read_bytes()
     (size,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + size])
+    header = json.loads(data[8 : 8 + size])
     edit(header)
     text = json.dumps(header, separators=(",", ":")).encode()
     assert len(text) <= size
-    path.write_bytes(data[:8] + text.ljust(size) + data[8 + size:])
+    path.write_bytes(data[:8] + text.ljust(size) + data[8 + size :])
 
 
 def test_rotation_never_deletes_the_file_just_written_nor_another_jobs(tmp_path):
@@ -274,16 +318,30 @@ def test_rotation_never_deletes_the_file_just_written_nor_another_jobs(tmp_path)
     damaged.write_bytes(b"\x00" * 40)
     written = [Path(_save(tmp_path, 0, step, keep=2, job_id="second-job")).name for step in (10, 20, 30)]
     names = checkpoint_names(tmp_path)
-    assert written[1:] == [n for n in names if n.startswith("ckpt-e00000")]  # its newest two, the last included
-    assert {"ckpt-e00004-s00000000-earlier-long-job.safetensors", "ckpt-e00005-s00000000-earlier-long-job.safetensors",
-            damaged.name} <= set(names)
+    assert written[1:] == [
+        n for n in names if n.startswith("ckpt-e00000")
+    ]  # its newest two, the last included
+    assert {
+        "ckpt-e00004-s00000000-earlier-long-job.safetensors",
+        "ckpt-e00005-s00000000-earlier-long-job.safetensors",
+        damaged.name,
+    } <= set(names)
 
 
 def test_a_restart_resumes_this_jobs_checkpoint_never_another_jobs(tmp_path):
     _save(tmp_path, 5, 0, job_id="other-job")  # newer by name than anything this job writes
     policy = CheckpointPolicy(str(tmp_path), CheckpointConfig(keep_checkpoints=100), "this-job")
-    save_checkpoint(policy, epoch=0, step=6, model=_model().state_dict(), optimizer=b"", strategy_state={},
-                    rng=[torch.get_rng_state()], history=[], workers=1)
+    save_checkpoint(
+        policy,
+        epoch=0,
+        step=6,
+        model=_model().state_dict(),
+        optimizer=b"",
+        strategy_state={},
+        rng=[torch.get_rng_state()],
+        history=[],
+        workers=1,
+    )
     assert latest_checkpoint(tmp_path, "this-job").step == 6
     assert latest_checkpoint(tmp_path, "nobody") is None
     starts = []
@@ -313,9 +371,13 @@ def test_a_new_job_refuses_a_directory_holding_another_jobs_checkpoints(tmp_path
     elsewhere = tmp_path / "new"
     elsewhere.mkdir()
     (elsewhere / first.name).write_bytes(first.read_bytes())
-    (elsewhere / "ps-000001-0123abcd.safetensors").write_bytes(b"a server checkpoint of some asynchronous job")
+    (elsewhere / "ps-000001-0123abcd.safetensors").write_bytes(
+        b"a server checkpoint of some asynchronous job"
+    )
     with pytest.raises(ConfigError, match="ps-000001-0123abcd"):  # resuming from one directory into another's
-        refuse_foreign_checkpoints(JobConfig.of(checkpoint_dir=str(elsewhere), resume=str(tmp_path)), "earlier")
+        refuse_foreign_checkpoints(
+            JobConfig.of(checkpoint_dir=str(elsewhere), resume=str(tmp_path)), "earlier"
+        )
 
 
 def test_a_job_that_resumes_keeps_its_identity_in_new_checkpoints(tmp_path):
@@ -324,7 +386,9 @@ def test_a_job_that_resumes_keeps_its_identity_in_new_checkpoints(tmp_path):
     _save(tmp_path, 0, 10, job_id="lineage")
     start = resume_point(JobConfig.of(resume=str(tmp_path)))
     assert start.job_id == "lineage"
-    with checkpoint_policy(JobConfig.of(resume=str(tmp_path)), temporary_ok=False, job_id=start.job_id) as policy:
+    with checkpoint_policy(
+        JobConfig.of(resume=str(tmp_path)), temporary_ok=False, job_id=start.job_id
+    ) as policy:
         assert policy.job_id == "lineage"
     with checkpoint_policy(JobConfig.of(checkpoint_dir=str(tmp_path / "b")), temporary_ok=False) as fresh:
         assert fresh.job_id and fresh.job_id != "lineage"
@@ -337,8 +401,11 @@ def test_the_digest_covers_dtypes_and_shapes(tmp_path):
     path = Path(_save(tmp_path, 0, 20))
 
     def reinterpret(header):
-        entry = next(v for k, v in header.items() if k != "__metadata__" and v["dtype"] == "F32"
-                     and len(v["shape"]) == 2)
+        entry = next(
+            v
+            for k, v in header.items()
+            if k != "__metadata__" and v["dtype"] == "F32" and len(v["shape"]) == 2
+        )
         entry["dtype"] = "I32"  # same size per element: the bytes alone still hash the same
         entry["shape"] = [entry["shape"][0] * entry["shape"][1]]
 
@@ -348,9 +415,19 @@ def test_the_digest_covers_dtypes_and_shapes(tmp_path):
     assert latest_checkpoint(tmp_path).step == 10
 
 
-@pytest.mark.parametrize("skeleton", ["[]", '{"format": 1}', '{"format": 1, "epoch": "x", "step": 0}',
-                                      '{"__tensor__": "missing"}', '{"__items__": 5}'])
-def test_a_malformed_checkpoint_with_a_correct_digest_is_skipped_like_a_damaged_one(tmp_path, skeleton, caplog):
+@pytest.mark.parametrize(
+    "skeleton",
+    [
+        "[]",
+        '{"format": 1}',
+        '{"format": 1, "epoch": "x", "step": 0}',
+        '{"__tensor__": "missing"}',
+        '{"__items__": 5}',
+    ],
+)
+def test_a_malformed_checkpoint_with_a_correct_digest_is_skipped_like_a_damaged_one(
+    tmp_path, skeleton, caplog
+):
     from safetensors.torch import save as st_save
 
     from sparkdp.train.checkpoint_store import digest

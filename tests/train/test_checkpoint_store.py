@@ -14,23 +14,37 @@ from sparkdp.train.checkpoint_store import BackgroundWriter, CheckpointStore, ho
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.mark.parametrize(("name", "parts"), [
-    ("ckpt-e00001-s00000020-0123abcd.safetensors", ("ckpt", "e00001-s00000020", "0123abcd")),
-    ("ps-000003-job-a.safetensors", ("ps", "000003", "job-a")),
-    ("ps-s1of2-000000-f00d.safetensors", ("ps-s1of2", "000000", "f00d")),
-    ("shards-e00002-s00000000-abc.manifest.json", ("shards", "e00002-s00000000", "abc")),
-])
+@pytest.mark.parametrize(
+    ("name", "parts"),
+    [
+        ("ckpt-e00001-s00000020-0123abcd.safetensors", ("ckpt", "e00001-s00000020", "0123abcd")),
+        ("ps-000003-job-a.safetensors", ("ps", "000003", "job-a")),
+        ("ps-s1of2-000000-f00d.safetensors", ("ps-s1of2", "000000", "f00d")),
+        ("shards-e00002-s00000000-abc.manifest.json", ("shards", "e00002-s00000000", "abc")),
+    ],
+)
 def test_one_matcher_reads_every_kind(name, parts):
     parsed = parse_name(name)
-    assert parsed is not None and (parsed.series, parsed.position, parsed.job_id) == parts and str(parsed) == name
+    assert (
+        parsed is not None
+        and (parsed.series, parsed.position, parsed.job_id) == parts
+        and str(parsed) == name
+    )
 
 
-@pytest.mark.parametrize("name", [
-    "ckpt-e00001-s00000020.safetensors",  # no identity
-    "ps-000003.safetensors", "ps-s1of2-000000.safetensors", "ckpt-e1-s2-job.safetensors",
-    ".ckpt-e00001-s00000020-job.safetensors.1a2b.tmp", "ps-000003-job.safetensors.tmp", "notes-000001-j.safetensors",
-    "ps-000003-a/b.safetensors",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "ckpt-e00001-s00000020.safetensors",  # no identity
+        "ps-000003.safetensors",
+        "ps-s1of2-000000.safetensors",
+        "ckpt-e1-s2-job.safetensors",
+        ".ckpt-e00001-s00000020-job.safetensors.1a2b.tmp",
+        "ps-000003-job.safetensors.tmp",
+        "notes-000001-j.safetensors",
+        "ps-000003-a/b.safetensors",
+    ],
+)
 def test_what_is_not_a_checkpoint_name(name):
     assert parse_name(name) is None
 
@@ -59,8 +73,10 @@ def test_a_directory_checkpoint_is_listed_only_once_its_manifest_is_written(tmp_
     with store.directory_checkpoint("shards", "e00003-s00000000") as writer:
         writer.write("rank0.distcp", b"three")
     # keep=1: the older checkpoint went, manifest and parts
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["shards-e00003-s00000000-job",
-                                                          "shards-e00003-s00000000-job.manifest.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "shards-e00003-s00000000-job",
+        "shards-e00003-s00000000-job.manifest.json",
+    ]
 
 
 def test_a_failed_write_leaves_the_previous_checkpoint_and_no_temporary(tmp_path, monkeypatch):
@@ -83,7 +99,9 @@ def test_the_snapshot_does_not_follow_later_changes():
     snap = host_copy(state)
     state["w"].add_(1)
     state["groups"][0]["momentum"][0].fill_(7)
-    assert torch.equal(snap["w"], torch.ones(4)) and torch.equal(snap["groups"][0]["momentum"][0], torch.zeros(2))
+    assert torch.equal(snap["w"], torch.ones(4)) and torch.equal(
+        snap["groups"][0]["momentum"][0], torch.zeros(2)
+    )
     assert snap["groups"][0]["lr"] == 0.1 and isinstance(snap["groups"][0]["momentum"], tuple)
 
 

@@ -24,8 +24,16 @@ def report_context(queue) -> None:  # runs in the started process
     from sparkdp.train.context import current
 
     ctx = current()
-    queue.put((ctx.rank, ctx.world_size, ctx.child, getattr(ctx.strategy, "worker_id", None), sparkdp.is_main_process(),
-               os.environ.get(ENV)))
+    queue.put(
+        (
+            ctx.rank,
+            ctx.world_size,
+            ctx.child,
+            getattr(ctx.strategy, "worker_id", None),
+            sparkdp.is_main_process(),
+            os.environ.get(ENV),
+        )
+    )
 
 
 def _worker_context(rank: int, world: int) -> WorkerContext:
@@ -54,7 +62,10 @@ def test_started_processes_inherit_a_private_spec_and_get_ids_of_their_own(metho
     finally:
         set_current(None)
     # worker 1 of 2: its children are server workers 2 * (k + 1) + 1, none of them "main"
-    assert seen == [(1, 2, 0, child_worker_id(1, 2, 0), False, None), (1, 2, 1, child_worker_id(1, 2, 1), False, None)]
+    assert seen == [
+        (1, 2, 0, child_worker_id(1, 2, 0), False, None),
+        (1, 2, 1, child_worker_id(1, 2, 1), False, None),
+    ]
     assert [child_worker_id(1, 2, k) for k in (0, 1)] == [3, 5] and child_worker_id(0, 2, 0) == 2
     assert (children.started, children.joined, children.joinable) == (2, [0, 1], True)
 

@@ -27,8 +27,9 @@ def test_the_loader_is_a_real_dataloader_with_the_users_settings():
         return torch.stack([b[0] for b in batch]), torch.stack([b[1] for b in batch])
 
     user = DataLoader(_dataset(), batch_size=6, shuffle=True, drop_last=True, collate_fn=collate)
-    model, optimizer, loader = sparkdp.distribute(nn.Linear(1, 2), torch.optim.SGD(nn.Linear(1, 2).parameters(),
-                                                                                    lr=0.1), user)
+    model, optimizer, loader = sparkdp.distribute(
+        nn.Linear(1, 2), torch.optim.SGD(nn.Linear(1, 2).parameters(), lr=0.1), user
+    )
     assert isinstance(loader, DataLoader) and isinstance(loader.sampler, EpochSampler)
     assert loader.dataset is user.dataset and loader.batch_size == 6 and loader.drop_last
     assert loader.collate_fn is collate and len(loader) == 40 // 6

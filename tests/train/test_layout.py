@@ -22,8 +22,9 @@ pytestmark = pytest.mark.timeout(120)
 
 def small_cnn() -> nn.Module:
     torch.manual_seed(3)
-    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                         nn.Flatten(), nn.Linear(4 * 4 * 4, 3))
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(4 * 4 * 4, 3)
+    )
 
 
 class ViewsActivations(nn.Module):
@@ -82,7 +83,7 @@ def _reference(model: nn.Module, x, y, epochs: int, batch: int) -> nn.Module:
     for _ in range(epochs):
         for i in range(0, len(x), batch):
             opt.zero_grad()
-            F.cross_entropy(model(x[i:i + batch]), y[i:i + batch]).backward()
+            F.cross_entropy(model(x[i : i + batch]), y[i : i + batch]).backward()
             opt.step()
     return model
 
@@ -96,10 +97,18 @@ def test_worker_trains_channels_last_to_the_nchw_result(memory_format):
     seen = []
     # NHWC strides of a 1-channel batch: the channel stride is 1, not H*W
     model[0].register_forward_pre_hook(lambda _m, args: seen.append(args[0].stride(1) == 1))
-    spec = FitSpec(model=model, loss=F.cross_entropy,
-                   optimizer=optimizer_factory("sgd", model, lr=0.1, momentum=0.9),
-                   strategy=resolve_strategy("allreduce"), train=TensorData(x, y), eval=TensorData(x, y),
-                   epochs=2, batch_size=32, shuffle=False, memory_format=memory_format)
+    spec = FitSpec(
+        model=model,
+        loss=F.cross_entropy,
+        optimizer=optimizer_factory("sgd", model, lr=0.1, momentum=0.9),
+        strategy=resolve_strategy("allreduce"),
+        train=TensorData(x, y),
+        eval=TensorData(x, y),
+        epochs=2,
+        batch_size=32,
+        shuffle=False,
+        memory_format=memory_format,
+    )
     out = fit_worker(spec, SingleProcessCollective())
     assert set(seen) == {memory_format == "auto"}  # every batch, training and evaluation
     for name, want in reference.state_dict().items():
@@ -131,7 +140,9 @@ def test_channels_last_gradients_are_as_accurate_as_nchw():
     exact = grads(torch.contiguous_format, torch.float64)
     errors = {}
     for name, layout in (("nchw", torch.contiguous_format), ("nhwc", torch.channels_last)):
-        errors[name] = max(((g - e).norm() / e.norm()).item()
-                           for g, e in zip(grads(layout, torch.float32), exact, strict=True))
+        errors[name] = max(
+            ((g - e).norm() / e.norm()).item()
+            for g, e in zip(grads(layout, torch.float32), exact, strict=True)
+        )
     assert errors["nchw"] < 1e-5, errors
     assert errors["nhwc"] < max(4 * errors["nchw"], 1e-5), errors

@@ -32,10 +32,15 @@ def test_the_meter_keeps_the_peak_and_reports_one_entry_per_worker():
 
 
 def test_the_report_table_shows_the_largest_workers_memory():
-    memory = [{"worker": 0, "peak_rss_bytes": 300 * 2**20, "model_state_bytes": 2**20},
-              {"worker": 1, "peak_rss_bytes": 200 * 2**20, "model_state_bytes": 3 * 2**19}]
+    memory = [
+        {"worker": 0, "peak_rss_bytes": 300 * 2**20, "model_state_bytes": 2**20},
+        {"worker": 1, "peak_rss_bytes": 200 * 2**20, "model_state_bytes": 3 * 2**19},
+    ]
     assert memory_cell(memory) == "1.5 / 300"
     assert memory_cell(None) == memory_cell([]) == "–"
-    run = Run("r", {"config": {"strategy": "fsdp", "workers": 2, "epochs": 1}},
-              [{"type": "summary", "wall_s": 1.0, "memory": memory}])
+    run = Run(
+        "r",
+        {"config": {"strategy": "fsdp", "workers": 2, "epochs": 1}},
+        [{"type": "summary", "wall_s": 1.0, "memory": memory}],
+    )
     assert "| 1.5 / 300 | finished |" in summary_table([run])

@@ -72,7 +72,11 @@ class _Recorder:
 
     def __init__(self) -> None:
         self.steps, self.rows = 0, 0
-        self.comm_stats = lambda: {"comm_s": 0.0, "bytes_sent": 0, "bytes_recv": 0}  # until the observer sets its own
+        self.comm_stats = lambda: {
+            "comm_s": 0.0,
+            "bytes_sent": 0,
+            "bytes_recv": 0,
+        }  # until the observer sets its own
 
     def step_done(self, seconds: float, rows: int, loss: float | None) -> None:
         assert seconds >= 0 and loss is None
@@ -95,13 +99,20 @@ def _run_all(collective, directory: str) -> dict:
         with open(path, "w") as f:
             f.write(textwrap.dedent(source))
         probe = _Recorder()
-        set_current(WorkerContext(collective.rank, collective.world_size, collective, AllReduce(), probe=probe))
+        set_current(
+            WorkerContext(collective.rank, collective.world_size, collective, AllReduce(), probe=probe)
+        )
         try:
             result = run_script(path, [], directory)
         finally:
             set_current(None)
-        seen[name] = {"distributed": result["distributed"], "steps": probe.steps, "rows": probe.rows,
-                      "bytes_sent": probe.comm_stats()["bytes_sent"], "bytes_recv": probe.comm_stats()["bytes_recv"]}
+        seen[name] = {
+            "distributed": result["distributed"],
+            "steps": probe.steps,
+            "rows": probe.rows,
+            "bytes_sent": probe.comm_stats()["bytes_sent"],
+            "bytes_recv": probe.comm_stats()["bytes_recv"],
+        }
     return seen
 
 

@@ -17,8 +17,12 @@ def _model():
 
 def test_an_optimizer_instance_is_rebuilt_with_its_param_groups_on_a_copy():
     model = _model()
-    opt = torch.optim.SGD([{"params": model[0].parameters(), "lr": 0.5},
-                           {"params": model[1].parameters()}], lr=0.1, momentum=0.9, weight_decay=1e-4)
+    opt = torch.optim.SGD(
+        [{"params": model[0].parameters(), "lr": 0.5}, {"params": model[1].parameters()}],
+        lr=0.1,
+        momentum=0.9,
+        weight_decay=1e-4,
+    )
     copy = _model()
     rebuilt = optimizer_factory(opt, model).build(copy)
     assert isinstance(rebuilt, torch.optim.SGD) and len(rebuilt.param_groups) == 2
@@ -31,7 +35,9 @@ def test_names_classes_and_factories():
     model = _model()
     assert optimizer_factory("sgd", model).build(model).defaults["momentum"] == 0.9
     assert optimizer_factory(torch.optim.Adam, model, lr=0.3).build(model).defaults["lr"] == 0.3
-    assert isinstance(optimizer_factory(lambda ps: torch.optim.RMSprop(ps), model).build(model), torch.optim.RMSprop)
+    assert isinstance(
+        optimizer_factory(lambda ps: torch.optim.RMSprop(ps), model).build(model), torch.optim.RMSprop
+    )
     with pytest.raises(ConfigError, match="Unknown optimizer 'lion'. Available: adadelta, adagrad, adam"):
         optimizer_factory("lion", model)
     foreign = torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=0.1)

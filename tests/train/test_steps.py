@@ -38,8 +38,16 @@ def _data(rows: int = 48) -> TensorData:
 
 def _spec(model: nn.Module, data: TensorData, **kw) -> FitSpec:
     opt = kw.pop("optimizer", None) or optimizer_factory("sgd", model, lr=0.1, momentum=0.9)
-    base = dict(model=model, loss=resolve_loss("cross_entropy"), optimizer=opt,
-                strategy=resolve_strategy("allreduce"), train=data, eval=None, epochs=2, batch_size=8)
+    base = dict(
+        model=model,
+        loss=resolve_loss("cross_entropy"),
+        optimizer=opt,
+        strategy=resolve_strategy("allreduce"),
+        train=data,
+        eval=None,
+        epochs=2,
+        batch_size=8,
+    )
     return FitSpec(**{**base, **kw})
 
 
@@ -69,16 +77,24 @@ def test_a_short_last_group_steps_on_its_own_mean_gradient():
     # the reference: batches of 8 (the last one 4 rows), one step each
     data = _data(20)
     big = fit_worker(_spec(_model(), data, batch_size=8, epochs=1, shuffle=False), SingleProcessCollective())
-    small = fit_worker(_spec(_model(), data, batch_size=4, epochs=1, shuffle=False, accumulate=2),
-                       SingleProcessCollective())
+    small = fit_worker(
+        _spec(_model(), data, batch_size=4, epochs=1, shuffle=False, accumulate=2), SingleProcessCollective()
+    )
     _close(_params(small), _params(big), "groups 2, 2, 1 vs batches 8, 8, 4")
 
 
 def test_clip_grad_norm_equals_torch_clip_grad_norm_on_a_single_process_reference():
     data = _data(32)
     model = _model()
-    spec = _spec(model, data, batch_size=8, epochs=1, shuffle=False, clip_grad_norm=0.05,
-                 optimizer=optimizer_factory("sgd", model, lr=0.5, momentum=0.0))
+    spec = _spec(
+        model,
+        data,
+        batch_size=8,
+        epochs=1,
+        shuffle=False,
+        clip_grad_norm=0.05,
+        optimizer=optimizer_factory("sgd", model, lr=0.5, momentum=0.0),
+    )
     got = _params(fit_worker(spec, SingleProcessCollective()))
     ref = _model()
     opt = torch.optim.SGD(ref.parameters(), lr=0.5)
@@ -138,9 +154,17 @@ def test_bf16_mixed_runs_the_forward_in_bfloat16_and_trains():
 
     model = TinyCausalLM()
     before = [p.detach().clone() for p in model.parameters()]
-    spec = FitSpec(model=model, loss=resolve_loss("model"), optimizer=optimizer_factory("adam", model, lr=0.05),
-                   strategy=resolve_strategy("allreduce"), train=DictData(token_data(32)), eval=None, epochs=3,
-                   batch_size=8, precision="bf16-mixed")
+    spec = FitSpec(
+        model=model,
+        loss=resolve_loss("model"),
+        optimizer=optimizer_factory("adam", model, lr=0.05),
+        strategy=resolve_strategy("allreduce"),
+        train=DictData(token_data(32)),
+        eval=None,
+        epochs=3,
+        batch_size=8,
+        precision="bf16-mixed",
+    )
     report = fit_worker(spec, SingleProcessCollective())
     assert model.seen_dtype == torch.bfloat16
     assert all(p.dtype == torch.float32 for p in model.parameters())
@@ -153,9 +177,16 @@ def test_the_default_precision_adds_no_autocast():
     from tests.train.lm_models import TinyCausalLM, token_data
 
     model = TinyCausalLM()
-    spec = FitSpec(model=model, loss=resolve_loss("model"), optimizer=optimizer_factory("sgd", model),
-                   strategy=resolve_strategy("allreduce"), train=DictData(token_data(16)), eval=None, epochs=1,
-                   batch_size=8)
+    spec = FitSpec(
+        model=model,
+        loss=resolve_loss("model"),
+        optimizer=optimizer_factory("sgd", model),
+        strategy=resolve_strategy("allreduce"),
+        train=DictData(token_data(16)),
+        eval=None,
+        epochs=1,
+        batch_size=8,
+    )
     fit_worker(spec, SingleProcessCollective())
     assert model.seen_dtype == torch.float32
 
@@ -163,7 +194,10 @@ def test_the_default_precision_adds_no_autocast():
 def test_fp16_mixed_is_refused_on_cpu_with_what_to_do():
     with pytest.raises(ConfigError, match="needs a CUDA GPU.*bf16-mixed"):
         resolve_precision("fp16-mixed", "cpu")
-    assert resolve_precision("32", "cpu").scaler() is None and resolve_precision("bf16-mixed", "cpu").dtype == torch.bfloat16
+    assert (
+        resolve_precision("32", "cpu").scaler() is None
+        and resolve_precision("bf16-mixed", "cpu").dtype == torch.bfloat16
+    )
 
 
 @pytest.mark.parametrize("name", ["average", "diloco"])
@@ -191,11 +225,20 @@ def test_new_settings_are_checked_with_what_is_allowed():
         JobConfig.of(clip_grad_norm=-1.0)
     with pytest.raises(ConfigError, match="lr_schedule must be one of constant, warmup-cosine"):
         JobConfig.of(lr_schedule="cosine")
-    with pytest.raises(ConfigError, match=r"checkpoint_every \(6\) counts batches and must be a multiple of "
-                                          r"accumulate \(4\).*checkpoint_every=4"):
+    with pytest.raises(
+        ConfigError,
+        match=r"checkpoint_every \(6\) counts batches and must be a multiple of "
+        r"accumulate \(4\).*checkpoint_every=4",
+    ):
         JobConfig.of(accumulate=4, checkpoint_every=6)
-    job = JobConfig.of(precision="bf16-mixed", accumulate=4, clip_grad_norm=1.0, lr_schedule="warmup-cosine",
-                       warmup_steps=10, min_lr_ratio=0.1)
+    job = JobConfig.of(
+        precision="bf16-mixed",
+        accumulate=4,
+        clip_grad_norm=1.0,
+        lr_schedule="warmup-cosine",
+        warmup_steps=10,
+        min_lr_ratio=0.1,
+    )
     assert job.training.accumulate == 4 and math.isclose(job.training.min_lr_ratio, 0.1)
 
 
@@ -213,6 +256,7 @@ def test_an_asynchronous_worker_pushes_per_optimizer_step_not_per_micro_batch():
     server = ParameterServer(lambda shard: rule.create(), list(model.parameters()))
     transport = InProcTransport(use_codec=True)
     with transport.serve(server) as endpoint:
-        report = fit_worker(replace(spec, strategy=strategy.connect_to(transport, endpoint.info)),
-                            IndependentCollective(0, 1))
+        report = fit_worker(
+            replace(spec, strategy=strategy.connect_to(transport, endpoint.info)), IndependentCollective(0, 1)
+        )
     assert report.strategy_metrics["pushes"] == 2 * 4  # 2 epochs x 4 optimizer steps (push_every 1)

@@ -53,10 +53,19 @@ __all__ = [
     "save_weights",
 ]
 
-_LAZY = {"CaffeNet": "net", "load_net": "net", "inspect_net": "inspect", "CaffeClassifier": "classifier",
-         "CaffeLoss": "classifier", "CaffeOptimizerFactory": "solver", "fit_caffe": "train",
-         "load_weights": "weights", "save_weights": "weights",
-         "convert_to_safetensors": "convert", "convert_to_caffemodel": "convert"}
+_LAZY = {
+    "CaffeNet": "net",
+    "load_net": "net",
+    "inspect_net": "inspect",
+    "CaffeClassifier": "classifier",
+    "CaffeLoss": "classifier",
+    "CaffeOptimizerFactory": "solver",
+    "fit_caffe": "train",
+    "load_weights": "weights",
+    "save_weights": "weights",
+    "convert_to_safetensors": "convert",
+    "convert_to_caffemodel": "convert",
+}
 
 
 def __getattr__(name: str) -> Any:

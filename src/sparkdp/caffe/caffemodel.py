@@ -45,10 +45,15 @@ V1_LAYER_TYPES: dict[int, str] = {
 
 # V0 type strings (UpgradeV0LayerType): the V1 type names, lower-cased, that Caffe's V0
 # upgrade knows (others stay as written, as Caffe rejects them), plus four V0-only names.
-_V0_AS_V1 = ("ACCURACY BNLL CONCAT DATA DROPOUT EUCLIDEAN_LOSS FLATTEN HDF5_DATA HDF5_OUTPUT IM2COL INFOGAIN_LOSS "
-             "LRN MULTINOMIAL_LOGISTIC_LOSS RELU SIGMOID SOFTMAX SOFTMAX_LOSS SPLIT TANH WINDOW_DATA").split()
+_V0_AS_V1 = (
+    "ACCURACY BNLL CONCAT DATA DROPOUT EUCLIDEAN_LOSS FLATTEN HDF5_DATA HDF5_OUTPUT IM2COL INFOGAIN_LOSS "
+    "LRN MULTINOMIAL_LOGISTIC_LOSS RELU SIGMOID SOFTMAX SOFTMAX_LOSS SPLIT TANH WINDOW_DATA"
+).split()
 _V0_LAYER_TYPES = {name.lower(): spec.V1_LAYER_TYPES[name] for name in _V0_AS_V1} | {
-    "conv": "Convolution", "images": "ImageData", "innerproduct": "InnerProduct", "pool": "Pooling",
+    "conv": "Convolution",
+    "images": "ImageData",
+    "innerproduct": "InnerProduct",
+    "pool": "Pooling",
 }
 
 VARINT, I64, LEN, I32 = 0, 1, 2, 5
@@ -111,8 +116,9 @@ class WireReader:
     :class:`CaffemodelError` that says what a ``.caffemodel`` should be); the Datum reader
     (``caffe/datum.py``) passes its own."""
 
-    def __init__(self, buf: bytes | memoryview, source: str,
-                 error: Callable[[int, str], Exception] | None = None) -> None:
+    def __init__(
+        self, buf: bytes | memoryview, source: str, error: Callable[[int, str], Exception] | None = None
+    ) -> None:
         self.buf = memoryview(buf).cast("B")
         self.source = source
         self._error = error
@@ -199,8 +205,11 @@ def _varints(r: WireReader, start: int, end: int, room: int | None = None) -> li
 
 def _too_many_axes(r: WireReader, at: int, found: int | None = None) -> Exception:
     """``found`` None: more than allowed, not all counted."""
-    return r.fail(at, f"a blob of at most {MAX_BLOB_AXES} axes (Caffe's kMaxBlobAxes), found "
-                      f"{f'more than {MAX_BLOB_AXES}' if found is None else found}")
+    return r.fail(
+        at,
+        f"a blob of at most {MAX_BLOB_AXES} axes (Caffe's kMaxBlobAxes), found "
+        f"{f'more than {MAX_BLOB_AXES}' if found is None else found}",
+    )
 
 
 def _dims(r: WireReader, start: int, end: int, dims: list[int] | None = None) -> list[int]:
@@ -228,7 +237,9 @@ def count_floats(r: WireReader, wire: int, start: int, end: int, dtype: str, tag
     return (end - start) // size
 
 
-def read_floats(r: WireReader, wire: int, start: int, end: int, dtype: str, tag_at: int, what: str) -> np.ndarray:
+def read_floats(
+    r: WireReader, wire: int, start: int, end: int, dtype: str, tag_at: int, what: str
+) -> np.ndarray:
     """A packed (LEN) or single unpacked (fixed-width) run of floats/doubles."""
     count = count_floats(r, wire, start, end, dtype, tag_at, what)
     return np.frombuffer(r.buf, dtype=dtype, count=count, offset=start)
@@ -271,7 +282,7 @@ def _blob(r: WireReader, start: int, end: int) -> tuple[np.ndarray, bool]:
     for number, wire, a, b, tag_at in r.fields(start, end):
         if number == use:
             part = read_floats(r, wire, a, b, _VALUE_FIELDS[use][0], tag_at, _VALUE_FIELDS[use][1])
-            values[filled:filled + part.size] = part
+            values[filled : filled + part.size] = part
             filled += part.size
     return values.reshape(shape), is_legacy
 
@@ -289,8 +300,11 @@ def _blob_count(r: WireReader, start: int, shape: tuple[int, ...]) -> int:
     # The non-zero dimensions too: an empty blob of shape (0, 2**40, 2**40) holds nothing, but
     # no array (and no Caffe blob) can have that shape.
     if math.prod(d for d in shape if d) > MAX_BLOB_VALUES:
-        raise r.fail(start, f"a blob of at most {MAX_BLOB_VALUES:,} values (Caffe counts them in an int), "
-                            f"found shape {shape}")
+        raise r.fail(
+            start,
+            f"a blob of at most {MAX_BLOB_VALUES:,} values (Caffe counts them in an int), "
+            f"found shape {shape}",
+        )
     return math.prod(shape)
 
 
@@ -309,8 +323,10 @@ class _Budget:
     def take_blob(self, r: WireReader, at: int) -> None:
         self.blobs -= 1
         if self.blobs < 0:
-            raise r.fail(at, f"at most {MAX_BLOBS:,} blobs in all layers (sparkdp's limit; "
-                             "no published net comes close)")
+            raise r.fail(
+                at,
+                f"at most {MAX_BLOBS:,} blobs in all layers (sparkdp's limit; no published net comes close)",
+            )
 
 
 def _layer(r: WireReader, start: int, end: int, version: str, budget: _Budget) -> CaffeLayerBlobs:
@@ -379,8 +395,11 @@ def decode_net(data: bytes | memoryview, source: str = "<bytes>") -> DecodedNet:
             room = 4 * MAX_NET_INPUTS - len(input_dims)
             input_dims += _varints(r, a, b, room) if wire == LEN else [signed_varint(a)]
             if len(input_dims) > 4 * MAX_NET_INPUTS:
-                raise r.fail(tag_at, f"at most {4 * MAX_NET_INPUTS} input_dim values (4 for each of at most "
-                                     f"{MAX_NET_INPUTS} inputs), found more")
+                raise r.fail(
+                    tag_at,
+                    f"at most {4 * MAX_NET_INPUTS} input_dim values (4 for each of at most "
+                    f"{MAX_NET_INPUTS} inputs), found more",
+                )
         elif number == 8:
             r.expect(wire, LEN, number, "NetParameter input_shape", tag_at)
             if len(input_shapes) == MAX_NET_INPUTS:

@@ -61,14 +61,18 @@ class CaffeLoss(nn.Module):
     Picklable; no parameters.
     """
 
-    def __init__(self, layer: nn.Module, weights: Sequence[float], name: str = "", label_index: int = 1) -> None:
+    def __init__(
+        self, layer: nn.Module, weights: Sequence[float], name: str = "", label_index: int = 1
+    ) -> None:
         super().__init__()
         self.layer = layer
         self.weights = [float(w) for w in weights]
         self.name = name
         self.label_index = label_index
 
-    def forward(self, prediction: torch.Tensor | tuple[torch.Tensor, ...], labels: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, prediction: torch.Tensor | tuple[torch.Tensor, ...], labels: torch.Tensor
+    ) -> torch.Tensor:
         bottoms = list(prediction) if isinstance(prediction, tuple) else [prediction]
         bottoms.insert(self.label_index, labels)
         tops = self.layer(*bottoms)
@@ -161,7 +165,10 @@ class CaffeClassifier(nn.Module):
         self.batch_size = _prototxt_batch(source)
         shapes = {name: tuple(int(d) for d in s) for name, s in (input_shapes or {}).items()} or None
         if sample_shape is not None:
-            shapes = {**(shapes or {}), self.data_blob: (self.batch_size or 1, *(int(d) for d in sample_shape))}
+            shapes = {
+                **(shapes or {}),
+                self.data_blob: (self.batch_size or 1, *(int(d) for d in sample_shape)),
+            }
             if label in {top for layer in sources for top in layer.tops}:  # (N,): Caffe's class labels
                 shapes.setdefault(label, (self.batch_size or 1,))
         self.net = CaffeNet(dataclasses.replace(spec, layers=head, state=state), state, shapes)
@@ -251,5 +258,3 @@ def _transform(layer: LayerSpec) -> tuple[float, np.ndarray | None]:
         return scale, None
     mean = np.asarray(means, dtype=np.float32)
     return scale, (mean.reshape(-1, 1, 1) if len(means) > 1 else mean.reshape(()))
-
-

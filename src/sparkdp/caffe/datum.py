@@ -48,7 +48,15 @@ import numpy as np
 from ..errors import DataError
 from .caffemodel import I32, LEN, VARINT, WireReader, len_field, read_floats, signed_varint, varint_bytes
 
-__all__ = ["MAX_IMAGE_PIXELS", "Datum", "datum_array", "decode_datum", "encode_datum", "encoded_size", "parse_datum"]
+__all__ = [
+    "MAX_IMAGE_PIXELS",
+    "Datum",
+    "datum_array",
+    "decode_datum",
+    "encode_datum",
+    "encoded_size",
+    "parse_datum",
+]
 
 #: The most pixels (height × width) an encoded image may declare. Its header is read first and a
 #: larger image is refused before it is decoded: Pillow's own bomb check only starts at ~179 Mpx
@@ -56,6 +64,7 @@ __all__ = ["MAX_IMAGE_PIXELS", "Datum", "datum_array", "decode_datum", "encode_d
 #: far above what Caffe nets train on; raise it here for larger images. A source checks every
 #: record after the first against the net's input size, read from the header too.
 MAX_IMAGE_PIXELS = 1 << 24
+
 
 @dataclass
 class Datum:
@@ -128,7 +137,9 @@ def parse_datum(record: bytes | memoryview, source: str = "<Datum>") -> Datum:
                 datum.data = r.buf[a:b]
             elif number == 6 and wire in (LEN, I32):
                 floats.append(read_floats(r, wire, a, b, "<f4", tag_at, "packed Datum.float_data"))
-            elif 1 <= number <= 7:  # a known field with the wrong wire type; float_data never takes 64-bit values
+            elif (
+                1 <= number <= 7
+            ):  # a known field with the wrong wire type; float_data never takes 64-bit values
                 r.expect(wire, {4: LEN, 6: I32}.get(number, VARINT), number, "Datum", tag_at)
         else:
             break
@@ -259,7 +270,9 @@ def encode_datum(array: np.ndarray, label: int = 0, *, encoding: str | None = No
     if arr.ndim != 3:
         raise DataError(f"encode_datum takes a C×H×W (or H×W) array; got shape {arr.shape}.")
     # fields in number order: dimensions 1-3 and data 4 before the label 5, float_data 6 / encoded 7 after it
-    dims = b"".join(varint_bytes(number << 3) + varint_bytes(int(value)) for number, value in zip((1, 2, 3), arr.shape))
+    dims = b"".join(
+        varint_bytes(number << 3) + varint_bytes(int(value)) for number, value in zip((1, 2, 3), arr.shape)
+    )
     if encoding is not None:
         before, after = _field_bytes(4, _encode_image(arr, encoding)), varint_bytes(7 << 3) + varint_bytes(1)
     elif arr.dtype == np.uint8:

@@ -282,7 +282,10 @@ def make_optimizer(spec: Any, params: Any) -> CaffeOptimizer:
     """
     cls = SOLVER_TYPES[spec.type]
     # each type's own hyper-parameters (momentum, delta, ...) are named as the solver's fields
-    names = [n for n, p in inspect.signature(cls.__init__).parameters.items()
-             if p.kind is p.POSITIONAL_OR_KEYWORD and n not in ("self", "params", "lr")]
+    names = [
+        n
+        for n, p in inspect.signature(cls.__init__).parameters.items()
+        if p.kind is p.POSITIONAL_OR_KEYWORD and n not in ("self", "params", "lr")
+    ]
     common = dict(lr=spec.base_lr, weight_decay=spec.weight_decay, regularization=spec.regularization_type)
     return cls(params, **common, **{n: getattr(spec, n) for n in names})

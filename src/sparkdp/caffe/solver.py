@@ -40,7 +40,15 @@ from .textformat import Message
 
 _Opt = TypeVar("_Opt", bound=Optimizer)
 
-__all__ = ["CaffeOptimizerFactory", "CaffeSolver", "CaffeSolverHooks", "SolverSpec", "load_solver", "read_solver_spec"]
+__all__ = [
+    "CaffeOptimizerFactory",
+    "CaffeSolver",
+    "CaffeSolverHooks",
+    "SolverSpec",
+    "load_solver",
+    "read_solver_spec",
+]
+
 
 def _param_groups(params_or_net: Any, spec: SolverSpec) -> list[dict[str, Any]]:
     """Torch param groups with ``lr_mult``/``decay_mult``; lr and decay from the spec."""
@@ -69,7 +77,6 @@ def _param_groups(params_or_net: Any, spec: SolverSpec) -> list[dict[str, Any]]:
         g.setdefault("decay_mult", 1.0)
         out.append(g)
     return out
-
 
 
 class CaffeSolverHooks:

@@ -223,5 +223,3 @@ def read_solver_spec(source: Message | str | os.PathLike[str] | SolverSpec) -> S
         f"solver source {source!r} is neither an existing file nor solver text; "
         "pass a path to a solver.prototxt, its text, or a parsed Message."
     )
-
-

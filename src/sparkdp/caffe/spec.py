@@ -384,7 +384,9 @@ def _input_layer(net: Message) -> LayerSpec | None:
 
 def is_prototxt_path(source: object) -> TypeGuard[str | os.PathLike[str]]:
     """Whether ``source`` names a file rather than holding prototxt text (a ``str`` without ``{`` or a newline)."""
-    return isinstance(source, os.PathLike) or (isinstance(source, str) and "{" not in source and "\n" not in source)
+    return isinstance(source, os.PathLike) or (
+        isinstance(source, str) and "{" not in source and "\n" not in source
+    )
 
 
 def load_net_spec(source: str | os.PathLike[str] | Message | NetSpec) -> NetSpec:

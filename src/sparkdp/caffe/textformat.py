@@ -94,7 +94,9 @@ _TOKEN = re.compile(
     r"""
     (?P<ws>[ \t\r\f\v]+) | (?P<nl>\n) | (?P<comment>\#[^\n]*)
   | (?P<string>"(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*')
-  | (?P<number>""" + _ATOMIC_NUMBER + r"""(?![A-Za-z0-9_.]))
+  | (?P<number>"""
+    + _ATOMIC_NUMBER
+    + r"""(?![A-Za-z0-9_.]))
   | (?P<ident>[A-Za-z_][A-Za-z0-9_]*)
   | (?P<symbol>[{}<>\[\]:;,\-])
     """,
@@ -158,7 +160,9 @@ def _unescape(body: str, where: str) -> str:
         if hex2 or u4 or u8:
             code = int(hex2 or u4 or u8, 16)
             if code > 0x10FFFF:
-                raise TextFormatError(f"{where}: escape '\\U{u8}' is beyond the last Unicode code point U+10FFFF")
+                raise TextFormatError(
+                    f"{where}: escape '\\U{u8}' is beyond the last Unicode code point U+10FFFF"
+                )
             return chr(code)
         if simple in _SIMPLE_ESCAPES:
             return _SIMPLE_ESCAPES[simple]
@@ -235,8 +239,10 @@ class _Parser:
         if self.tok.kind == "eof":
             raise self.fail(f"{close!r} to close the message opened at {self.where(open_tok)}")
         if self.depth >= MAX_DEPTH:
-            raise TextFormatError(f"{self.where(open_tok)}: messages nested more than {MAX_DEPTH} deep; "
-                                  "no Caffe file needs that many levels")
+            raise TextFormatError(
+                f"{self.where(open_tok)}: messages nested more than {MAX_DEPTH} deep; "
+                "no Caffe file needs that many levels"
+            )
         self.depth += 1
         try:
             return self.message_body(sub, close)
@@ -295,8 +301,9 @@ def _number(text: str, negative: bool, where: str) -> int | float:
         digits = digits.lstrip("0") or "0"
         value = int(digits, base) if len(digits) <= (16 if is_hex else 20) else 1 << 64
         if value >= 1 << 64:
-            raise TextFormatError(f"{where}: integer {text[:24]}{'...' if len(text) > 24 else ''} does not fit "
-                                  "in 64 bits")
+            raise TextFormatError(
+                f"{where}: integer {text[:24]}{'...' if len(text) > 24 else ''} does not fit in 64 bits"
+            )
         return sign * value
     return sign * float(text.rstrip("fF"))
 

@@ -56,7 +56,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-
 def solver_net_source(spec: SolverSpec, solver_path: str | os.PathLike[str] | None = None) -> Any:
     """The train net a solver names: ``train_net_param``/``net_param`` inline, or a path.
 
@@ -129,8 +128,15 @@ def plan_epochs(spec: SolverSpec, batch_size: int, workers: int, rows: int | Non
     return epochs
 
 
-def plan_run(spec: SolverSpec, batch_size: int, workers: int | None, rows: int | None, *,
-             master: str | None = None, spark: Any = None) -> tuple[int, int, Any]:
+def plan_run(
+    spec: SolverSpec,
+    batch_size: int,
+    workers: int | None,
+    rows: int | None,
+    *,
+    master: str | None = None,
+    spark: Any = None,
+) -> tuple[int, int, Any]:
     """``(workers, epochs, spark)``; ``workers`` None is the task slots of ``spark`` or ``master`` (2 if unknown)."""
     if workers is None:
         from ..spark.cluster import task_slots
@@ -232,8 +238,9 @@ def fit_caffe(
     )
 
 
-def net_sources(net: Any, solver_path: Any = None, sample_shape: Sequence[int] | None = None,
-                limit: int | None = None) -> Any:
+def net_sources(
+    net: Any, solver_path: Any = None, sample_shape: Sequence[int] | None = None, limit: int | None = None
+) -> Any:
     """The :class:`~sparkdp.caffe.sources.NetData` of a net's own data layers.
 
     Relative sources are looked up from the working directory, then from the net prototxt's
@@ -291,7 +298,11 @@ def build_model(
     _note_ignored(spec)
     torch.manual_seed(seed)
     model = CaffeClassifier(
-        net, sample_shape=sample_shape, raw_scale=raw_scale, apply_transform=apply_transform, input_shapes=input_shapes
+        net,
+        sample_shape=sample_shape,
+        raw_scale=raw_scale,
+        apply_transform=apply_transform,
+        input_shapes=input_shapes,
     )
     if weights is not None:
         summary = load_weights(model, weights)
@@ -319,5 +330,3 @@ def effective_batch_size(model: CaffeClassifier, spec: SolverSpec, batch_size: i
             base * spec.iter_size,
         )
     return base * spec.iter_size
-
-

@@ -196,6 +196,7 @@ def save_weights(module: Any, path: str | os.PathLike[str], *, name: str = "") -
     for lname, ltype in module.caffe_layers:
         blobs = [t.detach().to("cpu", torch.float32).contiguous().numpy() for t in module.blobs_of(lname)]
         layers.append(CaffeLayerBlobs(lname, ltype, blobs, [False] * len(blobs)))
+
     def write(tmp: str) -> None:
         with open(tmp, "wb") as handle:
             write_caffemodel(handle, layers, name)

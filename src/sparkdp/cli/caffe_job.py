@@ -32,8 +32,15 @@ from ..errors import ConfigError
 class CaffeCLIJob:
     """What ``sparkdp train --caffe-net/--caffe-solver`` adds to a run (see :func:`cli_job`)."""
 
-    def __init__(self, model: CaffeClassifier, spec: SolverSpec, batch_size: int, epochs: int,
-                 data: Any = None, eval_data: Any = None) -> None:
+    def __init__(
+        self,
+        model: CaffeClassifier,
+        spec: SolverSpec,
+        batch_size: int,
+        epochs: int,
+        data: Any = None,
+        eval_data: Any = None,
+    ) -> None:
         self.model, self.batch_size, self.epochs = model, batch_size, epochs
         #: the net's own sources when the run gave no data (else None)
         self.data, self.eval_data = data, eval_data

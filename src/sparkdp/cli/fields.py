@@ -60,8 +60,10 @@ def _fields(cls: type, only: Iterable[str] | None = None) -> list[_Field]:
             kind = dict
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         if f.name not in docs:
-            raise TypeError(f"{cls.__name__}.{f.name} has no entry in the class docstring's Attributes: section, "
-                            "which is its help text")
+            raise TypeError(
+                f"{cls.__name__}.{f.name} has no entry in the class docstring's Attributes: section, "
+                "which is its help text"
+            )
         out.append(_Field(f.name, kind, optional or default is None, default, f.metadata, docs[f.name]))
     return out
 
@@ -74,53 +76,93 @@ class _MappingOption(argparse.Action):
         setattr(namespace, self.dest, {**(getattr(namespace, self.dest) or {}), key: value})
 
 
-def add_settings(parser: Any, cls: type, *, only: Iterable[str] | None = None, title: str | None = None) -> None:
+def add_settings(
+    parser: Any, cls: type, *, only: Iterable[str] | None = None, title: str | None = None
+) -> None:
     """Add ``cls``'s fields (or those named in ``only``) to ``parser`` as an argument group."""
     group = parser.add_argument_group(title or (cls.__doc__ or cls.__name__).split("\n")[0].rstrip("."))
     for f in _fields(cls, only):
         meta = f.meta
         names = [f.flag, *meta.get("aliases", ())]
-        shown = "" if f.default is None or f.default is False or f.default == {} else f" (default {f.default})"
+        shown = (
+            "" if f.default is None or f.default is False or f.default == {} else f" (default {f.default})"
+        )
         if meta.get("positional"):
             group.add_argument(f.name, nargs="?", default=None, help=f.help)
         elif f.kind is bool:
-            group.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
-                               help=f.help + shown)
+            group.add_argument(
+                *names, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=f.help + shown
+            )
             if meta.get("negative"):
-                group.add_argument(*meta["negative"], dest=f.name, action="store_false", default=None,
-                                   help=f"same as --no-{f.flag[2:]}")
+                group.add_argument(
+                    *meta["negative"],
+                    dest=f.name,
+                    action="store_false",
+                    default=None,
+                    help=f"same as --no-{f.flag[2:]}",
+                )
         elif f.kind is dict:
-            group.add_argument(*names, dest=f.name, action=_MappingOption, default=None,
-                               type=meta.get("parse"), metavar=meta.get("metavar"), help=f.help + " (repeatable)")
+            group.add_argument(
+                *names,
+                dest=f.name,
+                action=_MappingOption,
+                default=None,
+                type=meta.get("parse"),
+                metavar=meta.get("metavar"),
+                help=f.help + " (repeatable)",
+            )
         else:
             kind = meta.get("parse") or (f.kind if f.kind in (int, float) else str)
-            group.add_argument(*names, dest=f.name, type=kind, default=None, choices=meta.get("choices"),
-                               metavar=meta.get("metavar"), action=meta.get("action"), help=f.help + shown)
+            group.add_argument(
+                *names,
+                dest=f.name,
+                type=kind,
+                default=None,
+                choices=meta.get("choices"),
+                metavar=meta.get("metavar"),
+                action=meta.get("action"),
+                help=f.help + shown,
+            )
 
 
-def add_job_settings(parser: argparse.ArgumentParser, classes: tuple[tuple[type, Any], ...], run: Any) -> None:
+def add_job_settings(
+    parser: argparse.ArgumentParser, classes: tuple[tuple[type, Any], ...], run: Any
+) -> None:
     """A command's settings flags, ``--config JOB.yaml`` and ``--print-config``; ``run(args)`` runs it.
 
     ``classes`` are (settings class, the fields taken or None for all); ``sparkdp.cli.main``
     reads a job file into the flags' defaults and answers ``--print-config``."""
     for cls, only in classes:
         add_settings(parser, cls, only=only)
-    parser.add_argument("--config", metavar="JOB.yaml", help="read settings from a YAML job file (flags override "
-                                                             "it); its keys are the settings' names, e.g. batch_size: 64")
-    parser.add_argument("--print-config", action="store_true", help="print the effective settings as YAML (a job "
-                                                                    "file) and exit")
+    parser.add_argument(
+        "--config",
+        metavar="JOB.yaml",
+        help="read settings from a YAML job file (flags override "
+        "it); its keys are the settings' names, e.g. batch_size: 64",
+    )
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the effective settings as YAML (a job file) and exit",
+    )
     parser.set_defaults(func=run, settings=classes, parser=parser)
 
 
 def job_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The job settings (``sparkdp.config``'s groups) a command's flags and job file set, by name."""
-    return {name: value for cls, only in args.settings if cls in GROUPS.values()
-            for name, value in given(args, cls, only=only).items()}
+    return {
+        name: value
+        for cls, only in args.settings
+        if cls in GROUPS.values()
+        for name, value in given(args, cls, only=only).items()
+    }
 
 
 def given(args: argparse.Namespace, cls: type, *, only: Iterable[str] | None = None) -> dict[str, Any]:
     """The fields of ``cls`` that were set (a flag or a job file), by name."""
-    return {f.name: getattr(args, f.name) for f in _fields(cls, only) if getattr(args, f.name, None) is not None}
+    return {
+        f.name: getattr(args, f.name) for f in _fields(cls, only) if getattr(args, f.name, None) is not None
+    }
 
 
 def load_job_file(path: str, classes: Iterable[tuple[type, Iterable[str] | None]]) -> dict[str, Any]:
@@ -138,8 +180,9 @@ def load_job_file(path: str, classes: Iterable[tuple[type, Iterable[str] | None]
     if values is None:
         return {}
     if not isinstance(values, dict):
-        raise ConfigError(f"the job file {path!r} must be a mapping of setting: value; it holds a "
-                          f"{type(values).__name__}.")
+        raise ConfigError(
+            f"the job file {path!r} must be a mapping of setting: value; it holds a {type(values).__name__}."
+        )
     known = {key: f for cls, only in classes for f in _fields(cls, only) for key in f.keys}
     out: dict[str, Any] = {}
     for raw_key, value in values.items():
@@ -147,9 +190,11 @@ def load_job_file(path: str, classes: Iterable[tuple[type, Iterable[str] | None]
         if key not in known:
             names = sorted({f.name for f in known.values()})
             close = difflib.get_close_matches(key, names, n=1)
-            raise ConfigError(f"{path}: unknown setting {raw_key!r}"
-                              + (f" (did you mean {close[0]!r}?)" if close else "")
-                              + f"; allowed: {', '.join(names)}.")
+            raise ConfigError(
+                f"{path}: unknown setting {raw_key!r}"
+                + (f" (did you mean {close[0]!r}?)" if close else "")
+                + f"; allowed: {', '.join(names)}."
+            )
         f = known[key]
         out[f.name] = _checked(path, str(raw_key), value, f)
     return out

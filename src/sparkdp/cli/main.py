@@ -12,7 +12,9 @@ from . import bench_cmd, caffe_cmd, env_cmd, launch_cmd, plan_cmd, report_cmd, t
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sparkdp", description="Data-parallel PyTorch training on Apache Spark.")
+    parser = argparse.ArgumentParser(
+        prog="sparkdp", description="Data-parallel PyTorch training on Apache Spark."
+    )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in (train_cmd, launch_cmd, report_cmd, plan_cmd, bench_cmd, env_cmd, caffe_cmd):
@@ -33,7 +35,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
     try:
         if getattr(args, "config", None):  # a job file's values become the defaults; flags win
             from .fields import load_job_file

@@ -30,10 +30,15 @@ def add_parser(sub) -> None:
     what = p.add_argument_group("the workload")
     what.add_argument("--model", help="a built-in model (its parameter count; what --calibrate measures)")
     what.add_argument("--params", type=int, help="parameter count (instead of --model)")
-    what.add_argument("--step-compute-ms", type=float, help="one worker's forward+backward+step time on its batch")
+    what.add_argument(
+        "--step-compute-ms", type=float, help="one worker's forward+backward+step time on its batch"
+    )
     what.add_argument("--batch", type=int, default=64, help="rows per worker per step (default 64)")
-    what.add_argument("--cpu-slots", type=int,
-                      help="cores all workers share (one machine); default: each worker has its own")
+    what.add_argument(
+        "--cpu-slots",
+        type=int,
+        help="cores all workers share (one machine); default: each worker has its own",
+    )
     net = p.add_argument_group("the cluster")
     net.add_argument("--workers", type=int, default=64, help="largest worker count to predict (default 64)")
     net.add_argument("--bandwidth", type=float, default=10.0, help="link bandwidth in Gbit/s (default 10)")
@@ -41,24 +46,48 @@ def add_parser(sub) -> None:
     opts = p.add_argument_group("strategy options")
     opts.add_argument("--average-k", type=int, default=8, help="average's period in steps (default 8)")
     opts.add_argument("--diloco-period", type=int, default=32, help="diloco's period H in steps (default 32)")
-    opts.add_argument("--diloco-compression", default="int8", choices=("none", "bf16", "fp16", "int8"),
-                      help="how diloco's deltas travel (default int8)")
+    opts.add_argument(
+        "--diloco-compression",
+        default="int8",
+        choices=("none", "bf16", "fp16", "int8"),
+        help="how diloco's deltas travel (default int8)",
+    )
     opts.add_argument("--ps-k", type=int, default=1, help="asgd's push_every (default 1)")
-    opts.add_argument("--shards", type=int, default=1,
-                      help="also predict asgd with this many server tasks on the executors, each on its own "
-                      "link (the strategy option servers=K; default 1: the server on the driver only)")
-    opts.add_argument("--overlap", type=float, default=0.0,
-                      help="fraction of the all-reduce hidden behind backward (default 0: none)")
+    opts.add_argument(
+        "--shards",
+        type=int,
+        default=1,
+        help="also predict asgd with this many server tasks on the executors, each on its own "
+        "link (the strategy option servers=K; default 1: the server on the driver only)",
+    )
+    opts.add_argument(
+        "--overlap",
+        type=float,
+        default=0.0,
+        help="fraction of the all-reduce hidden behind backward (default 0: none)",
+    )
     cal = p.add_argument_group("measuring instead of assuming")
-    cal.add_argument("--calibrate", action="store_true",
-                     help="measure step compute, all-reduce and parameter-server terms on the cluster (--model)")
-    cal.add_argument("--verify", action="store_true",
-                     help="with --calibrate: train each strategy briefly and report the prediction error")
-    cal.add_argument("--verify-rows", type=int, default=12_000,
-                     help="Fashion-MNIST rows --verify trains on, two epochs per strategy (default 12000; "
-                     "fewer on slow links)")
+    cal.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="measure step compute, all-reduce and parameter-server terms on the cluster (--model)",
+    )
+    cal.add_argument(
+        "--verify",
+        action="store_true",
+        help="with --calibrate: train each strategy briefly and report the prediction error",
+    )
+    cal.add_argument(
+        "--verify-rows",
+        type=int,
+        default=12_000,
+        help="Fashion-MNIST rows --verify trains on, two epochs per strategy (default 12000; "
+        "fewer on slow links)",
+    )
     cal.add_argument("--master", help="Spark master for --calibrate (default: local[*] or SPARKDP_MASTER)")
-    cal.add_argument("--calibration-workers", type=int, help="tasks to calibrate with (default: all task slots)")
+    cal.add_argument(
+        "--calibration-workers", type=int, help="tasks to calibrate with (default: all task slots)"
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
 
@@ -92,16 +121,35 @@ def run(args) -> int:
     else:
         compute_s = args.step_compute_ms / 1e3
     work = costmodel.Workload(params, compute_s, batch=args.batch, cpu_slots=args.cpu_slots)
-    rows = costmodel.table(work, net, costmodel.worker_counts(args.workers), average_k=args.average_k,
-                           ps_k=args.ps_k, shards=args.shards, overlap=args.overlap,
-                           diloco_h=args.diloco_period, diloco_compression=args.diloco_compression)
+    rows = costmodel.table(
+        work,
+        net,
+        costmodel.worker_counts(args.workers),
+        average_k=args.average_k,
+        ps_k=args.ps_k,
+        shards=args.shards,
+        overlap=args.overlap,
+        diloco_h=args.diloco_period,
+        diloco_compression=args.diloco_compression,
+    )
     advice = costmodel.recommend(rows, args.workers)
     if args.verify:
         report["verify"] = _verify(args, rows, report["calibration"]["workers"])
     if args.json:
-        print(json.dumps({"params": params, "step_compute_s": compute_s, "network": net.__dict__,
-                          "predictions": [{**r.__dict__, "label": r.label} for r in rows],
-                          "recommendation": advice, **report}, indent=2, default=str))
+        print(
+            json.dumps(
+                {
+                    "params": params,
+                    "step_compute_s": compute_s,
+                    "network": net.__dict__,
+                    "predictions": [{**r.__dict__, "label": r.label} for r in rows],
+                    "recommendation": advice,
+                    **report,
+                },
+                indent=2,
+                default=str,
+            )
+        )
         return 0
     _print(params, compute_s, net, rows, advice, report)
     return 0
@@ -127,17 +175,32 @@ def _verify(args, rows, workers: int) -> list[dict]:
 
     from ..driver.calibrate import measure_steps
 
-    measured = measure_steps(args.model, spark=sparkdp.session(args.master, log_level="OFF"), workers=workers,
-                             batch=args.batch, rows=args.verify_rows, average_k=args.average_k, ps_k=args.ps_k,
-                             diloco_h=args.diloco_period, diloco_compression=args.diloco_compression,
-                             shards=args.shards)
+    measured = measure_steps(
+        args.model,
+        spark=sparkdp.session(args.master, log_level="OFF"),
+        workers=workers,
+        batch=args.batch,
+        rows=args.verify_rows,
+        average_k=args.average_k,
+        ps_k=args.ps_k,
+        diloco_h=args.diloco_period,
+        diloco_compression=args.diloco_compression,
+        shards=args.shards,
+    )
     steps = math.ceil(args.verify_rows / (workers * args.batch))  # per epoch, as measure_steps trains
     out = []
     for row in rows:
         if row.workers == workers and row.label in measured:
             real, predicted = measured[row.label], in_epochs_of(row, steps)
-            out.append({"strategy": row.label, "workers": workers, "predicted_step_s": predicted,
-                        "measured_step_s": real, "error": predicted / real - 1.0})
+            out.append(
+                {
+                    "strategy": row.label,
+                    "workers": workers,
+                    "predicted_step_s": predicted,
+                    "measured_step_s": real,
+                    "error": predicted / real - 1.0,
+                }
+            )
     return out
 
 
@@ -159,25 +222,38 @@ def _print(params, compute_s, net, rows, advice, report) -> None:
     console = Console()
     cal = report.get("calibration")
     source = f"measured on {cal['workers']} workers" if cal else "as given"
-    console.print(f"{params:,} parameters ({params * 4 / 1e6:.1f} MB), step compute {compute_s * 1e3:.1f} ms; "
-                  f"network {source}: α {net.latency_s * 1e6:.0f} µs, {8 / net.seconds_per_byte / 1e9:.2f} Gbit/s "
-                  f"(parameter server: α {net.ps_alpha * 1e6:.0f} µs, {8 / net.ps_beta / 1e9:.2f} Gbit/s, its update "
-                  f"rule {net.server_seconds_per_byte * 4e9:.2f} ms per million parameters"
-                  + (f"; workers in step leave its link idle {net.ps_bunching:.0%} of its busy time"
-                     if net.ps_bunching else "") + ")")
+    console.print(
+        f"{params:,} parameters ({params * 4 / 1e6:.1f} MB), step compute {compute_s * 1e3:.1f} ms; "
+        f"network {source}: α {net.latency_s * 1e6:.0f} µs, {8 / net.seconds_per_byte / 1e9:.2f} Gbit/s "
+        f"(parameter server: α {net.ps_alpha * 1e6:.0f} µs, {8 / net.ps_beta / 1e9:.2f} Gbit/s, its update "
+        f"rule {net.server_seconds_per_byte * 4e9:.2f} ms per million parameters"
+        + (
+            f"; workers in step leave its link idle {net.ps_bunching:.0%} of its busy time"
+            if net.ps_bunching
+            else ""
+        )
+        + ")"
+    )
     labels = list(dict.fromkeys(r.label for r in rows))
     table = Table(title="predicted step time (ms) / scaling efficiency")
     table.add_column("workers", justify="right")
     for label in labels:  # "asgd(k=1,shards=1)" over three lines: six columns fit 80 characters
         table.add_column(label.replace("(", "\n(").replace(",", ",\n"), justify="right")
     for m in dict.fromkeys(r.workers for r in rows):
-        cells = {r.label: f"{r.step_s * 1e3:.1f} / {r.efficiency:.0%}" + (" *" if r.bound == "server" else "")
-                 for r in rows if r.workers == m}
+        cells = {
+            r.label: f"{r.step_s * 1e3:.1f} / {r.efficiency:.0%}" + (" *" if r.bound == "server" else "")
+            for r in rows
+            if r.workers == m
+        }
         table.add_row(str(m), *(cells[label] for label in labels))
     console.print(table)
-    console.print("* limited by the parameter server's link: servers=K puts K servers on the executors, each "
-                  "on its own link (--shards K predicts it)")
+    console.print(
+        "* limited by the parameter server's link: servers=K puts K servers on the executors, each "
+        "on its own link (--shards K predicts it)"
+    )
     for v in report.get("verify", []):
-        console.print(f"verify {v['strategy']} x{v['workers']}: predicted {v['predicted_step_s'] * 1e3:.1f} ms, "
-                      f"measured {v['measured_step_s'] * 1e3:.1f} ms ({v['error']:+.0%})")
+        console.print(
+            f"verify {v['strategy']} x{v['workers']}: predicted {v['predicted_step_s'] * 1e3:.1f} ms, "
+            f"measured {v['measured_step_s'] * 1e3:.1f} ms ({v['error']:+.0%})"
+        )
     console.print(f"recommendation: {advice}")

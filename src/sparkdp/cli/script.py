@@ -52,8 +52,10 @@ def load_script(path: str | Path) -> UserScript:
     if model is None and callable(ns.get("make_model")):
         model = ns["make_model"]()
     if not isinstance(model, nn.Module):
-        raise ConfigError(f"{path} must define `model` (a torch.nn.Module) or `make_model()`; "
-                          f"found {type(model).__name__ if model is not None else 'nothing'}.")
+        raise ConfigError(
+            f"{path} must define `model` (a torch.nn.Module) or `make_model()`; "
+            f"found {type(model).__name__ if model is not None else 'nothing'}."
+        )
     train = ns.get("train_data")
     batch_size = ns.get("batch_size")
     if isinstance(train, DataLoader):
@@ -62,5 +64,13 @@ def load_script(path: str | Path) -> UserScript:
     test = ns.get("test_data")
     if isinstance(test, DataLoader):
         test = test.dataset
-    return UserScript(path, model, train, test, ns.get("optimizer"), ns.get("loss_fn", ns.get("loss")),
-                      batch_size, ns.get("epochs"))
+    return UserScript(
+        path,
+        model,
+        train,
+        test,
+        ns.get("optimizer"),
+        ns.get("loss_fn", ns.get("loss")),
+        batch_size,
+        ns.get("epochs"),
+    )

@@ -36,8 +36,9 @@ class TrainInputs:
     script: str | None = setting(None, positional=True)
     dataset: str | None = setting(None)
     model: str | None = setting(None)
-    model_options: Mapping[str, Any] = setting(factory=dict, flag="--model-option", metavar="KEY=VALUE",
-                                               parse=strategy_option)
+    model_options: Mapping[str, Any] = setting(
+        factory=dict, flag="--model-option", metavar="KEY=VALUE", parse=strategy_option
+    )
     data: str | None = setting(None, metavar="PATH")
     eval_data: str | None = setting(None, metavar="PATH")
     limit: int | None = setting(None, metavar="N")
@@ -53,11 +54,14 @@ def settings_classes() -> tuple[tuple[type, Any], ...]:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("train", help="train a script's model, or a built-in model on a built-in dataset",
-                       description="Train data-parallel on Spark. SCRIPT.py defines model, train_data and "
-                                   "optionally test_data, optimizer, loss_fn (see `sparkdp.cli.script`). Every "
-                                   "flag is also a job-file key (--batch-size: batch_size) and a keyword of "
-                                   "sparkdp.fit.")
+    p = sub.add_parser(
+        "train",
+        help="train a script's model, or a built-in model on a built-in dataset",
+        description="Train data-parallel on Spark. SCRIPT.py defines model, train_data and "
+        "optionally test_data, optimizer, loss_fn (see `sparkdp.cli.script`). Every "
+        "flag is also a job-file key (--batch-size: batch_size) and a keyword of "
+        "sparkdp.fit.",
+    )
     add_job_settings(p, settings_classes(), run)
 
 
@@ -68,13 +72,17 @@ def optimizer_choice(args, script_optimizer: object = None) -> tuple[object, dic
     """
     if script_optimizer is not None and not args.optimizer:
         if args.lr is not None or args.momentum is not None:
-            raise ConfigError("--lr/--momentum apply to --optimizer; the script already builds its own optimizer. "
-                              "Change it in the script or pass --optimizer too.")
+            raise ConfigError(
+                "--lr/--momentum apply to --optimizer; the script already builds its own optimizer. "
+                "Change it in the script or pass --optimizer too."
+            )
         return script_optimizer, {}
     name = args.optimizer or "sgd"
     options = {k: v for k, v in (("lr", args.lr), ("momentum", args.momentum)) if v is not None}
     if "momentum" in options and name not in ("sgd", "rmsprop"):
-        raise ConfigError(f"--momentum applies to --optimizer sgd or rmsprop; {name} has no momentum setting.")
+        raise ConfigError(
+            f"--momentum applies to --optimizer sgd or rmsprop; {name} has no momentum setting."
+        )
     return name, options
 
 
@@ -101,10 +109,14 @@ def run(args) -> int:
     batch_size = args.batch_size
     epochs = args.epochs
     if args.model_options and (args.script or caffe_run):
-        raise ConfigError("--model-option applies to a built-in --model; a script or Caffe net builds its own model.")
+        raise ConfigError(
+            "--model-option applies to a built-in --model; a script or Caffe net builds its own model."
+        )
     if args.dataset in TEXT_DATASETS and (args.script or caffe_run):
-        raise ConfigError(f"the text corpus {args.dataset!r} trains a built-in language model: "
-                          f"`sparkdp train --dataset {args.dataset} --model gpt`.")
+        raise ConfigError(
+            f"the text corpus {args.dataset!r} trains a built-in language model: "
+            f"`sparkdp train --dataset {args.dataset} --model gpt`."
+        )
     if args.script:
         from .script import load_script
 
@@ -118,8 +130,10 @@ def run(args) -> int:
         model, model_desc, data = None, {}, None  # built below, once the data's row shape is known
     else:
         if not args.model:
-            raise ConfigError("give a training script, or --model (and --dataset) for a built-in job, e.g. "
-                              "`sparkdp train --dataset fashion-mnist --model cnn`.")
+            raise ConfigError(
+                "give a training script, or --model (and --dataset) for a built-in job, e.g. "
+                "`sparkdp train --dataset fashion-mnist --model cnn`."
+            )
         torch.manual_seed(job.training.seed)
         model_args = dict(args.model_options or {})
         if args.dataset and args.dataset in TEXT_DATASETS:
@@ -138,31 +152,54 @@ def run(args) -> int:
         model_desc["dataset"] = args.dataset
     if args.data:
         if not args.features or not args.label:
-            raise ConfigError("--data needs --features COLS and --label COL (which columns are inputs and target).")
+            raise ConfigError(
+                "--data needs --features COLS and --label COL (which columns are inputs and target)."
+            )
         data, eval_data = args.data, args.eval_data
         settings.update(columns)
         model_desc["data"] = str(args.data)
     if data is None and not caffe_run:  # (a Caffe net without data reads its own data layers' sources)
-        raise ConfigError("no training data: give --dataset, --data PATH.parquet, or a script defining `train_data`.")
+        raise ConfigError(
+            "no training data: give --dataset, --data PATH.parquet, or a script defining `train_data`."
+        )
     caffe = None
     if caffe_run:
         from .caffe_job import cli_job
 
         caffe = cli_job(args, job, data, model_desc)
-        model, loss, optimizer, batch_size, epochs = (caffe.model, caffe.loss, caffe.optimizer, caffe.batch_size,
-                                                      caffe.epochs)
+        model, loss, optimizer, batch_size, epochs = (
+            caffe.model,
+            caffe.loss,
+            caffe.optimizer,
+            caffe.batch_size,
+            caffe.epochs,
+        )
         if data is None:
             data, eval_data = caffe.data, caffe.eval_data
     optimizer, opt_options = optimizer_choice(args, optimizer)
     # a script's or Caffe solver's batch size and epochs count when no flag or job file set them
-    job = JobConfig.of(settings, **({"epochs": epochs} if epochs is not None else {}),
-                       **({"batch_size": batch_size} if batch_size is not None else {}))
+    job = JobConfig.of(
+        settings,
+        **({"epochs": epochs} if epochs is not None else {}),
+        **({"batch_size": batch_size} if batch_size is not None else {}),
+    )
     run_dir, quiet = job.monitor.run_dir, not job.monitor.show_progress
     # Spark's own console log stays off unless -v: failures end in sparkdp's one-line message
-    spark = sparkdp.session(job.scaling.master, log_level="OFF" if not getattr(args, "verbose", 0) else "WARN")
+    spark = sparkdp.session(
+        job.scaling.master, log_level="OFF" if not getattr(args, "verbose", 0) else "WARN"
+    )
     assert model is not None  # the script, --model or (caffe_run) cli_job built it
-    result = sparkdp.fit_job(model, data, job, eval_data=eval_data, loss=loss, optimizer=optimizer,
-                             optimizer_options=opt_options, spark=spark, started=started)
+    result = sparkdp.fit_job(
+        model,
+        data,
+        job,
+        eval_data=eval_data,
+        loss=loss,
+        optimizer=optimizer,
+        optimizer_options=opt_options,
+        spark=spark,
+        started=started,
+    )
     model_path = None
     if run_dir:
         model_path = str(result.save(Path(run_dir) / "model.safetensors", **model_desc))
@@ -172,26 +209,45 @@ def run(args) -> int:
                 print(f"Caffe weights saved to {caffe_path}")
     if not quiet:  # (the live display showed every epoch as it ended)
         final = result.history[-1]
-        print("final: loss {loss:.4f}".format(**final)
-              + (f"  test_accuracy {final['test_accuracy']:.4f}" if "test_accuracy" in final else ""))
+        print(
+            "final: loss {loss:.4f}".format(**final)
+            + (f"  test_accuracy {final['test_accuracy']:.4f}" if "test_accuracy" in final else "")
+        )
     whole = result.summary()
-    summary = {"strategy": result.strategy, "strategy_options": result.strategy_options,
-               "workers": result.workers, "epochs": result.epochs,
-               "test_accuracy": result.test_accuracy, "wall_s": time.perf_counter() - started,
-               "samples_per_s": result.samples_per_s, "model_path": model_path,
-               "train_time_s": result.train_time_s, "history": result.history,
-               "failed_attempts_s": whole["failed_attempts_s"], **result.details}  # details: the restarts, listed
+    summary = {
+        "strategy": result.strategy,
+        "strategy_options": result.strategy_options,
+        "workers": result.workers,
+        "epochs": result.epochs,
+        "test_accuracy": result.test_accuracy,
+        "wall_s": time.perf_counter() - started,
+        "samples_per_s": result.samples_per_s,
+        "model_path": model_path,
+        "train_time_s": result.train_time_s,
+        "history": result.history,
+        "failed_attempts_s": whole["failed_attempts_s"],
+        **result.details,
+    }  # details: the restarts, listed
     if not quiet:
-        failures = (f"; {whole['restarts']} restart(s) after failures, whose attempts ran "
-                    f"{whole['failed_attempts_s']:.1f} s (their work after the checkpoint resumed from was redone)"
-                    if whole["restarts"] else "")
+        failures = (
+            f"; {whole['restarts']} restart(s) after failures, whose attempts ran "
+            f"{whole['failed_attempts_s']:.1f} s (their work after the checkpoint resumed from was redone)"
+            if whole["restarts"]
+            else ""
+        )
         kept = " (the work kept)" if whole["restarts"] else ""
-        print(f"{result.samples_per_s:,.0f} samples/s over {result.train_time_s:.1f} s of training{kept}; "
-              f"{summary['wall_s']:.1f} s in all" + failures + (f"; model saved to {model_path}" if model_path else ""))
+        print(
+            f"{result.samples_per_s:,.0f} samples/s over {result.train_time_s:.1f} s of training{kept}; "
+            f"{summary['wall_s']:.1f} s in all"
+            + failures
+            + (f"; model saved to {model_path}" if model_path else "")
+        )
     if args.json_out:
         from ..files import atomic_write
 
-        atomic_write(args.json_out, lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=2, default=_described)))
+        atomic_write(
+            args.json_out, lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=2, default=_described))
+        )
     return 0
 
 

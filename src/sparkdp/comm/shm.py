@@ -67,7 +67,9 @@ class SharedMemoryReducer:
         self._tick = torch.zeros(1)
 
     @classmethod
-    def connect(cls, collective: Collective, slot_bytes: int = DEFAULT_SLOT_BYTES) -> SharedMemoryReducer | None:
+    def connect(
+        cls, collective: Collective, slot_bytes: int = DEFAULT_SLOT_BYTES
+    ) -> SharedMemoryReducer | None:
         """Every rank calls this; returns a reducer on all ranks, or None on all ranks.
 
         ``slot_bytes`` is what one rank's slot should hold (the largest tensor that goes
@@ -81,7 +83,7 @@ class SharedMemoryReducer:
             directory, token, slot_bytes = _create(world, slot_bytes)
             if directory is not None:
                 encoded = f"{directory.path / 'slots'}\n{token}\n{slot_bytes}".encode()
-                message[:len(encoded)] = torch.frombuffer(bytearray(encoded), dtype=torch.uint8)
+                message[: len(encoded)] = torch.frombuffer(bytearray(encoded), dtype=torch.uint8)
         collective.broadcast(message, src=0)
         opened = _open(bytes(message.tolist()).rstrip(b"\0").decode())
         ok = torch.tensor([1.0 if opened is not None else 0.0])
@@ -91,8 +93,9 @@ class SharedMemoryReducer:
         if directory is not None:
             directory.remove()
         if ok.item() < 1 or opened is None:
-            log.info("rank %d: ranks do not share /dev/shm; all-reducing over the process group",
-                     collective.rank)
+            log.info(
+                "rank %d: ranks do not share /dev/shm; all-reducing over the process group", collective.rank
+            )
             return None
         mapping, slot_bytes = opened
         return cls(collective, mapping, slot_bytes)
@@ -100,17 +103,19 @@ class SharedMemoryReducer:
     def all_reduce_(self, tensor: torch.Tensor, scale: float | None = None) -> torch.Tensor:
         """Sum ``tensor`` over the ranks in place (then multiply by ``scale``, if given)."""
         if tensor.dtype not in REDUCIBLE or not tensor.is_contiguous() or tensor.device.type != "cpu":
-            raise ValueError(f"shared-memory all-reduce takes contiguous CPU float tensors; got {tensor.dtype} "
-                             f"on {tensor.device}")
+            raise ValueError(
+                f"shared-memory all-reduce takes contiguous CPU float tensors; got {tensor.dtype} "
+                f"on {tensor.device}"
+            )
         flat = tensor.view(-1)
         per_chunk = self.slot_bytes // tensor.element_size()
         for start in range(0, flat.numel(), per_chunk):
-            self._reduce_chunk(flat[start:start + per_chunk], scale)
+            self._reduce_chunk(flat[start : start + per_chunk], scale)
         return tensor
 
     def _reduce_chunk(self, chunk: torch.Tensor, scale: float | None) -> None:
         n, world = chunk.numel(), self.world
-        slots = self._slots[self._set][:, :n * chunk.element_size()].view(chunk.dtype)  # [rank][n]
+        slots = self._slots[self._set][:, : n * chunk.element_size()].view(chunk.dtype)  # [rank][n]
         self._set ^= 1
         slots[self.rank].copy_(chunk)
         self._barrier()
@@ -173,7 +178,7 @@ def _open(message: str) -> tuple[torch.Tensor, int] | None:
         mapping = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
     except (OSError, RuntimeError, ValueError):
         return None
-    if bytes(mapping[:len(token)].tolist()) != token.encode():
+    if bytes(mapping[: len(token)].tolist()) != token.encode():
         return None
     return mapping, slot_bytes
 
@@ -198,8 +203,13 @@ class SharedMemoryCollective(Collective):
         return self.inner.world_size
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
-        if (op in ("sum", "mean") and tensor.dtype in REDUCIBLE and tensor.is_contiguous()
-                and tensor.device.type == "cpu" and tensor.numel() * tensor.element_size() >= self.min_bytes):
+        if (
+            op in ("sum", "mean")
+            and tensor.dtype in REDUCIBLE
+            and tensor.is_contiguous()
+            and tensor.device.type == "cpu"
+            and tensor.numel() * tensor.element_size() >= self.min_bytes
+        ):
             return self.reducer.all_reduce_(tensor, 1.0 / self.world_size if op == "mean" else None)
         return self.inner.all_reduce(tensor, op)
 

@@ -58,7 +58,9 @@ def interface_addresses() -> dict[str, list[str]]:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         for _, name in socket.if_nameindex():
             try:
-                packed = fcntl.ioctl(sock.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
+                packed = fcntl.ioctl(
+                    sock.fileno(), 0x8915, struct.pack("256s", name.encode()[:15])
+                )  # SIOCGIFADDR
                 found.setdefault(name, []).append(socket.inet_ntoa(packed[20:24]))
             except OSError:  # no IPv4 address on it
                 continue
@@ -101,7 +103,12 @@ def _choose_gloo_interface(master_addr: str) -> None:
         found = interface_towards(master_addr)
         chosen = found[0] if found else None
         if found:
-            log.info("gloo uses interface %s (%s), the route to the rendezvous at %s", found[0], found[1], master_addr)
+            log.info(
+                "gloo uses interface %s (%s), the route to the rendezvous at %s",
+                found[0],
+                found[1],
+                master_addr,
+            )
     if chosen is None:
         os.environ.pop("GLOO_SOCKET_IFNAME", None)  # gloo falls back to the hostname's address
     else:
@@ -118,15 +125,22 @@ def gloo_interface_note() -> str:
             resolved = socket.gethostbyname(host)
         except OSError:
             resolved = "unresolvable"
-        return (f"gloo used the address this host's name {host!r} resolves to ({resolved}); set "
-                "GLOO_SOCKET_IFNAME in the executors' environment (spark.executorEnv.GLOO_SOCKET_IFNAME) to the "
-                "interface the other hosts reach this one on")
+        return (
+            f"gloo used the address this host's name {host!r} resolves to ({resolved}); set "
+            "GLOO_SOCKET_IFNAME in the executors' environment (spark.executorEnv.GLOO_SOCKET_IFNAME) to the "
+            "interface the other hosts reach this one on"
+        )
     addresses = ", ".join(interface_addresses().get(name, [])) or "no address"
-    origin = ("chosen by sparkdp as the route to the rendezvous address" if name == _CHOSEN_IFNAME
-              else "set in the environment")
-    return (f"gloo used interface GLOO_SOCKET_IFNAME={name} ({addresses}; {origin}); if the other hosts cannot "
-            "reach that address, set GLOO_SOCKET_IFNAME in the executors' environment "
-            "(spark.executorEnv.GLOO_SOCKET_IFNAME) to the interface they reach this host on")
+    origin = (
+        "chosen by sparkdp as the route to the rendezvous address"
+        if name == _CHOSEN_IFNAME
+        else "set in the environment"
+    )
+    return (
+        f"gloo used interface GLOO_SOCKET_IFNAME={name} ({addresses}; {origin}); if the other hosts cannot "
+        "reach that address, set GLOO_SOCKET_IFNAME in the executors' environment "
+        "(spark.executorEnv.GLOO_SOCKET_IFNAME) to the interface they reach this host on"
+    )
 
 
 #: How long a rank keeps trying to open a TCP connection to the rendezvous store before it gives
@@ -135,8 +149,9 @@ def gloo_interface_note() -> str:
 STORE_CONNECT_GRACE_S = 10.0
 
 
-def check_store_reachable(master_addr: str, master_port: int, rank: int, world_size: int,
-                          grace_s: float = STORE_CONNECT_GRACE_S) -> None:
+def check_store_reachable(
+    master_addr: str, master_port: int, rank: int, world_size: int, grace_s: float = STORE_CONNECT_GRACE_S
+) -> None:
     """Raise :class:`RendezvousTimeout` naming the address within ``grace_s`` when no TCP connection
     to the store opens, instead of letting torch's client retry until the process-group timeout."""
     deadline = time.monotonic() + grace_s
@@ -155,20 +170,37 @@ def check_store_reachable(master_addr: str, master_port: int, rank: int, world_s
         f"{master_addr}:{master_port} (rank 0's executor) from {local or 'this host (no route)'}: "
         f"{type(last).__name__}: {last} (tried for {grace_s:g} s). The executors must reach each other: "
         "a firewall between them must pass TCP to the ports the OS chooses (net.ipv4.ip_local_port_range), "
-        "and rank 0's executor address (Spark's, see SPARK_LOCAL_IP) must be one the other hosts reach.")
+        "and rank 0's executor address (Spark's, see SPARK_LOCAL_IP) must be one the other hosts reach."
+    )
 
 
-def set_torch_distributed_env(master_addr: str, master_port: int, rank: int, world_size: int,
-                              placement: Placement | None = None, *, run_id: str = "none", restart_count: int = 0,
-                              max_restarts: int = 0) -> None:
+def set_torch_distributed_env(
+    master_addr: str,
+    master_port: int,
+    rank: int,
+    world_size: int,
+    placement: Placement | None = None,
+    *,
+    run_id: str = "none",
+    restart_count: int = 0,
+    max_restarts: int = 0,
+) -> None:
     """The one place that sets the environment torch.distributed reads (design rule 6, docs/architecture.md):
     all of torchrun's variables (:mod:`sparkdp.comm.torchrun_env`). ``placement``: the rank's place among
     the job's ranks; None: every rank on this host."""
     placement = placement or Placement.one_host(rank, world_size)
     if (placement.rank, placement.world_size) != (rank, world_size):
         raise ValueError(f"placement {placement} is not rank {rank} of {world_size}")
-    os.environ.update(torchrun_env(placement, master_addr, master_port, run_id=run_id, restart_count=restart_count,
-                                   max_restarts=max_restarts))
+    os.environ.update(
+        torchrun_env(
+            placement,
+            master_addr,
+            master_port,
+            run_id=run_id,
+            restart_count=restart_count,
+            max_restarts=max_restarts,
+        )
+    )
     _choose_gloo_interface(master_addr)
 
 
@@ -199,14 +231,27 @@ class TorchCollective(Collective):
         self.device = torch.device(device)
         self.backend = backend or ("nccl" if self.device.type == "cuda" else "gloo")
         if self.backend not in ("gloo", "nccl"):
-            raise ConfigError(f"Unknown torch.distributed backend {backend!r}; use 'gloo' (CPU) or 'nccl' (GPU).")
+            raise ConfigError(
+                f"Unknown torch.distributed backend {backend!r}; use 'gloo' (CPU) or 'nccl' (GPU)."
+            )
         self._owns_group = False
         self._store: dist.Store | None = None
 
-    def setup(self, *, master_addr: str, master_port: int, rank: int, world_size: int,
-              timeout_s: float = 300.0, store: dist.Store | None = None,
-              store_listening: bool = False, placement: Placement | None = None, run_id: str = "none",
-              restart_count: int = 0, max_restarts: int = 0) -> TorchCollective:
+    def setup(
+        self,
+        *,
+        master_addr: str,
+        master_port: int,
+        rank: int,
+        world_size: int,
+        timeout_s: float = 300.0,
+        store: dist.Store | None = None,
+        store_listening: bool = False,
+        placement: Placement | None = None,
+        run_id: str = "none",
+        restart_count: int = 0,
+        max_restarts: int = 0,
+    ) -> TorchCollective:
         """Join the process group; ``store`` is rank 0's already-listening TCPStore, if any.
 
         ``store_listening``: rank 0's store listens already (the launcher shares its port only
@@ -216,15 +261,30 @@ class TorchCollective(Collective):
         (:func:`set_torch_distributed_env`)."""
         if dist.is_initialized():
             raise RuntimeError("a torch.distributed process group is already initialised in this process")
-        set_torch_distributed_env(master_addr, master_port, rank, world_size, placement, run_id=run_id,
-                                  restart_count=restart_count, max_restarts=max_restarts)
+        set_torch_distributed_env(
+            master_addr,
+            master_port,
+            rank,
+            world_size,
+            placement,
+            run_id=run_id,
+            restart_count=restart_count,
+            max_restarts=max_restarts,
+        )
         started = time.monotonic()
         if store is None and rank != 0 and store_listening:
-            check_store_reachable(master_addr, master_port, rank, world_size, min(timeout_s, STORE_CONNECT_GRACE_S))
+            check_store_reachable(
+                master_addr, master_port, rank, world_size, min(timeout_s, STORE_CONNECT_GRACE_S)
+            )
         try:
             if store is None:
-                store = dist.TCPStore(master_addr, master_port, world_size, is_master=(rank == 0),
-                                      timeout=timedelta(seconds=timeout_s))
+                store = dist.TCPStore(
+                    master_addr,
+                    master_port,
+                    world_size,
+                    is_master=(rank == 0),
+                    timeout=timedelta(seconds=timeout_s),
+                )
         except (RuntimeError, TimeoutError) as exc:  # torch raises DistStoreError (RuntimeError) on timeout
             raise RendezvousTimeout(
                 f"rank {rank}/{world_size} could not reach the rendezvous store at {master_addr}:{master_port} "
@@ -235,8 +295,9 @@ class TorchCollective(Collective):
         try:
             # under NCCL the loop's small CPU tensors (loss sums, batch counts) go through gloo
             backend = "cpu:gloo,cuda:nccl" if self.backend == "nccl" else self.backend
-            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                                    timeout=timedelta(seconds=timeout_s))
+            dist.init_process_group(
+                backend, store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s)
+            )
         except (RuntimeError, TimeoutError) as exc:
             raise RendezvousTimeout(
                 f"rank {rank}/{world_size} reached the rendezvous store at {master_addr}:{master_port}, but the "

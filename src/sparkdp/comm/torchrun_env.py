@@ -73,8 +73,15 @@ def placements(places: Sequence[Place]) -> list[Placement]:
     return [p for p in out if p is not None]
 
 
-def torchrun_env(placement: Placement, master_addr: str, master_port: int, *, run_id: str = "none",
-                 restart_count: int = 0, max_restarts: int = 0) -> dict[str, str]:
+def torchrun_env(
+    placement: Placement,
+    master_addr: str,
+    master_port: int,
+    *,
+    run_id: str = "none",
+    restart_count: int = 0,
+    max_restarts: int = 0,
+) -> dict[str, str]:
     """The variables torchrun sets for a worker process (its ``torch.distributed.run`` documentation
     lists them), for the rank at ``placement``.
 
@@ -82,13 +89,20 @@ def torchrun_env(placement: Placement, master_addr: str, master_port: int, *, ru
     first); ``max_restarts``: how many restarts the job allows."""
     p = placement
     return {
-        "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
-        "RANK": str(p.rank), "WORLD_SIZE": str(p.world_size),
-        "LOCAL_RANK": str(p.local_rank), "LOCAL_WORLD_SIZE": str(p.local_world_size),
-        "GROUP_RANK": str(p.group_rank), "GROUP_WORLD_SIZE": str(p.group_world_size),
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port),
+        "RANK": str(p.rank),
+        "WORLD_SIZE": str(p.world_size),
+        "LOCAL_RANK": str(p.local_rank),
+        "LOCAL_WORLD_SIZE": str(p.local_world_size),
+        "GROUP_RANK": str(p.group_rank),
+        "GROUP_WORLD_SIZE": str(p.group_world_size),
         # one role: every worker runs the same script
-        "ROLE_NAME": ROLE_NAME, "ROLE_RANK": str(p.rank), "ROLE_WORLD_SIZE": str(p.world_size),
-        "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_RESTART_COUNT": str(restart_count),
+        "ROLE_NAME": ROLE_NAME,
+        "ROLE_RANK": str(p.rank),
+        "ROLE_WORLD_SIZE": str(p.world_size),
+        "TORCHELASTIC_RUN_ID": run_id,
+        "TORCHELASTIC_RESTART_COUNT": str(restart_count),
         "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
     }
 

@@ -36,8 +36,10 @@ import torch
 
 from ..errors import DataError
 
-SUPPORTED = ("integer, floating-point or boolean scalars; array<float|double|int|long> (Arrow list); "
-             "Spark ML vectors (VectorUDT, dense or sparse); binary PNG/JPEG image bytes")
+SUPPORTED = (
+    "integer, floating-point or boolean scalars; array<float|double|int|long> (Arrow list); "
+    "Spark ML vectors (VectorUDT, dense or sparse); binary PNG/JPEG image bytes"
+)
 _VECTOR_FIELDS = {"type", "size", "indices", "values"}
 _IMAGE_MODES = {1: "L", 3: "RGB", 4: "RGBA"}
 # the Arrow arrays of an "array" column (and of a Spark ML vector's values/indices)
@@ -49,9 +51,9 @@ class ColumnInfo:
     """One input column and what it contributes to a tensor."""
 
     name: str
-    kind: str            # "scalar" | "array" | "vector" | "image"
+    kind: str  # "scalar" | "array" | "vector" | "image"
     arrow_type: str
-    width: int | None = None                   # values per row, once seen (scalar: 1)
+    width: int | None = None  # values per row, once seen (scalar: 1)
     image_shape: tuple[int, int, int] | None = None
 
 
@@ -74,8 +76,10 @@ def column_kind(name: str, t: pa.DataType) -> str:
     if pa.types.is_binary(t) or pa.types.is_large_binary(t):
         return "image"
     hint = " (nested arrays: flatten them and pass feature_shape)" if _is_list(t) else ""
-    raise DataError(f"column {name!r} has type {t}, which cannot become a tensor{hint}. Supported: {SUPPORTED}. "
-                    "Cast or convert the column first (e.g. with Spark's cast / vector_to_array).")
+    raise DataError(
+        f"column {name!r} has type {t}, which cannot become a tensor{hint}. Supported: {SUPPORTED}. "
+        "Cast or convert the column first (e.g. with Spark's cast / vector_to_array)."
+    )
 
 
 def _names(value: str | Sequence[str] | None, what: str) -> list[str]:
@@ -108,40 +112,64 @@ class ArrowConverter:
             batches are then ``({column: tensor}, labels or None)``.
     """
 
-    def __init__(self, schema: pa.Schema, features: str | Sequence[str], label: str | None = None, *,
-                 feature_shape: Sequence[int] | None = None, drop_nulls: bool = False,
-                 num_classes: int | None = None, dict_batches: bool = False) -> None:
+    def __init__(
+        self,
+        schema: pa.Schema,
+        features: str | Sequence[str],
+        label: str | None = None,
+        *,
+        feature_shape: Sequence[int] | None = None,
+        drop_nulls: bool = False,
+        num_classes: int | None = None,
+        dict_batches: bool = False,
+    ) -> None:
         names = _names(features, "features")
         if not names:
             raise DataError("no feature columns given: pass features='col' or features=['a', 'b', ...].")
         available = list(schema.names)
         for name in names + ([label] if label else []):
             if name not in available:
-                raise DataError(f"column {name!r} is not in the data. Available columns: {', '.join(available)}. "
-                                "Pass features=/label= naming existing columns.")
-        self.features = [ColumnInfo(n, column_kind(n, schema.field(n).type), str(schema.field(n).type))
-                         for n in names]
+                raise DataError(
+                    f"column {name!r} is not in the data. Available columns: {', '.join(available)}. "
+                    "Pass features=/label= naming existing columns."
+                )
+        self.features = [
+            ColumnInfo(n, column_kind(n, schema.field(n).type), str(schema.field(n).type)) for n in names
+        ]
         self.label = None
         if label:
             t = schema.field(label).type
             kind = column_kind(label, t)
             if kind == "image":
-                raise DataError(f"label column {label!r} holds binary data ({t}); labels must be numbers "
-                                "(int for classes, float for regression) or numeric arrays.")
+                raise DataError(
+                    f"label column {label!r} holds binary data ({t}); labels must be numbers "
+                    "(int for classes, float for regression) or numeric arrays."
+                )
             self.label = ColumnInfo(label, kind, str(t), width=1 if kind == "scalar" else None)
-        self.label_dtype = (torch.int64 if self.label and self.label.kind == "scalar"
-                            and pa.types.is_integer(schema.field(self.label.name).type) else torch.float32)
+        self.label_dtype = (
+            torch.int64
+            if self.label
+            and self.label.kind == "scalar"
+            and pa.types.is_integer(schema.field(self.label.name).type)
+            else torch.float32
+        )
         self.dict_batches = bool(dict_batches)
         if self.dict_batches and feature_shape:
-            raise DataError("feature_shape reshapes one concatenated feature tensor; with dict_batches each column "
-                            "keeps its own shape. Drop feature_shape.")
+            raise DataError(
+                "feature_shape reshapes one concatenated feature tensor; with dict_batches each column "
+                "keeps its own shape. Drop feature_shape."
+            )
         self.integer = {n for n in names if _integer_values(schema.field(n).type)}
         if any(c.kind == "image" for c in self.features) and len(self.features) > 1 and not self.dict_batches:
-            raise DataError(f"image column(s) {[c.name for c in self.features if c.kind == 'image']} must be the "
-                            "only feature column; train on images and other columns with separate models.")
+            raise DataError(
+                f"image column(s) {[c.name for c in self.features if c.kind == 'image']} must be the "
+                "only feature column; train on images and other columns with separate models."
+            )
         self.feature_shape = tuple(int(s) for s in feature_shape) if feature_shape else None
         if self.feature_shape is not None and (not self.feature_shape or min(self.feature_shape) < 1):
-            raise DataError(f"feature_shape must be positive sizes such as (1, 28, 28); got {feature_shape!r}.")
+            raise DataError(
+                f"feature_shape must be positive sizes such as (1, 28, 28); got {feature_shape!r}."
+            )
         for c in self.features:
             if c.kind == "scalar":
                 c.width = 1
@@ -151,8 +179,8 @@ class ArrowConverter:
             self.features[0].width = math.prod(self.feature_shape)
         self.drop_nulls = bool(drop_nulls)
         self.num_classes = num_classes
-        self.dropped = 0     # rows dropped for nulls (drop_nulls=True)
-        self.rows_seen = 0   # rows this converter has read, for error messages
+        self.dropped = 0  # rows dropped for nulls (drop_nulls=True)
+        self.rows_seen = 0  # rows this converter has read, for error messages
 
     @property
     def columns(self) -> list[str]:
@@ -166,8 +194,9 @@ class ArrowConverter:
         turns such a tuple into a batch)."""
         batch = self._handle_nulls(batch)
         if self.dict_batches:
-            out: tuple[torch.Tensor, ...] = tuple(self._column(info, batch.column(info.name))
-                                                  for info in self.features)
+            out: tuple[torch.Tensor, ...] = tuple(
+                self._column(info, batch.column(info.name)) for info in self.features
+            )
         else:
             out = (self._features(batch),)
         if self.label is not None:
@@ -205,8 +234,11 @@ class ArrowConverter:
         arr = _plain(arr)
         if info.kind == "scalar":
             return torch.from_numpy(np.asarray(arr.to_numpy(zero_copy_only=False), dtype=np.int64))
-        lengths = (np.full(len(arr), arr.type.list_size) if pa.types.is_fixed_size_list(arr.type)
-                   else pc.list_value_length(arr).to_numpy(zero_copy_only=False))
+        lengths = (
+            np.full(len(arr), arr.type.list_size)
+            if pa.types.is_fixed_size_list(arr.type)
+            else pc.list_value_length(arr).to_numpy(zero_copy_only=False)
+        )
         width = self._check_widths(info, lengths)
         values = cast(_ListArray, arr).flatten().to_numpy(zero_copy_only=False)
         return _tensor(np.asarray(values, dtype=np.int64).reshape(len(arr), width))
@@ -220,9 +252,11 @@ class ArrowConverter:
             if not self.drop_nulls:
                 row = self.rows_seen + int(np.argmin(valid))
                 role = "label" if info is self.label else "feature"
-                raise DataError(f"{role} column {info.name!r} has a null value (first at row {row} of this "
-                                f"worker's data). Pass drop_nulls=True to skip such rows (they are counted and "
-                                "reported), or fill them first (df.na.fill / df.na.drop).")
+                raise DataError(
+                    f"{role} column {info.name!r} has a null value (first at row {row} of this "
+                    f"worker's data). Pass drop_nulls=True to skip such rows (they are counted and "
+                    "reported), or fill them first (df.na.fill / df.na.drop)."
+                )
             keep = valid if keep is None else keep & valid
         if keep is None:
             return batch
@@ -236,9 +270,11 @@ class ArrowConverter:
         flat = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
         if self.feature_shape is not None:
             if flat.shape[1] != math.prod(self.feature_shape):
-                raise DataError(f"the feature columns {[c.name for c in self.features]} give {flat.shape[1]} "
-                                f"values per row, but feature_shape {self.feature_shape} needs "
-                                f"{math.prod(self.feature_shape)}. Fix feature_shape or the columns.")
+                raise DataError(
+                    f"the feature columns {[c.name for c in self.features]} give {flat.shape[1]} "
+                    f"values per row, but feature_shape {self.feature_shape} needs "
+                    f"{math.prod(self.feature_shape)}. Fix feature_shape or the columns."
+                )
             flat = flat.reshape((len(flat),) + self.feature_shape)
         return _tensor(flat)
 
@@ -253,10 +289,12 @@ class ArrowConverter:
                 lo, hi = int(y.min()), int(y.max())
                 if lo < 0 or hi >= self.num_classes:
                     bad = int(np.nonzero((y < 0) | (y >= self.num_classes))[0][0])
-                    raise DataError(f"label column {info.name!r} has label {int(y[bad])} at row "
-                                    f"{self.rows_seen + bad} of this worker's data, but the model has "
-                                    f"{self.num_classes} outputs, so labels must lie in [0, {self.num_classes}). "
-                                    "Fix the labels or the model's output size.")
+                    raise DataError(
+                        f"label column {info.name!r} has label {int(y[bad])} at row "
+                        f"{self.rows_seen + bad} of this worker's data, but the model has "
+                        f"{self.num_classes} outputs, so labels must lie in [0, {self.num_classes}). "
+                        "Fix the labels or the model's output size."
+                    )
             return torch.from_numpy(y)
         return _tensor(self._matrix(info, arr))
 
@@ -268,8 +306,11 @@ class ArrowConverter:
             return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=np.float32).reshape(n, 1)
         if info.kind == "vector":
             return self._vectors(info, cast(pa.StructArray, arr))  # column_kind: a vector is a struct
-        lengths = (np.full(n, arr.type.list_size) if pa.types.is_fixed_size_list(arr.type)
-                   else pc.list_value_length(arr).to_numpy(zero_copy_only=False))
+        lengths = (
+            np.full(n, arr.type.list_size)
+            if pa.types.is_fixed_size_list(arr.type)
+            else pc.list_value_length(arr).to_numpy(zero_copy_only=False)
+        )
         width = self._check_widths(info, lengths)
         values = cast(_ListArray, arr).flatten().to_numpy(zero_copy_only=False)  # kind "array": a list column
         return np.asarray(values, dtype=np.float32).reshape(n, width)
@@ -282,17 +323,23 @@ class ArrowConverter:
         bad = np.nonzero(lengths != info.width)[0]
         if len(bad):
             i = int(bad[0])
-            because = (f"feature_shape {self.feature_shape} needs {info.width} values per row"
-                       if self.feature_shape and len(self.features) == 1 else
-                       f"earlier rows hold {info.width} values")
-            raise DataError(f"column {info.name!r} is ragged: row {self.rows_seen + i} of this worker's data holds "
-                            f"{int(lengths[i])} values, but {because}. Make every row the same length "
-                            "(pad or filter), or fix feature_shape.")
+            because = (
+                f"feature_shape {self.feature_shape} needs {info.width} values per row"
+                if self.feature_shape and len(self.features) == 1
+                else f"earlier rows hold {info.width} values"
+            )
+            raise DataError(
+                f"column {info.name!r} is ragged: row {self.rows_seen + i} of this worker's data holds "
+                f"{int(lengths[i])} values, but {because}. Make every row the same length "
+                "(pad or filter), or fix feature_shape."
+            )
         return info.width
 
     def _vectors(self, info: ColumnInfo, arr: pa.StructArray) -> np.ndarray:
         """Densify Spark ML vectors: type 1 = dense (values only), 0 = sparse (size, indices, values)."""
-        fields = dict(zip([arr.type.field(i).name for i in range(arr.type.num_fields)], arr.flatten(), strict=True))
+        fields = dict(
+            zip([arr.type.field(i).name for i in range(arr.type.num_fields)], arr.flatten(), strict=True)
+        )
         n = len(arr)
         kinds = fields["type"].to_numpy(zero_copy_only=False)
         values = cast(_ListArray, fields["values"])  # Spark ML's VectorUDT: values and indices are lists
@@ -318,8 +365,10 @@ class ArrowConverter:
         if info.image_shape is None and self.feature_shape is not None:
             shape = self.feature_shape if len(self.feature_shape) == 3 else (1,) + self.feature_shape
             if len(shape) != 3 or shape[0] not in _IMAGE_MODES:
-                raise DataError(f"feature_shape {self.feature_shape} does not fit image column {info.name!r}: "
-                                "give (channels, height, width) with 1, 3 or 4 channels, or (height, width).")
+                raise DataError(
+                    f"feature_shape {self.feature_shape} does not fit image column {info.name!r}: "
+                    "give (channels, height, width) with 1, 3 or 4 channels, or (height, width)."
+                )
             c, h, w = shape
             info.image_shape = (c, h, w)
         out = None
@@ -328,17 +377,21 @@ class ArrowConverter:
                 img = Image.open(io.BytesIO(blob))
                 img.load()
             except (UnidentifiedImageError, OSError, ValueError) as exc:
-                raise DataError(f"image column {info.name!r}: row {self.rows_seen + i} of this worker's data is not "
-                                f"a readable image ({len(blob)} bytes: {exc}). Supported: PNG and JPEG; remove or "
-                                "re-encode that row.") from exc
+                raise DataError(
+                    f"image column {info.name!r}: row {self.rows_seen + i} of this worker's data is not "
+                    f"a readable image ({len(blob)} bytes: {exc}). Supported: PNG and JPEG; remove or "
+                    "re-encode that row."
+                ) from exc
             if info.image_shape is None:
                 channels = {"L": 1, "RGB": 3, "RGBA": 4}.get(img.mode, 3)
                 info.image_shape = (channels, img.height, img.width)
             c, h, w = info.image_shape
             if (img.height, img.width) != (h, w):
-                raise DataError(f"image column {info.name!r}: row {self.rows_seen + i} is {img.width}x{img.height} "
-                                f"but images must all be {w}x{h}. Resize the images beforehand (or pass "
-                                "feature_shape matching them).")
+                raise DataError(
+                    f"image column {info.name!r}: row {self.rows_seen + i} is {img.width}x{img.height} "
+                    f"but images must all be {w}x{h}. Resize the images beforehand (or pass "
+                    "feature_shape matching them)."
+                )
             pixels = np.asarray(img.convert(_IMAGE_MODES[c]), dtype=np.float32) / 255.0
             if out is None:
                 out = np.empty((len(blobs), c, h, w), dtype=np.float32)
@@ -362,33 +415,59 @@ class ArrowConverter:
 
     def layout(self) -> dict[str, Any]:
         """Which columns became which tensor with which per-row shape (None: not yet seen)."""
+
         def col(c: ColumnInfo) -> dict[str, Any]:
-            return {"name": c.name, "kind": c.kind, "type": c.arrow_type,
-                    "values_per_row": math.prod(c.image_shape) if c.image_shape else c.width}
+            return {
+                "name": c.name,
+                "kind": c.kind,
+                "type": c.arrow_type,
+                "values_per_row": math.prod(c.image_shape) if c.image_shape else c.width,
+            }
 
         out: dict[str, Any]
         if self.dict_batches:
-            out = {f"features[{c.name!r}]": {
-                "columns": [col(c)], "dtype": "int64" if c.name in self.integer else "float32",
-                "shape": c.image_shape if c.kind == "image" else () if c.kind == "scalar"
-                else (c.width,) if c.width else None} for c in self.features}
+            out = {
+                f"features[{c.name!r}]": {
+                    "columns": [col(c)],
+                    "dtype": "int64" if c.name in self.integer else "float32",
+                    "shape": c.image_shape
+                    if c.kind == "image"
+                    else ()
+                    if c.kind == "scalar"
+                    else (c.width,)
+                    if c.width
+                    else None,
+                }
+                for c in self.features
+            }
         else:
-            out = {"features": {"columns": [col(c) for c in self.features], "dtype": "float32",
-                                "shape": self.feature_shape_per_row()}}
+            out = {
+                "features": {
+                    "columns": [col(c) for c in self.features],
+                    "dtype": "float32",
+                    "shape": self.feature_shape_per_row(),
+                }
+            }
         if self.label is not None:
             shape = () if self.label.kind == "scalar" else ((self.label.width,) if self.label.width else None)
-            out["labels"] = {"columns": [col(self.label)], "dtype": str(self.label_dtype).replace("torch.", ""),
-                             "shape": shape}
+            out["labels"] = {
+                "columns": [col(self.label)],
+                "dtype": str(self.label_dtype).replace("torch.", ""),
+                "shape": shape,
+            }
         return out
 
     def describe(self) -> str:
         """One line for the log, e.g. ``features float32 (batch, 1, 28, 28) <- 'pixels' (list<float>, 784/row)``."""
+
         def part(entry: dict[str, Any]) -> str:
             shape = entry["shape"]
             dims = "(batch, ?)" if shape is None else "(batch" + "".join(f", {d}" for d in shape) + ")"
-            cols = ", ".join(f"{c['name']!r} ({c['kind']} {c['type']}, "
-                             f"{c['values_per_row'] if c['values_per_row'] is not None else '?'}/row)"
-                             for c in entry["columns"])
+            cols = ", ".join(
+                f"{c['name']!r} ({c['kind']} {c['type']}, "
+                f"{c['values_per_row'] if c['values_per_row'] is not None else '?'}/row)"
+                for c in entry["columns"]
+            )
             return f"{entry['dtype']} {dims} <- {cols}"
 
         return "; ".join(f"{name} {part(entry)}" for name, entry in self.layout().items())
@@ -430,7 +509,9 @@ def _valid_rows(arr: pa.Array, kind: str) -> np.ndarray | None:
         child = arr
     elif kind == "vector":
         struct = cast(pa.StructArray, arr)
-        child = struct.flatten()[[struct.type.field(i).name for i in range(struct.type.num_fields)].index("values")]
+        child = struct.flatten()[
+            [struct.type.field(i).name for i in range(struct.type.num_fields)].index("values")
+        ]
     if child is not None and len(child) and cast(_ListArray, child).flatten().null_count:
         inner = cast(_ListArray, child).flatten()
         parents = pc.list_parent_indices(child).to_numpy(zero_copy_only=False)

@@ -20,13 +20,18 @@ class WorkerData(ABC):
     equal_batches: bool = False
 
     @abstractmethod
-    def batches(self, *, rank: int, world_size: int, epoch: int, batch_size: int,
-                seed: int, shuffle: bool = True) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def batches(
+        self, *, rank: int, world_size: int, epoch: int, batch_size: int, seed: int, shuffle: bool = True
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Yield this rank's batches of ``epoch``."""
 
-    def eval_batches(self, *, rank: int, world_size: int, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def eval_batches(
+        self, *, rank: int, world_size: int, batch_size: int
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """This rank's share of the data for evaluation: every row exactly once over all ranks."""
-        return self.batches(rank=rank, world_size=world_size, epoch=0, batch_size=batch_size, seed=0, shuffle=False)
+        return self.batches(
+            rank=rank, world_size=world_size, epoch=0, batch_size=batch_size, seed=0, shuffle=False
+        )
 
     def num_samples(self) -> int | None:
         """Total rows, when known without reading the data."""

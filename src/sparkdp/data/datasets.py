@@ -13,8 +13,18 @@ from ..registry import Registry
 from .idx import read_idx
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
-FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-                         "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
+FASHION_MNIST_CLASSES = (
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+)
 
 
 @dataclass(frozen=True)
@@ -47,23 +57,35 @@ def _idx_dir(env_var: str, default: Path, package: str) -> Path:
     return root
 
 
-def load_idx_dataset(root: Path, name: str, classes: tuple[str, ...] = (), limit: int | None = None) -> Dataset:
+def load_idx_dataset(
+    root: Path, name: str, classes: tuple[str, ...] = (), limit: int | None = None
+) -> Dataset:
     def raw(stem: str) -> np.ndarray:
         arr = read_idx(_find(root, stem))
         return arr[:limit] if limit else arr
 
     x_train, x_test = raw("train-images-idx3-ubyte")[:, None], raw("t10k-images-idx3-ubyte")[:, None]
-    return Dataset(name, x_train.astype(np.float32) / 255.0, raw("train-labels-idx1-ubyte").astype(np.int64),
-                   x_test.astype(np.float32) / 255.0, raw("t10k-labels-idx1-ubyte").astype(np.int64), 10, classes,
-                   x_train_uint8=x_train, x_test_uint8=x_test)
+    return Dataset(
+        name,
+        x_train.astype(np.float32) / 255.0,
+        raw("train-labels-idx1-ubyte").astype(np.int64),
+        x_test.astype(np.float32) / 255.0,
+        raw("t10k-labels-idx1-ubyte").astype(np.int64),
+        10,
+        classes,
+        x_train_uint8=x_train,
+        x_test_uint8=x_test,
+    )
 
 
 def _find(root: Path, stem: str) -> Path:
     for candidate in (root / f"{stem}.gz", root / stem):
         if candidate.exists():
             return candidate
-    raise DataError(f"{stem}(.gz) is missing from {str(root)!r}; the directory holds: "
-                    f"{', '.join(sorted(p.name for p in root.iterdir())) or 'nothing'}.")
+    raise DataError(
+        f"{stem}(.gz) is missing from {str(root)!r}; the directory holds: "
+        f"{', '.join(sorted(p.name for p in root.iterdir())) or 'nothing'}."
+    )
 
 
 @DATASETS("fashion-mnist", description="Zalando Fashion-MNIST, 60k/10k 28x28 grey images, 10 classes")
@@ -88,5 +110,7 @@ def dataset_tensors(dataset: Dataset):
         # float32(k) / 255 is correctly rounded in numpy and torch alike: identical batches
         return TensorData(x8, y, divisor=255.0) if x8 is not None else TensorData(x, y)
 
-    return (pack(dataset.x_train, dataset.x_train_uint8, dataset.y_train),
-            pack(dataset.x_test, dataset.x_test_uint8, dataset.y_test))
+    return (
+        pack(dataset.x_train, dataset.x_train_uint8, dataset.y_train),
+        pack(dataset.x_test, dataset.x_test_uint8, dataset.y_test),
+    )

@@ -14,7 +14,14 @@ import numpy.typing as npt
 
 from ..errors import DataError
 
-_DTYPES: dict[int, npt.DTypeLike] = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+_DTYPES: dict[int, npt.DTypeLike] = {
+    0x08: np.uint8,
+    0x09: np.int8,
+    0x0B: ">i2",
+    0x0C: ">i4",
+    0x0D: ">f4",
+    0x0E: ">f8",
+}
 
 
 def read_idx(path: str | Path) -> np.ndarray:

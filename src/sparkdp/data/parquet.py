@@ -52,16 +52,28 @@ class ParquetData(UnitData):
         read_rows: rows per Arrow record batch read from the files.
     """
 
-    def __init__(self, path: str | os.PathLike | Sequence[str], *, features: str | Sequence[str],
-                 label: str | None, feature_shape: Sequence[int] | None = None, drop_nulls: bool = False,
-                 num_classes: int | None = None, shuffle_buffer: int = 10_000, read_rows: int = 8192,
-                 filesystem: Any = None, dict_batches: bool = False) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike | Sequence[str],
+        *,
+        features: str | Sequence[str],
+        label: str | None,
+        feature_shape: Sequence[int] | None = None,
+        drop_nulls: bool = False,
+        num_classes: int | None = None,
+        shuffle_buffer: int = 10_000,
+        read_rows: int = 8192,
+        filesystem: Any = None,
+        dict_batches: bool = False,
+    ) -> None:
         source = os.fspath(path) if isinstance(path, (str, os.PathLike)) else [os.fspath(p) for p in path]
         try:
             dataset = pds.dataset(source, format="parquet", filesystem=filesystem)
         except (OSError, ValueError, pa.ArrowInvalid) as exc:
-            raise DataError(f"cannot open Parquet data at {path!r}: {exc}. Pass a Parquet file, a directory of "
-                            "Parquet files, or a list of files that exist and are readable.") from exc
+            raise DataError(
+                f"cannot open Parquet data at {path!r}: {exc}. Pass a Parquet file, a directory of "
+                "Parquet files, or a list of files that exist and are readable."
+            ) from exc
         self.filesystem = dataset.filesystem
         self.files: list[str] = []
         self.units: list[tuple[int, int, int]] = []  # (file index, row group, rows)
@@ -74,13 +86,23 @@ class ParquetData(UnitData):
                     self.units.append((len(self.files) - 1, rg, rows))
         self.rows = sum(u[2] for u in self.units)
         if not self.files:
-            raise DataError(f"no Parquet files found at {path!r}; check the path (a directory must contain "
-                            "*.parquet files not starting with '_' or '.').")
+            raise DataError(
+                f"no Parquet files found at {path!r}; check the path (a directory must contain "
+                "*.parquet files not starting with '_' or '.')."
+            )
         if self.rows == 0:
-            raise DataError(f"the Parquet data at {path!r} is empty (0 rows); give at least one row per worker.")
-        self.converter = ArrowConverter(dataset.schema, features, label, feature_shape=feature_shape,
-                                        drop_nulls=drop_nulls, num_classes=num_classes,
-                                        dict_batches=dict_batches)
+            raise DataError(
+                f"the Parquet data at {path!r} is empty (0 rows); give at least one row per worker."
+            )
+        self.converter = ArrowConverter(
+            dataset.schema,
+            features,
+            label,
+            feature_shape=feature_shape,
+            drop_nulls=drop_nulls,
+            num_classes=num_classes,
+            dict_batches=dict_batches,
+        )
         self.shuffle_buffer = int(shuffle_buffer)
         self.read_rows = int(read_rows)
         # Equal row counts give equal batch counts unless rows can be dropped for nulls.
@@ -112,8 +134,9 @@ class ParquetData(UnitData):
             with source, pq.ParquetFile(source) as reader:
                 offset = 0
                 # single-threaded decoding: a task owns one core (spark.task.cpus)
-                for rb in reader.iter_batches(batch_size=self.read_rows, row_groups=[rg], columns=columns,
-                                              use_threads=False):
+                for rb in reader.iter_batches(
+                    batch_size=self.read_rows, row_groups=[rg], columns=columns, use_threads=False
+                ):
                     a, b = max(start, offset), min(stop, offset + rb.num_rows)
                     if a < b:
                         yield rb if (a, b) == (offset, offset + rb.num_rows) else rb.slice(a - offset, b - a)
@@ -135,8 +158,9 @@ class ParquetData(UnitData):
     def sample(self, rows: int = 2) -> pa.RecordBatch:
         """The first ``rows`` rows (read on the driver, for checks before training)."""
         segments, left = [], min(rows, self.rows)
-        for unit, first, end in rank_segments(self.unit_rows(), range(len(self.units)), rank=0,
-                                              world_size=1, pad=False):
+        for unit, first, end in rank_segments(
+            self.unit_rows(), range(len(self.units)), rank=0, world_size=1, pad=False
+        ):
             take = min(end - first, left)
             segments.append((unit, first, first + take))
             left -= take
@@ -145,5 +169,7 @@ class ParquetData(UnitData):
         return next(self.record_batches(segments))
 
     def describe(self) -> str:
-        return (f"Parquet {self.source!r}: {self.rows} rows in {len(self.units)} row groups of "
-                f"{len(self.files)} file(s); {self.converter.describe()}")
+        return (
+            f"Parquet {self.source!r}: {self.rows} rows in {len(self.units)} row groups of "
+            f"{len(self.files)} file(s); {self.converter.describe()}"
+        )

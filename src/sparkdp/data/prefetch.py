@@ -49,8 +49,13 @@ def nbytes(item: Any) -> int:
     return 0
 
 
-def prefetch(items: Iterable[T], depth: int = DEFAULT_DEPTH, *, max_bytes: int = DEFAULT_MAX_BYTES,
-             name: str = "sparkdp-prefetch") -> Iterator[T]:
+def prefetch(
+    items: Iterable[T],
+    depth: int = DEFAULT_DEPTH,
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    name: str = "sparkdp-prefetch",
+) -> Iterator[T]:
     """Yield ``items`` in order, with up to ``depth`` of them (and ``max_bytes``) produced
     ahead by a thread.
 

@@ -114,7 +114,11 @@ class SharedTensorDir:
 def _default_base(expected_bytes: int) -> Path:
     """``/dev/shm`` (memory) when it exists, is writable and has room; else the temp dir."""
     try:
-        if _SHM.is_dir() and os.access(_SHM, os.W_OK) and shutil.disk_usage(_SHM).free > 2 * expected_bytes + (64 << 20):
+        if (
+            _SHM.is_dir()
+            and os.access(_SHM, os.W_OK)
+            and shutil.disk_usage(_SHM).free > 2 * expected_bytes + (64 << 20)
+        ):
             return _SHM
     except OSError:
         pass

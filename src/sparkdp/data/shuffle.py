@@ -23,8 +23,9 @@ from .base import WorkerData
 Chunk = Sequence[torch.Tensor]
 
 
-def rank_segments(sizes: Sequence[int], order: Sequence[int], *, rank: int, world_size: int,
-                  pad: bool = True) -> list[tuple[int, int, int]]:
+def rank_segments(
+    sizes: Sequence[int], order: Sequence[int], *, rank: int, world_size: int, pad: bool = True
+) -> list[tuple[int, int, int]]:
     """The ``(unit, first, end)`` row ranges rank ``rank`` reads when units of ``sizes`` rows are
     laid end to end in ``order`` (file row groups, database key blocks).
 
@@ -56,7 +57,11 @@ def rank_segments(sizes: Sequence[int], order: Sequence[int], *, rank: int, worl
 
 def unit_order(count: int, epoch: int, seed: int, shuffle: bool) -> list[int]:
     """The order an epoch reads ``count`` units in: storage order, or a permutation seeded by (seed, epoch)."""
-    return torch.randperm(count, generator=seeded_generator(seed, epoch)).tolist() if shuffle else list(range(count))
+    return (
+        torch.randperm(count, generator=seeded_generator(seed, epoch)).tolist()
+        if shuffle
+        else list(range(count))
+    )
 
 
 def seeded_generator(*parts: int) -> torch.Generator:
@@ -78,8 +83,13 @@ def _take(chunk: Chunk, start: int, stop: int) -> tuple[torch.Tensor, ...]:
     return tuple(t[start:stop] for t in chunk)
 
 
-def rebatch(chunks: Iterable[Chunk], batch_size: int, *, buffer_rows: int = 0,
-            generator: torch.Generator | None = None) -> Iterator[tuple[torch.Tensor, ...]]:
+def rebatch(
+    chunks: Iterable[Chunk],
+    batch_size: int,
+    *,
+    buffer_rows: int = 0,
+    generator: torch.Generator | None = None,
+) -> Iterator[tuple[torch.Tensor, ...]]:
     """Yield ``batch_size``-row batches from ``chunks`` (tuples of equally long tensors).
 
     Args:
@@ -113,8 +123,9 @@ def rebatch(chunks: Iterable[Chunk], batch_size: int, *, buffer_rows: int = 0,
         yield carry
 
 
-def _swap_through_buffer(chunks: Iterable[Chunk], capacity: int,
-                         generator: torch.Generator | None) -> Iterator[tuple[torch.Tensor, ...]]:
+def _swap_through_buffer(
+    chunks: Iterable[Chunk], capacity: int, generator: torch.Generator | None
+) -> Iterator[tuple[torch.Tensor, ...]]:
     """A fixed buffer of ``capacity`` rows: once full, each incoming row takes the slot of a
     uniformly chosen buffered row, which is emitted instead (tf.data's shuffle buffer, done
     k rows at a time). Cost per row is O(1) copies, independent of ``capacity``; at the end
@@ -130,7 +141,7 @@ def _swap_through_buffer(chunks: Iterable[Chunk], capacity: int,
             if filled < capacity:  # filling up: nothing comes out yet
                 take = min(n - pos, capacity - filled)
                 for b, t in zip(buffer, chunk, strict=True):
-                    b[filled:filled + take] = t[pos:pos + take]
+                    b[filled : filled + take] = t[pos : pos + take]
                 filled, pos = filled + take, pos + take
                 continue
             take = min(n - pos, capacity)
@@ -138,7 +149,7 @@ def _swap_through_buffer(chunks: Iterable[Chunk], capacity: int,
             # index_select / index_copy_ copy whole rows: ~2x faster than b[slots] on wide rows
             out = tuple(b.index_select(0, slots) for b in buffer)
             for b, t in zip(buffer, chunk, strict=True):
-                b.index_copy_(0, slots, t[pos:pos + take])
+                b.index_copy_(0, slots, t[pos : pos + take])
             pos += take
             yield out
     if buffer is not None and filled:
@@ -161,11 +172,14 @@ class UnitData(WorkerData):
         """Rows per unit, in storage order."""
 
     @abstractmethod
-    def read(self, segments: list[tuple[int, int, int]], *, seed: int, epoch: int, rank: int) -> Iterator[Chunk]:
+    def read(
+        self, segments: list[tuple[int, int, int]], *, seed: int, epoch: int, rank: int
+    ) -> Iterator[Chunk]:
         """The ``(features, labels)`` chunks of ``segments``, in order."""
 
-    def segments(self, *, rank: int, world_size: int, epoch: int, seed: int, shuffle: bool,
-                 pad: bool = True) -> list[tuple[int, int, int]]:
+    def segments(
+        self, *, rank: int, world_size: int, epoch: int, seed: int, shuffle: bool, pad: bool = True
+    ) -> list[tuple[int, int, int]]:
         """The ``(unit, first, end)`` row ranges rank ``rank`` reads in ``epoch``, in reading order.
 
         With ``pad`` every rank gets ``ceil(rows / world_size)`` rows (the last wraps around to
@@ -175,14 +189,20 @@ class UnitData(WorkerData):
         order = unit_order(len(sizes), epoch, seed, shuffle and self.can_shuffle)
         return rank_segments(sizes, order, rank=rank, world_size=world_size, pad=pad)
 
-    def batches(self, *, rank: int, world_size: int, epoch: int, batch_size: int,
-                seed: int, shuffle: bool = True) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def batches(
+        self, *, rank: int, world_size: int, epoch: int, batch_size: int, seed: int, shuffle: bool = True
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         shuffle = shuffle and self.can_shuffle
         segs = self.segments(rank=rank, world_size=world_size, epoch=epoch, seed=seed, shuffle=shuffle)
-        yield from rebatch(self.read(segs, seed=seed, epoch=epoch, rank=rank), batch_size,  # type: ignore[misc]  # rebatch yields tuple[Tensor, ...]: these chunks are (features, labels)
-                           buffer_rows=self.shuffle_buffer if shuffle else 0,
-                           generator=seeded_generator(seed, epoch, rank))
+        yield from rebatch(
+            self.read(segs, seed=seed, epoch=epoch, rank=rank),
+            batch_size,  # type: ignore[misc]  # rebatch yields tuple[Tensor, ...]: these chunks are (features, labels)
+            buffer_rows=self.shuffle_buffer if shuffle else 0,
+            generator=seeded_generator(seed, epoch, rank),
+        )
 
-    def eval_batches(self, *, rank: int, world_size: int, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def eval_batches(
+        self, *, rank: int, world_size: int, batch_size: int
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         segs = self.segments(rank=rank, world_size=world_size, epoch=0, seed=0, shuffle=False, pad=False)
         yield from rebatch(self.read(segs, seed=0, epoch=0, rank=rank), batch_size)  # type: ignore[misc]  # rebatch yields tuple[Tensor, ...]: these chunks are (features, labels)

@@ -42,8 +42,10 @@ class TensorData(WorkerData):
         if self.features.dtype == torch.float64:
             self.features = self.features.float()
         if len(self.features) != len(self.labels):
-            raise DataError(f"features have {len(self.features)} rows but labels have {len(self.labels)}; "
-                            "they must have one label per row.")
+            raise DataError(
+                f"features have {len(self.features)} rows but labels have {len(self.labels)}; "
+                "they must have one label per row."
+            )
         if len(self.features) == 0:
             raise DataError("the dataset is empty (0 rows); give at least one row per worker.")
 
@@ -66,34 +68,44 @@ class TensorData(WorkerData):
             return super().__reduce_ex__(protocol)
         return _mapped_tensor_data, (handles, self.divisor)
 
-    def shard_indices(self, *, rank: int, world_size: int, epoch: int, seed: int, shuffle: bool) -> torch.Tensor:
-        return shard_indices(len(self.features), rank=rank, world_size=world_size, epoch=epoch, seed=seed,
-                             shuffle=shuffle)
+    def shard_indices(
+        self, *, rank: int, world_size: int, epoch: int, seed: int, shuffle: bool
+    ) -> torch.Tensor:
+        return shard_indices(
+            len(self.features), rank=rank, world_size=world_size, epoch=epoch, seed=seed, shuffle=shuffle
+        )
 
-    def batches(self, *, rank: int, world_size: int, epoch: int, batch_size: int,
-                seed: int, shuffle: bool = True) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def batches(
+        self, *, rank: int, world_size: int, epoch: int, batch_size: int, seed: int, shuffle: bool = True
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         idx = self.shard_indices(rank=rank, world_size=world_size, epoch=epoch, seed=seed, shuffle=shuffle)
         for start in range(0, len(idx), batch_size):
-            take = idx[start:start + batch_size]
+            take = idx[start : start + batch_size]
             yield self._x(take), self.labels[take]
 
     def _x(self, take: torch.Tensor) -> torch.Tensor:
         x = self.features[take]
         return x.float().div_(self.divisor) if self.divisor is not None else x
 
-    def eval_batches(self, *, rank: int, world_size: int, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def eval_batches(
+        self, *, rank: int, world_size: int, batch_size: int
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         # No wrap-around padding here: metrics must count every row exactly once.
         idx = torch.arange(len(self.features))[rank::world_size]
         for start in range(0, len(idx), batch_size):
-            take = idx[start:start + batch_size]
+            take = idx[start : start + batch_size]
             yield self._x(take), self.labels[take]
 
     def describe(self) -> str:
-        return (f"{len(self.features)} rows in memory: features {tuple(self.features.shape[1:])} "
-                f"{self.features.dtype}, labels {tuple(self.labels.shape[1:])} {self.labels.dtype}")
+        return (
+            f"{len(self.features)} rows in memory: features {tuple(self.features.shape[1:])} "
+            f"{self.features.dtype}, labels {tuple(self.labels.shape[1:])} {self.labels.dtype}"
+        )
 
 
-def shard_indices(n: int, *, rank: int, world_size: int, epoch: int, seed: int, shuffle: bool) -> torch.Tensor:
+def shard_indices(
+    n: int, *, rank: int, world_size: int, epoch: int, seed: int, shuffle: bool
+) -> torch.Tensor:
     """Rank ``rank``'s rows of ``n`` in ``epoch``: a seeded permutation (or storage order), padded by
     wrapping around so every rank holds ``ceil(n / world_size)`` rows."""
     if shuffle:
@@ -128,7 +140,9 @@ class DictData(WorkerData):
             raise DataError("the data dict is empty; give at least one named array, e.g. {'input_ids': ...}.")
         bad = [k for k in columns if not isinstance(k, str)]
         if bad:
-            raise DataError(f"the data dict's keys must be strings (the model's argument names); got {bad!r}.")
+            raise DataError(
+                f"the data dict's keys must be strings (the model's argument names); got {bad!r}."
+            )
         self.columns = {k: _as_tensor(v, f"data[{k!r}]") for k, v in columns.items()}
         self.columns = {k: v.float() if v.dtype == torch.float64 else v for k, v in self.columns.items()}
         self.labels = None if labels is None else _as_tensor(labels, "labels")
@@ -136,8 +150,10 @@ class DictData(WorkerData):
         if self.labels is not None:
             rows["labels="] = len(self.labels)
         if len(set(rows.values())) > 1:
-            raise DataError(f"the arrays of a data dict must have the same number of rows (first dimension); got "
-                            f"{rows}. Pad or cut them to one row count.")
+            raise DataError(
+                f"the arrays of a data dict must have the same number of rows (first dimension); got "
+                f"{rows}. Pad or cut them to one row count."
+            )
         if next(iter(rows.values())) == 0:
             raise DataError("the dataset is empty (0 rows); give at least one row per worker.")
 
@@ -164,26 +180,32 @@ class DictData(WorkerData):
         return _mapped_dict_data, (handles,)
 
     def _batch(self, take: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
-        return ({k: v[take] for k, v in self.columns.items()},
-                None if self.labels is None else self.labels[take])
+        return (
+            {k: v[take] for k, v in self.columns.items()},
+            None if self.labels is None else self.labels[take],
+        )
 
-    def batches(self, *, rank: int, world_size: int, epoch: int, batch_size: int,
-                seed: int, shuffle: bool = True) -> Iterator[Any]:
-        idx = shard_indices(self.num_samples(), rank=rank, world_size=world_size, epoch=epoch, seed=seed,
-                            shuffle=shuffle)
+    def batches(
+        self, *, rank: int, world_size: int, epoch: int, batch_size: int, seed: int, shuffle: bool = True
+    ) -> Iterator[Any]:
+        idx = shard_indices(
+            self.num_samples(), rank=rank, world_size=world_size, epoch=epoch, seed=seed, shuffle=shuffle
+        )
         for start in range(0, len(idx), batch_size):
-            yield self._batch(idx[start:start + batch_size])
+            yield self._batch(idx[start : start + batch_size])
 
     def eval_batches(self, *, rank: int, world_size: int, batch_size: int) -> Iterator[Any]:
         idx = torch.arange(self.num_samples())[rank::world_size]  # every row once over all ranks
         for start in range(0, len(idx), batch_size):
-            yield self._batch(idx[start:start + batch_size])
+            yield self._batch(idx[start : start + batch_size])
 
     def describe(self) -> str:
-        parts = ", ".join(f"{k} {tuple(v.shape[1:])} {str(v.dtype).replace('torch.', '')}"
-                          for k, v in self.columns.items())
+        parts = ", ".join(
+            f"{k} {tuple(v.shape[1:])} {str(v.dtype).replace('torch.', '')}" for k, v in self.columns.items()
+        )
         return f"{self.num_samples()} rows in memory as a dict: {parts}" + (
-            "" if self.labels is None else f"; labels {tuple(self.labels.shape[1:])} {self.labels.dtype}")
+            "" if self.labels is None else f"; labels {tuple(self.labels.shape[1:])} {self.labels.dtype}"
+        )
 
 
 def _mapped_dict_data(handles: dict[str, MappedTensor]) -> DictData:
@@ -211,16 +233,20 @@ def _as_tensor(value: Any, what: str) -> torch.Tensor:
     try:
         return torch.as_tensor(np.asarray(value))
     except (TypeError, ValueError) as exc:
-        raise DataError(f"{what} cannot become a tensor ({type(value).__name__}: {exc}); "
-                        "pass numpy arrays, tensors or a torch Dataset.") from exc
+        raise DataError(
+            f"{what} cannot become a tensor ({type(value).__name__}: {exc}); "
+            "pass numpy arrays, tensors or a torch Dataset."
+        ) from exc
 
 
 def _from_torch_dataset(ds: Dataset) -> TensorData:
     try:
         n = len(ds)  # type: ignore[arg-type]  # torch's Dataset declares no __len__; map-style ones have it
     except TypeError as exc:
-        raise DataError("a torch Dataset must have a length (map-style) to be sharded; "
-                        "wrap an IterableDataset's output in arrays first.") from exc
+        raise DataError(
+            "a torch Dataset must have a length (map-style) to be sharded; "
+            "wrap an IterableDataset's output in arrays first."
+        ) from exc
     if n == 0:
         raise DataError("the torch Dataset is empty (len 0).")
     xs, ys = zip(*(ds[i] for i in range(n)))

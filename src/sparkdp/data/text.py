@@ -34,8 +34,10 @@ def require_tokenizers() -> Any:
     try:
         import tokenizers  # type: ignore[import-untyped, unused-ignore]
     except ImportError as err:  # an optional dependency
-        raise ConfigError("text data needs the Hugging Face `tokenizers` package: "
-                          "pip install 'sparkdp[text]' (or pip install tokenizers).") from err
+        raise ConfigError(
+            "text data needs the Hugging Face `tokenizers` package: "
+            "pip install 'sparkdp[text]' (or pip install tokenizers)."
+        ) from err
     return tokenizers
 
 
@@ -48,16 +50,20 @@ def tokenizer_json(tokenizer: Any) -> str:
         if path.is_dir():
             path = path / "tokenizer.json"
         if not path.is_file():
-            raise ConfigError(f"tokenizer file {str(path)!r} does not exist; give the path of a tokenizer.json "
-                              f"(a Hugging Face `tokenizers` serialisation) or a tokenizers.Tokenizer.")
+            raise ConfigError(
+                f"tokenizer file {str(path)!r} does not exist; give the path of a tokenizer.json "
+                f"(a Hugging Face `tokenizers` serialisation) or a tokenizers.Tokenizer."
+            )
         text = path.read_text(encoding="utf-8")
         tk.Tokenizer.from_str(text)  # fail here, on the driver, not in every task
         return text
     backend = getattr(tokenizer, "backend_tokenizer", tokenizer)  # transformers' fast tokenizers wrap one
     if isinstance(backend, tk.Tokenizer):
         return backend.to_str()
-    raise ConfigError(f"tokenizer must be a tokenizers.Tokenizer, a Hugging Face fast tokenizer or the path of a "
-                      f"tokenizer.json; got {type(tokenizer).__name__}.")
+    raise ConfigError(
+        f"tokenizer must be a tokenizers.Tokenizer, a Hugging Face fast tokenizer or the path of a "
+        f"tokenizer.json; got {type(tokenizer).__name__}."
+    )
 
 
 def eos_id_of(tokenizer: Any, eos_token: str | None = None) -> int:
@@ -68,10 +74,14 @@ def eos_id_of(tokenizer: Any, eos_token: str | None = None) -> int:
         if token_id is not None:
             return int(token_id)
     if eos_token is not None:
-        raise ConfigError(f"the tokenizer has no token {eos_token!r}; name one of its tokens as eos_token "
-                          f"(it separates the documents in packed blocks).")
-    raise ConfigError(f"the tokenizer has none of the usual end-of-text tokens ({', '.join(EOS_CANDIDATES)}); "
-                      f"name the token that separates documents with eos_token=.")
+        raise ConfigError(
+            f"the tokenizer has no token {eos_token!r}; name one of its tokens as eos_token "
+            f"(it separates the documents in packed blocks)."
+        )
+    raise ConfigError(
+        f"the tokenizer has none of the usual end-of-text tokens ({', '.join(EOS_CANDIDATES)}); "
+        f"name the token that separates documents with eos_token=."
+    )
 
 
 def check_block_size(block_size: object) -> int:
@@ -85,8 +95,9 @@ def concat_documents(ids: Sequence[Sequence[int]], eos_id: int) -> np.ndarray:
     total = sum(len(doc) for doc in ids) + len(ids)
     eos = (eos_id,)
     # chain/fromiter walk the ids inside C; no Python code runs per token
-    return np.fromiter(itertools.chain.from_iterable(itertools.chain(doc, eos) for doc in ids),
-                       dtype=np.int64, count=total)
+    return np.fromiter(
+        itertools.chain.from_iterable(itertools.chain(doc, eos) for doc in ids), dtype=np.int64, count=total
+    )
 
 
 class BlockPacker:
@@ -125,8 +136,13 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int, *, min_frequency:
     tokenizer = tk.Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[EOS_TOKEN],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=[EOS_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tokenizer.train_from_iterator(texts, trainer=trainer)
     return tokenizer
 

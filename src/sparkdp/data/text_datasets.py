@@ -72,23 +72,30 @@ def read_fortunes(root: Path) -> list[str]:
         raise DataError(
             f"fortune directory {str(root)!r} does not exist. Install the Debian package `fortunes` "
             f"(`apt-get install -y fortunes`, which `make setup` does when run as root) or set SPARKDP_FORTUNES "
-            f"to a directory of fortune files.")
+            f"to a directory of fortune files."
+        )
     # the .dat files are fortune's binary indexes; the .u8 names are links to the text files
-    files = sorted(p for p in root.iterdir() if p.is_file() and not p.is_symlink() and p.suffix not in (".dat", ".u8"))
+    files = sorted(
+        p for p in root.iterdir() if p.is_file() and not p.is_symlink() and p.suffix not in (".dat", ".u8")
+    )
     docs: list[str] = []
     for path in files:
         text = path.read_text(encoding="utf-8", errors="replace")
         docs.extend(d.strip("\n") for d in text.split("\n%\n"))
     docs = [d for d in docs if d.strip() and d.strip() != "%"]
     if not docs:
-        raise DataError(f"no fortunes found in {str(root)!r} (expected text files of cookies separated by % lines).")
+        raise DataError(
+            f"no fortunes found in {str(root)!r} (expected text files of cookies separated by % lines)."
+        )
     return docs
 
 
 def split_documents(docs: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(train, validation): every :data:`VALIDATION_EVERY`-th document is validation."""
-    return (tuple(d for i, d in enumerate(docs) if i % VALIDATION_EVERY != VALIDATION_EVERY - 1),
-            tuple(d for i, d in enumerate(docs) if i % VALIDATION_EVERY == VALIDATION_EVERY - 1))
+    return (
+        tuple(d for i, d in enumerate(docs) if i % VALIDATION_EVERY != VALIDATION_EVERY - 1),
+        tuple(d for i, d in enumerate(docs) if i % VALIDATION_EVERY == VALIDATION_EVERY - 1),
+    )
 
 
 def cached_tokenizer(name: str, train_texts: tuple[str, ...], vocab_size: int) -> str:
@@ -107,8 +114,9 @@ def cached_tokenizer(name: str, train_texts: tuple[str, ...], vocab_size: int) -
     return text
 
 
-def build_text_dataset(name: str, docs: list[str], *, vocab_size: int, block_size: int,
-                       limit: int | None = None) -> TextDataset:
+def build_text_dataset(
+    name: str, docs: list[str], *, vocab_size: int, block_size: int, limit: int | None = None
+) -> TextDataset:
     """Split ``docs`` (the first ``limit`` when given), train or reuse the tokenizer, pack both splits."""
     if limit is not None:
         docs = docs[:limit]
@@ -123,11 +131,14 @@ def build_text_dataset(name: str, docs: list[str], *, vocab_size: int, block_siz
     return TextDataset(name, train, validation, tok_json, block_size, blocks(train), blocks(validation))
 
 
-@TEXT_DATASETS("fortunes", description="BSD fortune cookies (Debian `fortunes`), 15k documents, 2.6 MB of text")
+@TEXT_DATASETS(
+    "fortunes", description="BSD fortune cookies (Debian `fortunes`), 15k documents, 2.6 MB of text"
+)
 def fortunes(limit: int | None = None, vocab_size: int = 8192, block_size: int = 256) -> TextDataset:
     root = Path(os.environ.get("SPARKDP_FORTUNES", FORTUNES_DIR))
-    return build_text_dataset("fortunes", read_fortunes(root), vocab_size=vocab_size, block_size=block_size,
-                              limit=limit)
+    return build_text_dataset(
+        "fortunes", read_fortunes(root), vocab_size=vocab_size, block_size=block_size, limit=limit
+    )
 
 
 def load_text_dataset(name: str, **kwargs: Any) -> TextDataset:

@@ -51,8 +51,9 @@ def _resolve_data(data: Any, labels: Any, eval_data: Any) -> tuple[WorkerData, W
         train, test = dataset_tensors(data)
         return train, (test if eval_data is None else as_worker_data(eval_data))
     if data is None:
-        raise ConfigError("no training data given: pass arrays, a torch Dataset or a dataset name such as "
-                          "'fashion-mnist'.")
+        raise ConfigError(
+            "no training data given: pass arrays, a torch Dataset or a dataset name such as 'fashion-mnist'."
+        )
     train = as_worker_data(data, labels)
     return train, (as_worker_data(eval_data) if eval_data is not None else None)
 
@@ -65,18 +66,22 @@ def _columnar(data: Any, columns: Columns, what: str) -> Any:
         from ..spark.dataframe import dataframe_data
 
         return dataframe_data(data, **columns.as_kwargs())
-    if isinstance(data, (str, os.PathLike)) or (isinstance(data, (list, tuple)) and data
-                                                and all(isinstance(p, (str, os.PathLike)) for p in data)):
+    if isinstance(data, (str, os.PathLike)) or (
+        isinstance(data, (list, tuple)) and data and all(isinstance(p, (str, os.PathLike)) for p in data)
+    ):
         return ParquetData(data, **columns.as_kwargs())
     if isinstance(data, WorkerData):
         return data
-    raise ConfigError(f"features=/label= name columns, so {what} must be a Spark DataFrame or a Parquet path "
-                      f"(file, directory or list of files); got {type(data).__name__}. For arrays, pass "
-                      "(features, labels) without features=.")
+    raise ConfigError(
+        f"features=/label= name columns, so {what} must be a Spark DataFrame or a Parquet path "
+        f"(file, directory or list of files); got {type(data).__name__}. For arrays, pass "
+        "(features, labels) without features=."
+    )
 
 
-def _preflight(model: nn.Module, loss_fn: Callable, data: WorkerData, memory_format: str,
-               metric: Callable | None = None) -> tuple[str, tuple[str, ...]]:
+def _preflight(
+    model: nn.Module, loss_fn: Callable, data: WorkerData, memory_format: str, metric: Callable | None = None
+) -> tuple[str, tuple[str, ...]]:
     """Check on the driver, in milliseconds, what would otherwise fail inside every Spark task: the
     column conversion, the model's input shape, the loss and the label range. Columns' mapping to
     tensors is logged before any Spark job.
@@ -91,8 +96,10 @@ def _preflight(model: nn.Module, loss_fn: Callable, data: WorkerData, memory_for
         x, y = next(data.eval_batches(rank=0, world_size=1, batch_size=2))
     else:  # nothing to probe the layout with: "auto" stays on the safe side
         if metric is not None:
-            raise ConfigError(f"metric= needs a sample batch to learn its names, which {type(data).__name__} "
-                              "cannot give on the driver; pass arrays, a dict of arrays or Parquet data.")
+            raise ConfigError(
+                f"metric= needs a sample batch to learn its names, which {type(data).__name__} "
+                "cannot give on the driver; pass arrays, a dict of arrays or Parquet data."
+            )
         return ("contiguous" if memory_format == "auto" else memory_format), ()
     out = _forward(model, loss_fn, x, y)
     names = metric_names(metric, out, x, y) if metric is not None else ()
@@ -107,7 +114,9 @@ def _preflight(model: nn.Module, loss_fn: Callable, data: WorkerData, memory_for
     else:
         assert isinstance(data, TensorData)  # any other data returned above
         check_labels(out, data.labels)  # every label, not only the sample's
-    return preflight_layout(memory_format, model, lambda to_batch: _forward(model, loss_fn, to_batch(x), y)), names
+    return preflight_layout(
+        memory_format, model, lambda to_batch: _forward(model, loss_fn, to_batch(x), y)
+    ), names
 
 
 def _forward(model: nn.Module, loss_fn: Callable, x: Any, y: Any) -> Any:
@@ -120,10 +129,20 @@ def _forward(model: nn.Module, loss_fn: Callable, x: Any, y: Any) -> Any:
         model.train(was_training)
 
 
-def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: Any = None,
-        loss: Any = "cross_entropy", optimizer: Any = "sgd", optimizer_options: dict | None = None,
-        lr_scheduler: Callable[[Any], Any] | None = None, metric: Callable[[Any, Any], Any] | None = None,
-        spark: Any = None, **settings: Any) -> TrainResult:
+def fit(
+    model: nn.Module,
+    data: Any = None,
+    *,
+    labels: Any = None,
+    eval_data: Any = None,
+    loss: Any = "cross_entropy",
+    optimizer: Any = "sgd",
+    optimizer_options: dict | None = None,
+    lr_scheduler: Callable[[Any], Any] | None = None,
+    metric: Callable[[Any, Any], Any] | None = None,
+    spark: Any = None,
+    **settings: Any,
+) -> TrainResult:
     """Train ``model`` data-parallel on Spark and return it trained.
 
     Args:
@@ -185,16 +204,37 @@ def fit(model: nn.Module, data: Any = None, *, labels: Any = None, eval_data: An
     """
     started = time.perf_counter()
     job = JobConfig.of(settings, caller="fit")
-    return fit_job(model, data, job, labels=labels, eval_data=eval_data, loss=loss, optimizer=optimizer,
-                   optimizer_options=optimizer_options, lr_scheduler=lr_scheduler, metric=metric, spark=spark,
-                   started=started)
+    return fit_job(
+        model,
+        data,
+        job,
+        labels=labels,
+        eval_data=eval_data,
+        loss=loss,
+        optimizer=optimizer,
+        optimizer_options=optimizer_options,
+        lr_scheduler=lr_scheduler,
+        metric=metric,
+        spark=spark,
+        started=started,
+    )
 
 
-def fit_job(model: nn.Module, data: Any, job: JobConfig, *, labels: Any = None, eval_data: Any = None,
-            loss: Any = "cross_entropy", optimizer: Any = "sgd",
-            optimizer_options: dict | None = None, lr_scheduler: Callable[[Any], Any] | None = None,
-            metric: Callable[[Any, Any], Any] | None = None, spark: Any = None,
-            started: float | None = None) -> TrainResult:
+def fit_job(
+    model: nn.Module,
+    data: Any,
+    job: JobConfig,
+    *,
+    labels: Any = None,
+    eval_data: Any = None,
+    loss: Any = "cross_entropy",
+    optimizer: Any = "sgd",
+    optimizer_options: dict | None = None,
+    lr_scheduler: Callable[[Any], Any] | None = None,
+    metric: Callable[[Any, Any], Any] | None = None,
+    spark: Any = None,
+    started: float | None = None,
+) -> TrainResult:
     """:func:`fit` with the job's settings as one :class:`~sparkdp.config.JobConfig`."""
     started = time.perf_counter() if started is None else started
     columns = job.columns
@@ -203,17 +243,23 @@ def fit_job(model: nn.Module, data: Any, job: JobConfig, *, labels: Any = None, 
     training = job.training
     schedule = schedule_spec(training.lr_schedule, training.warmup_steps, training.min_lr_ratio)
     if schedule is not None and lr_scheduler is not None:
-        raise ConfigError(f"both lr_schedule={training.lr_schedule!r} and lr_scheduler= were given; pass one "
-                          "(lr_schedule names a built-in schedule, lr_scheduler builds any other).")
+        raise ConfigError(
+            f"both lr_schedule={training.lr_schedule!r} and lr_scheduler= were given; pass one "
+            "(lr_schedule names a built-in schedule, lr_scheduler builds any other)."
+        )
     if metric is not None and not callable(metric):
-        raise ConfigError(f"metric must be a function (outputs, batch) -> {{name: value}}; got {type(metric).__name__}.")
+        raise ConfigError(
+            f"metric must be a function (outputs, batch) -> {{name: value}}; got {type(metric).__name__}."
+        )
     factory = optimizer_factory(optimizer, model, **(optimizer_options or {}))
     if columns.given:
         train = _columnar(data, columns, "data")
         test = _columnar(eval_data, columns, "eval_data") if eval_data is not None else None
         if test is not None and not isinstance(test, WorkerData):
-            raise ConfigError("eval_data as a DataFrame must be a plain Parquet scan (spark.read.parquet); "
-                              "write it to Parquet or pass the Parquet path.")
+            raise ConfigError(
+                "eval_data as a DataFrame must be a plain Parquet scan (spark.read.parquet); "
+                "write it to Parquet or pass the Parquet path."
+            )
     else:
         train, test = _resolve_data(data, labels, eval_data)
     memory_format, names = _preflight(model, loss_fn, train, job.training.memory_format, metric)
@@ -226,16 +272,36 @@ def fit_job(model: nn.Module, data: Any, job: JobConfig, *, labels: Any = None, 
     spark = spark or session(job.scaling.master)
     workers = _workers(spark, job)
     if job.failures.min_workers is not None and job.failures.min_workers > workers:
-        raise ConfigError(f"min_workers ({job.failures.min_workers}) cannot exceed the {workers} workers this job runs on.")
+        raise ConfigError(
+            f"min_workers ({job.failures.min_workers}) cannot exceed the {workers} workers this job runs on."
+        )
     rows = train.num_samples()
     if rows is not None and rows < workers:
-        raise ConfigError(f"the training data has {rows} rows but {workers} workers were requested; every "
-                          "worker needs at least one row. Use fewer workers or more data.")
-    spec = FitSpec(model=model, loss=loss_fn, optimizer=factory, strategy=strategy_obj, train=train, eval=test,
-                   epochs=job.training.epochs, batch_size=job.training.batch_size, seed=job.training.seed, shuffle=job.training.shuffle,
-                   scheduler=lr_scheduler, eval_every=job.training.eval_every, memory_format=memory_format,
-                   precision=training.precision, accumulate=training.accumulate,
-                   clip_grad_norm=training.clip_grad_norm, lr_schedule=schedule, metric=metric, metric_names=names)
+        raise ConfigError(
+            f"the training data has {rows} rows but {workers} workers were requested; every "
+            "worker needs at least one row. Use fewer workers or more data."
+        )
+    spec = FitSpec(
+        model=model,
+        loss=loss_fn,
+        optimizer=factory,
+        strategy=strategy_obj,
+        train=train,
+        eval=test,
+        epochs=job.training.epochs,
+        batch_size=job.training.batch_size,
+        seed=job.training.seed,
+        shuffle=job.training.shuffle,
+        scheduler=lr_scheduler,
+        eval_every=job.training.eval_every,
+        memory_format=memory_format,
+        precision=training.precision,
+        accumulate=training.accumulate,
+        clip_grad_norm=training.clip_grad_norm,
+        lr_schedule=schedule,
+        metric=metric,
+        metric_names=names,
+    )
     # Same-machine executors map in-memory data from files instead of unpickling a copy each.
     with shared_with_workers(on_driver_machine(spark), train, test) as (train, test):
         return _fit_on_spark(replace(spec, train=train, eval=test), job, workers, spark, started)
@@ -255,24 +321,42 @@ def _workers(spark: Any, job: JobConfig) -> int:
 
 def _fit_on_spark(spec: FitSpec, job: JobConfig, workers: int, spark: Any, started: float) -> TrainResult:
     model, train, strategy_obj = spec.model, spec.train, spec.strategy
-    log.info("training %s on %d workers with %s; data: %s", type(model).__name__, workers,
-             strategy_obj.name, train.describe())
+    log.info(
+        "training %s on %d workers with %s; data: %s",
+        type(model).__name__,
+        workers,
+        strategy_obj.name,
+        train.describe(),
+    )
     title = f"sparkdp {strategy_obj.name} x{workers}"
-    details = {"model": type(model).__name__, "data": train.describe(), "strategy": strategy_obj.name,
-               "strategy_options": strategy_obj.options()}
+    details = {
+        "model": type(model).__name__,
+        "data": train.describe(),
+        "strategy": strategy_obj.name,
+        "strategy_options": strategy_obj.options(),
+    }
     unreachable = _unreachable(job, spark, strategy_obj)
     if unreachable and isinstance(strategy_obj, AsyncParameterServer) and not strategy_obj.servers:
-        log.warning("sparkdp: the parameter server runs as a Spark task on the executors (servers=1) instead of "
-                    "in this process: %s", unreachable)
+        log.warning(
+            "sparkdp: the parameter server runs as a Spark task on the executors (servers=1) instead of "
+            "in this process: %s",
+            unreachable,
+        )
         strategy_obj = copy.copy(strategy_obj)
         strategy_obj.servers = 1
         spec = replace(spec, strategy=strategy_obj)
-    with monitored(job, spark, workers, title, details, strategy=strategy_obj, unreachable=unreachable) as hub:
+    with monitored(
+        job, spark, workers, title, details, strategy=strategy_obj, unreachable=unreachable
+    ) as hub:
         spec = replace(spec, monitor=hub.link if hub is not None else None)
-        streamed = not isinstance(spec.train, WorkerData)  # a DataFrame streamed through Spark: a stage per epoch
+        streamed = not isinstance(
+            spec.train, WorkerData
+        )  # a DataFrame streamed through Spark: a stage per epoch
         runner = runner_for(spec.strategy, streamed)
-        with progress(job.monitor.show_progress and hub is None,  # a spinner where no live display runs
-                      f"sparkdp: training on {workers} {runner.kind} ({spec.strategy.name})"):
+        with progress(
+            job.monitor.show_progress and hub is None,  # a spinner where no live display runs
+            f"sparkdp: training on {workers} {runner.kind} ({spec.strategy.name})",
+        ):
             result = runner.fit(spec, job, workers, spark, hub, started)
         if hub is not None:
             hub.finish(result.summary())
@@ -289,8 +373,14 @@ def _unreachable(job: JobConfig, spark: Any, strategy: Any) -> str | None:
     return unreachable_reason(spark, start_timeout_s=job.failures.start_timeout_s) if listens else None
 
 
-def run(train_fn: Callable[..., Any], *args: Any, spark: Any = None, argv: list[str] | None = None,
-        forward_output: bool = False, **settings: Any) -> Any:
+def run(
+    train_fn: Callable[..., Any],
+    *args: Any,
+    spark: Any = None,
+    argv: list[str] | None = None,
+    forward_output: bool = False,
+    **settings: Any,
+) -> Any:
     """Run the user's own training function on ``workers`` Spark tasks; return rank 0's result.
 
     Inside ``train_fn``, :func:`~sparkdp.train.distribute.distribute` turns the single-machine model,
@@ -337,15 +427,29 @@ def run(train_fn: Callable[..., Any], *args: Any, spark: Any = None, argv: list[
     checkpoint_dir = None if job.checkpoints.checkpoint_dir is None else str(job.checkpoints.checkpoint_dir)
     # a monitoring hub only carries a launched script's output here (the loop is the user's)
     hub_job = job if forward_output else replace(job, monitor=replace(job.monitor, show_progress=False))
-    with monitored(hub_job, spark, workers, f"sparkdp {name} x{workers}", strategy=strategy_obj,
-                   unreachable=_unreachable(hub_job, spark, None)) as hub:
+    with monitored(
+        hub_job,
+        spark,
+        workers,
+        f"sparkdp {name} x{workers}",
+        strategy=strategy_obj,
+        unreachable=_unreachable(hub_job, spark, None),
+    ) as hub:
         link = hub.link if hub is not None else None
 
         def body(collective, strategy, attempt):
             probe = open_probe(link, collective.rank)
-            ctx = WorkerContext(collective.rank, collective.world_size, collective, strategy, job.training.seed,
-                                collective.device, probe=probe, restart=attempt.restart,
-                                checkpoint_dir=checkpoint_dir)
+            ctx = WorkerContext(
+                collective.rank,
+                collective.world_size,
+                collective,
+                strategy,
+                job.training.seed,
+                collective.device,
+                probe=probe,
+                restart=attempt.restart,
+                checkpoint_dir=checkpoint_dir,
+            )
             set_restart_env(ctx.restart, job.failures.max_restarts, ctx.checkpoint_dir)
             set_current(ctx)
             saved_argv, sys.argv = sys.argv, list(worker_argv)
@@ -395,24 +499,44 @@ def launch(script: str | os.PathLike[str], *args: str, spark: Any = None, **sett
     name = os.path.basename(path)
     spark = spark or session(JobConfig.of(settings, allowed=RUN_SETTINGS, caller="launch").scaling.master)
     # executors elsewhere may not see this filesystem: they run a copy of the script's directory
-    shipped = None if on_driver_machine(spark) else \
-        functools.partial(shipped_path, ship_directory(spark, os.path.dirname(path)))
-    result = run(run_script, path, [str(a) for a in args], os.getcwd(), shipped, spark=spark, argv=[path, *args],
-                 forward_output=True, **settings)
+    shipped = (
+        None
+        if on_driver_machine(spark)
+        else functools.partial(shipped_path, ship_directory(spark, os.path.dirname(path)))
+    )
+    result = run(
+        run_script,
+        path,
+        [str(a) for a in args],
+        os.getcwd(),
+        shipped,
+        spark=spark,
+        argv=[path, *args],
+        forward_output=True,
+        **settings,
+    )
     started, joined = result["started"], result["joined"]
     if started and not joined:
-        log.warning("%s started %d process(es) on worker 0 and none joined the job: %s", name, started,
-                    "call sparkdp.distribute(model, optimizer, loader) in the function they run" if result["joinable"]
-                    else "in a synchronous job (allreduce, average) processes a worker starts cannot join the workers' "
-                         "process group, so each trained alone; use an asynchronous strategy (hogwild, asgd), whose "
-                         "parameter server they join, or one process per worker (e.g. --num-processes 1)")
+        log.warning(
+            "%s started %d process(es) on worker 0 and none joined the job: %s",
+            name,
+            started,
+            "call sparkdp.distribute(model, optimizer, loader) in the function they run"
+            if result["joinable"]
+            else "in a synchronous job (allreduce, average) processes a worker starts cannot join the workers' "
+            "process group, so each trained alone; use an asynchronous strategy (hogwild, asgd), whose "
+            "parameter server they join, or one process per worker (e.g. --num-processes 1)",
+        )
     elif started:
         log.info("%s: %d of the %d processes worker 0 started joined the job", name, joined, started)
     if not result["distributed"] and not started and result["workers"] > 1:
-        log.warning("%s never communicated with the other workers (no sparkdp.distribute(...), no collective on the "
-                    "process group, no DistributedDataParallel model over it): every worker trained its own "
-                    "independent copy on all of its data. Add the one line model, optimizer, loader = "
-                    "sparkdp.distribute(model, optimizer, loader) after they are built.", name)
+        log.warning(
+            "%s never communicated with the other workers (no sparkdp.distribute(...), no collective on the "
+            "process group, no DistributedDataParallel model over it): every worker trained its own "
+            "independent copy on all of its data. Add the one line model, optimizer, loader = "
+            "sparkdp.distribute(model, optimizer, loader) after they are built.",
+            name,
+        )
 
 
 __all__ = ["fit", "fit_job", "launch", "run"]

@@ -71,7 +71,9 @@ def _synthetic(limit: int | None):
 
 
 def _comm_bound_model() -> nn.Module:
-    return nn.Sequential(nn.Linear(64, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 10))
+    return nn.Sequential(
+        nn.Linear(64, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 10)
+    )
 
 
 WORKLOADS = {
@@ -144,8 +146,17 @@ def _cpu_busy() -> tuple[float, float]:
     return time.perf_counter(), t.user + t.system + getattr(t, "nice", 0.0)
 
 
-def run_one(work: Workload, choice: StrategyChoice, workers: int, seed: int, *, epochs: int, data: tuple[Any, Any],
-            spark: Any, slow: str | None = None) -> dict[str, Any]:
+def run_one(
+    work: Workload,
+    choice: StrategyChoice,
+    workers: int,
+    seed: int,
+    *,
+    epochs: int,
+    data: tuple[Any, Any],
+    spark: Any,
+    slow: str | None = None,
+) -> dict[str, Any]:
     """One training run and its record (see the module docstring for the keys)."""
     from .api import fit
 
@@ -154,9 +165,20 @@ def run_one(work: Workload, choice: StrategyChoice, workers: int, seed: int, *, 
     model = work.build_model()
     started, busy = _cpu_busy()
     with _slowed(slow):
-        result = fit(model, train, eval_data=test, strategy=choice.name, strategy_options=dict(choice.options),
-                     workers=workers, epochs=epochs, batch_size=work.batch, seed=seed,
-                     optimizer_options={"lr": work.lr}, spark=spark, show_progress=False)
+        result = fit(
+            model,
+            train,
+            eval_data=test,
+            strategy=choice.name,
+            strategy_options=dict(choice.options),
+            workers=workers,
+            epochs=epochs,
+            batch_size=work.batch,
+            seed=seed,
+            optimizer_options={"lr": work.lr},
+            spark=spark,
+            show_progress=False,
+        )
     ended, busy_end = _cpu_busy()
     accuracy = [h["test_accuracy"] for h in result.history if "test_accuracy" in h]
     elapsed, to_target = 0.0, None
@@ -170,21 +192,41 @@ def run_one(work: Workload, choice: StrategyChoice, workers: int, seed: int, *, 
     else:  # synchronous: every rank sends what rank 0 sent (each byte sent is received once)
         wire = details.get("comm", {}).get("bytes_sent", 0) * result.workers
     return {
-        "workload": work.name, "strategy": choice.label, "strategy_name": choice.name, "options": choice.options,
-        "workers": result.workers, "seed": seed, "epochs": epochs,
+        "workload": work.name,
+        "strategy": choice.label,
+        "strategy_name": choice.name,
+        "options": choice.options,
+        "workers": result.workers,
+        "seed": seed,
+        "epochs": epochs,
         "test_accuracy": statistics.fmean(accuracy[-3:]) if accuracy else None,
-        "final_test_accuracy": accuracy[-1] if accuracy else None, "accuracy_history": accuracy,
-        "wall_s": result.wall_s, "train_time_s": result.train_time_s, "samples_per_s": result.samples_per_s,
+        "final_test_accuracy": accuracy[-1] if accuracy else None,
+        "accuracy_history": accuracy,
+        "wall_s": result.wall_s,
+        "train_time_s": result.train_time_s,
+        "samples_per_s": result.samples_per_s,
         "bytes_per_sample": wire / result.samples if result.samples else None,
-        "time_to_target_s": to_target, "target": work.target,
+        "time_to_target_s": to_target,
+        "target": work.target,
         "cpu_util": (busy_end - busy) / max((ended - started) * (os.cpu_count() or 1), 1e-9),
-        "staleness": details.get("server", {}).get("staleness"), "slow": slow,
+        "staleness": details.get("server", {}).get("staleness"),
+        "slow": slow,
     }
 
 
-def run_matrix(work: Workload, choices: Sequence[StrategyChoice], worker_counts: Sequence[int],
-               seeds: Sequence[int], *, epochs: int, limit: int | None, spark: Any, out: Path,
-               slow: str | None = None, echo: Callable[[str], None] = print) -> list[dict[str, Any]]:
+def run_matrix(
+    work: Workload,
+    choices: Sequence[StrategyChoice],
+    worker_counts: Sequence[int],
+    seeds: Sequence[int],
+    *,
+    epochs: int,
+    limit: int | None,
+    spark: Any,
+    out: Path,
+    slow: str | None = None,
+    echo: Callable[[str], None] = print,
+) -> list[dict[str, Any]]:
     """Every combination, appended to ``out`` (JSON lines) as each run ends; failures recorded, not fatal."""
     out.parent.mkdir(parents=True, exist_ok=True)
     records = []
@@ -196,8 +238,13 @@ def run_matrix(work: Workload, choices: Sequence[StrategyChoice], worker_counts:
                     record = run_one(work, choice, m, seed, epochs=epochs, data=data, spark=spark, slow=slow)
                 except Exception as exc:  # noqa: BLE001 - one failed run must not lose the others
                     log.exception("run %s x%d seed %d failed", choice.label, m, seed)
-                    record = {"workload": work.name, "strategy": choice.label, "workers": m, "seed": seed,
-                              "error": f"{type(exc).__name__}: {exc}"}
+                    record = {
+                        "workload": work.name,
+                        "strategy": choice.label,
+                        "workers": m,
+                        "seed": seed,
+                        "error": f"{type(exc).__name__}: {exc}",
+                    }
                 with out.open("a") as handle:
                     handle.write(json.dumps(record) + "\n")
                 records.append(record)
@@ -208,12 +255,16 @@ def run_matrix(work: Workload, choices: Sequence[StrategyChoice], worker_counts:
 def _one_line(r: dict[str, Any]) -> str:
     if "error" in r:
         return f"{r['strategy']:<24} x{r['workers']:<3} seed {r['seed']}: FAILED {r['error']}"
-    return (f"{r['strategy']:<24} x{r['workers']:<3} seed {r['seed']}: accuracy {r['test_accuracy']:.4f}, "
-            f"{r['samples_per_s']:,.0f} samples/s, {r['wall_s']:.1f} s")
+    return (
+        f"{r['strategy']:<24} x{r['workers']:<3} seed {r['seed']}: accuracy {r['test_accuracy']:.4f}, "
+        f"{r['samples_per_s']:,.0f} samples/s, {r['wall_s']:.1f} s"
+    )
 
 
 def read_records(paths: Iterable[Path]) -> list[dict[str, Any]]:
-    return [json.loads(line) for path in paths for line in Path(path).read_text().splitlines() if line.strip()]
+    return [
+        json.loads(line) for path in paths for line in Path(path).read_text().splitlines() if line.strip()
+    ]
 
 
 def _mean_sd(values: list[float]) -> tuple[float, float]:
@@ -234,16 +285,22 @@ def summarise(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         for r in runs:
             for tau, n in (r.get("staleness") or {}).items():
                 staleness[str(tau)] = staleness.get(str(tau), 0) + n
-        rows.append({
-            "workload": name, "strategy": strategy, "workers": workers, "seeds": len(runs),
-            "accuracy_mean": acc_mean, "accuracy_sd": acc_sd,
-            "samples_per_s": statistics.median(r["samples_per_s"] for r in runs),
-            "bytes_per_sample": statistics.median(r["bytes_per_sample"] or 0 for r in runs),
-            "time_to_target_s": statistics.median(reached) if reached else None,
-            "reached_target": f"{len(reached)}/{len(runs)}",
-            "cpu_util": statistics.median(r["cpu_util"] for r in runs),
-            "staleness": dict(sorted(staleness.items(), key=lambda kv: int(kv[0]))) or None,
-        })
+        rows.append(
+            {
+                "workload": name,
+                "strategy": strategy,
+                "workers": workers,
+                "seeds": len(runs),
+                "accuracy_mean": acc_mean,
+                "accuracy_sd": acc_sd,
+                "samples_per_s": statistics.median(r["samples_per_s"] for r in runs),
+                "bytes_per_sample": statistics.median(r["bytes_per_sample"] or 0 for r in runs),
+                "time_to_target_s": statistics.median(reached) if reached else None,
+                "reached_target": f"{len(reached)}/{len(runs)}",
+                "cpu_util": statistics.median(r["cpu_util"] for r in runs),
+                "staleness": dict(sorted(staleness.items(), key=lambda kv: int(kv[0]))) or None,
+            }
+        )
     return rows
 
 
@@ -258,9 +315,11 @@ def staleness_quantile(histogram: dict[str, int], q: float) -> int:
 
 
 def markdown(rows: Sequence[dict[str, Any]]) -> str:
-    lines = ["| workload | strategy | workers | seeds | test accuracy (mean ± sd) | samples/s | kB/sample | "
-             "time to target (s) | reached | CPU | staleness mean / p50 / p90 / p99 / max |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| workload | strategy | workers | seeds | test accuracy (mean ± sd) | samples/s | kB/sample | "
+        "time to target (s) | reached | CPU | staleness mean / p50 / p90 / p99 / max |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         st = r["staleness"]
         tau = "—"
@@ -273,7 +332,8 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
             f"{r['accuracy_mean']:.4f} ± {r['accuracy_sd']:.4f} | {r['samples_per_s']:,.0f} | "
             f"{r['bytes_per_sample'] / 1e3:,.1f} | "
             f"{target} | {r['reached_target']} | "
-            f"{r['cpu_util']:.0%} | {tau} |")
+            f"{r['cpu_util']:.0%} | {tau} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -292,10 +352,18 @@ def plot(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]], path
         if r["staleness"]:
             taus = [int(k) for k in r["staleness"]]
             total = sum(r["staleness"].values())
-            axes[2].plot(taus, [v / total for v in r["staleness"].values()], marker="o",
-                         label=f"{r['strategy']} x{r['workers']}")
-    axes[2].set(title="staleness of applied pushes", xlabel="τ (updates since the pull)", ylabel="fraction",
-                xlim=(-0.5, 20.5))
+            axes[2].plot(
+                taus,
+                [v / total for v in r["staleness"].values()],
+                marker="o",
+                label=f"{r['strategy']} x{r['workers']}",
+            )
+    axes[2].set(
+        title="staleness of applied pushes",
+        xlabel="τ (updates since the pull)",
+        ylabel="fraction",
+        xlim=(-0.5, 20.5),
+    )
     if any(r["staleness"] for r in rows):
         axes[2].legend(fontsize=7)
     for ax in axes[:2]:

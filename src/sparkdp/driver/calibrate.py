@@ -63,14 +63,19 @@ class Calibration:
         sigma = self.server_apply_s / s
         # all workers pushing at once: the server's link carries workers·S at the rate those
         # flows together get
-        shared = (max(self.ps_shared_s / (self.workers * s), ps_beta) if self.ps_shared_s is not None
-                  and self.workers > 1 else None)
+        shared = (
+            max(self.ps_shared_s / (self.workers * s), ps_beta)
+            if self.ps_shared_s is not None and self.workers > 1
+            else None
+        )
         bunching = self._bunching(ps_alpha, s * ((shared or ps_beta) + sigma), s * (shared or ps_beta))
         if self.allreduce_full_s is None or self.allreduce_tiny_s is None or self.workers < 2:
             # no all-reduce measured: the PS link
             return Network(ps_alpha, ps_beta, ps_alpha, ps_beta, sigma, shared, bunching)
         m = self.workers
-        beta = max((self.allreduce_full_s - self.allreduce_tiny_s) / (2 * (m - 1) / m * (s - TINY * 4)), 1e-15)
+        beta = max(
+            (self.allreduce_full_s - self.allreduce_tiny_s) / (2 * (m - 1) / m * (s - TINY * 4)), 1e-15
+        )
         alpha = max((self.allreduce_tiny_s - 2 * (m - 1) / m * TINY * 4 * beta) / (2 * (m - 1)), 0.0)
         return Network(alpha, beta, ps_alpha, ps_beta, sigma, shared, bunching)
 
@@ -87,9 +92,14 @@ class Calibration:
 
     def as_dict(self) -> dict[str, Any]:
         net = self.network()
-        return {**self.__dict__, "alpha_s": net.latency_s, "beta_s_per_byte": net.seconds_per_byte,
-                "ps_alpha_s": net.ps_alpha, "ps_beta_s_per_byte": net.ps_beta,
-                "ps_shared_beta_s_per_byte": net.ps_link_beta}
+        return {
+            **self.__dict__,
+            "alpha_s": net.latency_s,
+            "beta_s_per_byte": net.seconds_per_byte,
+            "ps_alpha_s": net.ps_alpha,
+            "ps_beta_s_per_byte": net.ps_beta,
+            "ps_shared_beta_s_per_byte": net.ps_link_beta,
+        }
 
 
 def _median_time(fn, reps: int, before=lambda: None) -> float:
@@ -117,8 +127,14 @@ def _compute_step(model: nn.Module, batch: int, sample_shape: tuple[int, ...]):
     return step
 
 
-def _stage_task(model: nn.Module, batch: int, sample_shape: tuple[int, ...], reps: int, threads: int | None,
-                shared_memory: bool):
+def _stage_task(
+    model: nn.Module,
+    batch: int,
+    sample_shape: tuple[int, ...],
+    reps: int,
+    threads: int | None,
+    shared_memory: bool,
+):
     def body(collective) -> dict[str, float]:
         from ..comm.shm import SharedMemoryCollective, SharedMemoryReducer
         from ..strategies.allreduce import SHARED_MEMORY_MIN_BYTES
@@ -128,9 +144,16 @@ def _stage_task(model: nn.Module, batch: int, sample_shape: tuple[int, ...], rep
         step = _compute_step(model, batch, sample_shape)
         out = {"compute": _median_time(step, reps)}
         if collective.world_size > 1:
-            reducer = (SharedMemoryReducer.connect(collective, slot_bytes=min(16 << 20, params * 4))
-                       if shared_memory else None)
-            coll = SharedMemoryCollective(collective, reducer, SHARED_MEMORY_MIN_BYTES) if reducer else collective
+            reducer = (
+                SharedMemoryReducer.connect(collective, slot_bytes=min(16 << 20, params * 4))
+                if shared_memory
+                else None
+            )
+            coll = (
+                SharedMemoryCollective(collective, reducer, SHARED_MEMORY_MIN_BYTES)
+                if reducer
+                else collective
+            )
             for name, n in (("tiny", TINY), ("full", params)):
                 t = torch.ones(n)
                 collective.barrier()
@@ -163,6 +186,7 @@ def _ps_shared_task(info: Any, n: int, reps: int):
     """Every barrier task's pushes, all at once: what the server's link gives when the workers
     share it. The tasks meet at the stage's barrier before each push; the job takes the slowest
     task's time (the last push through is when the link has carried all of them)."""
+
     def task(task_info: Any) -> float:
         from ..spark.task import stage_barrier
 
@@ -179,10 +203,13 @@ def _ps_shared_task(info: Any, n: int, reps: int):
     return task
 
 
-def _ps_rounds_task(info: Any, model: nn.Module, batch: int, sample_shape: tuple[int, ...], n: int, rounds: int):
+def _ps_rounds_task(
+    info: Any, model: nn.Module, batch: int, sample_shape: tuple[int, ...], n: int, rounds: int
+):
     """Every barrier task an asynchronous worker: a compute step, a model-sized push, a pull,
     ``rounds`` times after a warm-up round, all starting at the stage's barrier as training's
     workers start together. Each task's mean round; nothing makes their pushes take turns."""
+
     def task(task_info: Any) -> float:
         from ..spark.task import stage_barrier
 
@@ -220,8 +247,17 @@ def _push_pull_time(client, n: int, reps: int) -> float:  # noqa: ANN001
     return _median_time(round_trip, reps)
 
 
-def calibrate(model: nn.Module, *, spark, workers: int, batch: int = 64, sample_shape: tuple[int, ...] = (1, 28, 28),
-              reps: int = 10, threads: int | None = None, shared_memory: bool = True) -> Calibration:
+def calibrate(
+    model: nn.Module,
+    *,
+    spark,
+    workers: int,
+    batch: int = 64,
+    sample_shape: tuple[int, ...] = (1, 28, 28),
+    reps: int = 10,
+    threads: int | None = None,
+    shared_memory: bool = True,
+) -> Calibration:
     """Measure ``C``, the all-reduce and the parameter-server terms with ``workers`` tasks.
 
     ``shared_memory=False`` times gloo's TCP all-reduce even between co-located ranks (for a
@@ -234,31 +270,69 @@ def calibrate(model: nn.Module, *, spark, workers: int, batch: int = 64, sample_
     if workers < 1 or reps < 3:
         raise ConfigError(f"calibration needs workers >= 1 and reps >= 3; got {workers} and {reps}")
     params = sum(p.numel() for p in model.parameters())
-    results = run_barrier(_stage_task(model, batch, sample_shape, reps, threads, shared_memory), workers, spark=spark,
-                          description="sparkdp plan --calibrate: compute and all-reduce")
+    results = run_barrier(
+        _stage_task(model, batch, sample_shape, reps, threads, shared_memory),
+        workers,
+        spark=spark,
+        description="sparkdp plan --calibrate: compute and all-reduce",
+    )
     from ..rules import RULES
 
     # the server applies what training's would (ASGD), so the round trip includes its update
-    servers = {name: ParameterServer(lambda shard: RULES.create("asgd", lr=1e-3), [torch.zeros(n)]) for name, n in
-               (("tiny", TINY), ("full", params))}
+    servers = {
+        name: ParameterServer(lambda shard: RULES.create("asgd", lr=1e-3), [torch.zeros(n)])
+        for name, n in (("tiny", TINY), ("full", params))
+    }
     transport = TcpTransport()
     host = driver_host(spark)
-    with transport.serve(servers["tiny"], host=host) as tiny, transport.serve(servers["full"], host=host) as full:
+    with (
+        transport.serve(servers["tiny"], host=host) as tiny,
+        transport.serve(servers["full"], host=host) as full,
+    ):
         info = {"tiny": tiny.info, "full": full.info}
-        (ps,) = run_tasks(_ps_task(info, {"tiny": TINY, "full": params}, reps), 1, spark=spark,
-                          description="sparkdp plan --calibrate: parameter server")
-        shared = run_barrier(_ps_shared_task(full.info, params, 3), workers, spark=spark, store=False,
-                             description="sparkdp plan --calibrate: the parameter server's link shared") \
-            if workers > 1 else None
-        rounds = run_barrier(_ps_rounds_task(full.info, model, batch, sample_shape, params, 3), workers,
-                             spark=spark, store=False,
-                             description="sparkdp plan --calibrate: workers cycling through the parameter server") \
-            if workers > 1 else None
+        (ps,) = run_tasks(
+            _ps_task(info, {"tiny": TINY, "full": params}, reps),
+            1,
+            spark=spark,
+            description="sparkdp plan --calibrate: parameter server",
+        )
+        shared = (
+            run_barrier(
+                _ps_shared_task(full.info, params, 3),
+                workers,
+                spark=spark,
+                store=False,
+                description="sparkdp plan --calibrate: the parameter server's link shared",
+            )
+            if workers > 1
+            else None
+        )
+        rounds = (
+            run_barrier(
+                _ps_rounds_task(full.info, model, batch, sample_shape, params, 3),
+                workers,
+                spark=spark,
+                store=False,
+                description="sparkdp plan --calibrate: workers cycling through the parameter server",
+            )
+            if workers > 1
+            else None
+        )
     median = lambda key: statistics.median(r[key] for r in results) if key in results[0] else None  # noqa: E731
     compute = statistics.median(r["compute"] for r in results)  # every stage task times its compute step
-    return Calibration(workers, params, batch, compute, median("tiny"), median("full"),
-                       ps["tiny"], ps["full"], _server_apply_s(servers["full"], params, reps),
-                       max(shared) if shared else None, statistics.median(rounds) if rounds else None)
+    return Calibration(
+        workers,
+        params,
+        batch,
+        compute,
+        median("tiny"),
+        median("full"),
+        ps["tiny"],
+        ps["full"],
+        _server_apply_s(servers["full"], params, reps),
+        max(shared) if shared else None,
+        statistics.median(rounds) if rounds else None,
+    )
 
 
 def _server_apply_s(server, params: int, reps: int) -> float:  # noqa: ANN001
@@ -273,9 +347,19 @@ def _server_apply_s(server, params: int, reps: int) -> float:  # noqa: ANN001
     return _median_time(apply, reps)
 
 
-def measure_steps(model_name: str, *, spark, workers: int, batch: int = 64, rows: int = 12_000, average_k: int = 8,
-                  ps_k: int = 1, diloco_h: int = 32, diloco_compression: str = "int8",
-                  shards: int = 1) -> dict[str, float]:
+def measure_steps(
+    model_name: str,
+    *,
+    spark,
+    workers: int,
+    batch: int = 64,
+    rows: int = 12_000,
+    average_k: int = 8,
+    ps_k: int = 1,
+    diloco_h: int = 32,
+    diloco_compression: str = "int8",
+    shards: int = 1,
+) -> dict[str, float]:
     """Real training on Fashion-MNIST: seconds per step of each strategy, from its second epoch;
     asgd with its server on the driver and, with ``shards`` > 1, with that many server tasks on
     the executors (the cluster then needs ``workers + shards`` task slots).
@@ -292,16 +376,28 @@ def measure_steps(model_name: str, *, spark, workers: int, batch: int = 64, rows
     train, _ = dataset_tensors(load_dataset("fashion-mnist", limit=rows))
     steps = math.ceil(train.num_samples() / (workers * batch))
     diloco = f"diloco(H={diloco_h}" + (f",{diloco_compression})" if diloco_compression != "none" else ")")
-    runs = {"allreduce": ("allreduce", {}), "allreduce(bf16)": ("allreduce", {"compression": "bf16"}),
-            f"average(k={average_k})": ("average", {"period": average_k}),
-            diloco: ("diloco", {"period": diloco_h, "compression": diloco_compression}),
-            f"asgd(k={ps_k},shards=1)": ("asgd", {"push_every": ps_k})}
+    runs = {
+        "allreduce": ("allreduce", {}),
+        "allreduce(bf16)": ("allreduce", {"compression": "bf16"}),
+        f"average(k={average_k})": ("average", {"period": average_k}),
+        diloco: ("diloco", {"period": diloco_h, "compression": diloco_compression}),
+        f"asgd(k={ps_k},shards=1)": ("asgd", {"push_every": ps_k}),
+    }
     if shards > 1:
         runs[f"asgd(k={ps_k},shards={shards})"] = ("asgd", {"push_every": ps_k, "servers": shards})
     measured = {}
     for label, (strategy, options) in runs.items():
         torch.manual_seed(0)
-        result = fit(build_model(model_name), train, strategy=strategy, strategy_options=options, workers=workers,
-                     epochs=2, batch_size=batch, spark=spark, show_progress=False)
+        result = fit(
+            build_model(model_name),
+            train,
+            strategy=strategy,
+            strategy_options=options,
+            workers=workers,
+            epochs=2,
+            batch_size=batch,
+            spark=spark,
+            show_progress=False,
+        )
         measured[label] = result.history[-1]["epoch_time_s"] / steps
     return measured

@@ -84,8 +84,15 @@ class RestartPolicy:
             return requested
         return max(self.min_workers, slots)
 
-    def recover(self, exc: WorkerFailed, requested: int, slots: int | None, where: str,
-                can_restart: bool = True, attempt_s: float = 0.0) -> int:
+    def recover(
+        self,
+        exc: WorkerFailed,
+        requested: int,
+        slots: int | None,
+        where: str,
+        can_restart: bool = True,
+        attempt_s: float = 0.0,
+    ) -> int:
         """After ``exc`` (in an attempt that ran ``attempt_s`` seconds): the workers to continue
         on, with the one log line; raises when the failures are more than ``max_restarts`` (or
         ``can_restart`` is False)."""
@@ -95,20 +102,33 @@ class RestartPolicy:
             if len(self.failures) == 1:
                 raise exc
             listed = "; ".join(f"{i + 1}: {f['cause']}" for i, f in enumerate(self.failures))
-            raise WorkerFailed(f"the job failed {len(self.failures)} times, more than max_restarts="
-                               f"{self.max_restarts} allows ({listed}). Fix the cause, or raise "
-                               "max_restarts.") from exc
+            raise WorkerFailed(
+                f"the job failed {len(self.failures)} times, more than max_restarts="
+                f"{self.max_restarts} allows ({listed}). Fix the cause, or raise "
+                "max_restarts."
+            ) from exc
         now = self.workers(requested, slots)
         self.failures[-1]["workers"] = now
-        log.warning("sparkdp: %s -- restart %d of %d from %s%s", cause, len(self.failures), self.max_restarts, where,
-                    f" on {now} of {requested} workers (task slots gone)" if now < requested else "")
+        log.warning(
+            "sparkdp: %s -- restart %d of %d from %s%s",
+            cause,
+            len(self.failures),
+            self.max_restarts,
+            where,
+            f" on {now} of {requested} workers (task slots gone)" if now < requested else "",
+        )
         return now
 
     def recovered(self, workers: int, requested: int) -> None:
         """The one line once the attempt after a failure has done its work."""
         last = self.failures[-1]
-        log.warning("sparkdp: recovered from failure %d (%s) on %d of %d workers", len(self.failures),
-                    last["cause"], workers, requested)
+        log.warning(
+            "sparkdp: recovered from failure %d (%s) on %d of %d workers",
+            len(self.failures),
+            last["cause"],
+            workers,
+            requested,
+        )
 
     def cause(self, exc: WorkerFailed) -> str:
         """One line for the log: what failed, where."""
@@ -126,8 +146,9 @@ class Controller(Generic[T]):
     grow back. A plan that runs in parts (a streamed DataFrame: one stage per epoch) calls
     :meth:`run` once per part; the failures count over all of them."""
 
-    def __init__(self, restarts: RestartPolicy, requested: int,
-                 slots: Callable[[], int | None] = lambda: None) -> None:
+    def __init__(
+        self, restarts: RestartPolicy, requested: int, slots: Callable[[], int | None] = lambda: None
+    ) -> None:
         self.restarts, self.requested, self.slots = restarts, requested, slots
         self.now = requested  # the workers the next attempt runs on
         self.restart = 0  # restarts so far
@@ -147,9 +168,14 @@ class Controller(Generic[T]):
                 result = plan.attempt(Attempt(self.restart, self.now))
             except WorkerFailed as exc:
                 where = plan.restart_point()
-                self.now = self.restarts.recover(exc, self.requested, self.slots(), where or "nowhere",
-                                                 can_restart=where is not None,
-                                                 attempt_s=time.perf_counter() - began)
+                self.now = self.restarts.recover(
+                    exc,
+                    self.requested,
+                    self.slots(),
+                    where or "nowhere",
+                    can_restart=where is not None,
+                    attempt_s=time.perf_counter() - began,
+                )
                 self.restart, failed = self.restart + 1, True
                 continue
             if failed:

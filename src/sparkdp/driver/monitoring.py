@@ -20,8 +20,15 @@ def wants_monitoring(job: JobConfig) -> bool:
 
 
 @contextlib.contextmanager
-def monitored(job: JobConfig, spark: Any, workers: int, title: str, details: dict[str, Any] | None = None,
-              strategy: Any = None, unreachable: str | None = None) -> Iterator[MonitorHub | None]:
+def monitored(
+    job: JobConfig,
+    spark: Any,
+    workers: int,
+    title: str,
+    details: dict[str, Any] | None = None,
+    strategy: Any = None,
+    unreachable: str | None = None,
+) -> Iterator[MonitorHub | None]:
     """The job's :class:`MonitorHub`, or None when nothing would show or keep its records
     (``show_progress=False`` and no run directory, TensorBoard or MLflow): then the workers
     are not monitored at all. When the job's ``strategy`` encrypts its traffic, the monitoring
@@ -32,16 +39,27 @@ def monitored(job: JobConfig, spark: Any, workers: int, title: str, details: dic
         yield None
         return
     if unreachable:
-        log.warning("sparkdp: live monitoring is off, the executors cannot send it to this process (%s); each "
-                    "epoch's results come back with the job when it ends", unreachable)
+        log.warning(
+            "sparkdp: live monitoring is off, the executors cannot send it to this process (%s); each "
+            "epoch's results come back with the job when it ends",
+            unreachable,
+        )
         yield None
         return
     from ..spark.cluster import driver_host
 
     config = {**job.settings(), **(details or {}), "workers": workers}
-    with MonitorHub(world_size=workers, config=config, run_dir=job.monitor.run_dir, display=job.monitor.show_progress,
-                    tensorboard=job.monitor.tensorboard, mlflow=job.monitor.mlflow, interval_s=job.monitor.metrics_interval_s,
-                    host=driver_host(spark), title=title, tls=getattr(strategy, "tls", False),
-                    comm_is_own=getattr(strategy, "comm_is_own", False)) as hub:
+    with MonitorHub(
+        world_size=workers,
+        config=config,
+        run_dir=job.monitor.run_dir,
+        display=job.monitor.show_progress,
+        tensorboard=job.monitor.tensorboard,
+        mlflow=job.monitor.mlflow,
+        interval_s=job.monitor.metrics_interval_s,
+        host=driver_host(spark),
+        title=title,
+        tls=getattr(strategy, "tls", False),
+        comm_is_own=getattr(strategy, "comm_is_own", False),
+    ) as hub:
         yield hub
-

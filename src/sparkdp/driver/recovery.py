@@ -43,21 +43,32 @@ def refuse_foreign_checkpoints(job: JobConfig, lineage: str | None = None) -> No
         return
     directory = str(directory)
     store = CheckpointStore(directory, "reader", storage_options=job.checkpoints.checkpoint_storage_options)
-    names = [n for n in store.names() if lineage is None or cast(CheckpointName, parse_name(n)).job_id != lineage]
+    names = [
+        n for n in store.names() if lineage is None or cast(CheckpointName, parse_name(n)).job_id != lineage
+    ]
     if names:
         shown = ", ".join(names[-3:]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-        todo = (f"To continue that job, resume it: resume={directory!r} (--resume {directory}); to start "
-                "afresh, give an empty or new directory (or delete those files).") if job.checkpoints.resume is None else \
-            (f"This job resumes from {str(job.checkpoints.resume)!r}: give it a checkpoint_dir of its own (an empty or new "
-             "directory), or remove the other job's files.")
+        todo = (
+            (
+                f"To continue that job, resume it: resume={directory!r} (--resume {directory}); to start "
+                "afresh, give an empty or new directory (or delete those files)."
+            )
+            if job.checkpoints.resume is None
+            else (
+                f"This job resumes from {str(job.checkpoints.resume)!r}: give it a checkpoint_dir of its own (an empty or new "
+                "directory), or remove the other job's files."
+            )
+        )
         raise ConfigError(
             f"checkpoint_dir={directory!r} already holds checkpoints of another job ({shown}). Writing beside "
-            f"them would mix two jobs' checkpoints, and a restart could resume the wrong weights. {todo}")
+            f"them would mix two jobs' checkpoints, and a restart could resume the wrong weights. {todo}"
+        )
 
 
 @contextmanager
-def checkpoint_policy(job: JobConfig, temporary_ok: bool, job_id: str | None = None
-                      ) -> Iterator[CheckpointPolicy | None]:
+def checkpoint_policy(
+    job: JobConfig, temporary_ok: bool, job_id: str | None = None
+) -> Iterator[CheckpointPolicy | None]:
     """The job's checkpoint policy. Without ``checkpoint_dir``/``resume``, a temporary directory
     (removed afterwards) still lets the driver restart a failed stage, when ``temporary_ok``
     (the executors share the driver's disk) and restarts are allowed. ``job_id``: the identity
@@ -83,8 +94,10 @@ def resume_point(job: JobConfig) -> Checkpoint | None:
         return None
     found = latest_checkpoint(job.checkpoints.resume, settings=job.checkpoints)
     if found is None:
-        raise ConfigError(f"resume={job.checkpoints.resume!r}: no readable checkpoint (ckpt-e*-s*-*.safetensors) there. "
-                          "Point resume at the checkpoint_dir of an earlier run, or leave it unset to start afresh.")
+        raise ConfigError(
+            f"resume={job.checkpoints.resume!r}: no readable checkpoint (ckpt-e*-s*-*.safetensors) there. "
+            "Point resume at the checkpoint_dir of an earlier run, or leave it unset to start afresh."
+        )
     return found
 
 
@@ -101,25 +114,38 @@ def resumed(spec: FitSpec, checkpoint: Checkpoint, workers: int | None = None) -
     step = checkpoint.step
     if workers is not None and workers != checkpoint.workers:
         step = round(step * checkpoint.workers / workers)
-    part = StagePart(start_epoch=checkpoint.epoch, last_epoch=last, optimizer_state=checkpoint.optimizer or None,
-                     start_step=step, rng=tuple(checkpoint.rng), history=tuple(checkpoint.history),
-                     epoch_stats=checkpoint.epoch_stats)
+    part = StagePart(
+        start_epoch=checkpoint.epoch,
+        last_epoch=last,
+        optimizer_state=checkpoint.optimizer or None,
+        start_step=step,
+        rng=tuple(checkpoint.rng),
+        history=tuple(checkpoint.history),
+        epoch_stats=checkpoint.epoch_stats,
+    )
     return replace(spec, epochs=last + 1 - checkpoint.epoch, part=part)
 
 
 def _where(checkpoint: Checkpoint | None) -> str:
     if checkpoint is None:
         return "the start (no checkpoint yet)"
-    return f"epoch {checkpoint.epoch + 1}, step {checkpoint.step}" if checkpoint.step else \
-        f"the start of epoch {checkpoint.epoch + 1}"
+    return (
+        f"epoch {checkpoint.epoch + 1}, step {checkpoint.step}"
+        if checkpoint.step
+        else f"the start of epoch {checkpoint.epoch + 1}"
+    )
 
 
 class SpecPlan:
     """The plan of a job whose attempt is one stage over a :class:`FitSpec`: a restart continues
     from the job's newest checkpoint, re-sharded to the workers it runs on."""
 
-    def __init__(self, spec: FitSpec, policy: CheckpointPolicy | None,
-                 run_stage: Callable[[FitSpec, int], WorkerReport]) -> None:
+    def __init__(
+        self,
+        spec: FitSpec,
+        policy: CheckpointPolicy | None,
+        run_stage: Callable[[FitSpec, int], WorkerReport],
+    ) -> None:
         self.spec, self.policy, self.run_stage = spec, policy, run_stage
         self.latest: Checkpoint | None = None
         self.finished = spec  # the spec of the attempt that finished
@@ -135,20 +161,30 @@ class SpecPlan:
             return self.run_stage(spec, attempt.workers)
         except TrainingDiverged as exc:
             last = self._latest()
-            raise TrainingDiverged(f"{exc} The last good checkpoint: "
-                                   f"{last.path if last is not None else 'none'}.") from None
+            raise TrainingDiverged(
+                f"{exc} The last good checkpoint: {last.path if last is not None else 'none'}."
+            ) from None
 
     def restart_point(self) -> str | None:
         self.latest = self._latest()
         return _where(self.latest) if self.policy is not None else None
 
     def _latest(self) -> Checkpoint | None:
-        return latest_checkpoint(self.policy.directory, self.policy.job_id, self.policy.settings) if self.policy is not None else None
+        return (
+            latest_checkpoint(self.policy.directory, self.policy.job_id, self.policy.settings)
+            if self.policy is not None
+            else None
+        )
 
 
-def run_with_restarts(spec: FitSpec, restarts: RestartPolicy, policy: CheckpointPolicy | None,
-                      run_stage: Callable[[FitSpec, int], WorkerReport], workers: int,
-                      slots: Callable[[], int | None] = lambda: None) -> tuple[WorkerReport, FitSpec, int]:
+def run_with_restarts(
+    spec: FitSpec,
+    restarts: RestartPolicy,
+    policy: CheckpointPolicy | None,
+    run_stage: Callable[[FitSpec, int], WorkerReport],
+    workers: int,
+    slots: Callable[[], int | None] = lambda: None,
+) -> tuple[WorkerReport, FitSpec, int]:
     """Run the stage on ``workers`` under the job's :class:`~sparkdp.driver.controller.Controller`:
     after a worker failure, restart it from the latest checkpoint as ``restarts`` allows (on
     fewer workers if ``slots()`` says fewer are left).
@@ -166,5 +202,8 @@ def merged_history(report: WorkerReport, finished: FitSpec) -> tuple[list[dict[s
     """(history, samples, training seconds) of the whole job, earlier stages included."""
     before = list(finished.part.history)
     history = before + list(report.history)
-    return (history, sum(int(h["samples"]) for h in before) + report.samples,
-            sum(float(h["epoch_time_s"]) for h in before) + report.train_time_s)
+    return (
+        history,
+        sum(int(h["samples"]) for h in before) + report.samples,
+        sum(float(h["epoch_time_s"]) for h in before) + report.train_time_s,
+    )

@@ -56,12 +56,22 @@ class JobRunner(Protocol):
     #: what the progress line calls the workers
     kind: str
 
-    def fit(self, spec: FitSpec, job: JobConfig, workers: int, spark: Any, hub: Any, started: float) -> TrainResult:
+    def fit(
+        self, spec: FitSpec, job: JobConfig, workers: int, spark: Any, hub: Any, started: float
+    ) -> TrainResult:
         """Train ``spec`` (``spec.model`` ends up trained) and return the job's result."""
         ...
 
-    def call(self, body: Body, strategy: Strategy, job: JobConfig, workers: int,
-             spark: Any, hub: Any, description: str) -> Any:
+    def call(
+        self,
+        body: Body,
+        strategy: Strategy,
+        job: JobConfig,
+        workers: int,
+        spark: Any,
+        hub: Any,
+        description: str,
+    ) -> Any:
         """Run ``body(collective, strategy, attempt)`` on every worker (``sparkdp.run``), restarted
         from the start as the job's restart policy allows; rank 0's result."""
         ...
@@ -71,9 +81,11 @@ def runner_for(strategy: Strategy, streamed: bool) -> JobRunner:
     """The runner for ``strategy``'s launch kind, on streamed DataFrame data or not."""
     if strategy.launcher is Launcher.TASKS:
         if streamed:
-            raise ConfigError(f"the asynchronous strategy {strategy.name!r} reads in-memory data or Parquet "
-                              "files; a DataFrame that is not a plain Parquet scan is supported by the synchronous "
-                              "strategies. Write it to Parquet and pass the path.")
+            raise ConfigError(
+                f"the asynchronous strategy {strategy.name!r} reads in-memory data or Parquet "
+                "files; a DataFrame that is not a plain Parquet scan is supported by the synchronous "
+                "strategies. Write it to Parquet and pass the path."
+            )
         return TaskRunner()
     return StreamRunner() if streamed else BarrierRunner()
 
@@ -95,32 +107,50 @@ class BarrierRunner:
 
     kind = "Spark workers"
 
-    def fit(self, spec: FitSpec, job: JobConfig, workers: int, spark: Any, hub: Any, started: float) -> TrainResult:
+    def fit(
+        self, spec: FitSpec, job: JobConfig, workers: int, spark: Any, hub: Any, started: float
+    ) -> TrainResult:
         from ..spark.cluster import available_slots, on_driver_machine
 
         spec, lineage = _resume(spec, job)
 
         def run_stage(attempt: FitSpec, n: int) -> WorkerReport:
             first, last = attempt.part.start_epoch + 1, attempt.last_epoch() + 1
-            return _barrier(lambda coll: fit_worker(attempt, coll), n, job, spark,
-                            f"sparkdp {attempt.strategy.name} on {n} workers: epochs {first}-{last} of {last}")
+            return _barrier(
+                lambda coll: fit_worker(attempt, coll),
+                n,
+                job,
+                spark,
+                f"sparkdp {attempt.strategy.name} on {n} workers: epochs {first}-{last} of {last}",
+            )
 
         restarts = RestartPolicy.of(job)
         with checkpoint_policy(job, temporary_ok=on_driver_machine(spark), job_id=lineage) as policy:
-            report, finished, ran_on = run_with_restarts(spec, restarts, policy, run_stage, workers,
-                                                         slots=lambda: available_slots(spark))
+            report, finished, ran_on = run_with_restarts(
+                spec, restarts, policy, run_stage, workers, slots=lambda: available_slots(spark)
+            )
         return trained(report, finished, ran_on, spec.epochs, started, restarts)
 
-    def call(self, body: Body, strategy: Strategy, job: JobConfig, workers: int,
-             spark: Any, hub: Any, description: str) -> Any:
+    def call(
+        self,
+        body: Body,
+        strategy: Strategy,
+        job: JobConfig,
+        workers: int,
+        spark: Any,
+        hub: Any,
+        description: str,
+    ) -> Any:
         from ..spark.cluster import available_slots
 
         def attempt(now: Attempt) -> Any:
-            return _barrier(lambda collective: body(collective, strategy, now), now.workers, job, spark,
-                            description)
+            return _barrier(
+                lambda collective: body(collective, strategy, now), now.workers, job, spark, description
+            )
 
         return Controller(RestartPolicy.of(job), workers, lambda: available_slots(spark)).run(
-            _FromStart(attempt))
+            _FromStart(attempt)
+        )
 
 
 class _FromStart:
@@ -138,8 +168,9 @@ def _barrier(body: Callable[[Any], Any], workers: int, job: JobConfig, spark: An
     from ..spark.launcher import run_barrier
 
     task = in_task(body, threads=job.scaling.threads, pg_timeout_s=job.failures.pg_timeout_s)
-    return run_barrier(task, workers, spark=spark, start_timeout_s=job.failures.start_timeout_s,
-                       description=description)[0]
+    return run_barrier(
+        task, workers, spark=spark, start_timeout_s=job.failures.start_timeout_s, description=description
+    )[0]
 
 
 class StreamRunner:
@@ -147,7 +178,9 @@ class StreamRunner:
 
     kind = "Spark workers"
 
-    def fit(self, spec: FitSpec, job: JobConfig, workers: int, spark: Any, hub: Any, started: float) -> TrainResult:
+    def fit(
+        self, spec: FitSpec, job: JobConfig, workers: int, spark: Any, hub: Any, started: float
+    ) -> TrainResult:
         from ..spark.cluster import available_slots
 
         spec, lineage = _resume(spec, job)
@@ -160,9 +193,19 @@ class StreamRunner:
             ran_on = controller.now
         return trained(report, spec, ran_on, spec.epochs, started, restarts)
 
-    def call(self, body: Body, strategy: Strategy, job: JobConfig, workers: int,
-             spark: Any, hub: Any, description: str) -> Any:
-        raise ConfigError("a streamed DataFrame is training data for sparkdp.fit; sparkdp.run calls your own loop.")
+    def call(
+        self,
+        body: Body,
+        strategy: Strategy,
+        job: JobConfig,
+        workers: int,
+        spark: Any,
+        hub: Any,
+        description: str,
+    ) -> Any:
+        raise ConfigError(
+            "a streamed DataFrame is training data for sparkdp.fit; sparkdp.run calls your own loop."
+        )
 
 
 class TaskRunner:
@@ -171,7 +214,9 @@ class TaskRunner:
 
     kind = "asynchronous Spark workers"
 
-    def fit(self, spec: FitSpec, job: JobConfig, workers: int, spark: Any, hub: Any, started: float) -> TrainResult:
+    def fit(
+        self, spec: FitSpec, job: JobConfig, workers: int, spark: Any, hub: Any, started: float
+    ) -> TrainResult:
         from .async_job import fit_async, server_lineage
         from .server_tasks import fit_on_executors
 
@@ -180,39 +225,74 @@ class TaskRunner:
         run = fit_on_executors if cast(AsyncParameterServer, spec.strategy).servers else fit_async
         return run(spec, job, workers=workers, spark=spark, started=started, hub=hub, job_id=lineage)
 
-    def call(self, body: Body, strategy: Strategy, job: JobConfig, workers: int,
-             spark: Any, hub: Any, description: str) -> Any:
+    def call(
+        self,
+        body: Body,
+        strategy: Strategy,
+        job: JobConfig,
+        workers: int,
+        spark: Any,
+        hub: Any,
+        description: str,
+    ) -> Any:
         from .async_job import run_async
 
         if cast(AsyncParameterServer, strategy).servers:
-            raise ConfigError("servers=K (parameter servers on the executors) trains through sparkdp.fit and "
-                              "`sparkdp train`; sparkdp.run and `sparkdp launch` use the server on the driver: "
-                              "leave servers unset.")
-        return run_async(lambda _w, collective, shipped, attempt: body(collective, shipped, attempt),
-                         cast(AsyncParameterServer, strategy),  # a Launcher.TASKS strategy
-                         workers=workers, spark=spark, threads=job.scaling.threads, description=description,
-                         restarts=RestartPolicy.of(job), hub=hub, start_timeout_s=job.failures.start_timeout_s)[0]
+            raise ConfigError(
+                "servers=K (parameter servers on the executors) trains through sparkdp.fit and "
+                "`sparkdp train`; sparkdp.run and `sparkdp launch` use the server on the driver: "
+                "leave servers unset."
+            )
+        return run_async(
+            lambda _w, collective, shipped, attempt: body(collective, shipped, attempt),
+            cast(AsyncParameterServer, strategy),  # a Launcher.TASKS strategy
+            workers=workers,
+            spark=spark,
+            threads=job.scaling.threads,
+            description=description,
+            restarts=RestartPolicy.of(job),
+            hub=hub,
+            start_timeout_s=job.failures.start_timeout_s,
+        )[0]
 
 
-def trained(report: WorkerReport, finished: FitSpec, workers: int, epochs: int, started: float,
-            restarts: RestartPolicy) -> TrainResult:
+def trained(
+    report: WorkerReport,
+    finished: FitSpec,
+    workers: int,
+    epochs: int,
+    started: float,
+    restarts: RestartPolicy,
+) -> TrainResult:
     """A synchronous job's result: rank 0's report of the stage that finished, earlier stages'
     history first, and the failures recovered on the way."""
     dropped = report.data_counters.get("dropped_null_rows", 0)
     if dropped:
-        log.warning("dropped %d row(s) with null features or labels (drop_nulls=True), counted over all epochs",
-                    dropped)
+        log.warning(
+            "dropped %d row(s) with null features or labels (drop_nulls=True), counted over all epochs",
+            dropped,
+        )
     finished.model.load_state_dict(state_from_bytes(report.state))
     history, samples, train_time = merged_history(report, finished)
-    return TrainResult(model=finished.model, history=history, strategy=finished.strategy.name, workers=workers,
-                       epochs=epochs, wall_s=time.perf_counter() - started, train_time_s=train_time,
-                       samples=samples, strategy_options=report.strategy_options,
-                       details={"strategy_state": report.strategy_state,
-                                # rank 0's communication figures; a synchronous strategy's are every rank's
-                                "comm": dict(report.strategy_metrics),
-                                # per worker: peak RSS and model-state bytes (train.memory)
-                                "memory": list(report.memory),
-                                "restarts": list(restarts.failures)})
+    return TrainResult(
+        model=finished.model,
+        history=history,
+        strategy=finished.strategy.name,
+        workers=workers,
+        epochs=epochs,
+        wall_s=time.perf_counter() - started,
+        train_time_s=train_time,
+        samples=samples,
+        strategy_options=report.strategy_options,
+        details={
+            "strategy_state": report.strategy_state,
+            # rank 0's communication figures; a synchronous strategy's are every rank's
+            "comm": dict(report.strategy_metrics),
+            # per worker: peak RSS and model-state bytes (train.memory)
+            "memory": list(report.memory),
+            "restarts": list(restarts.failures),
+        },
+    )
 
 
 __all__ = ["BarrierRunner", "JobRunner", "StreamRunner", "TaskRunner", "runner_for", "trained"]

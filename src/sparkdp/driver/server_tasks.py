@@ -63,8 +63,16 @@ log = logging.getLogger(__name__)
 _COUNTS = ("pulls", "pushes_applied", "duplicates_dropped", "rejected")
 
 
-def fit_on_executors(spec: FitSpec, job: JobConfig, *, workers: int, spark: Any, started: float,
-                     hub: Any = None, job_id: str | None = None) -> TrainResult:
+def fit_on_executors(
+    spec: FitSpec,
+    job: JobConfig,
+    *,
+    workers: int,
+    spark: Any,
+    started: float,
+    hub: Any = None,
+    job_id: str | None = None,
+) -> TrainResult:
     """Train with ``spec.strategy.servers`` server tasks beside ``workers`` worker tasks (``spec``:
     the whole job, from its first epoch; ``job_id``: the identity of the servers' checkpoints, a
     resumed job's those it resumes)."""
@@ -75,8 +83,12 @@ def fit_on_executors(spec: FitSpec, job: JobConfig, *, workers: int, spark: Any,
     plan = ShardPlan.build(centre, strategy.servers)
     servers = plan.num_shards
     if servers < (strategy.servers or 1):
-        log.warning("the model splits into %d key ranges only: %d server task(s), not %d", servers, servers,
-                    strategy.servers)
+        log.warning(
+            "the model splits into %d key ranges only: %d server task(s), not %d",
+            servers,
+            servers,
+            strategy.servers,
+        )
     directory = job.checkpoints.checkpoint_dir or job.checkpoints.resume
     if hub is not None:  # the live display's server line, from the server tasks' own records
         hub.server_metrics = lambda: combined(list(hub.servers.values()))
@@ -94,7 +106,8 @@ def fit_on_executors(spec: FitSpec, job: JobConfig, *, workers: int, spark: Any,
         stage = _Stage(spec, strategy, plan, workers, job, policy, new_secret(), fault_from_env())
         restarts = RestartPolicy.of(job)
         controller: Controller[list[Any]] = Controller(
-            restarts, workers, lambda: _worker_slots(available_slots(spark), servers))
+            restarts, workers, lambda: _worker_slots(available_slots(spark), servers)
+        )
         restartable = _ServerStages(stage, whole, spark, load)
         results = controller.run(restartable)
         spec, load = stage.spec, restartable.load
@@ -104,7 +117,9 @@ def fit_on_executors(spec: FitSpec, job: JobConfig, *, workers: int, spark: Any,
     elif all(state is not None for state in load):  # resumed with nothing left to train: the saved centre
         _copy_centre(plan, [state_io.from_bytes(cast(bytes, state))["center"] for state in load], spec.model)
     metrics = [{k: v for k, v in s.items() if k != "centre"} for s in shards]
-    result = async_result(spec, reports, controller.now, started, {"server": combined(metrics), "servers": metrics})
+    result = async_result(
+        spec, reports, controller.now, started, {"server": combined(metrics), "servers": metrics}
+    )
     result.details["restarts"] = list(restarts.failures)
     return result
 
@@ -121,15 +136,18 @@ class _ServerStages:
         if attempt.restart:
             stage.workers = attempt.workers
             assert stage.policy is not None  # restart_point gave no restart otherwise
-            stage.spec, self.load = _resume(self.whole, stage.strategy, stage.plan, attempt.workers,
-                                            stage.policy.store(), required=False)
+            stage.spec, self.load = _resume(
+                self.whole, stage.strategy, stage.plan, attempt.workers, stage.policy.store(), required=False
+            )
             stage.fault = None  # an injected fault fires once per job
         return stage.run(self.spark, self.load) if stage.spec.epochs else []
 
     def restart_point(self) -> str | None:
         if self.stage.policy is None:
-            log.warning("the servers on the executors keep no checkpoints, so this failure ends the job: "
-                        "give checkpoint_dir (a directory the driver and every executor reach) to restart")
+            log.warning(
+                "the servers on the executors keep no checkpoints, so this failure ends the job: "
+                "give checkpoint_dir (a directory the driver and every executor reach) to restart"
+            )
             return None
         return "the servers' newest checkpoints"
 
@@ -145,13 +163,23 @@ def combined(per_server: list[dict[str, Any]]) -> dict[str, Any]:
     if not per_server:
         return {}
     busiest = max(per_server, key=lambda m: m["pushes_applied"])
-    return {**{k: max(m[k] for m in per_server) for k in _COUNTS},
-            "bytes_in": sum(m["bytes_in"] for m in per_server), "bytes_out": sum(m["bytes_out"] for m in per_server),
-            "staleness": busiest["staleness"]}
+    return {
+        **{k: max(m[k] for m in per_server) for k in _COUNTS},
+        "bytes_in": sum(m["bytes_in"] for m in per_server),
+        "bytes_out": sum(m["bytes_out"] for m in per_server),
+        "staleness": busiest["staleness"],
+    }
 
 
-def _resume(spec: FitSpec, strategy: AsyncParameterServer, plan: ShardPlan, workers: int, store: CheckpointStore, *,
-            required: bool) -> tuple[FitSpec, list[bytes | None]]:
+def _resume(
+    spec: FitSpec,
+    strategy: AsyncParameterServer,
+    plan: ShardPlan,
+    workers: int,
+    store: CheckpointStore,
+    *,
+    required: bool,
+) -> tuple[FitSpec, list[bytes | None]]:
     """The state of every server's newest readable checkpoint of this job (``store.job_id``) in
     ``store`` and ``spec`` for the epochs they do not cover; a server without one starts from
     ``spec``'s model (``required``: refuse). The states travel to the server tasks themselves: a
@@ -169,15 +197,24 @@ def _resume(spec: FitSpec, strategy: AsyncParameterServer, plan: ShardPlan, work
                 raise
             names.append(None)
             books.append(None)
-    done = epochs_done(lambda w: min(b.last_seq(w) if b is not None else -1 for b in books), spec, strategy, workers)
-    log.info("the %d servers resume from %s: %d of %d epoch(s) covered by the applied pushes", plan.num_shards,
-             ", ".join(n or "their start" for n in names), done, spec.epochs)
+    done = epochs_done(
+        lambda w: min(b.last_seq(w) if b is not None else -1 for b in books), spec, strategy, workers
+    )
+    log.info(
+        "the %d servers resume from %s: %d of %d epoch(s) covered by the applied pushes",
+        plan.num_shards,
+        ", ".join(n or "their start" for n in names),
+        done,
+        spec.epochs,
+    )
     states = [state_io.to_bytes(b.state_dict()) if b is not None else None for b in books]
     return remaining(spec, done), states
 
 
 def _pieces(plan: ShardPlan, model: torch.nn.Module, shard: int) -> list[torch.Tensor]:
-    return [p.clone() for p in plan.views([t.detach().to("cpu").contiguous() for t in model.parameters()], shard)]
+    return [
+        p.clone() for p in plan.views([t.detach().to("cpu").contiguous() for t in model.parameters()], shard)
+    ]
 
 
 def _copy_centre(plan: ShardPlan, parts: list[list[torch.Tensor]], model: torch.nn.Module) -> None:
@@ -194,8 +231,17 @@ class _Stage:
     """What one attempt of the stage runs: task ``s < K`` serves key range ``s``, task ``K + w``
     trains as worker ``w``. Pickled into every task (the model's pieces travel in ``spec``)."""
 
-    def __init__(self, spec: FitSpec, strategy: AsyncParameterServer, plan: ShardPlan, workers: int,
-                 job: JobConfig, policy: CheckpointPolicy | None, secret: bytes, fault: Fault | None) -> None:
+    def __init__(
+        self,
+        spec: FitSpec,
+        strategy: AsyncParameterServer,
+        plan: ShardPlan,
+        workers: int,
+        job: JobConfig,
+        policy: CheckpointPolicy | None,
+        secret: bytes,
+        fault: Fault | None,
+    ) -> None:
         self.spec, self.strategy, self.plan, self.workers = spec, strategy, plan, workers
         self.threads, self.start_timeout_s = job.scaling.threads, job.failures.start_timeout_s
         self.every_s = job.checkpoints.checkpoint_every_s or 60.0
@@ -207,10 +253,18 @@ class _Stage:
 
         servers = self.plan.num_shards
         first, last = self.spec.part.start_epoch + 1, self.spec.part.start_epoch + self.spec.epochs
-        description = (f"sparkdp async {self.strategy.rule}: {servers} servers and {self.workers} workers, "
-                       f"epochs {first}-{last}")
-        return run_barrier(lambda info: self.task(info.rank, load), servers + self.workers, spark=spark,
-                           start_timeout_s=self.start_timeout_s, description=description, store=False)
+        description = (
+            f"sparkdp async {self.strategy.rule}: {servers} servers and {self.workers} workers, "
+            f"epochs {first}-{last}"
+        )
+        return run_barrier(
+            lambda info: self.task(info.rank, load),
+            servers + self.workers,
+            spark=spark,
+            start_timeout_s=self.start_timeout_s,
+            description=description,
+            store=False,
+        )
 
     def task(self, rank: int, load: list[bytes | None]) -> Any:
         servers = self.plan.num_shards
@@ -223,11 +277,19 @@ class _Stage:
         server = server_factory(self.strategy, self.workers)(_pieces(self.plan, self.spec.model, shard))
         if state is not None:
             server.load_state_dict(state_io.from_bytes(state))
-        saver = ServerCheckpoints(server, self.policy.store(), self.every_s, server_series(shard, servers)) \
-            if self.policy is not None else None
-        with TcpTransport(self.options).serve(server, host=task_host(), port=0, secret=self.secret) as endpoint, \
-                saver or contextlib.nullcontext(), _killer(self.fault, shard, server), \
-                _reporting(self.spec.monitor, self.workers + shard, shard, server):
+        saver = (
+            ServerCheckpoints(server, self.policy.store(), self.every_s, server_series(shard, servers))
+            if self.policy is not None
+            else None
+        )
+        with (
+            TcpTransport(self.options).serve(
+                server, host=task_host(), port=0, secret=self.secret
+            ) as endpoint,
+            saver or contextlib.nullcontext(),
+            _killer(self.fault, shard, server),
+            _reporting(self.spec.monitor, self.workers + shard, shard, server),
+        ):
             all_gather(json.dumps({"address": endpoint.info.address, "cert": endpoint.info.tls_cert}))
             stage_barrier()  # every worker is done
         if saver is not None:
@@ -238,13 +300,17 @@ class _Stage:
     def work(self, worker: int) -> WorkerReport:
         from ..spark.task import all_gather, stage_barrier
 
-        servers = [json.loads(m) for m in all_gather("")[:self.plan.num_shards]]
-        info = ShardedInfo(tuple(s["address"] for s in servers), self.secret, tuple(s["cert"] for s in servers))
+        servers = [json.loads(m) for m in all_gather("")[: self.plan.num_shards]]
+        info = ShardedInfo(
+            tuple(s["address"] for s in servers), self.secret, tuple(s["cert"] for s in servers)
+        )
         transport = ShardedTransport(TcpTransport(self.options), self.plan)
         strategy = copy.copy(self.strategy).connect_to(transport, info)
         fault = self.fault if self.fault is not None and self.fault.action != "kill-server" else None
-        report = fit_worker(replace(self.spec, strategy=strategy, fault=fault),
-                            task_collective(worker, self.workers, self.threads))
+        report = fit_worker(
+            replace(self.spec, strategy=strategy, fault=fault),
+            task_collective(worker, self.workers, self.threads),
+        )
         assert report is not None  # an asynchronous worker returns its own report
         stage_barrier()  # the servers stop once every worker is here
         return report
@@ -257,10 +323,13 @@ def _reporting(link: MonitorLink | None, ident: int, shard: int, server: Paramet
     client = None
     if link is not None:
         try:
-            client = TcpTransport().connect(link.info.address, link.info.secret, ident, timeout=10.0,
-                                            tls_cert=link.info.tls_cert)
+            client = TcpTransport().connect(
+                link.info.address, link.info.secret, ident, timeout=10.0, tls_cert=link.info.tls_cert
+            )
         except Exception as exc:  # monitoring must not fail the job
-            log.warning("server %d: live monitoring is off, the driver's monitor is unreachable: %s", shard, exc)
+            log.warning(
+                "server %d: live monitoring is off, the driver's monitor is unreachable: %s", shard, exc
+            )
     if client is None:
         yield
         return
@@ -270,8 +339,15 @@ def _reporting(link: MonitorLink | None, ident: int, shard: int, server: Paramet
         try:
             while True:
                 last = done.wait(every_s)  # a last record once the workers are done
-                client.report({"type": "server", "shard": shard, "host": socket.gethostname(), "time": time.time(),
-                               **server.metrics()})
+                client.report(
+                    {
+                        "type": "server",
+                        "shard": shard,
+                        "host": socket.gethostname(),
+                        "time": time.time(),
+                        **server.metrics(),
+                    }
+                )
                 if last:
                     return
         except Exception as exc:
@@ -291,6 +367,7 @@ def _killer(fault: Fault | None, shard: int, server: ParameterServer):
     if fault is None or fault.action != "kill-server" or fault.rank != shard:
         yield
         return
+
     def watch(done: threading.Event) -> None:
         while not done.wait(0.05):
             if server.metrics()["pushes_applied"] >= fault.step:

@@ -28,15 +28,22 @@ class EpochPlan:
         self.run_epoch, self.spec, self.epoch = run_epoch, spec, epoch
 
     def attempt(self, attempt: Attempt) -> WorkerReport:
-        return self.run_epoch(replace(self.spec, fault=self.spec.fault if attempt.restart == 0 else None),
-                              attempt.workers)
+        return self.run_epoch(
+            replace(self.spec, fault=self.spec.fault if attempt.restart == 0 else None), attempt.workers
+        )
 
     def restart_point(self) -> str:
         return f"the start of epoch {self.epoch + 1}"
 
 
-def fit_epochs(spec: FitSpec, source: Any, job: JobConfig, controller: Controller[WorkerReport], spark: Any,
-               checkpoint: CheckpointPolicy | None) -> WorkerReport:
+def fit_epochs(
+    spec: FitSpec,
+    source: Any,
+    job: JobConfig,
+    controller: Controller[WorkerReport],
+    spark: Any,
+    checkpoint: CheckpointPolicy | None,
+) -> WorkerReport:
     """Train ``spec.epochs`` epochs of ``source`` (a ``spark.dataframe.DataFrameSource``), one
     stage per epoch, each under ``controller``; rank 0's merged report. A spec resumed from a
     checkpoint (``spec.part``) starts at its epoch; ``checkpoint`` saves every epoch's state."""
@@ -51,12 +58,21 @@ def fit_epochs(spec: FitSpec, source: Any, job: JobConfig, controller: Controlle
     fault = fault_from_env()  # fires once per job: in the first epoch's first attempt that reaches it
 
     def run_epoch(stage: FitSpec, workers: int) -> WorkerReport:
-        return epoch_stage(stage, source, workers=workers, spark=spark, threads=job.scaling.threads,
-                           pg_timeout_s=job.failures.pg_timeout_s, start_timeout_s=job.failures.start_timeout_s)
+        return epoch_stage(
+            stage,
+            source,
+            workers=workers,
+            spark=spark,
+            threads=job.scaling.threads,
+            pg_timeout_s=job.failures.pg_timeout_s,
+            start_timeout_s=job.failures.start_timeout_s,
+        )
 
     for epoch in range(first, last + 1):
         controller.workers()  # shrunk by an earlier failure: back to the full count when the slots are
-        part = StagePart(start_epoch=epoch, last_epoch=last, optimizer_state=opt_state, return_optimizer_state=True)
+        part = StagePart(
+            start_epoch=epoch, last_epoch=last, optimizer_state=opt_state, return_optimizer_state=True
+        )
         restarts_before = controller.restart
         report = controller.run(EpochPlan(run_epoch, replace(spec, part=part, fault=fault), epoch))
         if controller.restart > restarts_before:
@@ -68,9 +84,17 @@ def fit_epochs(spec: FitSpec, source: Any, job: JobConfig, controller: Controlle
         spec.strategy.load_state_dict(report.strategy_state)
         merged = report if merged is None else merged.then(report)
         if checkpoint is not None:
-            save_checkpoint(checkpoint, epoch=epoch + 1, step=0, model=state_from_bytes(report.state),
-                            optimizer=opt_state or b"", strategy_state=report.strategy_state, rng=[],
-                            history=[*before, *merged.history], workers=controller.now)
+            save_checkpoint(
+                checkpoint,
+                epoch=epoch + 1,
+                step=0,
+                model=state_from_bytes(report.state),
+                optimizer=opt_state or b"",
+                strategy_state=report.strategy_state,
+                rng=[],
+                history=[*before, *merged.history],
+                workers=controller.now,
+            )
     assert merged is not None  # fit() checked epochs >= 1
     return merged
 

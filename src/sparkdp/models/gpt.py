@@ -54,8 +54,9 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: Tensor, key_mask: Tensor | None = None) -> Tensor:
         b, t, d = x.shape
-        q, k, v = (z.view(b, t, self.n_head, d // self.n_head).transpose(1, 2)
-                   for z in self.qkv(x).split(d, dim=2))
+        q, k, v = (
+            z.view(b, t, self.n_head, d // self.n_head).transpose(1, 2) for z in self.qkv(x).split(d, dim=2)
+        )
         p = self.dropout if self.training else 0.0
         if key_mask is None:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
@@ -95,16 +96,24 @@ class GPTBlock(nn.Module):
 class GPT(nn.Module):
     """A decoder-only language model over ``vocab_size`` tokens and contexts of up to ``block_size``."""
 
-    def __init__(self, vocab_size: int, block_size: int, n_layer: int, n_head: int, d_model: int,
-                 dropout: float = 0.0) -> None:
+    def __init__(
+        self, vocab_size: int, block_size: int, n_layer: int, n_head: int, d_model: int, dropout: float = 0.0
+    ) -> None:
         super().__init__()
-        for name, value in (("vocab_size", vocab_size), ("block_size", block_size), ("n_layer", n_layer),
-                            ("n_head", n_head), ("d_model", d_model)):
+        for name, value in (
+            ("vocab_size", vocab_size),
+            ("block_size", block_size),
+            ("n_layer", n_layer),
+            ("n_head", n_head),
+            ("d_model", d_model),
+        ):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"gpt: {name} must be a positive integer; got {value!r}.")
         if d_model % n_head:
-            raise ConfigError(f"gpt: d_model ({d_model}) must be a multiple of n_head ({n_head}): "
-                              f"each head gets d_model / n_head dimensions.")
+            raise ConfigError(
+                f"gpt: d_model ({d_model}) must be a multiple of n_head ({n_head}): "
+                f"each head gets d_model / n_head dimensions."
+            )
         if not 0.0 <= dropout < 1.0:
             raise ConfigError(f"gpt: dropout must be in [0, 1); got {dropout!r}.")
         self.vocab_size, self.block_size = vocab_size, block_size
@@ -130,14 +139,19 @@ class GPT(nn.Module):
                 for proj in (module.attn.proj, module.mlp.proj):
                     nn.init.normal_(proj.weight, 0.0, 0.02 / math.sqrt(2 * n_layer))
 
-    def forward(self, input_ids: Tensor, labels: Tensor | None = None,
-                attention_mask: Tensor | None = None) -> CausalLMOutput:
+    def forward(
+        self, input_ids: Tensor, labels: Tensor | None = None, attention_mask: Tensor | None = None
+    ) -> CausalLMOutput:
         if input_ids.dim() != 2:
-            raise ValueError(f"gpt: input_ids must be (batch, sequence) token ids; got shape {tuple(input_ids.shape)}.")
+            raise ValueError(
+                f"gpt: input_ids must be (batch, sequence) token ids; got shape {tuple(input_ids.shape)}."
+            )
         t = input_ids.shape[1]
         if t > self.block_size:
-            raise ValueError(f"gpt: sequences of {t} tokens exceed block_size {self.block_size}; "
-                             f"cut the text into blocks of at most {self.block_size} or build a larger model.")
+            raise ValueError(
+                f"gpt: sequences of {t} tokens exceed block_size {self.block_size}; "
+                f"cut the text into blocks of at most {self.block_size} or build a larger model."
+            )
         positions = torch.arange(t, device=input_ids.device)
         x = self.drop(self.wte(input_ids) + self.wpe(positions))
         key_mask = None if attention_mask is None else attention_mask.to(torch.bool)
@@ -153,13 +167,23 @@ class GPT(nn.Module):
 def causal_lm_loss(logits: Tensor, labels: Tensor) -> Tensor:
     """Mean cross entropy of position t's logits against ``labels[t + 1]``, -100 labels left out."""
     shifted = labels[:, 1:].reshape(-1).to(torch.long)
-    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), shifted,
-                           ignore_index=IGNORE_INDEX)
+    return F.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]).float(), shifted, ignore_index=IGNORE_INDEX
+    )
 
 
-def gpt(vocab_size: int = 8192, block_size: int = 256, n_layer: int = 6, n_head: int = 6, d_model: int = 384,
-        dropout: float = 0.0, **unknown: Any) -> GPT:
+def gpt(
+    vocab_size: int = 8192,
+    block_size: int = 256,
+    n_layer: int = 6,
+    n_head: int = 6,
+    d_model: int = 384,
+    dropout: float = 0.0,
+    **unknown: Any,
+) -> GPT:
     if unknown:
-        raise ConfigError(f"gpt takes vocab_size, block_size, n_layer, n_head, d_model and dropout; "
-                          f"got unknown option(s) {', '.join(sorted(unknown))}.")
+        raise ConfigError(
+            f"gpt takes vocab_size, block_size, n_layer, n_head, d_model and dropout; "
+            f"got unknown option(s) {', '.join(sorted(unknown))}."
+        )
     return GPT(vocab_size, block_size, n_layer, n_head, d_model, dropout)

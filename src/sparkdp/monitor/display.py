@@ -20,8 +20,15 @@ def _eta(seconds: float | None) -> str:
 
 
 class Display:
-    def __init__(self, title: str, world_size: int, *, enabled: bool = True, line_every_s: float = 15.0,
-                 stream: Any = None) -> None:
+    def __init__(
+        self,
+        title: str,
+        world_size: int,
+        *,
+        enabled: bool = True,
+        line_every_s: float = 15.0,
+        stream: Any = None,
+    ) -> None:
         self.title, self.world_size, self.enabled = title, world_size, enabled
         self.line_every_s = line_every_s
         self.stream = stream or sys.stderr
@@ -40,8 +47,12 @@ class Display:
         from rich.console import Console
         from rich.live import Live
 
-        self.live = Live(get_renderable=self._renderable, console=Console(file=self.stream),
-                         refresh_per_second=2, transient=True)
+        self.live = Live(
+            get_renderable=self._renderable,
+            console=Console(file=self.stream),
+            refresh_per_second=2,
+            transient=True,
+        )
         self.live.start()
 
     # -- events from the hub ----------------------------------------------------------------
@@ -77,8 +88,10 @@ class Display:
         pushes = sum(staleness.values())
         mean = sum(int(k) * v for k, v in staleness.items()) / pushes if pushes else 0.0
         applied = metrics.get("pushes_applied") or 0
-        self.server_line = (f"parameter server: {applied:,} pushes ({applied / max(elapsed_s, 1e-9):.1f}/s), "
-                            f"mean staleness {mean:.2f}, max {max(map(int, staleness), default=0)}")
+        self.server_line = (
+            f"parameter server: {applied:,} pushes ({applied / max(elapsed_s, 1e-9):.1f}/s), "
+            f"mean staleness {mean:.2f}, max {max(map(int, staleness), default=0)}"
+        )
 
     def output(self, line: str, stream: str) -> None:
         if self.live is not None:
@@ -127,11 +140,13 @@ class Display:
             eta = (time.monotonic() - seen) / (done - done_then) * (1 - done)
         of_epochs = f"/{self.epochs_total}" if self.epochs_total else ""
         of_steps = f"/{self.steps_per_epoch}" if self.steps_per_epoch else ""
-        text = (f"{self.title}: epoch {epoch}{of_epochs} step {step}{of_steps}"
-                + (f" ({100 * done:.0f}%)" if done is not None else "")
-                + (f", loss {sum(losses) / len(losses):.4f}" if losses else "")
-                + (f", {sum(rates):,.0f} samples/s" if rates else "")
-                + f", ETA {_eta(eta)}")
+        text = (
+            f"{self.title}: epoch {epoch}{of_epochs} step {step}{of_steps}"
+            + (f" ({100 * done:.0f}%)" if done is not None else "")
+            + (f", loss {sum(losses) / len(losses):.4f}" if losses else "")
+            + (f", {sum(rates):,.0f} samples/s" if rates else "")
+            + f", ETA {_eta(eta)}"
+        )
         return text + (f"; {self.server_line}" if self.server_line else "")
 
     def _renderable(self):
@@ -144,21 +159,40 @@ class Display:
         from rich.table import Table
 
         table = Table(box=None, pad_edge=False)
-        for name in ("worker", "epoch", "step", "samples/s", "loss", "data", "compute", "comm", "CPU",
-                     "RSS MB", "net MB/s out/in", "score"):
+        for name in (
+            "worker",
+            "epoch",
+            "step",
+            "samples/s",
+            "loss",
+            "data",
+            "compute",
+            "comm",
+            "CPU",
+            "RSS MB",
+            "net MB/s out/in",
+            "score",
+        ):
             table.add_column(name, justify="right")
         for rank in sorted(latest):
             r = latest[rank]
             score = self._scores.get(rank, {}).get("relative")
             table.add_row(
-                self.worker_label(rank), str(r.get("epoch", "")), str(r.get("step", "")),
+                self.worker_label(rank),
+                str(r.get("epoch", "")),
+                str(r.get("step", "")),
                 f"{r['samples_per_s']:,.0f}" if "samples_per_s" in r else "",
                 f"{r['loss']:.4f}" if isinstance(r.get("loss"), (int, float)) else "",
                 *(f"{100 * r[k]:.0f}%" if k in r else "" for k in ("data_frac", "compute_frac", "comm_frac")),
-                f"{r.get('cpu_percent', 0):.0f}%", f"{r.get('rss_bytes', 0) / 2**20:,.0f}",
-                (f"{r['net_sent_per_s'] / 1e6:.1f}/{r['net_recv_per_s'] / 1e6:.1f}"
-                 if "net_sent_per_s" in r else ""),
-                f"{score:.2f}" if score is not None else "")
+                f"{r.get('cpu_percent', 0):.0f}%",
+                f"{r.get('rss_bytes', 0) / 2**20:,.0f}",
+                (
+                    f"{r['net_sent_per_s'] / 1e6:.1f}/{r['net_recv_per_s'] / 1e6:.1f}"
+                    if "net_sent_per_s" in r
+                    else ""
+                ),
+                f"{score:.2f}" if score is not None else "",
+            )
         return table
 
     def worker_label(self, rank: int) -> str:
@@ -173,15 +207,31 @@ class Display:
 
         table = Table(title=f"{self.title}: per worker", box=None, pad_edge=False)
         redone = any(r.get("failed_steps") for r in latest.values())  # some attempt failed and was recovered
-        for name in ("worker", "host", "steps", "samples", *(("steps in failed attempts",) if redone else ()),
-                     "data", "compute", "comm", "RSS MB", "MB sent"):
+        for name in (
+            "worker",
+            "host",
+            "steps",
+            "samples",
+            *(("steps in failed attempts",) if redone else ()),
+            "data",
+            "compute",
+            "comm",
+            "RSS MB",
+            "MB sent",
+        ):
             table.add_column(name, justify="right")
         for rank in sorted(latest):
             r = latest[rank]
             spent = sum(r.get(k, 0.0) for k in ("data_s", "compute_s", "comm_s")) or 1e-9
             failed = (f"{r.get('failed_steps', 0):,}",) if redone else ()
-            table.add_row(self.worker_label(rank), str(r.get("host", "")), f"{r.get('steps', 0):,}",
-                          f"{r.get('samples', 0):,}",
-                          *failed, *(f"{100 * r.get(k, 0.0) / spent:.0f}%" for k in ("data_s", "compute_s", "comm_s")),
-                          f"{r.get('rss_bytes', 0) / 2**20:,.0f}", f"{r.get('bytes_sent', 0) / 1e6:,.1f}")
+            table.add_row(
+                self.worker_label(rank),
+                str(r.get("host", "")),
+                f"{r.get('steps', 0):,}",
+                f"{r.get('samples', 0):,}",
+                *failed,
+                *(f"{100 * r.get(k, 0.0) / spent:.0f}%" for k in ("data_s", "compute_s", "comm_s")),
+                f"{r.get('rss_bytes', 0) / 2**20:,.0f}",
+                f"{r.get('bytes_sent', 0) / 1e6:,.1f}",
+            )
         return table

@@ -47,7 +47,15 @@ WARN_REFUSED = 5
 #: a line longer than this without a line end is shown in pieces of this size
 MAX_PENDING_CHARS = 1 << 20
 _LINE_END = re.compile(r"\r\n|\n|\r")
-_RATES = ("samples_per_s", "loss", "data_frac", "compute_frac", "comm_frac", "net_sent_per_s", "net_recv_per_s")
+_RATES = (
+    "samples_per_s",
+    "loss",
+    "data_frac",
+    "compute_frac",
+    "comm_frac",
+    "net_sent_per_s",
+    "net_recv_per_s",
+)
 
 
 class MonitorHub:
@@ -71,10 +79,21 @@ class MonitorHub:
     by shard in ``servers`` and written to the run log as they come.
     """
 
-    def __init__(self, *, world_size: int, config: dict[str, Any], run_dir: str | None = None,
-                 display: bool = True, tensorboard: bool = False, mlflow: str | None = None,
-                 interval_s: float = 2.0, host: str = "127.0.0.1", title: str = "sparkdp",
-                 tls: bool = False, comm_is_own: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        world_size: int,
+        config: dict[str, Any],
+        run_dir: str | None = None,
+        display: bool = True,
+        tensorboard: bool = False,
+        mlflow: str | None = None,
+        interval_s: float = 2.0,
+        host: str = "127.0.0.1",
+        title: str = "sparkdp",
+        tls: bool = False,
+        comm_is_own: bool = False,
+    ) -> None:
         self.interval_s = interval_s
         self.server_metrics: Callable[[], dict[str, Any]] | None = None
         self.started = time.time()
@@ -109,8 +128,9 @@ class MonitorHub:
         from ..ps.transport.tcp import TcpTransport
         from ..ps.transport.tcp_options import TcpOptions
 
-        self._endpoint = TcpTransport(TcpOptions(tls=self._tls)).serve(None, host=self._host,
-                                                                        reports=self._on_report)
+        self._endpoint = TcpTransport(TcpOptions(tls=self._tls)).serve(
+            None, host=self._host, reports=self._on_report
+        )
         self.display.start()
         return self
 
@@ -153,11 +173,18 @@ class MonitorHub:
             log.debug("ignoring a monitoring record of unknown type %r from worker %d", kind, worker)
             return
         wrong = problem(record)
-        if wrong is not None:  # refused before anything is kept, so it cannot break the worker's later records
+        if (
+            wrong is not None
+        ):  # refused before anything is kept, so it cannot break the worker's later records
             with self._lock:
                 self.refused[worker] = count = self.refused.get(worker, 0) + 1
-            log.log(logging.WARNING if count <= WARN_REFUSED else logging.DEBUG,
-                    "refused monitoring record %d from worker %d: %s", count, worker, wrong)
+            log.log(
+                logging.WARNING if count <= WARN_REFUSED else logging.DEBUG,
+                "refused monitoring record %d from worker %d: %s",
+                count,
+                worker,
+                wrong,
+            )
             return
         record = {**record, "rank": worker}  # the authenticated id, not the claimed one
         with self._lock:
@@ -198,13 +225,17 @@ class MonitorHub:
             rows = record["samples"] - before["samples"]
             spent = {k: record[k] - before[k] for k in ("data_s", "compute_s", "comm_s")}
             total = sum(spent.values()) or 1e-9
-            record.update(samples_per_s=rows / dt,
-                          loss=(record["loss_sum"] - before["loss_sum"]) / rows
-                          if rows and "loss_sum" in record and "loss_sum" in before else before.get("loss"),
-                          data_frac=spent["data_s"] / total, compute_frac=spent["compute_s"] / total,
-                          comm_frac=spent["comm_s"] / total,
-                          net_sent_per_s=max(record["net_sent"] - before["net_sent"], 0) / dt,
-                          net_recv_per_s=max(record["net_recv"] - before["net_recv"], 0) / dt)
+            record.update(
+                samples_per_s=rows / dt,
+                loss=(record["loss_sum"] - before["loss_sum"]) / rows
+                if rows and "loss_sum" in record and "loss_sum" in before
+                else before.get("loss"),
+                data_frac=spent["data_s"] / total,
+                compute_frac=spent["compute_s"] / total,
+                comm_frac=spent["comm_s"] / total,
+                net_sent_per_s=max(record["net_sent"] - before["net_sent"], 0) / dt,
+                net_recv_per_s=max(record["net_recv"] - before["net_recv"], 0) / dt,
+            )
         self.latest[rank] = record
         self._emit(record)
         for text in self.detector.update(record):
@@ -221,20 +252,32 @@ class MonitorHub:
         out = {}
         for rank, record in self.latest.items():
             failed = self.failed_attempts.get(rank, {"steps": 0, "samples": 0})
-            out[rank] = {**record, "steps": record.get("steps", 0) + failed["steps"],
-                         "samples": record.get("samples", 0) + failed["samples"],
-                         "failed_steps": failed["steps"], "failed_samples": failed["samples"]}
+            out[rank] = {
+                **record,
+                "steps": record.get("steps", 0) + failed["steps"],
+                "samples": record.get("samples", 0) + failed["samples"],
+                "failed_steps": failed["steps"],
+                "failed_samples": failed["samples"],
+            }
         return out
 
     def _job_record(self) -> dict[str, Any]:
         rates = [r["samples_per_s"] for r in self.latest.values() if "samples_per_s" in r]
-        job: dict[str, Any] = {"type": "job", "time": time.time(), "elapsed_s": time.time() - self.started,
-                               "samples_per_s": sum(rates) if rates else None,
-                               "samples": sum(r["samples"] for r in self.latest.values())}
+        job: dict[str, Any] = {
+            "type": "job",
+            "time": time.time(),
+            "elapsed_s": time.time() - self.started,
+            "samples_per_s": sum(rates) if rates else None,
+            "samples": sum(r["samples"] for r in self.latest.values()),
+        }
         if self.server_metrics is not None:
             server = self.server_metrics()
-            job.update(pushes=server.get("pushes_applied"), staleness=server.get("staleness"),
-                       ps_bytes_in=server.get("bytes_in"), ps_bytes_out=server.get("bytes_out"))
+            job.update(
+                pushes=server.get("pushes_applied"),
+                staleness=server.get("staleness"),
+                ps_bytes_in=server.get("bytes_in"),
+                ps_bytes_out=server.get("bytes_out"),
+            )
             self.display.server(server, job["elapsed_s"])
         return job
 
@@ -263,4 +306,3 @@ class MonitorHub:
                 sink.write(record)
             except Exception as exc:  # monitoring must not fail the job
                 log.warning("%s could not write a record: %s", type(sink).__name__, exc)
-

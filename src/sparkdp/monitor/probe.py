@@ -37,8 +37,14 @@ class MonitorLink:
 class Probe:
     """One worker's monitoring: call :meth:`batch_arrived` / :meth:`step_done` from the loop."""
 
-    def __init__(self, link: MonitorLink, rank: int, comm_stats: Callable[[], dict[str, float]] | None = None,
-                 *, connect: Callable[..., Any] | None = None) -> None:
+    def __init__(
+        self,
+        link: MonitorLink,
+        rank: int,
+        comm_stats: Callable[[], dict[str, float]] | None = None,
+        *,
+        connect: Callable[..., Any] | None = None,
+    ) -> None:
         import psutil
 
         self.rank, self.link = rank, link
@@ -62,8 +68,12 @@ class Probe:
             info = link.info
             self._client = connect(info.address, info.secret, rank, timeout=10.0, tls_cert=info.tls_cert)
         except Exception as exc:  # monitoring must not fail the job
-            log.warning("worker %d: live monitoring is off, the driver's monitor at %s is unreachable: %s",
-                        rank, link.info.address, exc)
+            log.warning(
+                "worker %d: live monitoring is off, the driver's monitor at %s is unreachable: %s",
+                rank,
+                link.info.address,
+                exc,
+            )
             return
         self._thread = threading.Thread(target=self._run, name=f"sparkdp-monitor-{rank}", daemon=True)
         self._thread.start()
@@ -121,7 +131,7 @@ class Probe:
 
     def output(self, stream: str, text: str) -> None:
         for i in range(0, len(text), _OUTPUT_CHUNK):
-            self.event("output", stream=stream, text=text[i:i + _OUTPUT_CHUNK])
+            self.event("output", stream=stream, text=text[i : i + _OUTPUT_CHUNK])
 
     def close(self) -> None:
         """Send a last record and stop the thread (waits for queued records, a few seconds at most)."""
@@ -141,12 +151,26 @@ class Probe:
         """Cumulative counters and the process's and host's usage now."""
         comm = self.comm_stats()
         sent, recv = _host_network(self._psutil)
-        return {"type": "metrics", "rank": self.rank, "time": time.time(), "host": socket.gethostname(),
-                "epoch": self.epoch + 1, "step": self.step, "steps": self.steps, "samples": self.samples,
-                **({"loss_sum": self.loss_sum} if self.reports_loss else {}), "data_s": self.data_s, "compute_s": self.compute_s,
-                "comm_s": comm.get("comm_s", 0.0), "bytes_sent": comm.get("bytes_sent", 0),
-                "bytes_recv": comm.get("bytes_recv", 0), "cpu_percent": self._process.cpu_percent(None),
-                "rss_bytes": self._process.memory_info().rss, "net_sent": sent, "net_recv": recv}
+        return {
+            "type": "metrics",
+            "rank": self.rank,
+            "time": time.time(),
+            "host": socket.gethostname(),
+            "epoch": self.epoch + 1,
+            "step": self.step,
+            "steps": self.steps,
+            "samples": self.samples,
+            **({"loss_sum": self.loss_sum} if self.reports_loss else {}),
+            "data_s": self.data_s,
+            "compute_s": self.compute_s,
+            "comm_s": comm.get("comm_s", 0.0),
+            "bytes_sent": comm.get("bytes_sent", 0),
+            "bytes_recv": comm.get("bytes_recv", 0),
+            "cpu_percent": self._process.cpu_percent(None),
+            "rss_bytes": self._process.memory_info().rss,
+            "net_sent": sent,
+            "net_recv": recv,
+        }
 
     def _run(self) -> None:
         client = self._client

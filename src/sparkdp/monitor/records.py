@@ -38,25 +38,46 @@ def _positive_count_or_none(value: Any) -> bool:
     return value is None or (_count(value) and value > 0)
 
 
-_CHECKS = {_count: "a whole number from 0 to 2^63-1", _amount: "a finite number of at least 0",
-           _number: "a finite number", _host: f"a string of at most {MAX_HOST_CHARS} characters",
-           _positive_count_or_none: "a whole number above 0, or null"}
+_CHECKS = {
+    _count: "a whole number from 0 to 2^63-1",
+    _amount: "a finite number of at least 0",
+    _number: "a finite number",
+    _host: f"a string of at most {MAX_HOST_CHARS} characters",
+    _positive_count_or_none: "a whole number above 0, or null",
+}
 
 # kind -> field -> (check, required)
 _FIELDS: dict[str, dict[str, tuple[Any, bool]]] = {
     "metrics": {
-        "time": (_amount, True), "steps": (_count, True), "samples": (_count, True),
-        "data_s": (_amount, True), "compute_s": (_amount, True), "comm_s": (_amount, True),
-        "net_sent": (_amount, True), "net_recv": (_amount, True),
-        "loss_sum": (_number, False), "epoch": (_count, False), "step": (_count, False),
-        "bytes_sent": (_amount, False), "bytes_recv": (_amount, False), "cpu_percent": (_amount, False),
-        "rss_bytes": (_amount, False), "host": (_host, False),
+        "time": (_amount, True),
+        "steps": (_count, True),
+        "samples": (_count, True),
+        "data_s": (_amount, True),
+        "compute_s": (_amount, True),
+        "comm_s": (_amount, True),
+        "net_sent": (_amount, True),
+        "net_recv": (_amount, True),
+        "loss_sum": (_number, False),
+        "epoch": (_count, False),
+        "step": (_count, False),
+        "bytes_sent": (_amount, False),
+        "bytes_recv": (_amount, False),
+        "cpu_percent": (_amount, False),
+        "rss_bytes": (_amount, False),
+        "host": (_host, False),
     },
-    "epoch_start": {"time": (_amount, False), "epoch": (_count, True), "epochs": (_positive_count_or_none, False),
-                    "steps_per_epoch": (_positive_count_or_none, False)},
+    "epoch_start": {
+        "time": (_amount, False),
+        "epoch": (_count, True),
+        "epochs": (_positive_count_or_none, False),
+        "steps_per_epoch": (_positive_count_or_none, False),
+    },
     "epoch": {"time": (_amount, False), "epoch": (_count, True)},
-    "output": {"time": (_amount, False), "stream": (lambda v: v in ("stdout", "stderr"), False),
-               "text": (lambda v: type(v) is str, True)},
+    "output": {
+        "time": (_amount, False),
+        "stream": (lambda v: v in ("stdout", "stderr"), False),
+        "text": (lambda v: type(v) is str, True),
+    },
     "server": {"time": (_amount, False), "shard": (_count, True), "host": (_host, False)},
 }
 _CHECKS_BY_KIND = {"output": {"stream": "'stdout' or 'stderr'", "text": "a string"}}

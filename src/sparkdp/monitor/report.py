@@ -42,8 +42,10 @@ class Run:
 def load_run(run_dir: str | os.PathLike[str]) -> Run:
     path = Path(run_dir) / RUN_LOG
     if not path.is_file():
-        raise ConfigError(f"{str(run_dir)!r} is not a sparkdp run: it has no {RUN_LOG}. Give the --out directory "
-                          "of a `sparkdp train` run (or the run_dir= of sparkdp.fit).")
+        raise ConfigError(
+            f"{str(run_dir)!r} is not a sparkdp run: it has no {RUN_LOG}. Give the --out directory "
+            "of a `sparkdp train` run (or the run_dir= of sparkdp.fit)."
+        )
     records = []
     lines = path.read_text(encoding="utf-8").splitlines()
     for number, line in enumerate(lines, 1):
@@ -87,14 +89,26 @@ def write_report(runs: list[Run], out_dir: str | os.PathLike[str]) -> list[Path]
     for metric, title in (("loss", "training loss"), ("test_accuracy", "test accuracy")):
         fig, (by_time, by_epoch) = plt.subplots(1, 2, figsize=(11, 4))
         for run in runs:
-            epochs = [e for e in run.of("epoch") if isinstance(e.get(metric), (int, float)) and not e.get("repeated")]
+            epochs = [
+                e
+                for e in run.of("epoch")
+                if isinstance(e.get(metric), (int, float)) and not e.get("repeated")
+            ]
             if metric == "loss":  # the training loss is reported live, between epochs too
                 live = [r for r in run.of("metrics") if r.get("rank") == 0 and "loss" in r]
-                by_time.plot([r["time"] - run.start for r in live], [r["loss"] for r in live], label=run.label())
+                by_time.plot(
+                    [r["time"] - run.start for r in live], [r["loss"] for r in live], label=run.label()
+                )
             else:
-                by_time.plot([e["time"] - run.start for e in epochs], [e[metric] for e in epochs], marker="o",
-                             label=run.label())
-            by_epoch.plot([e["epoch"] for e in epochs], [e[metric] for e in epochs], marker="o", label=run.label())
+                by_time.plot(
+                    [e["time"] - run.start for e in epochs],
+                    [e[metric] for e in epochs],
+                    marker="o",
+                    label=run.label(),
+                )
+            by_epoch.plot(
+                [e["epoch"] for e in epochs], [e[metric] for e in epochs], marker="o", label=run.label()
+            )
         by_time.set(xlabel="wall time (s)", ylabel=title, title=f"{title} against wall time")
         by_epoch.set(xlabel="epoch", ylabel=title, title=f"{title} against epochs")
         for ax in (by_time, by_epoch):
@@ -118,10 +132,17 @@ def write_report(runs: list[Run], out_dir: str | os.PathLike[str]) -> list[Path]
         if staleness:
             taus = sorted(int(k) for k in staleness)
             width = 0.8 / len(runs)
-            ax.bar([t + width * runs.index(run) for t in taus], [staleness[str(t)] for t in taus], width=width,
-                   label=run.label(), alpha=0.8)
+            ax.bar(
+                [t + width * runs.index(run) for t in taus],
+                [staleness[str(t)] for t in taus],
+                width=width,
+                label=run.label(),
+                alpha=0.8,
+            )
             drawn = True
-    ax.set(xlabel="staleness τ (updates since the worker's pull)", ylabel="pushes", title="staleness of pushes")
+    ax.set(
+        xlabel="staleness τ (updates since the worker's pull)", ylabel="pushes", title="staleness of pushes"
+    )
     if drawn:
         ax.legend(fontsize=8)
     else:
@@ -141,10 +162,16 @@ def write_report(runs: list[Run], out_dir: str | os.PathLike[str]) -> list[Path]
             label = f"{run.name} worker {rank}"
             axes[0].plot(t, [r.get("cpu_percent", 0) for r in mine], label=label)
             axes[1].plot(t, [r.get("rss_bytes", 0) / 2**20 for r in mine], label=label)
-            axes[2].plot(t, [(r.get("net_sent_per_s", 0) + r.get("net_recv_per_s", 0)) / 1e6 for r in mine],
-                         label=label)
-    for ax, ylabel, title in zip(axes, ("CPU % (100 = one core)", "resident memory (MB)", "host network (MB/s)"),
-                                 ("CPU per worker", "memory per worker", "network in + out per worker's host")):
+            axes[2].plot(
+                t,
+                [(r.get("net_sent_per_s", 0) + r.get("net_recv_per_s", 0)) / 1e6 for r in mine],
+                label=label,
+            )
+    for ax, ylabel, title in zip(
+        axes,
+        ("CPU % (100 = one core)", "resident memory (MB)", "host network (MB/s)"),
+        ("CPU per worker", "memory per worker", "network in + out per worker's host"),
+    ):
         ax.set(xlabel="wall time (s)", ylabel=ylabel, title=title)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
@@ -172,20 +199,29 @@ def memory_cell(memory: Any) -> str:
 
 
 def summary_table(runs: list[Run]) -> str:
-    rows = ["| run | strategy | workers | epochs | final test accuracy | wall time (s) | samples/s | "
-            "bytes sent per sample | model state / peak RSS (MB, largest worker) | status |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| run | strategy | workers | epochs | final test accuracy | wall time (s) | samples/s | "
+        "bytes sent per sample | model state / peak RSS (MB, largest worker) | status |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for run in runs:
         config, s = run.header.get("config", {}), run.summary or {}
         epochs = [e for e in run.of("epoch") if not e.get("repeated")]
-        accuracy = s.get("test_accuracy") or next((e["test_accuracy"] for e in reversed(epochs)
-                                                   if "test_accuracy" in e), None)
+        accuracy = s.get("test_accuracy") or next(
+            (e["test_accuracy"] for e in reversed(epochs) if "test_accuracy" in e), None
+        )
         status = "finished" if run.summary else ("failed" if run.of("failed") else "incomplete")
         bps = bytes_per_sample(run)
-        rows.append(f"| {run.name} | {config.get('strategy', '?')} | {config.get('workers', '?')} | "
-                    f"{len(epochs)}/{config.get('epochs', '?')} | "
-                    + (f"{accuracy:.4f}" if isinstance(accuracy, (int, float)) else "–") + " | "
-                    + (f"{s['wall_s']:.1f}" if "wall_s" in s else "–") + " | "
-                    + (f"{s['samples_per_s']:,.0f}" if s.get("samples_per_s") else "–") + " | "
-                    + (f"{bps:,.0f}" if bps is not None else "–") + f" | {memory_cell(s.get('memory'))} | {status} |")
+        rows.append(
+            f"| {run.name} | {config.get('strategy', '?')} | {config.get('workers', '?')} | "
+            f"{len(epochs)}/{config.get('epochs', '?')} | "
+            + (f"{accuracy:.4f}" if isinstance(accuracy, (int, float)) else "–")
+            + " | "
+            + (f"{s['wall_s']:.1f}" if "wall_s" in s else "–")
+            + " | "
+            + (f"{s['samples_per_s']:,.0f}" if s.get("samples_per_s") else "–")
+            + " | "
+            + (f"{bps:,.0f}" if bps is not None else "–")
+            + f" | {memory_cell(s.get('memory'))} | {status} |"
+        )
     return "\n".join(rows) + "\n"

@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 
 RUN_LOG = "run.jsonl"
 
+
 def versions() -> dict[str, str]:
     """The versions a run log's header records."""
     from importlib.metadata import version
@@ -28,8 +29,12 @@ def versions() -> dict[str, str]:
     import pyspark
     import torch
 
-    return {"sparkdp": version("sparkdp"), "torch": torch.__version__, "pyspark": pyspark.__version__,
-            "python": platform.python_version()}
+    return {
+        "sparkdp": version("sparkdp"),
+        "torch": torch.__version__,
+        "pyspark": pyspark.__version__,
+        "python": platform.python_version(),
+    }
 
 
 def writable_dir(path: str | os.PathLike[str], what: str) -> Path:
@@ -41,8 +46,10 @@ def writable_dir(path: str | os.PathLike[str], what: str) -> Path:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
-        raise ConfigError(f"cannot write the {what} to {str(directory)!r}: {exc.strerror or exc}. Give a "
-                          "directory you can write to.") from None
+        raise ConfigError(
+            f"cannot write the {what} to {str(directory)!r}: {exc.strerror or exc}. Give a "
+            "directory you can write to."
+        ) from None
     return directory
 
 
@@ -73,8 +80,10 @@ class TensorBoardSink:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            raise ConfigError("--tensorboard needs the tensorboard package: pip install 'sparkdp[tensorboard]'"
-                              " (or pip install tensorboard).") from None
+            raise ConfigError(
+                "--tensorboard needs the tensorboard package: pip install 'sparkdp[tensorboard]'"
+                " (or pip install tensorboard)."
+            ) from None
         self.path = writable_dir(Path(run_dir) / "tensorboard", "TensorBoard logs")
         self._writer = SummaryWriter(str(self.path))
 
@@ -91,7 +100,9 @@ class TensorBoardSink:
                 if key not in ("type", "rank", "time", "epoch") and isinstance(value, (int, float)):
                     self._writer.add_scalar(f"epoch/{key}", value, int(record["epoch"]))
         elif kind == "job" and record.get("samples_per_s") is not None:
-            self._writer.add_scalar("job/samples_per_s", record["samples_per_s"], int(record.get("elapsed_s", 0)))
+            self._writer.add_scalar(
+                "job/samples_per_s", record["samples_per_s"], int(record.get("elapsed_s", 0))
+            )
 
     def close(self) -> None:
         self._writer.close()
@@ -105,19 +116,25 @@ class MlflowSink:
         try:
             from mlflow.tracking import MlflowClient
         except ImportError:
-            raise ConfigError("--mlflow needs MLflow: pip install 'sparkdp[mlflow]' (or pip install "
-                              "mlflow-skinny).") from None
+            raise ConfigError(
+                "--mlflow needs MLflow: pip install 'sparkdp[mlflow]' (or pip install mlflow-skinny)."
+            ) from None
         from mlflow.exceptions import MlflowException
 
         try:
             self.client = MlflowClient(tracking_uri=tracking_uri)
             experiment = self.client.get_experiment_by_name("sparkdp")
-            experiment_id = (experiment.experiment_id if experiment is not None
-                             else self.client.create_experiment("sparkdp"))
+            experiment_id = (
+                experiment.experiment_id
+                if experiment is not None
+                else self.client.create_experiment("sparkdp")
+            )
             self.run_id = self.client.create_run(experiment_id, run_name=run_name).info.run_id
         except MlflowException as exc:
-            raise ConfigError(f"MLflow cannot log to {redact(tracking_uri)!r}: {redact(exc.message)} Give a tracking URI such "
-                              "as sqlite:///PATH/mlflow.db or http://HOST:5000.") from None
+            raise ConfigError(
+                f"MLflow cannot log to {redact(tracking_uri)!r}: {redact(exc.message)} Give a tracking URI such "
+                "as sqlite:///PATH/mlflow.db or http://HOST:5000."
+            ) from None
         for key, value in sorted(redact(params).items()):
             self.client.log_param(self.run_id, key, str(value)[:500])
         self._status = "FINISHED"
@@ -129,8 +146,12 @@ class MlflowSink:
                 if key not in ("type", "rank", "time", "epoch") and isinstance(value, (int, float)):
                     self.client.log_metric(self.run_id, key, float(value), step=int(record["epoch"]))
         elif kind == "job" and record.get("samples_per_s") is not None:
-            self.client.log_metric(self.run_id, "samples_per_s", float(record["samples_per_s"]),
-                                   step=int(record.get("elapsed_s", 0)))
+            self.client.log_metric(
+                self.run_id,
+                "samples_per_s",
+                float(record["samples_per_s"]),
+                step=int(record.get("elapsed_s", 0)),
+            )
         elif kind == "failed":
             self._status = "FAILED"
 

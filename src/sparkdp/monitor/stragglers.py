@@ -28,13 +28,19 @@ from typing import Any
 
 _PARTS = ("data_s", "compute_s", "comm_s")
 _CAUSES = {  # part of a step -> (what it means, what to check)
-    "data_s": ("slow data (waiting for batches)",
-               "Check the worker's input (disk, Parquet fragments, shuffle buffer) or raise prefetch."),
-    "compute_s": ("slow compute",
-                  "Check for a busy or slower machine (other processes, CPU throttling, fewer cores)."),
-    "comm_s": ("slow network (its pushes and pulls take longer)",
-               "Check that worker's host link to the parameter server (bandwidth, errors, other traffic); "
-               "sparkdp plan --calibrate measures the links."),
+    "data_s": (
+        "slow data (waiting for batches)",
+        "Check the worker's input (disk, Parquet fragments, shuffle buffer) or raise prefetch.",
+    ),
+    "compute_s": (
+        "slow compute",
+        "Check for a busy or slower machine (other processes, CPU throttling, fewer cores).",
+    ),
+    "comm_s": (
+        "slow network (its pushes and pulls take longer)",
+        "Check that worker's host link to the parameter server (bandwidth, errors, other traffic); "
+        "sparkdp plan --calibrate measures the links.",
+    ),
 }
 
 
@@ -51,9 +57,17 @@ class _Rank:
 class StragglerDetector:
     """Feed it every metrics record (:meth:`update`); it returns the warnings to show."""
 
-    def __init__(self, world_size: int, *, threshold: float = 0.67, patience: int = 3,
-                 min_steps: int = 5, comm_bound: float = 0.5, comm_min_s: float = 10.0,
-                 comm_is_own: bool = False) -> None:
+    def __init__(
+        self,
+        world_size: int,
+        *,
+        threshold: float = 0.67,
+        patience: int = 3,
+        min_steps: int = 5,
+        comm_bound: float = 0.5,
+        comm_min_s: float = 10.0,
+        comm_is_own: bool = False,
+    ) -> None:
         self.world_size, self.threshold, self.patience = world_size, threshold, patience
         self.own_parts = _PARTS if comm_is_own else _PARTS[:2]
         self.min_steps, self.comm_bound, self.comm_min_s = min_steps, comm_bound, comm_min_s
@@ -96,10 +110,12 @@ class StragglerDetector:
         cause = max(self.own_parts, key=lambda k: mine[k] - best[k])
         meaning, advice = _CAUSES[cause]
         where = f" on host {state.host}" if state.host else ""
-        return [f"worker {rank}{where} is a straggler: {1000 * own[rank]:.1f} ms of its own work per step against "
-                f"{1000 * own[fastest]:.1f} ms on worker {fastest} (relative score {relative:.2f}, individual "
-                f"{individual:.2f}); cause: {meaning} ({1000 * mine[cause]:.1f} against "
-                f"{1000 * best[cause]:.1f} ms per step). {advice}"]
+        return [
+            f"worker {rank}{where} is a straggler: {1000 * own[rank]:.1f} ms of its own work per step against "
+            f"{1000 * own[fastest]:.1f} ms on worker {fastest} (relative score {relative:.2f}, individual "
+            f"{individual:.2f}); cause: {meaning} ({1000 * mine[cause]:.1f} against "
+            f"{1000 * best[cause]:.1f} ms per step). {advice}"
+        ]
 
     def _communication_bound(self) -> list[str]:
         if self.comm_bound_said or len(self.ranks) < max(self.world_size, 2):
@@ -114,11 +130,15 @@ class StragglerDetector:
         if min(fractions) <= self.comm_bound:
             return []
         self.comm_bound_said = True
-        where = ("" if self.own_parts == _PARTS else
-                 " A synchronous step waits for the slowest link, so a single slow host slows every worker alike: "
-                 "compare the hosts' links (their rates and errors) if some should be faster.")
-        return [f"this job is communication-bound: every worker spends at least {100 * min(fractions):.0f}% of its "
-                "time communicating. Communicate less often: --strategy average with a larger period "
-                "(--strategy-option period=8), diloco or compression (docs/guide/strategies.md), or an "
-                f"asynchronous rule (asgd, easgd) with push_every > 1.{where}"]
-
+        where = (
+            ""
+            if self.own_parts == _PARTS
+            else " A synchronous step waits for the slowest link, so a single slow host slows every worker alike: "
+            "compare the hosts' links (their rates and errors) if some should be faster."
+        )
+        return [
+            f"this job is communication-bound: every worker spends at least {100 * min(fractions):.0f}% of its "
+            "time communicating. Communicate less often: --strategy average with a larger period "
+            "(--strategy-option period=8), diloco or compression (docs/guide/strategies.md), or an "
+            f"asynchronous rule (asgd, easgd) with push_every > 1.{where}"
+        ]

@@ -209,7 +209,9 @@ def decode_tensors(descs: object, payload: Tensor | bytes | bytearray | memoryvi
         if not (isinstance(shape, list) and all(type(x) is int and x >= 0 for x in shape)):
             raise ProtocolError(f"tensor {i}: shape must be a list of non-negative ints, got {shape!r:.200}.")
         if len(shape) > MAX_NDIM:
-            raise ProtocolError(f"tensor {i}: shape has {len(shape)} dimensions, at most {MAX_NDIM} are allowed.")
+            raise ProtocolError(
+                f"tensor {i}: shape has {len(shape)} dimensions, at most {MAX_NDIM} are allowed."
+            )
         if math.prod(x for x in shape if x) > MAX_ELEMENTS:
             raise ProtocolError(
                 f"tensor {i}: shape {shape!r:.200}'s dimensions other than 0 multiply to more than "

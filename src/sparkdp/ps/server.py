@@ -180,10 +180,14 @@ class ParameterServer:
         max_push_norm: float | None = None,
     ) -> None:
         if worker_ids is not None and (type(worker_ids) is not int or worker_ids < 1):
-            raise ConfigError(f"worker_ids must be a positive int (ids 0..worker_ids-1) or None; got {worker_ids!r}.")
-        if max_push_norm is not None and not (isinstance(max_push_norm, (int, float))
-                                              and not isinstance(max_push_norm, bool)
-                                              and 0 < max_push_norm < math.inf):
+            raise ConfigError(
+                f"worker_ids must be a positive int (ids 0..worker_ids-1) or None; got {worker_ids!r}."
+            )
+        if max_push_norm is not None and not (
+            isinstance(max_push_norm, (int, float))
+            and not isinstance(max_push_norm, bool)
+            and 0 < max_push_norm < math.inf
+        ):
             raise ConfigError(f"max_push_norm must be a finite number > 0 or None; got {max_push_norm!r}.")
         self.worker_ids = worker_ids
         self.max_push_norm = None if max_push_norm is None else float(max_push_norm)
@@ -198,8 +202,9 @@ class ParameterServer:
                 )
             self._rules.append(rule)
         self.locking = [Locking(locking if locking is not None else r.locking) for r in self._rules]
-        self._locks = [threading.Lock() if k is Locking.GLOBAL else contextlib.nullcontext()
-                       for k in self.locking]  # nullcontext: Hogwild's shards take no lock
+        self._locks = [
+            threading.Lock() if k is Locking.GLOBAL else contextlib.nullcontext() for k in self.locking
+        ]  # nullcontext: Hogwild's shards take no lock
         self._versions = [VersionCounter() for _ in self._rules]
         self._views = [self.plan.views(self._center, s) for s in range(self.plan.num_shards)]
         self._book = threading.Lock()  # guards the per-worker books and the metrics below
@@ -225,8 +230,9 @@ class ParameterServer:
     def _job_worker(self, worker: object, refused: type[ValueError] = ValueError) -> int:
         worker = check_worker(worker)
         if not self.accepts(worker):
-            raise refused(f"worker id {worker} is not one of this job's (ids 0..{(self.worker_ids or 0) - 1}); "
-                          "refused.")
+            raise refused(
+                f"worker id {worker} is not one of this job's (ids 0..{(self.worker_ids or 0) - 1}); refused."
+            )
         return worker
 
     def last_seq(self, worker: int) -> int:
@@ -237,11 +243,18 @@ class ParameterServer:
     def metrics(self) -> dict[str, Any]:
         """Snapshot: pulls, pushes_applied, duplicates_dropped, rejected, bytes_in, bytes_out, staleness."""
         with self._book:
-            return {**{k: self._counts[k] for k in _METRICS}, "staleness": dict(sorted(self._staleness.items()))}
+            return {
+                **{k: self._counts[k] for k in _METRICS},
+                "staleness": dict(sorted(self._staleness.items())),
+            }
 
     # ------------------------------------------------------------------ pull / push
     def pull(
-        self, worker: int, shards: Sequence[int] | None = None, *, out: Sequence[Tensor] | None = None,
+        self,
+        worker: int,
+        shards: Sequence[int] | None = None,
+        *,
+        out: Sequence[Tensor] | None = None,
         observe: bool = False,
     ) -> Pulled:
         """Copy the centre (the requested shards of it) for ``worker``.
@@ -316,10 +329,17 @@ class ParameterServer:
                 return PushAck(self.versions(), False)
             if seq > last + 1:
                 self._counts["rejected"] += 1
-                log.warning("refused push %d of worker %d: its last applied push is %d, and a worker numbers "
-                            "its pushes one by one", seq, worker, last)
-                raise PushRejected(f"push from worker {worker}: seq {seq} jumps past {last + 1}, the next after its "
-                                   f"last applied push; a worker continues at last_seq + 1 (the handshake's).")
+                log.warning(
+                    "refused push %d of worker %d: its last applied push is %d, and a worker numbers "
+                    "its pushes one by one",
+                    seq,
+                    worker,
+                    last,
+                )
+                raise PushRejected(
+                    f"push from worker {worker}: seq {seq} jumps past {last + 1}, the next after its "
+                    f"last applied push; a worker continues at last_seq + 1 (the handshake's)."
+                )
             self._last_seq[worker] = seq
         tensors = [t.contiguous() for t in tensors]
         guarded = size > OVERFLOW_RISK or not max(self._magnitude) <= OVERFLOW_RISK
@@ -338,8 +358,9 @@ class ParameterServer:
             self._staleness[max(taus)] += 1
         return PushAck(new_versions, True)
 
-    def _apply(self, worker: int, pulled: list[int], tensors: list[Tensor], num_samples: int,
-               local_steps: int) -> tuple[list[int], list[int]]:
+    def _apply(
+        self, worker: int, pulled: list[int], tensors: list[Tensor], num_samples: int, local_steps: int
+    ) -> tuple[list[int], list[int]]:
         """Apply shard by shard, each under its own lock, checking each shard finite after."""
         taus, new_versions = [], []
         for s in range(self.num_shards):
@@ -350,15 +371,22 @@ class ParameterServer:
                 self._rules[s].apply(self._views[s], Push(worker, taus[-1], pushed, num_samples, local_steps))
                 self._magnitude[s] = top = magnitude(self._views[s])
             if not math.isfinite(top):  # below OVERFLOW_RISK only a rule with huge coefficients gets here
-                log.error("shard %d of the centre is not finite after push of worker %d: the rule's settings "
-                          "overflow float arithmetic", s, worker)
-                raise PushRejected(f"push from worker {worker} made shard {s} of the centre non-finite with "
-                                   f"values below {OVERFLOW_RISK:g}: the rule's coefficients are too large.")
+                log.error(
+                    "shard %d of the centre is not finite after push of worker %d: the rule's settings "
+                    "overflow float arithmetic",
+                    s,
+                    worker,
+                )
+                raise PushRejected(
+                    f"push from worker {worker} made shard {s} of the centre non-finite with "
+                    f"values below {OVERFLOW_RISK:g}: the rule's coefficients are too large."
+                )
             new_versions.append(version + 1)
         return taus, new_versions
 
-    def _apply_guarded(self, worker: int, pulled: list[int], tensors: list[Tensor], num_samples: int,
-                       local_steps: int) -> tuple[list[int], list[int]]:
+    def _apply_guarded(
+        self, worker: int, pulled: list[int], tensors: list[Tensor], num_samples: int, local_steps: int
+    ) -> tuple[list[int], list[int]]:
         """Apply under every shard's lock on a backup of the centre and the rules' state; roll all
         shards back and refuse the push if any shard is not finite after it."""
         with contextlib.ExitStack() as held:
@@ -370,7 +398,9 @@ class ParameterServer:
             tops = []
             for s in range(self.num_shards):
                 pushed = tuple(self.plan.views(tensors, s))
-                self._rules[s].apply(self._views[s], Push(worker, staleness[s], pushed, num_samples, local_steps))
+                self._rules[s].apply(
+                    self._views[s], Push(worker, staleness[s], pushed, num_samples, local_steps)
+                )
                 tops.append(magnitude(self._views[s]))
             if not all(math.isfinite(t) for t in tops):
                 for s in range(self.num_shards):
@@ -378,8 +408,10 @@ class ParameterServer:
                         c.copy_(saved)
                     self._rules[s].load_state_dict(states[s])
                 log.warning("refused push of worker %d: it would make the centre non-finite", worker)
-                raise PushRejected(f"push from worker {worker} would make the centre non-finite (float overflow); "
-                                   "refused, the centre keeps its last good value.")
+                raise PushRejected(
+                    f"push from worker {worker} would make the centre non-finite (float overflow); "
+                    "refused, the centre keeps its last good value."
+                )
             self._magnitude = tops
             new_versions = [v.ticket() + 1 for v in self._versions]
         return staleness, new_versions
@@ -405,8 +437,10 @@ class ParameterServer:
             except TypeError:  # e.g. a number off the wire: a rejected push, not a server error
                 pulled = None
         now = self.versions()
-        if pulled is None or len(pulled) != self.num_shards or not all(
-            type(v) is int and 0 <= v <= n for v, n in zip(pulled, now, strict=True)
+        if (
+            pulled is None
+            or len(pulled) != self.num_shards
+            or not all(type(v) is int and 0 <= v <= n for v, n in zip(pulled, now, strict=True))
         ):
             raise PushRejected(
                 f"push from worker {worker}: pulled_versions={pulled_versions if pulled is None else pulled!r:.200} "
@@ -423,11 +457,19 @@ class ParameterServer:
                 )
         if self.max_push_norm is not None:
             # float32 at least: a half-precision sum of squares overflows at 256
-            norm = math.sqrt(sum(float(torch.linalg.vector_norm(t, dtype=torch.float32 if t.element_size() < 4 else None))
-                                 ** 2 for t in tensors if t.is_floating_point()))
+            norm = math.sqrt(
+                sum(
+                    float(torch.linalg.vector_norm(t, dtype=torch.float32 if t.element_size() < 4 else None))
+                    ** 2
+                    for t in tensors
+                    if t.is_floating_point()
+                )
+            )
             if not norm <= self.max_push_norm:
-                raise PushRejected(f"push from worker {worker}: L2 norm {norm:.4g} is above max_push_norm "
-                                   f"{self.max_push_norm:g}; refused, the centre keeps its last good value.")
+                raise PushRejected(
+                    f"push from worker {worker}: L2 norm {norm:.4g} is above max_push_norm "
+                    f"{self.max_push_norm:g}; refused, the centre keeps its last good value."
+                )
         return pulled, size
 
     def _check_shards(self, shards: Sequence[int] | None) -> list[int]:
@@ -463,8 +505,10 @@ class ParameterServer:
         a server's, ``ConfigError`` for another model's or shard layout's."""
         if not isinstance(state, dict) or set(state) != STATE_KEYS:
             found = sorted(map(str, state)) if isinstance(state, dict) else type(state).__name__
-            raise ValueError(f"not a parameter server's state (its keys: {found}; a server's state has "
-                             f"{sorted(STATE_KEYS)}).")
+            raise ValueError(
+                f"not a parameter server's state (its keys: {found}; a server's state has "
+                f"{sorted(STATE_KEYS)})."
+            )
         if ShardPlan.from_json(state["plan"]) != self.plan:
             raise ConfigError(
                 "checkpoint was written for a different model or shard layout; build the ParameterServer "

@@ -80,7 +80,9 @@ class UpdateRule(ABC):
     pushes: PushKind = PushKind.PSEUDO_GRADIENT
 
     # --- worker side (runs in the Spark task) ---------------------------------------
-    def make_push(self, local: Sequence[Tensor], pulled: Sequence[Tensor], grads: Sequence[Tensor]) -> list[Tensor]:
+    def make_push(
+        self, local: Sequence[Tensor], pulled: Sequence[Tensor], grads: Sequence[Tensor]
+    ) -> list[Tensor]:
         """Return what this worker sends. Default: its (pseudo-)gradients."""
         return list(grads)
 

@@ -27,8 +27,15 @@ class DelayCompensatedRule(UpdateRule):
 
     locking = Locking.GLOBAL  # per-worker state and momentum are read-modify-write
 
-    def __init__(self, lr: float, momentum: float, lambda_: float, mean_square_decay: float, eps: float,
-                 num_workers: int | None) -> None:
+    def __init__(
+        self,
+        lr: float,
+        momentum: float,
+        lambda_: float,
+        mean_square_decay: float,
+        eps: float,
+        num_workers: int | None,
+    ) -> None:
         name = type(self).__name__
         self.lr = check_number(
             name,
@@ -48,10 +55,20 @@ class DelayCompensatedRule(UpdateRule):
             hint="0.9 is the usual single-machine value; 0 disables momentum.",
         )
         self.lambda_ = check_number(
-            name, "lambda_", lambda_, low=0, hint="lambda_ scales the delay compensation: 2.0 (DC-ASGD-a), 0.04 (-c)."
+            name,
+            "lambda_",
+            lambda_,
+            low=0,
+            hint="lambda_ scales the delay compensation: 2.0 (DC-ASGD-a), 0.04 (-c).",
         )
         self.mean_square_decay = check_number(
-            name, "mean_square_decay", mean_square_decay, low=0, high=1, high_open=True, hint="0.95 is DC-ASGD's value."
+            name,
+            "mean_square_decay",
+            mean_square_decay,
+            low=0,
+            high=1,
+            high_open=True,
+            hint="0.95 is DC-ASGD's value.",
         )
         self.eps = check_number(name, "eps", eps, low=0, low_open=True, hint="1e-7 is DC-ASGD's value.")
         if num_workers is not None:

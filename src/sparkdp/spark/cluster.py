@@ -87,14 +87,18 @@ def oversubscription(spark, workers: int, threads: int | None) -> str | None:
     their cores (each thread then waits for a core), or None."""
     per_task = cpus_per_task(spark)
     if threads is not None and threads > per_task:
-        return (f"threads={threads} torch threads per worker, but each Spark task holds spark.task.cpus={per_task:g} "
-                f"core(s): workers sharing an executor will compete for its cores. Set spark.task.cpus={threads}, "
-                "or leave threads unset (sparkdp then uses spark.task.cpus).")
+        return (
+            f"threads={threads} torch threads per worker, but each Spark task holds spark.task.cpus={per_task:g} "
+            f"core(s): workers sharing an executor will compete for its cores. Set spark.task.cpus={threads}, "
+            "or leave threads unset (sparkdp then uses spark.task.cpus)."
+        )
     cores, threads = os.cpu_count() or 1, threads or max(1, int(per_task))
     if on_driver_machine(spark) and workers * threads > cores:
-        return (f"{workers} workers x {threads} torch thread(s) on this machine's {cores} "
-                "core(s): they will compete for the cores and each step will be slower. Use fewer workers or "
-                "threads, or a cluster.")
+        return (
+            f"{workers} workers x {threads} torch thread(s) on this machine's {cores} "
+            "core(s): they will compete for the cores and each step will be slower. Use fewer workers or "
+            "threads, or a cluster."
+        )
     return None
 
 
@@ -110,17 +114,21 @@ def too_few_slots_message(requested: int, slots: int, master: str) -> str:
         f"and a synchronous job needs all {requested} running together. Use workers <= {slots}, "
         f"or start Spark with more cores (e.g. --master local[{requested}]) or more executors."
     )
+
+
 def barrier_refusal(conf: dict[str, str]) -> str | None:
     """Why Spark would refuse a barrier stage with these settings, in words (None: it would not).
 
     Barrier stages need a fixed set of executors (SPARK-24942): with dynamic allocation on,
     Spark fails the job at submission with a message that names neither sparkdp nor the fix."""
     if conf.get("spark.dynamicAllocation.enabled", "false").strip().lower() == "true":
-        return ("synchronous strategies (allreduce, average) run as a Spark barrier stage, which Spark does not "
-                "allow with dynamic allocation (spark.dynamicAllocation.enabled=true): all workers must hold "
-                "their executors for the whole stage. Turn it off for this application (--conf "
-                "spark.dynamicAllocation.enabled=false), or train asynchronously (e.g. strategy='asgd'), whose "
-                "workers are ordinary tasks that tolerate executors coming and going.")
+        return (
+            "synchronous strategies (allreduce, average) run as a Spark barrier stage, which Spark does not "
+            "allow with dynamic allocation (spark.dynamicAllocation.enabled=true): all workers must hold "
+            "their executors for the whole stage. Turn it off for this application (--conf "
+            "spark.dynamicAllocation.enabled=false), or train asynchronously (e.g. strategy='asgd'), whose "
+            "workers are ordinary tasks that tolerate executors coming and going."
+        )
     return None
 
 
@@ -137,8 +145,10 @@ def driver_host(spark) -> str:
     from ..comm.torch_dist import source_address
 
     if (own := source_address(server[0])) is None:
-        raise EnvironmentProblem(f"cannot find this machine's address toward the Spark Connect server "
-                                 f"{server[0]}:{server[1]}: no route to it, or its name does not resolve")
+        raise EnvironmentProblem(
+            f"cannot find this machine's address toward the Spark Connect server "
+            f"{server[0]}:{server[1]}: no route to it, or its name does not resolve"
+        )
     return own
 
 

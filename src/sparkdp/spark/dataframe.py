@@ -69,7 +69,7 @@ def parquet_scan_files(df) -> list[str] | None:
         if not node:
             continue
         if node.startswith("Project [") and node.endswith("]"):
-            if not all(_PLAIN_ATTR.match(item.strip()) for item in node[len("Project ["):-1].split(",")):
+            if not all(_PLAIN_ATTR.match(item.strip()) for item in node[len("Project [") : -1].split(",")):
                 return None
         elif not (node.startswith("Relation ") and node.endswith(" parquet")):
             return None
@@ -78,7 +78,7 @@ def parquet_scan_files(df) -> list[str] | None:
 
 
 def _local_paths(files: list[str]) -> list[str]:
-    return [f[len("file:"):].replace("///", "/", 1) if f.startswith("file:") else f for f in files]
+    return [f[len("file:") :].replace("///", "/", 1) if f.startswith("file:") else f for f in files]
 
 
 class StreamData(WorkerData):
@@ -99,16 +99,24 @@ class StreamData(WorkerData):
         self._stream = stream
         return self
 
-    def batches(self, *, rank: int, world_size: int, epoch: int, batch_size: int,
-                seed: int, shuffle: bool = True) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def batches(
+        self, *, rank: int, world_size: int, epoch: int, batch_size: int, seed: int, shuffle: bool = True
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self._stream is None:
             raise RuntimeError("StreamData.batches ran without a stream (or twice in one stage)")
         stream, self._stream = self._stream, None
         chunks = (self.converter.convert(rb) for rb in stream if rb.num_rows)
-        batches = rebatch(chunks, batch_size, buffer_rows=self.shuffle_buffer if shuffle else 0,
-                          generator=seeded_generator(seed, epoch, rank))
-        yield from (map(self.converter.pack, batches) if self.converter.dict_batches  # type: ignore[misc]  # rebatch yields tuple[Tensor, ...]: these chunks are (features, labels)
-                    else batches)
+        batches = rebatch(
+            chunks,
+            batch_size,
+            buffer_rows=self.shuffle_buffer if shuffle else 0,
+            generator=seeded_generator(seed, epoch, rank),
+        )
+        yield from (
+            map(self.converter.pack, batches)
+            if self.converter.dict_batches  # type: ignore[misc]  # rebatch yields tuple[Tensor, ...]: these chunks are (features, labels)
+            else batches
+        )
 
     def counters(self) -> dict[str, int]:
         return {"dropped_null_rows": self.converter.dropped}
@@ -138,7 +146,9 @@ class DataFrameSource:
     def sample(self, rows: int = 2) -> pa.RecordBatch:
         table = self.df.limit(rows).toArrow()
         if table.num_rows == 0:
-            raise DataError("the DataFrame is empty (0 rows); nothing to train on. Check the filters upstream.")
+            raise DataError(
+                "the DataFrame is empty (0 rows); nothing to train on. Check the filters upstream."
+            )
         return table.to_batches()[0]
 
     def num_samples(self) -> None:
@@ -148,30 +158,49 @@ class DataFrameSource:
         return StreamData(self.converter, self.shuffle_buffer).describe()
 
 
-def dataframe_data(df, *, features: str | Sequence[str], label: str | None, feature_shape=None,
-                   drop_nulls: bool = False, shuffle_buffer: int = 10_000,
-                   dict_batches: bool = False) -> ParquetData | DataFrameSource:
+def dataframe_data(
+    df,
+    *,
+    features: str | Sequence[str],
+    label: str | None,
+    feature_shape=None,
+    drop_nulls: bool = False,
+    shuffle_buffer: int = 10_000,
+    dict_batches: bool = False,
+) -> ParquetData | DataFrameSource:
     """Route a DataFrame to :class:`ParquetData` (plain Parquet scan) or to per-epoch streaming."""
     columns = [features] if isinstance(features, str) else list(features or [])
     wanted = columns + ([label] if label else [])
     missing = [c for c in wanted if c not in df.columns]
     if missing:
-        raise DataError(f"column(s) {missing} not in the DataFrame. Available columns: {', '.join(df.columns)}. "
-                        "Pass features=/label= naming existing columns.")
+        raise DataError(
+            f"column(s) {missing} not in the DataFrame. Available columns: {', '.join(df.columns)}. "
+            "Pass features=/label= naming existing columns."
+        )
     files = parquet_scan_files(df)
     if files is not None:
         try:
-            data = ParquetData(_local_paths(files), features=features, label=label, feature_shape=feature_shape,
-                               drop_nulls=drop_nulls, shuffle_buffer=shuffle_buffer, dict_batches=dict_batches)
-            log.info("the DataFrame is a plain Parquet scan of %d file(s): workers read the files directly",
-                     len(files))
+            data = ParquetData(
+                _local_paths(files),
+                features=features,
+                label=label,
+                feature_shape=feature_shape,
+                drop_nulls=drop_nulls,
+                shuffle_buffer=shuffle_buffer,
+                dict_batches=dict_batches,
+            )
+            log.info(
+                "the DataFrame is a plain Parquet scan of %d file(s): workers read the files directly",
+                len(files),
+            )
             return data
         except DataError as exc:  # e.g. a partition column that lives in directory names, not in files
             log.info("reading the Parquet files directly is not possible (%s); streaming through Spark", exc)
     projected = df.select(*wanted)
     schema = projected.limit(0).toArrow().schema
-    converter = ArrowConverter(schema, features, label, feature_shape=feature_shape, drop_nulls=drop_nulls,
-                               dict_batches=dict_batches)
+    converter = ArrowConverter(
+        schema, features, label, feature_shape=feature_shape, drop_nulls=drop_nulls, dict_batches=dict_batches
+    )
     level = df.storageLevel
     return DataFrameSource(projected, converter, shuffle_buffer, cached=level.useMemory or level.useDisk)
 
@@ -185,31 +214,51 @@ def _epoch_task(spec: FitSpec, threads: int | None, pg_timeout_s: float):
             info = rendezvous()
             template = cast(StreamData, spec.train)  # epoch_stage's spec carries an unattached StreamData
             data = StreamData(template.converter, template.shuffle_buffer).attach(stream)
-            job = in_task(lambda coll: fit_worker(replace(spec, train=data), coll), threads=threads,
-                          pg_timeout_s=pg_timeout_s)
+            job = in_task(
+                lambda coll: fit_worker(replace(spec, train=data), coll),
+                threads=threads,
+                pg_timeout_s=pg_timeout_s,
+            )
             out = job(info)
             for _ in stream:  # rows left after another rank ran out: drain so Spark's writer can finish
                 pass
         except BaseException as exc:  # re-raised with a summary the driver decodes
             raise RuntimeError(encode_error(info.rank if info else -1, exc)) from None
-        yield pa.RecordBatch.from_pydict({  # ranks other than 0 return no report
-            "rank": [info.rank], "info": [out.summary_json() if out else "{}"],
-            "state": [out.state if out else b""], "optimizer_state": [out.optimizer_state if out else b""],
-        })
+        yield pa.RecordBatch.from_pydict(
+            {  # ranks other than 0 return no report
+                "rank": [info.rank],
+                "info": [out.summary_json() if out else "{}"],
+                "state": [out.state if out else b""],
+                "optimizer_state": [out.optimizer_state if out else b""],
+            }
+        )
 
     return task
 
 
-def epoch_stage(spec: FitSpec, source: DataFrameSource, *, workers: int, spark, threads: int | None,
-                pg_timeout_s: float, start_timeout_s: float) -> WorkerReport:
+def epoch_stage(
+    spec: FitSpec,
+    source: DataFrameSource,
+    *,
+    workers: int,
+    spark,
+    threads: int | None,
+    pg_timeout_s: float,
+    start_timeout_s: float,
+) -> WorkerReport:
     """Train epoch ``spec.part.start_epoch`` of ``source`` as one barrier ``mapInArrow`` stage on
     ``workers`` (``source.prepare`` first); rank 0's report. A failed worker raises
     ``WorkerFailed``: what happens next is the driver's (``driver.controller``)."""
     stage_spec = replace(spec, train=StreamData(source.converter, source.shuffle_buffer), epochs=1)
     df = source.stage_frame(workers)
     epoch = spec.part.start_epoch
-    rows = _run_stage(df.mapInArrow(_epoch_task(stage_spec, threads, pg_timeout_s), _OUT_SCHEMA, barrier=True),
-                      spark, workers, start_timeout_s, epoch)
+    rows = _run_stage(
+        df.mapInArrow(_epoch_task(stage_spec, threads, pg_timeout_s), _OUT_SCHEMA, barrier=True),
+        spark,
+        workers,
+        start_timeout_s,
+        epoch,
+    )
     rank0 = next(r for r in rows if r["rank"] == 0)
     return WorkerReport.from_parts(rank0["info"], rank0["state"], rank0["optimizer_state"])
 
@@ -221,9 +270,14 @@ def _partitioned(source: DataFrameSource, workers: int, epochs: int):
     counts = _partition_rows(df) if is_connect(df.sparkSession) else None
     partitions = len(counts) if counts is not None else df.rdd.getNumPartitions()
     if partitions != workers:
-        log.info("the DataFrame has %d partition(s) for %d workers: repartitioning it to %d (a Spark shuffle "
-                 "every epoch; pass df.repartition(%d).cache() to shuffle only once)",
-                 partitions, workers, workers, workers)
+        log.info(
+            "the DataFrame has %d partition(s) for %d workers: repartitioning it to %d (a Spark shuffle "
+            "every epoch; pass df.repartition(%d).cache() to shuffle only once)",
+            partitions,
+            workers,
+            workers,
+            workers,
+        )
         df = df.repartition(workers)
     else:
         # One partition per worker as given. An empty or much smaller partition would end every
@@ -231,14 +285,24 @@ def _partitioned(source: DataFrameSource, workers: int, epochs: int):
         # cached DataFrame) and rebalance when the partitions are that uneven.
         counts = counts if counts is not None else _partition_rows(df)
         if sum(counts) == 0:
-            raise DataError("the DataFrame is empty (0 rows); nothing to train on. Check the filters upstream.")
+            raise DataError(
+                "the DataFrame is empty (0 rows); nothing to train on. Check the filters upstream."
+            )
         if min(counts) == 0 or max(counts) > 2 * min(counts) + 1:
-            log.info("the DataFrame's %d partitions are uneven (rows per partition: %s): repartitioning to %d "
-                     "so no worker runs out early", workers, counts, workers)
+            log.info(
+                "the DataFrame's %d partitions are uneven (rows per partition: %s): repartitioning to %d "
+                "so no worker runs out early",
+                workers,
+                counts,
+                workers,
+            )
             df = df.repartition(workers)
     if epochs > 1 and not source.cached:
-        log.info("the DataFrame is not cached: its lineage runs again in each of the %d epochs; call "
-                 "df.cache() first to avoid that", epochs)
+        log.info(
+            "the DataFrame is not cached: its lineage runs again in each of the %d epochs; call "
+            "df.cache() first to avoid that",
+            epochs,
+        )
     return df
 
 
@@ -258,8 +322,12 @@ def _partition_rows(df) -> list[int]:
 
 def _run_stage(out_df, spark, workers: int, start_timeout_s: float, epoch: int) -> list[dict[str, Any]]:
     """Collect a barrier ``mapInArrow`` stage (the same contract as ``run_barrier``)."""
-    stage = BarrierStage(spark, workers, description=f"sparkdp training epoch {epoch + 1} on a DataFrame",
-                         start_timeout_s=start_timeout_s)
+    stage = BarrierStage(
+        spark,
+        workers,
+        description=f"sparkdp training epoch {epoch + 1} on a DataFrame",
+        start_timeout_s=start_timeout_s,
+    )
     rows = stage.run(lambda: [r.asDict() for r in out_df.collect()])
     if not rows:
         raise ConfigError("the training stage returned no result; is the DataFrame's partition count 0?")

@@ -55,7 +55,7 @@ def check_master_reachable(master: str, timeout_s: float = 5.0) -> None:
     """
     if not master.startswith("spark://"):
         return
-    for hostport in master[len("spark://"):].split(","):
+    for hostport in master[len("spark://") :].split(","):
         parsed = urlparse(f"spark://{hostport}")
         host, port = parsed.hostname, parsed.port or 7077
         try:

@@ -22,13 +22,19 @@ def ship_directory(spark, directory: str) -> str:
         ConfigError: the directory holds more than :data:`MAX_SHIPPED_BYTES` (it would be copied
             to every executor: keep the script in a directory of its own, data on shared storage).
     """
-    size = sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(directory)
-               for name in names if os.path.isfile(os.path.join(root, name)))
+    size = sum(
+        os.path.getsize(os.path.join(root, name))
+        for root, _, names in os.walk(directory)
+        for name in names
+        if os.path.isfile(os.path.join(root, name))
+    )
     if size > MAX_SHIPPED_BYTES:
-        raise ConfigError(f"the script's directory {directory!r} holds {size / 2**20:.0f} MB, and sparkdp launch "
-                          f"copies it to every executor (at most {MAX_SHIPPED_BYTES // 2**20} MB). Put the script "
-                          "and the modules it imports in a directory of their own, and the data on storage every "
-                          "executor reads (HDFS, S3, NFS).")
+        raise ConfigError(
+            f"the script's directory {directory!r} holds {size / 2**20:.0f} MB, and sparkdp launch "
+            f"copies it to every executor (at most {MAX_SHIPPED_BYTES // 2**20} MB). Put the script "
+            "and the modules it imports in a directory of their own, and the data on storage every "
+            "executor reads (HDFS, S3, NFS)."
+        )
     # addFile takes local directories only in local mode: ship a zip that Spark unpacks on every node;
     # its name carries a hash of the contents, so a changed script is a new archive, not a clash
     digest = hashlib.sha256()

@@ -59,15 +59,19 @@ def _results(rows, stage: str, num_tasks: int) -> list[Any]:
     rows = sorted(rows, key=lambda row: row["index"])
     indices = [int(row["index"]) for row in rows]
     if indices != list(range(num_tasks)):
-        raise WorkerFailed(f"the stage's {num_tasks} task(s) returned results for tasks {indices}; expected one "
-                           f"for each of 0-{num_tasks - 1}. Something other than sparkdp's tasks wrote them.")
+        raise WorkerFailed(
+            f"the stage's {num_tasks} task(s) returned results for tasks {indices}; expected one "
+            f"for each of 0-{num_tasks - 1}. Something other than sparkdp's tasks wrote them."
+        )
     out = []
     for index, row in zip(indices, rows, strict=True):
         try:
             out.append(decode(bytes(row["result"]), stage, index))
         except ValueError as err:
-            raise WorkerFailed(f"the result of task {index} was not read: {err}. Something other than sparkdp's "
-                               "task wrote or changed it; nothing in it was run.") from None
+            raise WorkerFailed(
+                f"the result of task {index} was not read: {err}. Something other than sparkdp's "
+                "task wrote or changed it; nothing in it was run."
+            ) from None
     return out
 
 
@@ -80,6 +84,7 @@ def _task_body(stage: str, start: Callable[[], tuple[int, Any]], fn: Callable[[A
     """A ``mapInArrow`` function: ``start()`` gives the task's index (rank or worker) and the
     argument of ``fn``; the task returns ``fn``'s result encoded as data. A result that cannot
     be (not data: a model object, an open file) fails the task with a ConfigError saying so."""
+
     def run_partition(batches):
         for _ in batches:  # the one row of spark.range that made this task: nothing to read
             pass
@@ -127,26 +132,41 @@ class BarrierStage:
                 raise RendezvousTimeout(
                     f"requested {self.num_workers} workers, but after {self.start_timeout_s:.0f} s the cluster at "
                     f"{master!r} has {available} task slot(s) (a synchronous job needs all of them at once). "
-                    "Use fewer workers, add executors, or raise `start_timeout_s`.")
+                    "Use fewer workers, add executors, or raise `start_timeout_s`."
+                )
             time.sleep(0.5)
 
     def run(self, collect: Callable[[], list[Any]]) -> list[Any]:
         """Run ``collect()`` (the action that runs the stage) and return what it returned."""
         spark, n = self.spark, self.num_workers
         master = master_of(spark)
-        refusal = barrier_refusal({"spark.dynamicAllocation.enabled":
-                                   spark_conf(spark, "spark.dynamicAllocation.enabled", "false") or "false"})
+        refusal = barrier_refusal(
+            {
+                "spark.dynamicAllocation.enabled": spark_conf(
+                    spark, "spark.dynamicAllocation.enabled", "false"
+                )
+                or "false"
+            }
+        )
         if refusal:
             raise ConfigError(refusal)
         slots = task_slots(spark)
         if slots is not None and n > slots:
             raise RendezvousTimeout(too_few_slots_message(n, slots, master))
         self._wait_for_executors()
-        return run_watched(spark, collect, n, description=self.description, start_timeout_s=self.start_timeout_s,
-                           need_all=True, too_slow=(
-                               f"requested {n} workers, but Spark did not start them all within "
-                               f"{self.start_timeout_s:.0f} s on master {master!r} (a barrier stage needs all of "
-                               "them at once). Lower `workers`, add executors/cores, or raise `start_timeout_s`."))
+        return run_watched(
+            spark,
+            collect,
+            n,
+            description=self.description,
+            start_timeout_s=self.start_timeout_s,
+            need_all=True,
+            too_slow=(
+                f"requested {n} workers, but Spark did not start them all within "
+                f"{self.start_timeout_s:.0f} s on master {master!r} (a barrier stage needs all of "
+                "them at once). Lower `workers`, add executors/cores, or raise `start_timeout_s`."
+            ),
+        )
 
 
 class JobControl:
@@ -205,13 +225,23 @@ class JobControl:
                 stages, inflight = self._stages, self._inflight
             going = [s.num_completed_tasks + (0 if s.done else inflight) for s in stages]
         else:
-            going = [stage.numActiveTasks + stage.numCompletedTasks
-                     for stage in _stages(self.spark.sparkContext, self.name)]
+            going = [
+                stage.numActiveTasks + stage.numCompletedTasks
+                for stage in _stages(self.spark.sparkContext, self.name)
+            ]
         return sum(going), any(n >= num_tasks for n in going)
 
 
-def run_watched(spark, collect: Callable[[], list[Any]], num_tasks: int, *, description: str,
-                start_timeout_s: float, need_all: bool, too_slow: str) -> list[Any]:
+def run_watched(
+    spark,
+    collect: Callable[[], list[Any]],
+    num_tasks: int,
+    *,
+    description: str,
+    start_timeout_s: float,
+    need_all: bool,
+    too_slow: str,
+) -> list[Any]:
     """Run ``collect()`` (a Spark action of ``num_tasks`` tasks) in a thread under its own
     :class:`JobControl`; cancel it and raise ``RendezvousTimeout(too_slow)`` when its tasks have
     not started within ``start_timeout_s`` — all of them (``need_all``, a barrier stage) or any —
@@ -254,14 +284,22 @@ def run_watched(spark, collect: Callable[[], list[Any]], num_tasks: int, *, desc
 
 
 def _none_started(seconds: float, master: str, what: str) -> str:
-    return (f"{what} did not start within {seconds:.0f} s on master {master!r}: no executor took any of its tasks. "
-            "Check that the cluster has free cores and executors that can hold the tasks' resources "
-            "(spark.task.cpus, spark.task.resource.*, spark.executor.resource.*), or raise `start_timeout_s`.")
+    return (
+        f"{what} did not start within {seconds:.0f} s on master {master!r}: no executor took any of its tasks. "
+        "Check that the cluster has free cores and executors that can hold the tasks' resources "
+        "(spark.task.cpus, spark.task.resource.*, spark.executor.resource.*), or raise `start_timeout_s`."
+    )
 
 
-def run_barrier(fn: Callable[[TaskInfo], Any], num_workers: int, *, spark,
-                start_timeout_s: float = 60.0, description: str = "sparkdp training",
-                store: bool = True) -> list[Any]:
+def run_barrier(
+    fn: Callable[[TaskInfo], Any],
+    num_workers: int,
+    *,
+    spark,
+    start_timeout_s: float = 60.0,
+    description: str = "sparkdp training",
+    store: bool = True,
+) -> list[Any]:
     """Run ``fn(task_info)`` on ``num_workers`` concurrent Spark tasks; return results by rank.
 
     One barrier ``mapInArrow`` stage over ``spark.range(num_workers)``: the same code on a
@@ -291,28 +329,50 @@ def unreachable_reason(spark, *, timeout_s: float = 5.0, start_timeout_s: float 
     :func:`executors_may_not_reach_us`). Costs one small stage, a few seconds at most."""
     if not executors_may_not_reach_us(spark):
         return None
-    with socket.create_server((driver_host(spark), 0)) as listener:  # the probes' connections wait in its backlog
+    with socket.create_server(
+        (driver_host(spark), 0)
+    ) as listener:  # the probes' connections wait in its backlog
         host, port = listener.getsockname()[:2]
-        failed = _probe(spark, f"[{host}]:{port}" if ":" in host else f"{host}:{port}", timeout_s,
-                        "this process", start_timeout_s)
+        failed = _probe(
+            spark,
+            f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
+            timeout_s,
+            "this process",
+            start_timeout_s,
+        )
     return failed
 
 
-def check_reachable(spark, address: str, *, timeout_s: float = 5.0, what: str = "the parameter server",
-                    start_timeout_s: float = 60.0) -> None:
+def check_reachable(
+    spark,
+    address: str,
+    *,
+    timeout_s: float = 5.0,
+    what: str = "the parameter server",
+    start_timeout_s: float = 60.0,
+) -> None:
     """Fail fast, naming the address, when executors cannot open a TCP connection to ``address``
     (``host:port`` on the driver) — instead of every task waiting out its connect timeout."""
     client = connect_server(spark) is not None
-    failed = _probe(spark, address, timeout_s, f"{what} in this Spark Connect client" if client else
-                    f"{what} on the driver", start_timeout_s)
+    failed = _probe(
+        spark,
+        address,
+        timeout_s,
+        f"{what} in this Spark Connect client" if client else f"{what} on the driver",
+        start_timeout_s,
+    )
     if failed and client:
-        raise EnvironmentProblem(f"{failed}. The executors cannot connect to this client: train with a synchronous "
-                                 "strategy, or with sparkdp.fit / sparkdp train, which run the parameter server on "
-                                 "the executors (docs/guide/connect.md).")
+        raise EnvironmentProblem(
+            f"{failed}. The executors cannot connect to this client: train with a synchronous "
+            "strategy, or with sparkdp.fit / sparkdp train, which run the parameter server on "
+            "the executors (docs/guide/connect.md)."
+        )
     if failed:
-        raise EnvironmentProblem(f"{failed}. Set spark.driver.host to an address of the driver that the executors "
-                                 "can reach, and let a firewall between them pass TCP to the driver "
-                                 "(docs/guide/clusters.md).")
+        raise EnvironmentProblem(
+            f"{failed}. Set spark.driver.host to an address of the driver that the executors "
+            "can reach, and let a firewall between them pass TCP to the driver "
+            "(docs/guide/clusters.md)."
+        )
 
 
 def _probe(spark, address: str, timeout_s: float, what: str, start_timeout_s: float) -> str | None:
@@ -331,8 +391,14 @@ def _probe(spark, address: str, timeout_s: float, what: str, start_timeout_s: fl
         except OSError as exc:
             return sock.gethostname(), f"{type(exc).__name__}: {exc}"
 
-    results = run_tasks(probe, tries, spark=spark, description=f"sparkdp: can executors reach {what} at {address}?",
-                        start_timeout_s=start_timeout_s, what="the connectivity check")
+    results = run_tasks(
+        probe,
+        tries,
+        spark=spark,
+        description=f"sparkdp: can executors reach {what} at {address}?",
+        start_timeout_s=start_timeout_s,
+        what="the connectivity check",
+    )
     failed = [(h, err) for h, err in results if err is not None]
     if not failed:
         return None
@@ -340,8 +406,15 @@ def _probe(spark, address: str, timeout_s: float, what: str, start_timeout_s: fl
     return f"executors on {hosts} cannot reach {what} at {address} within {timeout_s:g} s ({failed[0][1]})"
 
 
-def run_tasks(fn: Callable[[int], Any], num_workers: int, *, spark, description: str = "sparkdp workers",
-              start_timeout_s: float = 60.0, what: str | None = None) -> list[Any]:
+def run_tasks(
+    fn: Callable[[int], Any],
+    num_workers: int,
+    *,
+    spark,
+    description: str = "sparkdp workers",
+    start_timeout_s: float = 60.0,
+    what: str | None = None,
+) -> list[Any]:
     """Run ``fn(worker_index)`` as ``num_workers`` ordinary (non-barrier) Spark tasks.
 
     Unlike a barrier stage, Spark retries a failed task on its own (up to
@@ -354,8 +427,11 @@ def run_tasks(fn: Callable[[int], Any], num_workers: int, *, spark, description:
     check_int("workers", num_workers)
     slots = task_slots(spark)
     if slots is not None and num_workers > slots:
-        log.warning("%d asynchronous workers on %d task slots: they will run in waves, not all at once",
-                    num_workers, slots)
+        log.warning(
+            "%d asynchronous workers on %d task slots: they will run in waves, not all at once",
+            num_workers,
+            slots,
+        )
     stage_id = _stage_id()
 
     def start() -> tuple[int, int]:
@@ -367,10 +443,19 @@ def run_tasks(fn: Callable[[int], Any], num_workers: int, *, spark, description:
 
     df = _task_stage(spark, num_workers, _task_body(stage_id, start, fn), barrier=False)
     what = what or f"the {num_workers} asynchronous workers"
-    return _results(run_watched(spark, df.collect, num_workers, description=description,
-                                start_timeout_s=start_timeout_s, need_all=False,
-                                too_slow=_none_started(start_timeout_s, master_of(spark), what)),
-                    stage_id, num_workers)
+    return _results(
+        run_watched(
+            spark,
+            df.collect,
+            num_workers,
+            description=description,
+            start_timeout_s=start_timeout_s,
+            need_all=False,
+            too_slow=_none_started(start_timeout_s, master_of(spark), what),
+        ),
+        stage_id,
+        num_workers,
+    )
 
 
 def _stages(sc, group: str) -> list[Any]:

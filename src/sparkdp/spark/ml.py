@@ -93,10 +93,16 @@ class _SparkdpParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasSeed):
 
     model = _p("model", "built-in model name (sparkdp.models.MODELS)", TypeConverters.toString)
     modelKwargs = _p("modelKwargs", "JSON object of keyword arguments for the model", TypeConverters.toString)
-    moduleFactory = _p("moduleFactory", "import path 'package.module:function' of a function returning "
-                       "the torch.nn.Module (instead of model)", TypeConverters.toString)
+    moduleFactory = _p(
+        "moduleFactory",
+        "import path 'package.module:function' of a function returning "
+        "the torch.nn.Module (instead of model)",
+        TypeConverters.toString,
+    )
     featureShape = _p("featureShape", "per-row feature shape, e.g. [1, 28, 28]", TypeConverters.toListInt)
-    probabilityCol = _p("probabilityCol", "column for class probabilities ('' for none)", TypeConverters.toString)
+    probabilityCol = _p(
+        "probabilityCol", "column for class probabilities ('' for none)", TypeConverters.toString
+    )
     outputType = _p("outputType", "prediction output: auto, class, value or raw", TypeConverters.toString)
     strategy = _p("strategy", "training strategy name (allreduce, average, ...)", TypeConverters.toString)
     strategyOptions = _p("strategyOptions", "JSON object of strategy options", TypeConverters.toString)
@@ -106,15 +112,32 @@ class _SparkdpParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasSeed):
     optimizer = _p("optimizer", "optimizer name (sgd, adam, ...)", TypeConverters.toString)
     learningRate = _p("learningRate", "learning rate", TypeConverters.toFloat)
     loss = _p("loss", "loss name (cross_entropy, mse, ...)", TypeConverters.toString)
-    dropNulls = _p("dropNulls", "drop rows with null features/labels instead of failing", TypeConverters.toBoolean)
+    dropNulls = _p(
+        "dropNulls", "drop rows with null features/labels instead of failing", TypeConverters.toBoolean
+    )
     shuffleBuffer = _p("shuffleBuffer", "rows held by each worker's shuffle buffer", TypeConverters.toInt)
 
     def __init__(self) -> None:
         super().__init__()
-        self._setDefault(featuresCol="features", labelCol="label", predictionCol="prediction", modelKwargs="{}",
-                         probabilityCol="", outputType="auto", strategy="allreduce", strategyOptions="{}",
-                         workers=0, epochs=1, batchSize=64, optimizer="sgd", learningRate=0.01,
-                         loss="cross_entropy", dropNulls=False, shuffleBuffer=10_000, seed=0)
+        self._setDefault(
+            featuresCol="features",
+            labelCol="label",
+            predictionCol="prediction",
+            modelKwargs="{}",
+            probabilityCol="",
+            outputType="auto",
+            strategy="allreduce",
+            strategyOptions="{}",
+            workers=0,
+            epochs=1,
+            batchSize=64,
+            optimizer="sgd",
+            learningRate=0.01,
+            loss="cross_entropy",
+            dropNulls=False,
+            shuffleBuffer=10_000,
+            seed=0,
+        )
 
     def _features(self) -> str | list[str]:
         """``featuresCol``; a comma-separated value names several (scalar/array) columns."""
@@ -132,7 +155,9 @@ class _SparkdpParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasSeed):
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{param.name} must be a JSON object; got {text!r} ({exc}).") from exc
         if not isinstance(value, dict):
-            raise ConfigError(f"{param.name} must be a JSON object such as '{{\"num_classes\": 3}}'; got {text!r}.")
+            raise ConfigError(
+                f"{param.name} must be a JSON object such as '{{\"num_classes\": 3}}'; got {text!r}."
+            )
         return value
 
     def _trust_given_factory(self, kwargs: dict[str, Any]) -> None:
@@ -144,18 +169,25 @@ class _SparkdpParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasSeed):
         if self.isDefined(self.moduleFactory) and self.getOrDefault(self.moduleFactory):
             path = self.getOrDefault(self.moduleFactory)
             if not _is_trusted(path, trusted):
-                how = (f"pass it explicitly: Model.load(path, trusted_factories=[{path!r}]), or register it "
-                       "before loading" if where else "register it before fitting")
+                how = (
+                    f"pass it explicitly: Model.load(path, trusted_factories=[{path!r}]), or register it "
+                    "before loading"
+                    if where
+                    else "register it before fitting"
+                )
                 raise ConfigError(
                     f"{where or 'these params (loaded or copied, not set in this process)'} name moduleFactory "
                     f"{path!r}, which this process has not been told to trust: this would import and call it, "
                     "and saved metadata may have been edited by anyone who could write the files. If you trust "
                     f"it, {how} with sparkdp.ml.trust_factory({path!r}) (or @trust_factory on the function). "
-                    "Built-in model names (model=...) need no trust.")
+                    "Built-in model names (model=...) need no trust."
+                )
             return _factory(path)(**self._json(self.modelKwargs))
         if not self.isDefined(self.model):
-            raise ConfigError("no network given: set model= to a built-in name (see sparkdp.models.MODELS) "
-                              "or moduleFactory='package.module:function'.")
+            raise ConfigError(
+                "no network given: set model= to a built-in name (see sparkdp.models.MODELS) "
+                "or moduleFactory='package.module:function'."
+            )
         return _built_in(self.getOrDefault(self.model), self._json(self.modelKwargs))
 
 
@@ -168,8 +200,10 @@ def _built_in(name: str, kwargs: dict[str, Any]) -> nn.Module:
 
     for key, value in kwargs.items():
         if not isinstance(value, (int, float, str)):
-            raise ConfigError(f"modelKwargs {key!r} of the built-in model {name!r} is {json.dumps(value)[:60]}; "
-                              "built-in models take numbers (and strings) only.")
+            raise ConfigError(
+                f"modelKwargs {key!r} of the built-in model {name!r} is {json.dumps(value)[:60]}; "
+                "built-in models take numbers (and strings) only."
+            )
     try:
         with torch.device("meta"):
             shapes = MODELS.create(name, **kwargs)
@@ -177,14 +211,17 @@ def _built_in(name: str, kwargs: dict[str, Any]) -> nn.Module:
     except ConfigError:
         raise
     except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
-        raise ConfigError(f"the built-in model {name!r} cannot be built with modelKwargs {json.dumps(kwargs)[:200]}: "
-                          f"{exc}. Give positive sizes its factory takes (see sparkdp.models.MODELS).") from exc
+        raise ConfigError(
+            f"the built-in model {name!r} cannot be built with modelKwargs {json.dumps(kwargs)[:200]}: "
+            f"{exc}. Give positive sizes its factory takes (see sparkdp.models.MODELS)."
+        ) from exc
     if count > MAX_BUILTIN_PARAMETERS:
         raise ConfigError(
             f"modelKwargs {json.dumps(kwargs)[:200]} give the built-in model {name!r} {count:,} parameters "
             f"({count * 4 / 2**30:,.0f} GiB of float32), more than sparkdp.spark.ml.MAX_BUILTIN_PARAMETERS "
             f"({MAX_BUILTIN_PARAMETERS:,}); refused before allocating. Check the model's saved params (its "
-            "metadata may have been edited), or give a network that large as a trusted moduleFactory.")
+            "metadata may have been edited), or give a network that large as a trusted moduleFactory."
+        )
     return MODELS.create(name, **kwargs)
 
 
@@ -193,8 +230,10 @@ def _factory(path: str) -> Callable[..., nn.Module]:
     try:
         fn = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError, ValueError) as exc:
-        raise ConfigError(f"moduleFactory {path!r} cannot be imported ({exc}); give 'package.module:function' "
-                          "of a function importable on the driver and the executors.") from exc
+        raise ConfigError(
+            f"moduleFactory {path!r} cannot be imported ({exc}); give 'package.module:function' "
+            "of a function importable on the driver and the executors."
+        ) from exc
     if not callable(fn):
         raise ConfigError(f"moduleFactory {path!r} is not callable.")
     return fn
@@ -204,8 +243,10 @@ def factory_path(fn: Callable[..., nn.Module]) -> str:
     """``'module:qualname'`` of an importable module-level function (what ``moduleFactory`` takes)."""
     path = f"{fn.__module__}:{fn.__qualname__}"
     if "<" in fn.__qualname__ or fn.__module__ == "__main__":
-        raise ConfigError(f"the factory {path} cannot be re-imported when a saved model is loaded; define it "
-                          "at module level in an importable module, or use a built-in model name.")
+        raise ConfigError(
+            f"the factory {path} cannot be re-imported when a saved model is loaded; define it "
+            "at module level in an importable module, or use a built-in model name."
+        )
     return path
 
 
@@ -236,21 +277,34 @@ class EstimatorBase(SparkEstimator, _SparkdpParams, DefaultParamsReadable, Defau
         net = self._build_module()
         workers = self.getOrDefault(self.workers) or None
         label = self.getOrDefault(self.labelCol)
-        if self.getOrDefault(self.loss) in ("cross_entropy", "nll") and \
-                dict(dataset.dtypes).get(label) in ("double", "float"):
+        if self.getOrDefault(self.loss) in ("cross_entropy", "nll") and dict(dataset.dtypes).get(label) in (
+            "double",
+            "float",
+        ):
             # Spark ML's own stages (StringIndexer, ...) write class indices as doubles
             from pyspark.sql import functions as F
 
             dataset = dataset.withColumn(label, F.col(label).cast("long"))
-        result = fit(net, dataset, features=self._features(), label=label,
-                     feature_shape=self._shape(), drop_nulls=self.getOrDefault(self.dropNulls),
-                     shuffle_buffer=self.getOrDefault(self.shuffleBuffer), loss=self.getOrDefault(self.loss),
-                     optimizer=self.getOrDefault(self.optimizer),
-                     optimizer_options={"lr": self.getOrDefault(self.learningRate)},
-                     strategy=self.getOrDefault(self.strategy), strategy_options=self._json(self.strategyOptions),
-                     workers=workers, epochs=self.getOrDefault(self.epochs),
-                     batch_size=self.getOrDefault(self.batchSize), seed=self.getOrDefault(self.seed),
-                     spark=dataset.sparkSession, show_progress=False)
+        result = fit(
+            net,
+            dataset,
+            features=self._features(),
+            label=label,
+            feature_shape=self._shape(),
+            drop_nulls=self.getOrDefault(self.dropNulls),
+            shuffle_buffer=self.getOrDefault(self.shuffleBuffer),
+            loss=self.getOrDefault(self.loss),
+            optimizer=self.getOrDefault(self.optimizer),
+            optimizer_options={"lr": self.getOrDefault(self.learningRate)},
+            strategy=self.getOrDefault(self.strategy),
+            strategy_options=self._json(self.strategyOptions),
+            workers=workers,
+            epochs=self.getOrDefault(self.epochs),
+            batch_size=self.getOrDefault(self.batchSize),
+            seed=self.getOrDefault(self.seed),
+            spark=dataset.sparkSession,
+            show_progress=False,
+        )
         model = Model()
         self._copyValues(model)
         model.module = result.model
@@ -268,11 +322,20 @@ class Model(SparkModel, _SparkdpParams, DefaultParamsReadable, DefaultParamsWrit
 
     def _transform(self, dataset):
         if self.module is None:
-            raise ConfigError("this Model holds no trained network; obtain it from Estimator.fit or Model.load.")
+            raise ConfigError(
+                "this Model holds no trained network; obtain it from Estimator.fit or Model.load."
+            )
         prob = self.getOrDefault(self.probabilityCol) or None
-        return predict(self.module, dataset, features=self._features(), feature_shape=self._shape(),
-                       output_col=self.getOrDefault(self.predictionCol), batch_size=self.getOrDefault(self.batchSize),
-                       output="class" if prob else self.getOrDefault(self.outputType), probability_col=prob)
+        return predict(
+            self.module,
+            dataset,
+            features=self._features(),
+            feature_shape=self._shape(),
+            output_col=self.getOrDefault(self.predictionCol),
+            batch_size=self.getOrDefault(self.batchSize),
+            output="class" if prob else self.getOrDefault(self.outputType),
+            probability_col=prob,
+        )
 
     def write(self) -> _ModelWriter:
         return _ModelWriter(self)
@@ -288,7 +351,7 @@ class Model(SparkModel, _SparkdpParams, DefaultParamsReadable, DefaultParamsWrit
 
 
 def _local(path: str) -> str:
-    return path[len("file:"):] if path.startswith("file:") else path
+    return path[len("file:") :] if path.startswith("file:") else path
 
 
 class _ModelWriter(DefaultParamsWriter):
@@ -302,8 +365,11 @@ class _ModelWriter(DefaultParamsWriter):
         folder = _local(path)
         os.makedirs(folder, exist_ok=True)
         save_state(model.module.state_dict(), os.path.join(folder, _MODULE_FILE))
-        desc = {"format": "sparkdp-model/1", "history": model.history,
-                "module_class": f"{type(model.module).__module__}.{type(model.module).__qualname__}"}
+        desc = {
+            "format": "sparkdp-model/1",
+            "history": model.history,
+            "module_class": f"{type(model.module).__module__}.{type(model.module).__qualname__}",
+        }
         with open(os.path.join(folder, _DESC_FILE), "w") as f:
             json.dump(desc, f, indent=2)
 
@@ -317,8 +383,10 @@ class _CheckedReader(DefaultParamsReader):
         metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
         expected = f"{self.cls.__module__}.{self.cls.__name__}"  # what DefaultParamsWriter records
         if metadata.get("class") != expected:
-            raise ConfigError(f"the saved params at {path} are for class {metadata.get('class')!r}, not "
-                              f"{expected!r}: load them with that class's own load(), or check the directory.")
+            raise ConfigError(
+                f"the saved params at {path} are for class {metadata.get('class')!r}, not "
+                f"{expected!r}: load them with that class's own load(), or check the directory."
+            )
         instance: Any = self.cls()
         instance._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(instance, metadata)

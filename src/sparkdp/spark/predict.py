@@ -60,7 +60,7 @@ class PackedModel:
             return cached
         model = copy.deepcopy(self.skeleton).to_empty(device="cpu")
         state = state_from_bytes(self.state)
-        extra = {k[len(_EXTRA):]: state.pop(k) for k in list(state) if k.startswith(_EXTRA)}
+        extra = {k[len(_EXTRA) :]: state.pop(k) for k in list(state) if k.startswith(_EXTRA)}
         model.load_state_dict(state)
         for name, value in extra.items():
             owner, _, leaf = name.rpartition(".")
@@ -87,16 +87,26 @@ def _infer_output(model: nn.Module, converter: ArrowConverter, df) -> str:
     return "raw"
 
 
-def _outputs(model: nn.Module, converter: ArrowConverter, batch: pa.RecordBatch, batch_size: int) -> torch.Tensor:
+def _outputs(
+    model: nn.Module, converter: ArrowConverter, batch: pa.RecordBatch, batch_size: int
+) -> torch.Tensor:
     (x,) = converter.convert(batch)
     with torch.no_grad():
-        parts = [model(x[i:i + batch_size]) for i in range(0, len(x), batch_size)]
+        parts = [model(x[i : i + batch_size]) for i in range(0, len(x), batch_size)]
     return torch.cat(parts) if parts else torch.empty(0)
 
 
-def predict(model: nn.Module, df: Any, *, features: str | Sequence[str], output_col: str = "prediction",
-            batch_size: int = 1024, feature_shape: Sequence[int] | None = None, output: str = "auto",
-            probability_col: str | None = None):
+def predict(
+    model: nn.Module,
+    df: Any,
+    *,
+    features: str | Sequence[str],
+    output_col: str = "prediction",
+    batch_size: int = 1024,
+    feature_shape: Sequence[int] | None = None,
+    output: str = "auto",
+    probability_col: str | None = None,
+):
     """Return ``df`` with the model's predictions in ``output_col``.
 
     Args:
@@ -128,7 +138,9 @@ def predict(model: nn.Module, df: Any, *, features: str | Sequence[str], output_
     names = [features] if isinstance(features, str) else list(features)
     missing = [c for c in names if c not in df.columns]
     if missing:
-        raise ConfigError(f"column(s) {missing} not in the DataFrame. Available columns: {', '.join(df.columns)}.")
+        raise ConfigError(
+            f"column(s) {missing} not in the DataFrame. Available columns: {', '.join(df.columns)}."
+        )
     schema = df.select(*names).limit(0).toArrow().schema
     converter = ArrowConverter(schema, names, None, feature_shape=feature_shape)
     if output == "auto":
@@ -157,13 +169,15 @@ def predict(model: nn.Module, df: Any, *, features: str | Sequence[str], output_
                 return pred
             probs = torch.softmax(out, 1).float().numpy()
             prob_arr = pa.FixedSizeListArray.from_arrays(pa.array(probs.reshape(-1)), probs.shape[1])
-            return pa.StructArray.from_arrays([pred, prob_arr.cast(pa.list_(pa.float32()))],
-                                              names=["prediction", "probability"])
+            return pa.StructArray.from_arrays(
+                [pred, prob_arr.cast(pa.list_(pa.float32()))], names=["prediction", "probability"]
+            )
         if output == "value":
             return pa.array(out.reshape(len(out)).double().numpy())
         flat = out.reshape(len(out), -1).float().numpy()
         return pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1)), flat.shape[1]).cast(
-            pa.list_(pa.float32()))
+            pa.list_(pa.float32())
+        )
 
     # the hinted form (no functionType) is PySpark's documented one, but its stubs overload only the others
     udf = F.arrow_udf(score, ret)  # type: ignore[call-overload]
@@ -171,10 +185,12 @@ def predict(model: nn.Module, df: Any, *, features: str | Sequence[str], output_
     if not with_probs:
         return df.withColumn(output_col, scored)
     tmp = f"__sparkdp_{output_col}"
-    return (df.withColumn(tmp, scored)
-            .withColumn(output_col, F.col(f"{tmp}.prediction"))
-            .withColumn(probability_col, F.col(f"{tmp}.probability"))
-            .drop(tmp))
+    return (
+        df.withColumn(tmp, scored)
+        .withColumn(output_col, F.col(f"{tmp}.prediction"))
+        .withColumn(probability_col, F.col(f"{tmp}.probability"))
+        .drop(tmp)
+    )
 
 
 __all__ = ["OUTPUTS", "PackedModel", "predict"]

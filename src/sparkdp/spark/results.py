@@ -45,8 +45,10 @@ _MAX_DEPTH = 64
 #: server optimizer given as a factory) travels as its text rather than failing the job
 _SHOWN = {"strategy_options"}
 
-ALLOWED = ("None, bool, int, float, str, bytes, torch tensors, numpy arrays of numbers or booleans, numpy scalars, "
-           "and lists, tuples and dicts of them (a state_dict is one)")
+ALLOWED = (
+    "None, bool, int, float, str, bytes, torch tensors, numpy arrays of numbers or booleans, numpy scalars, "
+    "and lists, tuples and dicts of them (a state_dict is one)"
+)
 
 
 def encode(stage: str, index: int, value: Any) -> bytes:
@@ -55,8 +57,9 @@ def encode(stage: str, index: int, value: Any) -> bytes:
     Raises:
         ConfigError: ``value`` holds something that is not data (see the module docstring).
     """
-    return state.to_bytes({"format": FORMAT, "stage": stage, "index": index,
-                           "value": _to_wire(value, "the result", 0)})
+    return state.to_bytes(
+        {"format": FORMAT, "stage": stage, "index": index, "value": _to_wire(value, "the result", 0)}
+    )
 
 
 def decode(data: bytes, stage: str, index: int) -> Any:
@@ -73,8 +76,10 @@ def decode(data: bytes, stage: str, index: int) -> Any:
     if not (isinstance(document, dict) and document.get("format") == FORMAT and "value" in document):
         raise ValueError(f"it is sparkdp state but not a task result (no {FORMAT!r} document)")
     if document.get("stage") != stage or document.get("index") != index:
-        raise ValueError(f"it is the result of task {document.get('index')!r} of stage {document.get('stage')!r}, "
-                         f"not of task {index} of this stage ({stage!r})")
+        raise ValueError(
+            f"it is the result of task {document.get('index')!r} of stage {document.get('stage')!r}, "
+            f"not of task {index} of this stage ({stage!r})"
+        )
     try:
         return _from_wire(document["value"])
     except (KeyError, TypeError, ValueError, RecursionError) as err:
@@ -88,14 +93,17 @@ def _refuse(value: Any, where: str, why: str = "") -> ConfigError:
         f"{where} has type {name}{why}, which sparkdp does not send back from a worker: results travel to the driver "
         f"as data, never as a pickle, and may hold {ALLOWED}. Return plain data instead (model.state_dict() "
         "rather than the model, a number rather than an object), or save anything else to a file on the worker "
-        "and return its path.")
+        "and return its path."
+    )
 
 
 def _to_wire(value: Any, where: str, depth: int) -> Any:
     """``value`` as what :func:`sparkdp.state.to_bytes` stores, with tags for the kinds it lacks."""
     if depth > _MAX_DEPTH:
-        raise ConfigError(f"the result is nested more than {_MAX_DEPTH} levels deep (a structure that contains "
-                          "itself?); a worker's result must be a tree of plain data.")
+        raise ConfigError(
+            f"the result is nested more than {_MAX_DEPTH} levels deep (a structure that contains "
+            "itself?); a worker's result must be a tree of plain data."
+        )
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, torch.Tensor):
@@ -107,17 +115,30 @@ def _to_wire(value: Any, where: str, depth: int) -> Any:
     if type(value).__module__ == "numpy":
         return _numpy(value, where)
     if isinstance(value, WorkerReport):
-        return {_RECORD: ["WorkerReport", {
-            f.name: _to_wire(_shown(getattr(value, f.name)) if f.name in _SHOWN else getattr(value, f.name),
-                             f"{where}.{f.name}", depth + 1) for f in fields(value)}]}
+        return {
+            _RECORD: [
+                "WorkerReport",
+                {
+                    f.name: _to_wire(
+                        _shown(getattr(value, f.name)) if f.name in _SHOWN else getattr(value, f.name),
+                        f"{where}.{f.name}",
+                        depth + 1,
+                    )
+                    for f in fields(value)
+                },
+            ]
+        }
     if isinstance(value, (list, tuple)):
         items = [_to_wire(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
         return items if isinstance(value, list) else tuple(items)
     if isinstance(value, dict):
         for key in value:
             if not _is_key(key):
-                raise _refuse(key, f"a key of {where}", " (a dict key must be None, a bool, number or string, "
-                                                        "or a tuple of them)")
+                raise _refuse(
+                    key,
+                    f"a key of {where}",
+                    " (a dict key must be None, a bool, number or string, or a tuple of them)",
+                )
         pairs = [(k, _to_wire(v, f"{where}[{k!r}]", depth + 1)) for k, v in value.items()]
         if any(k in _TAGS for k in value):
             return {_ITEMS: [list(pair) for pair in pairs]}
@@ -163,7 +184,9 @@ def _numpy(value: Any, where: str) -> Any:
     if value.dtype.kind not in "biuf":
         raise _refuse(value, where, f" of dtype {value.dtype}")
     try:
-        tensor = torch.from_numpy(np.ascontiguousarray(value).astype(value.dtype.newbyteorder("="), copy=False))
+        tensor = torch.from_numpy(
+            np.ascontiguousarray(value).astype(value.dtype.newbyteorder("="), copy=False)
+        )
     except (TypeError, ValueError) as err:  # a dtype torch has no tensor for
         raise _refuse(value, where, f" of dtype {value.dtype} ({err})") from None
     return {_NDARRAY: tensor}
@@ -176,7 +199,7 @@ def _from_wire(wire: Any) -> Any:
         return tuple(_from_wire(v) for v in wire)
     if isinstance(wire, dict):
         if len(wire) == 1:
-            (tag, inner), = wire.items()
+            ((tag, inner),) = wire.items()
             if tag == _BYTES:
                 return _tensor(inner).numpy().tobytes()
             if tag == _NDARRAY:

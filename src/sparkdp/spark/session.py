@@ -64,8 +64,16 @@ def default_master() -> str:
     return f"local[{os.cpu_count() or 1},{LOCAL_TASK_ATTEMPTS}]"
 
 
-def session(master: str | None = None, *, app_name: str = "sparkdp", conf: Mapping[str, str] | None = None,
-            warm_up: bool = True, log_level: str = "ERROR", remote: str | None = None, api_mode: str | None = None):
+def session(
+    master: str | None = None,
+    *,
+    app_name: str = "sparkdp",
+    conf: Mapping[str, str] | None = None,
+    warm_up: bool = True,
+    log_level: str = "ERROR",
+    remote: str | None = None,
+    api_mode: str | None = None,
+):
     """Return the SparkSession to train on.
 
     Args:
@@ -107,7 +115,11 @@ def session(master: str | None = None, *, app_name: str = "sparkdp", conf: Mappi
         remote, master, api_mode = None, master or (None if remote == "local" else remote), "connect"
     connect = remote is not None or (api_mode or "").lower() == "connect"
     active = SparkSession.getActiveSession()
-    if active is not None and is_connect(active) == connect and (master is None or master_of(active) == master):
+    if (
+        active is not None
+        and is_connect(active) == connect
+        and (master is None or master_of(active) == master)
+    ):
         return active
     if remote is not None:
         return _remote_session(remote, app_name, conf)
@@ -135,7 +147,9 @@ def session(master: str | None = None, *, app_name: str = "sparkdp", conf: Mappi
     log.info("starting Spark (%s)", redact(master))
     # What SparkSession.builder.getOrCreate() does, in two steps: the warm-up job needs only
     # the SparkContext, so it runs while the JVM builds the SparkSession (about 2.7 s here).
-    sc = SparkContext.getOrCreate(SparkConf().setMaster(master).setAppName(app_name).setAll(list(settings.items())))
+    sc = SparkContext.getOrCreate(
+        SparkConf().setMaster(master).setAppName(app_name).setAll(list(settings.items()))
+    )
     sc.setLogLevel(log_level)
     if warm_up and settings["spark.python.daemon.module"] == _DEFAULT_CONF["spark.python.daemon.module"]:
         _start_warm_up(sc)
@@ -162,7 +176,11 @@ def _local_connect_session(master: str, app_name: str, settings: dict[str, str],
     from pyspark.sql import SparkSession
 
     log.info("starting Spark with a local Spark Connect server (%s)", redact(master))
-    builder = SparkSession.builder.master(master).appName(app_name).config(map={"spark.api.mode": "connect", **settings})
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config(map={"spark.api.mode": "connect", **settings})
+    )
     with warnings.catch_warnings():
         # The server takes every setting at its start; the client then tries the static ones again as
         # session settings, and PySpark warns about each (CANNOT_MODIFY_CONFIG) though nothing is wrong.
@@ -226,7 +244,9 @@ def _start_warm_up(sc) -> None:
 
     def run() -> None:
         try:
-            sc.setJobGroup("sparkdp-warm-up", "sparkdp: start the Python worker daemon", interruptOnCancel=True)
+            sc.setJobGroup(
+                "sparkdp-warm-up", "sparkdp: start the Python worker daemon", interruptOnCancel=True
+            )
             sc.parallelize([0], 1).foreach(_noop)
         except Exception as exc:  # noqa: BLE001 - e.g. the session was stopped meanwhile; nothing is lost
             log.debug("worker warm-up did not finish: %s", exc)

@@ -59,8 +59,15 @@ def listening_store(host: str, world_size: int):
         raise
     fd = sock.detach()
     try:
-        return TCPStore(host, port, world_size, is_master=True, wait_for_workers=False, master_listen_fd=fd,
-                        use_libuv=True)
+        return TCPStore(
+            host,
+            port,
+            world_size,
+            is_master=True,
+            wait_for_workers=False,
+            master_listen_fd=fd,
+            use_libuv=True,
+        )
     except BaseException:
         os.close(fd)
         raise
@@ -79,12 +86,26 @@ def rendezvous(with_store: bool = True) -> TaskInfo:
     # process can take a "free" port between choosing and binding it.
     store = listening_store(master_addr, len(infos)) if rank == 0 and with_store else None
     gpus, cpus = task_resources()
-    own = {"port": store.port if store is not None else 0, "host": infos[rank].address.rsplit(":", 1)[0].strip("[]"),
-           "gpu": gpus[0] if gpus else None, "visible": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+    own = {
+        "port": store.port if store is not None else 0,
+        "host": infos[rank].address.rsplit(":", 1)[0].strip("[]"),
+        "gpu": gpus[0] if gpus else None,
+        "visible": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+    }
     gathered = [json.loads(message) for message in ctx.allGather(json.dumps(own))]
     placement = placements([Place(g["host"], _ordinal(g["gpu"]), g["visible"]) for g in gathered])[rank]
-    return TaskInfo(rank, len(infos), master_addr, int(gathered[0]["port"]), gpus, cpus, store, placement,
-                    run_id=f"spark-stage-{ctx.stageId()}", attempt=ctx.attemptNumber())
+    return TaskInfo(
+        rank,
+        len(infos),
+        master_addr,
+        int(gathered[0]["port"]),
+        gpus,
+        cpus,
+        store,
+        placement,
+        run_id=f"spark-stage-{ctx.stageId()}",
+        attempt=ctx.attemptNumber(),
+    )
 
 
 def _ordinal(gpu: str | None) -> int | None:

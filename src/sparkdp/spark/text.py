@@ -38,7 +38,9 @@ from ..errors import ConfigError
 SCHEMA = "input_ids array<bigint>, labels array<bigint>"
 
 
-def tokenize_blocks(df: Any, column: str, tokenizer: Any, block_size: int, *, eos_token: str | None = None) -> Any:
+def tokenize_blocks(
+    df: Any, column: str, tokenizer: Any, block_size: int, *, eos_token: str | None = None
+) -> Any:
     """``df[column]``'s texts as packed token blocks: a DataFrame of ``input_ids`` and ``labels``.
 
     Args:
@@ -52,11 +54,15 @@ def tokenize_blocks(df: Any, column: str, tokenizer: Any, block_size: int, *, eo
     check_block_size(block_size)
     fields = {f.name: f for f in df.schema.fields}
     if column not in fields:
-        raise ConfigError(f"tokenize_blocks: the DataFrame has no column {column!r}; its columns: "
-                          f"{', '.join(fields) or 'none'}.")
+        raise ConfigError(
+            f"tokenize_blocks: the DataFrame has no column {column!r}; its columns: "
+            f"{', '.join(fields) or 'none'}."
+        )
     if fields[column].dataType.typeName() != "string":
-        raise ConfigError(f"tokenize_blocks: column {column!r} holds {fields[column].dataType.simpleString()}, "
-                          f"not text; give a string column (cast binary with .cast('string') if it is UTF-8).")
+        raise ConfigError(
+            f"tokenize_blocks: column {column!r} holds {fields[column].dataType.simpleString()}, "
+            f"not text; give a string column (cast binary with .cast('string') if it is UTF-8)."
+        )
     tok_json = tokenizer_json(tokenizer)
     eos_id = eos_id_of(require_tokenizers().Tokenizer.from_str(tok_json), eos_token)
     return df.select(column).mapInArrow(_block_stage(tok_json, column, block_size, eos_id), SCHEMA)

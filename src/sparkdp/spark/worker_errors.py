@@ -31,25 +31,33 @@ log = logging.getLogger(__name__)
 _ERROR_MARK = "SPARKDP_WORKER_ERROR"
 #: errors a worker raises whose message is the whole story (WorkerLost: a retried asynchronous
 #: task that stops at once, so that the driver's restart policy decides)
-_REBUILDABLE = {cls.__name__: cls for cls in (ConfigError, DataError, EnvironmentProblem, RendezvousTimeout,
-                                                   TrainingDiverged, WorkerLost)}
+_REBUILDABLE = {
+    cls.__name__: cls
+    for cls in (ConfigError, DataError, EnvironmentProblem, RendezvousTimeout, TrainingDiverged, WorkerLost)
+}
 
 
 def encode_error(rank: int, exc: BaseException) -> str:
     tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
     message = str(exc)
     if isinstance(exc, SystemExit):
-        message = (f"the code called sys.exit({exc.code!r}) on this worker (an argparse error exits with 2: "
-                   f"check the arguments the workers see in sys.argv)")
+        message = (
+            f"the code called sys.exit({exc.code!r}) on this worker (an argparse error exits with 2: "
+            f"check the arguments the workers see in sys.argv)"
+        )
     elif isinstance(exc, ModuleNotFoundError):
-        message = (f"{message} (the executor's interpreter is {sys.executable}: install {exc.name!r} there, or "
-                   "point PYSPARK_PYTHON at an interpreter that has it)")
+        message = (
+            f"{message} (the executor's interpreter is {sys.executable}: install {exc.name!r} there, or "
+            "point PYSPARK_PYTHON at an interpreter that has it)"
+        )
     payload = {"rank": rank, "type": type(exc).__name__, "message": message, "traceback": "".join(tb[-6:])}
     # base64: survives whatever quoting Spark and py4j apply to the message on its way to the driver;
     # the readable line before it is what Spark's own log shows
     first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
-    return (f"sparkdp worker {rank} failed: {type(exc).__name__}: {first} "
-            f"{_ERROR_MARK}<<{base64.b64encode(json.dumps(payload).encode()).decode()}>>")
+    return (
+        f"sparkdp worker {rank} failed: {type(exc).__name__}: {first} "
+        f"{_ERROR_MARK}<<{base64.b64encode(json.dumps(payload).encode()).decode()}>>"
+    )
 
 
 def _decode_error(text: str) -> SparkdpError | None:
@@ -67,7 +75,9 @@ def _decode_error(text: str) -> SparkdpError | None:
         hung = WorkerHung(info["message"])
         hung.rank = info["rank"]
         return hung
-    err = WorkerFailed(f"worker {info['rank']} failed: {info['type']}: {info['message']}\n{info['traceback']}")
+    err = WorkerFailed(
+        f"worker {info['rank']} failed: {info['type']}: {info['message']}\n{info['traceback']}"
+    )
     err.rank = info["rank"]
     return err
 
@@ -80,20 +90,27 @@ def translate_error(exc: BaseException, requested: int, master: str) -> BaseExce
     if "more slots than the total number of slots" in text or "SPARK-24819" in text:
         return RendezvousTimeout(
             f"requested {requested} workers, but Spark master {master!r} has fewer task slots right now, and a "
-            f"synchronous job needs all {requested} running together. Use fewer workers, or add executors/cores.")
+            f"synchronous job needs all {requested} running together. Use fewer workers, or add executors/cores."
+        )
     if isinstance(exc, SparkdpError):
         return exc
     if "OPERATION_CANCELED" in text:  # Spark Connect's answer to interruptTag/interruptAll
-        return WorkerFailed(f"the Spark job of {requested} worker(s) was cancelled (its operation was interrupted "
-                            "on the Spark Connect session); the session stays usable.")
+        return WorkerFailed(
+            f"the Spark job of {requested} worker(s) was cancelled (its operation was interrupted "
+            "on the Spark Connect session); the session stays usable."
+        )
     if "RESOURCE_EXHAUSTED" in text and "message larger than max" in text:
         size = re.search(r"\((\d+) vs\. (\d+)\)", text)
-        sizes = f" ({int(size.group(1)) >> 20} MiB, the limit is {int(size.group(2)) >> 20} MiB)" if size else ""
-        return ConfigError(f"the job's tasks are too large for a Spark Connect message{sizes}: the model and any "
-                           "arrays given to fit travel inside the job's plan over gRPC. Pass the data as a Spark "
-                           "DataFrame or a Parquet path instead of in-memory arrays, or raise the limit on both ends "
-                           "(spark.connect.grpc.maxInboundMessageSize on the server, grpc.max_send_message_length "
-                           "on the client's channel).")
+        sizes = (
+            f" ({int(size.group(1)) >> 20} MiB, the limit is {int(size.group(2)) >> 20} MiB)" if size else ""
+        )
+        return ConfigError(
+            f"the job's tasks are too large for a Spark Connect message{sizes}: the model and any "
+            "arrays given to fit travel inside the job's plan over gRPC. Pass the data as a Spark "
+            "DataFrame or a Parquet path instead of in-memory arrays, or raise the limit on both ends "
+            "(spark.connect.grpc.maxInboundMessageSize on the server, grpc.max_send_message_length "
+            "on the client's channel)."
+        )
     log.info("the Spark job failed with:\n%s", text)
     task = re.search(r"ResultTask\(\d+, (\d+)\)|[Tt]ask (\d+)(?:\.\d+)? in stage", text)
     who = f"worker {next(g for g in task.groups() if g is not None)}" if task else "a worker"
@@ -104,8 +121,13 @@ def translate_error(exc: BaseException, requested: int, master: str) -> BaseExce
         if pattern in text:
             return kind(f"{who} {what} (the full Spark error is logged with -v).")
     # Otherwise keep what Spark says, without py4j's wrapper line and the JVM stack frames.
-    lines = [ln for ln in text.strip().splitlines() if ln.strip() and not ln.lstrip().startswith(("at ", "..."))
-             and "An error occurred while calling" not in ln]
+    lines = [
+        ln
+        for ln in text.strip().splitlines()
+        if ln.strip()
+        and not ln.lstrip().startswith(("at ", "..."))
+        and "An error occurred while calling" not in ln
+    ]
     summary = "\n".join(lines[:8]) if lines else type(exc).__name__
     return WorkerFailed(f"the Spark job failed: {summary[:2000]}")
 
@@ -118,18 +140,26 @@ def missing_module_message(module: str, who: str, text: str) -> str:
     python = re.search(r"(/\S+): (?:Error while finding module|No module named)", text)
     interpreter = f" ({python.group(1)})" if python else ""
     top = module.split(".")[0]
-    return (f"{who}{place} could not import {module!r}: the executors' Python{interpreter} does not have {top!r}. Install "
-            f"it on every node with the same interpreter (spark.pyspark.python / PYSPARK_PYTHON), ship your own "
-            "modules with --py-files or SparkContext.addPyFile, or ship a whole environment: venv-pack -o env.tar.gz, "
-            "then --conf spark.archives=env.tar.gz#env and PYSPARK_PYTHON=./env/bin/python (docs/guide/clusters.md).")
+    return (
+        f"{who}{place} could not import {module!r}: the executors' Python{interpreter} does not have {top!r}. Install "
+        f"it on every node with the same interpreter (spark.pyspark.python / PYSPARK_PYTHON), ship your own "
+        "modules with --py-files or SparkContext.addPyFile, or ship a whole environment: venv-pack -o env.tar.gz, "
+        "then --conf spark.archives=env.tar.gz#env and PYSPARK_PYTHON=./env/bin/python (docs/guide/clusters.md)."
+    )
 
 
 # What Spark's error text says -> one readable line (translate_error)
 _SPARK_FAILURES: tuple[tuple[str, type[WorkerFailed], str], ...] = (
-    ("Python worker exited unexpectedly", WorkerLost, "died: its Python process exited unexpectedly (killed, or "
-                                                      "crashed in native code)"),
-    ("OutOfMemoryError", WorkerFailed, "ran out of memory in the JVM; give executors more memory "
-                                       "(spark.executor.memory)"),
+    (
+        "Python worker exited unexpectedly",
+        WorkerLost,
+        "died: its Python process exited unexpectedly (killed, or crashed in native code)",
+    ),
+    (
+        "OutOfMemoryError",
+        WorkerFailed,
+        "ran out of memory in the JVM; give executors more memory (spark.executor.memory)",
+    ),
     ("MemoryError", WorkerFailed, "ran out of memory; use a smaller batch_size or fewer workers per machine"),
     ("ExecutorLostFailure", WorkerLost, "was lost with its executor (the machine or its JVM went away)"),
 )

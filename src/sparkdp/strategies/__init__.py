@@ -12,14 +12,24 @@ from .diloco import DiLoCo
 from .fsdp import FSDP
 
 STRATEGIES: Registry[Strategy] = Registry("strategy")
-STRATEGIES.register("allreduce", AllReduce,
-                    description="gradient all-reduce every step (DDP buckets, overlapped with backward)")
-STRATEGIES.register("fsdp", FSDP,
-                    description="fully sharded data parallel: parameters, gradients, optimizer state 1/N per worker")
-STRATEGIES.register("average", ParameterAveraging,
-                    description="parameter averaging every k local steps (Deeplearning4j style)")
-STRATEGIES.register("diloco", DiLoCo,
-                    description="inner steps, then an outer Nesterov step on the mean change (DiLoCo)")
+STRATEGIES.register(
+    "allreduce",
+    AllReduce,
+    description="gradient all-reduce every step (DDP buckets, overlapped with backward)",
+)
+STRATEGIES.register(
+    "fsdp",
+    FSDP,
+    description="fully sharded data parallel: parameters, gradients, optimizer state 1/N per worker",
+)
+STRATEGIES.register(
+    "average",
+    ParameterAveraging,
+    description="parameter averaging every k local steps (Deeplearning4j style)",
+)
+STRATEGIES.register(
+    "diloco", DiLoCo, description="inner steps, then an outer Nesterov step on the mean change (DiLoCo)"
+)
 
 # Asynchronous strategies: one preset of one class per update rule (design rule 3), generated
 # from the rule registry so that every rule is reachable by name.
@@ -31,12 +41,21 @@ def resolve_strategy(strategy: str | Strategy, **options) -> Strategy:
     """A Strategy instance from a name (with options) or an instance (options must be empty)."""
     if isinstance(strategy, Strategy):
         if options:
-            raise ValueError("pass strategy options either to the Strategy object or as strategy_options, not both")
+            raise ValueError(
+                "pass strategy options either to the Strategy object or as strategy_options, not both"
+            )
         return strategy
     return STRATEGIES.create(strategy, **options)
 
 
 __all__ = [
-    "FSDP", "STRATEGIES", "AllReduce", "AsyncParameterServer", "DiLoCo", "Launcher", "ParameterAveraging", "Strategy",
+    "FSDP",
+    "STRATEGIES",
+    "AllReduce",
+    "AsyncParameterServer",
+    "DiLoCo",
+    "Launcher",
+    "ParameterAveraging",
+    "Strategy",
     "resolve_strategy",
 ]

@@ -66,10 +66,17 @@ class AllReduce(Strategy):
 
     name = "allreduce"
 
-    def __init__(self, bucket_cap_mb: float = 25.0, find_unused_parameters: bool = False,
-                 gradient_as_bucket_view: bool = True, shared_memory: bool = True,
-                 shared_memory_min_bytes: int = SHARED_MEMORY_MIN_BYTES, compression: str = "none",
-                 powersgd_rank: int = 2, powersgd_start_step: int = 10) -> None:
+    def __init__(
+        self,
+        bucket_cap_mb: float = 25.0,
+        find_unused_parameters: bool = False,
+        gradient_as_bucket_view: bool = True,
+        shared_memory: bool = True,
+        shared_memory_min_bytes: int = SHARED_MEMORY_MIN_BYTES,
+        compression: str = "none",
+        powersgd_rank: int = 2,
+        powersgd_start_step: int = 10,
+    ) -> None:
         super().__init__()
         if bucket_cap_mb <= 0:
             raise ConfigError(f"bucket_cap_mb must be > 0; got {bucket_cap_mb}.")
@@ -97,7 +104,9 @@ class AllReduce(Strategy):
         device_ids = [collective.device.index] if collective.device.type == "cuda" else None
         # DDP broadcasts rank 0's parameters and buffers on construction.
         self._wrapped = DistributedDataParallel(
-            model, device_ids=device_ids, bucket_cap_mb=self.bucket_cap_mb,
+            model,
+            device_ids=device_ids,
+            bucket_cap_mb=self.bucket_cap_mb,
             find_unused_parameters=self.find_unused_parameters,
             gradient_as_bucket_view=self.gradient_as_bucket_view,
         )
@@ -106,10 +115,13 @@ class AllReduce(Strategy):
         if self.shared_memory and self.compression != "powersgd":
             # one slot holds the largest bucket: at most every gradient, at most 16 MiB
             grad_bytes = sum(p.numel() * p.element_size() for p in grads)
-            self._reducer = SharedMemoryReducer.connect(collective, slot_bytes=min(DEFAULT_SLOT_BYTES, grad_bytes))
+            self._reducer = SharedMemoryReducer.connect(
+                collective, slot_bytes=min(DEFAULT_SLOT_BYTES, grad_bytes)
+            )
             if self._reducer is not None:
-                self._wrapped.register_comm_hook((self._reducer, self.shared_memory_min_bytes, self.comm, half),
-                                                 _shared_memory_hook)
+                self._wrapped.register_comm_hook(
+                    (self._reducer, self.shared_memory_min_bytes, self.comm, half), _shared_memory_hook
+                )
                 self._transport = "shared-memory"
         if self._reducer is None:
             # the process group reduces every bucket; the hook also times how long backward waits for it
@@ -117,11 +129,17 @@ class AllReduce(Strategy):
             if half is not None:
                 inner = (half, _half_precision_hook)
             elif self.compression == "powersgd":
-                inner = (powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=self.powersgd_rank,
-                                                     start_powerSGD_iter=self.powersgd_start_step),
-                         powerSGD_hook.powerSGD_hook)
-                self._powersgd_bytes = ring_bytes(_powersgd_values(grads, self.powersgd_rank) * 4,
-                                                  collective.world_size)
+                inner = (
+                    powerSGD_hook.PowerSGDState(
+                        process_group=None,
+                        matrix_approximation_rank=self.powersgd_rank,
+                        start_powerSGD_iter=self.powersgd_start_step,
+                    ),
+                    powerSGD_hook.powerSGD_hook,
+                )
+                self._powersgd_bytes = ring_bytes(
+                    _powersgd_values(grads, self.powersgd_rank) * 4, collective.world_size
+                )
             self._wait = ExposedWait()
             self._wrapped.register_comm_hook((*inner, self._wait), timed_group_hook)
         width = 2 if half is not None else 4
@@ -141,11 +159,18 @@ class AllReduce(Strategy):
         super().finish()
 
     def options(self) -> dict[str, Any]:
-        return {"bucket_cap_mb": self.bucket_cap_mb, "gradient_as_bucket_view": self.gradient_as_bucket_view,
-                "shared_memory": self.shared_memory, "compression": self.compression,
-                **({"powersgd_rank": self.powersgd_rank, "powersgd_start_step": self.powersgd_start_step}
-                   if self.compression == "powersgd" else {}),
-                "gradient_transport": self._transport}
+        return {
+            "bucket_cap_mb": self.bucket_cap_mb,
+            "gradient_as_bucket_view": self.gradient_as_bucket_view,
+            "shared_memory": self.shared_memory,
+            "compression": self.compression,
+            **(
+                {"powersgd_rank": self.powersgd_rank, "powersgd_start_step": self.powersgd_start_step}
+                if self.compression == "powersgd"
+                else {}
+            ),
+            "gradient_transport": self._transport,
+        }
 
 
 def _powersgd_values(grads: Sequence[torch.Tensor], rank: int, min_compression_rate: float = 2.0) -> int:
@@ -174,8 +199,11 @@ def _shared_memory_hook(state: tuple[SharedMemoryReducer, int, CommMeter, torch.
     if buffer.numel() * buffer.element_size() < min_bytes or buffer.dtype not in REDUCIBLE:
         # gloo, asynchronous, as DDP does by default; timed until it completes (it overlaps backward)
         # None is the default group: torch's allreduce_hook handles it but annotates ProcessGroup
-        reduced = (default_hooks.allreduce_hook(None, bucket) if half is None  # type: ignore[arg-type]
-                   else _half_precision_hook(half, bucket))
+        reduced = (
+            default_hooks.allreduce_hook(None, bucket)  # type: ignore[arg-type]
+            if half is None
+            else _half_precision_hook(half, bucket)
+        )
         return reduced.then(lambda done: _timed(done, meter, started))
     future: torch.futures.Future = torch.futures.Future()
     try:

@@ -76,10 +76,20 @@ class AsyncParameterServer(Strategy):
     # the server's shards are flat views of NCHW parameters; batches still go channels-last
     channels_last_weights = False
 
-    def __init__(self, rule: str = "asgd", rule_options: dict[str, Any] | None = None, *,
-                 push_every: int | str = 1, pull_every: int | str | None = None,
-                 num_shards: int | None = None, servers: int | None = None, mac_payload: bool = False,
-                 tls: bool = False, connect_timeout_s: float = 30.0, max_push_norm: float | None = None) -> None:
+    def __init__(
+        self,
+        rule: str = "asgd",
+        rule_options: dict[str, Any] | None = None,
+        *,
+        push_every: int | str = 1,
+        pull_every: int | str | None = None,
+        num_shards: int | None = None,
+        servers: int | None = None,
+        mac_payload: bool = False,
+        tls: bool = False,
+        connect_timeout_s: float = 30.0,
+        max_push_norm: float | None = None,
+    ) -> None:
         super().__init__()
         options = dict(rule_options or {})
         # validate name and hyper-parameters now, on the driver (num_workers is a placeholder here)
@@ -91,16 +101,23 @@ class AsyncParameterServer(Strategy):
         check_int("num_shards", num_shards, optional=True)
         self.num_shards = num_shards
         if servers is not None and (isinstance(servers, bool) or not isinstance(servers, int) or servers < 1):
-            raise ConfigError(f"servers must be None (one server, on the driver) or a positive number of server "
-                              f"tasks on the executors; got {servers!r}.")
+            raise ConfigError(
+                f"servers must be None (one server, on the driver) or a positive number of server "
+                f"tasks on the executors; got {servers!r}."
+            )
         self.servers = servers
         self.mac_payload = bool(mac_payload)
         self.tls = bool(tls)
         self.connect_timeout_s = float(connect_timeout_s)
-        if max_push_norm is not None and (isinstance(max_push_norm, bool) or not isinstance(max_push_norm, (int, float))
-                                          or not 0 < max_push_norm < float("inf")):
-            raise ConfigError(f"max_push_norm must be None (no bound) or a finite number > 0: the largest L2 norm a "
-                              f"push may have; got {max_push_norm!r}.")
+        if max_push_norm is not None and (
+            isinstance(max_push_norm, bool)
+            or not isinstance(max_push_norm, (int, float))
+            or not 0 < max_push_norm < float("inf")
+        ):
+            raise ConfigError(
+                f"max_push_norm must be None (no bound) or a finite number > 0: the largest L2 norm a "
+                f"push may have; got {max_push_norm!r}."
+            )
         self.max_push_norm = None if max_push_norm is None else float(max_push_norm)
         #: the server worker id to connect as; None: the task's rank (a process a worker started
         #: has one of its own, ``train.children``)
@@ -122,13 +139,20 @@ class AsyncParameterServer(Strategy):
         """Connect as worker ``collective.rank``, pull the centre, and hook the exchanges onto the
         optimizer's steps."""
         if getattr(self, "_server", None) is None:
-            raise ConfigError(f"the asynchronous strategy {self.name!r} needs the parameter server a sparkdp job "
-                              "starts: train through sparkdp.fit, sparkdp.run or sparkdp launch.")
+            raise ConfigError(
+                f"the asynchronous strategy {self.name!r} needs the parameter server a sparkdp job "
+                "starts: train through sparkdp.fit, sparkdp.run or sparkdp launch."
+            )
         transport, info = self._server
-        offer = {"initial": [p.detach() for p in model.parameters()]} if getattr(self, "_offer_centre", False) else {}
+        offer = (
+            {"initial": [p.detach() for p in model.parameters()]}
+            if getattr(self, "_offer_centre", False)
+            else {}
+        )
         worker = collective.rank if self.worker_id is None else self.worker_id
-        self._client = transport.connect(info.address, info.secret, worker,
-                                         timeout=self.connect_timeout_s, tls_cert=info.tls_cert, **offer)
+        self._client = transport.connect(
+            info.address, info.secret, worker, timeout=self.connect_timeout_s, tls_cert=info.tls_cert, **offer
+        )
         self._worker = AsyncWorker(self, self._client, model, optimizer, collective.world_size)
         self._attach(model, optimizer, collective)
         self._pending = 0
@@ -174,7 +198,11 @@ class AsyncParameterServer(Strategy):
         if w is None:
             return super().comm_stats()
         # dense pushes and pulls move the whole model each
-        return {"comm_s": w.comm_s, "bytes_sent": w.pushes * w.model_bytes, "bytes_recv": w.pulls * w.model_bytes}
+        return {
+            "comm_s": w.comm_s,
+            "bytes_sent": w.pushes * w.model_bytes,
+            "bytes_recv": w.pulls * w.model_bytes,
+        }
 
     def metrics(self) -> dict[str, Any]:
         w = self._worker
@@ -185,10 +213,17 @@ class AsyncParameterServer(Strategy):
         return {k: v for k, v in self.__dict__.items() if k not in ("_client", "_worker", "_hook")}
 
     def options(self) -> dict[str, Any]:
-        return {"rule": self.rule, "rule_options": self.rule_options, "push_every": self.push_every,
-                "pull_every": self.pull_every, "num_shards": self.num_shards, "servers": self.servers,
-                "mac_payload": self.mac_payload,
-                "tls": self.tls, "max_push_norm": self.max_push_norm}
+        return {
+            "rule": self.rule,
+            "rule_options": self.rule_options,
+            "push_every": self.push_every,
+            "pull_every": self.pull_every,
+            "num_shards": self.num_shards,
+            "servers": self.servers,
+            "mac_payload": self.mac_payload,
+            "tls": self.tls,
+            "max_push_norm": self.max_push_norm,
+        }
 
 
 class AsyncWorker:
@@ -199,8 +234,14 @@ class AsyncWorker:
     difference to a freshly pulled centre.
     """
 
-    def __init__(self, strategy: AsyncParameterServer, client: Any, model: nn.Module,
-                 optimizer: torch.optim.Optimizer, num_workers: int) -> None:
+    def __init__(
+        self,
+        strategy: AsyncParameterServer,
+        client: Any,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        num_workers: int,
+    ) -> None:
         self.s = strategy
         self.client = client
         self.model = model
@@ -219,8 +260,11 @@ class AsyncWorker:
         self._since_pull = 0
         self._samples = 0
         # PushKind.GRADIENT: the sum of the gradients since the last push
-        self._grad_sum = ([torch.zeros_like(p, memory_format=torch.contiguous_format) for p in self.params]
-                          if self.kind is PushKind.GRADIENT else [])
+        self._grad_sum = (
+            [torch.zeros_like(p, memory_format=torch.contiguous_format) for p in self.params]
+            if self.kind is PushKind.GRADIENT
+            else []
+        )
         # A model in shared memory that other processes train too (Hogwild! inside a machine,
         # train.children) moves with their steps and pulls: this worker's pseudo-gradient is then
         # the sum of its own steps' changes, each measured around its step.
@@ -229,12 +273,16 @@ class AsyncWorker:
         self._pre_hook = None
         if any(p.is_shared() for p in self.params):
             if self.elastic:
-                raise ConfigError(f"{strategy.name!r} pushes the elastic difference between the model and the "
-                                  "centre, which processes sharing one model would each push again; with a model "
-                                  "in shared memory use asgd, hogwild, dcasgd or ddcasgd, or one process per worker.")
+                raise ConfigError(
+                    f"{strategy.name!r} pushes the elastic difference between the model and the "
+                    "centre, which processes sharing one model would each push again; with a model "
+                    "in shared memory use asgd, hogwild, dcasgd or ddcasgd, or one process per worker."
+                )
             if self.kind is PushKind.PSEUDO_GRADIENT:
                 self._own = [torch.zeros_like(p, memory_format=torch.contiguous_format) for p in self.params]
-                self._pre_hook = optimizer.register_step_pre_hook(lambda _opt, _args, _kwargs: self._before_step())
+                self._pre_hook = optimizer.register_step_pre_hook(
+                    lambda _opt, _args, _kwargs: self._before_step()
+                )
         self.pull(merge=True)
 
     @torch.no_grad()
@@ -251,7 +299,9 @@ class AsyncWorker:
         versions, center = self.client.pull()
         return self._pulled(versions, center, merge, started)
 
-    def _pulled(self, versions: list[int], center: list[torch.Tensor], merge: bool, started: float) -> list[torch.Tensor]:
+    def _pulled(
+        self, versions: list[int], center: list[torch.Tensor], merge: bool, started: float
+    ) -> list[torch.Tensor]:
         self.versions = versions
         if self.params and self.params[0].device.type != "cpu":  # the wire carries CPU tensors
             center = [c.to(p.device, non_blocking=True) for c, p in zip(center, self.params, strict=True)]
@@ -316,8 +366,9 @@ class AsyncWorker:
         pull = not self.elastic and (due or force_pull)
         started = time.perf_counter()
         if pull and hasattr(self.client, "exchange"):  # several servers: push and pull pipelined
-            _, (versions, center) = self.client.exchange(self.seq, self.versions, payload,
-                                                         num_samples=self._samples, local_steps=k)
+            _, (versions, center) = self.client.exchange(
+                self.seq, self.versions, payload, num_samples=self._samples, local_steps=k
+            )
         else:
             self.client.push(self.seq, self.versions, payload, num_samples=self._samples, local_steps=k)
         self.comm_s += time.perf_counter() - started

@@ -45,18 +45,27 @@ class ParameterAveraging(Strategy):
 
     name = "average"
 
-    def __init__(self, period: int | str = 1, average_optimizer_state: bool = False,
-                 shared_memory: bool = True, shared_memory_min_bytes: int = 1 << 20,
-                 compression: str = "none") -> None:
+    def __init__(
+        self,
+        period: int | str = 1,
+        average_optimizer_state: bool = False,
+        shared_memory: bool = True,
+        shared_memory_min_bytes: int = 1 << 20,
+        compression: str = "none",
+    ) -> None:
         super().__init__()
         self.compression = check_codec(compression)
         if period != "epoch" and (not isinstance(period, int) or isinstance(period, bool) or period < 1):
             raise ConfigError(f"period must be a positive integer or 'epoch'; got {period!r}.")
         if period == 1:
-            warnings.warn("average with period=1 communicates the whole model every step; the 'allreduce' "
-                          "strategy gives the same result for SGD with overlapped, bucketed communication.",
-                          stacklevel=2)
-        self.period: int | Literal["epoch"] = "epoch" if period == "epoch" else cast(int, period)  # checked above
+            warnings.warn(
+                "average with period=1 communicates the whole model every step; the 'allreduce' "
+                "strategy gives the same result for SGD with overlapped, bucketed communication.",
+                stacklevel=2,
+            )
+        self.period: int | Literal["epoch"] = (
+            "epoch" if period == "epoch" else cast(int, period)
+        )  # checked above
         self.average_optimizer_state = bool(average_optimizer_state)
         self.shared_memory = bool(shared_memory)
         self.shared_memory_min_bytes = int(shared_memory_min_bytes)
@@ -72,7 +81,9 @@ class ParameterAveraging(Strategy):
         self._start_together(model, collective, slot_bytes=3 * state_bytes)
         if self.compression != "none":
             self._reducer = DeltaReducer(self.compression)
-            self._anchor = [t.detach().clone().float() for t in _state_tensors(model) if t.is_floating_point()]
+            self._anchor = [
+                t.detach().clone().float() for t in _state_tensors(model) if t.is_floating_point()
+            ]
         return model
 
     def add_samples(self, n: int) -> None:
@@ -108,8 +119,12 @@ class ParameterAveraging(Strategy):
             return
         tensors = [t.data for t in _state_tensors(self.model) if t.is_floating_point()]
         if self.average_optimizer_state:
-            tensors += [v for state in self.optimizer.state.values() for v in state.values()
-                        if torch.is_tensor(v) and v.is_floating_point() and v.dim() > 0]
+            tensors += [
+                v
+                for state in self.optimizer.state.values()
+                for v in state.values()
+                if torch.is_tensor(v) and v.is_floating_point() and v.dim() > 0
+            ]
         started = time.perf_counter()
         total = torch.tensor([weight], dtype=torch.float64)
         coll.all_reduce(total, "sum")
@@ -134,9 +149,13 @@ class ParameterAveraging(Strategy):
         the bytes sent."""
         assert self._reducer is not None and self.collective is not None
         with torch.no_grad():
-            delta = torch.cat([(t.float() - a).reshape(-1) for t, a in zip(tensors, self._anchor, strict=True)])
+            delta = torch.cat(
+                [(t.float() - a).reshape(-1) for t, a in zip(tensors, self._anchor, strict=True)]
+            )
             mean = self._reducer.start(self.collective, delta.mul_(share)).wait()
-            for t, a, part in zip(tensors, self._anchor, mean.split([a.numel() for a in self._anchor]), strict=True):
+            for t, a, part in zip(
+                tensors, self._anchor, mean.split([a.numel() for a in self._anchor]), strict=True
+            ):
                 a.add_(part.view_as(a))
                 t.copy_(a)
         return self._reducer.wire_bytes(delta.numel(), self.collective.world_size)
@@ -151,9 +170,13 @@ class ParameterAveraging(Strategy):
         self._steps = steps
 
     def options(self) -> dict[str, Any]:
-        return {"period": self.period, "average_optimizer_state": self.average_optimizer_state,
-                "shared_memory": self.shared_memory, "compression": self.compression,
-                "parameter_transport": self._transport}
+        return {
+            "period": self.period,
+            "average_optimizer_state": self.average_optimizer_state,
+            "shared_memory": self.shared_memory,
+            "compression": self.compression,
+            "parameter_transport": self._transport,
+        }
 
 
 def _state_tensors(model: nn.Module) -> list[torch.Tensor]:

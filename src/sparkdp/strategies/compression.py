@@ -41,7 +41,7 @@ def quantize_int8(flat: torch.Tensor, block: int = INT8_BLOCK) -> tuple[torch.Te
     block = _block(flat.numel(), block)
     blocks = -(-flat.numel() // block)
     padded = torch.zeros(blocks * block, dtype=torch.float32, device=flat.device)
-    padded[:flat.numel()] = flat
+    padded[: flat.numel()] = flat
     rows = padded.view(blocks, block)
     scales = rows.abs().amax(dim=1) / 127.0
     scales[scales == 0] = 1.0  # an all-zero block: any scale gives zeros
@@ -96,7 +96,9 @@ class DeltaReducer:
                 out = torch.zeros_like(flat)
                 for part in parts:
                     # the scales start at any byte offset; a copy aligns them for the float32 view
-                    out += dequantize_int8(part[:split], part[split:].clone().view(torch.float32), flat.numel())
+                    out += dequantize_int8(
+                        part[:split], part[split:].clone().view(torch.float32), flat.numel()
+                    )
                 return out
 
             return Pending(total)

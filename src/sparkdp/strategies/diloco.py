@@ -54,27 +54,43 @@ class DiLoCo(Strategy):
 
     name = "diloco"
 
-    def __init__(self, period: int = 50, outer_optimizer: str | OuterFactory = "sgd", outer_lr: float = 0.7,
-                 outer_momentum: float = 0.9, outer_nesterov: bool = True, fragments: int = 1,
-                 overlap_steps: int = 0, mixing: float = 0.5, compression: str = "none",
-                 shared_memory: bool = True, shared_memory_min_bytes: int = 1 << 20) -> None:
+    def __init__(
+        self,
+        period: int = 50,
+        outer_optimizer: str | OuterFactory = "sgd",
+        outer_lr: float = 0.7,
+        outer_momentum: float = 0.9,
+        outer_nesterov: bool = True,
+        fragments: int = 1,
+        overlap_steps: int = 0,
+        mixing: float = 0.5,
+        compression: str = "none",
+        shared_memory: bool = True,
+        shared_memory_min_bytes: int = 1 << 20,
+    ) -> None:
         super().__init__()
         check_int("diloco: period", period)
         check_int("diloco: fragments", fragments)
         check_int("diloco: overlap_steps", overlap_steps, 0)
         if fragments > period:
-            raise ConfigError(f"diloco: fragments ({fragments}) cannot exceed period ({period}): each fragment "
-                              "is synced at its own step within the period.")
+            raise ConfigError(
+                f"diloco: fragments ({fragments}) cannot exceed period ({period}): each fragment "
+                "is synced at its own step within the period."
+            )
         if overlap_steps and overlap_steps >= period // fragments:
-            raise ConfigError(f"diloco: overlap_steps ({overlap_steps}) must be less than period / fragments "
-                              f"({period // fragments}), so a fragment's reduction ends before its next one starts.")
+            raise ConfigError(
+                f"diloco: overlap_steps ({overlap_steps}) must be less than period / fragments "
+                f"({period // fragments}), so a fragment's reduction ends before its next one starts."
+            )
         if not 0.0 <= float(mixing) <= 1.0:
             raise ConfigError(f"diloco: mixing must be in [0, 1]; got {mixing!r}.")
         if isinstance(outer_optimizer, str):
             _outer_class(outer_optimizer)  # an unknown name fails here, on the driver
         elif not callable(outer_optimizer):
-            raise ConfigError("diloco: outer_optimizer must be an optimizer name such as 'sgd' or 'adam', or a "
-                              f"callable that builds one from a list of tensors; got {outer_optimizer!r}.")
+            raise ConfigError(
+                "diloco: outer_optimizer must be an optimizer name such as 'sgd' or 'adam', or a "
+                f"callable that builds one from a list of tensors; got {outer_optimizer!r}."
+            )
         if float(outer_lr) <= 0:
             raise ConfigError(f"diloco: outer_lr must be > 0; got {outer_lr!r}.")
         self.period, self.fragments, self.overlap_steps = period, fragments, overlap_steps
@@ -100,7 +116,9 @@ class DiLoCo(Strategy):
             self._outer.load_state_dict(self._loaded_outer)
             self._loaded_outer = None
         self._groups = _fragments(params, self.fragments)
-        self._offsets = [((f + 1) * self.period // self.fragments) % self.period for f in range(self.fragments)]
+        self._offsets = [
+            ((f + 1) * self.period // self.fragments) % self.period for f in range(self.fragments)
+        ]
         self._samples = [0] * self.fragments
         self._pending: dict[int, tuple[int, Pending]] = {}  # fragment -> (step it is due, its reduction)
         self._reducer = DeltaReducer(self.compression)
@@ -111,8 +129,12 @@ class DiLoCo(Strategy):
             return self.outer_optimizer(tensors)
         cls = _outer_class(self.outer_optimizer)
         if cls is torch.optim.SGD:
-            return torch.optim.SGD(tensors, lr=self.outer_lr, momentum=self.outer_momentum,
-                                   nesterov=self.outer_nesterov and self.outer_momentum > 0)
+            return torch.optim.SGD(
+                tensors,
+                lr=self.outer_lr,
+                momentum=self.outer_momentum,
+                nesterov=self.outer_nesterov and self.outer_momentum > 0,
+            )
         return cls(tensors, lr=self.outer_lr)  # type: ignore[call-arg]  # every torch.optim class takes lr
 
     # -- the schedule -----------------------------------------------------------------------
@@ -173,8 +195,9 @@ class DiLoCo(Strategy):
             return
         indices = self._groups[fragment]
         with torch.no_grad():
-            delta = torch.cat([(self._outer_params[i] - self._params[i].detach().float()).reshape(-1)
-                               for i in indices])
+            delta = torch.cat(
+                [(self._outer_params[i] - self._params[i].detach().float()).reshape(-1) for i in indices]
+            )
             delta.mul_(mine / total)
         if coll.world_size == 1:
             pending = Pending(lambda: delta)
@@ -198,8 +221,9 @@ class DiLoCo(Strategy):
         for group in outer.param_groups:
             for t in group["params"]:
                 t.grad = None
-        for i, part in zip(indices, mean_delta.split([self._outer_params[i].numel() for i in indices]),
-                           strict=True):
+        for i, part in zip(
+            indices, mean_delta.split([self._outer_params[i].numel() for i in indices]), strict=True
+        ):
             self._outer_params[i].grad = part.view_as(self._outer_params[i]).clone()
         outer.step()
         keep = self.mixing if mix and self.overlap_steps else 0.0
@@ -229,14 +253,19 @@ class DiLoCo(Strategy):
         """The inner steps taken and the outer optimizer's state (its momentum)."""
         outer = getattr(self, "_outer", None)
         # on the host, for checkpoints; load_state_dict moves it to the parameters' device
-        return {"steps": self._steps, "outer": _on_cpu(outer.state_dict()) if outer is not None else self._loaded_outer}
+        return {
+            "steps": self._steps,
+            "outer": _on_cpu(outer.state_dict()) if outer is not None else self._loaded_outer,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         steps = state.get("steps", 0)
         check_int("diloco: a saved state's 'steps'", steps, 0)
         outer = state.get("outer")
         if outer is not None and not isinstance(outer, dict):
-            raise ConfigError(f"diloco: a saved state's 'outer' must be an optimizer state; got {type(outer).__name__}.")
+            raise ConfigError(
+                f"diloco: a saved state's 'outer' must be an optimizer state; got {type(outer).__name__}."
+            )
         self._steps = steps
         if outer is not None and getattr(self, "_outer", None) is not None:
             self._outer.load_state_dict(outer)
@@ -245,11 +274,19 @@ class DiLoCo(Strategy):
 
     def options(self) -> dict[str, Any]:
         name = self.outer_optimizer if isinstance(self.outer_optimizer, str) else "custom"
-        return {"period": self.period, "outer_optimizer": name, "outer_lr": self.outer_lr,
-                "outer_momentum": self.outer_momentum, "outer_nesterov": self.outer_nesterov,
-                "fragments": self.fragments, "overlap_steps": self.overlap_steps, "mixing": self.mixing,
-                "compression": self.compression, "shared_memory": self.shared_memory,
-                "parameter_transport": self._transport}
+        return {
+            "period": self.period,
+            "outer_optimizer": name,
+            "outer_lr": self.outer_lr,
+            "outer_momentum": self.outer_momentum,
+            "outer_nesterov": self.outer_nesterov,
+            "fragments": self.fragments,
+            "overlap_steps": self.overlap_steps,
+            "mixing": self.mixing,
+            "compression": self.compression,
+            "shared_memory": self.shared_memory,
+            "parameter_transport": self._transport,
+        }
 
 
 def _on_cpu(value: Any) -> Any:
@@ -265,12 +302,16 @@ def _on_cpu(value: Any) -> Any:
 
 def _outer_class(name: str) -> type[Optimizer]:
     """A ``torch.optim`` optimizer class by name, any case ("sgd", "Adam", "nadam")."""
-    classes = {n.lower(): c for n, c in vars(torch.optim).items()
-               if isinstance(c, type) and issubclass(c, Optimizer) and c is not Optimizer}
+    classes = {
+        n.lower(): c
+        for n, c in vars(torch.optim).items()
+        if isinstance(c, type) and issubclass(c, Optimizer) and c is not Optimizer
+    }
     cls = classes.get(name.lower())
     if cls is None:
-        raise ConfigError(f"diloco: no torch.optim optimizer named {name!r}; use one of "
-                          f"{', '.join(sorted(classes))}.")
+        raise ConfigError(
+            f"diloco: no torch.optim optimizer named {name!r}; use one of {', '.join(sorted(classes))}."
+        )
     return cls
 
 
@@ -286,6 +327,8 @@ def _fragments(params: Sequence[torch.Tensor], count: int) -> list[list[int]]:
         groups[fragment].append(i)
         seen += size
     if any(not g for g in groups):
-        raise ConfigError(f"diloco: the model has {len(params)} parameter tensors, too few or too uneven to "
-                          f"split into {count} fragments; use fewer fragments.")
+        raise ConfigError(
+            f"diloco: the model has {len(params)} parameter tensors, too few or too uneven to "
+            f"split into {count} fragments; use fewer fragments."
+        )
     return groups

@@ -28,9 +28,14 @@ from ..models.gpt import GPTBlock
 from .base import Strategy, ring_bytes
 
 #: ``param_dtype`` names the strategy accepts, and their torch dtypes
-PARAM_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-                                        "fp16": torch.float16, "float16": torch.float16,
-                                        "fp32": torch.float32, "float32": torch.float32}
+PARAM_DTYPES: dict[str, torch.dtype] = {
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "fp32": torch.float32,
+    "float32": torch.float32,
+}
 #: block classes sharded one by one wherever they occur (Hugging Face models name theirs in
 #: ``_no_split_modules``)
 BLOCK_CLASSES: tuple[type[nn.Module], ...] = (GPTBlock,)
@@ -54,8 +59,13 @@ class FSDP(Strategy):
     name = "fsdp"
     channels_last_weights = False  # the shards are flat slices of each weight's dim 0
 
-    def __init__(self, reshard_after_forward: bool = True, min_params: int = 1_000_000,
-                 param_dtype: str | None = None, reduce_dtype: str = "fp32") -> None:
+    def __init__(
+        self,
+        reshard_after_forward: bool = True,
+        min_params: int = 1_000_000,
+        param_dtype: str | None = None,
+        reduce_dtype: str = "fp32",
+    ) -> None:
         super().__init__()
         check_int("fsdp: min_params", min_params)
         self.reshard_after_forward = _flag("reshard_after_forward", reshard_after_forward)
@@ -82,9 +92,11 @@ class FSDP(Strategy):
         if dtype == torch.float16:
             # a plain GradScaler decides to skip a step from its own rank's gradient shards only:
             # ranks would disagree and their loss scales drift apart
-            raise ConfigError("precision='fp16-mixed' does not combine with strategy='fsdp' (each rank holds "
-                              "only its own gradient shards, so their loss scaling would disagree); use "
-                              "precision='bf16-mixed', which needs no scaling.")
+            raise ConfigError(
+                "precision='fp16-mixed' does not combine with strategy='fsdp' (each rank holds "
+                "only its own gradient shards, so their loss scaling would disagree); use "
+                "precision='bf16-mixed', which needs no scaling."
+            )
         self._job_dtype = next((k for k, v in PARAM_DTYPES.items() if v == dtype), None)
 
     @property
@@ -106,23 +118,34 @@ class FSDP(Strategy):
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
             if not dist.is_initialized():
-                raise ConfigError("strategy='fsdp' needs a torch.distributed process group (the synchronous "
-                                  "launcher's); it cannot run over this worker's collective.")
+                raise ConfigError(
+                    "strategy='fsdp' needs a torch.distributed process group (the synchronous "
+                    "launcher's); it cannot run over this worker's collective."
+                )
             collective.broadcast_coalesced([t.data for t in [*model.parameters(), *model.buffers()]], src=0)
             mesh = init_device_mesh(collective.device.type, (collective.world_size,))
             policy = MixedPrecisionPolicy(
                 param_dtype=PARAM_DTYPES[self.gathered_dtype] if self.gathered_dtype else None,
-                reduce_dtype=PARAM_DTYPES[self.reduce_dtype])
+                reduce_dtype=PARAM_DTYPES[self.reduce_dtype],
+            )
             self._units = shard_units(model, self.min_params)
             for name in self._units:
-                fully_shard(model.get_submodule(name), mesh=mesh, mp_policy=policy,
-                            reshard_after_forward=self.reshard_after_forward)
+                fully_shard(
+                    model.get_submodule(name),
+                    mesh=mesh,
+                    mp_policy=policy,
+                    reshard_after_forward=self.reshard_after_forward,
+                )
             fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=self.reshard_after_forward)
         values = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        gathered = PARAM_DTYPES[self.gathered_dtype or "fp32"].itemsize * (2 if self.reshard_after_forward else 1)
+        gathered = PARAM_DTYPES[self.gathered_dtype or "fp32"].itemsize * (
+            2 if self.reshard_after_forward else 1
+        )
         # all-gathers (forward, and backward when resharding) and one reduce-scatter: each half a ring
-        self._step_bytes = ring_bytes(values * (gathered + PARAM_DTYPES[self.reduce_dtype].itemsize),
-                                      collective.world_size) // 2
+        self._step_bytes = (
+            ring_bytes(values * (gathered + PARAM_DTYPES[self.reduce_dtype].itemsize), collective.world_size)
+            // 2
+        )
         self._sharded = model
         return model
 
@@ -130,8 +153,10 @@ class FSDP(Strategy):
         if self._sharded is None:  # sparkdp.distribute: the optimizer holds the whole parameters
             whole = list(model.parameters())
             if optimizer.state:
-                raise ConfigError("strategy='fsdp' shards the optimizer's state, so the optimizer must not have "
-                                  "stepped yet: call sparkdp.distribute(model, optimizer, ...) before training.")
+                raise ConfigError(
+                    "strategy='fsdp' shards the optimizer's state, so the optimizer must not have "
+                    "stepped yet: call sparkdp.distribute(model, optimizer, ...) before training."
+                )
             self.shard(model, collective)
             _point_at(optimizer, whole, list(model.parameters()))
         self._attach(model, optimizer, collective)
@@ -150,7 +175,9 @@ class FSDP(Strategy):
             return super().model_state()
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(self.unwrap(), options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return get_model_state_dict(
+            self.unwrap(), options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
 
     def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
         """The optimizer's whole state on rank 0, keyed by parameter name (every rank calls it)."""
@@ -158,8 +185,11 @@ class FSDP(Strategy):
             return super().optimizer_state(optimizer)
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-        return dict(get_optimizer_state_dict(self.unwrap(), optimizer,
-                                             options=StateDictOptions(full_state_dict=True, cpu_offload=True)))
+        return dict(
+            get_optimizer_state_dict(
+                self.unwrap(), optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+            )
+        )
 
     def load_optimizer_state(self, optimizer: Optimizer, state: dict[str, Any]) -> None:
         """Load a whole optimizer state (:meth:`optimizer_state`'s, written by any number of
@@ -170,10 +200,14 @@ class FSDP(Strategy):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         if state.get("param_groups") and not isinstance(state["param_groups"][0]["params"][0], str):
-            raise ConfigError("this optimizer state was saved by another strategy (keyed by parameter index); "
-                              "strategy='fsdp' resumes from states that fsdp saved (keyed by parameter name).")
+            raise ConfigError(
+                "this optimizer state was saved by another strategy (keyed by parameter index); "
+                "strategy='fsdp' resumes from states that fsdp saved (keyed by parameter name)."
+            )
         # the loop loads it before setup(): the sharded module is known from shard()
-        set_optimizer_state_dict(self._sharded, optimizer, state, options=StateDictOptions(full_state_dict=True))
+        set_optimizer_state_dict(
+            self._sharded, optimizer, state, options=StateDictOptions(full_state_dict=True)
+        )
         return None
 
     def evaluation(self, collective: Collective, last: bool) -> tuple[nn.Module, Collective] | None:
@@ -195,13 +229,26 @@ class FSDP(Strategy):
         super().finish()
 
     def options(self) -> dict[str, Any]:
-        return {"reshard_after_forward": self.reshard_after_forward, "min_params": self.min_params,
-                "param_dtype": self.param_dtype, "reduce_dtype": self.reduce_dtype, "shard_units": len(self._units) + 1}
+        return {
+            "reshard_after_forward": self.reshard_after_forward,
+            "min_params": self.min_params,
+            "param_dtype": self.param_dtype,
+            "reduce_dtype": self.reduce_dtype,
+            "shard_units": len(self._units) + 1,
+        }
 
     def __getstate__(self) -> dict[str, Any]:
         # shipped to the workers before setup: the sharded module and its meta copy stay behind
-        return {**self.__dict__, "_sharded": None, "_skeleton": None, "_replica": None, "model": None,
-                "optimizer": None, "collective": None, "_hook": None}
+        return {
+            **self.__dict__,
+            "_sharded": None,
+            "_skeleton": None,
+            "_replica": None,
+            "model": None,
+            "optimizer": None,
+            "collective": None,
+            "_hook": None,
+        }
 
 
 def shard_units(model: nn.Module, min_params: int) -> list[str]:
@@ -212,8 +259,11 @@ def shard_units(model: nn.Module, min_params: int) -> list[str]:
     names: set[str] = set()
     for module in model.modules():
         names.update(getattr(module, "_no_split_modules", None) or ())
-    blocks = [name for name, module in model.named_modules()
-              if name and (isinstance(module, BLOCK_CLASSES) or type(module).__name__ in names)]
+    blocks = [
+        name
+        for name, module in model.named_modules()
+        if name and (isinstance(module, BLOCK_CLASSES) or type(module).__name__ in names)
+    ]
     if blocks:
         return [name for name in blocks if not any(name.startswith(other + ".") for other in blocks)][::-1]
     units: list[str] = []
@@ -238,8 +288,9 @@ def _post_order(module: nn.Module, prefix: str = "") -> list[tuple[str, nn.Modul
 
 def _meta_copy(model: nn.Module) -> nn.Module:
     """``model``'s structure with every parameter and buffer on the meta device (no memory)."""
-    memo: dict[int, Any] = {id(p): nn.Parameter(torch.empty_like(p, device="meta"), p.requires_grad)
-                            for p in model.parameters()}
+    memo: dict[int, Any] = {
+        id(p): nn.Parameter(torch.empty_like(p, device="meta"), p.requires_grad) for p in model.parameters()
+    }
     memo.update({id(b): torch.empty_like(b, device="meta") for b in model.buffers()})
     return copy.deepcopy(model, memo)
 
@@ -250,8 +301,10 @@ def _point_at(optimizer: Optimizer, whole: list[nn.Parameter], shards: list[nn.P
     for group in optimizer.param_groups:
         missing = [p for p in group["params"] if id(p) not in shard_of]
         if missing:
-            raise ConfigError("the optimizer holds parameters that are not the model's; build it with "
-                              "torch.optim.X(model.parameters(), ...) over the model you distribute.")
+            raise ConfigError(
+                "the optimizer holds parameters that are not the model's; build it with "
+                "torch.optim.X(model.parameters(), ...) over the model you distribute."
+            )
         group["params"] = [shard_of[id(p)] for p in group["params"]]
 
 

@@ -74,10 +74,14 @@ def _as_loss(out: Any, what: str) -> torch.Tensor:
     if loss is None and isinstance(out, torch.Tensor):
         loss = out
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-        got = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(out).__name__
-        raise ConfigError(f"loss='model' needs a scalar loss from {what}: an attribute .loss (a Hugging Face "
-                          f"ModelOutput, given labels in the batch), a key 'loss', or a scalar tensor; got {got}. "
-                          "Put 'labels' in the batch, or pass a classic loss (outputs, labels) -> loss.")
+        got = (
+            f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(out).__name__
+        )
+        raise ConfigError(
+            f"loss='model' needs a scalar loss from {what}: an attribute .loss (a Hugging Face "
+            f"ModelOutput, given labels in the batch), a key 'loss', or a scalar tensor; got {got}. "
+            "Put 'labels' in the batch, or pass a classic loss (outputs, labels) -> loss."
+        )
     return loss.reshape(())
 
 
@@ -91,9 +95,11 @@ def forward_loss(model: nn.Module, loss: Callable[..., Any], x: Any, y: Any) -> 
     if isinstance(loss, ModelLoss):
         return loss(model, x, y)
     if y is None:
-        raise ConfigError("this batch has no labels (a dict batch without label=), so a loss (outputs, labels) "
-                          "cannot apply; pass loss='model' for a model that computes its own loss, or name the "
-                          "label column / give labels.")
+        raise ConfigError(
+            "this batch has no labels (a dict batch without label=), so a loss (outputs, labels) "
+            "cannot apply; pass loss='model' for a model that computes its own loss, or name the "
+            "label column / give labels."
+        )
     out = call_model(model, x)
     return loss(out, y), out
 
@@ -116,5 +122,13 @@ def describe_batch(x: Any) -> str:
     return f"{tuple(x.shape)} ({x.dtype})"
 
 
-__all__ = ["IGNORE_INDEX", "ModelLoss", "batch_rows", "call_model", "describe_batch", "forward_loss",
-           "model_loss", "to_device"]
+__all__ = [
+    "IGNORE_INDEX",
+    "ModelLoss",
+    "batch_rows",
+    "call_model",
+    "describe_batch",
+    "forward_loss",
+    "model_loss",
+    "to_device",
+]

@@ -43,8 +43,12 @@ class CheckpointPolicy:
     job_id: str = field(default_factory=new_job_id)
 
     def store(self) -> CheckpointStore:
-        return CheckpointStore(self.directory, self.job_id, self.settings.keep_checkpoints,
-                               self.settings.checkpoint_storage_options)
+        return CheckpointStore(
+            self.directory,
+            self.job_id,
+            self.settings.keep_checkpoints,
+            self.settings.checkpoint_storage_options,
+        )
 
 
 @dataclass(frozen=True)
@@ -64,9 +68,14 @@ class Checkpoint:
     epoch_stats: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
 
-def _store(directory: str | os.PathLike[str], settings: CheckpointConfig | None, job_id: str = "reader") -> CheckpointStore:
-    return CheckpointStore(os.fspath(directory), job_id,
-                           storage_options=settings.checkpoint_storage_options if settings else None)
+def _store(
+    directory: str | os.PathLike[str], settings: CheckpointConfig | None, job_id: str = "reader"
+) -> CheckpointStore:
+    return CheckpointStore(
+        os.fspath(directory),
+        job_id,
+        storage_options=settings.checkpoint_storage_options if settings else None,
+    )
 
 
 def check_writable(directory: str | os.PathLike[str], settings: CheckpointConfig | None = None) -> None:
@@ -74,22 +83,42 @@ def check_writable(directory: str | os.PathLike[str], settings: CheckpointConfig
     _store(directory, settings).check_writable()
 
 
-def checkpoint_names(directory: str | os.PathLike[str], settings: CheckpointConfig | None = None) -> list[str]:
+def checkpoint_names(
+    directory: str | os.PathLike[str], settings: CheckpointConfig | None = None
+) -> list[str]:
     """The synchronous checkpoints in ``directory`` (every job's), oldest first."""
     return _store(directory, settings).names(SERIES)
 
 
-def save_checkpoint(policy: CheckpointPolicy, *, epoch: int, step: int, model: dict[str, torch.Tensor],
-                    optimizer: bytes, strategy_state: dict[str, Any], rng: list[torch.Tensor],
-                    history: list[dict[str, float]], workers: int,
-                    epoch_stats: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> str:
+def save_checkpoint(
+    policy: CheckpointPolicy,
+    *,
+    epoch: int,
+    step: int,
+    model: dict[str, torch.Tensor],
+    optimizer: bytes,
+    strategy_state: dict[str, Any],
+    rng: list[torch.Tensor],
+    history: list[dict[str, float]],
+    workers: int,
+    epoch_stats: tuple[float, float, float] = (0.0, 0.0, 0.0),
+) -> str:
     """Write one checkpoint atomically, then delete this job's older ones beyond ``keep_checkpoints``;
     returns where it is."""
-    payload = {"format": FORMAT, "epoch": epoch, "step": step, "model": dict(model),
-               "optimizer": torch.frombuffer(bytearray(optimizer), dtype=torch.uint8) if optimizer
-               else torch.zeros(0, dtype=torch.uint8),
-               "strategy_state": strategy_state, "rng": list(rng), "history": history,
-               "workers": workers, "epoch_stats": list(epoch_stats)}
+    payload = {
+        "format": FORMAT,
+        "epoch": epoch,
+        "step": step,
+        "model": dict(model),
+        "optimizer": torch.frombuffer(bytearray(optimizer), dtype=torch.uint8)
+        if optimizer
+        else torch.zeros(0, dtype=torch.uint8),
+        "strategy_state": strategy_state,
+        "rng": list(rng),
+        "history": history,
+        "workers": workers,
+        "epoch_stats": list(epoch_stats),
+    }
     store = policy.store()
     return store.url(store.save(SERIES, sync_position(epoch, step), payload))
 
@@ -130,27 +159,49 @@ def _fields(path: str, obj: Any, job_id: str) -> Checkpoint:
     ints: dict[str, Any] = {k: obj.get(k) for k in ("epoch", "step", "workers")}  # checked on the next line
     bad = [k for k, v in ints.items() if isinstance(v, bool) or not isinstance(v, int) or v < 0]
     model, optimizer, stats = obj.get("model"), obj.get("optimizer"), obj.get("epoch_stats")
-    if bad or not (isinstance(model, dict) and all(isinstance(v, torch.Tensor) for v in model.values())) \
-            or not isinstance(optimizer, torch.Tensor) or not isinstance(obj.get("strategy_state"), dict) \
-            or not isinstance(obj.get("rng"), list) or not all(isinstance(r, torch.Tensor) for r in obj["rng"]) \
-            or not isinstance(obj.get("history"), list) or not isinstance(stats, list) or len(stats) != 3 \
-            or not all(isinstance(x, (int, float)) for x in stats):
-        raise ValueError("its contents are not a checkpoint's (a field is missing or of the wrong type"
-                         f"{': ' + ', '.join(bad) if bad else ''})")
-    return Checkpoint(path=path, epoch=ints["epoch"], step=ints["step"], model=model,
-                      optimizer=optimizer.numpy().tobytes(), strategy_state=obj["strategy_state"],
-                      rng=list(obj["rng"]), history=list(obj["history"]), workers=ints["workers"], job_id=job_id,
-                      epoch_stats=(float(stats[0]), float(stats[1]), float(stats[2])))
+    if (
+        bad
+        or not (isinstance(model, dict) and all(isinstance(v, torch.Tensor) for v in model.values()))
+        or not isinstance(optimizer, torch.Tensor)
+        or not isinstance(obj.get("strategy_state"), dict)
+        or not isinstance(obj.get("rng"), list)
+        or not all(isinstance(r, torch.Tensor) for r in obj["rng"])
+        or not isinstance(obj.get("history"), list)
+        or not isinstance(stats, list)
+        or len(stats) != 3
+        or not all(isinstance(x, (int, float)) for x in stats)
+    ):
+        raise ValueError(
+            "its contents are not a checkpoint's (a field is missing or of the wrong type"
+            f"{': ' + ', '.join(bad) if bad else ''})"
+        )
+    return Checkpoint(
+        path=path,
+        epoch=ints["epoch"],
+        step=ints["step"],
+        model=model,
+        optimizer=optimizer.numpy().tobytes(),
+        strategy_state=obj["strategy_state"],
+        rng=list(obj["rng"]),
+        history=list(obj["history"]),
+        workers=ints["workers"],
+        job_id=job_id,
+        epoch_stats=(float(stats[0]), float(stats[1]), float(stats[2])),
+    )
 
 
-def latest_checkpoint(directory: str | os.PathLike[str], job_id: str | None = None,
-                      settings: CheckpointConfig | None = None) -> Checkpoint | None:
+def latest_checkpoint(
+    directory: str | os.PathLike[str], job_id: str | None = None, settings: CheckpointConfig | None = None
+) -> Checkpoint | None:
     """The newest checkpoint that reads and verifies (of job ``job_id`` only, when given; another
     job's is never resumed: a restart would train that job's weights); damaged newer ones are
     skipped with a warning."""
     store = _store(directory, settings)
-    found = store.latest(SERIES, job_id, lambda name, payload: _checkpoint_from(
-        store.url(name), payload, parse_name(name).job_id))  # type: ignore[union-attr]
+    found = store.latest(
+        SERIES,
+        job_id,
+        lambda name, payload: _checkpoint_from(store.url(name), payload, parse_name(name).job_id),  # type: ignore[union-attr]
+    )
     return found[1] if found is not None else None
 
 
@@ -160,16 +211,36 @@ def check_compatible(model: torch.nn.Module, checkpoint: Checkpoint) -> None:
     have = {k: tuple(v.shape) for k, v in checkpoint.model.items()}
     if want == have:
         return
-    problems = [f"missing in the checkpoint: {', '.join(sorted(want.keys() - have.keys())[:5])}"] \
-        if want.keys() - have.keys() else []
+    problems = (
+        [f"missing in the checkpoint: {', '.join(sorted(want.keys() - have.keys())[:5])}"]
+        if want.keys() - have.keys()
+        else []
+    )
     if have.keys() - want.keys():
         problems.append(f"not in the model: {', '.join(sorted(have.keys() - want.keys())[:5])}")
-    shapes = [f"{k} {have[k]} vs the model's {want[k]}" for k in sorted(want.keys() & have.keys()) if want[k] != have[k]]
+    shapes = [
+        f"{k} {have[k]} vs the model's {want[k]}"
+        for k in sorted(want.keys() & have.keys())
+        if want[k] != have[k]
+    ]
     if shapes:
         problems.append(f"different shapes: {'; '.join(shapes[:5])}")
-    raise ConfigError(f"the checkpoint {checkpoint.path} was written for another model ({'; '.join(problems)}). "
-                      "Resume with the model it was saved from, or point resume at another directory.")
+    raise ConfigError(
+        f"the checkpoint {checkpoint.path} was written for another model ({'; '.join(problems)}). "
+        "Resume with the model it was saved from, or point resume at another directory."
+    )
 
 
-__all__ = ["SERIES", "Checkpoint", "CheckpointPolicy", "check_compatible", "check_writable", "checkpoint_names",
-           "latest_checkpoint", "load_checkpoint", "new_job_id", "parse_checkpoint", "save_checkpoint"]
+__all__ = [
+    "SERIES",
+    "Checkpoint",
+    "CheckpointPolicy",
+    "check_compatible",
+    "check_writable",
+    "checkpoint_names",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "new_job_id",
+    "parse_checkpoint",
+    "save_checkpoint",
+]

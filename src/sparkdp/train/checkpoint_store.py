@@ -46,8 +46,10 @@ log = logging.getLogger(__name__)
 
 #: the series a name may carry: synchronous, driver server, server task K of N, directory checkpoints
 _SERIES = r"ckpt|ps|ps-s\d{1,4}of\d{1,4}|shards"
-_NAME = re.compile(rf"^(?P<series>{_SERIES})-(?P<position>e\d{{5}}-s\d{{8}}|\d{{6}})-"
-                   r"(?P<job>[A-Za-z0-9_-]{1,64})(?P<suffix>\.safetensors|\.manifest\.json)$")
+_NAME = re.compile(
+    rf"^(?P<series>{_SERIES})-(?P<position>e\d{{5}}-s\d{{8}}|\d{{6}})-"
+    r"(?P<job>[A-Za-z0-9_-]{1,64})(?P<suffix>\.safetensors|\.manifest\.json)$"
+)
 _JOB_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _SUFFIX = {"shards": ".manifest.json"}  # every other series is one .safetensors file
 _MANIFEST_FORMAT = 1
@@ -109,7 +111,7 @@ def decode(data: bytes) -> tuple[str, str, Any]:
     """Verify a one-file checkpoint's bytes: (job identity, series, payload); ``ValueError`` for
     anything that is not an intact checkpoint."""
     try:
-        meta = json.loads(data[8:8 + int.from_bytes(data[:8], "little")]).get("__metadata__") or {}
+        meta = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")]).get("__metadata__") or {}
         tensors = st_load(bytes(data))
     except Exception as exc:  # safetensors raises its own error types for a damaged file
         raise ValueError(f"not a readable safetensors file ({exc})") from exc
@@ -120,8 +122,12 @@ def decode(data: bytes) -> tuple[str, str, Any]:
         wrapper = state_io.unflatten(skeleton, tensors)
     except Exception as exc:  # a skeleton that is JSON but not sparkdp state's: damaged, like a bad digest
         raise ValueError(f"its contents are not a checkpoint's ({type(exc).__name__}: {exc})") from exc
-    if not isinstance(wrapper, dict) or not isinstance(wrapper.get("job_id"), str) \
-            or not isinstance(wrapper.get("series"), str) or "state" not in wrapper:
+    if (
+        not isinstance(wrapper, dict)
+        or not isinstance(wrapper.get("job_id"), str)
+        or not isinstance(wrapper.get("series"), str)
+        or "state" not in wrapper
+    ):
         raise ValueError("its contents are not a checkpoint's (no job identity)")
     return wrapper["job_id"], wrapper["series"], wrapper["state"]
 
@@ -173,10 +179,13 @@ class CheckpointStore:
     ``job_id`` names every file this store writes and is written inside it; :meth:`rotate` keeps
     the newest ``keep`` of this job's checkpoints of a series and never touches another job's."""
 
-    def __init__(self, directory: str, job_id: str, keep: int = 3,
-                 storage_options: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, directory: str, job_id: str, keep: int = 3, storage_options: Mapping[str, Any] | None = None
+    ) -> None:
         if not _JOB_ID.match(job_id):
-            raise ConfigError(f"checkpoint job identity {job_id!r}: expected 1-64 letters, digits, '_' or '-'.")
+            raise ConfigError(
+                f"checkpoint job identity {job_id!r}: expected 1-64 letters, digits, '_' or '-'."
+            )
         import fsspec
 
         self.directory, self.job_id, self.keep = str(directory), job_id, keep
@@ -187,7 +196,11 @@ class CheckpointStore:
     # ------------------------------------------------------------------ names
     def url(self, name: str) -> str:
         """Where ``name`` is, as the user would write it (for messages and ``Checkpoint.path``)."""
-        return f"{self.directory.rstrip('/')}/{name}" if "://" in self.directory else str(Path(self.directory) / name)
+        return (
+            f"{self.directory.rstrip('/')}/{name}"
+            if "://" in self.directory
+            else str(Path(self.directory) / name)
+        )
 
     def _path(self, name: str) -> str:
         return f"{self.root}/{name}"
@@ -200,9 +213,14 @@ class CheckpointStore:
             entries = self.fs.ls(self.root, detail=False)
         except (FileNotFoundError, NotADirectoryError):
             return []
-        parsed = [p for p in (parse_name(str(e).rstrip("/").rsplit("/", 1)[-1]) for e in entries) if p is not None
-                  and (series is None or p.series == series) and (job_id is None or p.job_id == job_id)
-                  and p.suffix == _SUFFIX.get(p.series, ".safetensors")]
+        parsed = [
+            p
+            for p in (parse_name(str(e).rstrip("/").rsplit("/", 1)[-1]) for e in entries)
+            if p is not None
+            and (series is None or p.series == series)
+            and (job_id is None or p.job_id == job_id)
+            and p.suffix == _SUFFIX.get(p.series, ".safetensors")
+        ]
         return [str(p) for p in sorted(parsed)]
 
     def name(self, series: str, position: str) -> str:
@@ -226,7 +244,9 @@ class CheckpointStore:
             raise ValueError(f"its contents are job {job!r}'s {series!r} checkpoint, not what its name says")
         return payload
 
-    def latest(self, series: str, job_id: str | None, read: Callable[[str, Any], Any]) -> tuple[str, Any] | None:
+    def latest(
+        self, series: str, job_id: str | None, read: Callable[[str, Any], Any]
+    ) -> tuple[str, Any] | None:
         """The newest checkpoint of ``series`` (of ``job_id`` only, when given) that reads, verifies
         and that ``read(name, payload)`` accepts (``ValueError``: damaged); damaged newer ones are
         skipped with a warning. ``(name, read's result)`` or None."""
@@ -269,7 +289,12 @@ class CheckpointStore:
         except BaseException:
             self._remove_tree(writer.directory)
             raise
-        manifest = {"format": _MANIFEST_FORMAT, "job_id": self.job_id, "series": series, "parts": writer.parts}
+        manifest = {
+            "format": _MANIFEST_FORMAT,
+            "job_id": self.job_id,
+            "series": series,
+            "parts": writer.parts,
+        }
         self.put(name, json.dumps(manifest, sort_keys=True).encode())
         self.rotate(series, name)
 
@@ -280,15 +305,21 @@ class CheckpointStore:
             manifest = json.loads(self.fs.cat_file(self._path(name)))
         except json.JSONDecodeError as exc:
             raise ValueError(f"its manifest is not JSON ({exc})") from exc
-        if parsed is None or not isinstance(manifest, dict) or manifest.get("job_id") != parsed.job_id \
-                or not isinstance(manifest.get("parts"), dict):
+        if (
+            parsed is None
+            or not isinstance(manifest, dict)
+            or manifest.get("job_id") != parsed.job_id
+            or not isinstance(manifest.get("parts"), dict)
+        ):
             raise ValueError("its manifest is not one of this checkpoint's")
         base = name.removesuffix(".manifest.json")
         parts = {}
         for part, sha in manifest["parts"].items():
             data = self.fs.cat_file(self._path(f"{base}/{part}"))
             if hashlib.sha256(data).hexdigest() != sha:
-                raise ValueError(f"its part {part} does not match the SHA-256 its manifest gives (damaged or altered)")
+                raise ValueError(
+                    f"its part {part} does not match the SHA-256 its manifest gives (damaged or altered)"
+                )
             parts[part] = data
         return parts
 
@@ -297,7 +328,7 @@ class CheckpointStore:
         """Keep the newest ``keep`` of this job's ``series`` checkpoints up to the one just
         ``written``: the file just written is never deleted, nor a newer one, nor another job's."""
         older = [n for n in self.names(series, self.job_id) if n < written]
-        for old in older[:max(len(older) - (self.keep - 1), 0)]:
+        for old in older[: max(len(older) - (self.keep - 1), 0)]:
             self.delete(old)
 
     def delete(self, name: str) -> None:
@@ -322,9 +353,11 @@ class CheckpointStore:
             self.put(probe, b"ok")
             self.fs.rm_file(self._path(probe))
         except (OSError, ValueError) as exc:
-            raise ConfigError(f"cannot write checkpoints to {self.directory!r}: {exc}. Give a directory this user "
-                              "can write (on a cluster, one the executors and the driver share), or leave "
-                              "checkpoint_dir unset.") from exc
+            raise ConfigError(
+                f"cannot write checkpoints to {self.directory!r}: {exc}. Give a directory this user "
+                "can write (on a cluster, one the executors and the driver share), or leave "
+                "checkpoint_dir unset."
+            ) from exc
 
 
 class DirectoryWriter:
@@ -390,10 +423,26 @@ class BackgroundWriter:
         try:
             write()
         except BaseException as exc:  # kept for the training thread, which raises it
-            log.error("writing a checkpoint failed (%s: %s); the job stops at its next save or its end",
-                      type(exc).__name__, exc)
+            log.error(
+                "writing a checkpoint failed (%s: %s); the job stops at its next save or its end",
+                type(exc).__name__,
+                exc,
+            )
             self._error = exc
 
 
-__all__ = ["BackgroundWriter", "CheckpointName", "CheckpointStore", "DirectoryWriter", "HostSnapshot", "decode",
-           "digest", "encode", "host_copy", "new_job_id", "parse_name", "server_series", "sync_position"]
+__all__ = [
+    "BackgroundWriter",
+    "CheckpointName",
+    "CheckpointStore",
+    "DirectoryWriter",
+    "HostSnapshot",
+    "decode",
+    "digest",
+    "encode",
+    "host_copy",
+    "new_job_id",
+    "parse_name",
+    "server_series",
+    "sync_position",
+]

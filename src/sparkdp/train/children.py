@@ -44,8 +44,10 @@ MAX_CHILDREN = 64
 def child_worker_id(rank: int, world_size: int, child: int) -> int:
     """The parameter-server worker id of process ``child`` started by Spark worker ``rank``."""
     if child >= MAX_CHILDREN:
-        raise ConfigError(f"process {child} of worker {rank} cannot join the job: a worker may start at most "
-                          f"{MAX_CHILDREN} processes that join it; start fewer (e.g. one per core).")
+        raise ConfigError(
+            f"process {child} of worker {rank} cannot join the job: a worker may start at most "
+            f"{MAX_CHILDREN} processes that join it; start fewer (e.g. one per core)."
+        )
     return world_size * (child + 1) + rank
 
 
@@ -75,12 +77,30 @@ def children_join(ctx: Any) -> Iterator[Children]:
     joinable = info is not None
     # mode 0700; a synchronous job writes no spec, so it needs none
     directory = Path(tempfile.mkdtemp(prefix="sparkdp-children-")) if joinable else None
-    server_spec = None if info is None else {
-        "address": info.address, "secret": info.secret.hex(), "tls_cert": info.tls_cert,
-        # sparkdp.run's server takes its centre from the first worker's model, a child's included
-        "offer_centre": bool(getattr(ctx.strategy, "_offer_centre", False))}
-    base = {"rank": ctx.rank, "world_size": ctx.world_size, "seed": ctx.seed, "strategy": ctx.strategy.options(),
-            "server": server_spec, "monitor": _monitor(ctx.probe), "joined_dir": str(directory)} if joinable else {}
+    server_spec = (
+        None
+        if info is None
+        else {
+            "address": info.address,
+            "secret": info.secret.hex(),
+            "tls_cert": info.tls_cert,
+            # sparkdp.run's server takes its centre from the first worker's model, a child's included
+            "offer_centre": bool(getattr(ctx.strategy, "_offer_centre", False)),
+        }
+    )
+    base = (
+        {
+            "rank": ctx.rank,
+            "world_size": ctx.world_size,
+            "seed": ctx.seed,
+            "strategy": ctx.strategy.options(),
+            "server": server_spec,
+            "monitor": _monitor(ctx.probe),
+            "joined_dir": str(directory),
+        }
+        if joinable
+        else {}
+    )
     children = Children(joinable)
     original = multiprocessing.process.BaseProcess.start
 
@@ -118,8 +138,12 @@ def _monitor(probe: Any) -> dict[str, Any] | None:
     link = getattr(probe, "link", None)
     if link is None:
         return None
-    return {"address": link.info.address, "secret": link.info.secret.hex(), "tls_cert": link.info.tls_cert,
-            "interval_s": link.interval_s}
+    return {
+        "address": link.info.address,
+        "secret": link.info.secret.hex(),
+        "tls_cert": link.info.tls_cert,
+        "interval_s": link.interval_s,
+    }
 
 
 def read_child_spec(path: str) -> dict[str, Any]:
@@ -127,18 +151,31 @@ def read_child_spec(path: str) -> dict[str, Any]:
     try:
         st = os.stat(path)
     except OSError as exc:
-        raise ConfigError(f"{ENV}={path!r} cannot be read as a sparkdp child spec ({exc}); a process that is "
-                          "not started by a sparkdp worker should not have it set.") from None
+        raise ConfigError(
+            f"{ENV}={path!r} cannot be read as a sparkdp child spec ({exc}); a process that is "
+            "not started by a sparkdp worker should not have it set."
+        ) from None
     if st.st_uid != os.getuid() or st.st_mode & 0o077 or st.st_size > _MAX_SPEC_BYTES:
-        raise ConfigError(f"{ENV}={path!r} is not a child spec this user's sparkdp worker wrote "
-                          "(it must be private to the user and small); unset it.")
+        raise ConfigError(
+            f"{ENV}={path!r} is not a child spec this user's sparkdp worker wrote "
+            "(it must be private to the user and small); unset it."
+        )
     try:
         spec = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"{ENV}={path!r} cannot be read as a sparkdp child spec ({exc}); a process that is "
-                          "not started by a sparkdp worker should not have it set.") from None
-    need = {"rank": int, "world_size": int, "child": int, "seed": int, "strategy": dict, "server": dict,
-            "joined_dir": str}  # (a synchronous job writes no spec: its children cannot join)
+        raise ConfigError(
+            f"{ENV}={path!r} cannot be read as a sparkdp child spec ({exc}); a process that is "
+            "not started by a sparkdp worker should not have it set."
+        ) from None
+    need = {
+        "rank": int,
+        "world_size": int,
+        "child": int,
+        "seed": int,
+        "strategy": dict,
+        "server": dict,
+        "joined_dir": str,
+    }  # (a synchronous job writes no spec: its children cannot join)
     if not isinstance(spec, dict) or any(not isinstance(spec.get(k), t) for k, t in need.items()):
         raise ConfigError(f"{ENV}={path!r} is not a complete sparkdp child spec.")
     return spec
@@ -157,19 +194,34 @@ def child_parts(spec: dict[str, Any]) -> dict[str, Any]:
     strategy = AsyncParameterServer(**options)
     server = spec["server"]
     transport = TcpTransport(TcpOptions(mac_payload=strategy.mac_payload, tls=strategy.tls))
-    strategy.connect_to(transport, ConnectInfo(server["address"], bytes.fromhex(server["secret"]),
-                                               server.get("tls_cert")), offer_centre=server.get("offer_centre") is True)
+    strategy.connect_to(
+        transport,
+        ConnectInfo(server["address"], bytes.fromhex(server["secret"]), server.get("tls_cert")),
+        offer_centre=server.get("offer_centre") is True,
+    )
     rank, world, child = spec["rank"], spec["world_size"], spec["child"]
     strategy.worker_id = child_worker_id(rank, world, child)
     monitor = spec.get("monitor")
-    link = None if not monitor else MonitorLink(
-        ConnectInfo(monitor["address"], bytes.fromhex(monitor["secret"]), monitor.get("tls_cert")),
-        float(monitor["interval_s"]))
+    link = (
+        None
+        if not monitor
+        else MonitorLink(
+            ConnectInfo(monitor["address"], bytes.fromhex(monitor["secret"]), monitor.get("tls_cert")),
+            float(monitor["interval_s"]),
+        )
+    )
     probe = open_probe(link, strategy.worker_id)
     Path(spec["joined_dir"], f"joined-{child}").touch()
     # the children of one Spark worker read its shard, each in its own order
-    return {"rank": rank, "world_size": world, "collective": IndependentCollective(rank, world), "strategy": strategy,
-            "seed": spec["seed"] + 7919 * (child + 1), "probe": probe, "child": child}
+    return {
+        "rank": rank,
+        "world_size": world,
+        "collective": IndependentCollective(rank, world),
+        "strategy": strategy,
+        "seed": spec["seed"] + 7919 * (child + 1),
+        "probe": probe,
+        "child": child,
+    }
 
 
 def finish_at_exit(ctx: Any) -> None:
@@ -179,4 +231,14 @@ def finish_at_exit(ctx: Any) -> None:
     multiprocessing.util.Finalize(None, ctx.finish, exitpriority=21)
 
 
-__all__ = ["ENV", "MAX_CHILDREN", "Children", "child_parts", "child_worker_id", "children_join", "job_worker_ids", "finish_at_exit", "read_child_spec"]
+__all__ = [
+    "ENV",
+    "MAX_CHILDREN",
+    "Children",
+    "child_parts",
+    "child_worker_id",
+    "children_join",
+    "job_worker_ids",
+    "finish_at_exit",
+    "read_child_spec",
+]

@@ -28,19 +28,35 @@ def sharded_loader(loader: DataLoader, rank: int, world_size: int, seed: int) ->
     """A real ``DataLoader`` over this rank's shard of ``loader.dataset``, with the user's loader's
     settings (batch size, collate function, ``drop_last``, worker processes, pinning...)."""
     shuffle = not isinstance(loader.sampler, torch.utils.data.SequentialSampler)
-    sampler = EpochSampler(loader.dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed,
-                           drop_last=False)
+    sampler = EpochSampler(
+        loader.dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=False
+    )
     extra: dict[str, Any] = {}
     if loader.num_workers > 0:  # DataLoader accepts these only with worker processes
         extra = {"persistent_workers": loader.persistent_workers, "prefetch_factor": loader.prefetch_factor}
-    return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler, collate_fn=loader.collate_fn,
-                      drop_last=loader.drop_last, num_workers=loader.num_workers, pin_memory=loader.pin_memory,
-                      timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
-                      multiprocessing_context=loader.multiprocessing_context, **extra)
+    return DataLoader(
+        loader.dataset,
+        batch_size=loader.batch_size,
+        sampler=sampler,
+        collate_fn=loader.collate_fn,
+        drop_last=loader.drop_last,
+        num_workers=loader.num_workers,
+        pin_memory=loader.pin_memory,
+        timeout=loader.timeout,
+        worker_init_fn=loader.worker_init_fn,
+        multiprocessing_context=loader.multiprocessing_context,
+        **extra,
+    )
 
 
-def distribute(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, data: Any = None,
-               *, batch_size: int = 64, shuffle: bool = True):
+def distribute(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    data: Any = None,
+    *,
+    batch_size: int = 64,
+    shuffle: bool = True,
+):
     """Make a single-machine model, optimizer and data loader distributed — the one-line change.
 
     ``model, optimizer, loader = sparkdp.distribute(model, optimizer, loader)``: the
@@ -77,18 +93,27 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
 class WorkerDataLoader:
     """This rank's batches of a WorkerData (e.g. ParquetData), a new seeded epoch on every pass."""
 
-    def __init__(self, data: WorkerData, rank: int, world_size: int, seed: int, batch_size: int,
-                 shuffle: bool) -> None:
+    def __init__(
+        self, data: WorkerData, rank: int, world_size: int, seed: int, batch_size: int, shuffle: bool
+    ) -> None:
         self.data, self.rank, self.world_size, self.seed = data, rank, world_size, seed
         self.batch_size, self.shuffle, self.epoch = batch_size, shuffle, 0
 
     def __iter__(self):
         epoch, self.epoch = self.epoch, self.epoch + 1
-        return self.data.batches(rank=self.rank, world_size=self.world_size, epoch=epoch,
-                                 batch_size=self.batch_size, seed=self.seed, shuffle=self.shuffle)
+        return self.data.batches(
+            rank=self.rank,
+            world_size=self.world_size,
+            epoch=epoch,
+            batch_size=self.batch_size,
+            seed=self.seed,
+            shuffle=self.shuffle,
+        )
 
 
-def _shard_loader(data: Any, ctx: WorkerContext, batch_size: int, shuffle: bool) -> DataLoader | WorkerDataLoader:
+def _shard_loader(
+    data: Any, ctx: WorkerContext, batch_size: int, shuffle: bool
+) -> DataLoader | WorkerDataLoader:
     if isinstance(data, DataLoader):
         loader = data
     elif isinstance(data, Dataset):
@@ -98,8 +123,11 @@ def _shard_loader(data: Any, ctx: WorkerContext, batch_size: int, shuffle: bool)
     else:
         tensors = as_worker_data(data)
         assert isinstance(tensors, TensorData)
-        loader = DataLoader(torch.utils.data.TensorDataset(tensors.features, tensors.labels),
-                            batch_size=batch_size, shuffle=shuffle)
+        loader = DataLoader(
+            torch.utils.data.TensorDataset(tensors.features, tensors.labels),
+            batch_size=batch_size,
+            shuffle=shuffle,
+        )
     return sharded_loader(loader, ctx.rank, ctx.world_size, ctx.seed)
 
 

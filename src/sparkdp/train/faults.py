@@ -76,16 +76,32 @@ def fault_from_env(environ: dict[str, str] | None = None) -> Fault | None:
         ranks = [0] if action == "kill-driver" else [int(r) for r in values.pop("rank").split(",")]
         factor = float(values.pop("factor")) if action == "slow" and "factor" in values else 0.0
         delay = int(values.pop("ms")) if action == "slow" and not factor else 0
-        fault = Fault(action, ranks[0], int(values.pop("step")), driver_pid=os.getpid(), delay_ms=delay,
-                      factor=factor, more_ranks=tuple(ranks[1:]))
-        ok = (action in ACTIONS and not values and min(ranks) >= 0 and fault.step >= 1 and delay >= 0
-              and (len(ranks) == 1 or action == "slow") and (not factor or factor >= 1.0))
+        fault = Fault(
+            action,
+            ranks[0],
+            int(values.pop("step")),
+            driver_pid=os.getpid(),
+            delay_ms=delay,
+            factor=factor,
+            more_ranks=tuple(ranks[1:]),
+        )
+        ok = (
+            action in ACTIONS
+            and not values
+            and min(ranks) >= 0
+            and fault.step >= 1
+            and delay >= 0
+            and (len(ranks) == 1 or action == "slow")
+            and (not factor or factor >= 1.0)
+        )
     except (KeyError, ValueError):
         ok = False
     if not ok:
-        raise ConfigError(f"{ENV}={text!r} is not a fault sparkdp knows; use ACTION:rank=R:step=S with ACTION one "
-                          f"of kill, stop, raise, R >= 0 and S >= 1 (e.g. kill:rank=1:step=30), "
-                          "slow:rank=R:step=S:ms=M, slow:rank=R1,R2:step=S:factor=F (F >= 1), kill-driver:step=S, or "
-                          "kill-server:rank=S:step=P; "
-                          "or unset it.")
+        raise ConfigError(
+            f"{ENV}={text!r} is not a fault sparkdp knows; use ACTION:rank=R:step=S with ACTION one "
+            f"of kill, stop, raise, R >= 0 and S >= 1 (e.g. kill:rank=1:step=30), "
+            "slow:rank=R:step=S:ms=M, slow:rank=R1,R2:step=S:factor=F (F >= 1), kill-driver:step=S, or "
+            "kill-server:rank=S:step=P; "
+            "or unset it."
+        )
     return fault

@@ -31,6 +31,7 @@ from ..errors import ConfigError
 
 log = logging.getLogger(__name__)
 
+
 def has_conv2d(model: nn.Module) -> bool:
     """Whether the model holds a 2-D convolution kernel (a 4-D floating parameter)."""
     return any(p.dim() == 4 and p.is_floating_point() for p in model.parameters())
@@ -70,9 +71,10 @@ def preflight_layout(memory_format: str, model: nn.Module, run: Callable[[Callab
         run(lambda x: batch_layout(x, True))
     except (RuntimeError, ConfigError) as exc:
         if memory_format == "channels_last":
-            raise ConfigError(f"the model cannot run with memory_format='channels_last': {exc}. Use "
-                              "reshape() instead of view() on convolution outputs, or memory_format='contiguous'.") \
-                from exc
+            raise ConfigError(
+                f"the model cannot run with memory_format='channels_last': {exc}. Use "
+                "reshape() instead of view() on convolution outputs, or memory_format='contiguous'."
+            ) from exc
         log.info("the model does not run channels-last (%s); training in the default NCHW layout", exc)
         return "contiguous"
     finally:  # the user's tensors back, exactly as they were

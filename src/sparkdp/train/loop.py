@@ -133,8 +133,9 @@ class FitSpec:
         return self.eval is not None and ((epoch + 1) % self.eval_every == 0 or epoch == self.last_epoch())
 
 
-def optimizer_state(optimizer: torch.optim.Optimizer, scheduler: Any = None,
-                    state: dict[str, Any] | None = None) -> dict[str, Any]:
+def optimizer_state(
+    optimizer: torch.optim.Optimizer, scheduler: Any = None, state: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """An optimizer's (and its scheduler's) state, as :func:`optimizer_state_to_bytes` encodes it;
     ``state``: the optimizer's state as the strategy gathered it (default: its ``state_dict()``)."""
     sched = None
@@ -143,8 +144,9 @@ def optimizer_state(optimizer: torch.optim.Optimizer, scheduler: Any = None,
     return {"optimizer": optimizer.state_dict() if state is None else state, "scheduler": sched}
 
 
-def optimizer_state_to_bytes(optimizer: torch.optim.Optimizer, scheduler: Any = None,
-                             state: dict[str, Any] | None = None) -> bytes:
+def optimizer_state_to_bytes(
+    optimizer: torch.optim.Optimizer, scheduler: Any = None, state: dict[str, Any] | None = None
+) -> bytes:
     """An optimizer's (and its scheduler's) state as bytes, without pickle (``sparkdp.state``)."""
     return state_io.to_bytes(optimizer_state(optimizer, scheduler, state))
 
@@ -156,19 +158,25 @@ def check_batch(model: nn.Module, loss_fn: Callable, x: Any, y: Any) -> Any:
         try:
             return forward_loss(model, loss_fn, x, y)[1]
         except (RuntimeError, TypeError, ValueError, IndexError) as exc:
-            raise ConfigError(f"the model and loss cannot take a batch {describe_batch(x)}: {exc}. Check the model's "
-                              "arguments (a dict batch is passed as model(**batch)) against the data.") from exc
+            raise ConfigError(
+                f"the model and loss cannot take a batch {describe_batch(x)}: {exc}. Check the model's "
+                "arguments (a dict batch is passed as model(**batch)) against the data."
+            ) from exc
     try:
         out = model(x)
     except RuntimeError as exc:
-        raise ConfigError(f"the model cannot take a batch of features of shape {tuple(x.shape)} "
-                          f"({x.dtype}): {exc}. Check the model's input layer against the data.") from exc
+        raise ConfigError(
+            f"the model cannot take a batch of features of shape {tuple(x.shape)} "
+            f"({x.dtype}): {exc}. Check the model's input layer against the data."
+        ) from exc
     check_labels(out, y)
     try:
         loss_fn(out, y)
     except (RuntimeError, ValueError, IndexError) as exc:
-        raise ConfigError(f"the loss cannot compare model outputs of shape {_shapes(out)} with labels of "
-                          f"shape {tuple(y.shape)} ({y.dtype}): {exc}") from exc
+        raise ConfigError(
+            f"the loss cannot compare model outputs of shape {_shapes(out)} with labels of "
+            f"shape {tuple(y.shape)} ({y.dtype}): {exc}"
+        ) from exc
     return out
 
 
@@ -187,8 +195,10 @@ def check_labels(out: torch.Tensor, y: torch.Tensor) -> None:
         classes = out.shape[1]
         lo, hi = int(y.min()), int(y.max())
         if lo < 0 or hi >= classes:
-            raise DataError(f"labels must lie in [0, {classes}) for a model with {classes} outputs, but this "
-                            f"batch has labels from {lo} to {hi}. Fix the labels or the model's output size.")
+            raise DataError(
+                f"labels must lie in [0, {classes}) for a model with {classes} outputs, but this "
+                f"batch has labels from {lo} to {hi}. Fix the labels or the model's output size."
+            )
 
 
 def synchronized(batches: Iterator, collective: Collective, check: bool) -> Iterator:
@@ -205,16 +215,28 @@ def synchronized(batches: Iterator, collective: Collective, check: bool) -> Iter
         flag = torch.ones(1)
         collective.all_reduce(flag, "min")
         if flag.item() == 0:
-            log.info("rank %d: another worker ran out of data this epoch; skipping this rank's remaining "
-                     "batches so the synchronous steps stay aligned", collective.rank)
+            log.info(
+                "rank %d: another worker ran out of data this epoch; skipping this rank's remaining "
+                "batches so the synchronous steps stay aligned",
+                collective.rank,
+            )
             return
         yield batch
     collective.all_reduce(torch.zeros(1), "min")  # tell the others this rank is out
 
 
-def evaluate(model: nn.Module, loss_fn: Callable, data: WorkerData, collective: Collective,
-             batch_size: int, channels_last: bool = False, *, metric: Callable[[Any, Any], Any] | None = None,
-             metric_names: tuple[str, ...] = (), autocast: Callable[[], Any] | None = None) -> dict[str, float]:
+def evaluate(
+    model: nn.Module,
+    loss_fn: Callable,
+    data: WorkerData,
+    collective: Collective,
+    batch_size: int,
+    channels_last: bool = False,
+    *,
+    metric: Callable[[Any, Any], Any] | None = None,
+    metric_names: tuple[str, ...] = (),
+    autocast: Callable[[], Any] | None = None,
+) -> dict[str, float]:
     """Loss and (for classifiers) accuracy over all ranks' shares, each row counted once.
 
     A model that computes its own loss over label tokens (``loss="model"``, dict batches with
@@ -228,8 +250,9 @@ def evaluate(model: nn.Module, loss_fn: Callable, data: WorkerData, collective: 
     sums = torch.zeros(6 + 2 * len(metric_names), dtype=torch.float64)
     plain = not isinstance(loss_fn, ModelLoss) and metric is None and autocast is None
     with torch.no_grad():
-        for x, y in data.eval_batches(rank=collective.rank, world_size=collective.world_size,
-                                      batch_size=batch_size):
+        for x, y in data.eval_batches(
+            rank=collective.rank, world_size=collective.world_size, batch_size=batch_size
+        ):
             rows = batch_rows(x)
             if plain and isinstance(x, torch.Tensor):
                 x, y = x.to(device), y.to(device)
@@ -238,8 +261,12 @@ def evaluate(model: nn.Module, loss_fn: Callable, data: WorkerData, collective: 
             else:
                 x, y = to_device(x, device), to_device(y, device)
                 with autocast() if autocast is not None else contextlib.nullcontext():
-                    loss, out = forward_loss(model, loss_fn, batch_layout(x, channels_last)
-                                             if isinstance(x, torch.Tensor) else x, y)
+                    loss, out = forward_loss(
+                        model,
+                        loss_fn,
+                        batch_layout(x, channels_last) if isinstance(x, torch.Tensor) else x,
+                        y,
+                    )
                 tokens = loss_fn.tokens(x) if isinstance(loss_fn, ModelLoss) else None
                 if tokens is not None:
                     sums[4] += float(loss) * tokens
@@ -270,8 +297,9 @@ def _add_metrics(sums: torch.Tensor, values: Any, names: tuple[str, ...], rows: 
     """Add one batch's ``metric`` result to ``sums`` (sum, count per name)."""
     if not isinstance(values, dict) or set(values) != set(names):
         got = sorted(values) if isinstance(values, dict) else type(values).__name__
-        raise ConfigError(f"the metric function must return the same names for every batch, {list(names)}; "
-                          f"got {got}.")
+        raise ConfigError(
+            f"the metric function must return the same names for every batch, {list(names)}; got {got}."
+        )
     for i, name in enumerate(names):
         value = values[name]
         total, count = value if isinstance(value, (tuple, list)) else (float(value) * rows, rows)
@@ -283,13 +311,15 @@ def metric_names(metric: Callable[[Any, Any], Any], out: Any, x: Any, y: Any) ->
     """The names ``metric`` returns for one batch (run on the driver), checked."""
     values = metric(out, x if y is None else (x, y))
     if not isinstance(values, dict) or not values or not all(isinstance(k, str) for k in values):
-        raise ConfigError(f"metric must return a dict of name -> value (a batch mean) or (sum, count); got "
-                          f"{values!r}.")
+        raise ConfigError(
+            f"metric must return a dict of name -> value (a batch mean) or (sum, count); got {values!r}."
+        )
     for name, value in values.items():
         pair = isinstance(value, (tuple, list))
-        if (pair and len(value) != 2) or not all(isinstance(v, (int, float)) or
-                                                 (isinstance(v, torch.Tensor) and v.numel() == 1)
-                                                 for v in (value if pair else (value,))):
+        if (pair and len(value) != 2) or not all(
+            isinstance(v, (int, float)) or (isinstance(v, torch.Tensor) and v.numel() == 1)
+            for v in (value if pair else (value,))
+        ):
             raise ConfigError(f"metric's {name!r} must be a number or a (sum, count) pair; got {value!r}.")
     return tuple(sorted(values))
 
@@ -360,9 +390,18 @@ def _fit_worker(spec: FitSpec, collective: Collective, probe: Any) -> WorkerRepo
     memory = MemoryMeter()
     steps_per_epoch = spec.steps_per_epoch(world)
     # the plain path (float32, a step per batch, no clipping, a classic loss) does no extra work per step
-    stepper = None if (not precision.mixed and spec.accumulate == 1 and spec.clip_grad_norm is None
-                       and not isinstance(spec.loss, ModelLoss)) else \
-        Stepper(net, spec.loss, optimizer, scheduler, strategy, precision, spec.accumulate, spec.clip_grad_norm)
+    stepper = (
+        None
+        if (
+            not precision.mixed
+            and spec.accumulate == 1
+            and spec.clip_grad_norm is None
+            and not isinstance(spec.loss, ModelLoss)
+        )
+        else Stepper(
+            net, spec.loss, optimizer, scheduler, strategy, precision, spec.accumulate, spec.clip_grad_norm
+        )
+    )
     autocast = precision.autocast if precision.mixed else None
     for epoch in range(part.start_epoch, part.start_epoch + spec.epochs):
         probe.start_epoch(epoch, steps_per_epoch, spec.last_epoch() + 1)
@@ -373,9 +412,21 @@ def _fit_worker(spec: FitSpec, collective: Collective, probe: Any) -> WorkerRepo
         before = 0.0
         if skip and rank == 0:  # the interrupted epoch's rows so far count once, on rank 0
             stats[0], stats[1], before = part.epoch_stats
-        batches = prefetch(itertools.islice(
-            spec.train.batches(rank=rank, world_size=world, epoch=epoch, batch_size=spec.batch_size,
-                               seed=spec.seed, shuffle=spec.shuffle), skip, None), spec.prefetch)
+        batches = prefetch(
+            itertools.islice(
+                spec.train.batches(
+                    rank=rank,
+                    world_size=world,
+                    epoch=epoch,
+                    batch_size=spec.batch_size,
+                    seed=spec.seed,
+                    shuffle=spec.shuffle,
+                ),
+                skip,
+                None,
+            ),
+            spec.prefetch,
+        )
         ready = time.perf_counter()
         stream = synchronized(batches, collective, check)
         # accumulating, a shorter last group of micro-batches must know it is the last
@@ -403,8 +454,10 @@ def _fit_worker(spec: FitSpec, collective: Collective, probe: Any) -> WorkerRepo
                 loss = stepper.micro_step(x, y, rows, step, last)
             value = loss.detach().item()
             if not math.isfinite(value):
-                raise TrainingDiverged(f"worker {rank}: the loss is {value} at epoch {epoch + 1}, step {step + 1}; "
-                                       "lower the learning rate, or check the data for NaN/inf values.")
+                raise TrainingDiverged(
+                    f"worker {rank}: the loss is {value} at epoch {epoch + 1}, step {step + 1}; "
+                    "lower the learning rate, or check the data for NaN/inf values."
+                )
             stats[0] += value * rows
             stats[1] += rows
             steps_done += 1
@@ -423,17 +476,37 @@ def _fit_worker(spec: FitSpec, collective: Collective, probe: Any) -> WorkerRepo
         train_time += elapsed
         collective.all_reduce(stats, "sum")
         if stats[1].item() == 0:
-            raise DataError(f"no training rows reached the workers in epoch {epoch + 1}: the data is empty "
-                            f"({spec.train.describe()}). Check filters upstream and give at least one row.")
+            raise DataError(
+                f"no training rows reached the workers in epoch {epoch + 1}: the data is empty "
+                f"({spec.train.describe()}). Check filters upstream and give at least one row."
+            )
         total_samples += int(stats[1])
-        record = {"epoch": epoch + 1, "loss": stats[0].item() / max(stats[1].item(), 1.0),
-                  "samples": int(stats[1]), "epoch_time_s": elapsed}
-        target = strategy.evaluation(collective, last=epoch == spec.last_epoch()) \
-            if spec.evaluates_after(epoch) else None
+        record = {
+            "epoch": epoch + 1,
+            "loss": stats[0].item() / max(stats[1].item(), 1.0),
+            "samples": int(stats[1]),
+            "epoch_time_s": elapsed,
+        }
+        target = (
+            strategy.evaluation(collective, last=epoch == spec.last_epoch())
+            if spec.evaluates_after(epoch)
+            else None
+        )
         if target is not None:
             assert spec.eval is not None  # evaluates_after(epoch) holds only with evaluation data
-            record.update(evaluate(target[0], spec.loss, spec.eval, target[1], spec.eval_batch_size, channels_last,
-                                   metric=spec.metric, metric_names=spec.metric_names, autocast=autocast))
+            record.update(
+                evaluate(
+                    target[0],
+                    spec.loss,
+                    spec.eval,
+                    target[1],
+                    spec.eval_batch_size,
+                    channels_last,
+                    metric=spec.metric,
+                    metric_names=spec.metric_names,
+                    autocast=autocast,
+                )
+            )
         history.append(record)
         log.info("rank %d epoch %d: %s", rank, epoch + 1, record)
         if rank == 0:
@@ -453,14 +526,23 @@ def _fit_worker(spec: FitSpec, collective: Collective, probe: Any) -> WorkerRepo
     opt_state = strategy.optimizer_state(optimizer) if part.return_optimizer_state else None
     if rank != 0 and not independent:
         return None
-    return WorkerReport(state=b"" if independent else state_io.state_to_bytes(model_state),
-                        history=history, train_time_s=train_time, samples=total_samples,
-                        strategy_options=strategy.options(), strategy_state=strategy.state_dict(),
-                        data_counters=counters,
-                        optimizer_state=(optimizer_state_to_bytes(optimizer, scheduler, opt_state)
-                                         if opt_state is not None else b""),
-                        worker=rank, strategy_metrics={**strategy.comm_stats(), **strategy.metrics()}, wall_start=wall_start,
-                        wall_end=time.time(), memory=memory_table)
+    return WorkerReport(
+        state=b"" if independent else state_io.state_to_bytes(model_state),
+        history=history,
+        train_time_s=train_time,
+        samples=total_samples,
+        strategy_options=strategy.options(),
+        strategy_state=strategy.state_dict(),
+        data_counters=counters,
+        optimizer_state=(
+            optimizer_state_to_bytes(optimizer, scheduler, opt_state) if opt_state is not None else b""
+        ),
+        worker=rank,
+        strategy_metrics={**strategy.comm_stats(), **strategy.metrics()},
+        wall_start=wall_start,
+        wall_end=time.time(),
+        memory=memory_table,
+    )
 
 
 class _Saver:
@@ -470,8 +552,15 @@ class _Saver:
     The training thread only copies the state to host memory; a background writer serializes,
     writes, commits and rotates it (one write in flight; :class:`BackgroundWriter`)."""
 
-    def __init__(self, policy: CheckpointPolicy, spec: FitSpec, strategy: Strategy, optimizer: Any,
-                 scheduler: Any, collective: Collective) -> None:
+    def __init__(
+        self,
+        policy: CheckpointPolicy,
+        spec: FitSpec,
+        strategy: Strategy,
+        optimizer: Any,
+        scheduler: Any,
+        collective: Collective,
+    ) -> None:
         self.policy, self.spec, self.strategy = policy, spec, strategy
         self.optimizer, self.scheduler, self.collective = optimizer, scheduler, collective
         self.last = time.monotonic()
@@ -486,8 +575,14 @@ class _Saver:
             due = due or late.item() > 0
         return due and self.strategy.replicas_agree()
 
-    def save(self, epoch: int, step: int, history: list[dict[str, float]],
-             stats: torch.Tensor | None = None, seconds: float = 0.0) -> None:
+    def save(
+        self,
+        epoch: int,
+        step: int,
+        history: list[dict[str, float]],
+        stats: torch.Tensor | None = None,
+        seconds: float = 0.0,
+    ) -> None:
         collective = self.collective
         # every rank's RNG state and the epoch's loss/rows so far, with one SUM all-reduce
         # (RNG states are bytes, exact in float64)
@@ -505,16 +600,30 @@ class _Saver:
         # the snapshot: what training changes next is copied now (into the buffers of the previous
         # one, whose write must be done), the rest happens in the background
         self.writer.wait()
-        model, strategy_state, optimizer = self.snapshot.take((
-            model_state, self.strategy.state_dict(), optimizer_state(self.optimizer, self.scheduler, opt_state)))
+        model, strategy_state, optimizer = self.snapshot.take(
+            (
+                model_state,
+                self.strategy.state_dict(),
+                optimizer_state(self.optimizer, self.scheduler, opt_state),
+            )
+        )
         policy, history = self.policy, [*self.spec.part.history, *(dict(h) for h in history)]
         rng, workers = [row.to(torch.uint8) for row in states[:-1]], collective.world_size
         epoch_stats = (float(states[-1, 0]), float(states[-1, 1]), seconds)
 
         def write() -> None:
-            path = save_checkpoint(policy, epoch=epoch, step=step, model=model,
-                                   optimizer=state_io.to_bytes(optimizer), strategy_state=strategy_state, rng=rng,
-                                   history=history, workers=workers, epoch_stats=epoch_stats)
+            path = save_checkpoint(
+                policy,
+                epoch=epoch,
+                step=step,
+                model=model,
+                optimizer=state_io.to_bytes(optimizer),
+                strategy_state=strategy_state,
+                rng=rng,
+                history=history,
+                workers=workers,
+                epoch_stats=epoch_stats,
+            )
             log.info("checkpoint %s", path)
 
         self.writer.submit(write)

@@ -56,9 +56,13 @@ class MemoryMeter:
         """Every rank's figures, by rank (one SUM all-reduce; an independent worker: its own)."""
         mine = [float(peak_rss_bytes()), float(self.model_state_peak)]
         if collective.independent:
-            return [{"worker": collective.rank, "peak_rss_bytes": int(mine[0]), "model_state_bytes": int(mine[1])}]
+            return [
+                {"worker": collective.rank, "peak_rss_bytes": int(mine[0]), "model_state_bytes": int(mine[1])}
+            ]
         table = torch.zeros(collective.world_size, 2, dtype=torch.float64)  # exact to 2**53 bytes
         table[collective.rank] = torch.tensor(mine, dtype=torch.float64)
         collective.all_reduce(table, "sum")
-        return [{"worker": rank, "peak_rss_bytes": int(rss), "model_state_bytes": int(state)}
-                for rank, (rss, state) in enumerate(table.tolist())]
+        return [
+            {"worker": rank, "peak_rss_bytes": int(rss), "model_state_bytes": int(state)}
+            for rank, (rss, state) in enumerate(table.tolist())
+        ]

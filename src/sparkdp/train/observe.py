@@ -40,7 +40,13 @@ from .context import current
 #: bytes a rank moves for a payload of ``n`` bytes among ``w`` ranks, by collective
 _RING = ("all_reduce", "all_reduce_coalesced")
 _GATHER = ("all_gather", "all_gather_into_tensor", "_all_gather_base")
-_SHARE = ("reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "all_to_all", "all_to_all_single")
+_SHARE = (
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "_reduce_scatter_base",
+    "all_to_all",
+    "all_to_all_single",
+)
 _WHOLE = ("broadcast", "reduce", "gather", "scatter", "send", "recv", "isend", "irecv")
 #: the argument holding what a rank contributes, by name (the first present counts)
 _INPUTS = ("input_tensor", "input", "input_list", "input_tensor_list", "tensors", "tensor")
@@ -111,7 +117,11 @@ class ScriptObserver:
         self._inside = threading.local()  # a wrapped call made from another one counts once
 
     def comm_stats(self) -> dict[str, float]:
-        return {"comm_s": self.meter.seconds, "bytes_sent": self.meter.sent, "bytes_recv": self.meter.received}
+        return {
+            "comm_s": self.meter.seconds,
+            "bytes_sent": self.meter.sent,
+            "bytes_recv": self.meter.received,
+        }
 
     @staticmethod
     def _sparkdp_distributes() -> bool:
@@ -126,8 +136,11 @@ class ScriptObserver:
                     original = getattr(namespace, name, None)
                     if original is not None:
                         stack.enter_context(_replaced(namespace, name, self._collective(name, original)))
-            stack.enter_context(_replaced(DistributedDataParallel, "__init__", self._ddp_init(
-                DistributedDataParallel.__init__)))
+            stack.enter_context(
+                _replaced(
+                    DistributedDataParallel, "__init__", self._ddp_init(DistributedDataParallel.__init__)
+                )
+            )
             stack.callback(register_optimizer_step_post_hook(self._stepped).remove)
             self._last_step = time.perf_counter()
             yield self
@@ -152,7 +165,9 @@ class ScriptObserver:
         observed.__wrapped__ = original  # type: ignore[attr-defined]
         return observed
 
-    def _count(self, name: str, signature: Any, args: tuple[Any, ...], kwargs: dict[str, Any], seconds: float) -> None:
+    def _count(
+        self, name: str, signature: Any, args: tuple[Any, ...], kwargs: dict[str, Any], seconds: float
+    ) -> None:
         try:
             bound = signature.bind(*args, **kwargs).arguments
             world = dist.get_world_size(bound.get("group"))

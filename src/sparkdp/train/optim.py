@@ -22,13 +22,20 @@ from ..errors import ConfigError
 from .batch import ModelLoss
 
 OPTIMIZERS: dict[str, type[Optimizer]] = {
-    "sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
-    "rmsprop": torch.optim.RMSprop, "adagrad": torch.optim.Adagrad, "adadelta": torch.optim.Adadelta,
+    "sgd": torch.optim.SGD,
+    "adam": torch.optim.Adam,
+    "adamw": torch.optim.AdamW,
+    "rmsprop": torch.optim.RMSprop,
+    "adagrad": torch.optim.Adagrad,
+    "adadelta": torch.optim.Adadelta,
 }
 DEFAULT_OPTIMIZER_ARGS: dict[str, dict[str, Any]] = {"sgd": {"lr": 0.01, "momentum": 0.9}}
 
 LOSSES: dict[str, Callable[..., torch.Tensor]] = {
-    "cross_entropy": F.cross_entropy, "nll": F.nll_loss, "mse": F.mse_loss, "l1": F.l1_loss,
+    "cross_entropy": F.cross_entropy,
+    "nll": F.nll_loss,
+    "mse": F.mse_loss,
+    "l1": F.l1_loss,
     "bce_with_logits": F.binary_cross_entropy_with_logits,
 }
 
@@ -47,12 +54,16 @@ class OptimizerFactory:
         if self.fn is not None:
             opt = self.fn(params) if _takes_one_arg(self.fn) else self.fn(model)
             if not isinstance(opt, Optimizer):
-                raise ConfigError(f"the optimizer factory returned {type(opt).__name__}, not a torch.optim.Optimizer.")
+                raise ConfigError(
+                    f"the optimizer factory returned {type(opt).__name__}, not a torch.optim.Optimizer."
+                )
             return opt
         assert self.cls is not None
         if self.groups is None:
             return self.cls(params, **self.kwargs)
-        return self.cls([{"params": [params[i] for i in idx], **opts} for idx, opts in self.groups], **self.kwargs)
+        return self.cls(
+            [{"params": [params[i] for i in idx], **opts} for idx, opts in self.groups], **self.kwargs
+        )
 
 
 def _takes_one_arg(fn: Callable) -> bool:
@@ -69,8 +80,10 @@ def optimizer_factory(optimizer: Any, model: nn.Module, **kwargs: Any) -> Optimi
     if isinstance(optimizer, str):
         key = optimizer.lower()
         if key not in OPTIMIZERS:
-            raise ConfigError(f"Unknown optimizer {optimizer!r}. Available: {', '.join(sorted(OPTIMIZERS))}; "
-                              "or pass a torch.optim.Optimizer instance or class.")
+            raise ConfigError(
+                f"Unknown optimizer {optimizer!r}. Available: {', '.join(sorted(OPTIMIZERS))}; "
+                "or pass a torch.optim.Optimizer instance or class."
+            )
         return OptimizerFactory(OPTIMIZERS[key], {**DEFAULT_OPTIMIZER_ARGS.get(key, {}), **kwargs})
     if isinstance(optimizer, type) and issubclass(optimizer, Optimizer):
         return OptimizerFactory(optimizer, dict(kwargs))
@@ -80,15 +93,19 @@ def optimizer_factory(optimizer: Any, model: nn.Module, **kwargs: Any) -> Optimi
         for group in optimizer.param_groups:
             missing = [p for p in group["params"] if id(p) not in index]
             if missing:
-                raise ConfigError("the optimizer holds parameters that are not the model's; build it with "
-                                  "optimizer = torch.optim.X(model.parameters(), ...) over the model you pass.")
+                raise ConfigError(
+                    "the optimizer holds parameters that are not the model's; build it with "
+                    "optimizer = torch.optim.X(model.parameters(), ...) over the model you pass."
+                )
             opts = {k: v for k, v in group.items() if k != "params"}
             groups.append(([index[id(p)] for p in group["params"]], opts))
         return OptimizerFactory(type(optimizer), {}, groups)
     if callable(optimizer):
         return OptimizerFactory(fn=optimizer)
-    raise ConfigError(f"cannot use {type(optimizer).__name__} as an optimizer; pass a name "
-                      f"({', '.join(sorted(OPTIMIZERS))}), a torch.optim class or instance, or a factory.")
+    raise ConfigError(
+        f"cannot use {type(optimizer).__name__} as an optimizer; pass a name "
+        f"({', '.join(sorted(OPTIMIZERS))}), a torch.optim class or instance, or a factory."
+    )
 
 
 def resolve_loss(loss: Any) -> Callable[..., Any]:
@@ -100,9 +117,11 @@ def resolve_loss(loss: Any) -> Callable[..., Any]:
         if loss == "model":
             return ModelLoss()
         if loss not in LOSSES:
-            raise ConfigError(f"Unknown loss {loss!r}. Available: {', '.join(sorted(LOSSES))}, or 'model' (the "
-                              "model's output carries the loss); or pass a callable (outputs, labels) -> scalar "
-                              "tensor, or sparkdp.model_loss(fn) for fn(model, batch) -> loss.")
+            raise ConfigError(
+                f"Unknown loss {loss!r}. Available: {', '.join(sorted(LOSSES))}, or 'model' (the "
+                "model's output carries the loss); or pass a callable (outputs, labels) -> scalar "
+                "tensor, or sparkdp.model_loss(fn) for fn(model, batch) -> loss."
+            )
         return LOSSES[loss]
     if callable(loss):
         return loss

@@ -62,8 +62,10 @@ def resolve_precision(name: str, device: torch.device | str) -> Precision:
         raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}; got {name!r}.")
     device_type = torch.device(device).type
     if name == "fp16-mixed" and device_type != "cuda":
-        raise ConfigError(f"precision='fp16-mixed' needs a CUDA GPU (float16 autocast with loss scaling); this "
-                          f"worker trains on {device_type}. Use precision='bf16-mixed' on CPUs, or '32'.")
+        raise ConfigError(
+            f"precision='fp16-mixed' needs a CUDA GPU (float16 autocast with loss scaling); this "
+            f"worker trains on {device_type}. Use precision='bf16-mixed' on CPUs, or '32'."
+        )
     return Precision(name, device_type)
 
 

@@ -58,9 +58,15 @@ class WorkerReport:
         """This stage's report followed by the next stage's (per-epoch DataFrame stages)."""
         mine, theirs = self.data_counters, later.data_counters  # summed key by key, zero counts kept
         counters = {key: mine.get(key, 0) + theirs.get(key, 0) for key in {**mine, **theirs}}
-        return replace(later, history=self.history + later.history, train_time_s=self.train_time_s + later.train_time_s,
-                       samples=self.samples + later.samples, data_counters=counters, wall_start=self.wall_start,
-                       memory=_peak_memory(self.memory, later.memory))
+        return replace(
+            later,
+            history=self.history + later.history,
+            train_time_s=self.train_time_s + later.train_time_s,
+            samples=self.samples + later.samples,
+            data_counters=counters,
+            wall_start=self.wall_start,
+            memory=_peak_memory(self.memory, later.memory),
+        )
 
 
 def _peak_memory(earlier: list[dict[str, int]], later: list[dict[str, int]]) -> list[dict[str, int]]:

@@ -50,15 +50,27 @@ class TrainResult:
         Load it back in plain PyTorch with
         ``model.load_state_dict(safetensors.torch.load_file(path))``.
         """
-        return save_state(self.model.state_dict(), path, {"strategy": self.strategy, "workers": self.workers,
-                                                          "epochs": self.epochs, **metadata})
+        return save_state(
+            self.model.state_dict(),
+            path,
+            {"strategy": self.strategy, "workers": self.workers, "epochs": self.epochs, **metadata},
+        )
 
     def summary(self) -> dict[str, Any]:
         """What a run's ``summary`` record holds (``sparkdp report`` tabulates it)."""
         restarts = self.details.get("restarts", [])
-        return {"strategy": self.strategy, "workers": self.workers, "epochs": self.epochs,
-                "test_accuracy": self.test_accuracy, "wall_s": self.wall_s, "train_time_s": self.train_time_s,
-                "samples": self.samples, "samples_per_s": self.samples_per_s, "history": self.history,
-                "restarts": len(restarts), "failed_attempts_s": sum(r["attempt_s"] for r in restarts),
-                # per worker: peak RSS and peak model-state bytes (train.memory)
-                "memory": list(self.details.get("memory", []))}
+        return {
+            "strategy": self.strategy,
+            "workers": self.workers,
+            "epochs": self.epochs,
+            "test_accuracy": self.test_accuracy,
+            "wall_s": self.wall_s,
+            "train_time_s": self.train_time_s,
+            "samples": self.samples,
+            "samples_per_s": self.samples_per_s,
+            "history": self.history,
+            "restarts": len(restarts),
+            "failed_attempts_s": sum(r["attempt_s"] for r in restarts),
+            # per worker: peak RSS and peak model-state bytes (train.memory)
+            "memory": list(self.details.get("memory", [])),
+        }

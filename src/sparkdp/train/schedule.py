@@ -49,15 +49,18 @@ class ScheduleSpec:
         if total_steps is None:
             raise self.unknown_length()
         if self.warmup_steps >= total_steps:
-            raise ConfigError(f"warmup_steps ({self.warmup_steps}) must be fewer than the job's {total_steps} "
-                              "optimizer steps (epochs x steps per epoch / accumulate).")
+            raise ConfigError(
+                f"warmup_steps ({self.warmup_steps}) must be fewer than the job's {total_steps} "
+                "optimizer steps (epochs x steps per epoch / accumulate)."
+            )
         return LambdaLR(optimizer, WarmupCosine(self.warmup_steps, total_steps, float(self.min_lr_ratio)))
 
-
     def unknown_length(self) -> ConfigError:
-        return ConfigError(f"lr_schedule={self.name!r} needs the job's number of optimizer steps, which needs the "
-                           "training data's row count; this data does not say it (a streamed DataFrame). Write it "
-                           "to Parquet, or pass lr_scheduler=optimizer -> scheduler.")
+        return ConfigError(
+            f"lr_schedule={self.name!r} needs the job's number of optimizer steps, which needs the "
+            "training data's row count; this data does not say it (a streamed DataFrame). Write it "
+            "to Parquet, or pass lr_scheduler=optimizer -> scheduler."
+        )
 
 
 def schedule_spec(name: str, warmup_steps: int, min_lr_ratio: float) -> ScheduleSpec | None:

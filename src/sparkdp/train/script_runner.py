@@ -76,10 +76,12 @@ def _ready_process_group():
 
     def init_once(*args: Any, **kwargs: Any) -> None:
         if current().collective.independent:
-            raise ConfigError(f"the script sets up torch.distributed itself (init_process_group), but the job's "
-                              f"strategy {current().strategy.name!r} is asynchronous: its workers share no process "
-                              "group. Launch it with --strategy allreduce or average, or use the one line "
-                              "sparkdp.distribute(model, optimizer, loader) instead of DDP.")
+            raise ConfigError(
+                f"the script sets up torch.distributed itself (init_process_group), but the job's "
+                f"strategy {current().strategy.name!r} is asynchronous: its workers share no process "
+                "group. Launch it with --strategy allreduce or average, or use the one line "
+                "sparkdp.distribute(model, optimizer, loader) instead of DDP."
+            )
         if not dist.is_initialized():
             init(*args, **kwargs)
 
@@ -93,7 +95,9 @@ def _ready_process_group():
         dist.init_process_group, dist.destroy_process_group = init, destroy
 
 
-def run_script(path: str, args: list[str], cwd: str, shipped: Callable[[], str] | None = None) -> dict[str, Any]:
+def run_script(
+    path: str, args: list[str], cwd: str, shipped: Callable[[], str] | None = None
+) -> dict[str, Any]:
     """Run the script on this worker; returns whether its workers trained together (``distributed``:
     it used ``sparkdp.distribute``, communicated over the process group, or processes it started
     joined the job) and what it started.
@@ -123,13 +127,19 @@ def run_script(path: str, args: list[str], cwd: str, shipped: Callable[[], str] 
             runpy.run_path(path, run_name="__main__")
         except SystemExit as exc:
             if exc.code not in (0, None):
-                raise ScriptFailed(f"{os.path.basename(path)} exited with status {exc.code!r} on worker {rank}") \
-                    from None
+                raise ScriptFailed(
+                    f"{os.path.basename(path)} exited with status {exc.code!r} on worker {rank}"
+                ) from None
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
             sys.argv, sys.stdout, sys.stderr = saved_argv, saved_out, saved_err
             sys.path[:] = saved_path
             os.chdir(saved_cwd)
-    return {"distributed": bool(current().active) or observer.communicated or bool(children.joined),
-            "workers": ctx.world_size, "started": children.started, "joined": len(children.joined), "joinable": children.joinable}
+    return {
+        "distributed": bool(current().active) or observer.communicated or bool(children.joined),
+        "workers": ctx.world_size,
+        "started": children.started,
+        "joined": len(children.joined),
+        "joinable": children.joinable,
+    }

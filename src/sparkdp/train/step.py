@@ -44,8 +44,17 @@ def with_last(items: Iterable[T]) -> Iterator[tuple[T, bool]]:
 class Stepper:
     """Micro-batches in, an optimizer step every ``accumulate`` of them (and at an epoch's last)."""
 
-    def __init__(self, net: nn.Module, loss: Callable[..., Any], optimizer: torch.optim.Optimizer, scheduler: Any,
-                 strategy: Strategy, precision: Precision, accumulate: int, clip_grad_norm: float | None) -> None:
+    def __init__(
+        self,
+        net: nn.Module,
+        loss: Callable[..., Any],
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any,
+        strategy: Strategy,
+        precision: Precision,
+        accumulate: int,
+        clip_grad_norm: float | None,
+    ) -> None:
         self.net, self.loss, self.optimizer, self.scheduler = net, loss, optimizer, scheduler
         self.strategy, self.precision = strategy, precision
         self.accumulate, self.clip = accumulate, clip_grad_norm

@@ -140,7 +140,9 @@ def test_accuracy_ties_top_k_ignore_and_per_class(build):
 
 def test_multinomial_logistic_loss_is_nll_of_probabilities(build):
     net = build(
-        'layer { name: "l" type: "MultinomialLogisticLoss" bottom: "p" bottom: "t" top: "loss" }', p=(4, 3), t=(4,)
+        'layer { name: "l" type: "MultinomialLogisticLoss" bottom: "p" bottom: "t" top: "loss" }',
+        p=(4, 3),
+        t=(4,),
     )
     prob = F.softmax(SCORES, 1)
     labels = torch.tensor([0.0, 2.0, 1.0, 1.0])

@@ -203,7 +203,9 @@ def test_spp_levels_are_caffe_poolings_concatenated(build, size, method):
     )
     x = torch.randn(2, 3, size, size)
     parts = []
-    for level in range(3):  # Caffe's SPP geometry: kernel ceil(H/bins), stride = kernel, pad (k·bins - H + 1)//2
+    for level in range(
+        3
+    ):  # Caffe's SPP geometry: kernel ceil(H/bins), stride = kernel, pad (k·bins - H + 1)//2
         bins = 2**level
         k = math.ceil(size / bins)
         top, _ = caffe_pool(x.double().numpy(), k, k, (k * bins - size + 1) // 2, method)
@@ -217,8 +219,10 @@ def test_spp_levels_are_caffe_poolings_concatenated(build, size, method):
 
 
 def test_spp_single_level_keeps_pooling_shape_and_errors(build):
-    net = build('layer { name: "spp" type: "SPP" bottom: "x" top: "y" spp_param { pyramid_height: 1 } }',
-                x=(1, 2, 4, 4))
+    net = build(
+        'layer { name: "spp" type: "SPP" bottom: "x" top: "y" spp_param { pyramid_height: 1 } }',
+        x=(1, 2, 4, 4),
+    )
     x = torch.randn(1, 2, 4, 4)
     torch.testing.assert_close(net(x), x.amax(dim=(2, 3), keepdim=True))
     with pytest.raises(ConfigError, match="pyramid_height: L"):

@@ -18,7 +18,8 @@ import torch
 )
 def test_reduction_matches_torch(build, param, reference):
     net = build(
-        f'layer {{ name: "r" type: "Reduction" bottom: "x" top: "y" reduction_param {{ {param} }} }}', x=(2, 3, 4)
+        f'layer {{ name: "r" type: "Reduction" bottom: "x" top: "y" reduction_param {{ {param} }} }}',
+        x=(2, 3, 4),
     )
     x = torch.randn(2, 3, 4)
     expected = reference(x)

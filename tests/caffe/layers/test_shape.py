@@ -66,7 +66,8 @@ def test_tile_matches_numpy_tile(build, axis, tiles, shape):
     import numpy as np
 
     net = build(
-        f'layer {{ name: "t" type: "Tile" bottom: "x" top: "y" tile_param {{ axis: {axis} tiles: {tiles} }} }}', x=shape
+        f'layer {{ name: "t" type: "Tile" bottom: "x" top: "y" tile_param {{ axis: {axis} tiles: {tiles} }} }}',
+        x=shape,
     )
     x = torch.randn(shape)
     reps = [1] * len(shape)

@@ -58,8 +58,9 @@ def test_k_servers_end_with_the_centre_of_one_server_for_every_rule(rule, option
     plan = ShardPlan.build(_params(), 3, min_split_bytes=256)
     assert plan.num_shards == 3
     dense = _params()
-    servers = [ParameterServer(lambda s: spec.create(), [p.clone() for p in plan.views(dense, s)])
-               for s in range(3)]
+    servers = [
+        ParameterServer(lambda s: spec.create(), [p.clone() for p in plan.views(dense, s)]) for s in range(3)
+    ]
     secret = b"j" * 32
     endpoints = [transport.serve(one, secret=secret)] + [transport.serve(s, secret=secret) for s in servers]
     try:
@@ -80,7 +81,9 @@ def test_one_secret_for_every_server_and_a_wrong_count_of_addresses_is_refused()
     plan = ShardPlan.build(params, 2, min_split_bytes=256)
     spec = RuleSpec("asgd", {"num_workers": 1, "lr": 1.0})
     transport = TcpTransport()
-    servers = [ParameterServer(lambda s: spec.create(), [p.clone() for p in plan.views(params, s)]) for s in range(2)]
+    servers = [
+        ParameterServer(lambda s: spec.create(), [p.clone() for p in plan.views(params, s)]) for s in range(2)
+    ]
     secret = b"k" * 32
     endpoints = [transport.serve(s, secret=secret) for s in servers]
     try:
@@ -118,8 +121,10 @@ def test_pushes_reach_the_servers_at_once():
 
     transport = TcpTransport()
     secret = b"s" * 32
-    servers = [ParameterServer(lambda s: WaitForTheOther(), [p.clone() for p in plan.views(params, s)])
-               for s in range(2)]
+    servers = [
+        ParameterServer(lambda s: WaitForTheOther(), [p.clone() for p in plan.views(params, s)])
+        for s in range(2)
+    ]
     endpoints = [transport.serve(s, secret=secret) for s in servers]
     try:
         client = ShardedTransport(transport, plan).connect(tuple(e.address for e in endpoints), secret, 0)
@@ -139,12 +144,16 @@ def test_a_reconnecting_worker_continues_after_the_smallest_last_push_and_nothin
     params = _params()
     plan = ShardPlan.build(params, 2, min_split_bytes=256)
     spec = RuleSpec("asgd", {"num_workers": 1, "lr": 1.0})
-    servers = [ParameterServer(lambda s: spec.create(), [p.clone() for p in plan.views(params, s)]) for s in range(2)]
+    servers = [
+        ParameterServer(lambda s: spec.create(), [p.clone() for p in plan.views(params, s)]) for s in range(2)
+    ]
     ones = [torch.ones(s) for s in SHAPES]
     for seq in range(3):
         for s, server in enumerate(servers):
             if seq < 2 or s == 0:
-                server.push(0, seq, None if seq else [0] * server.num_shards, [p.clone() for p in plan.views(ones, s)])
+                server.push(
+                    0, seq, None if seq else [0] * server.num_shards, [p.clone() for p in plan.views(ones, s)]
+                )
             server.pull(0)
     transport, secret = TcpTransport(), b"r" * 32
     endpoints = [transport.serve(s, secret=secret) for s in servers]
@@ -183,7 +192,9 @@ def test_an_exchange_is_a_push_then_a_pull_on_every_server_with_the_pushes_takin
             order.append(("pull", self.shard))
 
     transport, secret = TcpTransport(), b"e" * 32
-    servers = [ParameterServer(lambda _s, s=s: Log(s), [p.clone() for p in plan.views(params, s)]) for s in range(3)]
+    servers = [
+        ParameterServer(lambda _s, s=s: Log(s), [p.clone() for p in plan.views(params, s)]) for s in range(3)
+    ]
     endpoints = [transport.serve(s, secret=secret) for s in servers]
     try:
         client = ShardedTransport(transport, plan).connect(tuple(e.address for e in endpoints), secret, 0)

@@ -107,7 +107,9 @@ def test_every_connection_is_reported_with_its_count_and_where_the_worker_contin
     """What the driver's one line about a retried asynchronous task is made of: the second
     connection of a worker, and the last push the server applied for it."""
     seen = []
-    ep = tcp(make_ps(SHAPES), on_connect=lambda worker, times, last_seq: seen.append((worker, times, last_seq)))
+    ep = tcp(
+        make_ps(SHAPES), on_connect=lambda worker, times, last_seq: seen.append((worker, times, last_seq))
+    )
     with _connect(ep, 1) as client:
         versions, _ = client.pull()
         for seq in range(3):
@@ -133,7 +135,9 @@ def test_connect_failure_names_the_address():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # bound, not listening: connection refused, retried until the deadline
         started = time.monotonic()
-        with pytest.raises(ConnectFailed, match=rf"127\.0\.0\.1:{port} \(\d+ attempts.*Is the driver still running"):
+        with pytest.raises(
+            ConnectFailed, match=rf"127\.0\.0\.1:{port} \(\d+ attempts.*Is the driver still running"
+        ):
             TcpTransport().connect(f"127.0.0.1:{port}", os.urandom(32), 0, timeout=1)
         assert time.monotonic() - started < 3
 
@@ -370,7 +374,10 @@ def test_a_server_without_a_centre_takes_the_first_workers_model(tcp):
     with pytest.raises(ProtocolError, match="has no centre yet"):
         early.pull()
     first = torch.tensor([1.0, 2.0, 3.0]), torch.ones(2, 2)
-    with _connect(ep, 0, initial=first) as a, _connect(ep, 1, initial=(torch.zeros(3), torch.zeros(2, 2))) as b:
+    with (
+        _connect(ep, 0, initial=first) as a,
+        _connect(ep, 1, initial=(torch.zeros(3), torch.zeros(2, 2))) as b,
+    ):
         assert len(built) == 1 and torch.equal(built[0][0], first[0])
         assert [s.shape for s in b.plan.params] == [(3,), (2, 2)]
         assert torch.equal(b.pull().tensors[0], first[0])  # worker 1's offer was not taken
@@ -421,8 +428,12 @@ def test_a_handshake_frame_carrying_tensor_descriptors_is_rejected(setup, caplog
     """Handshake frames carry no tensors, so no descriptor is decoded before authentication
     (torch.empty([0, 10**30]) raised TypeError, which killed the connection's thread)."""
     ps, ep, _ = setup
-    meta = {"worker": 0, "nonce": "00" * 32, "proof": "00" * 32,
-            "tensors": [{"dtype": "float32", "shape": shape, "offset": 0}]}
+    meta = {
+        "worker": 0,
+        "nonce": "00" * 32,
+        "proof": "00" * 32,
+        "tensors": [{"dtype": "float32", "shape": shape, "offset": 0}],
+    }
     with caplog.at_level(logging.WARNING, logger="sparkdp.ps.transport.tcp_server"):
         sock = _raw_auth(ep, meta)
         try:
@@ -598,7 +609,9 @@ def test_a_frame_larger_than_the_model_is_refused_before_its_payload(setup):
     attacker = _connect(ep, 5)
     versions = [0] * attacker.num_shards
     too_big = [torch.ones(2000), torch.ones(10, 10)]  # the model's first tensor has 1000 elements
-    send_buffers(attacker._chan.sock, attacker._chan.encode_frame(Op.PUSH, {"seq": 0, "pulled": versions}, too_big))
+    send_buffers(
+        attacker._chan.sock, attacker._chan.encode_frame(Op.PUSH, {"seq": 0, "pulled": versions}, too_big)
+    )
     assert_closed(attacker._chan.sock)  # at its header: its payload was never received
     assert ep.rejected_connections == 1 and ps.metrics()["rejected"] == 0
     attacker.close()
@@ -610,7 +623,9 @@ def test_a_quiet_connection_keeps_no_model_sized_buffers(tcp, monkeypatch):
     monkeypatch.setattr(tcp_server, "KEEP_BUFFERS_S", 0.2)
     released = []
     original = channel.Channel.release_buffer
-    monkeypatch.setattr(channel.Channel, "release_buffer", lambda self: (released.append(self.role), original(self)))
+    monkeypatch.setattr(
+        channel.Channel, "release_buffer", lambda self: (released.append(self.role), original(self))
+    )
     ps = make_ps(SHAPES)
     ep = tcp(ps)
     with _connect(ep, 0) as client:

@@ -31,9 +31,16 @@ def main() -> None:
             if done == steps:
                 break
     mean = accelerator.reduce(loss.detach(), reduction="mean").item()
-    write_view(out, hf_local_rank=accelerator.local_process_index, hf_world_size=accelerator.num_processes,
-               local_zero=accelerator.is_local_main_process, world_zero=accelerator.is_main_process, steps=done,
-               loss=mean, distributed=str(accelerator.distributed_type))
+    write_view(
+        out,
+        hf_local_rank=accelerator.local_process_index,
+        hf_world_size=accelerator.num_processes,
+        local_zero=accelerator.is_local_main_process,
+        world_zero=accelerator.is_main_process,
+        steps=done,
+        loss=mean,
+        distributed=str(accelerator.distributed_type),
+    )
 
 
 if __name__ == "__main__":

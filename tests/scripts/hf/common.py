@@ -10,14 +10,30 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 BLOCK = 16
-PLACE = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_NAME",
-         "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
+PLACE = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_NAME",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+)
 
 
 def tiny_model(tokenizer: PreTrainedTokenizerFast) -> GPT2LMHeadModel:
     torch.manual_seed(0)
-    config = GPT2Config(vocab_size=len(tokenizer), n_positions=BLOCK, n_embd=32, n_layer=1, n_head=2,
-                        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    config = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=BLOCK,
+        n_embd=32,
+        n_layer=1,
+        n_head=2,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     return GPT2LMHeadModel(config)
 
 
@@ -25,7 +41,7 @@ class Blocks(torch.utils.data.Dataset):
     """The text's tokens cut into blocks; labels are the inputs (the model shifts them)."""
 
     def __init__(self, ids: list[int]) -> None:
-        self.blocks = [ids[i:i + BLOCK] for i in range(0, len(ids) - BLOCK + 1, BLOCK)]
+        self.blocks = [ids[i : i + BLOCK] for i in range(0, len(ids) - BLOCK + 1, BLOCK)]
 
     def __len__(self) -> int:
         return len(self.blocks)

@@ -86,7 +86,9 @@ class CaffeLayer(nn.Module):
     def add_weight_bias(self, weight_shape: Shape, bias_size: int | None) -> None:
         """Zero ``weight`` and, with a ``bias_size``, ``bias`` blobs (else ``bias`` is None), and their blob_names."""
         self.weight = nn.Parameter(torch.zeros(weight_shape))
-        self.register_parameter("bias", nn.Parameter(torch.zeros(bias_size)) if bias_size is not None else None)
+        self.register_parameter(
+            "bias", nn.Parameter(torch.zeros(bias_size)) if bias_size is not None else None
+        )
         self.blob_names = ("weight", "bias") if bias_size is not None else ("weight",)
 
     def caffe_blobs(self) -> list[torch.Tensor]:

@@ -87,8 +87,9 @@ class Conv(CaffeLayer):
         return tuple(self._one(x) for x in xs)
 
 
-def _geometry(layer: LayerSpec, p: Message, shape: Shape, sizes: Shape,
-              transposed: bool = False) -> tuple[Shape, Shape, Shape, Shape, Shape]:
+def _geometry(
+    layer: LayerSpec, p: Message, shape: Shape, sizes: Shape, transposed: bool = False
+) -> tuple[Shape, Shape, Shape, Shape, Shape]:
     """Kernel, pad, stride and dilation per spatial axis (``sizes``: the input's spatial
     extent), and the output's spatial size by Caffe's formulas."""
     n = len(sizes)
@@ -104,8 +105,11 @@ def _geometry(layer: LayerSpec, p: Message, shape: Shape, sizes: Shape,
         extent = d * (k - 1) + 1
         out.append(s * (size - 1) + extent - 2 * pd if transposed else (size + 2 * pd - extent) // s + 1)
     if min(out) <= 0:
-        raise fail(layer, f"input {list(shape)} is too small for kernel {list(kernel)}, pad {list(pad)}, "
-                          f"stride {list(stride)}, dilation {list(dilation)}")
+        raise fail(
+            layer,
+            f"input {list(shape)} is too small for kernel {list(kernel)}, pad {list(pad)}, "
+            f"stride {list(stride)}, dilation {list(dilation)}",
+        )
     return kernel, pad, stride, dilation, tuple(out)
 
 

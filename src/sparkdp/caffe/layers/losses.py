@@ -244,13 +244,16 @@ class InfogainLoss(CaffeLayer):
 
     h: torch.Tensor | None  # the ``source`` matrix; None when H is the third bottom
 
-    def __init__(self, axis: int, ignore: int | None, normalization: str, who: str,
-                 h: torch.Tensor | None) -> None:
+    def __init__(
+        self, axis: int, ignore: int | None, normalization: str, who: str, h: torch.Tensor | None
+    ) -> None:
         super().__init__()
         self.axis, self.ignore, self.normalization, self.who = axis, ignore, normalization, who
         self.register_buffer("h", h, persistent=False)
 
-    def forward(self, x: torch.Tensor, label: torch.Tensor, h: torch.Tensor | None = None) -> tuple[torch.Tensor]:
+    def forward(
+        self, x: torch.Tensor, label: torch.Tensor, h: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor]:
         classes = x.shape[self.axis]
         if h is None:
             h = self.h
@@ -279,15 +282,22 @@ def infogain_loss(layer: LayerSpec, shapes: list[Shape], ctx: BuildContext) -> B
     h = None
     if len(shapes) == 3:
         if count(shapes[2]) != classes * classes:
-            raise fail(layer, f"bottom H has shape {list(shapes[2])}; it must hold {classes}x{classes} values")
+            raise fail(
+                layer, f"bottom H has shape {list(shapes[2])}; it must hold {classes}x{classes} values"
+            )
     else:
         source = str(p.get("source", ""))
         if not source:
-            raise fail(layer, "needs the H matrix: a third bottom or infogain_loss_param { source: 'H.binaryproto' }")
+            raise fail(
+                layer, "needs the H matrix: a third bottom or infogain_loss_param { source: 'H.binaryproto' }"
+            )
         values = read_blob_proto(source)
         if values.size != classes * classes:
-            raise fail(layer, f"H in {source!r} has {values.size} values; {classes} classes need {classes * classes}")
+            raise fail(
+                layer, f"H in {source!r} has {values.size} values; {classes} classes need {classes * classes}"
+            )
         h = torch.as_tensor(values.reshape(classes, classes), dtype=torch.float32)
-    module = InfogainLoss(axis, _ignore(layer, "loss_param"), _loss_normalization(layer, "VALID"),
-                          layer.describe(), h)
+    module = InfogainLoss(
+        axis, _ignore(layer, "loss_param"), _loss_normalization(layer, "VALID"), layer.describe(), h
+    )
     return Built(module, [()])

@@ -215,8 +215,10 @@ class MVN(CaffeLayer):
     eps: float
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
-        rows = x.reshape(x.shape[0], -1) if self.across_channels or x.dim() < 2 else x.reshape(
-            x.shape[0] * x.shape[1], -1
+        rows = (
+            x.reshape(x.shape[0], -1)
+            if self.across_channels or x.dim() < 2
+            else x.reshape(x.shape[0] * x.shape[1], -1)
         )
         centred = rows - rows.mean(dim=1, keepdim=True)
         if self.normalize_variance:

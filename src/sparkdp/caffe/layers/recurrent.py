@@ -114,8 +114,14 @@ class LSTM(_Recurrent):
 
 class RNN(_Recurrent):
     state_names = ("h_0",)
-    blobs = (("W_xh", 1, "d"), ("b_h", 1, ""), ("W_xh_x_static", 1, "static"), ("W_hh", 1, "hidden"),
-             ("W_ho", 1, "hidden"), ("b_o", 1, ""))
+    blobs = (
+        ("W_xh", 1, "d"),
+        ("b_h", 1, ""),
+        ("W_xh_x_static", 1, "static"),
+        ("W_hh", 1, "hidden"),
+        ("W_ho", 1, "hidden"),
+        ("b_o", 1, ""),
+    )
 
     def _run(self, xs, cont, static, states):
         w = dict(zip(self.blob_names, self.caffe_blobs()))
@@ -196,7 +202,9 @@ class LSTMUnit(CaffeLayer):
     ``cont`` (1, N); tops ``c = cont·f·c_prev + i·g`` and ``h = o·tanh(c)``.
     """
 
-    def forward(self, c_prev: torch.Tensor, gates: torch.Tensor, cont: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def forward(
+        self, c_prev: torch.Tensor, gates: torch.Tensor, cont: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
         i, f, o, g = gates.chunk(4, dim=-1)
         c = cont.reshape(*c_prev.shape[:-1], 1) * torch.sigmoid(f) * c_prev + torch.sigmoid(i) * torch.tanh(g)
         return c, torch.sigmoid(o) * torch.tanh(c)

@@ -128,22 +128,28 @@ def _source_layers(spec: NetSpec, phase: str) -> tuple[LayerSpec | None, list[La
             f"({', '.join(f'{layer.name!r} ({layer.where})' for layer in readable)}); sparkdp reads the source of "
             "one. Keep one per phase, or give the data explicitly (--dataset / --data)."
         )
-    others = [layer for layer in layers if layer.type in SOURCE_TYPES and layer.type not in ("Data", "HDF5Data")]
+    others = [
+        layer for layer in layers if layer.type in SOURCE_TYPES and layer.type not in ("Data", "HDF5Data")
+    ]
     return (readable[0] if readable else None), others
 
 
 def _class_labels(spec: NetSpec, label_top: str | None) -> bool:
     if label_top is None:
         return True
-    return any(
-        layer.type in CLASS_LABEL_LAYERS and label_top in layer.bottoms[1:2]
-        for layer in spec.layers
-    )
+    return any(layer.type in CLASS_LABEL_LAYERS and label_top in layer.bottoms[1:2] for layer in spec.layers)
 
 
-def source_for_layer(layer: LayerSpec, phase: str, *, base_dirs: Sequence[Path] = (), class_labels: bool = True,
-                     limit: int | None = None, shuffle_buffer: int | None = None,
-                     block_rows: int = DEFAULT_BLOCK_ROWS) -> CaffeDataSource:
+def source_for_layer(
+    layer: LayerSpec,
+    phase: str,
+    *,
+    base_dirs: Sequence[Path] = (),
+    class_labels: bool = True,
+    limit: int | None = None,
+    shuffle_buffer: int | None = None,
+    block_rows: int = DEFAULT_BLOCK_ROWS,
+) -> CaffeDataSource:
     """The :class:`CaffeDataSource` a ``Data`` or ``HDF5Data`` layer reads."""
     where = f"{layer.where}: {layer.describe()}"
     if layer.type == "Data":
@@ -153,38 +159,74 @@ def source_for_layer(layer: LayerSpec, phase: str, *, base_dirs: Sequence[Path] 
             raise ConfigError(f"{where}: data_param has no source; name the LMDB/LevelDB to read.")
         stated = param.get("backend")
         path = resolve_path(
-            source, base_dirs, "data_param source", where,
+            source,
+            base_dirs,
+            "data_param source",
+            where,
             "Create it (Caffe's convert_imageset / convert_mnist_data, or sparkdp.caffe.sources.write_datum_db), "
             "fix the path, or train from other data (--dataset / --data).",
         )
         if stated is None:
             detected = detect_backend(path)
             if detected == "lmdb":
-                log.info("%s: no backend given (Caffe's default is LEVELDB); %s holds an LMDB, reading it as one",
-                         where, path)
+                log.info(
+                    "%s: no backend given (Caffe's default is LEVELDB); %s holds an LMDB, reading it as one",
+                    where,
+                    path,
+                )
             backend = detected or "leveldb"
         else:
             backend = str(stated).lower()
-        return DatumDBSource(path, backend=backend, transform=DatumTransform.from_layer(layer, phase, base_dirs),
-                             class_labels=class_labels, limit=limit, shuffle=True, shuffle_buffer=shuffle_buffer,
-                             block_rows=block_rows, layer=where, phase=phase)
+        return DatumDBSource(
+            path,
+            backend=backend,
+            transform=DatumTransform.from_layer(layer, phase, base_dirs),
+            class_labels=class_labels,
+            limit=limit,
+            shuffle=True,
+            shuffle_buffer=shuffle_buffer,
+            block_rows=block_rows,
+            layer=where,
+            phase=phase,
+        )
     if layer.type == "HDF5Data":
         param = layer.sub("hdf5_data_param")
         source = str(param.get("source", "") or "")
         if not source:
-            raise ConfigError(f"{where}: hdf5_data_param has no source; name the text file listing the .h5 files.")
-        path = resolve_path(source, base_dirs, "hdf5_data_param source", where,
-                            "It must be a text file listing the .h5 files, one per line.")
+            raise ConfigError(
+                f"{where}: hdf5_data_param has no source; name the text file listing the .h5 files."
+            )
+        path = resolve_path(
+            source,
+            base_dirs,
+            "hdf5_data_param source",
+            where,
+            "It must be a text file listing the .h5 files, one per line.",
+        )
         tops = layer.tops
-        return HDF5Source(path, data_top=tops[0], label_top=tops[1] if len(tops) > 1 else None,
-                          class_labels=class_labels, shuffle=bool(param.get("shuffle", False)), limit=limit,
-                          shuffle_buffer=shuffle_buffer, block_rows=block_rows, layer=where, phase=phase)
+        return HDF5Source(
+            path,
+            data_top=tops[0],
+            label_top=tops[1] if len(tops) > 1 else None,
+            class_labels=class_labels,
+            shuffle=bool(param.get("shuffle", False)),
+            limit=limit,
+            shuffle_buffer=shuffle_buffer,
+            block_rows=block_rows,
+            layer=where,
+            phase=phase,
+        )
     raise ConfigError(f"{where}: sparkdp reads the sources of Data and HDF5Data layers, not {layer.type}.")
 
 
-def net_data(net: str | os.PathLike[str] | Message | NetSpec, *, base_dir: str | os.PathLike[str] | None = None,
-             limit: int | None = None, shuffle_buffer: int | None = None,
-             block_rows: int = DEFAULT_BLOCK_ROWS) -> NetData:
+def net_data(
+    net: str | os.PathLike[str] | Message | NetSpec,
+    *,
+    base_dir: str | os.PathLike[str] | None = None,
+    limit: int | None = None,
+    shuffle_buffer: int | None = None,
+    block_rows: int = DEFAULT_BLOCK_ROWS,
+) -> NetData:
     """The training and evaluation data a net's TRAIN- and TEST-phase data layers name.
 
     Args:
@@ -212,8 +254,13 @@ def net_data(net: str | os.PathLike[str] | Message | NetSpec, *, base_dir: str |
         )
     label_top = train_layer.tops[1] if len(train_layer.tops) > 1 else None
     class_labels = _class_labels(spec, label_top)
-    options: dict[str, Any] = dict(base_dirs=base_dirs, class_labels=class_labels, limit=limit, shuffle_buffer=shuffle_buffer,
-                   block_rows=block_rows)
+    options: dict[str, Any] = dict(
+        base_dirs=base_dirs,
+        class_labels=class_labels,
+        limit=limit,
+        shuffle_buffer=shuffle_buffer,
+        block_rows=block_rows,
+    )
     train = source_for_layer(train_layer, "TRAIN", **options)
     test_layer, _ = _source_layers(spec, "TEST")
     evaluation = source_for_layer(test_layer, "TEST", **options) if test_layer is not None else None
@@ -229,8 +276,11 @@ def net_data(net: str | os.PathLike[str] | Message | NetSpec, *, base_dir: str |
     if isinstance(train, HDF5Source) and label_top is not None:
         batch = int(train_layer.sub("hdf5_data_param").get("batch_size", 1) or 1)
         fed[label_top] = (batch, *train.label_row_shape())
-        if evaluation is not None and isinstance(evaluation, HDF5Source) \
-                and evaluation.label_row_shape() != train.label_row_shape():
+        if (
+            evaluation is not None
+            and isinstance(evaluation, HDF5Source)
+            and evaluation.label_row_shape() != train.label_row_shape()
+        ):
             raise DataError(
                 f"the TEST labels {label_top!r} have rows of shape {evaluation.label_row_shape()} but the TRAIN ones "
                 f"{train.label_row_shape()}; store them alike."

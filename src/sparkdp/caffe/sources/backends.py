@@ -104,25 +104,34 @@ def check_lmdb_file(path: str) -> None:
             size = os.fstat(handle.fileno()).st_size
             magic, version = _META.unpack_from(head, 16) if len(head) >= 24 else (0, 0)
             page = struct.unpack_from("<I", head, _PAGE_SIZE_AT)[0] if len(head) > _PAGE_SIZE_AT + 4 else 0
-            if magic != _LMDB_MAGIC or version != _LMDB_VERSION or not 512 <= page <= 65536 or page & (page - 1):
+            if (
+                magic != _LMDB_MAGIC
+                or version != _LMDB_VERSION
+                or not 512 <= page <= 65536
+                or page & (page - 1)
+            ):
                 raise DataError(
                     f"{data_file!r} is not an LMDB data file this reader knows (magic {magic:#x}, version "
                     f"{version}, page size {page}; expected {_LMDB_MAGIC:#x}, {_LMDB_VERSION}, a power of 2): "
-                    "is it damaged, or written on a 32-bit or big-endian machine?")
+                    "is it damaged, or written on a 32-bit or big-endian machine?"
+                )
             handle.seek(page)
             second = handle.read(16 + _TXN_AT)
     except OSError as exc:
         raise DataError(f"cannot read LMDB {data_file!r}: {exc.strerror or exc}") from exc
     for at, meta in ((0, head), (page, second)):
         if len(meta) < _TXN_AT + 8:
-            raise DataError(f"LMDB {data_file!r} is {size:,} bytes, too short for its two meta pages: "
-                            "a truncated copy? Copy the database again.")
+            raise DataError(
+                f"LMDB {data_file!r} is {size:,} bytes, too short for its two meta pages: "
+                "a truncated copy? Copy the database again."
+            )
         last = struct.unpack_from("<Q", meta, _LAST_PAGE_AT)[0]
         if (last + 1) * page > size:
             raise DataError(
                 f"LMDB {data_file!r} is {size:,} bytes but its meta page at byte {at} uses pages up to "
                 f"{last:,} of {page} bytes ({(last + 1) * page:,} bytes): a truncated copy or a damaged file, "
-                "which LMDB would read past its end and crash the worker. Copy the database again.")
+                "which LMDB would read past its end and crash the worker. Copy the database again."
+            )
 
 
 class LMDBReader:
@@ -227,8 +236,15 @@ def detect_backend(path: Path) -> str | None:
 # ----------------------------------------------------------------------- writing
 
 
-def write_datum_db(path: str | os.PathLike[str], images: Any, labels: Any, *, backend: str = "lmdb",
-                   encoding: str | None = None, key_format: str = "{:08d}") -> int:
+def write_datum_db(
+    path: str | os.PathLike[str],
+    images: Any,
+    labels: Any,
+    *,
+    backend: str = "lmdb",
+    encoding: str | None = None,
+    key_format: str = "{:08d}",
+) -> int:
     """Write images (N×C×H×W, uint8 or float) and labels as a new Datum database; returns the count.
 
     Keys are ``key_format.format(index)`` (``convert_mnist_data``'s ``%08d`` by default), so
@@ -240,8 +256,10 @@ def write_datum_db(path: str | os.PathLike[str], images: Any, labels: Any, *, ba
     target = Path(os.fspath(path))
     if target.exists():
         raise DataError(f"{str(target)!r} already exists; write a new database to a new path.")
-    records = [(key_format.format(i).encode(), encode_datum(images[i], int(labels[i]), encoding=encoding))
-               for i in range(len(images))]
+    records = [
+        (key_format.format(i).encode(), encode_datum(images[i], int(labels[i]), encoding=encoding))
+        for i in range(len(images))
+    ]
     if backend.lower() == "lmdb":
         lmdb = optional_module("lmdb")
         size = sum(len(k) + len(v) for k, v in records)

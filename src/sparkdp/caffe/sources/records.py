@@ -46,8 +46,9 @@ class CaffeDataSource(UnitData):
 
     equal_batches = True
 
-    def __init__(self, *, layer: str, phase: str, shuffle: bool, shuffle_buffer: int | None,
-                 block_rows: int) -> None:
+    def __init__(
+        self, *, layer: str, phase: str, shuffle: bool, shuffle_buffer: int | None, block_rows: int
+    ) -> None:
         if block_rows < 1:
             raise ConfigError(f"block_rows must be >= 1; got {block_rows}.")
         self.layer, self.phase = layer, phase
@@ -75,14 +76,18 @@ class CaffeDataSource(UnitData):
         return self.blocks
 
     # ---------------------------------------------------------------- reading
-    def _chunks(self, segments: list[tuple[int, int, int]],
-                rng: np.random.Generator) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _chunks(
+        self, segments: list[tuple[int, int, int]], rng: np.random.Generator
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         raise NotImplementedError
 
-    def read(self, segments: list[tuple[int, int, int]], *, seed: int, epoch: int,
-             rank: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def read(
+        self, segments: list[tuple[int, int, int]], *, seed: int, epoch: int, rank: int
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         # the transform's random crops and mirrors: seeded by (seed, epoch, rank) like the shuffle
-        return self._chunks(segments, np.random.default_rng([int(seed) % 2**32, int(epoch), int(rank), 0xCAFFE]))
+        return self._chunks(
+            segments, np.random.default_rng([int(seed) % 2**32, int(epoch), int(rank), 0xCAFFE])
+        )
 
 
 class DatumDBSource(CaffeDataSource):
@@ -100,12 +105,23 @@ class DatumDBSource(CaffeDataSource):
         layer, phase: for messages (``phase`` also sets the default TRAIN/TEST crops).
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, backend: str | None = None,
-                 transform: DatumTransform | None = None, class_labels: bool = True, limit: int | None = None,
-                 shuffle: bool = True, shuffle_buffer: int | None = None, block_rows: int = DEFAULT_BLOCK_ROWS,
-                 layer: str = "", phase: str = "TRAIN") -> None:
-        super().__init__(layer=layer, phase=phase, shuffle=shuffle, shuffle_buffer=shuffle_buffer,
-                         block_rows=block_rows)
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        backend: str | None = None,
+        transform: DatumTransform | None = None,
+        class_labels: bool = True,
+        limit: int | None = None,
+        shuffle: bool = True,
+        shuffle_buffer: int | None = None,
+        block_rows: int = DEFAULT_BLOCK_ROWS,
+        layer: str = "",
+        phase: str = "TRAIN",
+    ) -> None:
+        super().__init__(
+            layer=layer, phase=phase, shuffle=shuffle, shuffle_buffer=shuffle_buffer, block_rows=block_rows
+        )
         where = layer or "Caffe data source"
         p = Path(os.fspath(path)).expanduser().absolute()
         stated = backend.lower() if backend else None
@@ -143,11 +159,15 @@ class DatumDBSource(CaffeDataSource):
                     self.blocks.append(0)
                 self.blocks[-1] += 1
             if not self.blocks:
-                raise DataError(f"{where}: the {self.backend.upper()} database {self.path!r} is empty (0 records).")
+                raise DataError(
+                    f"{where}: the {self.backend.upper()} database {self.path!r} is empty (0 records)."
+                )
             key, value = reader.read(self.first_keys[0], 0, 1)[0]
         finally:
             reader.close()
-        first = datum_array(parse_datum(value, self._name(key)), color=self.transform.color, source=self._name(key))
+        first = datum_array(
+            parse_datum(value, self._name(key)), color=self.transform.color, source=self._name(key)
+        )
         # datum_array gives (C, H, W)
         self.record_shape: tuple[int, int, int] = tuple(int(d) for d in first.shape)  # type: ignore[assignment]
         self.record_dtype = str(first.dtype)
@@ -197,8 +217,10 @@ class DatumDBSource(CaffeDataSource):
 
     def describe(self) -> str:
         shape = "×".join(map(str, self.record_shape))
-        return (f"{self.backend.upper()} {self.path!r}: {self.rows} Datum records {shape} {self.record_dtype} in "
-                f"{len(self.blocks)} blocks of {self.block_rows}; {self.phase} transform: {self.transform.describe()}")
+        return (
+            f"{self.backend.upper()} {self.path!r}: {self.rows} Datum records {shape} {self.record_dtype} in "
+            f"{len(self.blocks)} blocks of {self.block_rows}; {self.phase} transform: {self.transform.describe()}"
+        )
 
 
 class HDF5Source(CaffeDataSource):
@@ -213,12 +235,23 @@ class HDF5Source(CaffeDataSource):
         limit, shuffle_buffer, block_rows, layer, phase: as for :class:`DatumDBSource`.
     """
 
-    def __init__(self, list_path: str | os.PathLike[str], *, data_top: str = "data", label_top: str | None = "label",
-                 class_labels: bool = True, shuffle: bool = False, limit: int | None = None,
-                 shuffle_buffer: int | None = None, block_rows: int = DEFAULT_BLOCK_ROWS, layer: str = "",
-                 phase: str = "TRAIN") -> None:
-        super().__init__(layer=layer, phase=phase, shuffle=shuffle, shuffle_buffer=shuffle_buffer,
-                         block_rows=block_rows)
+    def __init__(
+        self,
+        list_path: str | os.PathLike[str],
+        *,
+        data_top: str = "data",
+        label_top: str | None = "label",
+        class_labels: bool = True,
+        shuffle: bool = False,
+        limit: int | None = None,
+        shuffle_buffer: int | None = None,
+        block_rows: int = DEFAULT_BLOCK_ROWS,
+        layer: str = "",
+        phase: str = "TRAIN",
+    ) -> None:
+        super().__init__(
+            layer=layer, phase=phase, shuffle=shuffle, shuffle_buffer=shuffle_buffer, block_rows=block_rows
+        )
         h5py = optional_module("h5py")
         where = layer or "HDF5Data source"
         listing = Path(os.fspath(list_path)).expanduser().absolute()
@@ -234,7 +267,9 @@ class HDF5Source(CaffeDataSource):
             if line.strip():
                 names.append((line.strip(), f"{listing}:{number}"))
         if not names:
-            raise DataError(f"{where}: the HDF5 list {str(listing)!r} names no files; list the .h5 files, one per line.")
+            raise DataError(
+                f"{where}: the HDF5 list {str(listing)!r} names no files; list the .h5 files, one per line."
+            )
         files, missing = [], []
         for name, at in names:
             tried = path_candidates(name, [listing.parent])
@@ -265,7 +300,9 @@ class HDF5Source(CaffeDataSource):
                             )
                         shape = tuple(int(d) for d in handle[top].shape)
                         if not shape:
-                            raise DataError(f"{at}: dataset {top!r} of {path!r} is a scalar; it needs rows (N, ...).")
+                            raise DataError(
+                                f"{at}: dataset {top!r} of {path!r} is a scalar; it needs rows (N, ...)."
+                            )
                         # HDF5 stores unwritten chunks as nothing, so a tiny file can declare rows no
                         # array can hold; Caffe's loader refuses them too (blob axes and count limits)
                         # (the whole dataset too: Caffe's HDF5 layer loads a file into one blob, and a row
@@ -337,5 +374,7 @@ class HDF5Source(CaffeDataSource):
                 handle.close()
 
     def describe(self) -> str:
-        return (f"HDF5 {self.list_path!r}: {self.rows} rows in {len(self.files)} file(s), {self.data_top!r} "
-                f"{self.sample_shape}, {self.label_top!r} {self.label_shape}; shuffle {self.can_shuffle}")
+        return (
+            f"HDF5 {self.list_path!r}: {self.rows} rows in {len(self.files)} file(s), {self.data_top!r} "
+            f"{self.sample_shape}, {self.label_top!r} {self.label_shape}; shuffle {self.can_shuffle}"
+        )

@@ -80,8 +80,13 @@ class DatumTransform:
             raise ConfigError(f"{layer.where}: {layer.describe()}: crop_size must be >= 0; got {crop}.")
         mean = None
         if mean_file:
-            path = resolve_path(mean_file, base_dirs, "transform_param mean_file", layer.where,
-                                "Give the path of the mean image (a .binaryproto from compute_image_mean).")
+            path = resolve_path(
+                mean_file,
+                base_dirs,
+                "transform_param mean_file",
+                layer.where,
+                "Give the path of the mean image (a .binaryproto from compute_image_mean).",
+            )
             mean = read_mean_file(path)
             mean_file = str(path)
         return cls(

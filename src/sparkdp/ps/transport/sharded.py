@@ -65,15 +65,28 @@ class ShardedTransport:
     def __init__(self, inner: Any, plan: ShardPlan) -> None:
         self.inner, self.plan = inner, plan
 
-    def connect(self, address: Sequence[str], secret: bytes, worker_id: int, *, timeout: float = 30.0,
-                tls_cert: Sequence[str | None] | None = None) -> ShardedClient:
+    def connect(
+        self,
+        address: Sequence[str],
+        secret: bytes,
+        worker_id: int,
+        *,
+        timeout: float = 30.0,
+        tls_cert: Sequence[str | None] | None = None,
+    ) -> ShardedClient:
         if len(address) != self.plan.num_shards:
-            raise ValueError(f"{len(address)} server addresses for a model split into {self.plan.num_shards} "
-                             "key ranges; give one address per range.")
+            raise ValueError(
+                f"{len(address)} server addresses for a model split into {self.plan.num_shards} "
+                "key ranges; give one address per range."
+            )
         certs = list(tls_cert) if tls_cert is not None else [None] * len(address)
         with ThreadPoolExecutor(len(address), thread_name_prefix="sparkdp-ps-connect") as pool:
-            clients, error = _results([pool.submit(self.inner.connect, a, secret, worker_id, timeout=timeout,
-                                                   tls_cert=c) for a, c in zip(address, certs, strict=True)])
+            clients, error = _results(
+                [
+                    pool.submit(self.inner.connect, a, secret, worker_id, timeout=timeout, tls_cert=c)
+                    for a, c in zip(address, certs, strict=True)
+                ]
+            )
         if error is not None:  # close the ones that connected; raise the first failure
             for c in clients:
                 c.close()
@@ -111,17 +124,34 @@ class ShardedClient(Client):
                 dst.copy_(src)
         return Pulled([v for p in pulled for v in p.versions], list(out))
 
-    def push(self, seq: int, pulled_versions: Sequence[int] | None, tensors: Sequence[Tensor], *,
-             num_samples: int = 1, local_steps: int = 1) -> PushAck:
+    def push(
+        self,
+        seq: int,
+        pulled_versions: Sequence[int] | None,
+        tensors: Sequence[Tensor],
+        *,
+        num_samples: int = 1,
+        local_steps: int = 1,
+    ) -> PushAck:
         self.plan.check(tensors, f"push from worker {self.worker_id}")
         dense = [t.contiguous() for t in tensors]
         parts = self._split(pulled_versions)
-        acks = self._each(lambda s, c: c.push(seq, parts[s], self.plan.views(dense, s),
-                                              num_samples=num_samples, local_steps=local_steps))
+        acks = self._each(
+            lambda s, c: c.push(
+                seq, parts[s], self.plan.views(dense, s), num_samples=num_samples, local_steps=local_steps
+            )
+        )
         return PushAck([v for a in acks for v in a.versions], all(a.applied for a in acks))
 
-    def exchange(self, seq: int, pulled_versions: Sequence[int] | None, tensors: Sequence[Tensor], *,
-                 num_samples: int = 1, local_steps: int = 1) -> tuple[PushAck, Pulled]:
+    def exchange(
+        self,
+        seq: int,
+        pulled_versions: Sequence[int] | None,
+        tensors: Sequence[Tensor],
+        *,
+        num_samples: int = 1,
+        local_steps: int = 1,
+    ) -> tuple[PushAck, Pulled]:
         """A push, then a pull of the centre it went into, pipelined over the servers: the pushes
         take turns on this worker's uplink (each at its full rate) and server ``s``'s pull starts
         as soon as its push is acknowledged, while the next server's push is still going up. Each
@@ -138,24 +168,32 @@ class ShardedClient(Client):
             if s:
                 turns[s - 1].wait()
             try:
-                ack = c.push(seq, parts[s], self.plan.views(dense, s), num_samples=num_samples,
-                             local_steps=local_steps)
+                ack = c.push(
+                    seq, parts[s], self.plan.views(dense, s), num_samples=num_samples, local_steps=local_steps
+                )
             finally:
                 turns[s].set()  # also after a failure: the next server's push must not wait for ever
             return ack, c.pull(out=self.plan.views(out, s))
 
         done = self._each(one)
-        return (PushAck([v for a, _ in done for v in a.versions], all(a.applied for a, _ in done)),
-                Pulled([v for _, p in done for v in p.versions], out))
+        return (
+            PushAck([v for a, _ in done for v in a.versions], all(a.applied for a, _ in done)),
+            Pulled([v for _, p in done for v in p.versions], out),
+        )
 
     def _split(self, versions: Sequence[int] | None) -> list[Sequence[int] | None]:
         if versions is None:
             return [None] * len(self.clients)
         versions = list(versions)
         if len(versions) != self.num_shards:
-            raise ValueError(f"pulled_versions has {len(versions)} entries; the servers hold {self.num_shards} "
-                             "shards: pass the versions pull() returned.")
-        return [versions[end - width:end] for width, end in zip(self._widths, itertools.accumulate(self._widths))]
+            raise ValueError(
+                f"pulled_versions has {len(versions)} entries; the servers hold {self.num_shards} "
+                "shards: pass the versions pull() returned."
+            )
+        return [
+            versions[end - width : end]
+            for width, end in zip(self._widths, itertools.accumulate(self._widths))
+        ]
 
     def close(self) -> None:
         try:

@@ -26,14 +26,21 @@ class TcpTransport(Transport):
     def __init__(self, options: TcpOptions | None = None) -> None:
         self.options = options or TcpOptions()
 
-    def serve(self, server, host="127.0.0.1", port=0, *, secret=None, reports=None, initial=None,
-              on_connect=None) -> TcpEndpoint:
+    def serve(
+        self, server, host="127.0.0.1", port=0, *, secret=None, reports=None, initial=None, on_connect=None
+    ) -> TcpEndpoint:
         """Listen for workers; ``server`` None with ``reports``: a monitoring-only endpoint; with
         ``initial``: a server built by ``initial(tensors)`` from the first worker's model;
         ``on_connect(worker, times, last_seq)`` hears of every authenticated worker connection."""
         return TcpEndpoint(
-            server, host, port, new_secret() if secret is None else check_secret(secret), self.options,
-            reports=reports, initial=initial, on_connect=on_connect,
+            server,
+            host,
+            port,
+            new_secret() if secret is None else check_secret(secret),
+            self.options,
+            reports=reports,
+            initial=initial,
+            on_connect=on_connect,
         )
 
     def connect(self, address, secret, worker_id, *, timeout=30.0, tls_cert=None, initial=None) -> TcpClient:

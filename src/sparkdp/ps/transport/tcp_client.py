@@ -38,8 +38,15 @@ class _ClosedBeforeHello(ProtocolError):
 #: yet, or the server refused / reset the connection before authenticating.  Never an
 #: AuthenticationError (a wrong secret stays wrong), a timeout (the deadline is spent) or a
 #: certificate that is not the pinned one.
-_RETRYABLE = (ConnectionRefusedError, ConnectionResetError, ConnectionAbortedError, BrokenPipeError,
-              ssl.SSLEOFError, ssl.SSLZeroReturnError, _ClosedBeforeHello)
+_RETRYABLE = (
+    ConnectionRefusedError,
+    ConnectionResetError,
+    ConnectionAbortedError,
+    BrokenPipeError,
+    ssl.SSLEOFError,
+    ssl.SSLZeroReturnError,
+    _ClosedBeforeHello,
+)
 
 
 class TcpClient(Client):
@@ -89,7 +96,9 @@ class TcpClient(Client):
             self._chan.sock.close()
             raise
 
-    def _connect_once(self, host: str, port: int, secret: bytes, tls_cert: str | None, timeout: float) -> None:
+    def _connect_once(
+        self, host: str, port: int, secret: bytes, tls_cert: str | None, timeout: float
+    ) -> None:
         """One connect and handshake; raises what :data:`_RETRYABLE` lists when worth another try."""
         try:
             sock = socket.create_connection((host, port), timeout=timeout)
@@ -150,7 +159,8 @@ class TcpClient(Client):
             ) from None
         if reply.op is Op.ERROR:  # authenticated, but refused (e.g. a worker id outside the job)
             raise ERROR_KINDS.get(reply.meta.get("kind", ""), ProtocolError)(
-                f"parameter server at {self.address}: {reply.meta.get('message')}")
+                f"parameter server at {self.address}: {reply.meta.get('message')}"
+            )
         ok = reply.op is Op.AUTH_OK and verify(
             server_proof(secret, server_nonce, client_nonce, self.worker_id),
             bytes.fromhex(reply.meta.get("proof", "")),
@@ -212,10 +222,14 @@ class TcpClient(Client):
 
     def _need_plan(self) -> ShardPlan:
         if self.plan is None and self._awaits_centre:
-            raise ProtocolError(f"the parameter server at {self.address} has no centre yet; connect with "
-                                "initial=<the model's tensors> to give it one.")
+            raise ProtocolError(
+                f"the parameter server at {self.address} has no centre yet; connect with "
+                "initial=<the model's tensors> to give it one."
+            )
         if self.plan is None:
-            raise ProtocolError(f"{self.address} is a monitoring endpoint; it holds no parameters to pull or push.")
+            raise ProtocolError(
+                f"{self.address} is a monitoring endpoint; it holds no parameters to pull or push."
+            )
         return self.plan
 
     def pull(self, *, out: Sequence[Tensor] | None = None, observe: bool = False) -> Pulled:

@@ -45,7 +45,12 @@ class TcpEndpoint(Endpoint):
     ``INIT`` frames only get the model description back."""
 
     def __init__(
-        self, server: ParameterServer | None, host: str, port: int, secret: bytes, opts: TcpOptions,
+        self,
+        server: ParameterServer | None,
+        host: str,
+        port: int,
+        secret: bytes,
+        opts: TcpOptions,
         reports: Callable[[int, dict[str, Any]], None] | None = None,
         initial: Callable[[list[torch.Tensor]], ParameterServer] | None = None,
         on_connect: Callable[[int, int, int], None] | None = None,
@@ -143,7 +148,9 @@ class TcpEndpoint(Endpoint):
                     if self._pending_from[prefix] >= self._opts.max_unauthenticated_per_source:
                         victim = self._oldest_pending(prefix)
                     elif pending >= self._opts.max_unauthenticated:
-                        victim = self._oldest_pending(max(self._pending_from, key=self._pending_from.__getitem__))
+                        victim = self._oldest_pending(
+                            max(self._pending_from, key=self._pending_from.__getitem__)
+                        )
                     if victim is not None:
                         self._handshake_over(victim)
                         self._evicted.add(victim)
@@ -193,7 +200,9 @@ class TcpEndpoint(Endpoint):
             while not self._stop.is_set():
                 chan.limits = self._frame_limits()
                 idle = self._opts.idle_timeout
-                if (out is not None or chan.holds_buffer()) and not _readable(chan.sock, min(KEEP_BUFFERS_S, idle)):
+                if (out is not None or chan.holds_buffer()) and not _readable(
+                    chan.sock, min(KEEP_BUFFERS_S, idle)
+                ):
                     # a connection that goes quiet keeps no model-sized buffers while it waits
                     out = None
                     chan.release_buffer()
@@ -211,7 +220,9 @@ class TcpEndpoint(Endpoint):
                 elif msg.op is Op.PULL:
                     if out is None:
                         out = [torch.empty(s.shape, dtype=s.dtype) for s in self.server.plan.params]
-                    versions, tensors = self.server.pull(worker, out=out, observe=msg.meta.get("observe") is True)
+                    versions, tensors = self.server.pull(
+                        worker, out=out, observe=msg.meta.get("observe") is True
+                    )
                     chan.send(Op.PULL_REPLY, {"versions": versions}, tensors)
                 elif msg.op is Op.PUSH:
                     self._handle_push(chan, worker, msg)
@@ -233,8 +244,13 @@ class TcpEndpoint(Endpoint):
             with self._lock:
                 self.rejected_connections += 1
             if not self._stop.is_set():
-                log.warning("closing connection from %s (worker %s) after an unexpected %s: %s",
-                            peer, worker, type(exc).__name__, str(exc)[:300])
+                log.warning(
+                    "closing connection from %s (worker %s) after an unexpected %s: %s",
+                    peer,
+                    worker,
+                    type(exc).__name__,
+                    str(exc)[:300],
+                )
                 log.debug("unexpected error on the connection from %s", peer, exc_info=True)
         finally:
             sock.close()
@@ -248,7 +264,10 @@ class TcpEndpoint(Endpoint):
         limits only while the centre is still to come (its first ``INIT``)."""
         opts = self._opts.limits
         if self.server is not None:
-            return codec.Limits(opts.max_json_bytes, min(opts.max_payload_bytes, codec.payload_bytes([p.nbytes for p in self.server.plan.params])))
+            return codec.Limits(
+                opts.max_json_bytes,
+                min(opts.max_payload_bytes, codec.payload_bytes([p.nbytes for p in self.server.plan.params])),
+            )
         if self._initial is not None:
             return opts
         return codec.Limits(opts.max_json_bytes, 0)
@@ -283,14 +302,22 @@ class TcpEndpoint(Endpoint):
         chan.set_keys(SessionKeys.derive(self._secret, server_nonce, client_nonce, worker), mac_payload)
         if self.server is not None and not self.server.accepts(worker):
             # the peer holds the secret: tell it why, over the authenticated channel
-            chan.send(Op.ERROR, {"kind": "ValueError", "message": f"worker id {worker} is not one of this job's "
-                                 f"(0..{(self.server.worker_ids or 0) - 1})"})
+            chan.send(
+                Op.ERROR,
+                {
+                    "kind": "ValueError",
+                    "message": f"worker id {worker} is not one of this job's "
+                    f"(0..{(self.server.worker_ids or 0) - 1})",
+                },
+            )
             raise ProtocolError(f"authenticated client claimed worker id {worker}, outside the job; refused.")
         with self._lock:  # from here on no newer connection may take this one's slot
             if not self._handshake_over(threading.current_thread()):
                 raise ProtocolError(f"worker {worker}'s handshake was closed for a newer connection.")
-        welcome = {"proof": server_proof(self._secret, server_nonce, client_nonce, worker).hex(),
-                   "mac_payload": mac_payload}
+        welcome = {
+            "proof": server_proof(self._secret, server_nonce, client_nonce, worker).hex(),
+            "mac_payload": mac_payload,
+        }
         last_seq = -1
         if self.server is not None:
             last_seq = self.server.last_seq(worker)
@@ -317,10 +344,15 @@ class TcpEndpoint(Endpoint):
                 except (ValueError, TypeError) as exc:  # e.g. no tensors: the client's fault
                     chan.send(Op.ERROR, {"kind": "ValueError", "message": f"initial centre refused: {exc}"})
                     return
-                log.info("worker %d gave the parameter server its initial centre (%d tensors)", worker,
-                         len(msg.tensors))
-        chan.send(Op.INIT_REPLY, {"plan": server.plan.to_json(), "last_seq": server.last_seq(worker),
-                                  "first": first})
+                log.info(
+                    "worker %d gave the parameter server its initial centre (%d tensors)",
+                    worker,
+                    len(msg.tensors),
+                )
+        chan.send(
+            Op.INIT_REPLY,
+            {"plan": server.plan.to_json(), "last_seq": server.last_seq(worker), "first": first},
+        )
 
     def _handle_push(self, chan: Channel, worker: int, msg: codec.Message) -> None:
         m = msg.meta

@@ -67,4 +67,5 @@ if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split(
   "$VENV/bin/python" -m pip install -q "torch==$TORCH_VERSION"
 fi
 echo "bootstrap: installing sparkdp with its test and development extras (pytest, ruff, mypy)"
-"$VENV/bin/python" -m pip install -q -e ".[dev]"
+# torch pinned on this command line too: without it pip may resolve the extras to a newer (CUDA) torch
+"$VENV/bin/python" -m pip install -q -e ".[dev]" "torch==$TORCH_VERSION"

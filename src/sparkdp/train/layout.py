@@ -47,7 +47,7 @@ def use_channels_last(memory_format: str, model: nn.Module, device: torch.device
 def set_layout(model: nn.Module, channels_last: bool) -> nn.Module:
     """Restride the model's 4-D parameters and buffers in place (their values are unchanged)."""
     # Module.to takes memory_format (torch's own channels-last recipe) but its overloads leave it out
-    return model.to(memory_format=torch.channels_last if channels_last else torch.contiguous_format)  # type: ignore[call-overload]
+    return model.to(memory_format=torch.channels_last if channels_last else torch.contiguous_format)  # type: ignore[call-overload, unused-ignore]
 
 
 def batch_layout(x: torch.Tensor, channels_last: bool) -> torch.Tensor:

@@ -29,7 +29,7 @@ def main() -> None:
     result = trainer.train()
     write_view(
         out,
-        hf_local_rank=args.local_rank,
+        hf_local_rank=args.local_process_index,
         hf_world_size=args.world_size,
         local_zero=trainer.is_local_process_zero(),
         world_zero=trainer.is_world_process_zero(),

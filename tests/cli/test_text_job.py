@@ -12,21 +12,12 @@ from sparkdp.cli.main import build_parser
 from sparkdp.cli.text_job import text_job
 from sparkdp.data.text_datasets import FORTUNES_DIR, load_text_dataset
 from sparkdp.errors import ConfigError
-from sparkdp.train.optim import resolve_loss
 
 from .test_cli import _explain, sparkdp
 
 needs_fortunes = pytest.mark.skipif(
     not FORTUNES_DIR.is_dir(), reason="the Debian package `fortunes` is not installed"
 )
-
-
-def _model_loss_supported() -> bool:
-    try:
-        resolve_loss("model")
-    except ConfigError:
-        return False
-    return True
 
 
 def test_model_options_are_parsed_as_json_values():
@@ -67,8 +58,8 @@ def test_the_corpus_is_packed_for_the_models_vocabulary_and_context(tmp_path, mo
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # examples/language_model.py trains on fortunes with loss="model" in make test
 @needs_fortunes
-@pytest.mark.skipif(not _model_loss_supported(), reason="fit does not take loss='model' yet")
 @pytest.mark.timeout(240)
 def test_train_a_tiny_gpt_on_fortunes(tmp_path):
     summary = tmp_path / "summary.json"

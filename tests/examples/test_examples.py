@@ -16,8 +16,6 @@ from pathlib import Path
 import pytest
 
 from sparkdp.data.text_datasets import FORTUNES_DIR
-from sparkdp.errors import ConfigError
-from sparkdp.train.optim import resolve_loss
 
 from ..cli.test_cli import _explain, needs_fashion
 
@@ -44,10 +42,6 @@ def _missing_for(name: str) -> str | None:
         return None
     if not FORTUNES_DIR.is_dir():
         return "the Debian package `fortunes` is not installed"
-    try:
-        resolve_loss("model")
-    except ConfigError:
-        return "fit does not take loss='model' yet"
     return None
 
 

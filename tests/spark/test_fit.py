@@ -187,7 +187,9 @@ def test_bad_inputs_fail_before_spark_work(spark):
         sparkdp.fit(model, (x, y[:3]), spark=spark)
     with pytest.raises(ConfigError, match="Unknown dataset 'not-a-dataset-name'. Available: fashion-mnist"):
         sparkdp.fit(model, "not-a-dataset-name", spark=spark)
-    with pytest.raises(DataError, match="cannot use dict as training data"):
+    with pytest.raises(
+        DataError, match=r"data\['x'\] is a single value; a data dict maps each name to an array"
+    ):
         sparkdp.fit(model, {"x": 1}, spark=spark)
 
 

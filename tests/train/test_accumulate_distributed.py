@@ -20,13 +20,13 @@ def _train(coll, batch_size: int, accumulate: int):
     from sparkdp.train.optim import optimizer_factory, resolve_loss
 
     reductions = [0]
-    hook = allreduce._timed_group_hook
+    hook = allreduce.timed_group_hook
 
     def counted(state, bucket):  # noqa: ANN001, ANN202
         reductions[0] += 1
         return hook(state, bucket)
 
-    allreduce._timed_group_hook = counted  # the hook DDP's buckets go through (process-group transport)
+    allreduce.timed_group_hook = counted  # the hook DDP's buckets go through (process-group transport)
     g = torch.Generator().manual_seed(1)
     data = TensorData(torch.randn(64, 5, generator=g), torch.randint(0, 3, (64,), generator=g))
     torch.manual_seed(0)

@@ -146,7 +146,13 @@ class DictData(WorkerData):
         self.columns = {k: _as_tensor(v, f"data[{k!r}]") for k, v in columns.items()}
         self.columns = {k: v.float() if v.dtype == torch.float64 else v for k, v in self.columns.items()}
         self.labels = None if labels is None else _as_tensor(labels, "labels")
-        rows = {k: (len(v) if v.dim() else 0) for k, v in self.columns.items()}
+        scalars = [k for k, v in self.columns.items() if not v.dim()]
+        if scalars:
+            raise DataError(
+                f"data[{scalars[0]!r}] is a single value; a data dict maps each name to an array with one "
+                "row per example (its first dimension), e.g. {'input_ids': ids of shape (rows, length)}."
+            )
+        rows = {k: len(v) for k, v in self.columns.items()}
         if self.labels is not None:
             rows["labels="] = len(self.labels)
         if len(set(rows.values())) > 1:

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import safetensors.torch
 
+import sparkdp as sparkdp_package
+
 SPARKDP = [sys.executable, "-m", "sparkdp.cli.main"]
 FASHION = Path("/usr/share/datasets/fashion-mnist")
 needs_fashion = pytest.mark.skipif(not FASHION.is_dir(), reason="dataset-fashion-mnist is not installed")
@@ -162,6 +164,31 @@ def test_bad_input_gets_one_readable_error(args, message, tmp_path):
     assert proc.returncode == 2, _explain(proc)
     assert message in proc.stderr, _explain(proc)
     assert "Traceback" not in proc.stderr and "at org.apache" not in proc.stderr
+
+
+@needs_fashion
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--strategy", "ring"], "Unknown strategy 'ring'"),
+        (["--out", "{tmp}/file/run"], "cannot write the run log"),
+    ],
+)
+def test_an_unknown_strategy_or_unwritable_output_fails_before_spark_starts(
+    args, message, tmp_path, monkeypatch, capsys
+):
+    from sparkdp.cli.main import main
+
+    (tmp_path / "file").write_text("")  # a file where the output directory's parent should be
+
+    def no_spark(*args, **kwargs):
+        raise AssertionError("the command started Spark before refusing its bad input")
+
+    monkeypatch.setattr(sparkdp_package, "session", no_spark)
+    argv = ["train", "--dataset", "fashion-mnist", "--model", "linear", "--limit", "100"]
+    code = main([*argv, *(a.format(tmp=tmp_path) for a in args)])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err, err
 
 
 @pytest.mark.e2e

@@ -103,6 +103,18 @@ def test_a_non_zero_exit_names_the_rank_and_a_missing_script_is_refused(tmp_path
     assert missing.returncode == 2 and "no training script at" in missing.stderr
 
 
+def test_a_missing_script_is_refused_before_spark_starts(tmp_path, monkeypatch, capsys):
+    import sparkdp as sparkdp_package
+    from sparkdp.cli.main import main
+
+    def no_spark(*args, **kwargs):
+        raise AssertionError("sparkdp launch started Spark before refusing a missing script")
+
+    monkeypatch.setattr(sparkdp_package, "session", no_spark)
+    assert main(["launch", str(tmp_path / "nope.py")]) == 2
+    assert f"no training script at {str(tmp_path / 'nope.py')!r}" in capsys.readouterr().err
+
+
 @pytest.mark.slow  # (make test-all) a message's wording
 def test_a_module_the_executors_lack_is_named_with_their_interpreter():
     failed = _launch(SCRIPTS / "missing_module.py")

@@ -1,4 +1,6 @@
-"""Every program in examples/ runs as a user runs it: a subprocess, here on a small slice of data.
+"""Every program in examples/ runs as a user runs it, as ``__main__``, here on a small slice of data:
+all of them one after another in one subprocess, as from one Python session, so that Spark
+starts once (the first example's ``sparkdp.session()`` starts it, the others reuse it).
 
 Each example reads SPARKDP_EXAMPLE_ROWS, trains on 2 workers of the embedded local Spark,
 checks its own result (exiting non-zero when it is clearly broken) and ends with one line
@@ -8,7 +10,7 @@ to EXAMPLES, which test_every_example_is_tested enforces.
 
 from __future__ import annotations
 
-import os
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +23,9 @@ from ..cli.test_cli import _explain, needs_fashion
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
 ROWS = "2000"
+# a smaller slice where the example's own check needs no more: 500 cookies make about 480 blocks
+# of 128 tokens, enough for the language model's loss to fall over its 2 epochs
+ROWS_OF = {"language_model.py": "500"}
 
 # example file -> the start of the last line it prints on success
 EXAMPLES = {
@@ -45,26 +50,50 @@ def _missing_for(name: str) -> str | None:
     return None
 
 
-@pytest.mark.e2e
-@needs_fashion
-@pytest.mark.timeout(240)
-@pytest.mark.parametrize("name", sorted(EXAMPLES))
-def test_example_runs_on_a_small_slice(name, tmp_path):
-    if (missing := _missing_for(name)) is not None:
-        pytest.skip(missing)
-    # cwd=tmp_path: an example that writes into its working directory does not touch the checkout
+@pytest.fixture(scope="module")
+def example_runs(request, tmp_path_factory) -> tuple[dict[str, dict], subprocess.CompletedProcess]:
+    """Every example this session selected, run in turn in one subprocess (tests/examples/run_examples.py)
+    on the one Spark session the first of them starts: a JVM and a Python worker daemon
+    started once instead of once per example. Each runs in an empty directory of its own."""
+    wanted = [
+        item.callspec.params["name"]
+        for item in request.session.items
+        if getattr(item, "originalname", None) == "test_example_runs_on_a_small_slice"
+    ]
+    runnable = [name for name in sorted(set(wanted)) if _missing_for(name) is None]
+    jobs = []
+    for name in runnable:
+        cwd = tmp_path_factory.mktemp(name.removesuffix(".py"))
+        jobs.append([name, ROWS_OF.get(name, ROWS), str(cwd)])
     proc = subprocess.run(
-        [sys.executable, str(EXAMPLES_DIR / name)],
+        [sys.executable, str(Path(__file__).with_name("run_examples.py")), json.dumps(jobs)],
         capture_output=True,
         text=True,
-        timeout=200,
-        cwd=tmp_path,
-        env={**os.environ, "SPARKDP_EXAMPLE_ROWS": ROWS},
+        timeout=200 * max(1, len(jobs)),
     )
-    assert proc.returncode == 0, _explain(proc)
-    lines = proc.stdout.strip().splitlines()
-    assert lines and lines[-1].startswith(EXAMPLES[name]), _explain(proc)
-    assert not list(tmp_path.iterdir()), f"{name} left files in its working directory"
+    results = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            run = json.loads(line.removeprefix("RESULT "))
+            results[run["name"]] = run | {"cwd": next(job[2] for job in jobs if job[0] == run["name"])}
+    return results, proc
+
+
+@pytest.mark.e2e
+@needs_fashion
+@pytest.mark.timeout(1800)  # the first test's set-up runs every example (about 20 s each on 2 cores)
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_example_runs_on_a_small_slice(name, example_runs):
+    if (missing := _missing_for(name)) is not None:
+        pytest.skip(missing)
+    results, proc = example_runs
+    assert name in results, f"{name} did not finish\n{_explain(proc)}"
+    run = results[name]
+    explained = f"{name} exited with {run['returncode']}\nprinted:\n{run['stdout'][-3000:]}\n{_explain(proc)}"
+    assert run["returncode"] == 0, explained
+    lines = run["stdout"].strip().splitlines()
+    assert lines and lines[-1].startswith(EXAMPLES[name]), explained
+    assert not list(Path(run["cwd"]).iterdir()), f"{name} left files in its working directory"
 
 
 def test_every_example_is_tested():

@@ -142,18 +142,11 @@ def test_a_killed_worker_restarts_from_its_checkpoint_and_ends_where_an_uninterr
         torch.testing.assert_close(p, q, rtol=0, atol=0)
 
 
-def test_the_command_line_trains_through_the_session_kind(session, tmp_path):
-    """``sparkdp train --master sc://...`` is a Connect client (``--master local[2]`` a classic
-    driver of its own)."""
+def _train_on(master: str, summary: Path):
     import subprocess
     import sys
 
-    from sparkdp.spark.cluster import connect_server
-
-    server = connect_server(session)
-    master = f"sc://{server[0]}:{server[1]}" if server else "local[2]"
-    summary = tmp_path / "summary.json"
-    proc = subprocess.run(
+    return subprocess.run(
         [
             sys.executable,
             "-m",
@@ -178,6 +171,27 @@ def test_the_command_line_trains_through_the_session_kind(session, tmp_path):
         text=True,
         timeout=150,
     )
+
+
+def test_the_command_line_trains_through_a_connect_server(session, tmp_path):
+    """``sparkdp train --master sc://...`` is a Connect client."""
+    from sparkdp.spark.cluster import connect_server
+
+    server = connect_server(session)
+    if server is None:  # the classic kind: test_the_command_line_trains_on_a_classic_master_of_its_own
+        pytest.skip("a classic session has no Connect server to point the command line at")
+    summary = tmp_path / "summary.json"
+    proc = _train_on(f"sc://{server[0]}:{server[1]}", summary)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(summary.read_text())
+    assert data["workers"] == 2 and data["test_accuracy"] > 0.5, data
+
+
+@pytest.mark.slow  # (make test-all) tests/cli/test_cli.py's built-in job is a classic driver of its own in make test
+def test_the_command_line_trains_on_a_classic_master_of_its_own(tmp_path):
+    """``sparkdp train --master local[2]`` starts a classic driver of its own."""
+    summary = tmp_path / "summary.json"
+    proc = _train_on("local[2]", summary)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(summary.read_text())
     assert data["workers"] == 2 and data["test_accuracy"] > 0.5, data

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from ..config import GROUPS, RUN_SETTINGS, JobConfig, group_of
+from ..errors import ConfigError
 from .fields import add_job_settings, job_settings
 
 
@@ -39,6 +41,10 @@ def run(args) -> int:
         script_args = script_args[1:]
     settings = job_settings(args)
     job = JobConfig.of(settings, allowed=RUN_SETTINGS, caller="sparkdp launch")
+    if not os.path.isfile(args.script):  # refused before Spark starts (several seconds), as launch() would
+        raise ConfigError(
+            f"no training script at {os.path.abspath(args.script)!r}; give the path of a .py file."
+        )
     spark = sparkdp.session(
         job.scaling.master, log_level="OFF" if not getattr(args, "verbose", 0) else "WARN"
     )

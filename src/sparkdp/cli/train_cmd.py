@@ -184,6 +184,7 @@ def run(args) -> int:
         **({"batch_size": batch_size} if batch_size is not None else {}),
     )
     run_dir, quiet = job.monitor.run_dir, not job.monitor.show_progress
+    _check_before_spark(job)
     # Spark's own console log stays off unless -v: failures end in sparkdp's one-line message
     spark = sparkdp.session(
         job.scaling.master, log_level="OFF" if not getattr(args, "verbose", 0) else "WARN"
@@ -249,6 +250,18 @@ def run(args) -> int:
             args.json_out, lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=2, default=_described))
         )
     return 0
+
+
+def _check_before_spark(job: JobConfig) -> None:
+    """Refuse an unknown strategy or an output directory that cannot be written before Spark
+    starts (several seconds): a typo fails at once, not after the JVM is up."""
+    from ..monitor.sinks import writable_dir
+    from ..strategies import STRATEGIES
+
+    if isinstance(job.training.strategy, str):
+        STRATEGIES.get(job.training.strategy)
+    if job.monitor.run_dir:
+        writable_dir(job.monitor.run_dir, "run log")
 
 
 def _described(value: object) -> str:

@@ -87,3 +87,43 @@ def test_honest_clients_get_in_within_seconds_while_many_addresses_flood(tcp):
             assert time.monotonic() - started < 4
         assert ep.rejected_connections > 0  # the flood did take slots and lose them
     assert ps.metrics()["pushes_applied"] == 5
+
+
+@pytest.mark.timeout(60)
+def test_a_failed_handshake_is_counted_once_even_if_a_newcomer_arrives_before_it_is_cleaned_up(
+    tcp, monkeypatch
+):
+    """A connection whose handshake fails is rejected once. While its thread is still on its way
+    out (here: held in the warning it logs), a newcomer from the same prefix must not find its
+    slot taken and evict it, which would count the same connection twice."""
+    from sparkdp.ps.transport import tcp_server
+
+    logging_failure, release = threading.Event(), threading.Event()
+    warn = tcp_server.log.warning
+
+    def held_warning(msg, *args, **kw):
+        if msg.startswith("closing connection"):
+            logging_failure.set()
+            release.wait(10)
+        warn(msg, *args, **kw)
+
+    monkeypatch.setattr(tcp_server.log, "warning", held_warning)
+    ep = tcp(make_ps(SHAPES), TcpOptions(max_unauthenticated_per_source=1))
+    bad = _from("127.0.0.2", ep.address)
+    newcomer = None
+    try:
+        bad.sendall(b"\xff" * 64)  # not a frame: the handshake fails
+        assert logging_failure.wait(10)
+        newcomer = _from("127.0.0.3", ep.address)  # same /24: at the limit of one slot per prefix
+        time.sleep(0.5)  # the accept loop admits it (and, were the slot still held, evicts the old one)
+        newcomer.settimeout(None)  # MSG_DONTWAIT answers at once only on a blocking socket
+        assert _still_open(newcomer)  # admitted, not closed
+    finally:
+        release.set()
+        bad.close()
+        if newcomer is not None:
+            newcomer.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and sum(t.is_alive() for t in ep.threads()) > 1:
+        time.sleep(0.05)
+    assert ep.rejected_connections == 1

@@ -185,6 +185,16 @@ class TcpEndpoint(Endpoint):
             del self._pending_from[prefix]  # a Counter of every prefix ever seen would only grow
         return True
 
+    def _rejected(self, thread: threading.Thread) -> bool:
+        """Count ``thread``'s connection as rejected once (with ``self._lock`` held); True if an
+        eviction already counted it. Its handshake slot goes back here, under the same lock: a
+        connection that failed but still held its slot could otherwise be evicted, and counted,
+        a second time before its ``finally`` gives the slot back."""
+        evicted = thread in self._evicted
+        self._handshake_over(thread)
+        self.rejected_connections += not evicted
+        return evicted
+
     def _serve_conn(self, sock: socket.socket, peer: tuple) -> None:
         worker = None
         try:
@@ -232,8 +242,7 @@ class TcpEndpoint(Endpoint):
             log.debug("worker %s (%s) disconnected", worker, peer)
         except (ProtocolError, OSError) as exc:  # includes timeouts, TLS errors, auth failures
             with self._lock:
-                evicted = threading.current_thread() in self._evicted
-                self.rejected_connections += not evicted  # an eviction was counted when it happened
+                evicted = self._rejected(threading.current_thread())
             if not self._stop.is_set() and not evicted:
                 log.warning("closing connection from %s (worker %s): %s", peer, worker, exc)
         except Exception as exc:
@@ -242,7 +251,7 @@ class TcpEndpoint(Endpoint):
             # stderr (one per connection an attacker opens).  One warning line; the traceback
             # goes to debug for whoever hunts the bug.
             with self._lock:
-                self.rejected_connections += 1
+                self._rejected(threading.current_thread())
             if not self._stop.is_set():
                 log.warning(
                     "closing connection from %s (worker %s) after an unexpected %s: %s",

@@ -19,7 +19,7 @@ from tests.helpers.gpt2_reference import LR, fortunes_slice, gpt2, single_proces
 pytest.importorskip("transformers")
 
 pytestmark = [
-    pytest.mark.timeout(60),
+    pytest.mark.timeout(120),
     pytest.mark.skipif(not FORTUNES_DIR.is_dir(), reason="the Debian package `fortunes` is not installed"),
 ]
 

@@ -1,7 +1,7 @@
 """Language-model training throughput in tokens/s: sparkdp's strategies vs TorchDistributor vs one process.
 
 A small GPT (``sparkdp.models`` ``gpt`` with n_layer=2, n_head=4, d_model=128 over a 2048-token
-BPE vocabulary and 128-token blocks: 0.66M parameters) on the first ``--limit`` cookies of the
+BPE vocabulary and 128-token blocks: 0.68M parameters) on the first ``--limit`` cookies of the
 fortunes corpus (``sparkdp.data.text_datasets``), AdamW lr 3e-3, the model's own loss, run six ways:
 
   single          one PyTorch process, 2 torch threads, batch workers x batch: the ceiling

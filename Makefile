@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.sparkdp-ready
 PYTEST_ARGS ?= --durations=20  # the slowest tests, to keep `make test` inside its time budget
 
-.PHONY: setup demo test test-fast test-gpu typecheck test-all test-cluster-env test-multihost lint docs docs-serve fuzz bench bench-cluster bench-sync bench-allreduce bench-ps bench-ps-load bench-async bench-data bench-checkpoint bench-monitor bench-multihost clean
+.PHONY: setup demo test test-fast test-gpu typecheck test-all test-cluster-env test-multihost lint docs docs-serve fuzz bench bench-cluster bench-sync bench-allreduce bench-ps bench-ps-load bench-async bench-data bench-checkpoint bench-monitor bench-multihost bench-lm clean
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh
 	bash scripts/bootstrap.sh
@@ -108,6 +108,12 @@ bench-multihost: $(STAMP)
 
 bench-data: $(STAMP)
 	$(PY) benchmarks/data_throughput.py
+
+# a small GPT's tokens/s on fortunes: sparkdp's strategies vs TorchDistributor vs one process
+# (a few minutes a repeat; BENCH_LM_ARGS= to change, e.g. --repeats 3)
+BENCH_LM_ARGS ?=
+bench-lm: $(STAMP)
+	$(PY) benchmarks/lm_tokens.py $(BENCH_LM_ARGS)
 
 clean:
 	rm -rf out build dist src/*.egg-info .pytest_cache

@@ -5,8 +5,9 @@ Import from a script in this folder with::
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from common import markdown_table, median, run_child, ...
 
-Nothing here imports torch or pyspark, so a parent process that only launches and
-times children stays light.
+Nothing here imports torch or pyspark at module level, so a parent process that only
+launches and times children stays light (:func:`run_torch_distributor` imports them when a
+child calls it).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -295,3 +297,60 @@ def run_child(
     )
     run.result = parse_result(output)
     return run
+
+
+# --------------------------------------------------------------------------- TorchDistributor
+
+
+def run_torch_distributor(train_fn: Any, cfg: dict, workers: int, marks: dict) -> dict:
+    """In a child: ``TorchDistributor(num_processes=workers, local_mode=True, use_gpu=False)
+    .run(train_fn, cfg, result_path)`` on a ``sparkdp.session("local[workers]")``, and the dict
+    rank 0 of ``train_fn`` wrote as JSON to ``result_path``.
+
+    ``train_fn`` must be defined in the script's ``__main__`` (cloudpickle then ships it by value to
+    the torchrun processes) and write its result on rank 0: TorchDistributor's generated script has
+    every rank pickle its return value to one file, so the return value is not reliable.
+    Wall-clock marks go into ``marks`` (imports, session, run_start, run_end, spark_stopped)."""
+    import importlib
+
+    problems = []
+    for mod in ("torch.distributed.run", "pyspark.ml.torch.distributor", "pandas", "pyarrow"):
+        try:
+            importlib.import_module(mod)
+        except Exception as exc:  # noqa: BLE001 - reported, not hidden
+            problems.append(f"{mod}: {type(exc).__name__}: {exc}")
+    if problems:
+        raise RuntimeError(
+            "TorchDistributor cannot run here; missing or broken imports: "
+            + "; ".join(problems)
+            + ". TorchDistributor needs torch (torch.distributed.run), pyspark>=3.4 with "
+            "pyspark.ml, pandas and pyarrow in this interpreter."
+        )
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    import sparkdp
+
+    marks["imports"] = time.time()
+    # sparkdp sets GLOO_SOCKET_IFNAME=lo for its local process groups; do the same here.
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    # warm_up=False: TorchDistributor(local_mode=True) runs torchrun on the driver, no Python
+    # tasks, so sparkdp's worker warm-up would only take CPU away from it.
+    spark = sparkdp.session(f"local[{workers}]", warm_up=False)
+    marks["session"] = time.time()
+    fd, result_path = tempfile.mkstemp(prefix="td-result-", suffix=".json")
+    os.close(fd)
+    try:
+        distributor = TorchDistributor(num_processes=workers, local_mode=True, use_gpu=False)
+        marks["run_start"] = time.time()
+        returned = distributor.run(train_fn, cfg, result_path)
+        marks["run_end"] = time.time()
+        with open(result_path, encoding="utf-8") as fh:
+            text = fh.read()
+        out = json.loads(text) if text.strip() else returned
+    finally:
+        os.unlink(result_path)
+    if not out:
+        raise RuntimeError("TorchDistributor returned no result from rank 0 (see the log above).")
+    spark.stop()
+    marks["spark_stopped"] = time.time()
+    return out

@@ -57,6 +57,7 @@ from common import (  # noqa: E402
     pass_fail,
     ratio,
     run_child,
+    run_torch_distributor,
     self_peak_rss_mb,
     write_json,
 )
@@ -247,48 +248,7 @@ def _child_sparkdp(cfg: dict, marks: dict) -> dict:
 
 
 def _child_torchdist(cfg: dict, marks: dict) -> dict:
-    import importlib
-
-    problems = []
-    for mod in ("torch.distributed.run", "pyspark.ml.torch.distributor", "pandas", "pyarrow"):
-        try:
-            importlib.import_module(mod)
-        except Exception as exc:  # noqa: BLE001 - reported, not hidden
-            problems.append(f"{mod}: {type(exc).__name__}: {exc}")
-    if problems:
-        raise RuntimeError(
-            "TorchDistributor cannot run here; missing or broken imports: "
-            + "; ".join(problems)
-            + ". TorchDistributor needs torch (torch.distributed.run), pyspark>=3.4 with "
-            "pyspark.ml, pandas and pyarrow in this interpreter."
-        )
-    from pyspark.ml.torch.distributor import TorchDistributor
-
-    import sparkdp
-
-    marks["imports"] = time.time()
-    # sparkdp sets GLOO_SOCKET_IFNAME=lo for its local process groups; do the same here.
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    # warm_up=False: TorchDistributor(local_mode=True) runs torchrun on the driver, no Python
-    # tasks, so sparkdp's worker warm-up would only take CPU away from it.
-    spark = sparkdp.session(f"local[{cfg['workers']}]", warm_up=False)
-    marks["session"] = time.time()
-    fd, result_path = tempfile.mkstemp(prefix="td-result-", suffix=".json")
-    os.close(fd)
-    try:
-        distributor = TorchDistributor(num_processes=cfg["workers"], local_mode=True, use_gpu=False)
-        marks["run_start"] = time.time()
-        returned = distributor.run(_td_train_fn, cfg, result_path)
-        marks["run_end"] = time.time()
-        with open(result_path, encoding="utf-8") as fh:
-            text = fh.read()
-        out = json.loads(text) if text.strip() else returned
-    finally:
-        os.unlink(result_path)
-    if not out:
-        raise RuntimeError("TorchDistributor returned no result from rank 0 (see the log above).")
-    spark.stop()
-    marks["spark_stopped"] = time.time()
+    out = run_torch_distributor(_td_train_fn, cfg, cfg["workers"], marks)
     for key, value in out.pop("marks", {}).items():
         marks[f"rank0_{key}"] = value
     train = out["train_time_s"]

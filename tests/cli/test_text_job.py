@@ -90,3 +90,105 @@ def test_train_a_tiny_gpt_on_fortunes(tmp_path):
     assert proc.returncode == 0, _explain(proc)
     history = json.loads(summary.read_text())["history"]
     assert history[-1]["loss"] < history[0]["loss"] < 6.0  # ln(256) = 5.55 at the start
+
+
+# A small GPT on the first LM_DOCS cookies: few enough steps for a test, enough to beat the unigram bound.
+LM_DOCS = 400
+LM_OPTIONS = {"n_layer": 1, "n_head": 2, "d_model": 64, "vocab_size": 512, "block_size": 64}
+
+
+def unigram_cross_entropy(limit: int) -> float:
+    """The validation tokens' mean -log p(token) under the training split's token frequencies
+    (add-one smoothed): the loss of the best model that ignores context. Positions 1.. only, the
+    ones a causal model is scored on."""
+    ds = load_text_dataset(
+        "fortunes", limit=limit, vocab_size=LM_OPTIONS["vocab_size"], block_size=LM_OPTIONS["block_size"]
+    )
+    counts = np.bincount(ds.train_blocks[:, 1:].reshape(-1), minlength=LM_OPTIONS["vocab_size"]) + 1
+    return float(-np.log(counts / counts.sum())[ds.validation_blocks[:, 1:].reshape(-1)].mean())
+
+
+@needs_fortunes
+@pytest.mark.timeout(120)
+def test_the_gpt_job_in_bf16_with_accumulation_beats_the_unigram_bound(tmp_path, monkeypatch):
+    """The fast sibling of the command-line run below: the job's Parquet blocks through the worker
+    loop in this process (one worker, batch 8, accumulate 2, bf16-mixed), one epoch."""
+    import torch
+
+    from sparkdp.comm.single import SingleProcessCollective
+    from sparkdp.data.parquet import ParquetData
+    from sparkdp.models import build_model
+    from sparkdp.strategies import resolve_strategy
+    from sparkdp.train.loop import FitSpec, fit_worker
+    from sparkdp.train.optim import optimizer_factory, resolve_loss
+
+    monkeypatch.setenv("SPARKDP_CACHE", str(tmp_path))
+    job = text_job("fortunes", "gpt", LM_OPTIONS, limit=LM_DOCS)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a worker's one core; on 2 busy cores more threads only contend
+    try:
+        torch.manual_seed(0)
+        model = build_model("gpt", **job.model_args)
+
+        def blocks(path: str) -> ParquetData:
+            return ParquetData(path, label=None, **job.columns)
+
+        spec = FitSpec(
+            model=model,
+            loss=resolve_loss("model"),
+            optimizer=optimizer_factory("adamw", model, lr=0.01),
+            strategy=resolve_strategy("allreduce"),
+            train=blocks(job.data),
+            eval=blocks(job.eval_data),
+            epochs=1,
+            batch_size=8,
+            precision="bf16-mixed",
+            accumulate=2,
+        )
+        report = fit_worker(spec, SingleProcessCollective())
+    finally:
+        torch.set_num_threads(threads)
+    bound = unigram_cross_entropy(LM_DOCS)  # 5.37 nats; ln(512) = 6.24 untrained
+    assert report.history[-1]["test_loss"] < bound - 0.1, (report.history, bound)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow  # a Spark job in a subprocess; the test above checks the same bound in this process
+@needs_fortunes
+@pytest.mark.timeout(400)
+def test_sparkdp_train_gpt_in_bf16_with_accumulation_beats_the_unigram_bound(tmp_path):
+    summary = tmp_path / "summary.json"
+    options = [arg for key, value in LM_OPTIONS.items() for arg in ("--model-option", f"{key}={value}")]
+    proc = sparkdp(
+        "train",
+        "--dataset",
+        "fortunes",
+        "--model",
+        "gpt",
+        *options,
+        "--limit",
+        str(LM_DOCS),
+        "--precision",
+        "bf16-mixed",
+        "--accumulate",
+        "2",
+        "--workers",
+        "2",
+        "--batch-size",
+        "4",
+        "--epochs",
+        "2",
+        "--optimizer",
+        "adamw",
+        "--lr",
+        "0.01",
+        "--json-out",
+        str(summary),
+        timeout=360,
+        cwd=tmp_path,
+        env={"SPARKDP_CACHE": str(tmp_path)},
+    )
+    assert proc.returncode == 0, _explain(proc)
+    history = json.loads(summary.read_text())["history"]
+    bound = unigram_cross_entropy(LM_DOCS)
+    assert history[-1]["test_loss"] < bound - 0.1, (history, bound)

@@ -13,7 +13,7 @@ from sparkdp.config import JobConfig
 from sparkdp.data.tensors import TensorData
 from sparkdp.driver.controller import Controller, RestartPolicy
 from sparkdp.driver.memory_advice import explained, out_of_memory_explained
-from sparkdp.errors import WorkerFailed, WorkerOutOfMemory
+from sparkdp.errors import WorkerFailed, WorkerLost, WorkerOutOfMemory
 from sparkdp.spark.worker_errors import _decode_error, encode_error, translate_error
 from sparkdp.strategies import resolve_strategy
 from sparkdp.train import memory
@@ -93,6 +93,12 @@ def test_out_of_memory_is_not_restarted(caplog):
         controller.run(plan)
     assert info.value is oom and len(plan.seen) == 1 and not caplog.records
     assert controller.restarts.failures[0]["cause"] == "worker 1 ran out of memory (limit 1 GiB)"
+    # after a failure that was restarted, still its own line (not "failed 2 times")
+    later = _Plan(WorkerLost("worker 2 died"), oom)
+    controller = Controller(RestartPolicy.of(JobConfig.of(max_restarts=3)), 4)
+    with pytest.raises(WorkerOutOfMemory) as info:
+        controller.run(later)
+    assert info.value is oom and len(later.seen) == 2
 
 
 def _spec(strategy: str) -> FitSpec:

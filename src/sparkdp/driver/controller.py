@@ -99,8 +99,9 @@ class RestartPolicy:
         ``can_restart`` is False). A worker out of memory is not restarted: the same settings would
         run out again."""
         cause = self.cause(exc)
-        can_restart = can_restart and not isinstance(exc, WorkerOutOfMemory)
         self.failures.append({"cause": cause, "restart_from": where, "attempt_s": attempt_s})
+        if isinstance(exc, WorkerOutOfMemory):  # its own line, even after failures recovered earlier
+            raise exc
         if not can_restart or len(self.failures) > self.max_restarts:
             if len(self.failures) == 1:
                 raise exc

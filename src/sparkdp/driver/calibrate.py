@@ -361,8 +361,9 @@ def measure_steps(
     shards: int = 1,
 ) -> dict[str, float]:
     """Real training on Fashion-MNIST: seconds per step of each strategy, from its second epoch
-    (allreduce plain and bf16, average, diloco, fsdp); asgd with its server on the driver and, with ``shards`` > 1, with that many server tasks on
-    the executors (the cluster then needs ``workers + shards`` task slots).
+    (allreduce plain and bf16, average, diloco, fsdp); asgd with its server on the driver and,
+    with ``shards`` > 1, with that many server tasks on the executors (the cluster then needs
+    ``workers + shards`` task slots).
 
     What ``sparkdp plan --calibrate --verify`` compares the predictions with: the second epoch
     (the first pays for start-up) divided by each worker's steps in it.

@@ -10,6 +10,16 @@ compute ``C`` plus what communication the strategy adds per step:
 * ``average`` — the same ring over the parameters, every ``k`` steps;
 * ``diloco`` — the same every ``k`` (H) steps, in ``fragments`` pieces whose reductions may hide
   behind ``overlap_steps`` steps of compute each, plus one small all-reduce of the rows per piece;
+* ``fsdp`` — per step an all-gather of the parameters for the forward, another for the backward
+  when ``reshard_after_forward`` (the default), and a reduce-scatter of the gradients: each a
+  half ring, ``(M-1)α + (M-1)/M·S·β``, so 1.5× all-reduce's bytes (1× without resharding),
+  overlapped with compute like ``allreduce``'s (``overlap``); one collective per step and
+  direction is priced, not one per shard unit, so the per-unit latencies are left out;
+* ``hsdp`` — ``fsdp`` within each host's ``L`` workers on the local link (shared memory or
+  loopback, ``Network.local_*``), then an all-reduce of each worker's 1/L of the model across
+  the ``M/L`` hosts on the network link;
+* ``zero1`` — ZeRO-1: the gradients reduce-scattered, each worker steps its 1/M of the
+  optimizer state, the parameters all-gathered: all-reduce's bytes in two half rings;
 * ``compression`` shrinks what a reduction moves (docs/algorithms.md §10): ``bf16``/``fp16``
   halve the ring's bytes; ``int8`` is an all-gather of a quarter of them,
   ``(M-1)α + (M-1)·(S/4 + S/1024)·β``;
@@ -18,6 +28,12 @@ compute ``C`` plus what communication the strategy adds per step:
   The ``M`` workers queue at the server's link (the update rule adds ``σ`` per byte): mean-value
   analysis (:func:`ps_round_s`) gives the round, bounded by ``(1 + b)·M·S·(β_ps + σ)/K`` with
   the measured bunching ``b`` (``Network.ps_bunching``); docs/algorithms.md §8 derives both.
+
+Memory (:func:`state_bytes`): each worker's model state is the parameters, their gradients
+and ``optimizer_states`` optimizer tensors of the parameters' size (AdamW: 2), ``bytes_per_param``
+each; ``fsdp`` holds 1/M of all three, ``hsdp`` 1/L, ``zero1`` 1/M of the optimizer's, ``diloco``
+two copies more (its anchor and outer momentum). Activations are not in the model: a prediction
+``fits`` when that state is within ``memory_per_worker``, which must leave room for them.
 
 Scaling efficiency is ``C / T``: the fraction of a communication-free worker's throughput
 each worker keeps.  With ``cpu_slots`` (workers sharing one machine's cores) the compute of
@@ -29,12 +45,15 @@ communication terms, calibrated under the same sharing, are left as measured).  
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .errors import ConfigError
 
-STRATEGIES = ("allreduce", "average", "diloco", "asgd")
+STRATEGIES = ("allreduce", "average", "diloco", "asgd", "fsdp", "hsdp", "zero1")
+#: strategies that split the model state over the workers (the others keep a whole replica each)
+SHARDED = ("fsdp", "hsdp", "zero1")
 #: what the model can price: a codec's bytes depend on the parameter count alone (PowerSGD's
 #: depend on every tensor's shape, so it is left out)
 CODECS = {
@@ -42,6 +61,9 @@ CODECS = {
     "average": ("none", "bf16", "fp16", "int8"),
     "diloco": ("none", "bf16", "fp16", "int8"),
     "asgd": ("none",),
+    "fsdp": ("none",),
+    "hsdp": ("none",),
+    "zero1": ("none",),
 }
 
 
@@ -62,6 +84,10 @@ class Network:
     #: duplex limit; 1: every push, then every pull, as if the link were half duplex). Measured
     #: by ``sparkdp plan --calibrate`` from workers cycling through a server.
     ps_bunching: float = 0.0
+    #: α_local, β_local: between the workers of one host (shared memory or loopback), what
+    #: ``hsdp`` shards over; None: the network's figures
+    local_latency_s: float | None = None
+    local_seconds_per_byte: float | None = None
 
     @classmethod
     def from_link(cls, gbit_per_s: float, latency_ms: float) -> Network:
@@ -83,6 +109,13 @@ class Network:
     def ps_link_beta(self) -> float:
         return self.ps_beta if self.ps_shared_seconds_per_byte is None else self.ps_shared_seconds_per_byte
 
+    def local(self) -> Network:
+        """The link between the workers of one host, as a network of its own."""
+        return Network(
+            self.latency_s if self.local_latency_s is None else self.local_latency_s,
+            self.seconds_per_byte if self.local_seconds_per_byte is None else self.local_seconds_per_byte,
+        )
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -93,6 +126,10 @@ class Workload:
     #: cores all workers share (one machine); None: every worker has its own, as on a cluster
     #: that grows with the workers. More workers than cores stretch every worker's step.
     cpu_slots: int | None = None
+    #: optimizer tensors the size of the parameters (AdamW and Adam: 2, SGD with momentum: 1)
+    optimizer_states: int = 2
+    #: bytes of model state one worker may hold (None: no limit given)
+    memory_per_worker: int | None = None
 
     def cpu_share(self, workers: int) -> float:
         return max(1.0, workers / self.cpu_slots) if self.cpu_slots else 1.0
@@ -112,6 +149,8 @@ class Prediction:
     efficiency: float  # C / T
     bound: str  # what dominates: "compute", "network" or "server"
     options: dict = field(default_factory=dict)
+    state_bytes: int = 0  # parameters + gradients + optimizer state one worker holds
+    fits: bool | None = None  # state_bytes within Workload.memory_per_worker (None: no limit given)
 
     @property
     def label(self) -> str:
@@ -126,6 +165,43 @@ def ring_allreduce_s(nbytes: float, workers: int, net: Network) -> float:
         return 0.0
     m = workers
     return 2 * (m - 1) * net.latency_s + 2 * (m - 1) / m * nbytes * net.seconds_per_byte
+
+
+def half_ring_s(nbytes: float, workers: int, net: Network) -> float:
+    """A ring all-gather or reduce-scatter of ``nbytes`` in all: ``(M-1)α + (M-1)/M·S·β``."""
+    if workers <= 1:
+        return 0.0
+    m = workers
+    return (m - 1) * net.latency_s + (m - 1) / m * nbytes * net.seconds_per_byte
+
+
+def hosts_of(workers: int, per_host: int) -> tuple[int, int]:
+    """``(hosts, workers per host)`` of ``workers`` placed ``per_host`` to a host (fewer on one)."""
+    if per_host < 1:
+        raise ConfigError(f"workers per host must be >= 1; got {per_host}")
+    if workers <= per_host:
+        return 1, workers
+    if workers % per_host:
+        raise ConfigError(
+            f"hsdp shards within a host and replicates across hosts: {workers} workers do not fill "
+            f"hosts of {per_host}; use a multiple of {per_host}"
+        )
+    return workers // per_host, per_host
+
+
+def state_bytes(strategy: str, work: Workload, workers: int, per_host: int = 1) -> int:
+    """Model state one worker holds under ``strategy`` (the module docstring): parameters,
+    gradients and optimizer state, whole or sharded; activations are not counted."""
+    if strategy not in STRATEGIES:
+        raise ConfigError(f"the cost model knows {', '.join(STRATEGIES)}; got {strategy!r}")
+    p, o = work.nbytes, work.optimizer_states * work.nbytes
+    if strategy == "fsdp":
+        return math.ceil((2 * p + o) / workers)
+    if strategy == "hsdp":
+        return math.ceil((2 * p + o) / hosts_of(workers, per_host)[1])
+    if strategy == "zero1":
+        return 2 * p + math.ceil(o / workers)
+    return 2 * p + o + (2 * p if strategy == "diloco" else 0)
 
 
 def reduction_s(nbytes: float, workers: int, net: Network, compression: str = "none") -> float:
@@ -150,8 +226,11 @@ def predict(
     compression: str = "none",
     fragments: int = 1,
     overlap_steps: int = 0,
+    reshard_after_forward: bool = True,
+    per_host: int = 1,
 ) -> Prediction:
-    """The predicted step of ``strategy`` on ``workers`` workers (see the module docstring)."""
+    """The predicted step of ``strategy`` on ``workers`` workers (see the module docstring);
+    ``per_host``: ``hsdp``'s workers per host."""
     if strategy not in STRATEGIES:
         raise ConfigError(f"the cost model knows {', '.join(STRATEGIES)}; got {strategy!r}")
     if workers < 1 or k < 1 or shards < 1 or not 0.0 <= overlap < 1.0 or fragments < 1 or overlap_steps < 0:
@@ -169,6 +248,23 @@ def predict(
     bound = "compute"
     if strategy == "allreduce":
         comm = reduction_s(s, workers, net, compression)
+        hidden = min(overlap * comm, c)
+        step = c + comm - hidden
+        comm -= hidden
+    elif strategy in ("fsdp", "hsdp", "zero1"):
+        if strategy == "zero1":
+            comm = 2 * half_ring_s(s, workers, net)  # reduce-scatter, then all-gather
+        else:
+            hosts, local = hosts_of(workers, per_host) if strategy == "hsdp" else (1, workers)
+            shard_net = net.local() if strategy == "hsdp" else net
+            gathers = 2 if reshard_after_forward else 1
+            # all-gathers and a reduce-scatter within the shard group, then (hsdp) each worker's
+            # shard all-reduced with its peers on the other hosts
+            comm = (gathers + 1) * half_ring_s(s, local, shard_net) + ring_allreduce_s(s / local, hosts, net)
+            if not reshard_after_forward:
+                options = {"reshard_after_forward": False}
+            if strategy == "hsdp":
+                options = {"L": per_host, **options}
         hidden = min(overlap * comm, c)
         step = c + comm - hidden
         comm -= hidden
@@ -205,8 +301,18 @@ def predict(
         options = {"k": k, "shards": shards}
     if bound == "compute" and comm > c:
         bound = "network"
+    held = state_bytes(strategy, work, workers, per_host)
     return Prediction(
-        strategy, workers, step, comm, workers * work.batch / step, work.step_compute_s / step, bound, options
+        strategy,
+        workers,
+        step,
+        comm,
+        workers * work.batch / step,
+        work.step_compute_s / step,
+        bound,
+        options,
+        held,
+        None if work.memory_per_worker is None else held <= work.memory_per_worker,
     )
 
 
@@ -254,10 +360,13 @@ def table(
     overlap: float = 0.0,
     diloco_h: int = 32,
     diloco_compression: str = "int8",
+    per_host: int | None = None,
 ) -> list[Prediction]:
     """Every strategy at every worker count: allreduce (plain and bf16), average(k),
     diloco(H, compression) and asgd(k) with its server on the driver (shards=1) and, when
-    ``shards`` > 1, with that many server tasks on the executors (``servers=shards``)."""
+    ``shards`` > 1, with that many server tasks on the executors (``servers=shards``); then
+    the sharded ones: fsdp, zero1 and, given ``per_host`` workers per host, hsdp (at the
+    counts that fill whole hosts)."""
     rows = []
     for m in counts:
         rows.append(predict("allreduce", work, net, m, overlap=overlap))
@@ -267,16 +376,35 @@ def table(
         rows.append(predict("asgd", work, net, m, k=ps_k))
         if shards > 1:
             rows.append(predict("asgd", work, net, m, k=ps_k, shards=shards))
+        rows.append(predict("fsdp", work, net, m, overlap=overlap))
+        rows.append(predict("zero1", work, net, m, overlap=overlap))
+        if per_host and per_host > 1 and (m <= per_host or m % per_host == 0):
+            rows.append(predict("hsdp", work, net, m, overlap=overlap, per_host=per_host))
     return rows
 
 
 def recommend(rows: Sequence[Prediction], workers: int) -> str:
-    """One sentence: the fastest strategy at ``workers``, and whether synchronous training still scales."""
+    """One sentence: the fastest strategy at ``workers`` among those whose model state fits the
+    memory per worker, and whether synchronous training still scales."""
     at = [r for r in rows if r.workers == workers]
     if not at:
         raise ConfigError(f"no prediction for {workers} workers")
+    fitting = [r for r in at if r.fits is not False]
+    if not fitting:
+        least = min(at, key=lambda r: r.state_bytes)
+        return (
+            f"none: no strategy's model state fits the memory per worker at {workers} workers; the "
+            f"least is {least.label}'s {size_text(least.state_bytes)}. Use more workers (fsdp's share "
+            "shrinks with them), an optimizer with less state, or more memory."
+        )
     sync = next(r for r in at if r.strategy == "allreduce" and not r.options)
-    best = max(at, key=lambda r: r.samples_per_s)
+    best = max(fitting, key=lambda r: r.samples_per_s)
+    if sync.fits is False:
+        return (
+            f"{best.label}: allreduce's model state ({size_text(sync.state_bytes)} per worker) does not "
+            f"fit the memory per worker; {best.label} holds {size_text(best.state_bytes)} and keeps "
+            f"{best.efficiency:.0%} of each worker's compute speed at {workers} workers."
+        )
     if sync.efficiency >= 0.8 or best is sync:
         return (
             f"allreduce: {sync.efficiency:.0%} scaling efficiency at {workers} workers; it trains exactly like "
@@ -292,3 +420,27 @@ def recommend(rows: Sequence[Prediction], workers: int) -> str:
         f"{best.label}: {best.samples_per_s / sync.samples_per_s:.2f}x allreduce's throughput at {workers} "
         f"workers, where allreduce keeps only {sync.efficiency:.0%} of each worker's compute speed; {why}."
     )
+
+
+def size_text(nbytes: float) -> str:
+    """Bytes in binary units: ``"1.5 GiB"``, ``"300 MiB"``."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.3g} {unit}"
+    return f"{int(nbytes)} B"
+
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3}
+_UNITS.update({"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tb": 1000**4, "tib": 1 << 40})
+
+
+def parse_size(text: str) -> int:
+    """``"2GiB"``, ``"1.5 GB"``, ``"512MiB"``, ``"1000000"`` -> bytes."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _UNITS or float(match.group(1)) <= 0:
+        raise ConfigError(
+            f"a memory size is a positive number with an optional unit (B, KB, MB, GB, TB, KiB, MiB, "
+            f"GiB, TiB), e.g. 2GiB or 1.5GB; got {text!r}"
+        )
+    return int(float(match.group(1)) * _UNITS[unit])

@@ -41,6 +41,13 @@ class WorkerLost(WorkerFailed):
     """A worker's process or executor went away (killed, crashed, its machine lost)."""
 
 
+class WorkerOutOfMemory(WorkerFailed):
+    """A worker ran out of memory: a restart with the same settings would run out again, so the
+    job fails at once (the message says what the model's state needs and how to shard it)."""
+
+    limit_bytes: int | None = None  # the worker's memory limit, when it had one it could read
+
+
 class EnvironmentProblem(SparkdpError, RuntimeError):
     """Something the machine lacks (Java, a dataset, a reachable master)."""
 

@@ -83,3 +83,28 @@ def test_calibration_measures_every_term(spark):
     # two workers cycling through the server: a round is at least one worker's compute and exchange,
     # and the bunching read from it is a fraction of the link's busy time
     assert cal.ps_rounds_s > cal.step_compute_s / 2 and 0.0 <= net.ps_bunching <= 1.0
+
+
+def test_plan_says_which_strategies_fit_the_memory_per_worker(capsys):
+    # 1,000,000 float32 parameters with AdamW: 16 MB per replica, 10 MB under zero1 at 4 workers,
+    # 4 MB under fsdp; 6 MB per worker fits fsdp alone
+    argv = ["plan", "--params", "1000000", "--step-compute-ms", "50", "--workers", "4"]
+    assert main([*argv, "--memory-per-worker", "6MB", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    at4 = {r["label"]: r for r in report["predictions"] if r["workers"] == 4}
+    assert at4["allreduce"]["state_bytes"] == 16_000_000 and at4["allreduce"]["fits"] is False
+    assert at4["zero1"]["state_bytes"] == 10_000_000 and at4["zero1"]["fits"] is False
+    assert at4["fsdp"]["state_bytes"] == 4_000_000 and at4["fsdp"]["fits"] is True
+    assert report["memory_per_worker"] == 6_000_000 and "not counted" in report["activations"]
+    assert report["recommendation"].startswith("fsdp: allreduce's model state")
+    assert main([*argv, "--memory-per-worker", "6MB", "--workers-per-host", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "fits 5.72 MiB" in out and "activations are not counted" in out
+    table = {
+        line.split()[1]: line.split()[-2]
+        for line in out.splitlines()
+        if line.startswith("│ ") and "MiB" in line
+    }
+    assert table["allreduce"] == "no" and table["fsdp"] == "yes" and table["hsdp(L=2)"] == "no"
+    assert main([*argv, "--memory-per-worker", "lots"]) == 2
+    assert "a memory size is a positive number" in capsys.readouterr().err

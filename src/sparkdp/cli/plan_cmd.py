@@ -9,6 +9,7 @@ how far the predictions were from the measured step times.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 
@@ -20,11 +21,13 @@ def add_parser(sub) -> None:
         "plan",
         help="predict each strategy's step time and scaling up to many workers",
         description="Predict per-step time, throughput and scaling efficiency of allreduce (plain and bf16), "
-        "average(k), diloco(H, compression) and asgd for growing worker counts (the cost model of "
-        "docs/algorithms.md §8 and §10), and recommend one.",
+        "average(k), diloco(H, compression), asgd and the sharded fsdp, zero1 and hsdp for growing "
+        "worker counts (the cost model of docs/algorithms.md §8 and §10), say whose model state fits "
+        "--memory-per-worker, and recommend one that fits.",
         epilog="examples:\n"
         "  sparkdp plan --model cnn --step-compute-ms 70 --workers 1024 --bandwidth 10 --latency 0.05\n"
-        "  sparkdp plan --model cnn --calibrate --verify --workers 256",
+        "  sparkdp plan --model cnn --calibrate --verify --workers 256\n"
+        "  sparkdp plan --params 1300000000 --step-compute-ms 900 --workers 64 --memory-per-worker 16GiB",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     what = p.add_argument_group("the workload")
@@ -39,10 +42,42 @@ def add_parser(sub) -> None:
         type=int,
         help="cores all workers share (one machine); default: each worker has its own",
     )
+    what.add_argument(
+        "--optimizer-states",
+        type=int,
+        default=2,
+        help="optimizer tensors the size of the parameters (AdamW, Adam: 2; SGD with momentum: 1; "
+        "plain SGD: 0; default 2)",
+    )
     net = p.add_argument_group("the cluster")
     net.add_argument("--workers", type=int, default=64, help="largest worker count to predict (default 64)")
     net.add_argument("--bandwidth", type=float, default=10.0, help="link bandwidth in Gbit/s (default 10)")
     net.add_argument("--latency", type=float, default=0.05, help="one message's latency in ms (default 0.05)")
+    net.add_argument(
+        "--memory-per-worker",
+        help="model state one worker may hold, e.g. 2GiB or 1.5GB: the strategies whose parameters, "
+        "gradients and optimizer state exceed it are marked and never recommended (activations are "
+        "not in the cost model: leave room for them)",
+    )
+    net.add_argument(
+        "--workers-per-host",
+        type=int,
+        help="also predict hsdp (sharded within a host, replicated across hosts) with this many "
+        "workers per host",
+    )
+    net.add_argument(
+        "--local-bandwidth",
+        type=float,
+        default=40.0,
+        help="with --workers-per-host: the link between one host's workers (shared memory or "
+        "loopback) in Gbit/s (default 40)",
+    )
+    net.add_argument(
+        "--local-latency",
+        type=float,
+        default=0.01,
+        help="with --workers-per-host: one message's latency between one host's workers in ms (default 0.01)",
+    )
     opts = p.add_argument_group("strategy options")
     opts.add_argument("--average-k", type=int, default=8, help="average's period in steps (default 8)")
     opts.add_argument("--diloco-period", type=int, default=32, help="diloco's period H in steps (default 32)")
@@ -112,6 +147,11 @@ def run(args) -> int:
     if args.verify_rows < 1:
         raise ConfigError(f"--verify-rows must be positive; got {args.verify_rows}")
     params = _params(args)
+    if args.optimizer_states < 0:
+        raise ConfigError(f"--optimizer-states must be >= 0; got {args.optimizer_states}")
+    if args.workers_per_host is not None and args.workers_per_host < 1:
+        raise ConfigError(f"--workers-per-host must be >= 1; got {args.workers_per_host}")
+    memory = None if args.memory_per_worker is None else costmodel.parse_size(args.memory_per_worker)
     net = costmodel.Network.from_link(args.bandwidth, args.latency)
     report: dict = {}
     if args.calibrate:
@@ -120,7 +160,18 @@ def run(args) -> int:
         raise ConfigError("give --step-compute-ms (> 0), or --calibrate to measure it on your cluster")
     else:
         compute_s = args.step_compute_ms / 1e3
-    work = costmodel.Workload(params, compute_s, batch=args.batch, cpu_slots=args.cpu_slots)
+    local = costmodel.Network.from_link(args.local_bandwidth, args.local_latency)
+    net = dataclasses.replace(
+        net, local_latency_s=local.latency_s, local_seconds_per_byte=local.seconds_per_byte
+    )
+    work = costmodel.Workload(
+        params,
+        compute_s,
+        batch=args.batch,
+        cpu_slots=args.cpu_slots,
+        optimizer_states=args.optimizer_states,
+        memory_per_worker=memory,
+    )
     rows = costmodel.table(
         work,
         net,
@@ -131,6 +182,7 @@ def run(args) -> int:
         overlap=args.overlap,
         diloco_h=args.diloco_period,
         diloco_compression=args.diloco_compression,
+        per_host=args.workers_per_host,
     )
     advice = costmodel.recommend(rows, args.workers)
     if args.verify:
@@ -141,6 +193,8 @@ def run(args) -> int:
                 {
                     "params": params,
                     "step_compute_s": compute_s,
+                    "memory_per_worker": memory,
+                    "activations": "not counted (the cost model has no activation term)",
                     "network": net.__dict__,
                     "predictions": [{**r.__dict__, "label": r.label} for r in rows],
                     "recommendation": advice,
@@ -151,7 +205,7 @@ def run(args) -> int:
             )
         )
         return 0
-    _print(params, compute_s, net, rows, advice, report)
+    _print(params, compute_s, net, rows, advice, report, args.workers, memory)
     return 0
 
 
@@ -215,7 +269,7 @@ def in_epochs_of(row, steps: int) -> float:
     return row.step_s - row.comm_s + per_sync * (steps // period + 1) / steps
 
 
-def _print(params, compute_s, net, rows, advice, report) -> None:
+def _print(params, compute_s, net, rows, advice, report, workers, memory) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -241,7 +295,9 @@ def _print(params, compute_s, net, rows, advice, report) -> None:
         table.add_column(label.replace("(", "\n(").replace(",", ",\n"), justify="right")
     for m in dict.fromkeys(r.workers for r in rows):
         cells = {
-            r.label: f"{r.step_s * 1e3:.1f} / {r.efficiency:.0%}" + (" *" if r.bound == "server" else "")
+            r.label: f"{r.step_s * 1e3:.1f} / {r.efficiency:.0%}"
+            + (" *" if r.bound == "server" else "")
+            + (" !" if r.fits is False else "")
             for r in rows
             if r.workers == m
         }
@@ -250,10 +306,31 @@ def _print(params, compute_s, net, rows, advice, report) -> None:
     console.print(
         "* limited by the parameter server's link: servers=K puts K servers on the executors, each "
         "on its own link (--shards K predicts it)"
+        + ("; ! its model state does not fit --memory-per-worker" if memory is not None else "")
     )
+    _print_memory(console, rows, workers, memory)
     for v in report.get("verify", []):
         console.print(
             f"verify {v['strategy']} x{v['workers']}: predicted {v['predicted_step_s'] * 1e3:.1f} ms, "
             f"measured {v['measured_step_s'] * 1e3:.1f} ms ({v['error']:+.0%})"
         )
     console.print(f"recommendation: {advice}")
+
+
+def _print_memory(console, rows, workers: int, memory: int | None) -> None:
+    """Each strategy's model state per worker at ``workers`` workers, and whether it fits."""
+    from rich.table import Table
+
+    from ..costmodel import size_text
+
+    limit = f"fits {size_text(memory)}" if memory is not None else "fits (no --memory-per-worker)"
+    table = Table(title=f"model state per worker at {workers} workers (parameters, gradients, optimizer)")
+    table.add_column("strategy")
+    table.add_column("state", justify="right")
+    table.add_column(limit)
+    for r in rows:
+        if r.workers == workers:
+            fits = "-" if r.fits is None else ("yes" if r.fits else "no")
+            table.add_row(r.label, size_text(r.state_bytes), fits)
+    console.print(table)
+    console.print("activations are not counted (the cost model has no activation term): leave room for them")

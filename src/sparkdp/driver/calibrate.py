@@ -360,9 +360,10 @@ def measure_steps(
     diloco_compression: str = "int8",
     shards: int = 1,
 ) -> dict[str, float]:
-    """Real training on Fashion-MNIST: seconds per step of each strategy, from its second epoch;
-    asgd with its server on the driver and, with ``shards`` > 1, with that many server tasks on
-    the executors (the cluster then needs ``workers + shards`` task slots).
+    """Real training on Fashion-MNIST: seconds per step of each strategy, from its second epoch
+    (allreduce plain and bf16, average, diloco, fsdp); asgd with its server on the driver and,
+    with ``shards`` > 1, with that many server tasks on the executors (the cluster then needs
+    ``workers + shards`` task slots).
 
     What ``sparkdp plan --calibrate --verify`` compares the predictions with: the second epoch
     (the first pays for start-up) divided by each worker's steps in it.
@@ -382,6 +383,7 @@ def measure_steps(
         f"average(k={average_k})": ("average", {"period": average_k}),
         diloco: ("diloco", {"period": diloco_h, "compression": diloco_compression}),
         f"asgd(k={ps_k},shards=1)": ("asgd", {"push_every": ps_k}),
+        "fsdp": ("fsdp", {}),
     }
     if shards > 1:
         runs[f"asgd(k={ps_k},shards={shards})"] = ("asgd", {"push_every": ps_k, "servers": shards})

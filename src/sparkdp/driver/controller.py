@@ -9,8 +9,9 @@ runs its workers through :meth:`Controller.run`. An attempt ends in one of three
   the :class:`RestartPolicy` decides whether a restart is allowed and on how many workers, the
   plan says where the next attempt continues from (its newest checkpoint), and the next attempt
   starts there;
-* it raises anything else (bad configuration or data, a diverged loss): raised at once, since
-  running it again would fail the same way.
+* it raises anything else (bad configuration or data, a diverged loss), or a worker ran out of
+  memory (:class:`~sparkdp.errors.WorkerOutOfMemory`): raised at once, since running it again
+  would fail the same way.
 
 Each failure is one warning line and each recovery another, with the same wording for every
 plan (docs/guide/reliability.md).
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from ..config import JobConfig
-from ..errors import WorkerFailed, WorkerHung
+from ..errors import WorkerFailed, WorkerHung, WorkerOutOfMemory
 
 log = logging.getLogger(__name__)
 
@@ -95,9 +96,12 @@ class RestartPolicy:
     ) -> int:
         """After ``exc`` (in an attempt that ran ``attempt_s`` seconds): the workers to continue
         on, with the one log line; raises when the failures are more than ``max_restarts`` (or
-        ``can_restart`` is False)."""
+        ``can_restart`` is False). A worker out of memory is not restarted: the same settings would
+        run out again."""
         cause = self.cause(exc)
         self.failures.append({"cause": cause, "restart_from": where, "attempt_s": attempt_s})
+        if isinstance(exc, WorkerOutOfMemory):  # its own line, even after failures recovered earlier
+            raise exc
         if not can_restart or len(self.failures) > self.max_restarts:
             if len(self.failures) == 1:
                 raise exc

@@ -30,6 +30,7 @@ from ..train.loop import FitSpec, fit_worker
 from ..train.report import WorkerReport
 from ..train.result import TrainResult
 from .controller import Attempt, Controller, RestartPolicy
+from .memory_advice import out_of_memory_explained
 from .recovery import (
     checkpoint_policy,
     merged_history,
@@ -125,7 +126,10 @@ class BarrierRunner:
             )
 
         restarts = RestartPolicy.of(job)
-        with checkpoint_policy(job, temporary_ok=on_driver_machine(spark), job_id=lineage) as policy:
+        with (
+            out_of_memory_explained(spec, workers),
+            checkpoint_policy(job, temporary_ok=on_driver_machine(spark), job_id=lineage) as policy,
+        ):
             report, finished, ran_on = run_with_restarts(
                 spec, restarts, policy, run_stage, workers, slots=lambda: available_slots(spark)
             )
@@ -187,7 +191,10 @@ class StreamRunner:
         # the driver holds every epoch's state anyway: no temporary directory is needed
         restarts = RestartPolicy.of(job)
         controller: Controller[WorkerReport] = Controller(restarts, workers, lambda: available_slots(spark))
-        with checkpoint_policy(job, temporary_ok=False, job_id=lineage) as policy:
+        with (
+            out_of_memory_explained(spec, workers),
+            checkpoint_policy(job, temporary_ok=False, job_id=lineage) as policy,
+        ):
             # a streamed DataFrame's spec carries its source (a spark.dataframe.DataFrameSource) on the driver
             report = fit_epochs(spec, spec.train, job, controller, spark, policy)
             ran_on = controller.now

@@ -24,7 +24,9 @@ from ..errors import (
     WorkerFailed,
     WorkerHung,
     WorkerLost,
+    WorkerOutOfMemory,
 )
+from ..train.memory import is_out_of_memory, memory_limit_bytes
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,8 @@ def encode_error(rank: int, exc: BaseException) -> str:
             "point PYSPARK_PYTHON at an interpreter that has it)"
         )
     payload = {"rank": rank, "type": type(exc).__name__, "message": message, "traceback": "".join(tb[-6:])}
+    if is_out_of_memory(exc):  # read here: the limit is this worker's, not the driver's
+        payload.update(type=WorkerOutOfMemory.__name__, limit=memory_limit_bytes())
     # base64: survives whatever quoting Spark and py4j apply to the message on its way to the driver;
     # the readable line before it is what Spark's own log shows
     first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
@@ -71,6 +75,9 @@ def _decode_error(text: str) -> SparkdpError | None:
     cls = _REBUILDABLE.get(info["type"])
     if cls is not None:
         return cls(info["message"])
+    if info["type"] == WorkerOutOfMemory.__name__:
+        detail = f"{info['message']}\n{info['traceback']}"
+        return out_of_memory(f"worker {info['rank']}", info.get("limit"), detail, info["rank"])
     if info["type"] == WorkerHung.__name__:  # the worker named the stalled one: that is the whole story
         hung = WorkerHung(info["message"])
         hung.rank = info["rank"]
@@ -117,6 +124,8 @@ def translate_error(exc: BaseException, requested: int, master: str) -> BaseExce
     missing = re.search(r"ModuleNotFoundError: No module named '([^']+)'", text)
     if missing:  # raised while the executor unpickled the task, before any sparkdp code ran there
         return EnvironmentProblem(missing_module_message(missing.group(1), who, text))
+    if _OUT_OF_MEMORY.search(text):
+        return out_of_memory(who, None, "", None)
     for pattern, kind, what in _SPARK_FAILURES:
         if pattern in text:
             return kind(f"{who} {what} (the full Spark error is logged with -v).")
@@ -130,6 +139,23 @@ def translate_error(exc: BaseException, requested: int, master: str) -> BaseExce
     ]
     summary = "\n".join(lines[:8]) if lines else type(exc).__name__
     return WorkerFailed(f"the Spark job failed: {summary[:2000]}")
+
+
+def out_of_memory(who: str, limit: int | None, detail: str, rank: int | None) -> WorkerOutOfMemory:
+    """The one line for a worker that ran out of memory (the driver's fit adds what the model's
+    state needs: driver/memory_advice.py); the worker's own error is logged at info level."""
+    from ..costmodel import size_text
+
+    if detail:
+        log.info("%s ran out of memory: %s", who, detail)
+    bound = f"limit {size_text(limit)}" if limit else "no limit it could read: the machine's memory"
+    err = WorkerOutOfMemory(
+        f"{who} ran out of memory ({bound}): the model's state (parameters, gradients, optimizer "
+        "state) may not fit one worker beside its batch; strategy='fsdp' shards it over the workers "
+        "(docs/guide/strategies.md)"
+    )
+    err.rank, err.limit_bytes = rank, limit
+    return err
 
 
 def missing_module_message(module: str, who: str, text: str) -> str:
@@ -160,6 +186,15 @@ _SPARK_FAILURES: tuple[tuple[str, type[WorkerFailed], str], ...] = (
         WorkerFailed,
         "ran out of memory in the JVM; give executors more memory (spark.executor.memory)",
     ),
-    ("MemoryError", WorkerFailed, "ran out of memory; use a smaller batch_size or fewer workers per machine"),
     ("ExecutorLostFailure", WorkerLost, "was lost with its executor (the machine or its JVM went away)"),
+)
+
+#: Spark's words for a Python worker that ran out of memory before sparkdp could say so itself
+#: (unpickling its task, or killed by the cluster manager for exceeding its memory); the JVM's
+#: own java.lang.OutOfMemoryError is another matter (_SPARK_FAILURES)
+_OUT_OF_MEMORY = re.compile(
+    r"(?<!OutOf)MemoryError"
+    r"|DefaultCPUAllocator: can't allocate memory|CUDA out of memory"
+    r"|exceeding memory limits"  # YARN: "Container killed by YARN for exceeding memory limits"
+    r"|OOMKilled"  # Kubernetes: the executor pod's container was killed by the OOM killer
 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import resource
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,6 +42,72 @@ def peak_rss_bytes() -> int:
     """This process's peak resident set size so far (``getrusage``: KiB on Linux, bytes on macOS)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+#: what torch's CPU allocator and CUDA say when an allocation fails (a RuntimeError, not a MemoryError)
+_ALLOCATION_FAILED = (
+    "DefaultCPUAllocator: can't allocate memory",
+    "CUDA out of memory",
+    "Cannot allocate memory",
+)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) is an allocation that failed."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, MemoryError) or (
+            isinstance(current, RuntimeError) and any(text in str(current) for text in _ALLOCATION_FAILED)
+        ):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def memory_limit_bytes() -> int | None:
+    """The most memory this process may use, where something limits it: its address-space
+    rlimit (what ``spark.executor.pyspark.memory`` sets on a Python worker), else its cgroup's
+    ``memory.max`` (v2) or ``memory.limit_in_bytes`` (v1); None when nothing does."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        return int(soft)
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            limit = Path("/sys/fs/cgroup", path.lstrip("/"), "memory.max")
+        elif "memory" in controllers.split(","):
+            limit = Path("/sys/fs/cgroup/memory", path.lstrip("/"), "memory.limit_in_bytes")
+        else:
+            continue
+        try:
+            value = limit.read_text().strip()
+        except OSError:
+            continue
+        # cgroup v1 writes "no limit" as a page-rounded 2**63 - 1
+        if value.isdigit() and int(value) < 1 << 62:
+            return int(value)
+    return None
+
+
+def optimizer_states(cls: type | None, options: dict[str, Any]) -> int:
+    """Tensors the size of the parameters that a ``cls`` optimizer keeps (AdamW: its two
+    moments); 2 for an optimizer this does not know."""
+    name = cls.__name__ if cls is not None else ""
+    if name == "SGD":
+        return 1 if options.get("momentum") else 0
+    if name == "RMSprop":
+        return 1 + bool(options.get("momentum")) + bool(options.get("centered"))
+    if name == "Adagrad":
+        return 1
+    if name in ("Adam", "AdamW"):
+        return 2 + bool(options.get("amsgrad"))
+    return 2
 
 
 class MemoryMeter:

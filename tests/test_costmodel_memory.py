@@ -1,0 +1,94 @@
+"""costmodel.py's sharded strategies (fsdp, hsdp, zero1) and model state per worker, by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from sparkdp import costmodel
+from sparkdp.costmodel import Network, Workload, predict, state_bytes
+from sparkdp.errors import ConfigError
+
+pytestmark = pytest.mark.timeout(30)
+
+P = 1_000_000  # parameters: 4 MB of float32
+SMALL = Workload(params=P, step_compute_s=0.050)
+TEN_GBIT = Network.from_link(10.0, 0.0)  # β = 0.8 ns per byte, no latency
+BETA = 0.8e-9
+
+
+def test_model_state_per_worker_by_hand():
+    # parameters 4 MB + gradients 4 MB + AdamW's two moments 8 MB = 16 MB per replica
+    assert state_bytes("allreduce", SMALL, 4) == 16_000_000
+    assert state_bytes("average", SMALL, 4) == 16_000_000
+    assert state_bytes("diloco", SMALL, 4) == 24_000_000  # + its anchor and outer momentum
+    assert state_bytes("fsdp", SMALL, 4) == 4_000_000  # all three split 4 ways
+    assert state_bytes("zero1", SMALL, 4) == 4_000_000 + 4_000_000 + 2_000_000  # optimizer / 4
+    assert state_bytes("hsdp", SMALL, 4, per_host=2) == 8_000_000  # split over a host's 2
+    sgd = Workload(params=P, step_compute_s=0.050, optimizer_states=0)
+    assert state_bytes("allreduce", sgd, 4) == 8_000_000 and state_bytes("fsdp", sgd, 4) == 2_000_000
+    assert state_bytes("fsdp", SMALL, 3) == 5_333_334  # rounded up: a rank holds the odd byte
+
+
+def test_fsdp_moves_one_and_a_half_all_reduces():
+    s = SMALL.nbytes
+    # all-gather (forward) + all-gather (backward) + reduce-scatter: 3 x (M-1)/M·S·β
+    fsdp = predict("fsdp", SMALL, TEN_GBIT, 4)
+    assert fsdp.comm_s == pytest.approx(3 * 3 / 4 * s * BETA)  # 7.2 ms
+    assert fsdp.comm_s == pytest.approx(1.5 * predict("allreduce", SMALL, TEN_GBIT, 4).comm_s)
+    assert fsdp.step_s == pytest.approx(0.050 + 0.0072)
+    # parameters kept from forward to backward: one gather fewer, all-reduce's bytes
+    kept = predict("fsdp", SMALL, TEN_GBIT, 4, reshard_after_forward=False)
+    assert (
+        kept.comm_s == pytest.approx(2 * 3 / 4 * s * BETA)
+        and kept.label == "fsdp(reshard_after_forward=False)"
+    )
+    # each of the three collectives pays (M-1) latencies
+    slow = Network.from_link(10.0, 1.0)
+    assert predict("fsdp", SMALL, slow, 4).comm_s == pytest.approx(0.0072 + 3 * 3 * 0.001)
+    # overlapped like allreduce: half of it hidden behind the compute
+    assert predict("fsdp", SMALL, TEN_GBIT, 4, overlap=0.5).step_s == pytest.approx(0.050 + 0.0036)
+    assert predict("fsdp", SMALL, TEN_GBIT, 1).comm_s == 0.0
+
+
+def test_zero1_and_hsdp_by_hand():
+    s = SMALL.nbytes
+    # reduce-scatter + all-gather: all-reduce's bytes
+    assert predict("zero1", SMALL, TEN_GBIT, 4).comm_s == pytest.approx(2 * 3 / 4 * s * BETA)
+    # 4 workers, 2 per host: fsdp's three half rings among 2 on a 40 Gbit/s local link (0.2 ns/B),
+    # then each worker's half of the model all-reduced across the 2 hosts at 0.8 ns/B
+    net = Network(0.0, BETA, local_latency_s=0.0, local_seconds_per_byte=0.2e-9)
+    hsdp = predict("hsdp", SMALL, net, 4, per_host=2)
+    local = 3 * 1 / 2 * s * 0.2e-9  # 1.2 ms
+    across = 2 * 1 / 2 * (s / 2) * BETA  # 1.6 ms
+    assert hsdp.comm_s == pytest.approx(local + across) and hsdp.label == "hsdp(L=2)"
+    # one host: no traffic across hosts at all
+    assert predict("hsdp", SMALL, net, 2, per_host=2).comm_s == pytest.approx(local)
+    with pytest.raises(ConfigError, match="6 workers do not fill hosts of 4"):
+        predict("hsdp", SMALL, net, 6, per_host=4)
+
+
+def test_fits_and_recommendation_refuse_what_does_not_fit():
+    tight = Workload(params=P, step_compute_s=0.050, memory_per_worker=5_000_000)
+    rows = costmodel.table(tight, TEN_GBIT, [4])
+    fits = {r.label: r.fits for r in rows}
+    assert fits["allreduce"] is False and fits["zero1"] is False and fits["fsdp"] is True
+    # allreduce is faster, but does not fit: fsdp is the one recommended
+    assert costmodel.recommend(rows, 4).startswith(
+        "fsdp: allreduce's model state (15.3 MiB per worker) does not fit"
+    )
+    roomy = costmodel.table(SMALL, TEN_GBIT, [4])
+    assert all(r.fits is None for r in roomy) and costmodel.recommend(roomy, 4).startswith("allreduce")
+    nothing = Workload(params=P, step_compute_s=0.050, memory_per_worker=1_000_000)
+    assert costmodel.recommend(costmodel.table(nothing, TEN_GBIT, [4]), 4).startswith(
+        "none: no strategy's model state fits the memory per worker at 4 workers; the least is fsdp's 3.81 MiB"
+    )
+
+
+def test_memory_sizes_are_read_with_their_units():
+    assert costmodel.parse_size("2GiB") == 2 * 1024**3
+    assert costmodel.parse_size("1.5 GB") == 1_500_000_000
+    assert costmodel.parse_size("512mib") == 512 * 1024**2 and costmodel.parse_size("1000") == 1000
+    for bad in ("2 parsecs", "-1GB", "0", "GiB"):
+        with pytest.raises(ConfigError, match="a memory size is a positive number"):
+            costmodel.parse_size(bad)
+    assert costmodel.size_text(16_000_000) == "15.3 MiB" and costmodel.size_text(3 << 30) == "3 GiB"

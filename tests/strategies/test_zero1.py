@@ -35,33 +35,51 @@ def test_on_one_worker_zero1_is_the_plain_optimizer():
     assert strategy.options()["optimizer_shards"] == 1
 
 
-@pytest.mark.distributed
-@pytest.mark.timeout(240)
-def test_zero1_on_4_then_2_workers_trains_like_one_process_with_a_quarter_of_the_optimizer_state(tmp_path):
-    """20 AdamW steps on 4 workers give one process's losses (1e-5) while each worker keeps
-    about a quarter of AdamW's moments; the gathered whole state is the reference optimizer's
-    state_dict; 2 workers resume from it and the next 4 steps are the reference's too."""
-    four = run_workers(zero1_steps, 4, str(tmp_path), 20, timeout_s=200)
-    two = run_workers(zero1_steps, 2, str(tmp_path), 24, 20, timeout_s=200)
-    for world, runs in ((4, four), (2, two)):
-        ref = runs[0]
-        for rank, mine in enumerate(runs):
-            torch.testing.assert_close(mine["losses"], ref["reference"], rtol=1e-5, atol=0)
-            assert mine["optimizer_bytes"] <= (1 / world + 0.05) * ref["reference_optimizer_bytes"], rank
-            # memory.py's model state: whole parameters and gradients, this rank's optimizer state
-            whole = ref["reference_bytes"] - ref["reference_optimizer_bytes"]
-            assert mine["state_bytes"] == whole + mine["optimizer_bytes"], rank
-        # the partitions cover the state exactly once
-        assert sum(m["optimizer_bytes"] for m in runs) == ref["reference_optimizer_bytes"]
-        assert runs[0]["options"]["optimizer_shards"] == world
-    assert float(two[0]["fresh_moments"][1]) != pytest.approx(
-        float(two[0]["reference"][1]), rel=1e-5
-    )  # moments matter
-    gathered, want = four[0]["gathered"], four[0]["reference_state"]
+def _check_run(runs, world):
+    """Every rank's losses are the reference's; each keeps about 1/world of AdamW's moments, and
+    memory.py's model state counts whole parameters and gradients plus its own moments."""
+    ref = runs[0]
+    for rank, mine in enumerate(runs):
+        torch.testing.assert_close(mine["losses"], ref["reference"], rtol=1e-5, atol=0)
+        assert mine["optimizer_bytes"] <= (1 / world + 0.05) * ref["reference_optimizer_bytes"], rank
+        whole = ref["reference_bytes"] - ref["reference_optimizer_bytes"]
+        assert mine["state_bytes"] == whole + mine["optimizer_bytes"], rank
+    # the partitions cover the state exactly once
+    assert sum(m["optimizer_bytes"] for m in runs) == ref["reference_optimizer_bytes"]
+    assert ref["options"]["optimizer_shards"] == world
+
+
+def _check_gathered(runs):
+    """Rank 0's gathered state is the reference optimizer's state_dict (the others get {})."""
+    gathered, want = runs[0]["gathered"], runs[0]["reference_state"]
     assert sorted(gathered["state"]) == sorted(want["state"])
     assert [g["params"] for g in gathered["param_groups"]] == [g["params"] for g in want["param_groups"]]
     for index, moments in want["state"].items():  # gradient sums in another order: float32 rounding
         for key, value in moments.items():
             got = gathered["state"][index][key]
             torch.testing.assert_close(got, value, rtol=1e-3, atol=1e-3 * float(value.abs().max()), msg=key)
-    assert four[1]["gathered"] == {}  # rank 0 alone holds the whole state
+    assert all(run["gathered"] == {} for run in runs[1:])
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(240)
+def test_zero1_on_2_workers_trains_like_one_process_with_half_the_optimizer_state(tmp_path):
+    """20 AdamW steps give one process's losses (1e-5); the gathered whole state is the
+    reference optimizer's state_dict."""
+    two = run_workers(zero1_steps, 2, str(tmp_path), 20, timeout_s=200)
+    _check_run(two, 2)
+    _check_gathered(two)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_zero1_on_4_workers_then_resumed_on_2_trains_like_one_process(tmp_path):
+    """20 steps on 4 workers (a quarter of the moments each), then 2 workers resume from the
+    gathered whole state: the next 4 steps are the reference's too, and need the moments."""
+    four = run_workers(zero1_steps, 4, str(tmp_path), 20, timeout_s=250)
+    _check_run(four, 4)
+    _check_gathered(four)
+    two = run_workers(zero1_steps, 2, str(tmp_path), 24, 20, timeout_s=250)
+    _check_run(two, 2)
+    assert float(two[0]["fresh_moments"][1]) != pytest.approx(float(two[0]["reference"][1]), rel=1e-5)

@@ -82,8 +82,10 @@ class ZeRO1(AllReduce):
             partition.extend(list(group["params"]) for group in groups)
             return optimizer
 
+        # any callable that builds the local optimizer will do (torch calls it, never subclasses it)
         self._zero = ZeroRedundancyOptimizer(
-            [dict(group) for group in optimizer.param_groups], optimizer_class=local
+            [dict(group) for group in optimizer.param_groups],
+            optimizer_class=local,  # type: ignore[arg-type]
         )
         self._whole, self._partition = whole, partition
         self._drop_foreign_state(optimizer)

@@ -80,9 +80,18 @@ def _share(coll, directory: str, obj: Any = None) -> Any:
     return state_io.load(path)
 
 
-def hsdp_then_resume(coll, directory: str, steps: int, shard_size: int, resume_shard_size: int):
-    """``steps`` hsdp steps; the whole model and optimizer state gathered and saved, loaded into
-    a fresh hsdp with another mesh, 2 more steps. Losses, bytes, states and the reference's."""
+def _pretend_hosts(coll, hosts: list[str]) -> None:
+    """Set torchrun's variables as if rank r ran on host ``hosts[r]`` (as the launcher would)."""
+    from sparkdp.comm.torchrun_env import Place, placements, torchrun_env
+
+    placement = placements([Place(h) for h in hosts])[coll.rank]
+    os.environ.update(torchrun_env(placement, os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])))
+
+
+def hsdp_then_resume(coll, directory: str, steps: int, shard_size: int, resume_hosts: list[str]):
+    """``steps`` hsdp steps in groups of ``shard_size``; the whole model and optimizer state
+    gathered and saved, loaded into a fresh hsdp whose groups are the hosts ``resume_hosts``
+    names, 2 more steps. Losses, bytes, states and the reference's."""
     batches = _batches(steps + 2, ROWS)
     strategy = STRATEGIES.create("hsdp", shard_size=shard_size, min_params=1)
     model = strategy.shard(_model(), coll)
@@ -94,7 +103,8 @@ def hsdp_then_resume(coll, directory: str, steps: int, shard_size: int, resume_s
     options = strategy.options()
     strategy.finish()
     saved = _share(coll, directory, {"model": whole, "optimizer": moments})
-    again = STRATEGIES.create("hsdp", shard_size=resume_shard_size, min_params=1)
+    _pretend_hosts(coll, resume_hosts)
+    again = STRATEGIES.create("hsdp", min_params=1)
     model = again.shard(_model(saved["model"]), coll)
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     again.load_optimizer_state(opt, saved["optimizer"])
@@ -107,6 +117,7 @@ def hsdp_then_resume(coll, directory: str, steps: int, shard_size: int, resume_s
         "state_bytes": state_bytes,
         "options": options,
         "resumed_options": resumed_options,
+        "resumed_mesh": again.device_mesh(coll).mesh.tolist(),
     }
     if coll.rank == 0:  # the references (the losses are every rank's mean, the same on all)
         ref = reference(batches)

@@ -43,6 +43,16 @@ def test_unequal_hosts_or_a_shard_size_that_does_not_divide_them_are_refused_wit
     with pytest.raises(ConfigError, match="hsdp: shard_size must be a positive integer"):
         HSDP(shard_size=0)
     assert STRATEGIES.create("hsdp", shard_size=2).options()["shard_size"] == 2
+    with pytest.raises(ConfigError, match="fp16-mixed.*does not combine with strategy='hsdp'.*bf16-mixed"):
+        HSDP().adopt_precision(torch.float16)
+
+
+def test_hsdp_wire_bytes_are_the_gathers_within_a_group_and_the_shard_all_reduce_across():
+    strategy = HSDP()
+    strategy._mesh_shape = (2, 2)  # 2 replicas of 2 shards
+    # 1000 values: two fp32 gathers + one fp32 reduce-scatter within 2 ranks (half a ring of
+    # 12 bytes each: 6000), then each rank's 500-value fp32 gradient shard all-reduced over 2 (2000)
+    assert strategy.wire_bytes(1000, 8, 4) == 6000 + 2000
 
 
 def test_the_placement_is_read_back_from_torchruns_variables():
@@ -54,17 +64,19 @@ def test_the_placement_is_read_back_from_torchruns_variables():
 @pytest.mark.distributed
 @pytest.mark.timeout(240)
 def test_hsdp_on_2_replicas_of_2_shards_trains_like_one_process_with_half_the_state(tmp_path):
-    """4 workers as 2 "hosts" of 2: 10 AdamW steps give one process's losses on the global
-    batches; each worker holds half the model state; the gathered model and optimizer state
-    are the whole ones and resume on another mesh (1 x 4) with the reference's next losses."""
+    """4 workers as 2 "hosts" of 2 (shard_size=2): 10 AdamW steps give one process's losses on
+    the global batches; each worker holds half the model state; the gathered model and optimizer
+    state are the whole ones. They resume where torchrun's variables put ranks 0 and 2 on one
+    host and 1 and 3 on another (the shards laid out anew) with the reference's next losses."""
     steps = 10
-    out = run_workers(hsdp_then_resume, 4, str(tmp_path), steps, 2, 4, timeout_s=200)
+    out = run_workers(hsdp_then_resume, 4, str(tmp_path), steps, 2, ["a", "b", "a", "b"], timeout_s=200)
     ref = out[0]
     for rank, mine in enumerate(out):
         torch.testing.assert_close(mine["losses"], ref["reference"], rtol=1e-4, atol=0)
         assert mine["state_bytes"] <= (1 / 2 + 0.1) * ref["reference_bytes"], rank
         assert mine["state_bytes"] > (1 / 4 + 0.1) * ref["reference_bytes"], rank  # not fsdp's 1/4
-        assert mine["options"]["mesh"] == [2, 2] and mine["resumed_options"]["mesh"] == [1, 4]
+        assert mine["options"]["mesh"] == [2, 2] and mine["resumed_options"]["mesh"] == [2, 2]
+        assert mine["resumed_mesh"] == [[0, 2], [1, 3]]  # the rows are the hosts
     # the moments matter to the resumed steps: without them the second one differs
     assert float(out[0]["fresh_moments"][steps + 1]) != pytest.approx(
         float(out[0]["reference"][steps + 1]), rel=1e-4

@@ -96,7 +96,7 @@ class FSDP(Strategy):
             # a plain GradScaler decides to skip a step from its own rank's gradient shards only:
             # ranks would disagree and their loss scales drift apart
             raise ConfigError(
-                "precision='fp16-mixed' does not combine with strategy='fsdp' (each rank holds "
+                f"precision='fp16-mixed' does not combine with strategy={self.name!r} (each rank holds "
                 "only its own gradient shards, so their loss scaling would disagree); use "
                 "precision='bf16-mixed', which needs no scaling."
             )

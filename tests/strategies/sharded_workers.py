@@ -31,35 +31,50 @@ def _model(state: dict[str, torch.Tensor] | None = None) -> torch.nn.Module:
     return model
 
 
-def reference(batches: torch.Tensor, fresh_at: int | None = None) -> dict[str, Any]:
+def _clip(opt: torch.optim.Optimizer, clip: float | None) -> float:
+    """Clip the gradients of the optimizer's parameters as the training loop does
+    (``train.step``); their norm before clipping."""
+    if clip is None:
+        return 0.0
+    params = [p for group in opt.param_groups for p in group["params"]]
+    return float(torch.nn.utils.clip_grad_norm_(params, clip))
+
+
+def reference(
+    batches: torch.Tensor, fresh_at: int | None = None, clip: float | None = None
+) -> dict[str, Any]:
     """One process, AdamW on each global batch whole: the loss of every step, the final model
-    and optimizer. ``fresh_at``: a new optimizer (no moments) from that step on."""
+    and optimizer. ``fresh_at``: a new optimizer (no moments) from that step on; ``clip``: the
+    gradients clipped to that norm."""
     model = _model()
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
-    losses = []
+    losses, norms = [], []
     for step, x in enumerate(batches):
         if step == fresh_at:
             opt = torch.optim.AdamW(model.parameters(), lr=LR)
         opt.zero_grad(set_to_none=True)
         loss = model(x, labels=x)["loss"]
         loss.backward()
+        norms.append(_clip(opt, clip))
         opt.step()
         losses.append(loss.item())
     return {
         "losses": torch.tensor(losses, dtype=torch.float64),
+        "norms": norms,
         "model": model,
         "optimizer": opt,
         "state_bytes": model_state_bytes(model, opt),
     }
 
 
-def _global_step(coll, net, opt, batch: torch.Tensor) -> float:
+def _global_step(coll, net, opt, batch: torch.Tensor, clip: float | None = None) -> float:
     """This rank's rows of ``batch``; the mean loss over the ranks (the whole batch's)."""
     share = len(batch) // coll.world_size
     x = batch[coll.rank * share : (coll.rank + 1) * share]
     opt.zero_grad(set_to_none=True)
     loss = net(x, labels=x)["loss"]
     loss.backward()
+    _clip(opt, clip)
     opt.step()
     total = loss.detach().reshape(1).double()
     coll.all_reduce(total, "mean")
@@ -134,11 +149,12 @@ def hsdp_then_resume(coll, directory: str, steps: int, shard_size: int, resume_h
     return out
 
 
-def zero1_steps(coll, directory: str, steps: int, start: int = 0, options: dict | None = None):
+def zero1_steps(coll, directory: str, steps: int, start: int = 0, clip: float | None = None):
     """zero1 from step ``start`` (0: fresh; else from the state a run before saved in
-    ``directory``) to ``steps``, saving the whole model and optimizer state there at the end."""
+    ``directory``) to ``steps``, saving the whole model and optimizer state there at the end;
+    ``clip``: gradients clipped to that norm over the optimizer's parameters, as the loop does."""
     batches = _batches(steps, ROWS)
-    strategy = STRATEGIES.create("zero1", **(options or {}))
+    strategy = STRATEGIES.create("zero1")
     saved = _share(coll, directory) if start else None
     model = strategy.shard(_model(saved["model"] if saved else None), coll)
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
@@ -147,7 +163,7 @@ def zero1_steps(coll, directory: str, steps: int, start: int = 0, options: dict 
     net = strategy.setup(model, opt, coll)
     losses = []
     for step in range(start, steps):
-        losses.append(_global_step(coll, net, opt, batches[step]))
+        losses.append(_global_step(coll, net, opt, batches[step], clip))
         if step == start:
             state_bytes, optimizer_bytes = model_state_bytes(model, opt), _optimizer_bytes(opt)
     gathered = strategy.optimizer_state(opt)
@@ -164,8 +180,9 @@ def zero1_steps(coll, directory: str, steps: int, start: int = 0, options: dict 
         "gathered": gathered,
     }
     if coll.rank == 0:  # the references (the losses are every rank's mean, the same on all)
-        ref = reference(batches)
+        ref = reference(batches, clip=clip)
         out["reference"] = ref["losses"][start:]
+        out["reference_norms"] = ref["norms"]
         out["fresh_moments"] = reference(batches, fresh_at=start)["losses"][start:] if start else None
         out["reference_bytes"] = ref["state_bytes"]
         out["reference_optimizer_bytes"] = _optimizer_bytes(ref["optimizer"])

@@ -64,9 +64,11 @@ def _check_gathered(runs):
 @pytest.mark.distributed
 @pytest.mark.timeout(240)
 def test_zero1_on_2_workers_trains_like_one_process_with_half_the_optimizer_state(tmp_path):
-    """20 AdamW steps give one process's losses (1e-5); the gathered whole state is the
-    reference optimizer's state_dict."""
-    two = run_workers(zero1_steps, 2, str(tmp_path), 20, timeout_s=200)
+    """20 AdamW steps, gradients clipped over the optimizer's parameters as the loop clips them,
+    give one process's losses (1e-5): the clipping saw every gradient, not the rank's partition.
+    The gathered whole state is the reference optimizer's state_dict."""
+    two = run_workers(zero1_steps, 2, str(tmp_path), 20, 0, 0.5, timeout_s=200)
+    assert min(two[0]["reference_norms"]) > 0.5  # the clipping changed every step
     _check_run(two, 2)
     _check_gathered(two)
 

@@ -29,7 +29,7 @@ SYNC = [e.name for e in STRATEGIES if e.create().launcher is Launcher.BARRIER]
 
 
 def test_sync_and_async_strategies_are_registered():
-    assert sorted(SYNC) == ["allreduce", "average", "diloco", "fsdp"]
+    assert sorted(SYNC) == ["allreduce", "average", "diloco", "fsdp", "hsdp", "zero1"]
     assert {"asgd", "hogwild", "easgd", "dcasgd", "ddcasgd", "sa-asgd"} <= set(STRATEGIES.available())
 
 

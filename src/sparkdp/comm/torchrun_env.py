@@ -16,7 +16,7 @@ Plain arithmetic on the ranks' places: :mod:`sparkdp.spark.task` gathers the pla
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 #: torchrun's role name when none is given (``--role``)
@@ -107,7 +107,36 @@ def torchrun_env(
     }
 
 
+def placement_from_env(environ: Mapping[str, str]) -> Placement | None:
+    """The :class:`Placement` that :func:`torchrun_env` wrote into ``environ`` (or torchrun itself
+    did); None when any of its variables is missing or not a number."""
+    try:
+        return Placement(
+            *(
+                int(environ[name])
+                for name in (
+                    "RANK",
+                    "WORLD_SIZE",
+                    "LOCAL_RANK",
+                    "LOCAL_WORLD_SIZE",
+                    "GROUP_RANK",
+                    "GROUP_WORLD_SIZE",
+                )
+            )
+        )
+    except (KeyError, ValueError):
+        return None
+
+
 #: every variable :func:`torchrun_env` sets
 TORCHRUN_VARIABLES = tuple(torchrun_env(Placement.one_host(0, 1), "", 0))
 
-__all__ = ["ROLE_NAME", "TORCHRUN_VARIABLES", "Place", "Placement", "placements", "torchrun_env"]
+__all__ = [
+    "ROLE_NAME",
+    "TORCHRUN_VARIABLES",
+    "Place",
+    "Placement",
+    "placement_from_env",
+    "placements",
+    "torchrun_env",
+]

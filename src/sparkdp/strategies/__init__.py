@@ -10,6 +10,8 @@ from .average import ParameterAveraging
 from .base import Launcher, Strategy
 from .diloco import DiLoCo
 from .fsdp import FSDP
+from .hsdp import HSDP
+from .zero import ZeRO1
 
 STRATEGIES: Registry[Strategy] = Registry("strategy")
 STRATEGIES.register(
@@ -21,6 +23,16 @@ STRATEGIES.register(
     "fsdp",
     FSDP,
     description="fully sharded data parallel: parameters, gradients, optimizer state 1/N per worker",
+)
+STRATEGIES.register(
+    "hsdp",
+    HSDP,
+    description="hybrid sharded data parallel: fsdp within each host, replicas across hosts",
+)
+STRATEGIES.register(
+    "zero1",
+    ZeRO1,
+    description="allreduce with the optimizer state sharded: 1/N of it per worker (ZeRO stage 1)",
 )
 STRATEGIES.register(
     "average",
@@ -50,6 +62,7 @@ def resolve_strategy(strategy: str | Strategy, **options) -> Strategy:
 
 __all__ = [
     "FSDP",
+    "HSDP",
     "STRATEGIES",
     "AllReduce",
     "AsyncParameterServer",
@@ -57,5 +70,6 @@ __all__ = [
     "Launcher",
     "ParameterAveraging",
     "Strategy",
+    "ZeRO1",
     "resolve_strategy",
 ]

@@ -14,7 +14,7 @@ whole parameters, which :meth:`FSDP.setup` points at the shards instead.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -26,6 +26,9 @@ from ..config import check_int
 from ..errors import ConfigError
 from ..models.gpt import GPTBlock
 from .base import Strategy, ring_bytes
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 #: ``param_dtype`` names the strategy accepts, and their torch dtypes
 PARAM_DTYPES: dict[str, torch.dtype] = {
@@ -93,7 +96,7 @@ class FSDP(Strategy):
             # a plain GradScaler decides to skip a step from its own rank's gradient shards only:
             # ranks would disagree and their loss scales drift apart
             raise ConfigError(
-                "precision='fp16-mixed' does not combine with strategy='fsdp' (each rank holds "
+                f"precision='fp16-mixed' does not combine with strategy={self.name!r} (each rank holds "
                 "only its own gradient shards, so their loss scaling would disagree); use "
                 "precision='bf16-mixed', which needs no scaling."
             )
@@ -114,16 +117,15 @@ class FSDP(Strategy):
             return self._sharded
         self._skeleton = _meta_copy(model)
         if collective.world_size > 1:
-            from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
             if not dist.is_initialized():
                 raise ConfigError(
-                    "strategy='fsdp' needs a torch.distributed process group (the synchronous "
+                    f"strategy={self.name!r} needs a torch.distributed process group (the synchronous "
                     "launcher's); it cannot run over this worker's collective."
                 )
             collective.broadcast_coalesced([t.data for t in [*model.parameters(), *model.buffers()]], src=0)
-            mesh = init_device_mesh(collective.device.type, (collective.world_size,))
+            mesh = self.device_mesh(collective)
             policy = MixedPrecisionPolicy(
                 param_dtype=PARAM_DTYPES[self.gathered_dtype] if self.gathered_dtype else None,
                 reduce_dtype=PARAM_DTYPES[self.reduce_dtype],
@@ -141,13 +143,21 @@ class FSDP(Strategy):
         gathered = PARAM_DTYPES[self.gathered_dtype or "fp32"].itemsize * (
             2 if self.reshard_after_forward else 1
         )
-        # all-gathers (forward, and backward when resharding) and one reduce-scatter: each half a ring
-        self._step_bytes = (
-            ring_bytes(values * (gathered + PARAM_DTYPES[self.reduce_dtype].itemsize), collective.world_size)
-            // 2
-        )
+        self._step_bytes = self.wire_bytes(values, gathered, collective.world_size)
         self._sharded = model
         return model
+
+    def device_mesh(self, collective: Collective) -> DeviceMesh:
+        """The mesh the model is sharded over: every worker in one dimension."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        return init_device_mesh(collective.device.type, (collective.world_size,))
+
+    def wire_bytes(self, values: int, gathered: int, world_size: int) -> int:
+        """Bytes each rank sends (and receives) per step for ``values`` trainable values, gathered
+        at ``gathered`` bytes each over a step: the all-gathers (forward, and backward when
+        resharding) and one reduce-scatter, each half a ring."""
+        return ring_bytes(values * (gathered + PARAM_DTYPES[self.reduce_dtype].itemsize), world_size) // 2
 
     def setup(self, model: nn.Module, optimizer: Optimizer, collective: Collective) -> nn.Module:
         if self._sharded is None:  # sparkdp.distribute: the optimizer holds the whole parameters

@@ -18,8 +18,10 @@ compute ``C`` plus what communication the strategy adds per step:
 * ``hsdp`` — ``fsdp`` within each host's ``L`` workers on the local link (shared memory or
   loopback, ``Network.local_*``), then an all-reduce of each worker's 1/L of the model across
   the ``M/L`` hosts on the network link;
-* ``zero1`` — ZeRO-1: the gradients reduce-scattered, each worker steps its 1/M of the
-  optimizer state, the parameters all-gathered: all-reduce's bytes in two half rings;
+* ``zero1`` — ZeRO-1 as ``strategies/zero.py`` runs it: the gradients all-reduced as under
+  ``allreduce`` (DDP), each worker steps its 1/M of the optimizer state, then each worker's
+  partition of the parameters is broadcast (an all-gather's bytes): three half rings, 1.5×
+  all-reduce's bytes, overlapped like ``allreduce``'s;
 * ``compression`` shrinks what a reduction moves (docs/algorithms.md §10): ``bf16``/``fp16``
   halve the ring's bytes; ``int8`` is an all-gather of a quarter of them,
   ``(M-1)α + (M-1)·(S/4 + S/1024)·β``;
@@ -253,7 +255,8 @@ def predict(
         comm -= hidden
     elif strategy in ("fsdp", "hsdp", "zero1"):
         if strategy == "zero1":
-            comm = 2 * half_ring_s(s, workers, net)  # reduce-scatter, then all-gather
+            # DDP's all-reduce of the gradients, then the partitions' parameters broadcast
+            comm = ring_allreduce_s(s, workers, net) + half_ring_s(s, workers, net)
         else:
             hosts, local = hosts_of(workers, per_host) if strategy == "hsdp" else (1, workers)
             shard_net = net.local() if strategy == "hsdp" else net

@@ -41,6 +41,12 @@ class WorkerLost(WorkerFailed):
     """A worker's process or executor went away (killed, crashed, its machine lost)."""
 
 
+class WorkerPreempted(WorkerFailed):
+    """A worker was asked to stop (SIGTERM, SIGHUP: its executor decommissioned, its machine
+    shutting down); every rank saved at the step they agreed on and stopped. Restarted from that
+    checkpoint without counting against ``max_restarts``."""
+
+
 class EnvironmentProblem(SparkdpError, RuntimeError):
     """Something the machine lacks (Java, a dataset, a reachable master)."""
 

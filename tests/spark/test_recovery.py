@@ -341,3 +341,25 @@ def test_a_launched_script_is_restarted_and_sees_its_restart_number(spark, tmp_p
     assert lines[1].startswith("sparkdp: recovered from failure 1 (worker 1 died") and lines[1].endswith(
         "on 2 of 2 workers"
     ), lines
+
+
+@pytest.mark.distributed
+@pytest.mark.slow  # (make test-all) ~30 s; tests/train/test_preempt.py stops two ranks at a step in make test
+def test_a_preempted_worker_saves_first_and_the_restart_is_free(
+    spark, fashion, uninterrupted, tmp_path, monkeypatch, caplog
+):
+    # worker 1 gets SIGTERM after its 30th step (47 a epoch); no periodic checkpoints, and no
+    # restarts allowed: only the checkpoint the preemption saves lets the job go on
+    monkeypatch.setenv("SPARKDP_FAULT", "term:rank=1:step=30")
+    with caplog.at_level(logging.WARNING, logger="sparkdp"):
+        result = _fit(spark, fashion, checkpoint_dir=str(tmp_path), max_restarts=0)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("sparkdp: ")]
+    assert lines == [
+        "sparkdp: worker 1 preempted (its executor or machine is going away); a checkpoint was saved at "
+        "epoch 1, step 31 -- preemption 1, restart from epoch 1, step 31 (preemptions do not count "
+        "against max_restarts)",
+        "sparkdp: recovered from preemption 1 (worker 1 preempted (its executor or machine is going away); "
+        "a checkpoint was saved at epoch 1, step 31) on 2 of 2 workers",
+    ], lines
+    assert result.details["restarts"] == [] and len(result.details["preemptions"]) == 1
+    _same_weights(uninterrupted, result)  # resumed at the step it stopped: the same trajectory

@@ -73,14 +73,18 @@ class _Moving(_Plan):
 
     def __init__(self, *errors: BaseException, stuck: bool = False) -> None:
         super().__init__(*errors)
-        self.points = iter(["epoch 1, step 6"] * 9 if stuck else [f"epoch 1, step {6 * i}" for i in range(1, 9)])
+        self.points = iter(
+            ["epoch 1, step 6"] * 9 if stuck else [f"epoch 1, step {6 * i}" for i in range(1, 9)]
+        )
 
     def restart_point(self) -> str | None:
         return next(self.points)
 
 
 def test_preemptions_restart_without_counting_against_max_restarts(caplog):
-    preempted = WorkerPreempted("worker 1 preempted (its executor or machine is going away); a checkpoint ...")
+    preempted = WorkerPreempted(
+        "worker 1 preempted (its executor or machine is going away); a checkpoint ..."
+    )
     plan = _Moving(preempted, preempted, WorkerLost("worker 0 died"))
     slots = iter([1, 2, 2])
     policy = RestartPolicy.of(JobConfig.of(max_restarts=1, min_workers=1))
@@ -121,4 +125,6 @@ def test_a_preemption_that_made_no_progress_counts_as_a_failure():
 
 def test_a_preemption_with_nowhere_to_restart_from_is_raised():
     with pytest.raises(WorkerPreempted):
-        Controller(RestartPolicy(max_restarts=3), 2).run(_Plan(WorkerPreempted("worker 1 preempted"), where=None))
+        Controller(RestartPolicy(max_restarts=3), 2).run(
+            _Plan(WorkerPreempted("worker 1 preempted"), where=None)
+        )

@@ -61,7 +61,11 @@ def _train(coll, checkpoint_dir: str, fault: str | None):
     except WorkerPreempted as exc:
         outcome = str(exc)
     restored = signal.getsignal(signal.SIGTERM) is before
-    return {"outcome": outcome, "restored": restored, "params": [p.detach().clone() for p in spec.model.parameters()]}
+    return {
+        "outcome": outcome,
+        "restored": restored,
+        "params": [p.detach().clone() for p in spec.model.parameters()],
+    }
 
 
 @pytest.mark.distributed

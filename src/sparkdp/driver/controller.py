@@ -137,7 +137,9 @@ class RestartPolicy:
             return self.recover(exc, requested, slots, where, attempt_s=attempt_s)
         cause = self.cause(exc)
         now = self.workers(requested, slots)
-        self.preemptions.append({"cause": cause, "restart_from": where, "attempt_s": attempt_s, "workers": now})
+        self.preemptions.append(
+            {"cause": cause, "restart_from": where, "attempt_s": attempt_s, "workers": now}
+        )
         log.warning(
             "sparkdp: %s -- preemption %d, restart from %s%s (preemptions do not count against max_restarts)",
             cause,

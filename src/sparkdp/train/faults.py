@@ -62,7 +62,9 @@ class Fault:
         if self.action == "kill-driver":
             os.kill(self.driver_pid, signal.SIGKILL)
             return
-        os.kill(os.getpid(), {"kill": signal.SIGKILL, "term": signal.SIGTERM}.get(self.action, signal.SIGSTOP))
+        os.kill(
+            os.getpid(), {"kill": signal.SIGKILL, "term": signal.SIGTERM}.get(self.action, signal.SIGSTOP)
+        )
 
 
 _last_step_end: dict[int, float] = {}  # slow by factor: when each slowed rank's previous step ended

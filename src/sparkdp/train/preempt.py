@@ -159,7 +159,9 @@ def preempted(ranks: tuple[int, ...], epoch: int, step: int, saved: bool) -> Wor
     """The error every rank raises once the ranks agreed to stop (the same text on each)."""
     who = ", ".join(map(str, ranks))
     where = f"epoch {epoch + 1}, step {step}" if step else f"the start of epoch {epoch + 1}"
-    what = f"a checkpoint was saved at {where}" if saved else f"stopped at {where} without a checkpoint policy"
+    what = (
+        f"a checkpoint was saved at {where}" if saved else f"stopped at {where} without a checkpoint policy"
+    )
     err = WorkerPreempted(f"worker {who} preempted (its executor or machine is going away); {what}")
     err.rank = ranks[0]
     return err

@@ -354,12 +354,18 @@ def test_a_preempted_worker_saves_first_and_the_restart_is_free(
     with caplog.at_level(logging.WARNING, logger="sparkdp"):
         result = _fit(spark, fashion, checkpoint_dir=str(tmp_path), max_restarts=0)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("sparkdp: ")]
+    [preemption] = result.details["preemptions"]
+    where = preemption["restart_from"]
+    # saved where the ranks agreed, after the signal: no step before it is lost (the agreement
+    # comes about every half second, so a few steps later at most)
+    assert re.fullmatch(r"epoch 1, step (\d+)", where) and 30 <= int(where.split()[-1]) < 47, where
+    why = (
+        "preempted: worker 1 received SIGTERM or SIGHUP (its executor or machine is going away); saved a "
+        f"checkpoint at {where}"
+    )
     assert lines == [
-        "sparkdp: worker 1 preempted (its executor or machine is going away); a checkpoint was saved at "
-        "epoch 1, step 31 -- preemption 1, restart from epoch 1, step 31 (preemptions do not count "
-        "against max_restarts)",
-        "sparkdp: recovered from preemption 1 (worker 1 preempted (its executor or machine is going away); "
-        "a checkpoint was saved at epoch 1, step 31) on 2 of 2 workers",
+        f"sparkdp: {why} -- preemption 1, restart from {where} (preemptions do not count against max_restarts)",
+        f"sparkdp: recovered from preemption 1 ({why}) on 2 of 2 workers",
     ], lines
-    assert result.details["restarts"] == [] and len(result.details["preemptions"]) == 1
+    assert result.details["restarts"] == []
     _same_weights(uninterrupted, result)  # resumed at the step it stopped: the same trajectory

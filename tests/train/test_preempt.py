@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from sparkdp.comm.single import IndependentCollective, SingleProcessCollective
-from sparkdp.train.preempt import PreemptionWatch, watch_preemption
+from sparkdp.train import preempt
+from sparkdp.train.preempt import PreemptionWatch, Stop, watch_preemption
 from tests.helpers.dist import run_workers
 
 pytestmark = pytest.mark.timeout(120)
@@ -51,7 +52,10 @@ def _spec(checkpoint_dir: str | None, fault: str | None, epochs: int = 2):
 
 def _train(coll, checkpoint_dir: str, fault: str | None):
     from sparkdp.errors import WorkerPreempted
+    from sparkdp.train import preempt
     from sparkdp.train.loop import fit_worker
+
+    preempt.AGREE_EVERY_S = 0  # an agreement at every step: the stop's step is exact
 
     before = signal.getsignal(signal.SIGTERM)
     spec = _spec(checkpoint_dir, fault)
@@ -75,14 +79,15 @@ def test_sigterm_to_one_rank_saves_at_the_next_step_boundary_and_stops_every_ran
     signalled_after = 5  # rank 1 gets SIGTERM after its 5th step (of 8 in epoch 1)
     out = run_workers(_train, 2, str(tmp_path), f"term:rank=1:step={signalled_after}", timeout_s=90)
     assert [o["outcome"] for o in out] == [
-        "worker 1 preempted (its executor or machine is going away); a checkpoint was saved at epoch 1, step 6"
+        "preempted: worker 1 received SIGTERM or SIGHUP (its executor or machine is going away); saved a "
+        "checkpoint at epoch 1, step 6"
     ] * 2
     assert all(o["restored"] for o in out)  # the handlers in place before training are back
     saved = latest_checkpoint(str(tmp_path))
     assert saved is not None and saved.epoch == 0
-    # the stop comes at most one step after the signal: the reduction started at the step the
-    # signal arrived in is read at the next boundary
-    assert signalled_after <= saved.step <= signalled_after + 1
+    # agreeing at every step, the stop comes one step after the signal: the reduction started at
+    # the step the signal arrived in is read at the next boundary
+    assert saved.step == signalled_after + 1
     # what was saved is what rank 0 trained up to that step
     for name, p in zip(saved.model, out[0]["params"], strict=True):
         torch.testing.assert_close(saved.model[name], p, rtol=0, atol=0)
@@ -107,18 +112,19 @@ def test_a_second_sigterm_kills_the_worker_as_before():
     assert proc.returncode == -signal.SIGTERM
 
 
-def test_the_drivers_notice_flags_rank_0_and_the_agreement_reports_it():
+def test_the_drivers_notice_flags_rank_0_and_the_agreement_reports_it(monkeypatch):
+    monkeypatch.setattr(preempt, "AGREE_EVERY_S", 0)  # an agreement at every step
     posted = {"now": False}
     watch = PreemptionWatch(SingleProcessCollective(), notice=lambda: posted["now"])
     assert watch.install()
     try:
-        assert watch.step_boundary() == () and watch.step_boundary() == ()
+        assert watch.step_boundary() is None and watch.step_boundary() is None
         posted["now"] = True
         deadline = time.monotonic() + 10
         while not watch.noticed and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert watch.step_boundary() == ()  # this boundary's reduction carries the flag...
-        assert watch.step_boundary() == (0,)  # ...read at the next one
+        assert watch.step_boundary() is None  # this boundary's reduction carries the flag...
+        assert watch.step_boundary() == Stop(signalled=(), noticed=True)  # ...read at the next one
     finally:
         watch.restore()
 
@@ -126,3 +132,24 @@ def test_the_drivers_notice_flags_rank_0_and_the_agreement_reports_it():
 def test_no_watch_for_asynchronous_workers():
     with watch_preemption(IndependentCollective(0, 2)) as watch:
         assert watch is None
+
+
+def test_agreements_come_about_every_agree_every_s_at_the_cadence_rank_0_proposes(monkeypatch):
+    monkeypatch.setattr(preempt, "AGREE_EVERY_S", 0.05)
+    started = []
+    coll = SingleProcessCollective()
+    real = coll.start_all_reduce
+    monkeypatch.setattr(coll, "start_all_reduce", lambda t, op="sum": (started.append(1), real(t, op))[1])
+    watch = PreemptionWatch(coll)
+    began = time.perf_counter()
+    for _ in range(40):  # steps of 10 ms or more: an agreement every 5 steps or fewer
+        time.sleep(0.01)
+        assert watch.step_boundary() is None
+    elapsed = time.perf_counter() - began
+    assert len(started) <= elapsed / 0.05 + 3 and len(started) < 20, (len(started), elapsed)
+    watch.signal = signal.SIGTERM
+    steps = 0
+    while watch.step_boundary() is None and steps < 20:
+        time.sleep(0.01)
+        steps += 1
+    assert steps <= 6  # the next agreement (at most 5 steps away), read at the boundary after it

@@ -483,7 +483,7 @@ def _fit_worker(
         strategy.end_epoch()
         elapsed = before + time.perf_counter() - started
         train_time += elapsed
-        stop = watch.drain() if watch is not None else ()
+        stop = watch.drain() if watch is not None else None
         collective.all_reduce(stats, "sum")
         if stats[1].item() == 0:
             raise DataError(
@@ -523,7 +523,7 @@ def _fit_worker(
             probe.event("epoch", **record)
         if saver is not None:
             saver.save(epoch + 1, 0, history)
-        if stop and epoch < spec.last_epoch():  # (after the last epoch only the report is left)
+        if stop is not None and epoch < spec.last_epoch():  # (after the last epoch only the report is left)
             if saver is not None:
                 saver.close()
             raise preempted(stop, epoch + 1, 0, saved=saver is not None)

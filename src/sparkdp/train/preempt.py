@@ -8,10 +8,14 @@ signals no Python process: the executor only stops taking tasks and waits for it
 The driver sees it, though, and posts a notice beside the job's checkpoints
 (driver/preemption.py); rank 0 polls for it every second in a thread. Either only sets a flag.
 The ranks agree on it through the
-collective: at every optimizer-step boundary each rank starts a SUM all-reduce of a one-int-per-rank
-tensor (its own entry set when it was signalled) and waits for the one started at the previous
-boundary. The reduction runs beside the next step's compute, so it costs no step time, and every
-rank sees the same flags at the same step: the stop comes at most one step after the signal.
+collective: at an optimizer-step boundary each rank starts a SUM all-reduce of one int per rank
+(its own entry set when it was signalled) and reads it at the next boundary, so the reduction
+runs beside that step's compute, and every rank sees the same flags at the same step. Such a
+reduction starts about every :data:`AGREE_EVERY_S` seconds of training: rank 0 proposes how many
+steps that is from its step time, in the same tensor, so every rank learns the same cadence.
+One tiny all-reduce per half second costs nothing measurable even where steps take milliseconds
+(benchmarks/preempt_cost.py), and the stop comes at most about half a second plus one step after
+the signal, with every step before the stop saved.
 
 The training loop then saves a checkpoint there and raises :class:`~sparkdp.errors.WorkerPreempted`,
 which the job controller restarts from that checkpoint without counting it against
@@ -26,7 +30,9 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
@@ -42,6 +48,21 @@ log = logging.getLogger(__name__)
 SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 #: how often rank 0 looks for the driver's notice (one stat, or one HEAD on an object store)
 NOTICE_POLL_S = 1.0
+#: a rank's entry in the agreement: it received a signal, or saw the driver's notice
+SIGNALLED, NOTICED = 1, 2
+#: about how many seconds of training pass between two agreements (0: one at every step)
+AGREE_EVERY_S = 0.5
+#: the most steps between two agreements, however short the steps
+MAX_INTERVAL = 64
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Why the ranks agreed to stop: the ranks that received a signal, and whether rank 0 saw the
+    driver's notice of a decommissioning executor."""
+
+    signalled: tuple[int, ...] = ()
+    noticed: bool = False
 
 
 class PreemptionWatch:
@@ -56,6 +77,9 @@ class PreemptionWatch:
         self.signal: int | None = None  # the first signal this process received
         self.noticed = False  # the driver's notice was seen (``notice``, polled by a thread)
         self._pending: Pending | None = None
+        self._wait = 0  # step boundaries left before the next agreement starts
+        self._started = (time.perf_counter(), 0)  # when the last agreement started, at which boundary
+        self._boundaries = 0
         self._previous: dict[int, Any] = {}
         self._stop = threading.Event()
         self._poller = (
@@ -107,30 +131,48 @@ class PreemptionWatch:
         )
 
     # -- the agreement -------------------------------------------------------------------
-    def step_boundary(self) -> tuple[int, ...]:
-        """Start this boundary's reduction, finish the previous one: the signalled ranks, by the
-        previous boundary's flags (every rank gets the same answer at the same boundary)."""
-        agreed = self._finish()
-        if agreed:
-            return agreed
-        flags = torch.zeros(self.collective.world_size, dtype=torch.int32, device=self.collective.device)
-        if self.signal is not None or self.noticed:
-            flags[self.collective.rank] = 1
-        self._pending = self.collective.start_all_reduce(flags, "sum")
-        return ()
+    def step_boundary(self) -> Stop | None:
+        """At an optimizer-step boundary: read the agreement started at the previous one (why the
+        ranks stop, the same on every rank, or None), and start the next when it is due."""
+        self._boundaries += 1
+        if self._pending is not None:
+            stop = self._finish()
+            if stop is not None:
+                return stop
+        if self._wait > 0:
+            self._wait -= 1
+            return None
+        self._start()
+        return None
 
-    def drain(self) -> tuple[int, ...]:
-        """Finish the reduction still in flight (at an epoch's end, before other collectives'
-        results are read): the signalled ranks, or ()."""
-        return self._finish()
+    def drain(self) -> Stop | None:
+        """Finish the agreement still in flight (at an epoch's end, before other collectives'
+        results are read): why the ranks stop, or None."""
+        return self._finish() if self._pending is not None else None
 
-    def _finish(self) -> tuple[int, ...]:
-        if self._pending is None:
-            return ()
+    def _start(self) -> None:
+        coll = self.collective
+        flags = torch.zeros(coll.world_size + 1, dtype=torch.int32, device=coll.device)
+        if self.signal is not None or self.noticed:  # (each rank writes its own entry: the sum keeps why)
+            flags[coll.rank] = SIGNALLED if self.signal is not None else NOTICED
+        if coll.rank == 0:  # the steps until the next agreement, from rank 0's step time so far
+            began, at = self._started
+            step_s = (time.perf_counter() - began) / max(self._boundaries - at, 1)
+            flags[-1] = min(max(int(AGREE_EVERY_S / step_s) if step_s > 0 and at else 1, 1), MAX_INTERVAL)
+        self._started = (time.perf_counter(), self._boundaries)
+        self._pending = coll.start_all_reduce(flags, "sum")
+
+    def _finish(self) -> Stop | None:
+        assert self._pending is not None
         flags = self._pending.wait()
         self._pending = None
         assert isinstance(flags, torch.Tensor)
-        return tuple(int(r) for r in torch.nonzero(flags.cpu()).flatten().tolist())
+        *values, interval = flags.cpu().tolist()
+        self._wait = max(int(interval), 1) - 1
+        signalled = tuple(r for r, v in enumerate(values) if v == SIGNALLED)
+        if not any(values):
+            return None
+        return Stop(signalled, noticed=any(v == NOTICED for v in values))
 
 
 @contextlib.contextmanager
@@ -155,16 +197,18 @@ def watch_preemption(
         watch.restore()
 
 
-def preempted(ranks: tuple[int, ...], epoch: int, step: int, saved: bool) -> WorkerPreempted:
+def preempted(stop: Stop, epoch: int, step: int, saved: bool) -> WorkerPreempted:
     """The error every rank raises once the ranks agreed to stop (the same text on each)."""
-    who = ", ".join(map(str, ranks))
+    if stop.signalled:
+        who = ", ".join(map(str, stop.signalled))
+        why = f"worker {who} received SIGTERM or SIGHUP (its executor or machine is going away)"
+    else:
+        why = "an executor of the job is decommissioning (seen by the driver)"
     where = f"epoch {epoch + 1}, step {step}" if step else f"the start of epoch {epoch + 1}"
-    what = (
-        f"a checkpoint was saved at {where}" if saved else f"stopped at {where} without a checkpoint policy"
-    )
-    err = WorkerPreempted(f"worker {who} preempted (its executor or machine is going away); {what}")
-    err.rank = ranks[0]
+    what = f"saved a checkpoint at {where}" if saved else f"stopped at {where} without a checkpoint policy"
+    err = WorkerPreempted(f"preempted: {why}; {what}")
+    err.rank = stop.signalled[0] if stop.signalled else None
     return err
 
 
-__all__ = ["SIGNALS", "PreemptionWatch", "preempted", "watch_preemption"]
+__all__ = ["SIGNALS", "PreemptionWatch", "Stop", "preempted", "watch_preemption"]

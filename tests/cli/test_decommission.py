@@ -99,7 +99,9 @@ def test_a_decommissioned_worker_saves_and_the_job_moves_to_the_workers_left(tmp
     epoch, step = (int(n) for n in preemption["restart_from"].removeprefix("epoch ").split(", step "))
     assert (epoch - 1) * STEPS + step >= seen  # nothing trained before the notice was lost
     lines = [ln for ln in text.splitlines() if ln.startswith("sparkdp: ")]
-    assert any("is decommissioning: asking the workers to save a checkpoint and stop" in ln for ln in lines), lines
+    assert any(
+        "is decommissioning: asking the workers to save a checkpoint and stop" in ln for ln in lines
+    ), lines
     assert any(f"-- preemption 1, restart from {preemption['restart_from']}" in ln for ln in lines), lines
     assert any(ln.startswith("sparkdp: recovered from preemption 1") for ln in lines), lines
     assert [h["epoch"] for h in result["history"]] == [1, 2, 3, 4]

@@ -82,9 +82,7 @@ class _Moving(_Plan):
 
 
 def test_preemptions_restart_without_counting_against_max_restarts(caplog):
-    preempted = WorkerPreempted(
-        "worker 1 preempted (its executor or machine is going away); a checkpoint ..."
-    )
+    preempted = WorkerPreempted("preempted: worker 1 received SIGTERM or SIGHUP; saved a checkpoint ...")
     plan = _Moving(preempted, preempted, WorkerLost("worker 0 died"))
     slots = iter([1, 2, 2])
     policy = RestartPolicy.of(JobConfig.of(max_restarts=1, min_workers=1))
@@ -93,10 +91,10 @@ def test_preemptions_restart_without_counting_against_max_restarts(caplog):
     # the slots come back after the first preemption: the job grows back to 2 workers
     assert seen == [Attempt(0, 2), Attempt(1, 1), Attempt(2, 2), Attempt(3, 2)]
     assert [r.getMessage() for r in caplog.records] == [
-        "sparkdp: worker 1 preempted (its executor or machine is going away); a checkpoint ... -- preemption 1, "
+        "sparkdp: preempted: worker 1 received SIGTERM or SIGHUP; saved a checkpoint ... -- preemption 1, "
         "restart from epoch 1, step 6 on 1 of 2 workers (task slots gone) (preemptions do not count against "
         "max_restarts)",
-        "sparkdp: worker 1 preempted (its executor or machine is going away); a checkpoint ... -- preemption 2, "
+        "sparkdp: preempted: worker 1 received SIGTERM or SIGHUP; saved a checkpoint ... -- preemption 2, "
         "restart from epoch 1, step 12 (preemptions do not count against max_restarts)",
         # the one failure max_restarts=1 allows is still there after two preemptions
         "sparkdp: worker 0 died -- restart 1 of 1 from epoch 1, step 18",

@@ -141,12 +141,12 @@ def test_agreements_come_about_every_agree_every_s_at_the_cadence_rank_0_propose
     real = coll.start_all_reduce
     monkeypatch.setattr(coll, "start_all_reduce", lambda t, op="sum": (started.append(1), real(t, op))[1])
     watch = PreemptionWatch(coll)
-    began = time.perf_counter()
     for _ in range(40):  # steps of 10 ms or more: an agreement every 5 steps or fewer
         time.sleep(0.01)
         assert watch.step_boundary() is None
-    elapsed = time.perf_counter() - began
-    assert len(started) <= elapsed / 0.05 + 3 and len(started) < 20, (len(started), elapsed)
+    # one at the first boundary, one at the second (the first step time measured), then one
+    # every int(0.05 s / step time) <= 5 steps: far fewer than the 40 steps, however slow the machine
+    assert 8 <= len(started) <= 20, len(started)
     watch.signal = signal.SIGTERM
     steps = 0
     while watch.step_boundary() is None and steps < 20:

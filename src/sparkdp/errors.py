@@ -48,6 +48,12 @@ class WorkerOutOfMemory(WorkerFailed):
     limit_bytes: int | None = None  # the worker's memory limit, when it had one it could read
 
 
+class WorkerPreempted(WorkerFailed):
+    """A worker was asked to stop (SIGTERM, SIGHUP: its executor decommissioned, its machine
+    shutting down); every rank saved at the step they agreed on and stopped. Restarted from that
+    checkpoint without counting against ``max_restarts``."""
+
+
 class EnvironmentProblem(SparkdpError, RuntimeError):
     """Something the machine lacks (Java, a dataset, a reachable master)."""
 

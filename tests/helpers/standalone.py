@@ -3,6 +3,7 @@ process group (a Worker and the executor it launches die together when the group
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -12,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 import pyspark
 
 SPARK_HOME = Path(pyspark.__file__).parent
@@ -28,6 +30,8 @@ class StandaloneCluster:
     directory: Path
     workers: int = 2
     cores: int = 1
+    #: Java options of the Workers (SPARK_WORKER_OPTS), e.g. -Dspark.decommission.enabled=true
+    worker_opts: str = ""
     master_url: str = ""
     procs: list[subprocess.Popen] = field(default_factory=list)
 
@@ -40,6 +44,7 @@ class StandaloneCluster:
             "SPARK_WORKER_DIR": str(self.directory / "work"),
             "SPARK_LOG_DIR": str(self.directory / "logs"),
             "SPARK_NO_DAEMONIZE": "1",
+            **({"SPARK_WORKER_OPTS": self.worker_opts} if self.worker_opts else {}),
         }
 
     def _start(self, name: str, *args: str) -> subprocess.Popen:
@@ -94,7 +99,24 @@ class StandaloneCluster:
         """SIGKILL worker ``i`` and everything it started (its executor and Python workers)."""
         os.killpg(self.procs[1 + i].pid, signal.SIGKILL)
 
+    def worker_processes(self, i: int) -> list[psutil.Process]:
+        """Everything worker ``i`` started: its executors, their Python daemons and workers (which
+        PySpark's daemon moves into a process group of its own)."""
+        try:
+            return psutil.Process(self.procs[1 + i].pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def decommission_worker(self, i: int) -> None:
+        """SIGPWR to worker ``i``: with spark.decommission.enabled on the Worker, it decommissions
+        itself and its executors (they take no new tasks)."""
+        os.kill(self.procs[1 + i].pid, signal.SIGPWR)
+
     def stop(self) -> None:
+        started = [p for i in range(len(self.procs) - 1) for p in self.worker_processes(i)]
+        for p in started:  # the Python daemons and workers are outside the Workers' groups
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
         for proc in self.procs:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)

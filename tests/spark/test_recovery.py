@@ -345,3 +345,31 @@ def test_a_launched_script_is_restarted_and_sees_its_restart_number(spark, tmp_p
     assert lines[1].startswith("sparkdp: recovered from failure 1 (worker 1 died") and lines[1].endswith(
         "on 2 of 2 workers"
     ), lines
+
+
+@pytest.mark.distributed
+@pytest.mark.slow  # (make test-all) ~30 s; tests/train/test_preempt.py stops two ranks at a step in make test
+def test_a_preempted_worker_saves_first_and_the_restart_is_free(
+    spark, fashion, uninterrupted, tmp_path, monkeypatch, caplog
+):
+    # worker 1 gets SIGTERM after its 30th step (47 a epoch); no periodic checkpoints, and no
+    # restarts allowed: only the checkpoint the preemption saves lets the job go on
+    monkeypatch.setenv("SPARKDP_FAULT", "term:rank=1:step=30")
+    with caplog.at_level(logging.WARNING, logger="sparkdp"):
+        result = _fit(spark, fashion, checkpoint_dir=str(tmp_path), max_restarts=0)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("sparkdp: ")]
+    [preemption] = result.details["preemptions"]
+    where = preemption["restart_from"]
+    # saved where the ranks agreed, after the signal: no step before it is lost (the agreement
+    # comes about every half second, so a few steps later at most)
+    assert re.fullmatch(r"epoch 1, step (\d+)", where) and 30 <= int(where.split()[-1]) < 47, where
+    why = (
+        "preempted: worker 1 received SIGTERM or SIGHUP (its executor or machine is going away); saved a "
+        f"checkpoint at {where}"
+    )
+    assert lines == [
+        f"sparkdp: {why} -- preemption 1, restart from {where} (preemptions do not count against max_restarts)",
+        f"sparkdp: recovered from preemption 1 ({why}) on 2 of 2 workers",
+    ], lines
+    assert result.details["restarts"] == []
+    _same_weights(uninterrupted, result)  # resumed at the step it stopped: the same trajectory

@@ -9,12 +9,18 @@ runs its workers through :meth:`Controller.run`. An attempt ends in one of three
   the :class:`RestartPolicy` decides whether a restart is allowed and on how many workers, the
   plan says where the next attempt continues from (its newest checkpoint), and the next attempt
   starts there;
+* it raises :class:`~sparkdp.errors.WorkerPreempted` (a worker was asked to stop: every rank
+  saved at the step they agreed on): the next attempt continues from that checkpoint, on the
+  slots left, and the preemption does not count against ``max_restarts`` -- the job lost no
+  work, and a cluster that reclaims machines would otherwise end long jobs. A preemption that
+  made no progress since the previous one (its checkpoint is at the same place) counts as a
+  failure, so that a worker stopped at every start cannot restart the job forever;
 * it raises anything else (bad configuration or data, a diverged loss), or a worker ran out of
   memory (:class:`~sparkdp.errors.WorkerOutOfMemory`): raised at once, since running it again
   would fail the same way.
 
-Each failure is one warning line and each recovery another, with the same wording for every
-plan (docs/guide/reliability.md).
+Each failure or preemption is one warning line and each recovery another, with the same wording
+for every plan (docs/guide/reliability.md).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from ..config import JobConfig
-from ..errors import WorkerFailed, WorkerHung, WorkerOutOfMemory
+from ..errors import WorkerFailed, WorkerHung, WorkerOutOfMemory, WorkerPreempted
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +79,8 @@ class RestartPolicy:
     #: one record per failure: its cause, where the job continued from, on how many workers, and
     #: how long the failed attempt had run (its work after the checkpoint resumed from was redone)
     failures: list[dict[str, Any]] = field(default_factory=list)
+    #: one record per preemption (not counted against max_restarts): its cause and where it resumed
+    preemptions: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def of(cls, job: JobConfig) -> RestartPolicy:
@@ -123,13 +131,36 @@ class RestartPolicy:
         )
         return now
 
-    def recovered(self, workers: int, requested: int) -> None:
-        """The one line once the attempt after a failure has done its work."""
-        last = self.failures[-1]
+    def preempted(
+        self, exc: WorkerPreempted, requested: int, slots: int | None, where: str, attempt_s: float = 0.0
+    ) -> int:
+        """After a preemption that saved at ``where``: the workers to continue on, with the one log
+        line; not counted against ``max_restarts`` unless it made no progress since the previous
+        preemption (then :meth:`recover` decides, as for any failure)."""
+        if self.preemptions and self.preemptions[-1]["restart_from"] == where:
+            return self.recover(exc, requested, slots, where, attempt_s=attempt_s)
+        cause = self.cause(exc)
+        now = self.workers(requested, slots)
+        self.preemptions.append(
+            {"cause": cause, "restart_from": where, "attempt_s": attempt_s, "workers": now}
+        )
         log.warning(
-            "sparkdp: recovered from failure %d (%s) on %d of %d workers",
-            len(self.failures),
-            last["cause"],
+            "sparkdp: %s -- preemption %d, restart from %s%s (preemptions do not count against max_restarts)",
+            cause,
+            len(self.preemptions),
+            where,
+            f" on {now} of {requested} workers (task slots gone)" if now < requested else "",
+        )
+        return now
+
+    def recovered(self, workers: int, requested: int, preemption: bool = False) -> None:
+        """The one line once the attempt after a failure (or a preemption) has done its work."""
+        kind, records = ("preemption", self.preemptions) if preemption else ("failure", self.failures)
+        log.warning(
+            "sparkdp: recovered from %s %d (%s) on %d of %d workers",
+            kind,
+            len(records),
+            records[-1]["cause"],
             workers,
             requested,
         )
@@ -165,11 +196,23 @@ class Controller(Generic[T]):
 
     def run(self, plan: Plan[T]) -> T:
         """Run ``plan``'s attempts until one returns; each failure is decided by the policy."""
-        failed = False
+        failed, preempted = False, False
         while True:
             began = time.perf_counter()
             try:
                 result = plan.attempt(Attempt(self.restart, self.now))
+            except WorkerPreempted as exc:
+                where = plan.restart_point()
+                if where is None:  # nowhere to continue from: a failure like any other
+                    self.restarts.recover(exc, self.requested, self.slots(), "nowhere", can_restart=False)
+                assert where is not None  # (recover raised)
+                counted = len(self.restarts.failures)
+                self.now = self.restarts.preempted(
+                    exc, self.requested, self.slots(), where, attempt_s=time.perf_counter() - began
+                )
+                preempted = len(self.restarts.failures) == counted
+                self.restart, failed = self.restart + 1, failed or not preempted
+                continue
             except WorkerFailed as exc:
                 where = plan.restart_point()
                 self.now = self.restarts.recover(
@@ -180,10 +223,10 @@ class Controller(Generic[T]):
                     can_restart=where is not None,
                     attempt_s=time.perf_counter() - began,
                 )
-                self.restart, failed = self.restart + 1, True
+                self.restart, failed, preempted = self.restart + 1, True, False
                 continue
-            if failed:
-                self.restarts.recovered(self.now, self.requested)
+            if failed or preempted:
+                self.restarts.recovered(self.now, self.requested, preemption=preempted)
             return result
 
 

@@ -31,6 +31,7 @@ from ..train.report import WorkerReport
 from ..train.result import TrainResult
 from .controller import Attempt, Controller, RestartPolicy
 from .memory_advice import out_of_memory_explained
+from .preemption import decommission_notice
 from .recovery import (
     checkpoint_policy,
     merged_history,
@@ -117,13 +118,14 @@ class BarrierRunner:
 
         def run_stage(attempt: FitSpec, n: int) -> WorkerReport:
             first, last = attempt.part.start_epoch + 1, attempt.last_epoch() + 1
-            return _barrier(
-                lambda coll: fit_worker(attempt, coll),
-                n,
-                job,
-                spark,
-                f"sparkdp {attempt.strategy.name} on {n} workers: epochs {first}-{last} of {last}",
-            )
+            with decommission_notice(spark, attempt.checkpoint):
+                return _barrier(
+                    lambda coll: fit_worker(attempt, coll),
+                    n,
+                    job,
+                    spark,
+                    f"sparkdp {attempt.strategy.name} on {n} workers: epochs {first}-{last} of {last}",
+                )
 
         restarts = RestartPolicy.of(job)
         with (
@@ -298,6 +300,8 @@ def trained(
             # per worker: peak RSS and model-state bytes (train.memory)
             "memory": list(report.memory),
             "restarts": list(restarts.failures),
+            # preemptions: restarts that saved first, not counted against max_restarts
+            "preemptions": list(restarts.preemptions),
         },
     )
 

@@ -25,6 +25,7 @@ from ..errors import (
     WorkerHung,
     WorkerLost,
     WorkerOutOfMemory,
+    WorkerPreempted,
 )
 from ..train.memory import is_out_of_memory, memory_limit_bytes
 
@@ -32,10 +33,19 @@ log = logging.getLogger(__name__)
 
 _ERROR_MARK = "SPARKDP_WORKER_ERROR"
 #: errors a worker raises whose message is the whole story (WorkerLost: a retried asynchronous
-#: task that stops at once, so that the driver's restart policy decides)
+#: task that stops at once, so that the driver's restart policy decides; WorkerPreempted: every
+#: rank saved and stopped, so that the controller restarts without counting it)
 _REBUILDABLE = {
     cls.__name__: cls
-    for cls in (ConfigError, DataError, EnvironmentProblem, RendezvousTimeout, TrainingDiverged, WorkerLost)
+    for cls in (
+        ConfigError,
+        DataError,
+        EnvironmentProblem,
+        RendezvousTimeout,
+        TrainingDiverged,
+        WorkerLost,
+        WorkerPreempted,
+    )
 }
 
 

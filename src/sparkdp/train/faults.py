@@ -6,6 +6,9 @@ Set ``SPARKDP_FAULT`` on the driver (it travels to the workers inside the job) t
 * ``stop:rank=R:step=S`` -- worker R stops itself (SIGSTOP) after its S-th step, as a hung
   process would (only the collective timeout, ``pg_timeout_s``, ends the wait);
 * ``raise:rank=R:step=S`` -- worker R raises ``RuntimeError`` after its S-th step;
+* ``term:rank=R:step=S`` -- worker R sends itself SIGTERM after its S-th step, as a preempted
+  machine's would be (a synchronous job saves at the next step boundary and restarts from there:
+  ``train.preempt``);
 * ``slow:rank=R:step=S:ms=M`` -- from its S-th step on, worker R sleeps M ms in every step, as
   a busy or slower machine would (a straggler; ``sparkdp.monitor.stragglers`` names it);
   ``slow:rank=R1,R2:step=S:factor=F`` -- those workers take F times as long per step (they sleep
@@ -30,7 +33,7 @@ from dataclasses import dataclass
 from ..errors import ConfigError
 
 ENV = "SPARKDP_FAULT"
-ACTIONS = ("kill", "stop", "raise", "kill-driver", "slow", "kill-server")
+ACTIONS = ("kill", "stop", "raise", "term", "kill-driver", "slow", "kill-server")
 
 
 @dataclass(frozen=True)
@@ -59,7 +62,9 @@ class Fault:
         if self.action == "kill-driver":
             os.kill(self.driver_pid, signal.SIGKILL)
             return
-        os.kill(os.getpid(), signal.SIGKILL if self.action == "kill" else signal.SIGSTOP)
+        os.kill(
+            os.getpid(), {"kill": signal.SIGKILL, "term": signal.SIGTERM}.get(self.action, signal.SIGSTOP)
+        )
 
 
 _last_step_end: dict[int, float] = {}  # slow by factor: when each slowed rank's previous step ended
@@ -99,7 +104,7 @@ def fault_from_env(environ: dict[str, str] | None = None) -> Fault | None:
     if not ok:
         raise ConfigError(
             f"{ENV}={text!r} is not a fault sparkdp knows; use ACTION:rank=R:step=S with ACTION one "
-            f"of kill, stop, raise, R >= 0 and S >= 1 (e.g. kill:rank=1:step=30), "
+            f"of kill, stop, raise, term, R >= 0 and S >= 1 (e.g. kill:rank=1:step=30), "
             "slow:rank=R:step=S:ms=M, slow:rank=R1,R2:step=S:factor=F (F >= 1), kill-driver:step=S, or "
             "kill-server:rank=S:step=P; "
             "or unset it."

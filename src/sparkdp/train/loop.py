@@ -29,6 +29,7 @@ from .layout import batch_layout, set_layout, use_channels_last
 from .memory import MemoryMeter
 from .optim import OptimizerFactory
 from .precision import resolve_precision
+from .preempt import PreemptionWatch, preempted, watch_preemption
 from .report import WorkerReport
 from .schedule import ScheduleSpec
 from .step import Stepper, with_last
@@ -329,7 +330,8 @@ def fit_worker(spec: FitSpec, collective: Collective) -> WorkerReport | None:
     collective times out, the ranks that did not time out too are the stalled ones."""
     probe = open_probe(spec.monitor, collective.rank, spec.strategy.comm_stats)
     try:
-        return _fit_worker(spec, collective, probe)
+        with watch_preemption(collective, spec.checkpoint) as watch:
+            return _fit_worker(spec, collective, probe, watch)
     except RuntimeError as exc:
         if collective.independent or not is_collective_timeout(exc):
             raise
@@ -344,7 +346,9 @@ def _who_stalled(collective: Collective) -> str:
     return f"{who} stopped making progress; worker {me} timed out waiting for it in a collective"
 
 
-def _fit_worker(spec: FitSpec, collective: Collective, probe: Any) -> WorkerReport | None:
+def _fit_worker(
+    spec: FitSpec, collective: Collective, probe: Any, watch: PreemptionWatch | None = None
+) -> WorkerReport | None:
     """The one training loop every worker runs, synchronous or asynchronous.
 
     What differs between strategies happens in their hooks: ``setup`` (DDP wrap, averaging
@@ -467,6 +471,11 @@ def _fit_worker(spec: FitSpec, collective: Collective, probe: Any) -> WorkerRepo
                 spec.fault.maybe_fire(rank, steps_done)
             probe.step_done(time.perf_counter() - arrived, rows, value)
             # (a checkpoint falls between optimizer steps, never inside a group of micro-batches)
+            if watch is not None and (stepper is None or stepper.stepped) and (stop := watch.step_boundary()):
+                if saver is not None:
+                    saver.save(epoch, step + 1, history, stats, before + time.perf_counter() - started)
+                    saver.close()
+                raise preempted(stop, epoch, step + 1, saved=saver is not None)
             if saver is not None and (stepper is None or stepper.stepped) and saver.due(step + 1):
                 saver.save(epoch, step + 1, history, stats, before + time.perf_counter() - started)
             ready = time.perf_counter()
@@ -474,6 +483,7 @@ def _fit_worker(spec: FitSpec, collective: Collective, probe: Any) -> WorkerRepo
         strategy.end_epoch()
         elapsed = before + time.perf_counter() - started
         train_time += elapsed
+        stop = watch.drain() if watch is not None else None
         collective.all_reduce(stats, "sum")
         if stats[1].item() == 0:
             raise DataError(
@@ -513,6 +523,10 @@ def _fit_worker(spec: FitSpec, collective: Collective, probe: Any) -> WorkerRepo
             probe.event("epoch", **record)
         if saver is not None:
             saver.save(epoch + 1, 0, history)
+        if stop is not None and epoch < spec.last_epoch():  # (after the last epoch only the report is left)
+            if saver is not None:
+                saver.close()
+            raise preempted(stop, epoch + 1, 0, saved=saver is not None)
     if saver is not None:
         saver.close()  # the job's last checkpoint is written before the worker reports
     strategy.finish()

@@ -156,7 +156,10 @@ def test_parts_written_by_several_processes_are_committed_by_one(tmp_path):
 
 
 def test_rotation_removes_this_jobs_older_directory_checkpoints_and_uncommitted_ones_only(tmp_path):
-    mine, other = CheckpointStore(str(tmp_path), "mine", keep=2), CheckpointStore(str(tmp_path), "other", keep=1)
+    mine, other = (
+        CheckpointStore(str(tmp_path), "mine", keep=2),
+        CheckpointStore(str(tmp_path), "other", keep=1),
+    )
     with other.directory_checkpoint("shards", "e00001-s00000000") as writer:
         writer.write("part", b"theirs")
     other.directory_writer("shards", "e00002-s00000000").write("part", b"theirs, never committed")

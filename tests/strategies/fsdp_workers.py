@@ -103,8 +103,20 @@ def fit(
 
 
 def _mlp():
+    """A small net with tied weights (as a language model's head and embedding): a sharded
+    checkpoint writes the shared tensor once and loads it into both."""
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(6, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 3))
+    net = nn.Sequential(
+        nn.Linear(6, 32),
+        nn.Tanh(),
+        nn.Linear(32, 32),
+        nn.Tanh(),
+        nn.Linear(32, 32),
+        nn.Tanh(),
+        nn.Linear(32, 3),
+    )
+    net[4].weight = net[2].weight
+    return net
 
 
 def _global_step(coll, net, opt, x, y, step: int, rows: int) -> float:
@@ -134,7 +146,7 @@ def checkpoint_then_continue(coll, directory: str, steps: int, rows: int):
     from sparkdp.train.sharded_checkpoint import ShardedSaver, split_tensors
 
     x, y = _problem()
-    strategy = STRATEGIES.create("fsdp", min_params=100)
+    strategy = STRATEGIES.create("fsdp")  # one shard unit: the tied weights in it
     model = strategy.shard(_mlp(), coll)
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
     net = strategy.setup(model, opt, coll)
@@ -147,6 +159,7 @@ def checkpoint_then_continue(coll, directory: str, steps: int, rows: int):
     saver.save(
         0,
         steps,
+        model,
         {"model": state["model"], "optimizer": tensors},
         checkpoint_payload(
             epoch=0,
@@ -173,7 +186,7 @@ def _resume(coll, directory: str, steps: int, moments: bool):
     checkpoint = latest_checkpoint(directory)
     assert checkpoint is not None and checkpoint.step == steps and checkpoint.shards
     assert checkpoint.model == {}  # the weights are in the shards only
-    strategy = STRATEGIES.create("fsdp", min_params=100)
+    strategy = STRATEGIES.create("fsdp")  # one shard unit: the tied weights in it
     model = strategy.shard(_mlp(), coll)  # fresh weights: the checkpoint's come from the shards
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
     restore(checkpoint.shards, strategy, model, opt, state_io.from_bytes(checkpoint.optimizer)["optimizer"])

@@ -662,7 +662,8 @@ class _Saver:
     ) -> None:
         """Every rank writes its shards; rank 0 adds the rest of the checkpoint (no model)."""
         assert self.shards is not None
-        state = self.strategy.sharded_state(self.strategy.unwrap(), self.optimizer)
+        module = self.strategy.unwrap()
+        state = self.strategy.sharded_state(module, self.optimizer)
         tensors, rest = split_tensors(state["optimizer"]["state"])
         loop = checkpoint_payload(
             epoch=epoch,
@@ -679,7 +680,7 @@ class _Saver:
             workers=self.collective.world_size,
             epoch_stats=epoch_stats,
         )
-        self.shards.save(epoch, step, {"model": state["model"], "optimizer": tensors}, loop)
+        self.shards.save(epoch, step, module, {"model": state["model"], "optimizer": tensors}, loop)
 
     def close(self) -> None:
         """Wait for the last write; raise its error if it failed."""

@@ -87,6 +87,22 @@ def merge(tensors: Any, rest: Any) -> Any:
     return out
 
 
+def aliases(model: torch.nn.Module) -> dict[str, str]:
+    """Names under which ``model`` holds a parameter or buffer it already holds under an earlier
+    name (tied weights, e.g. a language model's head and embedding) -> that earlier name: the
+    tensor is written once, under its first name, and loaded back into both. Read from the
+    module, not from a state dict (whose tensors are fresh views), so every rank agrees."""
+    first: dict[int, str] = {}
+    out: dict[str, str] = {}
+    named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    for name, value in named:
+        if id(value) in first:
+            out[name] = first[id(value)]
+        else:
+            first[id(value)] = name
+    return out
+
+
 def _own(tree: dict[str, Any], rank: int) -> dict[str, Any]:
     """What this rank writes: its DTensor shards; replicated (plain) tensors on rank 0 only."""
     from torch.distributed.tensor import DTensor
@@ -124,9 +140,11 @@ class ShardedSaver:
         self._pending: str | None = None  # the position written but not yet committed
         self._written: dict[str, str] = {}  # this rank's parts of it -> SHA-256
 
-    def save(self, epoch: int, step: int, state: dict[str, Any], loop: dict[str, Any]) -> None:
-        """Every rank: stage ``state`` (:meth:`Strategy.sharded_state`'s, its tensors) and write
-        it in the background; rank 0 adds ``loop`` (:func:`~sparkdp.train.checkpoint.checkpoint_payload`,
+    def save(
+        self, epoch: int, step: int, model: torch.nn.Module, state: dict[str, Any], loop: dict[str, Any]
+    ) -> None:
+        """Every rank: stage ``state`` (:meth:`Strategy.sharded_state`'s tensors for ``model``,
+        the module it came from) and write it in the background; rank 0 adds ``loop`` (:func:`~sparkdp.train.checkpoint.checkpoint_payload`,
         no model) as the loop-state part. The previous save is committed first."""
         rank, position = self.collective.rank, sync_position(epoch, step)
         self.writer.wait()  # this rank's previous write is done (its error raised here)
@@ -139,7 +157,9 @@ class ShardedSaver:
 
             cuda = torch.cuda.is_available()
             self._stager = DefaultStager(StagingOptions(cuda, False, False, cuda))
-        staged = self._stager.stage(_own(state, rank))
+        tied = aliases(model)
+        weights = {k: v for k, v in state["model"].items() if k not in tied}
+        staged = self._stager.stage(_own({**state, "model": weights}, rank))
         loop_bytes = encode(host_copy(loop), self.store.job_id, SHARDED_SERIES) if rank == 0 else None
         self._pending = position
 
@@ -243,7 +263,9 @@ def restore(
     store = CheckpointStore(directory or ".", "reader", storage_options=storage_options)
     manifest = store.manifest(name)
     target = strategy.sharded_state(model, optimizer)
-    tensors, _ = split_tensors({"model": target["model"], "optimizer": target["optimizer"]["state"]})
+    tied = aliases(model)
+    weights = {k: v for k, v in target["model"].items() if k not in tied}
+    tensors, _ = split_tensors({"model": weights, "optimizer": target["optimizer"]["state"]})
     with tempfile.TemporaryDirectory(prefix="sparkdp-shards-") as tmp:
         for part in manifest["parts"]:
             if part != LOOP_PART:  # each part checked against the manifest's SHA-256 as it is read
@@ -257,14 +279,15 @@ def restore(
                 "directory."
             ) from exc
     optimizer_state = merge(tensors["optimizer"], saved_optimizer.get("state", {}))
+    weights = {**tensors["model"], **{alias: tensors["model"][name] for alias, name in tied.items()}}
     strategy.load_sharded_state(
         model,
         optimizer,
         {
-            "model": tensors["model"],
+            "model": weights,
             "optimizer": {"state": optimizer_state, "param_groups": saved_optimizer["param_groups"]},
         },
     )
 
 
-__all__ = ["ShardedSaver", "merge", "restore", "shard_part", "split_tensors"]
+__all__ = ["ShardedSaver", "aliases", "merge", "restore", "shard_part", "split_tensors"]

@@ -13,6 +13,11 @@ against: docs/guide/security.md, Files the job reads.
 The directory is a local path (on a cluster: one every executor and the driver can reach) or an
 fsspec URL (``s3://...``, ``hdfs://...``); rank 0 writes, in the background
 (:class:`~sparkdp.train.checkpoint_store.BackgroundWriter`), the driver reads.
+
+A strategy that shards the state (``fsdp``) writes sharded checkpoints instead
+(:mod:`sparkdp.train.sharded_checkpoint`, series ``shards``): every rank its own shards, rank 0
+this module's payload without the model as the ``loop-state`` part; :func:`latest_checkpoint`
+returns either kind, a sharded one with ``shards`` set and an empty ``model``.
 """
 
 from __future__ import annotations

@@ -665,6 +665,9 @@ class _Saver:
         module = self.strategy.unwrap()
         state = self.strategy.sharded_state(module, self.optimizer)
         tensors, rest = split_tensors(state["optimizer"]["state"])
+        if self.collective.rank != 0:  # rank 0 alone writes the loop state
+            self.shards.save(epoch, step, module, {"model": state["model"], "optimizer": tensors}, {})
+            return
         loop = checkpoint_payload(
             epoch=epoch,
             step=step,

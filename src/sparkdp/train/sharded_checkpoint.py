@@ -157,7 +157,7 @@ class ShardedSaver:
 
             cuda = torch.cuda.is_available()
             self._stager = DefaultStager(StagingOptions(cuda, False, False, cuda))
-        tied = aliases(model)
+        tied = {k: v for k, v in aliases(model).items() if v in state["model"]}
         weights = {k: v for k, v in state["model"].items() if k not in tied}
         staged = self._stager.stage(_own({**state, "model": weights}, rank))
         loop_bytes = encode(host_copy(loop), self.store.job_id, SHARDED_SERIES) if rank == 0 else None
@@ -263,7 +263,7 @@ def restore(
     store = CheckpointStore(directory or ".", "reader", storage_options=storage_options)
     manifest = store.manifest(name)
     target = strategy.sharded_state(model, optimizer)
-    tied = aliases(model)
+    tied = {k: v for k, v in aliases(model).items() if v in target["model"]}
     weights = {k: v for k, v in target["model"].items() if k not in tied}
     tensors, _ = split_tensors({"model": weights, "optimizer": target["optimizer"]["state"]})
     with tempfile.TemporaryDirectory(prefix="sparkdp-shards-") as tmp:

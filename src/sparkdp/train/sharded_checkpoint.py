@@ -104,14 +104,19 @@ def aliases(model: torch.nn.Module) -> dict[str, str]:
 
 
 def _own(tree: dict[str, Any], rank: int) -> dict[str, Any]:
-    """What this rank writes: its DTensor shards; replicated (plain) tensors on rank 0 only."""
-    from torch.distributed.tensor import DTensor
+    """What this rank writes: its DTensor shards (on a mesh that also replicates them, the first
+    replica's only); tensors every rank holds whole (not DTensors) on rank 0 only."""
+    from torch.distributed.tensor import DTensor, Replicate
 
     out: dict[str, Any] = {}
     for key, value in tree.items():
         if isinstance(value, dict):
             out[key] = _own(value, rank)
-        elif isinstance(value, DTensor) or rank == 0:
+        elif isinstance(value, DTensor):
+            where: list[int] = value.device_mesh.get_coordinate() or []
+            if all(c == 0 for c, p in zip(where, value.placements) if isinstance(p, Replicate)):
+                out[key] = value
+        elif rank == 0:
             out[key] = value
     return out
 

@@ -113,7 +113,7 @@ def _own(tree: dict[str, Any], rank: int) -> dict[str, Any]:
         if isinstance(value, dict):
             out[key] = _own(value, rank)
         elif isinstance(value, DTensor):
-            where: list[int] = value.device_mesh.get_coordinate() or []
+            where = list(value.device_mesh.get_coordinate() or ())
             if all(c == 0 for c, p in zip(where, value.placements) if isinstance(p, Replicate)):
                 out[key] = value
         elif rank == 0:

@@ -373,3 +373,53 @@ def test_a_preempted_worker_saves_first_and_the_restart_is_free(
     ], lines
     assert result.details["restarts"] == []
     _same_weights(uninterrupted, result)  # resumed at the step it stopped: the same trajectory
+
+
+@pytest.mark.slow  # the quick siblings: tests/strategies/test_fsdp.py (resharding, the loop's resume)
+def test_an_fsdp_job_continues_on_fewer_workers_from_its_sharded_checkpoint(
+    spark, tmp_path, monkeypatch, caplog
+):
+    """fsdp on 2 workers writes sharded checkpoints (each worker its own shards); a worker is
+    killed and only one task slot is left (as Spark would say), so the job resumes its sharded
+    checkpoint on 1 worker (min_workers=1), which loads both shards, and finishes there."""
+    from sparkdp.spark import cluster
+    from sparkdp.train.checkpoint import latest_checkpoint
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(640, 6, generator=g)
+    y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+
+    def fit(**kw):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
+        return sparkdp.fit(
+            model,
+            (x, y),
+            epochs=2,
+            batch_size=8,
+            optimizer="adamw",
+            optimizer_options={"lr": 0.01},
+            strategy="fsdp",
+            strategy_options={"min_params": 100},
+            spark=spark,
+            show_progress=False,
+            **kw,
+        )
+
+    monkeypatch.setattr(cluster, "available_slots", lambda sc: 1)
+    monkeypatch.setenv("SPARKDP_FAULT", "kill:rank=1:step=30")  # 40 steps per epoch and worker
+    with caplog.at_level(logging.WARNING, logger="sparkdp"):
+        result = fit(workers=2, min_workers=1, checkpoint_dir=str(tmp_path), checkpoint_every=20)
+    restarts = _lines(caplog)
+    assert len(restarts) == 2 and "restart 1 of 3 from epoch 1, step 20 on 1 of 2 workers" in restarts[0], (
+        restarts
+    )
+    assert result.workers == 1 and [h["epoch"] for h in result.history] == [1, 2]
+    assert sum(h["samples"] for h in result.history) == 2 * 640  # the killed epoch counted once, in full
+    # the sharded checkpoint the restart read: both workers' shards, committed by one manifest
+    [manifest] = [p for p in tmp_path.glob("shards-e00000-s00000020-*.manifest.json")]
+    shards = sorted(p.name for p in tmp_path.joinpath(manifest.name.removesuffix(".manifest.json")).iterdir())
+    assert shards == ["loop-state", *(f"shard-0000{r}-model-00001-of-00001.safetensors" for r in (1, 2))]
+    last = latest_checkpoint(tmp_path)  # one worker saves its whole state again
+    assert last is not None and (last.epoch, last.workers, last.shards) == (2, 1, "")
+    assert result.history[-1]["loss"] < result.history[0]["loss"]

@@ -80,19 +80,22 @@ def fit_spec(strategy_name: str, epochs: int = 2, **options) -> FitSpec:
     )
 
 
-def fit(coll, strategy_name: str, checkpoint_dir: str | None = None):
+def fit(
+    coll, strategy_name: str, checkpoint_dir: str | None = None, keep: int = 10, options: dict | None = None
+):
     """fit_worker's report on rank 0 (None elsewhere), as plain values; with ``checkpoint_dir``,
-    a checkpoint at every epoch end."""
+    a checkpoint at every epoch end (``keep`` of them); ``options``: the strategy's."""
     from dataclasses import replace
 
     from sparkdp.config import CheckpointConfig
     from sparkdp.train.checkpoint import CheckpointPolicy
 
-    spec = fit_spec(strategy_name)
+    spec = fit_spec(strategy_name, **(options or {}))
     if checkpoint_dir is not None:
-        spec = replace(
-            spec, checkpoint=CheckpointPolicy(checkpoint_dir, CheckpointConfig(keep_checkpoints=10))
-        )
+        settings = CheckpointConfig(
+            keep_checkpoints=keep
+        )  # one job identity on every rank, as the driver ships
+        spec = replace(spec, checkpoint=CheckpointPolicy(checkpoint_dir, settings, "fit-job"))
     report = fit_worker(spec, coll)
     if report is None:
         return None
@@ -100,8 +103,20 @@ def fit(coll, strategy_name: str, checkpoint_dir: str | None = None):
 
 
 def _mlp():
+    """A small net with tied weights (as a language model's head and embedding): a sharded
+    checkpoint writes the shared tensor once and loads it into both."""
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(6, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 3))
+    net = nn.Sequential(
+        nn.Linear(6, 32),
+        nn.Tanh(),
+        nn.Linear(32, 32),
+        nn.Tanh(),
+        nn.Linear(32, 32),
+        nn.Tanh(),
+        nn.Linear(32, 3),
+    )
+    net[4].weight = net[2].weight
+    return net
 
 
 def _global_step(coll, net, opt, x, y, step: int, rows: int) -> float:
@@ -124,64 +139,88 @@ def _problem():
 
 
 def checkpoint_then_continue(coll, directory: str, steps: int, rows: int):
-    """Train ``steps`` global steps with fsdp, checkpoint (the loop's hooks and file format), then
-    take 2 more steps: their mean losses."""
-    from sparkdp.train.checkpoint import CheckpointPolicy, save_checkpoint
+    """Train ``steps`` global steps with fsdp, save a sharded checkpoint (every rank its own
+    shards, through the loop's saver), then take 2 more steps: their mean losses."""
+    from sparkdp.train.checkpoint import CheckpointPolicy, checkpoint_payload
     from sparkdp.train.loop import optimizer_state_to_bytes
+    from sparkdp.train.sharded_checkpoint import ShardedSaver, split_tensors
 
     x, y = _problem()
-    strategy = STRATEGIES.create("fsdp", min_params=100)
+    strategy = STRATEGIES.create("fsdp")  # one shard unit: the tied weights in it
     model = strategy.shard(_mlp(), coll)
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
     net = strategy.setup(model, opt, coll)
     for step in range(steps):
         _global_step(coll, net, opt, x, y, step, rows)
-    weights, optimizer = strategy.model_state(), strategy.optimizer_state(opt)
-    if coll.rank == 0:
-        save_checkpoint(
-            CheckpointPolicy(directory),
+    assert strategy.saves_shards()
+    state = strategy.sharded_state(model, opt)
+    tensors, rest = split_tensors(state["optimizer"]["state"])
+    saver = ShardedSaver(CheckpointPolicy(directory, job_id="four-workers"), coll)  # one job on every rank
+    saver.save(
+        0,
+        steps,
+        model,
+        {"model": state["model"], "optimizer": tensors},
+        checkpoint_payload(
             epoch=0,
             step=steps,
-            model=weights,
-            optimizer=optimizer_state_to_bytes(opt, None, optimizer),
+            model={},
+            optimizer=optimizer_state_to_bytes(
+                opt, None, {"state": rest, "param_groups": state["optimizer"]["param_groups"]}
+            ),
             strategy_state={},
             rng=[],
             history=[],
             workers=coll.world_size,
-        )
+        ),
+    )
+    saver.close()
     return [_global_step(coll, net, opt, x, y, step, rows) for step in (steps, steps + 1)]
+
+
+def _resume(coll, directory: str, steps: int, moments: bool):
+    from sparkdp import state as state_io
+    from sparkdp.train.checkpoint import latest_checkpoint
+    from sparkdp.train.sharded_checkpoint import restore
+
+    checkpoint = latest_checkpoint(directory)
+    assert checkpoint is not None and checkpoint.step == steps and checkpoint.shards
+    assert checkpoint.model == {}  # the weights are in the shards only
+    strategy = STRATEGIES.create("fsdp")  # one shard unit: the tied weights in it
+    model = strategy.shard(_mlp(), coll)  # fresh weights: the checkpoint's come from the shards
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    restore(checkpoint.shards, strategy, model, opt, state_io.from_bytes(checkpoint.optimizer)["optimizer"])
+    if not moments:
+        opt.state.clear()
+    return strategy.setup(model, opt, coll), opt
 
 
 def resume_and_continue(coll, directory: str, steps: int, rows: int):
-    """Resume the checkpoint of :func:`checkpoint_then_continue` (on any number of ranks) and take
-    the same 2 global steps: their mean losses."""
-    from sparkdp import state as state_io
-    from sparkdp.train.checkpoint import latest_checkpoint
-
+    """Resume the sharded checkpoint of :func:`checkpoint_then_continue` (on any number of
+    ranks) and take the same 2 global steps: their mean losses; then the same with the
+    optimizer's moments dropped (the test's negative control)."""
     x, y = _problem()
-    checkpoint = latest_checkpoint(directory)
-    assert checkpoint is not None and checkpoint.step == steps
-    model = _mlp()
-    model.load_state_dict(checkpoint.model)  # as the driver's resume does
-    strategy = STRATEGIES.create("fsdp", min_params=100)
-    model = strategy.shard(model, coll)
-    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
-    strategy.load_optimizer_state(opt, state_io.from_bytes(checkpoint.optimizer)["optimizer"])
-    net = strategy.setup(model, opt, coll)
-    return [_global_step(coll, net, opt, x, y, step, rows) for step in (steps, steps + 1)]
+    runs = []
+    for moments in (True, False):
+        net, opt = _resume(coll, directory, steps, moments)
+        runs.append([_global_step(coll, net, opt, x, y, step, rows) for step in (steps, steps + 1)])
+    return runs
 
 
-def resume_and_continue_without_moments(coll, directory: str, steps: int, rows: int):
-    """:func:`resume_and_continue` with a fresh optimizer (the test's negative control)."""
-    from sparkdp.train.checkpoint import latest_checkpoint
+def fit_resumed(coll, checkpoint_dir: str):
+    """fit_worker resumed from the newest checkpoint in ``checkpoint_dir`` (as the driver's
+    restart does), saving into it as the same job: rank 0's report as plain values."""
+    from dataclasses import replace
 
-    x, y = _problem()
-    checkpoint = latest_checkpoint(directory)
+    from sparkdp.config import CheckpointConfig
+    from sparkdp.driver.recovery import resumed
+    from sparkdp.train.checkpoint import CheckpointPolicy, latest_checkpoint
+
+    checkpoint = latest_checkpoint(checkpoint_dir)
     assert checkpoint is not None
-    model = _mlp()
-    model.load_state_dict(checkpoint.model)
-    strategy = STRATEGIES.create("fsdp", min_params=100)
-    model = strategy.shard(model, coll)
-    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
-    net = strategy.setup(model, opt, coll)
-    return [_global_step(coll, net, opt, x, y, step, rows) for step in (steps, steps + 1)]
+    policy = CheckpointPolicy(checkpoint_dir, CheckpointConfig(keep_checkpoints=10), checkpoint.job_id)
+    spec = replace(resumed(fit_spec("fsdp"), checkpoint, coll.world_size), checkpoint=policy)
+    report = fit_worker(spec, coll)
+    if report is None:
+        return None
+    return {"history": report.history, "state": report.state}

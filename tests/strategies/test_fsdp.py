@@ -12,8 +12,8 @@ from tests.helpers.dist import run_workers
 from tests.strategies.fsdp_workers import (
     checkpoint_then_continue,
     fit,
+    fit_resumed,
     resume_and_continue,
-    resume_and_continue_without_moments,
     step_losses,
 )
 
@@ -122,29 +122,35 @@ def test_fit_worker_with_fsdp_reports_the_whole_model_metrics_and_memory_like_al
 
 
 @pytest.mark.distributed
-@pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_checkpoint_written_on_4_workers_resumes_on_2_with_the_same_next_losses(tmp_path):
-    """The checkpoint holds the whole model and optimizer state (gathered), so 2 workers shard
-    it their way; the steps after the resume (the second one uses AdamW's restored moments)
-    match the 4-worker run's continuation."""
+def test_a_sharded_checkpoint_written_on_4_workers_resumes_on_2_with_the_same_next_losses(tmp_path):
+    """Each of 4 ranks writes its own shards; 2 ranks load them into their own sharding (DCP
+    reshards); the steps after the resume (the second one uses AdamW's restored moments) match
+    the 4-worker run's continuation."""
     steps, rows = 3, 16
     four = run_workers(checkpoint_then_continue, 4, str(tmp_path), steps, rows, timeout_s=200)[0]
-    two = run_workers(resume_and_continue, 2, str(tmp_path), steps, rows, timeout_s=200)[0]
+    [manifest] = [p.name for p in tmp_path.iterdir() if p.name.endswith(".manifest.json")]
+    parts = sorted(p.name for p in (tmp_path / manifest.removesuffix(".manifest.json")).iterdir())
+    assert parts == ["loop-state", *(f"shard-0000{r}-model-00001-of-00001.safetensors" for r in range(1, 5))]
+    two, fresh = run_workers(resume_and_continue, 2, str(tmp_path), steps, rows, timeout_s=200)[0]
     assert two == pytest.approx(four, rel=1e-4)
-    fresh = run_workers(resume_and_continue_without_moments, 2, str(tmp_path), steps, rows, timeout_s=200)[0]
+    assert fresh[0] == pytest.approx(four[0], rel=1e-4)  # the weights came back
     assert fresh[1] != pytest.approx(four[1], rel=1e-4)  # the moments matter to the second step
 
 
 @pytest.mark.distributed
 @pytest.mark.timeout(240)
-def test_the_loops_checkpoints_under_fsdp_hold_the_whole_model_and_named_optimizer_state(tmp_path):
+def test_with_sharded_checkpoints_off_the_loops_checkpoints_hold_the_whole_model_and_named_optimizer_state(
+    tmp_path,
+):
     from sparkdp import state as state_io
     from sparkdp.train.checkpoint import latest_checkpoint
 
-    report = run_workers(fit, WORLD, "fsdp", str(tmp_path), timeout_s=200)[0]
+    options = {"sharded_checkpoints": False}
+    report = run_workers(fit, WORLD, "fsdp", str(tmp_path), 10, options, timeout_s=200)[0]
     checkpoint = latest_checkpoint(tmp_path)
     assert checkpoint is not None and (checkpoint.epoch, checkpoint.step, checkpoint.workers) == (2, 0, WORLD)
+    assert not checkpoint.shards
     final = load_safetensors(report["state"])
     assert checkpoint.model.keys() == final.keys()
     for key, value in final.items():  # the last epoch's checkpoint is the returned model
@@ -153,6 +159,37 @@ def test_the_loops_checkpoints_under_fsdp_hold_the_whole_model_and_named_optimiz
     assert sorted(optimizer["state"]) == sorted(final)  # whole moments, by parameter name
     for name, moments in optimizer["state"].items():
         assert moments["exp_avg"].shape == final[name].shape, name
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(300)
+def test_the_loop_writes_sharded_checkpoints_and_an_uncommitted_one_is_never_resumed(tmp_path):
+    """Under fsdp every rank writes its shards at each epoch end; an epoch whose manifest is
+    missing (a crash before the commit) is not what resume picks: the job resumes from the
+    epoch before, rewrites the lost one, and ends with the uninterrupted run's model."""
+    from sparkdp.train.checkpoint import latest_checkpoint
+
+    whole = run_workers(fit, WORLD, "fsdp", str(tmp_path), timeout_s=200)[0]
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == [
+        "shards-e00001-s00000000-fit-job",
+        "shards-e00001-s00000000-fit-job.manifest.json",
+        "shards-e00002-s00000000-fit-job",
+        "shards-e00002-s00000000-fit-job.manifest.json",
+    ]
+    assert not list(tmp_path.rglob("*.metadata"))  # no pickled DCP metadata is written
+    last = latest_checkpoint(tmp_path)
+    assert last is not None and (last.epoch, last.step, last.workers) == (2, 0, WORLD) and last.shards
+    (tmp_path / names[3]).unlink()  # epoch 2 written, never committed
+    first = latest_checkpoint(tmp_path)
+    assert first is not None and first.epoch == 1 and [h["epoch"] for h in first.history] == [1]
+    resumed = run_workers(fit_resumed, WORLD, str(tmp_path), timeout_s=200)[0]
+    assert [h["epoch"] for h in resumed["history"]] == [2]
+    assert resumed["history"][0]["loss"] == pytest.approx(whole["history"][1]["loss"], rel=1e-5)
+    want, got = load_safetensors(whole["state"]), load_safetensors(resumed["state"])
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], rtol=1e-5, atol=1e-6, msg=key)
+    assert sorted(p.name for p in tmp_path.iterdir()) == names  # epoch 2 rewritten and committed
 
 
 @pytest.mark.distributed

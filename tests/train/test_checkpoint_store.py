@@ -137,3 +137,48 @@ def test_a_failed_background_write_is_logged_and_raised_at_the_next_save_and_at_
     with pytest.raises(OSError, match="No space left"):
         writer.close()  # the end of the job
     writer.close()  # raised once
+
+
+def test_parts_written_by_several_processes_are_committed_by_one(tmp_path):
+    """Each rank writes its parts through its own writer; one commit lists all of them, and
+    each part reads back checked against its SHA-256."""
+    ranks = [CheckpointStore(str(tmp_path), "job") for _ in range(2)]
+    for rank, store in enumerate(ranks):
+        store.directory_writer("shards", "e00001-s00000000").write(f"rank{rank}", b"x" * (rank + 1))
+    assert ranks[0].names() == []  # nothing listed before the commit
+    import hashlib
+
+    parts = {f"rank{r}": hashlib.sha256(b"x" * (r + 1)).hexdigest() for r in range(2)}
+    name = ranks[0].commit_directory("shards", "e00001-s00000000", parts)
+    assert ranks[1].read_part(name, "rank1") == b"xx"
+    with pytest.raises(ValueError, match="lists no part 'rank2'"):
+        ranks[1].read_part(name, "rank2")
+
+
+def test_rotation_removes_this_jobs_older_directory_checkpoints_and_uncommitted_ones_only(tmp_path):
+    mine, other = (
+        CheckpointStore(str(tmp_path), "mine", keep=2),
+        CheckpointStore(str(tmp_path), "other", keep=1),
+    )
+    with other.directory_checkpoint("shards", "e00001-s00000000") as writer:
+        writer.write("part", b"theirs")
+    other.directory_writer("shards", "e00002-s00000000").write("part", b"theirs, never committed")
+    mine.directory_writer("shards", "e00000-s00000005").write("part", b"mine, never committed")
+    for epoch in (1, 2, 3):
+        with mine.directory_checkpoint("shards", f"e{epoch:05d}-s00000000") as writer:
+            writer.write("part", b"mine")
+    mine.directory_writer("shards", "e00004-s00000000").write("part", b"mine, being written")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "shards-e00001-s00000000-other",  # another job's, committed or not, stays
+        "shards-e00001-s00000000-other.manifest.json",
+        "shards-e00002-s00000000-mine",
+        "shards-e00002-s00000000-mine.manifest.json",
+        "shards-e00002-s00000000-other",
+        "shards-e00003-s00000000-mine",
+        "shards-e00003-s00000000-mine.manifest.json",
+        "shards-e00004-s00000000-mine",  # newer than the last commit: a write in flight
+    ]
+    mine.discard("shards", "e00004-s00000000")  # what a save at that position does first
+    mine.discard("shards", "e00003-s00000000")
+    assert mine.names("shards", "mine") == ["shards-e00002-s00000000-mine.manifest.json"]
+    assert not (tmp_path / "shards-e00004-s00000000-mine").exists()

@@ -95,7 +95,8 @@ def resume_point(job: JobConfig) -> Checkpoint | None:
     found = latest_checkpoint(job.checkpoints.resume, settings=job.checkpoints)
     if found is None:
         raise ConfigError(
-            f"resume={job.checkpoints.resume!r}: no readable checkpoint (ckpt-e*-s*-*.safetensors) there. "
+            f"resume={job.checkpoints.resume!r}: no readable checkpoint (ckpt-e*-s*-*.safetensors, or "
+            "shards-e*-s*-*.manifest.json with its directory) there. "
             "Point resume at the checkpoint_dir of an earlier run, or leave it unset to start afresh."
         )
     return found
@@ -105,10 +106,13 @@ def resumed(spec: FitSpec, checkpoint: Checkpoint, workers: int | None = None) -
     """``spec`` continuing from ``checkpoint``: its weights, strategy state and position.
 
     On another number of ``workers`` than the checkpoint's, the data is re-sharded and a
-    mid-epoch position becomes the step that covers about as many rows.
+    mid-epoch position becomes the step that covers about as many rows. A sharded checkpoint's
+    weights and optimizer tensors stay in its shards: the workers load them (``part.shards``),
+    each its new share, and a model they do not fit is refused there.
     """
-    check_compatible(spec.model, checkpoint)
-    spec.model.load_state_dict(checkpoint.model)
+    if not checkpoint.shards:  # a sharded one's weights the workers load, resharded to their number
+        check_compatible(spec.model, checkpoint)
+        spec.model.load_state_dict(checkpoint.model)
     spec.strategy.load_state_dict(checkpoint.strategy_state)
     last = spec.last_epoch()
     step = checkpoint.step
@@ -122,6 +126,7 @@ def resumed(spec: FitSpec, checkpoint: Checkpoint, workers: int | None = None) -
         rng=tuple(checkpoint.rng),
         history=tuple(checkpoint.history),
         epoch_stats=checkpoint.epoch_stats,
+        shards=checkpoint.shards or None,
     )
     return replace(spec, epochs=last + 1 - checkpoint.epoch, part=part)
 

@@ -71,7 +71,11 @@ def fit_epochs(
     for epoch in range(first, last + 1):
         controller.workers()  # shrunk by an earlier failure: back to the full count when the slots are
         part = StagePart(
-            start_epoch=epoch, last_epoch=last, optimizer_state=opt_state, return_optimizer_state=True
+            start_epoch=epoch,
+            last_epoch=last,
+            optimizer_state=opt_state,
+            return_optimizer_state=True,
+            shards=spec.part.shards if epoch == first else None,  # a resumed sharded checkpoint's weights
         )
         restarts_before = controller.restart
         report = controller.run(EpochPlan(run_epoch, replace(spec, part=part, fault=fault), epoch))

@@ -168,6 +168,29 @@ class Strategy(ABC):
         """Load what :meth:`optimizer_state` returned (every rank, after :meth:`shard`)."""
         optimizer.load_state_dict(state)
 
+    def saves_shards(self) -> bool:
+        """Whether checkpoints hold every rank's own shard of the state (each rank writes its
+        own: ``train.sharded_checkpoint``) instead of rank 0's whole state. Default: no."""
+        return False
+
+    def sharded_state(self, model: nn.Module, optimizer: Optimizer) -> dict[str, Any]:
+        """``{"model": ..., "optimizer": {"state": ..., "param_groups": ...}}`` as this rank holds
+        them, keyed by parameter name (``torch.distributed.checkpoint.state_dict``'s: a sharding
+        strategy's tensors are DTensors), for sharded checkpoints; ``model`` is the module
+        :meth:`shard` returned. Every rank calls it; an optimizer that has not stepped gets its
+        state created first."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        weights, optim = get_state_dict(model, optimizer)
+        return {"model": weights, "optimizer": optim}
+
+    def load_sharded_state(self, model: nn.Module, optimizer: Optimizer, state: dict[str, Any]) -> None:
+        """Load what :meth:`sharded_state` returned (filled from a sharded checkpoint) into ``model``
+        and ``optimizer`` (every rank, after :meth:`shard`, before :meth:`setup`)."""
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
     def options(self) -> dict[str, Any]:
         """The strategy's settings, for logs and the JSON summary."""
         return {}

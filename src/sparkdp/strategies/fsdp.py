@@ -57,6 +57,10 @@ class FSDP(Strategy):
         param_dtype: compute and all-gather the parameters in this dtype (``"bf16"``,
             ``"fp16"``; None: as stored, float32), keeping float32 shards for the optimizer.
         reduce_dtype: the dtype gradients are reduce-scattered in (default float32).
+        sharded_checkpoints: every rank writes its own shards to the job's checkpoints
+            (``train.sharded_checkpoint``; resumable on any number of workers); False gathers
+            the whole model and optimizer state to rank 0 for each checkpoint, as other
+            strategies save.
     """
 
     name = "fsdp"
@@ -68,6 +72,7 @@ class FSDP(Strategy):
         min_params: int = 1_000_000,
         param_dtype: str | None = None,
         reduce_dtype: str = "fp32",
+        sharded_checkpoints: bool = True,
     ) -> None:
         super().__init__()
         check_int("fsdp: min_params", min_params)
@@ -75,6 +80,7 @@ class FSDP(Strategy):
         self.min_params = int(min_params)
         self.param_dtype = None if param_dtype is None else _dtype_name("param_dtype", param_dtype)
         self.reduce_dtype = _dtype_name("reduce_dtype", reduce_dtype)
+        self.sharded_checkpoints = _flag("sharded_checkpoints", sharded_checkpoints)
         self._sharded: nn.Module | None = None
         self._skeleton: nn.Module | None = None  # the model's structure on the meta device, for evaluation
         self._replica: nn.Module | None = None
@@ -220,6 +226,11 @@ class FSDP(Strategy):
         )
         return None
 
+    def saves_shards(self) -> bool:
+        """Each rank writes its own shards to the job's checkpoints (``sharded_checkpoints``),
+        once the model is sharded (one worker saves its whole state)."""
+        return self.sharded_checkpoints and _is_sharded(self._sharded)
+
     def evaluation(self, collective: Collective, last: bool) -> tuple[nn.Module, Collective] | None:
         """A whole copy of the model on every rank (sharded forwards would need every rank to run
         as many evaluation batches as every other); each rank evaluates its share with it."""
@@ -244,6 +255,7 @@ class FSDP(Strategy):
             "min_params": self.min_params,
             "param_dtype": self.param_dtype,
             "reduce_dtype": self.reduce_dtype,
+            "sharded_checkpoints": self.sharded_checkpoints,
             "shard_units": len(self._units) + 1,
         }
 

@@ -13,12 +13,17 @@ against: docs/guide/security.md, Files the job reads.
 The directory is a local path (on a cluster: one every executor and the driver can reach) or an
 fsspec URL (``s3://...``, ``hdfs://...``); rank 0 writes, in the background
 (:class:`~sparkdp.train.checkpoint_store.BackgroundWriter`), the driver reads.
+
+A strategy that shards the state (``fsdp``) writes sharded checkpoints instead
+(:mod:`sparkdp.train.sharded_checkpoint`, series ``shards``): every rank its own shards, rank 0
+this module's payload without the model as the ``loop-state`` part; :func:`latest_checkpoint`
+returns either kind, a sharded one with ``shards`` set and an empty ``model``.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -29,6 +34,11 @@ from .checkpoint_store import CheckpointStore, decode, new_job_id, parse_name, s
 
 FORMAT = 1
 SERIES = "ckpt"
+#: sharded checkpoints (``train.sharded_checkpoint``): one directory checkpoint per save
+SHARDED_SERIES = "shards"
+#: the part of a sharded checkpoint that holds everything but the shards: a one-file checkpoint's
+#: bytes (this module's payload with no model; the optimizer's parameter groups and scheduler)
+LOOP_PART = "loop-state"
 
 
 @dataclass(frozen=True)
@@ -66,6 +76,9 @@ class Checkpoint:
     workers: int
     job_id: str
     epoch_stats: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    #: a sharded checkpoint: where its manifest is (the workers load ``model`` and the optimizer's
+    #: tensors from its shards; ``model`` is empty and ``optimizer`` holds the rest); "" otherwise
+    shards: str = ""
 
 
 def _store(
@@ -105,7 +118,35 @@ def save_checkpoint(
 ) -> str:
     """Write one checkpoint atomically, then delete this job's older ones beyond ``keep_checkpoints``;
     returns where it is."""
-    payload = {
+    payload = checkpoint_payload(
+        epoch=epoch,
+        step=step,
+        model=model,
+        optimizer=optimizer,
+        strategy_state=strategy_state,
+        rng=rng,
+        history=history,
+        workers=workers,
+        epoch_stats=epoch_stats,
+    )
+    store = policy.store()
+    return store.url(store.save(SERIES, sync_position(epoch, step), payload))
+
+
+def checkpoint_payload(
+    *,
+    epoch: int,
+    step: int,
+    model: dict[str, torch.Tensor],
+    optimizer: bytes,
+    strategy_state: dict[str, Any],
+    rng: list[torch.Tensor],
+    history: list[dict[str, float]],
+    workers: int,
+    epoch_stats: tuple[float, float, float] = (0.0, 0.0, 0.0),
+) -> dict[str, Any]:
+    """What a checkpoint holds, as nested state (a sharded checkpoint's loop-state part: no model)."""
+    return {
         "format": FORMAT,
         "epoch": epoch,
         "step": step,
@@ -119,8 +160,6 @@ def save_checkpoint(
         "workers": workers,
         "epoch_stats": list(epoch_stats),
     }
-    store = policy.store()
-    return store.url(store.save(SERIES, sync_position(epoch, step), payload))
 
 
 def load_checkpoint(directory: str, name: str, settings: CheckpointConfig | None = None) -> Checkpoint:
@@ -194,15 +233,27 @@ def latest_checkpoint(
     directory: str | os.PathLike[str], job_id: str | None = None, settings: CheckpointConfig | None = None
 ) -> Checkpoint | None:
     """The newest checkpoint that reads and verifies (of job ``job_id`` only, when given; another
-    job's is never resumed: a restart would train that job's weights); damaged newer ones are
-    skipped with a warning."""
+    job's is never resumed: a restart would train that job's weights), whole (``ckpt``) or
+    sharded (``shards``); damaged newer ones are skipped with a warning."""
     store = _store(directory, settings)
-    found = store.latest(
+    whole = store.latest(
         SERIES,
         job_id,
         lambda name, payload: _checkpoint_from(store.url(name), payload, parse_name(name).job_id),  # type: ignore[union-attr]
     )
-    return found[1] if found is not None else None
+    sharded = store.latest(SHARDED_SERIES, job_id, lambda name, manifest: _sharded(store, name, manifest))
+    found = [c for c in (whole, sharded) if c is not None]
+    # one job writes one kind; of two, the later position (names sort by it within a series)
+    return max(found, key=lambda c: parse_name(c[0]).position)[1] if found else None  # type: ignore[union-attr]
+
+
+def _sharded(store: CheckpointStore, name: str, manifest: dict[str, Any]) -> Checkpoint:
+    """A sharded checkpoint as the driver sees it: its loop-state part (checked against the
+    manifest and its own digest); the shards stay where they are, for the workers."""
+    job, series, payload = decode(store.read_part(name, LOOP_PART, manifest))
+    if (job, series) != (manifest["job_id"], SHARDED_SERIES):
+        raise ValueError(f"its loop state is job {job!r}'s {series!r} checkpoint, not what its name says")
+    return replace(_checkpoint_from(store.url(name), payload, job), shards=store.url(name))
 
 
 def check_compatible(model: torch.nn.Module, checkpoint: Checkpoint) -> None:
@@ -232,11 +283,14 @@ def check_compatible(model: torch.nn.Module, checkpoint: Checkpoint) -> None:
 
 
 __all__ = [
+    "LOOP_PART",
     "SERIES",
+    "SHARDED_SERIES",
     "Checkpoint",
     "CheckpointPolicy",
     "check_compatible",
     "check_writable",
+    "checkpoint_payload",
     "checkpoint_names",
     "latest_checkpoint",
     "load_checkpoint",

@@ -249,10 +249,12 @@ class CheckpointStore:
     ) -> tuple[str, Any] | None:
         """The newest checkpoint of ``series`` (of ``job_id`` only, when given) that reads, verifies
         and that ``read(name, payload)`` accepts (``ValueError``: damaged); damaged newer ones are
-        skipped with a warning. ``(name, read's result)`` or None."""
+        skipped with a warning (a directory checkpoint's payload is its :meth:`manifest`).
+        ``(name, read's result)`` or None."""
         for name in reversed(self.names(series, job_id)):
             try:
-                return name, read(name, self.load(name))
+                payload = self.manifest(name) if name.endswith(".manifest.json") else self.load(name)
+                return name, read(name, payload)
             except ConfigError:
                 raise  # a checkpoint of another model or layout: the older ones are too
             except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -277,29 +279,45 @@ class CheckpointStore:
     # ------------------------------------------------------------------ directory checkpoints
     @contextmanager
     def directory_checkpoint(self, series: str, position: str) -> Iterator[DirectoryWriter]:
-        """A checkpoint that is a directory of files (e.g. per-rank shards of
-        ``torch.distributed.checkpoint``): write the parts through the yielded writer; on a clean
-        exit its manifest (every part's size and SHA-256, the job identity) is written last, as
-        one atomic file, and only then is the checkpoint listed. An exception leaves no manifest,
-        and the parts are removed."""
-        name = self.name(series, position)
-        writer = DirectoryWriter(self, name.removesuffix(".manifest.json"))
+        """A checkpoint that is a directory of files written by this process: write the parts
+        through the yielded writer; on a clean exit its manifest (every part's SHA-256, the job
+        identity) is written last, as one atomic file, and only then is the checkpoint listed. An
+        exception leaves no manifest, and the parts are removed. (Parts written by several
+        processes: :meth:`directory_writer` in each, :meth:`commit_directory` in one.)"""
+        writer = self.directory_writer(series, position)
         try:
             yield writer
         except BaseException:
             self._remove_tree(writer.directory)
             raise
-        manifest = {
-            "format": _MANIFEST_FORMAT,
-            "job_id": self.job_id,
-            "series": series,
-            "parts": writer.parts,
-        }
+        self.commit_directory(series, position, writer.parts)
+
+    def directory_writer(self, series: str, position: str) -> DirectoryWriter:
+        """A writer of parts of this job's directory checkpoint at ``position``; nothing is
+        listed until :meth:`commit_directory`."""
+        return DirectoryWriter(self, self.name(series, position).removesuffix(".manifest.json"))
+
+    def commit_directory(self, series: str, position: str, parts: Mapping[str, str]) -> str:
+        """Commit a directory checkpoint whose ``parts`` (part name -> SHA-256) are all written:
+        its manifest is written, atomically, and the series rotated; returns its name."""
+        name = self.name(series, position)
+        manifest = {"format": _MANIFEST_FORMAT, "job_id": self.job_id, "series": series, "parts": dict(parts)}
         self.put(name, json.dumps(manifest, sort_keys=True).encode())
         self.rotate(series, name)
+        return name
 
-    def read_directory(self, name: str) -> dict[str, bytes]:
-        """Every part of a committed directory checkpoint, each checked against its manifest."""
+    def discard(self, series: str, position: str) -> None:
+        """Remove this job's checkpoint at ``position`` of ``series`` and, for a directory
+        checkpoint, any parts left there by a write that never committed (before writing it anew)."""
+        name = self.name(series, position)
+        if self.fs.exists(self._path(name)):
+            self.delete(name)
+        if name.endswith(".manifest.json"):
+            self._remove_tree(name.removesuffix(".manifest.json"))
+
+    def manifest(self, name: str) -> dict[str, Any]:
+        """A committed directory checkpoint's manifest, checked against its name; ``ValueError``
+        if it is not one."""
         parsed = parse_name(name)
         try:
             manifest = json.loads(self.fs.cat_file(self._path(name)))
@@ -309,19 +327,31 @@ class CheckpointStore:
             parsed is None
             or not isinstance(manifest, dict)
             or manifest.get("job_id") != parsed.job_id
+            or manifest.get("series", parsed.series) != parsed.series
             or not isinstance(manifest.get("parts"), dict)
+            or not all(isinstance(v, str) for v in manifest["parts"].values())
         ):
             raise ValueError("its manifest is not one of this checkpoint's")
-        base = name.removesuffix(".manifest.json")
-        parts = {}
-        for part, sha in manifest["parts"].items():
-            data = self.fs.cat_file(self._path(f"{base}/{part}"))
-            if hashlib.sha256(data).hexdigest() != sha:
-                raise ValueError(
-                    f"its part {part} does not match the SHA-256 its manifest gives (damaged or altered)"
-                )
-            parts[part] = data
-        return parts
+        return manifest
+
+    def read_part(self, name: str, part: str, manifest: Mapping[str, Any] | None = None) -> bytes:
+        """One part of a committed directory checkpoint, checked against the SHA-256 its
+        manifest gives; ``ValueError`` if it is not listed there or does not match."""
+        manifest = self.manifest(name) if manifest is None else manifest
+        sha = manifest["parts"].get(part)
+        if sha is None:
+            raise ValueError(f"its manifest lists no part {part!r}")
+        data = self.fs.cat_file(self._path(f"{name.removesuffix('.manifest.json')}/{part}"))
+        if hashlib.sha256(data).hexdigest() != sha:
+            raise ValueError(
+                f"its part {part} does not match the SHA-256 its manifest gives (damaged or altered)"
+            )
+        return data
+
+    def read_directory(self, name: str) -> dict[str, bytes]:
+        """Every part of a committed directory checkpoint, each checked against its manifest."""
+        manifest = self.manifest(name)
+        return {part: self.read_part(name, part, manifest) for part in manifest["parts"]}
 
     # ------------------------------------------------------------------ the driver's preemption notice
     def _notice(self) -> str:
@@ -350,10 +380,35 @@ class CheckpointStore:
     # ------------------------------------------------------------------ rotation
     def rotate(self, series: str, written: str) -> None:
         """Keep the newest ``keep`` of this job's ``series`` checkpoints up to the one just
-        ``written``: the file just written is never deleted, nor a newer one, nor another job's."""
+        ``written``: the file just written is never deleted, nor a newer one, nor another job's.
+        A directory series also loses this job's older directories that were never committed."""
         older = [n for n in self.names(series, self.job_id) if n < written]
         for old in older[: max(len(older) - (self.keep - 1), 0)]:
             self.delete(old)
+        for orphan in self._uncommitted(series, written):
+            self._remove_tree(orphan)
+
+    def _uncommitted(self, series: str, before: str) -> list[str]:
+        """This job's directories of ``series`` older than ``before`` that have no manifest: the
+        parts of a write that failed or was killed before its commit."""
+        if _SUFFIX.get(series) != ".manifest.json":
+            return []
+        try:
+            self.fs.invalidate_cache(self.root)
+            entries = {str(e).rstrip("/").rsplit("/", 1)[-1] for e in self.fs.ls(self.root, detail=False)}
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        found = []
+        for entry in entries:
+            parsed = parse_name(entry + ".manifest.json")
+            if (
+                parsed is not None
+                and (parsed.series, parsed.job_id) == (series, self.job_id)
+                and str(parsed) < before
+                and str(parsed) not in entries
+            ):
+                found.append(entry)
+        return sorted(found)
 
     def delete(self, name: str) -> None:
         """Remove a checkpoint (a directory checkpoint's manifest first: it stops being listed)."""

@@ -22,7 +22,7 @@ from ..errors import ConfigError, DataError, TrainingDiverged, WorkerHung
 from ..monitor.probe import MonitorLink, open_probe
 from ..strategies.base import Strategy
 from .batch import ModelLoss, batch_rows, call_model, describe_batch, forward_loss, to_device
-from .checkpoint import CheckpointPolicy, save_checkpoint
+from .checkpoint import CheckpointPolicy, checkpoint_payload, save_checkpoint
 from .checkpoint_store import BackgroundWriter, HostSnapshot
 from .faults import Fault
 from .layout import batch_layout, set_layout, use_channels_last
@@ -32,6 +32,8 @@ from .precision import resolve_precision
 from .preempt import PreemptionWatch, preempted, watch_preemption
 from .report import WorkerReport
 from .schedule import ScheduleSpec
+from .sharded_checkpoint import ShardedSaver, split_tensors
+from .sharded_checkpoint import restore as restore_shards
 from .step import Stepper, with_last
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,7 @@ class StagePart:
         history: the job's history before this stage (checkpoints carry all of it).
         epoch_stats: for a mid-epoch resume, the epoch so far over all ranks: loss x rows,
             rows, seconds (so its history record covers the whole epoch).
+        shards: a sharded checkpoint to load the model and optimizer from (see below).
     """
 
     start_epoch: int = 0
@@ -64,6 +67,9 @@ class StagePart:
     rng: tuple[torch.Tensor, ...] | None = None
     history: tuple[dict[str, float], ...] = ()
     epoch_stats: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    #: a sharded checkpoint to load the model and optimizer from (its manifest's URL;
+    #: ``train.sharded_checkpoint``); ``optimizer_state`` then holds the optimizer's other state
+    shards: str | None = None
 
 
 @dataclass
@@ -379,7 +385,18 @@ def _fit_worker(
         scheduler = spec.lr_schedule.build(optimizer, spec.optimizer_steps(collective.world_size))
     if part.optimizer_state:
         saved = state_io.from_bytes(part.optimizer_state)  # what optimizer_state_to_bytes encoded
-        strategy.load_optimizer_state(optimizer, saved["optimizer"])
+        if part.shards is not None:  # the weights and the optimizer's tensors, resharded to this world
+            settings = spec.checkpoint.settings if spec.checkpoint is not None else None
+            restore_shards(
+                part.shards,
+                strategy,
+                model,
+                optimizer,
+                saved["optimizer"],
+                settings.checkpoint_storage_options if settings is not None else None,
+            )
+        else:
+            strategy.load_optimizer_state(optimizer, saved["optimizer"])
         if scheduler is not None and saved["scheduler"] is not None:
             scheduler.load_state_dict(saved["scheduler"])  # the schedule continues across stages
     net = strategy.setup(model, optimizer, collective)
@@ -579,8 +596,12 @@ class _Saver:
         self.optimizer, self.scheduler, self.collective = optimizer, scheduler, collective
         self.last = time.monotonic()
         self.writer, self.snapshot = BackgroundWriter(), HostSnapshot()
+        # a sharding strategy's ranks each write their own shards (train.sharded_checkpoint)
+        self.shards = ShardedSaver(policy, collective) if strategy.saves_shards() else None
 
     def due(self, step: int) -> bool:
+        if self.shards is not None:
+            self.shards.poll()  # commits the last sharded save once every rank wrote its part
         every_steps, every_s = self.policy.settings.checkpoint_every, self.policy.settings.checkpoint_every_s
         due = every_steps is not None and step % every_steps == 0
         if every_s is not None and step % 8 == 0:
@@ -607,6 +628,11 @@ class _Saver:
             states[-1, :2] = stats
         collective.all_reduce(states, "sum")
         self.last = time.monotonic()
+        rng, workers = [row.to(torch.uint8) for row in states[:-1]], collective.world_size
+        epoch_stats = (float(states[-1, 0]), float(states[-1, 1]), seconds)
+        if self.shards is not None:
+            self._save_shards(epoch, step, history, rng, epoch_stats)
+            return
         # gathered on every rank (a sharding strategy's shards), written by rank 0
         model_state, opt_state = self.strategy.model_state(), self.strategy.optimizer_state(self.optimizer)
         if collective.rank != 0:
@@ -622,8 +648,6 @@ class _Saver:
             )
         )
         policy, history = self.policy, [*self.spec.part.history, *(dict(h) for h in history)]
-        rng, workers = [row.to(torch.uint8) for row in states[:-1]], collective.world_size
-        epoch_stats = (float(states[-1, 0]), float(states[-1, 1]), seconds)
 
         def write() -> None:
             path = save_checkpoint(
@@ -642,8 +666,43 @@ class _Saver:
 
         self.writer.submit(write)
 
+    def _save_shards(
+        self,
+        epoch: int,
+        step: int,
+        history: list[dict[str, float]],
+        rng: list[torch.Tensor],
+        epoch_stats: tuple[float, float, float],
+    ) -> None:
+        """Every rank writes its shards; rank 0 adds the rest of the checkpoint (no model)."""
+        assert self.shards is not None
+        module = self.strategy.unwrap()
+        state = self.strategy.sharded_state(module, self.optimizer)
+        tensors, rest = split_tensors(state["optimizer"]["state"])
+        if self.collective.rank != 0:  # rank 0 alone writes the loop state
+            self.shards.save(epoch, step, module, {"model": state["model"], "optimizer": tensors}, {})
+            return
+        loop = checkpoint_payload(
+            epoch=epoch,
+            step=step,
+            model={},
+            optimizer=optimizer_state_to_bytes(
+                self.optimizer,
+                self.scheduler,
+                {"state": rest, "param_groups": state["optimizer"]["param_groups"]},
+            ),
+            strategy_state=self.strategy.state_dict(),
+            rng=rng,
+            history=[*self.spec.part.history, *(dict(h) for h in history)],
+            workers=self.collective.world_size,
+            epoch_stats=epoch_stats,
+        )
+        self.shards.save(epoch, step, module, {"model": state["model"], "optimizer": tensors}, loop)
+
     def close(self) -> None:
         """Wait for the last write; raise its error if it failed."""
+        if self.shards is not None:
+            self.shards.close()
         self.writer.close()
 
 

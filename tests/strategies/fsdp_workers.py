@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from sparkdp.config import TrainingConfig
 from sparkdp.data.tensors import TensorData
 from sparkdp.models.zoo import build_model
 from sparkdp.strategies import STRATEGIES
@@ -73,9 +74,7 @@ def fit_spec(strategy_name: str, epochs: int = 2, **options) -> FitSpec:
         strategy=STRATEGIES.create(strategy_name, **options),
         train=_data(96, 3),
         eval=_data(30, 4),
-        epochs=epochs,
-        batch_size=8,
-        seed=5,
+        training=TrainingConfig(epochs=epochs, batch_size=8, seed=5, memory_format="contiguous"),
         prefetch=0,
     )
 

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from sparkdp.comm import SingleProcessCollective
-from sparkdp.config import CheckpointConfig, JobConfig
+from sparkdp.config import CheckpointConfig, JobConfig, TrainingConfig
 from sparkdp.data.tensors import TensorData
 from sparkdp.driver.recovery import (
     RestartPolicy,
@@ -70,9 +70,7 @@ def _spec(tmp_path: Path | None, epochs: int = 3, every: int | None = None, lr: 
         strategy=STRATEGIES.create("allreduce"),
         train=_data(),
         eval=None,
-        epochs=epochs,
-        batch_size=16,
-        seed=5,
+        training=TrainingConfig(epochs=epochs, batch_size=16, seed=5),
         checkpoint=policy,
     )
 
@@ -202,8 +200,9 @@ def test_restarts_resume_from_the_latest_checkpoint_then_give_up_with_every_caus
     def stage(attempt: FitSpec, workers: int):
         seen.append((attempt.part.start_epoch, attempt.part.start_step, attempt.fault))
         if len(seen) == 1:
+            one_epoch = replace(attempt.part, epochs=1)
             fit_worker(
-                replace(attempt, epochs=1, checkpoint=policy), SingleProcessCollective()
+                replace(attempt, part=one_epoch, checkpoint=policy), SingleProcessCollective()
             )  # leaves e1-s0
         raise WorkerFailed(f"worker 1 died (attempt {len(seen)})")
 

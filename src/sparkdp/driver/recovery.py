@@ -110,20 +110,18 @@ def resumed(spec: FitSpec, checkpoint: Checkpoint, workers: int | None = None) -
     check_compatible(spec.model, checkpoint)
     spec.model.load_state_dict(checkpoint.model)
     spec.strategy.load_state_dict(checkpoint.strategy_state)
-    last = spec.last_epoch()
     step = checkpoint.step
     if workers is not None and workers != checkpoint.workers:
         step = round(step * checkpoint.workers / workers)
     part = StagePart(
         start_epoch=checkpoint.epoch,
-        last_epoch=last,
         optimizer_state=checkpoint.optimizer or None,
         start_step=step,
         rng=tuple(checkpoint.rng),
         history=tuple(checkpoint.history),
         epoch_stats=checkpoint.epoch_stats,
     )
-    return replace(spec, epochs=last + 1 - checkpoint.epoch, part=part)
+    return replace(spec, part=part)
 
 
 def _where(checkpoint: Checkpoint | None) -> str:

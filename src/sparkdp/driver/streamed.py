@@ -70,9 +70,7 @@ def fit_epochs(
 
     for epoch in range(first, last + 1):
         controller.workers()  # shrunk by an earlier failure: back to the full count when the slots are
-        part = StagePart(
-            start_epoch=epoch, last_epoch=last, optimizer_state=opt_state, return_optimizer_state=True
-        )
+        part = StagePart(start_epoch=epoch, epochs=1, optimizer_state=opt_state, return_optimizer_state=True)
         restarts_before = controller.restart
         report = controller.run(EpochPlan(run_epoch, replace(spec, part=part, fault=fault), epoch))
         if controller.restart > restarts_before:

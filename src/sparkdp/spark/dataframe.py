@@ -249,7 +249,7 @@ def epoch_stage(
     """Train epoch ``spec.part.start_epoch`` of ``source`` as one barrier ``mapInArrow`` stage on
     ``workers`` (``source.prepare`` first); rank 0's report. A failed worker raises
     ``WorkerFailed``: what happens next is the driver's (``driver.controller``)."""
-    stage_spec = replace(spec, train=StreamData(source.converter, source.shuffle_buffer), epochs=1)
+    stage_spec = replace(spec, train=StreamData(source.converter, source.shuffle_buffer))
     df = source.stage_frame(workers)
     epoch = spec.part.start_epoch
     rows = _run_stage(

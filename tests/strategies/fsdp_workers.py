@@ -90,7 +90,7 @@ def fit(coll, strategy_name: str, checkpoint_dir: str | None = None):
     spec = fit_spec(strategy_name)
     if checkpoint_dir is not None:
         spec = replace(
-            spec, checkpoint=CheckpointPolicy(checkpoint_dir, CheckpointConfig(keep_checkpoints=10))
+            spec, checkpoint=CheckpointPolicy(CheckpointConfig(checkpoint_dir, keep_checkpoints=10))
         )
     report = fit_worker(spec, coll)
     if report is None:
@@ -125,6 +125,7 @@ def _problem():
 def checkpoint_then_continue(coll, directory: str, steps: int, rows: int):
     """Train ``steps`` global steps with fsdp, checkpoint (the loop's hooks and file format), then
     take 2 more steps: their mean losses."""
+    from sparkdp.config import CheckpointConfig
     from sparkdp.train.checkpoint import CheckpointPolicy, save_checkpoint
     from sparkdp.train.loop import optimizer_state_to_bytes
 
@@ -138,7 +139,7 @@ def checkpoint_then_continue(coll, directory: str, steps: int, rows: int):
     weights, optimizer = strategy.model_state(), strategy.optimizer_state(opt)
     if coll.rank == 0:
         save_checkpoint(
-            CheckpointPolicy(directory),
+            CheckpointPolicy(CheckpointConfig(directory)),
             epoch=0,
             step=steps,
             model=weights,

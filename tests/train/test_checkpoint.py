@@ -59,7 +59,7 @@ def _data(rows: int = 200) -> TensorData:
 def _spec(tmp_path: Path | None, epochs: int = 3, every: int | None = None, lr: float = 0.1) -> FitSpec:
     model = _model()
     policy = (
-        CheckpointPolicy(str(tmp_path), CheckpointConfig(checkpoint_every=every, keep_checkpoints=100))
+        CheckpointPolicy(CheckpointConfig(str(tmp_path), checkpoint_every=every, keep_checkpoints=100))
         if tmp_path is not None
         else None
     )
@@ -77,7 +77,7 @@ def _spec(tmp_path: Path | None, epochs: int = 3, every: int | None = None, lr: 
 
 def _save(directory: Path, epoch: int, step: int, keep: int = 3, job_id: str = "job-a") -> str:
     return save_checkpoint(
-        CheckpointPolicy(str(directory), CheckpointConfig(keep_checkpoints=keep), job_id),
+        CheckpointPolicy(CheckpointConfig(str(directory), keep_checkpoints=keep), job_id),
         epoch=epoch,
         step=step,
         model=_model().state_dict(),
@@ -194,7 +194,7 @@ def test_averaging_checkpoints_only_where_the_replicas_agree():
 
 def test_restarts_resume_from_the_latest_checkpoint_then_give_up_with_every_cause(tmp_path, caplog):
     spec = _spec(None, epochs=2)
-    policy = CheckpointPolicy(str(tmp_path))
+    policy = CheckpointPolicy(CheckpointConfig(str(tmp_path)))
     seen = []
 
     def stage(attempt: FitSpec, workers: int):
@@ -224,7 +224,11 @@ def test_errors_a_restart_cannot_fix_are_raised_at_once(tmp_path):
 
     with pytest.raises(ConfigError):
         run_with_restarts(
-            _spec(None), RestartPolicy.of(JobConfig.of()), CheckpointPolicy(str(tmp_path)), stage, 2
+            _spec(None),
+            RestartPolicy.of(JobConfig.of()),
+            CheckpointPolicy(CheckpointConfig(str(tmp_path))),
+            stage,
+            2,
         )
     assert calls == [1]
 
@@ -245,7 +249,7 @@ def test_fault_injection_setting_is_parsed_and_checked():
 def test_an_elastic_restart_continues_on_the_slots_left_and_grows_back(tmp_path, caplog):
     """Two workers; after the first failure one slot is left (min_workers=1): the restart runs
     on one worker from the same rows; after the second, both slots are back."""
-    spec, policy = _spec(None, epochs=2), CheckpointPolicy(str(tmp_path))
+    spec, policy = _spec(None, epochs=2), CheckpointPolicy(CheckpointConfig(str(tmp_path)))
     save_checkpoint(
         policy,
         epoch=0,
@@ -329,7 +333,7 @@ def test_rotation_never_deletes_the_file_just_written_nor_another_jobs(tmp_path)
 
 def test_a_restart_resumes_this_jobs_checkpoint_never_another_jobs(tmp_path):
     _save(tmp_path, 5, 0, job_id="other-job")  # newer by name than anything this job writes
-    policy = CheckpointPolicy(str(tmp_path), CheckpointConfig(keep_checkpoints=100), "this-job")
+    policy = CheckpointPolicy(CheckpointConfig(str(tmp_path), keep_checkpoints=100), "this-job")
     save_checkpoint(
         policy,
         epoch=0,
@@ -386,9 +390,14 @@ def test_a_job_that_resumes_keeps_its_identity_in_new_checkpoints(tmp_path):
     start = resume_point(JobConfig.of(resume=str(tmp_path)))
     assert start.job_id == "lineage"
     with checkpoint_policy(
-        JobConfig.of(resume=str(tmp_path)), temporary_ok=False, job_id=start.job_id
+        JobConfig.of(resume=str(tmp_path), keep_checkpoints=7), temporary_ok=False, job_id=start.job_id
     ) as policy:
         assert policy.job_id == "lineage"
+        # the resolved settings: checkpoint_dir is where this run writes (resume's directory here)
+        assert (policy.settings.checkpoint_dir, policy.directory) == (str(tmp_path), str(tmp_path))
+        assert (policy.settings.resume, policy.settings.keep_checkpoints) == (str(tmp_path), 7)
+    with pytest.raises(ValueError, match="checkpoint_dir"):
+        CheckpointPolicy(CheckpointConfig())
     with checkpoint_policy(JobConfig.of(checkpoint_dir=str(tmp_path / "b")), temporary_ok=False) as fresh:
         assert fresh.job_id and fresh.job_id != "lineage"
 

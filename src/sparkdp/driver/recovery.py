@@ -80,7 +80,8 @@ def checkpoint_policy(
             return
         directory = temporary = tempfile.mkdtemp(prefix="sparkdp-checkpoints-")
     try:
-        policy = CheckpointPolicy(str(directory), job.checkpoints, job_id or new_job_id())
+        settings = replace(job.checkpoints, checkpoint_dir=str(directory))
+        policy = CheckpointPolicy(settings, job_id or new_job_id())
         policy.store().check_writable()
         yield policy
     finally:

@@ -18,6 +18,7 @@ from torch import nn
 from sparkdp.comm import SingleProcessCollective
 from sparkdp.config import CheckpointConfig, JobConfig, TrainingConfig
 from sparkdp.data.tensors import TensorData
+from sparkdp.driver.controller import Attempt
 from sparkdp.driver.recovery import (
     RestartPolicy,
     merged_history,
@@ -197,7 +198,7 @@ def test_restarts_resume_from_the_latest_checkpoint_then_give_up_with_every_caus
     policy = CheckpointPolicy(CheckpointConfig(str(tmp_path)))
     seen = []
 
-    def stage(attempt: FitSpec, workers: int):
+    def stage(attempt: FitSpec, now: Attempt):
         seen.append((attempt.part.start_epoch, attempt.part.start_step, attempt.fault))
         if len(seen) == 1:
             one_epoch = replace(attempt.part, epochs=1)
@@ -218,7 +219,7 @@ def test_restarts_resume_from_the_latest_checkpoint_then_give_up_with_every_caus
 def test_errors_a_restart_cannot_fix_are_raised_at_once(tmp_path):
     calls = []
 
-    def stage(attempt, workers):
+    def stage(attempt, now):
         calls.append(1)
         raise ConfigError("bad setting")
 
@@ -264,8 +265,8 @@ def test_an_elastic_restart_continues_on_the_slots_left_and_grows_back(tmp_path,
     slots = iter([1, 2])
     runs = []
 
-    def stage(attempt: FitSpec, workers: int):
-        runs.append((workers, attempt.part.start_step))
+    def stage(attempt: FitSpec, now: Attempt):
+        runs.append((now.workers, attempt.part.start_step))
         if len(runs) < 3:
             raise WorkerFailed("the executor running worker 1 was lost")
         return "report"
@@ -349,7 +350,7 @@ def test_a_restart_resumes_this_jobs_checkpoint_never_another_jobs(tmp_path):
     assert latest_checkpoint(tmp_path, "nobody") is None
     starts = []
 
-    def stage(attempt: FitSpec, workers: int):
+    def stage(attempt: FitSpec, now: Attempt):
         starts.append((attempt.part.start_epoch, attempt.part.start_step))
         if len(starts) == 1:
             raise WorkerFailed("worker 0 died")

@@ -143,7 +143,7 @@ class SpecPlan:
         self,
         spec: FitSpec,
         policy: CheckpointPolicy | None,
-        run_stage: Callable[[FitSpec, int], WorkerReport],
+        run_stage: Callable[[FitSpec, Attempt], WorkerReport],
     ) -> None:
         self.spec, self.policy, self.run_stage = spec, policy, run_stage
         self.latest: Checkpoint | None = None
@@ -157,7 +157,7 @@ class SpecPlan:
             spec = replace(start, checkpoint=self.policy, fault=None)
         self.finished = spec
         try:
-            return self.run_stage(spec, attempt.workers)
+            return self.run_stage(spec, attempt)
         except TrainingDiverged as exc:
             last = self._latest()
             raise TrainingDiverged(
@@ -180,13 +180,14 @@ def run_with_restarts(
     spec: FitSpec,
     restarts: RestartPolicy,
     policy: CheckpointPolicy | None,
-    run_stage: Callable[[FitSpec, int], WorkerReport],
+    run_stage: Callable[[FitSpec, Attempt], WorkerReport],
     workers: int,
     slots: Callable[[], int | None] = lambda: None,
 ) -> tuple[WorkerReport, FitSpec, int]:
     """Run the stage on ``workers`` under the job's :class:`~sparkdp.driver.controller.Controller`:
     after a worker failure, restart it from the latest checkpoint as ``restarts`` allows (on
-    fewer workers if ``slots()`` says fewer are left).
+    fewer workers if ``slots()`` says fewer are left). ``run_stage(spec, attempt)`` runs one
+    attempt (its workers, and its restart number, which the workers see as torchrun's).
 
     Returns rank 0's report, the spec of the stage that finished (its ``part.history`` is the
     job's history before that stage) and the workers it ran on.

@@ -50,6 +50,7 @@ def main() -> None:
 def per_save(model_name: str, saves: int) -> None:
     """Median seconds of a synchronous save vs the time the training loop's save blocks training."""
     from sparkdp.comm import SingleProcessCollective
+    from sparkdp.config import CheckpointConfig, TrainingConfig
     from sparkdp.data.tensors import TensorData
     from sparkdp.strategies import STRATEGIES
     from sparkdp.train.checkpoint import CheckpointPolicy, save_checkpoint
@@ -66,8 +67,7 @@ def per_save(model_name: str, saves: int) -> None:
         strategy=STRATEGIES.create("allreduce"),
         train=TensorData(x, y),
         eval=None,
-        epochs=1,
-        batch_size=32,
+        training=TrainingConfig(epochs=1, batch_size=32, memory_format="contiguous"),
     )
     collective = SingleProcessCollective()
     optimizer = spec.optimizer.build(model)
@@ -82,7 +82,7 @@ def per_save(model_name: str, saves: int) -> None:
     params = sum(p.numel() for p in model.parameters())
     sync_s, blocked_s, background_s, steps_during = [], [], [], []
     with tempfile.TemporaryDirectory() as directory:
-        policy = CheckpointPolicy(directory)
+        policy = CheckpointPolicy(CheckpointConfig(directory))
         saver = _Saver(policy, spec, spec.strategy, optimizer, None, collective)
         for n in range(saves):
             began = time.perf_counter()

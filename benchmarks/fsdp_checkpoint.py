@@ -23,7 +23,7 @@ import torch
 
 
 def _worker(coll, directory: str, saves: int, model_name: str) -> dict[str, object]:
-    from sparkdp.config import CheckpointConfig
+    from sparkdp.config import CheckpointConfig, TrainingConfig
     from sparkdp.models.zoo import build_model
     from sparkdp.strategies import STRATEGIES
     from sparkdp.train.checkpoint import CheckpointPolicy
@@ -49,10 +49,9 @@ def _worker(coll, directory: str, saves: int, model_name: str) -> dict[str, obje
             strategy=strategy,
             train=None,  # type: ignore[arg-type]
             eval=None,
-            epochs=1,
-            batch_size=4,
+            training=TrainingConfig(epochs=1, batch_size=4),
         )
-        policy = CheckpointPolicy(str(out), CheckpointConfig(keep_checkpoints=1), "bench")
+        policy = CheckpointPolicy(CheckpointConfig(str(out), keep_checkpoints=1), "bench")
         saver = _Saver(policy, spec, strategy, opt, None, coll)
         blocked, committed = [], []
         for i in range(saves):

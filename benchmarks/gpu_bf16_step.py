@@ -25,6 +25,7 @@ import time
 import torch
 
 from sparkdp.comm import IndependentCollective
+from sparkdp.config import TrainingConfig
 from sparkdp.data.tensors import DictData
 from sparkdp.models import build_model
 from sparkdp.strategies import resolve_strategy
@@ -87,9 +88,7 @@ def sparkdp_epoch(args: argparse.Namespace, data: DictData, precision: str, devi
         strategy=resolve_strategy("allreduce"),
         train=data,
         eval=None,
-        epochs=2,
-        batch_size=args.batch,
-        precision=precision,
+        training=TrainingConfig(epochs=2, batch_size=args.batch, precision=precision),
     )
     report = fit_worker(spec, IndependentCollective(0, 1, device))
     last = report.history[-1]

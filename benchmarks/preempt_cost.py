@@ -29,6 +29,7 @@ import torch.multiprocessing as mp
 
 def _worker(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
     from sparkdp.comm.torch_dist import TorchCollective
+    from sparkdp.config import TrainingConfig
     from sparkdp.data.tensors import TensorData
     from sparkdp.models import build_model
     from sparkdp.monitor.probe import NoProbe
@@ -58,8 +59,7 @@ def _worker(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
                 strategy=resolve_strategy("allreduce", shared_memory=False),
                 train=TensorData(x, y),
                 eval=None,
-                epochs=args.epochs,
-                batch_size=64,
+                training=TrainingConfig(epochs=args.epochs, batch_size=64, memory_format="contiguous"),
             )
             inside = [0.0, 0]  # seconds the training thread spent in the watch, agreements started
             with watch_preemption(coll) if watched else contextlib.nullcontext() as watch:

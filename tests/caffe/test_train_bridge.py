@@ -222,6 +222,7 @@ def test_max_iter_sets_epochs(solver_spec):
 
 def test_short_single_process_run_lowers_the_loss(lenet, solver_spec):
     from sparkdp.comm import SingleProcessCollective
+    from sparkdp.config import TrainingConfig
     from sparkdp.data.tensors import TensorData
     from sparkdp.strategies import resolve_strategy
     from sparkdp.train.loop import FitSpec, fit_worker
@@ -241,8 +242,7 @@ def test_short_single_process_run_lowers_the_loss(lenet, solver_spec):
         strategy=resolve_strategy("allreduce"),
         train=data,
         eval=data,
-        epochs=3,
-        batch_size=16,
+        training=TrainingConfig(epochs=3, batch_size=16, memory_format="contiguous"),
     )
     out = fit_worker(spec, SingleProcessCollective())
     losses = [record["loss"] for record in out.history]

@@ -116,6 +116,7 @@ def test_the_gpt_job_in_bf16_with_accumulation_beats_the_unigram_bound(tmp_path,
     import torch
 
     from sparkdp.comm.single import SingleProcessCollective
+    from sparkdp.config import TrainingConfig
     from sparkdp.data.parquet import ParquetData
     from sparkdp.models import build_model
     from sparkdp.strategies import resolve_strategy
@@ -140,10 +141,7 @@ def test_the_gpt_job_in_bf16_with_accumulation_beats_the_unigram_bound(tmp_path,
             strategy=resolve_strategy("allreduce"),
             train=blocks(job.data),
             eval=blocks(job.eval_data),
-            epochs=1,
-            batch_size=8,
-            precision="bf16-mixed",
-            accumulate=2,
+            training=TrainingConfig(epochs=1, batch_size=8, precision="bf16-mixed", accumulate=2),
         )
         report = fit_worker(spec, SingleProcessCollective())
     finally:

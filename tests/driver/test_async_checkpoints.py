@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from sparkdp import state as state_io
-from sparkdp.config import JobConfig
+from sparkdp.config import JobConfig, TrainingConfig
 from sparkdp.data.tensors import TensorData
 from sparkdp.driver.async_job import (
     ServerCheckpoints,
@@ -45,8 +45,7 @@ def _spec(model: nn.Module) -> FitSpec:
         strategy=STRATEGY,
         train=TensorData(x, y),
         eval=None,
-        epochs=3,
-        batch_size=8,
+        training=TrainingConfig(epochs=3, batch_size=8),
     )
 
 

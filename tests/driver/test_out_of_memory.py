@@ -9,7 +9,7 @@ import resource
 import pytest
 import torch
 
-from sparkdp.config import JobConfig
+from sparkdp.config import JobConfig, TrainingConfig
 from sparkdp.data.tensors import TensorData
 from sparkdp.driver.controller import Controller, RestartPolicy
 from sparkdp.driver.memory_advice import explained, out_of_memory_explained
@@ -111,8 +111,7 @@ def _spec(strategy: str) -> FitSpec:
         strategy=resolve_strategy(strategy),
         train=TensorData(x, x),
         eval=None,
-        epochs=1,
-        batch_size=4,
+        training=TrainingConfig(epochs=1, batch_size=4),
     )
 
 

@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save as st_save
 
+from sparkdp.config import CheckpointConfig
 from sparkdp.state import META_KEY
 from sparkdp.train.checkpoint import Checkpoint, CheckpointPolicy, parse_checkpoint, save_checkpoint
 from sparkdp.train.checkpoint_store import digest
@@ -45,7 +46,7 @@ def valid(tmp_path_factory) -> bytes:
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)
     path = save_checkpoint(
-        CheckpointPolicy(str(directory), job_id="fuzz"),
+        CheckpointPolicy(CheckpointConfig(str(directory)), job_id="fuzz"),
         epoch=1,
         step=4,
         model=model.state_dict(),

@@ -40,6 +40,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from sparkdp.comm import IndependentCollective
+from sparkdp.config import TrainingConfig
 from sparkdp.data.tensors import TensorData
 from sparkdp.errors import EnvironmentProblem
 from sparkdp.ps import ParameterServer
@@ -268,8 +269,7 @@ def test_the_async_task_loop_on_the_gpu_over_tcp_is_torch_sgd():
         strategy=strategy,
         train=data,
         eval=None,
-        epochs=epochs,
-        batch_size=batch,
+        training=TrainingConfig(epochs=epochs, batch_size=batch),
     )
     server, transport, endpoint = _serve(model, strategy)
     with endpoint:
@@ -330,6 +330,7 @@ def test_a_task_body_trains_the_cnn_on_the_gpu_as_on_the_cpu():
 
 
 def _lm_spec(precision: str, clip: float | None):
+    from sparkdp.config import TrainingConfig
     from sparkdp.data.tensors import DictData
     from sparkdp.strategies import resolve_strategy
     from sparkdp.train.loop import FitSpec
@@ -345,10 +346,7 @@ def _lm_spec(precision: str, clip: float | None):
         strategy=resolve_strategy("allreduce"),
         train=data,
         eval=None,
-        epochs=2,
-        batch_size=8,
-        precision=precision,
-        clip_grad_norm=clip,
+        training=TrainingConfig(epochs=2, batch_size=8, precision=precision, clip_grad_norm=clip),
     )
 
 

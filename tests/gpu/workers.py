@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from sparkdp.config import TrainingConfig
 from sparkdp.data.tensors import TensorData
 from sparkdp.models import build_model
 from sparkdp.state import state_from_bytes
@@ -160,8 +161,7 @@ def _cnn_spec(epochs: int) -> FitSpec:
         strategy=AllReduce(),
         train=data,
         eval=data,
-        epochs=epochs,
-        batch_size=32,
+        training=TrainingConfig(epochs=epochs, batch_size=32, memory_format="contiguous"),
     )
 
 

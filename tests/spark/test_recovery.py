@@ -4,7 +4,9 @@ the barrier stage from the latest checkpoint and the job ends where an uninterru
 from __future__ import annotations
 
 import logging
+import os
 import re
+import signal
 import time
 
 import pytest
@@ -423,3 +425,39 @@ def test_an_fsdp_job_continues_on_fewer_workers_from_its_sharded_checkpoint(
     last = latest_checkpoint(tmp_path)  # one worker saves its whole state again
     assert last is not None and (last.epoch, last.workers, last.shards) == (2, 1, "")
     assert result.history[-1]["loss"] < result.history[0]["loss"]
+
+
+def test_fit_workers_and_run_functions_see_the_jobs_restart_number_and_max_restarts(
+    spark, tmp_path, monkeypatch
+):
+    """As under torchrun, every worker of an attempt reads the job's restart number and its
+    max_restarts: a fit worker (here its loss function) after an injected kill, and a run
+    function after its own."""
+    seen = str(tmp_path)
+
+    def note(kind: str) -> str:
+        env = os.environ
+        restart = env["TORCHELASTIC_RESTART_COUNT"]
+        name = f"{kind}-{restart}-{env['TORCHELASTIC_MAX_RESTARTS']}-{env['RANK']}"
+        open(os.path.join(seen, name), "w").close()
+        return restart
+
+    def loss(out, y):
+        if "RANK" in os.environ:  # a worker (the driver's preflight runs the loss too)
+            note("fit")
+        return torch.nn.functional.cross_entropy(out, y)
+
+    def train_fn():
+        if note("run") == "0" and os.environ["RANK"] == "1":
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(64, 4, generator=g), torch.randint(0, 2, (64,), generator=g)
+    settings = {"workers": 2, "max_restarts": 2, "spark": spark, "show_progress": False}
+    monkeypatch.setenv("SPARKDP_FAULT", "kill:rank=1:step=2")  # 4 steps per worker
+    sparkdp.fit(torch.nn.Linear(4, 2), (x, y), loss=loss, epochs=1, batch_size=8, **settings)
+    monkeypatch.delenv("SPARKDP_FAULT")
+    sparkdp.run(train_fn, **settings)
+    assert sorted(os.listdir(seen)) == [
+        f"{kind}-{restart}-2-{rank}" for kind in ("fit", "run") for restart in (0, 1) for rank in (0, 1)
+    ]

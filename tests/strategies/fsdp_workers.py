@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from sparkdp.config import TrainingConfig
 from sparkdp.data.tensors import TensorData
 from sparkdp.models.zoo import build_model
 from sparkdp.strategies import STRATEGIES
@@ -73,9 +74,7 @@ def fit_spec(strategy_name: str, epochs: int = 2, **options) -> FitSpec:
         strategy=STRATEGIES.create(strategy_name, **options),
         train=_data(96, 3),
         eval=_data(30, 4),
-        epochs=epochs,
-        batch_size=8,
-        seed=5,
+        training=TrainingConfig(epochs=epochs, batch_size=8, seed=5, memory_format="contiguous"),
         prefetch=0,
     )
 
@@ -92,10 +91,9 @@ def fit(
 
     spec = fit_spec(strategy_name, **(options or {}))
     if checkpoint_dir is not None:
-        settings = CheckpointConfig(
-            keep_checkpoints=keep
-        )  # one job identity on every rank, as the driver ships
-        spec = replace(spec, checkpoint=CheckpointPolicy(checkpoint_dir, settings, "fit-job"))
+        # one job identity on every rank, as the driver ships
+        settings = CheckpointConfig(checkpoint_dir, keep_checkpoints=keep)
+        spec = replace(spec, checkpoint=CheckpointPolicy(settings, "fit-job"))
     report = fit_worker(spec, coll)
     if report is None:
         return None
@@ -141,6 +139,7 @@ def _problem():
 def checkpoint_then_continue(coll, directory: str, steps: int, rows: int):
     """Train ``steps`` global steps with fsdp, save a sharded checkpoint (every rank its own
     shards, through the loop's saver), then take 2 more steps: their mean losses."""
+    from sparkdp.config import CheckpointConfig
     from sparkdp.train.checkpoint import CheckpointPolicy, checkpoint_payload
     from sparkdp.train.loop import optimizer_state_to_bytes
     from sparkdp.train.sharded_checkpoint import ShardedSaver, split_tensors
@@ -155,7 +154,9 @@ def checkpoint_then_continue(coll, directory: str, steps: int, rows: int):
     assert strategy.saves_shards()
     state = strategy.sharded_state(model, opt)
     tensors, rest = split_tensors(state["optimizer"]["state"])
-    saver = ShardedSaver(CheckpointPolicy(directory, job_id="four-workers"), coll)  # one job on every rank
+    saver = ShardedSaver(
+        CheckpointPolicy(CheckpointConfig(directory), job_id="four-workers"), coll
+    )  # one job on every rank
     saver.save(
         0,
         steps,
@@ -218,7 +219,7 @@ def fit_resumed(coll, checkpoint_dir: str):
 
     checkpoint = latest_checkpoint(checkpoint_dir)
     assert checkpoint is not None
-    policy = CheckpointPolicy(checkpoint_dir, CheckpointConfig(keep_checkpoints=10), checkpoint.job_id)
+    policy = CheckpointPolicy(CheckpointConfig(checkpoint_dir, keep_checkpoints=10), checkpoint.job_id)
     spec = replace(resumed(fit_spec("fsdp"), checkpoint, coll.world_size), checkpoint=policy)
     report = fit_worker(spec, coll)
     if report is None:

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from sparkdp.comm import IndependentCollective, SingleProcessCollective
+from sparkdp.config import TrainingConfig
 from sparkdp.data.datasets import dataset_tensors, load_dataset
 from sparkdp.models import build_model
 from sparkdp.ps import ParameterServer
@@ -56,8 +57,7 @@ def _train(rule: str, data) -> float:
         strategy=strategy,
         train=train,
         eval=None,
-        epochs=1,
-        batch_size=64,
+        training=TrainingConfig(epochs=1, batch_size=64, memory_format="contiguous"),
         prefetch=0,
     )
     rule_spec = strategy.rule_spec(WORKERS)

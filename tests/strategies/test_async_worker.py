@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from sparkdp.comm import IndependentCollective
+from sparkdp.config import TrainingConfig
 from sparkdp.data.tensors import TensorData
 from sparkdp.ps import ParameterServer
 from sparkdp.ps.transport.inproc import InProcTransport
@@ -129,8 +130,7 @@ def test_the_task_loop_at_world_size_one_through_the_in_process_transport_is_tor
         strategy=strategy,
         train=data,
         eval=None,
-        epochs=2,
-        batch_size=8,
+        training=TrainingConfig(epochs=2, batch_size=8),
     )
     rule = strategy.rule_spec(1)
     server = ParameterServer(lambda shard: rule.create(), list(model.parameters()))
@@ -166,9 +166,7 @@ def test_worker_zero_evaluates_the_centre_every_eval_every_epochs_without_moving
         strategy=strategy,
         train=TensorData(x, y),
         eval=TensorData(x, y),
-        epochs=5,
-        batch_size=8,
-        eval_every=2,
+        training=TrainingConfig(epochs=5, batch_size=8, eval_every=2),
     )
     rule = strategy.rule_spec(1)
     server = ParameterServer(lambda shard: rule.create(), list(model.parameters()))

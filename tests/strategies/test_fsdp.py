@@ -63,6 +63,7 @@ def test_bad_options_are_refused_with_what_is_allowed():
 
 def test_the_jobs_mixed_precision_sets_the_gathered_dtype_unless_an_option_chose_one():
     from sparkdp.comm import SingleProcessCollective
+    from sparkdp.config import TrainingConfig
     from sparkdp.data.tensors import TensorData
     from sparkdp.train.loop import FitSpec, fit_worker
     from sparkdp.train.optim import optimizer_factory, resolve_loss
@@ -81,9 +82,7 @@ def test_the_jobs_mixed_precision_sets_the_gathered_dtype_unless_an_option_chose
         strategy=strategy,
         train=TensorData(torch.randn(8, 4), torch.randn(8, 2)),
         eval=None,
-        epochs=1,
-        batch_size=4,
-        precision="bf16-mixed",
+        training=TrainingConfig(epochs=1, batch_size=4, precision="bf16-mixed"),
     )
     fit_worker(spec, SingleProcessCollective())
     assert strategy.gathered_dtype == "bf16" and strategy.options()["param_dtype"] is None  # the option stays

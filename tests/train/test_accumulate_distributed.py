@@ -14,6 +14,7 @@ pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
 
 def _train(coll, batch_size: int, accumulate: int):
     import sparkdp.strategies.allreduce as allreduce
+    from sparkdp.config import TrainingConfig
     from sparkdp.data.tensors import TensorData
     from sparkdp.strategies import resolve_strategy
     from sparkdp.train.loop import FitSpec, fit_worker
@@ -38,9 +39,7 @@ def _train(coll, batch_size: int, accumulate: int):
         strategy=resolve_strategy("allreduce", shared_memory=False),
         train=data,
         eval=None,
-        epochs=2,
-        batch_size=batch_size,
-        accumulate=accumulate,
+        training=TrainingConfig(epochs=2, batch_size=batch_size, accumulate=accumulate),
     )
     fit_worker(spec, coll)
     return {"params": [p.detach().clone() for p in model.parameters()], "reductions": reductions[0]}

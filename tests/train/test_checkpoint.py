@@ -16,8 +16,9 @@ import torch
 from torch import nn
 
 from sparkdp.comm import SingleProcessCollective
-from sparkdp.config import CheckpointConfig, JobConfig
+from sparkdp.config import CheckpointConfig, JobConfig, TrainingConfig
 from sparkdp.data.tensors import TensorData
+from sparkdp.driver.controller import Attempt
 from sparkdp.driver.recovery import (
     RestartPolicy,
     merged_history,
@@ -59,7 +60,7 @@ def _data(rows: int = 200) -> TensorData:
 def _spec(tmp_path: Path | None, epochs: int = 3, every: int | None = None, lr: float = 0.1) -> FitSpec:
     model = _model()
     policy = (
-        CheckpointPolicy(str(tmp_path), CheckpointConfig(checkpoint_every=every, keep_checkpoints=100))
+        CheckpointPolicy(CheckpointConfig(str(tmp_path), checkpoint_every=every, keep_checkpoints=100))
         if tmp_path is not None
         else None
     )
@@ -70,16 +71,14 @@ def _spec(tmp_path: Path | None, epochs: int = 3, every: int | None = None, lr: 
         strategy=STRATEGIES.create("allreduce"),
         train=_data(),
         eval=None,
-        epochs=epochs,
-        batch_size=16,
-        seed=5,
+        training=TrainingConfig(epochs=epochs, batch_size=16, seed=5),
         checkpoint=policy,
     )
 
 
 def _save(directory: Path, epoch: int, step: int, keep: int = 3, job_id: str = "job-a") -> str:
     return save_checkpoint(
-        CheckpointPolicy(str(directory), CheckpointConfig(keep_checkpoints=keep), job_id),
+        CheckpointPolicy(CheckpointConfig(str(directory), keep_checkpoints=keep), job_id),
         epoch=epoch,
         step=step,
         model=_model().state_dict(),
@@ -196,14 +195,15 @@ def test_averaging_checkpoints_only_where_the_replicas_agree():
 
 def test_restarts_resume_from_the_latest_checkpoint_then_give_up_with_every_cause(tmp_path, caplog):
     spec = _spec(None, epochs=2)
-    policy = CheckpointPolicy(str(tmp_path))
+    policy = CheckpointPolicy(CheckpointConfig(str(tmp_path)))
     seen = []
 
-    def stage(attempt: FitSpec, workers: int):
+    def stage(attempt: FitSpec, now: Attempt):
         seen.append((attempt.part.start_epoch, attempt.part.start_step, attempt.fault))
         if len(seen) == 1:
+            one_epoch = replace(attempt.part, epochs=1)
             fit_worker(
-                replace(attempt, epochs=1, checkpoint=policy), SingleProcessCollective()
+                replace(attempt, part=one_epoch, checkpoint=policy), SingleProcessCollective()
             )  # leaves e1-s0
         raise WorkerFailed(f"worker 1 died (attempt {len(seen)})")
 
@@ -219,13 +219,17 @@ def test_restarts_resume_from_the_latest_checkpoint_then_give_up_with_every_caus
 def test_errors_a_restart_cannot_fix_are_raised_at_once(tmp_path):
     calls = []
 
-    def stage(attempt, workers):
+    def stage(attempt, now):
         calls.append(1)
         raise ConfigError("bad setting")
 
     with pytest.raises(ConfigError):
         run_with_restarts(
-            _spec(None), RestartPolicy.of(JobConfig.of()), CheckpointPolicy(str(tmp_path)), stage, 2
+            _spec(None),
+            RestartPolicy.of(JobConfig.of()),
+            CheckpointPolicy(CheckpointConfig(str(tmp_path))),
+            stage,
+            2,
         )
     assert calls == [1]
 
@@ -246,7 +250,7 @@ def test_fault_injection_setting_is_parsed_and_checked():
 def test_an_elastic_restart_continues_on_the_slots_left_and_grows_back(tmp_path, caplog):
     """Two workers; after the first failure one slot is left (min_workers=1): the restart runs
     on one worker from the same rows; after the second, both slots are back."""
-    spec, policy = _spec(None, epochs=2), CheckpointPolicy(str(tmp_path))
+    spec, policy = _spec(None, epochs=2), CheckpointPolicy(CheckpointConfig(str(tmp_path)))
     save_checkpoint(
         policy,
         epoch=0,
@@ -261,8 +265,8 @@ def test_an_elastic_restart_continues_on_the_slots_left_and_grows_back(tmp_path,
     slots = iter([1, 2])
     runs = []
 
-    def stage(attempt: FitSpec, workers: int):
-        runs.append((workers, attempt.part.start_step))
+    def stage(attempt: FitSpec, now: Attempt):
+        runs.append((now.workers, attempt.part.start_step))
         if len(runs) < 3:
             raise WorkerFailed("the executor running worker 1 was lost")
         return "report"
@@ -330,7 +334,7 @@ def test_rotation_never_deletes_the_file_just_written_nor_another_jobs(tmp_path)
 
 def test_a_restart_resumes_this_jobs_checkpoint_never_another_jobs(tmp_path):
     _save(tmp_path, 5, 0, job_id="other-job")  # newer by name than anything this job writes
-    policy = CheckpointPolicy(str(tmp_path), CheckpointConfig(keep_checkpoints=100), "this-job")
+    policy = CheckpointPolicy(CheckpointConfig(str(tmp_path), keep_checkpoints=100), "this-job")
     save_checkpoint(
         policy,
         epoch=0,
@@ -346,7 +350,7 @@ def test_a_restart_resumes_this_jobs_checkpoint_never_another_jobs(tmp_path):
     assert latest_checkpoint(tmp_path, "nobody") is None
     starts = []
 
-    def stage(attempt: FitSpec, workers: int):
+    def stage(attempt: FitSpec, now: Attempt):
         starts.append((attempt.part.start_epoch, attempt.part.start_step))
         if len(starts) == 1:
             raise WorkerFailed("worker 0 died")
@@ -387,9 +391,14 @@ def test_a_job_that_resumes_keeps_its_identity_in_new_checkpoints(tmp_path):
     start = resume_point(JobConfig.of(resume=str(tmp_path)))
     assert start.job_id == "lineage"
     with checkpoint_policy(
-        JobConfig.of(resume=str(tmp_path)), temporary_ok=False, job_id=start.job_id
+        JobConfig.of(resume=str(tmp_path), keep_checkpoints=7), temporary_ok=False, job_id=start.job_id
     ) as policy:
         assert policy.job_id == "lineage"
+        # the resolved settings: checkpoint_dir is where this run writes (resume's directory here)
+        assert (policy.settings.checkpoint_dir, policy.directory) == (str(tmp_path), str(tmp_path))
+        assert (policy.settings.resume, policy.settings.keep_checkpoints) == (str(tmp_path), 7)
+    with pytest.raises(ValueError, match="checkpoint_dir"):
+        CheckpointPolicy(CheckpointConfig())
     with checkpoint_policy(JobConfig.of(checkpoint_dir=str(tmp_path / "b")), temporary_ok=False) as fresh:
         assert fresh.job_id and fresh.job_id != "lineage"
 

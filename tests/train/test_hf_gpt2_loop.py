@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from sparkdp.comm.single import SingleProcessCollective
+from sparkdp.config import TrainingConfig
 from sparkdp.data.tensors import DictData
 from sparkdp.data.text_datasets import FORTUNES_DIR
 from sparkdp.strategies import resolve_strategy
@@ -49,10 +50,9 @@ def test_gpt2_from_a_config_trains_in_the_worker_loop_like_one_process(one_threa
         strategy=resolve_strategy("allreduce"),
         train=DictData({"input_ids": blocks, "labels": blocks}),
         eval=None,
-        epochs=EPOCHS,
-        batch_size=BATCH,
-        precision="bf16-mixed",
-        accumulate=ACCUMULATE,
+        training=TrainingConfig(
+            epochs=EPOCHS, batch_size=BATCH, precision="bf16-mixed", accumulate=ACCUMULATE
+        ),
     )
     report = fit_worker(spec, SingleProcessCollective())
     assert [h["samples"] for h in report.history] == [ROWS] * EPOCHS

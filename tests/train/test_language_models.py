@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from sparkdp import model_loss
 from sparkdp.comm.single import SingleProcessCollective
+from sparkdp.config import TrainingConfig
 from sparkdp.data.parquet import ParquetData
 from sparkdp.data.tensors import DictData, as_worker_data
 from sparkdp.errors import ConfigError, DataError
@@ -34,9 +35,7 @@ def _fit(model, data, loss="model", **kw):
         strategy=resolve_strategy("allreduce"),
         train=data,
         eval=kw.pop("eval", None),
-        epochs=kw.pop("epochs", 3),
-        batch_size=8,
-        **kw,
+        training=TrainingConfig(**{"epochs": 3, "batch_size": 8, **kw}),
     )
     return fit_worker(spec, SingleProcessCollective())
 

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sparkdp.comm import SingleProcessCollective
+from sparkdp.config import TrainingConfig
 from sparkdp.data.tensors import TensorData
 from sparkdp.errors import ConfigError
 from sparkdp.strategies import resolve_strategy
@@ -104,10 +105,7 @@ def test_worker_trains_channels_last_to_the_nchw_result(memory_format):
         strategy=resolve_strategy("allreduce"),
         train=TensorData(x, y),
         eval=TensorData(x, y),
-        epochs=2,
-        batch_size=32,
-        shuffle=False,
-        memory_format=memory_format,
+        training=TrainingConfig(epochs=2, batch_size=32, shuffle=False, memory_format=memory_format),
     )
     out = fit_worker(spec, SingleProcessCollective())
     assert set(seen) == {memory_format == "auto"}  # every batch, training and evaluation

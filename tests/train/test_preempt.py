@@ -25,6 +25,7 @@ STEPS_PER_EPOCH = 8  # 128 rows / 2 workers / 8 rows a step
 
 
 def _spec(checkpoint_dir: str | None, fault: str | None, epochs: int = 2):
+    from sparkdp.config import CheckpointConfig, TrainingConfig
     from sparkdp.data.tensors import TensorData
     from sparkdp.strategies import resolve_strategy
     from sparkdp.train.checkpoint import CheckpointPolicy
@@ -43,9 +44,10 @@ def _spec(checkpoint_dir: str | None, fault: str | None, epochs: int = 2):
         strategy=resolve_strategy("allreduce", shared_memory=False),
         train=data,
         eval=None,
-        epochs=epochs,
-        batch_size=8,
-        checkpoint=CheckpointPolicy(checkpoint_dir, job_id="preempt-test") if checkpoint_dir else None,
+        training=TrainingConfig(epochs=epochs, batch_size=8),
+        checkpoint=CheckpointPolicy(CheckpointConfig(checkpoint_dir), job_id="preempt-test")
+        if checkpoint_dir
+        else None,
         fault=fault_from_env({"SPARKDP_FAULT": fault}) if fault else None,
     )
 

@@ -14,13 +14,14 @@ from torch import nn
 
 from sparkdp import state as state_io
 from sparkdp.comm.single import SingleProcessCollective
+from sparkdp.config import TrainingConfig
 from sparkdp.data.tensors import TensorData
 from sparkdp.errors import ConfigError
 from sparkdp.strategies import resolve_strategy
 from sparkdp.train.loop import FitSpec, fit_worker, optimizer_state_to_bytes
 from sparkdp.train.optim import optimizer_factory, resolve_loss
 from sparkdp.train.precision import resolve_precision
-from sparkdp.train.schedule import ScheduleSpec, WarmupCosine
+from sparkdp.train.schedule import WarmupCosine, lr_schedule
 from sparkdp.train.step import with_last
 
 pytestmark = pytest.mark.timeout(60)
@@ -36,19 +37,18 @@ def _data(rows: int = 48) -> TensorData:
     return TensorData(torch.randn(rows, 5, generator=g), torch.randint(0, 3, (rows,), generator=g))
 
 
-def _spec(model: nn.Module, data: TensorData, **kw) -> FitSpec:
-    opt = kw.pop("optimizer", None) or optimizer_factory("sgd", model, lr=0.1, momentum=0.9)
-    base = dict(
+def _spec(model: nn.Module, data: TensorData, **settings) -> FitSpec:
+    """A spec of ``model`` on ``data``; ``settings``: TrainingConfig's (epochs 2, batch_size 8 unless given)."""
+    opt = settings.pop("optimizer", None) or optimizer_factory("sgd", model, lr=0.1, momentum=0.9)
+    return FitSpec(
         model=model,
         loss=resolve_loss("cross_entropy"),
         optimizer=opt,
         strategy=resolve_strategy("allreduce"),
         train=data,
         eval=None,
-        epochs=2,
-        batch_size=8,
+        training=TrainingConfig(**{"epochs": 2, "batch_size": 8, **settings}),
     )
-    return FitSpec(**{**base, **kw})
 
 
 def _params(report) -> list[torch.Tensor]:
@@ -119,19 +119,19 @@ def test_the_schedule_steps_per_optimizer_step_and_survives_its_state_round_trip
     model = _model()
     lrs: list[float] = []
     opt = optimizer_factory(lambda ps: _Recording(ps, lrs), model)
-    schedule = ScheduleSpec("warmup-cosine", warmup_steps=3, min_lr_ratio=0.0)
-    spec = _spec(model, data, batch_size=4, accumulate=2, lr_schedule=schedule, optimizer=opt)
+    schedule = {"lr_schedule": "warmup-cosine", "warmup_steps": 3, "min_lr_ratio": 0.0}
+    spec = _spec(model, data, batch_size=4, accumulate=2, optimizer=opt, **schedule)
     fit_worker(spec, SingleProcessCollective())
     want = [WarmupCosine(3, 8, 0.0)(k) for k in range(8)]
     assert lrs == pytest.approx(want)
     # a checkpoint's optimizer state carries the schedule's position
     sgd = torch.optim.SGD(_model().parameters(), lr=1.0)
-    sched = schedule.build(sgd, 8)
+    sched = lr_schedule(spec.training, sgd, 8)
     for _ in range(5):
         sgd.step()
         sched.step()
     again = torch.optim.SGD(_model().parameters(), lr=1.0)
-    resumed = schedule.build(again, 8)
+    resumed = lr_schedule(spec.training, again, 8)
     saved = state_io.from_bytes(optimizer_state_to_bytes(sgd, sched))
     again.load_state_dict(saved["optimizer"])
     resumed.load_state_dict(saved["scheduler"])
@@ -161,9 +161,7 @@ def test_bf16_mixed_runs_the_forward_in_bfloat16_and_trains():
         strategy=resolve_strategy("allreduce"),
         train=DictData(token_data(32)),
         eval=None,
-        epochs=3,
-        batch_size=8,
-        precision="bf16-mixed",
+        training=TrainingConfig(epochs=3, batch_size=8, precision="bf16-mixed"),
     )
     report = fit_worker(spec, SingleProcessCollective())
     assert model.seen_dtype == torch.bfloat16
@@ -184,8 +182,7 @@ def test_the_default_precision_adds_no_autocast():
         strategy=resolve_strategy("allreduce"),
         train=DictData(token_data(16)),
         eval=None,
-        epochs=1,
-        batch_size=8,
+        training=TrainingConfig(epochs=1, batch_size=8),
     )
     fit_worker(spec, SingleProcessCollective())
     assert model.seen_dtype == torch.float32

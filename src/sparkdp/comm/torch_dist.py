@@ -208,9 +208,9 @@ def set_restart_env(restart: int, max_restarts: int, checkpoint_dir: str | None)
     """What a restarted torchrun worker reads: ``TORCHELASTIC_RESTART_COUNT`` (0 in the first
     attempt, n in the n-th restart of the job), ``TORCHELASTIC_MAX_RESTARTS`` (the job's
     ``max_restarts``) and, when the job has one, its checkpoint directory as
-    ``SPARKDP_CHECKPOINT_DIR`` (where the script saves and finds what it resumes from). Set once
-    the job's attempt is known, over the Spark task's own attempt number that
-    :func:`set_torch_distributed_env` put there."""
+    ``SPARKDP_CHECKPOINT_DIR`` (where the script saves and finds what it resumes from). Set by
+    ``sparkdp.run``'s worker body: a barrier task's environment holds the same two numbers already
+    (``sparkdp.train.jobs.in_task``), an asynchronous task's has no torchrun environment."""
     os.environ["TORCHELASTIC_RESTART_COUNT"] = str(restart)
     os.environ["TORCHELASTIC_MAX_RESTARTS"] = str(max_restarts)
     if checkpoint_dir is not None:

@@ -37,7 +37,7 @@ from ..train.layout import preflight_layout
 from ..train.loop import FitSpec, check_batch, check_labels, class_scores, metric_names
 from ..train.optim import optimizer_factory, resolve_loss
 from ..train.result import TrainResult
-from ..train.schedule import schedule_spec
+from ..train.schedule import unknown_length
 from .monitoring import monitored, wants_monitoring
 from .runners import runner_for
 
@@ -241,8 +241,7 @@ def fit_job(
     strategy_obj = resolve_strategy(job.training.strategy, **job.training.strategy_options)
     loss_fn = resolve_loss(loss)
     training = job.training
-    schedule = schedule_spec(training.lr_schedule, training.warmup_steps, training.min_lr_ratio)
-    if schedule is not None and lr_scheduler is not None:
+    if training.lr_schedule != "constant" and lr_scheduler is not None:
         raise ConfigError(
             f"both lr_schedule={training.lr_schedule!r} and lr_scheduler= were given; pass one "
             "(lr_schedule names a built-in schedule, lr_scheduler builds any other)."
@@ -263,8 +262,8 @@ def fit_job(
     else:
         train, test = _resolve_data(data, labels, eval_data)
     memory_format, names = _preflight(model, loss_fn, train, job.training.memory_format, metric)
-    if schedule is not None and train.num_samples() is None:
-        raise schedule.unknown_length()
+    if training.lr_schedule != "constant" and train.num_samples() is None:
+        raise unknown_length(training.lr_schedule)
 
     from ..spark.cluster import on_driver_machine
     from ..spark.session import session
@@ -288,17 +287,8 @@ def fit_job(
         strategy=strategy_obj,
         train=train,
         eval=test,
-        epochs=job.training.epochs,
-        batch_size=job.training.batch_size,
-        seed=job.training.seed,
-        shuffle=job.training.shuffle,
+        training=replace(training, memory_format=memory_format),
         scheduler=lr_scheduler,
-        eval_every=job.training.eval_every,
-        memory_format=memory_format,
-        precision=training.precision,
-        accumulate=training.accumulate,
-        clip_grad_norm=training.clip_grad_norm,
-        lr_schedule=schedule,
         metric=metric,
         metric_names=names,
     )

@@ -389,9 +389,7 @@ def epochs_done(
 
 def remaining(spec: FitSpec, done: int) -> FitSpec:
     """``spec`` for the epochs after the first ``done`` (at most ``spec.epochs``)."""
-    return replace(
-        spec, epochs=spec.epochs - done, part=replace(spec.part, start_epoch=done, last_epoch=spec.epochs - 1)
-    )
+    return replace(spec, part=replace(spec.part, start_epoch=done))
 
 
 def server_factory(

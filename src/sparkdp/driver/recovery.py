@@ -80,7 +80,8 @@ def checkpoint_policy(
             return
         directory = temporary = tempfile.mkdtemp(prefix="sparkdp-checkpoints-")
     try:
-        policy = CheckpointPolicy(str(directory), job.checkpoints, job_id or new_job_id())
+        settings = replace(job.checkpoints, checkpoint_dir=str(directory))
+        policy = CheckpointPolicy(settings, job_id or new_job_id())
         policy.store().check_writable()
         yield policy
     finally:
@@ -114,13 +115,11 @@ def resumed(spec: FitSpec, checkpoint: Checkpoint, workers: int | None = None) -
         check_compatible(spec.model, checkpoint)
         spec.model.load_state_dict(checkpoint.model)
     spec.strategy.load_state_dict(checkpoint.strategy_state)
-    last = spec.last_epoch()
     step = checkpoint.step
     if workers is not None and workers != checkpoint.workers:
         step = round(step * checkpoint.workers / workers)
     part = StagePart(
         start_epoch=checkpoint.epoch,
-        last_epoch=last,
         optimizer_state=checkpoint.optimizer or None,
         start_step=step,
         rng=tuple(checkpoint.rng),
@@ -128,7 +127,7 @@ def resumed(spec: FitSpec, checkpoint: Checkpoint, workers: int | None = None) -
         epoch_stats=checkpoint.epoch_stats,
         shards=checkpoint.shards or None,
     )
-    return replace(spec, epochs=last + 1 - checkpoint.epoch, part=part)
+    return replace(spec, part=part)
 
 
 def _where(checkpoint: Checkpoint | None) -> str:
@@ -149,7 +148,7 @@ class SpecPlan:
         self,
         spec: FitSpec,
         policy: CheckpointPolicy | None,
-        run_stage: Callable[[FitSpec, int], WorkerReport],
+        run_stage: Callable[[FitSpec, Attempt], WorkerReport],
     ) -> None:
         self.spec, self.policy, self.run_stage = spec, policy, run_stage
         self.latest: Checkpoint | None = None
@@ -163,7 +162,7 @@ class SpecPlan:
             spec = replace(start, checkpoint=self.policy, fault=None)
         self.finished = spec
         try:
-            return self.run_stage(spec, attempt.workers)
+            return self.run_stage(spec, attempt)
         except TrainingDiverged as exc:
             last = self._latest()
             raise TrainingDiverged(
@@ -186,13 +185,14 @@ def run_with_restarts(
     spec: FitSpec,
     restarts: RestartPolicy,
     policy: CheckpointPolicy | None,
-    run_stage: Callable[[FitSpec, int], WorkerReport],
+    run_stage: Callable[[FitSpec, Attempt], WorkerReport],
     workers: int,
     slots: Callable[[], int | None] = lambda: None,
 ) -> tuple[WorkerReport, FitSpec, int]:
     """Run the stage on ``workers`` under the job's :class:`~sparkdp.driver.controller.Controller`:
     after a worker failure, restart it from the latest checkpoint as ``restarts`` allows (on
-    fewer workers if ``slots()`` says fewer are left).
+    fewer workers if ``slots()`` says fewer are left). ``run_stage(spec, attempt)`` runs one
+    attempt (its workers, and its restart number, which the workers see as torchrun's).
 
     Returns rank 0's report, the spec of the stage that finished (its ``part.history`` is the
     job's history before that stage) and the workers it ran on.

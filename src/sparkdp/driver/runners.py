@@ -116,15 +116,15 @@ class BarrierRunner:
 
         spec, lineage = _resume(spec, job)
 
-        def run_stage(attempt: FitSpec, n: int) -> WorkerReport:
-            first, last = attempt.part.start_epoch + 1, attempt.last_epoch() + 1
-            with decommission_notice(spark, attempt.checkpoint):
+        def run_stage(stage: FitSpec, now: Attempt) -> WorkerReport:
+            first, last = stage.part.start_epoch + 1, stage.last_epoch() + 1
+            with decommission_notice(spark, stage.checkpoint):
                 return _barrier(
-                    lambda coll: fit_worker(attempt, coll),
-                    n,
+                    lambda coll: fit_worker(stage, coll),
+                    now,
                     job,
                     spark,
-                    f"sparkdp {attempt.strategy.name} on {n} workers: epochs {first}-{last} of {last}",
+                    f"sparkdp {stage.strategy.name} on {now.workers} workers: epochs {first}-{last} of {last}",
                 )
 
         restarts = RestartPolicy.of(job)
@@ -150,9 +150,7 @@ class BarrierRunner:
         from ..spark.cluster import available_slots
 
         def attempt(now: Attempt) -> Any:
-            return _barrier(
-                lambda collective: body(collective, strategy, now), now.workers, job, spark, description
-            )
+            return _barrier(lambda collective: body(collective, strategy, now), now, job, spark, description)
 
         return Controller(RestartPolicy.of(job), workers, lambda: available_slots(spark)).run(
             _FromStart(attempt)
@@ -169,13 +167,25 @@ class _FromStart:
         return _OWN_CHECKPOINTS
 
 
-def _barrier(body: Callable[[Any], Any], workers: int, job: JobConfig, spark: Any, description: str) -> Any:
-    """``body(collective)`` on ``workers`` barrier tasks sharing a process group; rank 0's result."""
+def _barrier(
+    body: Callable[[Any], Any], attempt: Attempt, job: JobConfig, spark: Any, description: str
+) -> Any:
+    """``body(collective)`` on ``attempt.workers`` barrier tasks sharing a process group; rank 0's
+    result. The tasks see the attempt's restart number and the job's ``max_restarts`` as torchrun's."""
     from ..spark.launcher import run_barrier
 
-    task = in_task(body, threads=job.scaling.threads, pg_timeout_s=job.failures.pg_timeout_s)
+    task = in_task(
+        body,
+        threads=job.scaling.threads,
+        pg_timeout_s=job.failures.pg_timeout_s,
+        restarts=(attempt.restart, job.failures.max_restarts),
+    )
     return run_barrier(
-        task, workers, spark=spark, start_timeout_s=job.failures.start_timeout_s, description=description
+        task,
+        attempt.workers,
+        spark=spark,
+        start_timeout_s=job.failures.start_timeout_s,
+        description=description,
     )[0]
 
 

@@ -96,12 +96,18 @@ def fit_on_executors(
         if directory is None and on_driver_machine(spark):  # executors share the driver's disk
             directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="sparkdp-ps-"))
         whole, job_id = spec, job_id or new_job_id()
-        policy = CheckpointPolicy(directory, job.checkpoints, job_id) if directory is not None else None
+        policy = (
+            CheckpointPolicy(replace(job.checkpoints, checkpoint_dir=directory), job_id)
+            if directory is not None
+            else None
+        )
         if policy is not None:
             policy.store().check_writable()
         load: list[bytes | None] = [None] * servers
         if job.checkpoints.resume is not None:
-            resume = CheckpointPolicy(str(job.checkpoints.resume), job.checkpoints, job_id)
+            resume = CheckpointPolicy(
+                replace(job.checkpoints, checkpoint_dir=str(job.checkpoints.resume)), job_id
+            )
             spec, load = _resume(whole, strategy, plan, workers, resume.store(), required=True)
         stage = _Stage(spec, strategy, plan, workers, job, policy, new_secret(), fault_from_env())
         restarts = RestartPolicy.of(job)

@@ -29,7 +29,7 @@ class EpochPlan:
 
     def attempt(self, attempt: Attempt) -> WorkerReport:
         return self.run_epoch(
-            replace(self.spec, fault=self.spec.fault if attempt.restart == 0 else None), attempt.workers
+            replace(self.spec, fault=self.spec.fault if attempt.restart == 0 else None), attempt
         )
 
     def restart_point(self) -> str:
@@ -57,22 +57,23 @@ def fit_epochs(
     spec = replace(spec, strategy=copy.deepcopy(spec.strategy))  # the caller's object is not advanced
     fault = fault_from_env()  # fires once per job: in the first epoch's first attempt that reaches it
 
-    def run_epoch(stage: FitSpec, workers: int) -> WorkerReport:
+    def run_epoch(stage: FitSpec, attempt: Attempt) -> WorkerReport:
         return epoch_stage(
             stage,
             source,
-            workers=workers,
+            workers=attempt.workers,
             spark=spark,
             threads=job.scaling.threads,
             pg_timeout_s=job.failures.pg_timeout_s,
             start_timeout_s=job.failures.start_timeout_s,
+            restarts=(attempt.restart, job.failures.max_restarts),
         )
 
     for epoch in range(first, last + 1):
         controller.workers()  # shrunk by an earlier failure: back to the full count when the slots are
         part = StagePart(
             start_epoch=epoch,
-            last_epoch=last,
+            epochs=1,
             optimizer_state=opt_state,
             return_optimizer_state=True,
             shards=spec.part.shards if epoch == first else None,  # a resumed sharded checkpoint's weights

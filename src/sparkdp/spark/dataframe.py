@@ -205,7 +205,7 @@ def dataframe_data(
     return DataFrameSource(projected, converter, shuffle_buffer, cached=level.useMemory or level.useDisk)
 
 
-def _epoch_task(spec: FitSpec, threads: int | None, pg_timeout_s: float):
+def _epoch_task(spec: FitSpec, threads: int | None, pg_timeout_s: float, restarts: tuple[int, int]):
     """The function ``mapInArrow`` runs on each partition: one epoch of training on its stream."""
 
     def task(stream: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -218,6 +218,7 @@ def _epoch_task(spec: FitSpec, threads: int | None, pg_timeout_s: float):
                 lambda coll: fit_worker(replace(spec, train=data), coll),
                 threads=threads,
                 pg_timeout_s=pg_timeout_s,
+                restarts=restarts,
             )
             out = job(info)
             for _ in stream:  # rows left after another rank ran out: drain so Spark's writer can finish
@@ -245,15 +246,17 @@ def epoch_stage(
     threads: int | None,
     pg_timeout_s: float,
     start_timeout_s: float,
+    restarts: tuple[int, int] = (0, 0),
 ) -> WorkerReport:
     """Train epoch ``spec.part.start_epoch`` of ``source`` as one barrier ``mapInArrow`` stage on
     ``workers`` (``source.prepare`` first); rank 0's report. A failed worker raises
-    ``WorkerFailed``: what happens next is the driver's (``driver.controller``)."""
-    stage_spec = replace(spec, train=StreamData(source.converter, source.shuffle_buffer), epochs=1)
+    ``WorkerFailed``: what happens next is the driver's (``driver.controller``). ``restarts``:
+    the attempt's restart number and the job's ``max_restarts`` (``train.jobs.in_task``)."""
+    stage_spec = replace(spec, train=StreamData(source.converter, source.shuffle_buffer))
     df = source.stage_frame(workers)
     epoch = spec.part.start_epoch
     rows = _run_stage(
-        df.mapInArrow(_epoch_task(stage_spec, threads, pg_timeout_s), _OUT_SCHEMA, barrier=True),
+        df.mapInArrow(_epoch_task(stage_spec, threads, pg_timeout_s, restarts), _OUT_SCHEMA, barrier=True),
         spark,
         workers,
         start_timeout_s,

@@ -43,14 +43,22 @@ LOOP_PART = "loop-state"
 
 @dataclass(frozen=True)
 class CheckpointPolicy:
-    """Where this job's checkpoints go: its checkpoint settings (how often, how many, storage
-    options), the directory they resolved to (``checkpoint_dir``, ``resume`` or a temporary
-    one) and the identity written into every checkpoint; rotation deletes only files carrying
-    it, and restarts resume only from them."""
+    """Where this job's checkpoints go: its checkpoint settings as resolved for the run
+    (``checkpoint_dir`` is the directory they go to: the job's own, the ``resume`` directory or
+    a temporary one) and the identity written into every checkpoint; rotation deletes only
+    files carrying it, and restarts resume only from them. (The identity is no setting: a new
+    job draws one, a resumed job keeps its checkpoints'.)"""
 
-    directory: str
-    settings: CheckpointConfig = field(default_factory=CheckpointConfig)
+    settings: CheckpointConfig
     job_id: str = field(default_factory=new_job_id)
+
+    def __post_init__(self) -> None:
+        if self.settings.checkpoint_dir is None:
+            raise ValueError("a checkpoint policy needs the directory its checkpoints go to (checkpoint_dir)")
+
+    @property
+    def directory(self) -> str:
+        return str(self.settings.checkpoint_dir)
 
     def store(self) -> CheckpointStore:
         return CheckpointStore(

@@ -17,11 +17,19 @@ from ..errors import EnvironmentProblem
 log = logging.getLogger(__name__)
 
 
-def in_task(body: Callable[[Collective], Any], *, threads: int | None, pg_timeout_s: float) -> Callable:
+def in_task(
+    body: Callable[[Collective], Any],
+    *,
+    threads: int | None,
+    pg_timeout_s: float,
+    restarts: tuple[int, int] = (0, 0),
+) -> Callable:
     """Wrap ``body(collective)`` as the function the launcher runs on every task, in the torchrun
-    environment of the task's place (``sparkdp.comm.torchrun_env``; TORCHELASTIC_RESTART_COUNT is
-    the Spark task's attempt number here, and ``run``/``launch`` set the job's restart number and
-    ``max_restarts`` over it once the attempt is known: ``set_restart_env``)."""
+    environment of the task's place (``sparkdp.comm.torchrun_env``). ``restarts``: the job
+    controller's restart number of this attempt and the job's ``max_restarts``, what every worker
+    (``fit``'s, a ``run`` function, a launched script) reads as TORCHELASTIC_RESTART_COUNT and
+    TORCHELASTIC_MAX_RESTARTS."""
+    restart_count, max_restarts = restarts
 
     def task(info) -> Any:
         torch.set_num_threads(threads or max(1, info.cpus))
@@ -46,7 +54,8 @@ def in_task(body: Callable[[Collective], Any], *, threads: int | None, pg_timeou
             store_listening=True,
             placement=placement,
             run_id=getattr(info, "run_id", "none"),
-            restart_count=getattr(info, "attempt", 0),
+            restart_count=restart_count,
+            max_restarts=max_restarts,
         )
         try:
             return body(collective)

@@ -8,7 +8,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -16,6 +16,7 @@ from torch import nn
 
 from .. import state as state_io
 from ..comm.base import Collective, is_collective_timeout
+from ..config import TrainingConfig
 from ..data.base import WorkerData
 from ..data.prefetch import DEFAULT_DEPTH, prefetch
 from ..errors import ConfigError, DataError, TrainingDiverged, WorkerHung
@@ -31,7 +32,7 @@ from .optim import OptimizerFactory
 from .precision import resolve_precision
 from .preempt import PreemptionWatch, preempted, watch_preemption
 from .report import WorkerReport
-from .schedule import ScheduleSpec
+from .schedule import lr_schedule
 from .sharded_checkpoint import ShardedSaver, split_tensors
 from .sharded_checkpoint import restore as restore_shards
 from .step import Stepper, with_last
@@ -46,7 +47,8 @@ class StagePart:
 
     Attributes:
         start_epoch: the first epoch (0-based) this stage runs.
-        last_epoch: the job's last epoch (so the final evaluation happens there).
+        epochs: the epochs this stage runs (None: through the job's last, ``training.epochs``;
+            a streamed DataFrame's stage runs one).
         optimizer_state: the optimizer (and scheduler) state to start from
             (bytes of :func:`optimizer_state_to_bytes`).
         return_optimizer_state: put the optimizer state in the report for the next stage.
@@ -60,7 +62,7 @@ class StagePart:
     """
 
     start_epoch: int = 0
-    last_epoch: int | None = None
+    epochs: int | None = None
     optimizer_state: bytes | None = None
     return_optimizer_state: bool = False
     start_step: int = 0
@@ -74,18 +76,22 @@ class StagePart:
 
 @dataclass
 class FitSpec:
-    """Everything a worker needs to train; shipped to each Spark task."""
+    """Everything a worker needs to train; shipped to each Spark task.
+
+    The job's settings travel as their ``config`` groups; the other fields are what no setting
+    holds: the model, loss and optimizer, the resolved strategy, the data, and the job's state."""
 
     model: nn.Module
     loss: Callable[..., torch.Tensor]
     optimizer: OptimizerFactory
+    #: ``training.strategy`` resolved (``sparkdp.strategies.resolve_strategy``): the one the workers use
     strategy: Strategy
     train: WorkerData
     eval: WorkerData | None
-    epochs: int
-    batch_size: int
-    seed: int = 0
-    shuffle: bool = True
+    #: the job's training settings; ``memory_format`` as the driver's preflight resolved it (``fit``
+    #: keeps "auto" only after running the model channels-last, see ``train.layout``), and
+    #: ``epochs`` the whole job's (``part`` says which of them this spec runs)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
     #: rows per evaluation forward pass: 256 ran 0.49 ms/image where 1000 ran 0.77 on one CPU
     #: thread (the 2-conv CNN; 1000 images' activations no longer fit in cache)
     eval_batch_size: int = 256
@@ -96,48 +102,41 @@ class FitSpec:
     part: StagePart = StagePart()
     #: batches a background thread prepares ahead of the trainer (0: none; see data.prefetch)
     prefetch: int = DEFAULT_DEPTH
-    #: evaluate ``eval`` after every ``eval_every``-th epoch and after the job's last one
-    eval_every: int = 1
-    #: "auto", "channels_last" or "contiguous": the layout 4-D weights and batches train in
-    #: (``train.layout``). ``fit`` sets "auto" only after running the model channels-last.
-    memory_format: str = "contiguous"
     #: where and how often rank 0 saves checkpoints (synchronous strategies; None: never)
     checkpoint: CheckpointPolicy | None = None
     #: an injected failure (``train.faults``; tests and demonstrations only)
     fault: Fault | None = None
     #: where live metrics go (the driver's ``monitor.hub``); None: not monitored
     monitor: MonitorLink | None = None
-    #: "32", "bf16-mixed" or "fp16-mixed" (``train.precision``)
-    precision: str = "32"
-    #: micro-batches per optimizer step (``train.step``)
-    accumulate: int = 1
-    #: the largest gradient 2-norm an optimizer step takes (None: no clipping)
-    clip_grad_norm: float | None = None
-    #: a named lr schedule over the job's optimizer steps (``train.schedule``)
-    lr_schedule: ScheduleSpec | None = None
     #: ``(outputs, batch) -> {name: value or (sum, count)}`` evaluated with the test metrics
     metric: Callable[[Any, Any], Any] | None = None
     #: the names ``metric`` returns (learned on the driver, so every rank reduces the same ones)
     metric_names: tuple[str, ...] = ()
 
+    @property
+    def epochs(self) -> int:
+        """The epochs this spec runs: from ``part.start_epoch`` through the job's last, or ``part.epochs``."""
+        part = self.part
+        return self.training.epochs - part.start_epoch if part.epochs is None else part.epochs
+
     def last_epoch(self) -> int:
         """The job's last epoch (0-based), also when this spec runs only part of the job."""
-        part = self.part
-        return part.start_epoch + self.epochs - 1 if part.last_epoch is None else part.last_epoch
+        return self.training.epochs - 1
 
     def steps_per_epoch(self, world_size: int) -> int | None:
         """Steps (batches) each worker takes per epoch, when the data's size is known (for progress and ETA)."""
         rows = self.train.num_samples()
-        return None if rows is None else math.ceil(math.ceil(rows / world_size) / self.batch_size)
+        return None if rows is None else math.ceil(math.ceil(rows / world_size) / self.training.batch_size)
 
     def optimizer_steps(self, world_size: int) -> int | None:
         """The job's optimizer steps (every epoch, ``accumulate`` batches a step), when known."""
-        batches = self.steps_per_epoch(world_size)
-        return None if batches is None else (self.last_epoch() + 1) * math.ceil(batches / self.accumulate)
+        batches, accumulate = self.steps_per_epoch(world_size), self.training.accumulate
+        return None if batches is None else (self.last_epoch() + 1) * math.ceil(batches / accumulate)
 
     def evaluates_after(self, epoch: int) -> bool:
         """Whether test metrics are computed after ``epoch`` (0-based)."""
-        return self.eval is not None and ((epoch + 1) % self.eval_every == 0 or epoch == self.last_epoch())
+        every = self.training.eval_every
+        return self.eval is not None and ((epoch + 1) % every == 0 or epoch == self.last_epoch())
 
 
 def optimizer_state(
@@ -368,21 +367,21 @@ def _fit_worker(
     if part.rng is not None and len(part.rng) == collective.world_size:  # resumed: the same random stream
         torch.set_rng_state(part.rng[collective.rank])
     else:  # dropout etc. differ per rank (and per resumed stage); init came from the driver
-        torch.manual_seed(spec.seed + collective.rank + 7919 * part.start_epoch)
-    strategy = spec.strategy
+        torch.manual_seed(spec.training.seed + collective.rank + 7919 * part.start_epoch)
+    strategy, training = spec.strategy, spec.training
     model = spec.model.to(collective.device)
-    channels_last = use_channels_last(spec.memory_format, model, collective.device)
+    channels_last = use_channels_last(training.memory_format, model, collective.device)
     weights_nhwc = channels_last and strategy.channels_last_weights
     if weights_nhwc:  # before DDP lays out its buckets and the optimizer its state
         set_layout(model, True)
-    precision = resolve_precision(spec.precision, collective.device)
+    precision = resolve_precision(training.precision, collective.device)
     if precision.mixed:
         strategy.adopt_precision(precision.dtype)
     model = strategy.shard(model, collective)  # a sharding strategy's optimizer steps the shards
     optimizer = spec.optimizer.build(model)
     scheduler = spec.scheduler(optimizer) if spec.scheduler is not None else None
-    if spec.lr_schedule is not None:
-        scheduler = spec.lr_schedule.build(optimizer, spec.optimizer_steps(collective.world_size))
+    if training.lr_schedule != "constant":
+        scheduler = lr_schedule(training, optimizer, spec.optimizer_steps(collective.world_size))
     if part.optimizer_state:
         saved = state_io.from_bytes(part.optimizer_state)  # what optimizer_state_to_bytes encoded
         if part.shards is not None:  # the weights and the optimizer's tensors, resharded to this world
@@ -415,13 +414,11 @@ def _fit_worker(
         None
         if (
             not precision.mixed
-            and spec.accumulate == 1
-            and spec.clip_grad_norm is None
+            and training.accumulate == 1
+            and training.clip_grad_norm is None
             and not isinstance(spec.loss, ModelLoss)
         )
-        else Stepper(
-            net, spec.loss, optimizer, scheduler, strategy, precision, spec.accumulate, spec.clip_grad_norm
-        )
+        else Stepper(net, spec.loss, optimizer, scheduler, strategy, precision, training)
     )
     autocast = precision.autocast if precision.mixed else None
     for epoch in range(part.start_epoch, part.start_epoch + spec.epochs):
@@ -439,9 +436,9 @@ def _fit_worker(
                     rank=rank,
                     world_size=world,
                     epoch=epoch,
-                    batch_size=spec.batch_size,
-                    seed=spec.seed,
-                    shuffle=spec.shuffle,
+                    batch_size=training.batch_size,
+                    seed=training.seed,
+                    shuffle=training.shuffle,
                 ),
                 skip,
                 None,
@@ -451,7 +448,7 @@ def _fit_worker(
         ready = time.perf_counter()
         stream = synchronized(batches, collective, check)
         # accumulating, a shorter last group of micro-batches must know it is the last
-        marked = with_last(stream) if spec.accumulate > 1 else ((b, False) for b in stream)
+        marked = with_last(stream) if training.accumulate > 1 else ((b, False) for b in stream)
         for step, ((x, y), last) in enumerate(marked, start=skip):
             arrived = time.perf_counter()
             probe.batch_arrived(arrived - ready)

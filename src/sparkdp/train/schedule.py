@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
+from ..config import TrainingConfig
 from ..errors import ConfigError
 
 
@@ -37,35 +38,25 @@ class WarmupCosine:
         return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-@dataclass(frozen=True)
-class ScheduleSpec:
-    """A named schedule, built in every worker once its total optimizer steps are known."""
-
-    name: str
-    warmup_steps: int = 0
-    min_lr_ratio: float = 0.0
-
-    def build(self, optimizer: Optimizer, total_steps: int | None) -> LambdaLR:
-        if total_steps is None:
-            raise self.unknown_length()
-        if self.warmup_steps >= total_steps:
-            raise ConfigError(
-                f"warmup_steps ({self.warmup_steps}) must be fewer than the job's {total_steps} "
-                "optimizer steps (epochs x steps per epoch / accumulate)."
-            )
-        return LambdaLR(optimizer, WarmupCosine(self.warmup_steps, total_steps, float(self.min_lr_ratio)))
-
-    def unknown_length(self) -> ConfigError:
-        return ConfigError(
-            f"lr_schedule={self.name!r} needs the job's number of optimizer steps, which needs the "
-            "training data's row count; this data does not say it (a streamed DataFrame). Write it "
-            "to Parquet, or pass lr_scheduler=optimizer -> scheduler."
+def lr_schedule(training: TrainingConfig, optimizer: Optimizer, total_steps: int | None) -> LambdaLR:
+    """The schedule ``training.lr_schedule`` names (not "constant"), over the job's ``total_steps``
+    optimizer steps; built in every worker once they are known."""
+    if total_steps is None:
+        raise unknown_length(training.lr_schedule)
+    if training.warmup_steps >= total_steps:
+        raise ConfigError(
+            f"warmup_steps ({training.warmup_steps}) must be fewer than the job's {total_steps} "
+            "optimizer steps (epochs x steps per epoch / accumulate)."
         )
+    return LambdaLR(optimizer, WarmupCosine(training.warmup_steps, total_steps, float(training.min_lr_ratio)))
 
 
-def schedule_spec(name: str, warmup_steps: int, min_lr_ratio: float) -> ScheduleSpec | None:
-    """The schedule a job's settings name (None: constant)."""
-    return None if name == "constant" else ScheduleSpec(name, warmup_steps, min_lr_ratio)
+def unknown_length(name: str) -> ConfigError:
+    return ConfigError(
+        f"lr_schedule={name!r} needs the job's number of optimizer steps, which needs the "
+        "training data's row count; this data does not say it (a streamed DataFrame). Write it "
+        "to Parquet, or pass lr_scheduler=optimizer -> scheduler."
+    )
 
 
-__all__ = ["ScheduleSpec", "WarmupCosine", "schedule_spec"]
+__all__ = ["WarmupCosine", "lr_schedule", "unknown_length"]

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
+from ..config import TrainingConfig
 from ..strategies.base import Strategy
 from .batch import forward_loss
 from .precision import Precision
@@ -42,7 +43,8 @@ def with_last(items: Iterable[T]) -> Iterator[tuple[T, bool]]:
 
 
 class Stepper:
-    """Micro-batches in, an optimizer step every ``accumulate`` of them (and at an epoch's last)."""
+    """Micro-batches in, an optimizer step every ``training.accumulate`` of them (and at an epoch's last),
+    gradients clipped to ``training.clip_grad_norm``."""
 
     def __init__(
         self,
@@ -52,12 +54,11 @@ class Stepper:
         scheduler: Any,
         strategy: Strategy,
         precision: Precision,
-        accumulate: int,
-        clip_grad_norm: float | None,
+        training: TrainingConfig,
     ) -> None:
         self.net, self.loss, self.optimizer, self.scheduler = net, loss, optimizer, scheduler
         self.strategy, self.precision = strategy, precision
-        self.accumulate, self.clip = accumulate, clip_grad_norm
+        self.accumulate, self.clip = training.accumulate, training.clip_grad_norm
         self.scaler = precision.scaler()
         no_sync = getattr(net, "no_sync", None)  # DDP's; other strategies communicate after the step
         self._no_sync: Callable[[], Any] = no_sync if callable(no_sync) else contextlib.nullcontext

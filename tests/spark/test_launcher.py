@@ -182,7 +182,7 @@ def test_a_result_forged_with_everything_in_the_task_closure_runs_nothing_on_the
             hmac.new(key, (0).to_bytes(8, "big", signed=True) + payload, hashlib.sha256).digest() + payload
             for key in keys
         ]
-        return SimpleNamespace(collect=lambda: [{"index": 0, "result": cells[0]}])
+        return SimpleNamespace(collect=lambda: [{"index": 0, "part": 0, "parts": 1, "result": cells[0]}])
 
     monkeypatch.setattr(launcher, "_task_stage", forged_stage)
     with pytest.raises(
@@ -213,7 +213,11 @@ def test_stage_results_are_read_only_as_their_own_tasks_results():
         _results(rows, _stage_id(), 2)
     with pytest.raises(WorkerFailed, match=r"result of task 1 was not read: it is not a sparkdp task result"):
         _results([rows[1], {**rows[0], "result": cell[:-7]}], stage, 2)
-    with pytest.raises(WorkerFailed, match=r"returned results for tasks \[0\]; expected one for each of 0-1"):
+    with pytest.raises(
+        WorkerFailed, match=r"received the whole results of tasks \[0\] of the stage's 2 task"
+    ):
         _results(rows[1:], stage, 2)
-    with pytest.raises(WorkerFailed, match=r"returned results for tasks \[0, 0, 1\]"):
+    with pytest.raises(
+        WorkerFailed, match=r"returned results for tasks \[0, 1\] with repeated or extra parts"
+    ):
         _results(rows + rows[1:], stage, 2)

@@ -39,15 +39,30 @@ from .worker_errors import encode_error, translate_error
 log = logging.getLogger(__name__)
 
 
-#: The one column every sparkdp stage returns: a task's result as sparkdp state bytes (results.py).
-_RESULT_SCHEMA = "index long, result binary"
+#: What every sparkdp stage returns: a task's result as sparkdp state bytes (results.py), cut into
+#: ``parts`` rows of at most RESULT_PART_BYTES each.
+_RESULT_SCHEMA = "index long, part long, parts long, result binary"
+
+#: The most bytes of a result one row carries. A trained model's state comes back whole from rank 0;
+#: as one row of hundreds of MB, the driver's JVM copies it whole several times (each copy one huge
+#: array) and a local session's default 1g heap lost a 300 MB one; rows this size travel in pieces.
+RESULT_PART_BYTES = 8 << 20
 
 
 def _result_batch(stage: str, index: int, value: Any):
-    """A task's result as one Arrow row (:func:`sparkdp.spark.results.encode`: data, no pickle)."""
+    """A task's result as Arrow rows (:func:`sparkdp.spark.results.encode`: data, no pickle)."""
     import pyarrow as pa
 
-    return pa.RecordBatch.from_pydict({"index": [index], "result": [encode(stage, index, value)]})
+    data = memoryview(encode(stage, index, value))
+    pieces = [data[at : at + RESULT_PART_BYTES] for at in range(0, len(data), RESULT_PART_BYTES)] or [data]
+    return pa.RecordBatch.from_pydict(
+        {
+            "index": [index] * len(pieces),
+            "part": list(range(len(pieces))),
+            "parts": [len(pieces)] * len(pieces),
+            "result": pa.array(pieces, type=pa.binary()),
+        }
+    )
 
 
 def _results(rows, stage: str, num_tasks: int) -> list[Any]:
@@ -56,17 +71,37 @@ def _results(rows, stage: str, num_tasks: int) -> list[Any]:
     Nothing in a result cell is run: the decoder builds back data only (numbers, strings,
     tensors, arrays, sparkdp's own records). A cell that is not a result of this stage's task
     at its row's index (damaged, from elsewhere, a pickle) is refused with WorkerFailed."""
-    rows = sorted(rows, key=lambda row: row["index"])
-    indices = [int(row["index"]) for row in rows]
-    if indices != list(range(num_tasks)):
+    by_task: dict[int, dict[int, Any]] = {}
+    counts: dict[int, set[int]] = {}
+    foreign = False
+    for row in rows:
+        index, part = int(row["index"]), int(row["part"])
+        foreign |= part in by_task.setdefault(index, {}) or index not in range(num_tasks)
+        by_task[index][part] = row["result"]
+        counts.setdefault(index, set()).add(int(row["parts"]))
+    indices = sorted(by_task)
+    if foreign or any(len(c) != 1 or max(by_task[i]) >= min(c) for i, c in counts.items()):
         raise WorkerFailed(
-            f"the stage's {num_tasks} task(s) returned results for tasks {indices}; expected one "
-            f"for each of 0-{num_tasks - 1}. Something other than sparkdp's tasks wrote them."
+            f"the stage's {num_tasks} task(s) returned results for tasks {indices} with repeated or "
+            f"extra parts; expected one for each of 0-{num_tasks - 1}. Something other than sparkdp's "
+            "tasks wrote them."
+        )
+    complete = [i for i in indices if len(by_task[i]) == min(counts[i])]
+    if complete != list(range(num_tasks)):
+        # the job succeeded but rows are missing: the driver's JVM failed to hand them to Python
+        # (an OutOfMemoryError in its "serve-DataFrame" thread is printed, not raised)
+        raise WorkerFailed(
+            f"the driver received the whole results of tasks {complete} of the stage's {num_tasks} task(s): "
+            "its JVM ran out of heap while it passed the rest to Python (java.lang.OutOfMemoryError in "
+            "the driver's log). Rank 0 returns the trained model's whole state; raise spark.driver.memory "
+            "before the session starts, e.g. sparkdp.session(conf={'spark.driver.memory': '8g'}) or "
+            "spark-submit --driver-memory 8g (docs/guide/reliability.md)."
         )
     out = []
-    for index, row in zip(indices, rows, strict=True):
+    for index in indices:
+        data = b"".join(bytes(by_task[index][part]) for part in range(len(by_task[index])))
         try:
-            out.append(decode(bytes(row["result"]), stage, index))
+            out.append(decode(data, stage, index))
         except ValueError as err:
             raise WorkerFailed(
                 f"the result of task {index} was not read: {err}. Something other than sparkdp's "

@@ -60,6 +60,24 @@ def _submitted_conf() -> dict[str, str]:
 LOCAL_TASK_ATTEMPTS = 4
 
 
+#: bounds of the heap an embedded session's JVM gets when no one set spark.driver.memory: the
+#: driver and its local executors share it, and a task's result (a trained model's whole state) is
+#: copied a few times there on its way to Python; Spark's own 1g took a 120 MB result but not 300 MB
+LOCAL_DRIVER_MEMORY_MIB = (1024, 4096)
+
+
+def local_driver_memory(total_bytes: int | None = None) -> str:
+    """spark.driver.memory for an embedded session: a quarter of this machine's memory, within
+    :data:`LOCAL_DRIVER_MEMORY_MIB` (a quarter, since the workers' Python processes need the rest)."""
+    if total_bytes is None:
+        try:
+            total_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (AttributeError, ValueError, OSError):  # no sysconf (Windows): Spark's own default
+            total_bytes = 0
+    low, high = LOCAL_DRIVER_MEMORY_MIB
+    return f"{max(low, min(high, (total_bytes >> 20) // 4))}m"
+
+
 def default_master() -> str:
     return f"local[{os.cpu_count() or 1},{LOCAL_TASK_ATTEMPTS}]"
 
@@ -138,6 +156,8 @@ def session(
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         settings["spark.driver.host"] = "127.0.0.1"
         settings["spark.driver.bindAddress"] = "127.0.0.1"
+        if not (submitted or os.environ.get("SPARK_DRIVER_MEMORY")):  # the JVM is not started yet
+            settings["spark.driver.memory"] = local_driver_memory()
     # spark-submit's --conf values (e.g. a shipped venv-pack archive's python) win over sparkdp's
     # defaults, and the caller's conf over both
     settings.update({key: value for key, value in submitted.items() if key in settings})

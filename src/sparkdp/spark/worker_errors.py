@@ -131,6 +131,9 @@ def translate_error(exc: BaseException, requested: int, master: str) -> BaseExce
     log.info("the Spark job failed with:\n%s", text)
     task = re.search(r"ResultTask\(\d+, (\d+)\)|[Tt]ask (\d+)(?:\.\d+)? in stage", text)
     who = f"worker {next(g for g in task.groups() if g is not None)}" if task else "a worker"
+    too_large = result_too_large(text, master)
+    if too_large is not None:
+        return too_large
     missing = re.search(r"ModuleNotFoundError: No module named '([^']+)'", text)
     if missing:  # raised while the executor unpickled the task, before any sparkdp code ran there
         return EnvironmentProblem(missing_module_message(missing.group(1), who, text))
@@ -149,6 +152,36 @@ def translate_error(exc: BaseException, requested: int, master: str) -> BaseExce
     ]
     summary = "\n".join(lines[:8]) if lines else type(exc).__name__
     return WorkerFailed(f"the Spark job failed: {summary[:2000]}")
+
+
+def result_too_large(text: str, master: str) -> ConfigError | None:
+    """The error for tasks' results the driver could not take (a trained model's whole state
+    travels back from rank 0), naming the setting to raise; None when ``text`` is another failure.
+
+    Over ``spark.driver.maxResultSize`` Spark says so itself. Out of heap, it says less: the
+    driver's JVM copies a result several times on its way to Python, and an allocation that fails
+    while it reads one surfaces as ``java.io.StreamCorruptedException``/``IllegalStateException:
+    unread block data`` or a ``java.lang.OutOfMemoryError``. On a local master the executors live
+    in the driver's JVM, so every JVM heap error there is the driver's."""
+    if "spark.driver.maxResultSize" in text:
+        sizes = re.search(r"\(([^()]+)\) is bigger than spark\.driver\.maxResultSize \(([^()]+)\)", text)
+        figures = f" ({sizes.group(1)}, the limit is {sizes.group(2)})" if sizes else ""
+        return ConfigError(
+            f"the tasks' results are larger than spark.driver.maxResultSize{figures}: rank 0 returns the "
+            "trained model's whole state to the driver. Raise it when the session starts, e.g. "
+            "sparkdp.session(conf={'spark.driver.maxResultSize': '4g'}) or spark-submit --conf "
+            "spark.driver.maxResultSize=4g, with spark.driver.memory larger still (docs/guide/reliability.md)."
+        )
+    local = master.startswith("local")
+    if "unread block data" in text or (local and "java.lang.OutOfMemoryError" in text):
+        return ConfigError(
+            "the driver's JVM ran out of heap while it took the tasks' results (Spark reports it as "
+            "'unread block data' or java.lang.OutOfMemoryError): rank 0 returns the trained model's whole "
+            "state, and the JVM holds a few copies of it on its way to Python. Raise spark.driver.memory "
+            "before the session starts, e.g. sparkdp.session(conf={'spark.driver.memory': '8g'}) or "
+            "spark-submit --driver-memory 8g (docs/guide/reliability.md)."
+        )
+    return None
 
 
 def out_of_memory(who: str, limit: int | None, detail: str, rank: int | None) -> WorkerOutOfMemory:

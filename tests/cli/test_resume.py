@@ -21,7 +21,7 @@ JOB = [
     "--dataset",
     "fashion-mnist",
     "--model",
-    "cnn-small",
+    "mlp",
     "--limit",
     "4000",
     "--workers",

@@ -2,8 +2,10 @@
 its own (the test session's Spark has 2 task slots; servers and workers need more at once).
 
     python tests/spark/servers_job.py '{"case": "one-worker" | "killed-server", "dir": ...}'
+    python tests/spark/servers_job.py '{"cases": [{"case": ..., "dir": ...}, ...]}'
 
-Prints one JSON line: what the test checks."""
+Prints one JSON line: what the test checks (with "cases": a list, one entry per case, run in
+order on one Spark session, which saves a JVM start per case)."""
 
 import json
 import logging
@@ -141,14 +143,13 @@ def resumed(spark, args):
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
     args = json.loads(sys.argv[1])
+    cases = {"one-worker": one_worker, "killed-server": killed_server, "resumed": resumed, "shrunk": shrunk}
     session = sparkdp.session("local[4]", app_name="sparkdp-servers-test")
     try:
-        out = {
-            "one-worker": one_worker,
-            "killed-server": killed_server,
-            "resumed": resumed,
-            "shrunk": shrunk,
-        }[args["case"]](session, args)
+        if "cases" in args:
+            out = [cases[case["case"]](session, case) for case in args["cases"]]
+        else:
+            out = cases[args["case"]](session, args)
     finally:
         session.stop()
     print(json.dumps(out))

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,15 +16,17 @@ pytestmark = [pytest.mark.spark, pytest.mark.timeout(240)]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _job(case: str, **args) -> tuple[dict, str]:
+def _job(case: str, **args) -> tuple[Any, str]:
+    """Run one case (or, with ``case="cases"``, the list ``args["cases"]`` on one Spark session)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
     env.pop("SPARKDP_FAULT", None)
     env.update(args.pop("env", {}))
+    job = args if case == "cases" else {"case": case, **args}
     proc = subprocess.run(
         [
             sys.executable,
             str(ROOT / "tests" / "spark" / "servers_job.py"),
-            json.dumps({"case": case, **args}),
+            json.dumps(job),
         ],
         capture_output=True,
         text=True,
@@ -34,8 +37,22 @@ def _job(case: str, **args) -> tuple[dict, str]:
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
 
-def test_one_worker_through_two_server_tasks_equals_torch_sgd(tmp_path):
-    out, _ = _job("one-worker", dir=str(tmp_path))
+@pytest.fixture(scope="module")
+def two_cases(tmp_path_factory):
+    """The one-worker and the shrunk cases, in this order, in one process (one JVM start). The
+    fault kills worker rank 1 at step 20: the one-worker case has no rank 1 and 8 steps."""
+    dirs = {case: tmp_path_factory.mktemp(case) for case in ("one-worker", "shrunk")}
+    outs, log = _job(
+        "cases",
+        cases=[{"case": case, "dir": str(d)} for case, d in dirs.items()],
+        env={"SPARKDP_FAULT": "kill:rank=1:step=20"},
+    )
+    return {case: (out, dirs[case]) for case, out in zip(dirs, outs)}, log
+
+
+def test_one_worker_through_two_server_tasks_equals_torch_sgd(two_cases):
+    results, _ = two_cases
+    out, tmp_path = results["one-worker"]
     assert out["max_error"] < 1e-6, out
     assert [s["shard"] for s in out["servers"]] == [0, 1]
     assert all(s["pushes_applied"] == 8 and s["duplicates_dropped"] == 0 for s in out["servers"])
@@ -71,10 +88,11 @@ def test_a_killed_server_task_restarts_the_stage_from_the_servers_checkpoints(tm
     assert again["accuracy"] == out["accuracy"], (again, out)
 
 
-def test_a_killed_worker_beside_two_servers_continues_on_the_workers_left(tmp_path):
+def test_a_killed_worker_beside_two_servers_continues_on_the_workers_left(two_cases):
     """servers=2 with min_workers=1: after a worker is killed and only 3 task slots are left (the
     2 servers and 1 worker), the stage restarts from the servers' checkpoints on one worker."""
-    out, log = _job("shrunk", dir=str(tmp_path), env={"SPARKDP_FAULT": "kill:rank=1:step=20"})
+    results, log = two_cases
+    out, _ = results["shrunk"]
     lines = [
         ln.split(" WARNING ", 1)[1]
         for ln in log.splitlines()

@@ -61,9 +61,11 @@ def one_worker(spark, args):
     }
 
 
-def killed_server(spark, args):
+def _fit_two_servers(spark, **job):
+    """The 512-row problem with asgd on 2 executor servers and 2 workers; ``job``: what differs."""
     model, x, y = _problem(512)
-    result = sparkdp.fit(
+    settings = {"workers": 2, "epochs": 4, **job}
+    return sparkdp.fit(
         model,
         (x, y),
         eval_data=(x, y),
@@ -71,14 +73,15 @@ def killed_server(spark, args):
         strategy_options={"servers": 2, "rule_options": {"lr": 0.1}},
         optimizer="sgd",
         optimizer_options={"lr": 0.1, "momentum": 0.0},
-        workers=2,
-        epochs=4,
         batch_size=16,
         spark=spark,
         show_progress=False,
-        checkpoint_dir=args["dir"],
-        checkpoint_every_s=0.1,
+        **settings,
     )
+
+
+def killed_server(spark, args):
+    result = _fit_two_servers(spark, checkpoint_dir=args["dir"], checkpoint_every_s=0.1)
     return {
         "accuracy": result.test_accuracy,
         "restarts": result.details["restarts"],
@@ -93,23 +96,8 @@ def shrunk(spark, args):
     from sparkdp.spark import cluster
 
     cluster.available_slots = lambda _spark: 3
-    model, x, y = _problem(512)
-    result = sparkdp.fit(
-        model,
-        (x, y),
-        eval_data=(x, y),
-        strategy="asgd",
-        strategy_options={"servers": 2, "rule_options": {"lr": 0.1}},
-        optimizer="sgd",
-        optimizer_options={"lr": 0.1, "momentum": 0.0},
-        workers=2,
-        min_workers=1,
-        epochs=3,
-        batch_size=16,
-        spark=spark,
-        show_progress=False,
-        checkpoint_dir=args["dir"],
-        checkpoint_every_s=0.1,
+    result = _fit_two_servers(
+        spark, min_workers=1, epochs=3, checkpoint_dir=args["dir"], checkpoint_every_s=0.1
     )
     return {
         "accuracy": result.test_accuracy,
@@ -121,22 +109,7 @@ def shrunk(spark, args):
 def resumed(spark, args):
     """The killed-server job's checkpoints resumed: every epoch is covered, so nothing trains and
     the model is the saved centre."""
-    model, x, y = _problem(512)
-    result = sparkdp.fit(
-        model,
-        (x, y),
-        eval_data=(x, y),
-        strategy="asgd",
-        strategy_options={"servers": 2, "rule_options": {"lr": 0.1}},
-        optimizer="sgd",
-        optimizer_options={"lr": 0.1, "momentum": 0.0},
-        workers=2,
-        epochs=4,
-        batch_size=16,
-        spark=spark,
-        show_progress=False,
-        resume=args["dir"],
-    )
+    result = _fit_two_servers(spark, resume=args["dir"])
     return {"accuracy": result.test_accuracy, "samples": result.samples}
 
 

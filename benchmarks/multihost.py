@@ -28,6 +28,16 @@ communication split, from the run log). ``--plan`` runs ``sparkdp plan --model c
     python benchmarks/multihost.py --strategies allreduce asgd --rates 100mbit --slow worker-1=10mbit
     python benchmarks/multihost.py --plan --rates 1gbit 100mbit --limit 2560
 
+``--task lm`` trains a language model instead: ``sparkdp train --dataset fortunes --model gpt``
+at the size of the language-model guide (2 layers of width 128, a 2,048-token vocabulary,
+128-token blocks: 0.68 M parameters), AdamW lr 3e-3 with a 20-step warm-up and cosine decay,
+8 blocks per worker per step, ``--limit`` cookies. It reports tokens/s, the validation loss after
+every epoch, the training seconds until it first fell to ``--target`` (a loss: lower is better)
+and the bytes that crossed the links per trained token.
+
+    python benchmarks/multihost.py --task lm --strategies allreduce average-8 diloco-32 \
+        --limit 3000 --epochs 3 --target 6.0
+
 Writes a markdown table to stdout and everything to ``--json``.
 """
 
@@ -71,6 +81,26 @@ STRATEGIES = {
 SERVERS = {"asgd+2servers": 2, "asgd+4servers": 4}
 DEFAULT = ["allreduce", "average-8", "asgd"]
 
+#: what each task trains: ``sparkdp train`` flags, the metric its target is on and which way is better
+TASKS = {
+    "cnn": {
+        "flags": "--dataset fashion-mnist --model cnn --lr 0.05".split(),
+        "metric": "test_accuracy",
+        "higher_is_better": True,
+        "tokens_per_sample": None,
+    },
+    "lm": {
+        "flags": (
+            "--dataset fortunes --model gpt --model-option n_layer=2 --model-option n_head=4 "
+            "--model-option d_model=128 --model-option vocab_size=2048 --model-option block_size=128 "
+            "--optimizer adamw --lr 0.003 --lr-schedule warmup-cosine --warmup-steps 20 --batch-size 8"
+        ).split(),
+        "metric": "test_loss",
+        "higher_is_better": False,
+        "tokens_per_sample": 128,  # the block size above: one sample is one block
+    },
+}
+
 
 def train(cluster: netbed.SparkOnNetBed, label: str, workers: int, seed: int, args, out: Path) -> dict:
     run_dir = out.with_suffix("")
@@ -79,17 +109,12 @@ def train(cluster: netbed.SparkOnNetBed, label: str, workers: int, seed: int, ar
         "-m",
         "sparkdp.cli.main",
         "train",
-        "--dataset",
-        "fashion-mnist",
-        "--model",
-        "cnn",
+        *TASKS[args.task]["flags"],
         *STRATEGIES[label],
         "--workers",
         str(workers),
         "--epochs",
         str(args.epochs),
-        "--lr",
-        "0.05",
         "--limit",
         str(args.limit),
         "--seed",
@@ -118,14 +143,20 @@ def train(cluster: netbed.SparkOnNetBed, label: str, workers: int, seed: int, ar
     history = summary.get("history") or [{}]
     executors = {h: v for h, v in moved.items() if h.startswith(("worker-", "server-"))}
     workers_bytes = sum(executors.values())
+    task = TASKS[args.task]
+    metric, per_token = task["metric"], task["tokens_per_sample"]
+    # the cnn's --limit is its rows; the corpus's is cookies, so count the blocks trained
+    samples = sum(e.get("samples") or 0 for e in history) if per_token else args.limit * args.epochs
     return {
         "samples_per_s": summary["samples_per_s"],
+        "tokens_per_s": summary["samples_per_s"] * per_token if per_token else None,
         "epoch_s": history[-1].get("epoch_time_s"),
-        "test_accuracy": history[-1].get("test_accuracy"),
+        metric: history[-1].get(metric),
         "wall_s": wall,
-        "time_to_target_s": time_to_target(history, args.target),
-        "accuracy_by_epoch": [[e.get("epoch_time_s"), e.get("test_accuracy")] for e in history],
-        "bytes_per_sample": workers_bytes / (args.limit * args.epochs),
+        "time_to_target_s": time_to_target(history, args.target, metric, task["higher_is_better"]),
+        "metric_by_epoch": [[e.get("epoch_time_s"), e.get(metric)] for e in history],
+        "bytes_per_sample": workers_bytes / max(samples, 1),
+        "bytes_per_token": workers_bytes / max(samples * per_token, 1) if per_token else None,
         "driver_link_mb": moved["driver"] / 1e6,
         "worker_link_mb": workers_bytes / len(executors) / 1e6,
         "busiest_link_mb": max(moved.values()) / 1e6,
@@ -188,12 +219,18 @@ def plan(cluster: netbed.SparkOnNetBed, workers: int, args, out: Path, servers: 
     return [{**v, "calibration": report["calibration"]} for v in report["verify"]]
 
 
-def time_to_target(history: list[dict], target: float | None) -> float | None:
-    """Training seconds until the first epoch whose test accuracy reached ``target``."""
+def time_to_target(
+    history: list[dict], target: float | None, metric: str = "test_accuracy", higher_is_better: bool = True
+) -> float | None:
+    """Training seconds until the first epoch whose ``metric`` reached ``target`` (at or above it
+    for an accuracy, at or below it for a loss)."""
     spent = 0.0
     for epoch in history:
         spent += epoch.get("epoch_time_s") or 0.0
-        if target is not None and (epoch.get("test_accuracy") or 0.0) >= target:
+        value = epoch.get(metric)
+        if target is None or value is None:
+            continue
+        if (value >= target) if higher_is_better else (value <= target):
             return spent
     return None
 
@@ -203,9 +240,16 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[2])
     parser.add_argument("--rates", nargs="+", default=["1gbit", "100mbit"])
     parser.add_argument("--strategies", nargs="+", default=DEFAULT, choices=list(STRATEGIES))
-    parser.add_argument("--limit", type=int, default=4000, help="training rows (default 4000)")
+    parser.add_argument(
+        "--task", choices=list(TASKS), default="cnn", help="cnn: Fashion-MNIST; lm: a GPT on fortunes"
+    )
+    parser.add_argument(
+        "--limit", type=int, default=4000, help="training rows, or cookies with --task lm (default 4000)"
+    )
     parser.add_argument("--epochs", type=int, default=1, help="epochs, each evaluated (default 1)")
-    parser.add_argument("--target", type=float, help="test accuracy to time (e.g. 0.8)")
+    parser.add_argument(
+        "--target", type=float, help="test accuracy (cnn, e.g. 0.8) or validation loss (lm, e.g. 6.0) to time"
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--timeout", type=float, default=400, help="seconds per training run")
     parser.add_argument("--slow", metavar="HOST=RATE", help="one host's slower link, e.g. worker-1=10mbit")
@@ -266,16 +310,18 @@ def main() -> None:
         )
         write_json(args.json, {"args": vars(args), "results": results})
         return
+    lm = args.task == "lm"
+    metric = TASKS[args.task]["metric"]
     headers = [
         "workers",
         "link per host",
         "strategy",
         "seed",
-        "samples/s",
+        "tokens/s" if lm else "samples/s",
         "last epoch s",
-        "test acc.",
+        "val. loss" if lm else "test acc.",
         f"s to {args.target}" if args.target else "s to target",
-        "bytes/sample",
+        "bytes/token" if lm else "bytes/sample",
         "MB per executor link",
         "MB driver link",
         "MB busiest link",
@@ -286,11 +332,11 @@ def main() -> None:
             r["rate"],
             r["strategy"],
             r["seed"],
-            r.get("samples_per_s", r.get("error")),
+            r.get("tokens_per_s" if lm else "samples_per_s", r.get("error")),
             r.get("epoch_s"),
-            f"{r['test_accuracy']:.3f}" if r.get("test_accuracy") is not None else None,
+            f"{r[metric]:.3f}" if r.get(metric) is not None else None,
             r.get("time_to_target_s"),
-            r.get("bytes_per_sample"),
+            r.get("bytes_per_token" if lm else "bytes_per_sample"),
             r.get("worker_link_mb"),
             r.get("driver_link_mb"),
             r.get("busiest_link_mb"),
@@ -299,13 +345,14 @@ def main() -> None:
     ]
     print(markdown_table(headers, rows, digits=1))
     print()
-    print(summary_table(results, args.target))
+    print(summary_table(results, args.target, lm))
     write_json(args.json, {"args": vars(args), "results": results})
 
 
-def summary_table(results: list[dict], target: float | None) -> str:
+def summary_table(results: list[dict], target: float | None, lm: bool = False) -> str:
     """Medians over the seeds per (workers, rate, strategy), and each against allreduce's: how
-    much sooner the target accuracy came and the last epoch's accuracy difference in points."""
+    much sooner the target came, and the last epoch's test accuracy difference in points (cnn)
+    or validation loss difference (lm)."""
     groups: dict[tuple, list[dict]] = {}
     for r in results:
         if "error" not in r:
@@ -315,23 +362,30 @@ def summary_table(results: list[dict], target: float | None) -> str:
         values = [r[key] for r in rows if r.get(key) is not None]
         return statistics.median(values) if len(values) == len(rows) and values else None
 
+    metric = "test_loss" if lm else "test_accuracy"
     rows = []
     for (workers, rate, strategy), runs in groups.items():
         base = groups.get((workers, rate, "allreduce"))
         reach, base_reach = median(runs, "time_to_target_s"), base and median(base, "time_to_target_s")
-        accuracy, base_accuracy = median(runs, "test_accuracy"), base and median(base, "test_accuracy")
+        value, base_value = median(runs, metric), base and median(base, metric)
+        if value is None:
+            difference = None
+        elif lm:
+            difference = f"{value - base_value:+.3f}" if base_value is not None else None
+        else:
+            difference = f"{100 * (value - base_value):+.1f}" if base_value is not None else None
         rows.append(
             [
                 workers,
                 rate,
                 strategy,
                 len(runs),
-                median(runs, "samples_per_s"),
+                median(runs, "tokens_per_s" if lm else "samples_per_s"),
                 reach,
                 f"{base_reach / reach:.1f}x" if reach and base_reach else None,
-                f"{accuracy:.3f}",
-                f"{100 * (accuracy - base_accuracy):+.1f}" if base_accuracy else None,
-                median(runs, "bytes_per_sample"),
+                f"{value:.3f}" if value is not None else None,
+                difference,
+                median(runs, "bytes_per_token" if lm else "bytes_per_sample"),
             ]
         )
     headers = [
@@ -339,12 +393,12 @@ def summary_table(results: list[dict], target: float | None) -> str:
         "link per host",
         "strategy",
         "seeds",
-        "samples/s",
+        "tokens/s" if lm else "samples/s",
         f"s to {target}",
         "sooner than allreduce",
-        "test acc.",
-        "points vs allreduce",
-        "bytes/sample",
+        "val. loss" if lm else "test acc.",
+        "vs allreduce" if lm else "points vs allreduce",
+        "bytes/token" if lm else "bytes/sample",
     ]
     return markdown_table(headers, rows, digits=1)
 

@@ -240,6 +240,7 @@ def _verify(args, rows, workers: int) -> list[dict]:
         diloco_h=args.diloco_period,
         diloco_compression=args.diloco_compression,
         shards=args.shards,
+        per_host=args.workers_per_host,
     )
     steps = math.ceil(args.verify_rows / (workers * args.batch))  # per epoch, as measure_steps trains
     out = []
@@ -287,6 +288,12 @@ def _print(params, compute_s, net, rows, advice, report, workers, memory) -> Non
             else ""
         )
         + ")"
+        + (
+            f"; the sharded strategies' all-gather {net.all_gather_factor:.2f}x and reduce-scatter "
+            f"{net.reduce_scatter_factor:.2f}x a ring's half all-reduce"
+            if (net.all_gather_factor, net.reduce_scatter_factor) != (1.0, 1.0)
+            else ""
+        )
     )
     labels = list(dict.fromkeys(r.label for r in rows))
     table = Table(title="predicted step time (ms) / scaling efficiency")

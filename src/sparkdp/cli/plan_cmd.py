@@ -105,7 +105,9 @@ def add_parser(sub) -> None:
     cal.add_argument(
         "--calibrate",
         action="store_true",
-        help="measure step compute, all-reduce and parameter-server terms on the cluster (--model)",
+        help="measure step compute, all-reduce, the sharded strategies' all-gather and reduce-scatter "
+        "(on FSDP's process group) and parameter-server terms on the cluster (--model); without it the "
+        "all-gathers and reduce-scatters are priced as rings, half an all-reduce each",
     )
     cal.add_argument(
         "--verify",

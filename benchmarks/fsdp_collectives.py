@@ -18,7 +18,6 @@ import socket
 import statistics
 import sys
 import time
-import warnings
 
 import torch
 import torch.distributed as dist
@@ -32,15 +31,16 @@ KINDS = ("all_reduce", "all_gather", "reduce_scatter")
 
 def _worker(rank: int, world: int, port: int, floats: int, reps: int, queue) -> None:
     torch.set_num_threads(1)
-    # reduce_scatter_tensor is what FSDP2 calls; torch marks the name deprecated
-    warnings.filterwarnings("ignore", message=".*reduce_scatter_tensor.*", category=FutureWarning)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         whole, shard = torch.ones(floats), torch.ones(floats // world)
+        # FSDP2's calls (older torch names them all_gather_into_tensor and reduce_scatter_tensor)
+        all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
         calls = {
             "all_reduce": lambda: dist.all_reduce(whole),
-            "all_gather": lambda: dist.all_gather_into_tensor(whole, shard),
-            "reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, whole),
+            "all_gather": lambda: all_gather(whole, shard),
+            "reduce_scatter": lambda: reduce_scatter(shard, whole),
         }
         times: dict[str, list[float]] = {k: [] for k in KINDS}
         for i in range(reps + 3):

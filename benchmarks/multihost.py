@@ -20,6 +20,12 @@ of its own, and the other configurations run on it too.
 
     python benchmarks/multihost.py --workers 2 4 --rates 100mbit --strategies asgd asgd+2servers
 
+``--per-host N`` runs N workers on each Worker host (N cores each, sharing the host's link and
+its ``/dev/shm``), so that ``hsdp`` shards within a host and replicates across hosts; ``fsdp``
+and ``zero1`` run on either layout.
+
+    python benchmarks/multihost.py --workers 4 --per-host 2 --rates 100mbit --strategies fsdp hsdp
+
 ``--slow HOST=RATE`` gives one host a slower link (e.g. ``worker-1=10mbit``); each run then also
 records what the live monitoring diagnosed (its warnings and every worker's data/compute/
 communication split, from the run log). ``--plan`` runs ``sparkdp plan --model cnn --calibrate
@@ -76,6 +82,9 @@ STRATEGIES = {
     "asgd": _options("asgd"),
     "asgd+2servers": _options("asgd", servers=2),
     "asgd+4servers": _options("asgd", servers=4),
+    "fsdp": _options("fsdp"),
+    "hsdp": _options("hsdp"),
+    "zero1": _options("zero1"),
 }
 #: the server tasks a configuration runs on the executors (each gets a host of its own)
 SERVERS = {"asgd+2servers": 2, "asgd+4servers": 4}
@@ -184,7 +193,8 @@ def diagnosis(run_log: Path) -> dict:
 
 def plan(cluster: netbed.SparkOnNetBed, workers: int, args, out: Path, servers: int) -> list[dict]:
     """``sparkdp plan --calibrate --verify`` on the driver host: predicted and measured step per strategy
-    (asgd also with ``servers`` server tasks on hosts of their own, when the bed has them)."""
+    (asgd also with ``servers`` server tasks on hosts of their own, when the bed has them; hsdp
+    with ``--per-host`` workers per host)."""
     cmd = [
         sys.executable,
         "-m",
@@ -204,6 +214,7 @@ def plan(cluster: netbed.SparkOnNetBed, workers: int, args, out: Path, servers: 
         cluster.master_url,
         "--json",
         *(["--shards", str(servers)] if servers > 1 else []),
+        *(["--workers-per-host", str(args.per_host)] if args.per_host > 1 else []),
     ]
     proc = cluster.run_driver(cmd, timeout=args.timeout)
     if proc.returncode != 0:
@@ -217,6 +228,24 @@ def plan(cluster: netbed.SparkOnNetBed, workers: int, args, out: Path, servers: 
     report = json.loads(proc.stdout[proc.stdout.index("{") :])
     out.write_text(json.dumps(report, indent=2))
     return [{**v, "calibration": report["calibration"]} for v in report["verify"]]
+
+
+def check_layout(args) -> None:
+    """Every worker count fills whole hosts of ``--per-host``; parameter-server tasks keep hosts
+    of one core (with several cores a host could take training tasks and servers alike)."""
+    if args.per_host < 1:
+        raise SystemExit(f"--per-host must be >= 1; got {args.per_host}")
+    uneven = [w for w in args.workers if w % args.per_host]
+    if uneven:
+        raise SystemExit(
+            f"--workers {' '.join(map(str, uneven))} do not fill hosts of --per-host {args.per_host}: "
+            "give worker counts that are multiples of it"
+        )
+    if args.per_host > 1 and any(s in SERVERS for s in args.strategies):
+        raise SystemExit(
+            f"--per-host {args.per_host} gives every Worker host that many cores, so Spark could place "
+            f"training tasks on the server hosts: run {', '.join(SERVERS)} with --per-host 1"
+        )
 
 
 def time_to_target(
@@ -238,6 +267,12 @@ def time_to_target(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[2])
+    parser.add_argument(
+        "--per-host",
+        type=int,
+        default=1,
+        help="workers per Worker host, each with a core of its own (default 1; hsdp shards within a host)",
+    )
     parser.add_argument("--rates", nargs="+", default=["1gbit", "100mbit"])
     parser.add_argument("--strategies", nargs="+", default=DEFAULT, choices=list(STRATEGIES))
     parser.add_argument(
@@ -257,6 +292,7 @@ def main() -> None:
     parser.add_argument("--json", default=str(ROOT / "out" / "bench-multihost.json"))
     args = parser.parse_args()
     slow = dict([args.slow.split("=", 1)]) if args.slow else {}
+    check_layout(args)
     reason = netbed.unavailable()
     if reason:
         raise SystemExit(f"benchmarks/multihost.py: {reason}")
@@ -265,15 +301,14 @@ def main() -> None:
     results = []
     for workers in args.workers:
         for rate in args.rates:
-            hosts = netbed.cluster_hosts(
-                workers, max((SERVERS.get(s, 0) for s in args.strategies), default=0)
-            )
+            servers = max((SERVERS.get(s, 0) for s in args.strategies), default=0)
+            hosts = netbed.cluster_hosts(workers // args.per_host, servers)
             with netbed.NetBed(hosts, rate=rate, rates=slow) as bed:
-                cluster = netbed.SparkOnNetBed(bed, hosts[2:]).start()
+                cluster = netbed.SparkOnNetBed(
+                    bed, hosts[2:], cores=args.per_host, memory=f"{2 * args.per_host}g"
+                ).start()
                 if args.plan:
-                    for row in plan(
-                        cluster, workers, args, bed.directory / "plan.json", len(hosts) - 2 - workers
-                    ):
+                    for row in plan(cluster, workers, args, bed.directory / "plan.json", servers):
                         results.append({"workers": workers, "rate": rate, **row})
                         print(json.dumps(results[-1]), file=sys.stderr, flush=True)
                     continue

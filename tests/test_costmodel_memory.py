@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from sparkdp import costmodel
@@ -92,3 +94,73 @@ def test_memory_sizes_are_read_with_their_units():
         with pytest.raises(ConfigError, match="a memory size is a positive number"):
             costmodel.parse_size(bad)
     assert costmodel.size_text(16_000_000) == "15.3 MiB" and costmodel.size_text(3 << 30) == "3 GiB"
+
+
+def _calibrated_on_gloo():
+    """Two workers, 4 MB of parameters: a latency-free all-reduce at 1 ns/B (4 ms for the model,
+    so a half ring prices an all-gather at 2 ms), and FSDP's process group measured at 5 ms for a
+    model-sized all-gather and 7 ms for a reduce-scatter, as gloo's cost more than half a ring."""
+    from sparkdp.driver.calibrate import TINY, Calibration
+
+    s = SMALL.nbytes
+    return Calibration(
+        workers=2,
+        params=P,
+        batch=64,
+        step_compute_s=0.050,
+        allreduce_tiny_s=TINY * 4 * 1e-9,
+        allreduce_full_s=s * 1e-9,
+        ps_tiny_s=2 * TINY * 4 * 1e-9,
+        ps_full_s=2 * s * 1e-9,
+        all_gather_s=0.005,
+        reduce_scatter_s=0.007,
+    )
+
+
+def test_calibrated_collectives_price_the_sharded_strategies():
+    net = _calibrated_on_gloo().network()
+    assert net.latency_s == pytest.approx(0.0, abs=1e-12) and net.seconds_per_byte == pytest.approx(1e-9)
+    assert net.all_gather_factor == pytest.approx(2.5) and net.reduce_scatter_factor == pytest.approx(3.5)
+    # fsdp at the calibrated 2 workers: two all-gathers and a reduce-scatter as measured, 17 ms
+    # (the ring would say 3 x 2 ms = 6 ms)
+    assert predict("fsdp", SMALL, net, 2).comm_s == pytest.approx(2 * 0.005 + 0.007)
+    # without resharding one all-gather fewer: 12 ms
+    assert predict("fsdp", SMALL, net, 2, reshard_after_forward=False).comm_s == pytest.approx(0.012)
+    # at 4 workers each half ring grows to 3/4·S·β = 3 ms, times the factors: (2·2.5 + 3.5)·3 ms
+    assert predict("fsdp", SMALL, net, 4).comm_s == pytest.approx(8.5 * 0.003)
+    # zero1: the all-reduce (4 ms) and the partitions broadcast, priced as an all-gather (5 ms)
+    assert predict("zero1", SMALL, net, 2).comm_s == pytest.approx(0.004 + 0.005)
+    # hsdp, 2 hosts of 2: the factors on the local link's half ring (1/2·S·0.2 ns/B = 0.4 ms),
+    # (2·2.5 + 3.5)·0.4 = 3.4 ms, then half of the model all-reduced across the hosts, 2 ms
+    local = dataclasses.replace(net, local_latency_s=0.0, local_seconds_per_byte=0.2e-9)
+    assert predict("hsdp", SMALL, local, 4, per_host=2).comm_s == pytest.approx(0.0034 + 0.002)
+    # allreduce keeps its own price
+    assert predict("allreduce", SMALL, net, 2).comm_s == pytest.approx(0.004)
+
+
+def test_uncalibrated_collectives_are_the_ring():
+    net = dataclasses.replace(_calibrated_on_gloo(), all_gather_s=None, reduce_scatter_s=None).network()
+    assert (net.all_gather_factor, net.reduce_scatter_factor) == (1.0, 1.0)
+    assert predict("fsdp", SMALL, net, 2).comm_s == pytest.approx(3 * 0.002)
+
+
+def test_plan_prices_fsdp_from_the_calibration(monkeypatch, capsys):
+    import json
+
+    import sparkdp
+    from sparkdp.cli.main import main
+    from sparkdp.driver import calibrate
+
+    # plan --calibrate with the measurements stubbed: no Spark, the hand-worked figures above
+    monkeypatch.setattr(sparkdp, "session", lambda *args, **kwargs: None)
+    monkeypatch.setattr(calibrate, "calibrate", lambda model, **kwargs: _calibrated_on_gloo())
+    argv = ["plan", "--params", str(P), "--model", "cnn", "--calibrate", "--calibration-workers", "2"]
+    assert main([*argv, "--workers", "2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["network"]["all_gather_factor"] == pytest.approx(2.5)
+    assert report["calibration"]["reduce_scatter_factor"] == pytest.approx(3.5)
+    rows = {r["label"]: r for r in report["predictions"] if r["workers"] == 2}
+    assert rows["fsdp"]["step_s"] == pytest.approx(0.050 + 0.017)
+    assert rows["zero1"]["step_s"] == pytest.approx(0.050 + 0.009)
+    assert main([*argv, "--workers", "2"]) == 0
+    assert "all-gather 2.50x and reduce-scatter 3.50x" in " ".join(capsys.readouterr().out.split())

@@ -11,17 +11,22 @@ compute ``C`` plus what communication the strategy adds per step:
 * ``diloco`` — the same every ``k`` (H) steps, in ``fragments`` pieces whose reductions may hide
   behind ``overlap_steps`` steps of compute each, plus one small all-reduce of the rows per piece;
 * ``fsdp`` — per step an all-gather of the parameters for the forward, another for the backward
-  when ``reshard_after_forward`` (the default), and a reduce-scatter of the gradients: each a
-  half ring, ``(M-1)α + (M-1)/M·S·β``, so 1.5× all-reduce's bytes (1× without resharding),
-  overlapped with compute like ``allreduce``'s (``overlap``); one collective per step and
-  direction is priced, not one per shard unit, so the per-unit latencies are left out;
+  when ``reshard_after_forward`` (the default), and a reduce-scatter of the gradients, each a
+  half ring, ``(M-1)α + (M-1)/M·S·β``, times its factor: ``Network.all_gather_factor`` and
+  ``Network.reduce_scatter_factor``. Uncalibrated both are 1, the bandwidth-optimal ring (what
+  NCCL runs), so fsdp moves 1.5× all-reduce's bytes (1× without resharding); ``sparkdp plan
+  --calibrate`` measures them on the process group and backend FSDP uses (gloo on CPUs, whose
+  all-gather and reduce-scatter cost more than half an all-reduce; nccl on GPUs). Overlapped
+  with compute like ``allreduce``'s (``overlap``); one collective per step and direction is
+  priced, not one per shard unit, so the per-unit latencies are left out;
 * ``hsdp`` — ``fsdp`` within each host's ``L`` workers on the local link (shared memory or
   loopback, ``Network.local_*``), then an all-reduce of each worker's 1/L of the model across
-  the ``M/L`` hosts on the network link;
+  the ``M/L`` hosts on the network link; the factors price its gathers and reduce-scatter too;
 * ``zero1`` — ZeRO-1 as ``strategies/zero.py`` runs it: the gradients all-reduced as under
   ``allreduce`` (DDP), each worker steps its 1/M of the optimizer state, then each worker's
-  partition of the parameters is broadcast (an all-gather's bytes): three half rings, 1.5×
-  all-reduce's bytes, overlapped like ``allreduce``'s;
+  partition of the parameters is broadcast over FSDP's process group (an all-gather's bytes,
+  priced as one with ``all_gather_factor``): 1.5× all-reduce's bytes in the ring model,
+  overlapped like ``allreduce``'s;
 * ``compression`` shrinks what a reduction moves (docs/algorithms.md §10): ``bf16``/``fp16``
   halve the ring's bytes; ``int8`` is an all-gather of a quarter of them,
   ``(M-1)α + (M-1)·(S/4 + S/1024)·β``;
@@ -90,6 +95,11 @@ class Network:
     #: ``hsdp`` shards over; None: the network's figures
     local_latency_s: float | None = None
     local_seconds_per_byte: float | None = None
+    #: what one all-gather (reduce-scatter) on the sharded strategies' process group costs, as a
+    #: multiple of the half ring ``(M-1)α + (M-1)/M·S·β`` on the same link; 1: the ring, as NCCL
+    #: runs it. ``sparkdp plan --calibrate`` measures both against its all-reduce.
+    all_gather_factor: float = 1.0
+    reduce_scatter_factor: float = 1.0
 
     @classmethod
     def from_link(cls, gbit_per_s: float, latency_ms: float) -> Network:
@@ -112,10 +122,13 @@ class Network:
         return self.ps_beta if self.ps_shared_seconds_per_byte is None else self.ps_shared_seconds_per_byte
 
     def local(self) -> Network:
-        """The link between the workers of one host, as a network of its own."""
+        """The link between the workers of one host, as a network of its own (the same
+        collectives' factors)."""
         return Network(
             self.latency_s if self.local_latency_s is None else self.local_latency_s,
             self.seconds_per_byte if self.local_seconds_per_byte is None else self.local_seconds_per_byte,
+            all_gather_factor=self.all_gather_factor,
+            reduce_scatter_factor=self.reduce_scatter_factor,
         )
 
 
@@ -175,6 +188,17 @@ def half_ring_s(nbytes: float, workers: int, net: Network) -> float:
         return 0.0
     m = workers
     return (m - 1) * net.latency_s + (m - 1) / m * nbytes * net.seconds_per_byte
+
+
+def all_gather_s(nbytes: float, workers: int, net: Network) -> float:
+    """An all-gather of ``nbytes`` in all on the sharded strategies' process group: the half ring
+    times ``net.all_gather_factor``."""
+    return net.all_gather_factor * half_ring_s(nbytes, workers, net)
+
+
+def reduce_scatter_s(nbytes: float, workers: int, net: Network) -> float:
+    """A reduce-scatter of ``nbytes`` in all: the half ring times ``net.reduce_scatter_factor``."""
+    return net.reduce_scatter_factor * half_ring_s(nbytes, workers, net)
 
 
 def hosts_of(workers: int, per_host: int) -> tuple[int, int]:
@@ -256,14 +280,18 @@ def predict(
     elif strategy in ("fsdp", "hsdp", "zero1"):
         if strategy == "zero1":
             # DDP's all-reduce of the gradients, then the partitions' parameters broadcast
-            comm = ring_allreduce_s(s, workers, net) + half_ring_s(s, workers, net)
+            comm = ring_allreduce_s(s, workers, net) + all_gather_s(s, workers, net)
         else:
             hosts, local = hosts_of(workers, per_host) if strategy == "hsdp" else (1, workers)
             shard_net = net.local() if strategy == "hsdp" else net
             gathers = 2 if reshard_after_forward else 1
             # all-gathers and a reduce-scatter within the shard group, then (hsdp) each worker's
             # shard all-reduced with its peers on the other hosts
-            comm = (gathers + 1) * half_ring_s(s, local, shard_net) + ring_allreduce_s(s / local, hosts, net)
+            comm = (
+                gathers * all_gather_s(s, local, shard_net)
+                + reduce_scatter_s(s, local, shard_net)
+                + ring_allreduce_s(s / local, hosts, net)
+            )
             if not reshard_after_forward:
                 options = {"reshard_after_forward": False}
             if strategy == "hsdp":

@@ -86,6 +86,14 @@ def test_calibration_measures_every_term(spark):
     # two workers cycling through the server: a round is at least one worker's compute and exchange,
     # and the bunching read from it is a fraction of the link's busy time
     assert cal.ps_rounds_s > cal.step_compute_s / 2 and 0.0 <= net.ps_bunching <= 1.0
+    # the sharded strategies' all-gather and reduce-scatter, timed on torch.distributed's group: each
+    # factor is the measured time over the half ring the fitted α, β price
+    from sparkdp.costmodel import half_ring_s
+
+    assert cal.all_gather_s > 0 and cal.reduce_scatter_s > 0
+    half = half_ring_s(cal.params * 4, 2, net)
+    assert net.all_gather_factor == pytest.approx(cal.all_gather_s / half, rel=1e-9)
+    assert net.reduce_scatter_factor == pytest.approx(cal.reduce_scatter_s / half, rel=1e-9)
 
 
 def test_plan_says_which_strategies_fit_the_memory_per_worker(capsys):

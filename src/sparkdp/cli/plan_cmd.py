@@ -105,7 +105,9 @@ def add_parser(sub) -> None:
     cal.add_argument(
         "--calibrate",
         action="store_true",
-        help="measure step compute, all-reduce and parameter-server terms on the cluster (--model)",
+        help="measure step compute, all-reduce, the sharded strategies' all-gather and reduce-scatter "
+        "(on FSDP's process group) and parameter-server terms on the cluster (--model); without it the "
+        "all-gathers and reduce-scatters are priced as rings, half an all-reduce each",
     )
     cal.add_argument(
         "--verify",
@@ -240,6 +242,7 @@ def _verify(args, rows, workers: int) -> list[dict]:
         diloco_h=args.diloco_period,
         diloco_compression=args.diloco_compression,
         shards=args.shards,
+        per_host=args.workers_per_host,
     )
     steps = math.ceil(args.verify_rows / (workers * args.batch))  # per epoch, as measure_steps trains
     out = []
@@ -287,6 +290,12 @@ def _print(params, compute_s, net, rows, advice, report, workers, memory) -> Non
             else ""
         )
         + ")"
+        + (
+            f"; the sharded strategies' all-gather {net.all_gather_factor:.2f}x and reduce-scatter "
+            f"{net.reduce_scatter_factor:.2f}x a ring's half all-reduce"
+            if (net.all_gather_factor, net.reduce_scatter_factor) != (1.0, 1.0)
+            else ""
+        )
     )
     labels = list(dict.fromkeys(r.label for r in rows))
     table = Table(title="predicted step time (ms) / scaling efficiency")

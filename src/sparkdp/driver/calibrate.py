@@ -8,6 +8,11 @@ Three short measurements, each with what training itself uses:
 * **all-reduce** ``α, β`` — in the same stage, the ranks all-reduce a tiny and a model-sized
   tensor through the collective ``allreduce`` trains with (shared memory between co-located
   ranks, gloo otherwise); the two medians fix ``2(M-1)α`` and ``2(M-1)/M·β``;
+* **all-gather and reduce-scatter** — in the same stage, a model-sized all-gather and
+  reduce-scatter on the process group and backend the sharded strategies (fsdp, hsdp, zero1)
+  run theirs on (torch.distributed's: gloo on CPUs, nccl on GPUs, never the shared-memory
+  path): each over the half ring the fitted ``α, β`` price is its factor
+  (``Network.all_gather_factor``, ``Network.reduce_scatter_factor``);
 * **parameter server** ``α_ps, β_ps`` — a server on the driver (authenticated TCP and the ASGD
   update, as in asynchronous training) and one task pushing and pulling a tiny and a
   model-sized tensor; then every task pushing at once (the rate the server's link gives many
@@ -21,6 +26,7 @@ seconds; ``sparkdp plan`` then predicts larger worker counts from it (``costmode
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import statistics
 import time
@@ -30,7 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..costmodel import Network
+from ..costmodel import Network, half_ring_s
 from ..errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -54,9 +60,14 @@ class Calibration:
     #: one round (compute step, push, pull) of each worker while all ``workers`` cycle through the
     #: server from a common start, as training's do (None: one worker)
     ps_rounds_s: float | None = None
+    #: a model-sized all-gather and reduce-scatter on torch.distributed's process group, what
+    #: fsdp, hsdp and zero1 communicate through (None: one worker)
+    all_gather_s: float | None = None
+    reduce_scatter_s: float | None = None
 
     def network(self) -> Network:
-        """α, β from the two all-reduce points; α_ps, β_ps from the two push+pull points."""
+        """α, β from the two all-reduce points; α_ps, β_ps from the two push+pull points; the
+        sharded strategies' collectives as multiples of the half ring those α, β price."""
         s = self.params * 4
         ps_beta = max((self.ps_full_s - self.ps_tiny_s) / (2 * (s - TINY * 4)), 1e-15)
         ps_alpha = max(self.ps_tiny_s / 2 - TINY * 4 * ps_beta, 0.0)
@@ -77,7 +88,10 @@ class Calibration:
             (self.allreduce_full_s - self.allreduce_tiny_s) / (2 * (m - 1) / m * (s - TINY * 4)), 1e-15
         )
         alpha = max((self.allreduce_tiny_s - 2 * (m - 1) / m * TINY * 4 * beta) / (2 * (m - 1)), 0.0)
-        return Network(alpha, beta, ps_alpha, ps_beta, sigma, shared, bunching)
+        net = Network(alpha, beta, ps_alpha, ps_beta, sigma, shared, bunching)
+        half = half_ring_s(s, m, net)  # what the ring model prices either collective at
+        measured = {"all_gather_factor": self.all_gather_s, "reduce_scatter_factor": self.reduce_scatter_s}
+        return dataclasses.replace(net, **{k: t / half for k, t in measured.items() if t is not None})
 
     def _bunching(self, ps_alpha: float, in_s: float, out_s: float) -> float:
         """``b`` from the measured rounds: ``rounds = (1 + b)·M·max(in, out)`` when the server's
@@ -99,6 +113,8 @@ class Calibration:
             "ps_alpha_s": net.ps_alpha,
             "ps_beta_s_per_byte": net.ps_beta,
             "ps_shared_beta_s_per_byte": net.ps_link_beta,
+            "all_gather_factor": net.all_gather_factor,
+            "reduce_scatter_factor": net.reduce_scatter_factor,
         }
 
 
@@ -158,11 +174,43 @@ def _stage_task(
                 t = torch.ones(n)
                 collective.barrier()
                 out[name] = _median_time(lambda t=t: coll.all_reduce(t), reps, before=step)
+            out.update(_sharded_collectives(params, collective, reps, step))
         return out
 
     from ..train.jobs import in_task
 
     return in_task(body, threads=threads, pg_timeout_s=120.0)
+
+
+def _sharded_collectives(params: int, collective, reps: int, step) -> dict[str, float]:  # noqa: ANN001
+    """Median times of a model-sized all-gather and reduce-scatter on torch.distributed's default
+    process group, the one FSDP2 and ZeroRedundancyOptimizer use (gloo on CPUs, nccl on GPUs),
+    each after a compute step as a training step's are. Empty without a process group."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return {}
+    # FSDP2's calls (older torch names them all_gather_into_tensor and reduce_scatter_tensor)
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    world = collective.world_size
+    shard = torch.ones(max(1, params // world), device=collective.device)
+    whole = torch.ones(shard.numel() * world, device=collective.device)
+    sync = torch.cuda.synchronize if whole.is_cuda else (lambda: None)  # nccl returns before it ends
+
+    def gather() -> None:
+        all_gather(whole, shard)
+        sync()
+
+    def scatter() -> None:
+        reduce_scatter(shard, whole)
+        sync()
+
+    collective.barrier()
+    out = {"all_gather": _median_time(gather, reps, before=step)}
+    collective.barrier()
+    out["reduce_scatter"] = _median_time(scatter, reps, before=step)
+    return out
 
 
 def _connect(info: Any, worker_id: int) -> Any:
@@ -332,6 +380,8 @@ def calibrate(
         _server_apply_s(servers["full"], params, reps),
         max(shared) if shared else None,
         statistics.median(rounds) if rounds else None,
+        median("all_gather"),
+        median("reduce_scatter"),
     )
 
 
@@ -359,10 +409,12 @@ def measure_steps(
     diloco_h: int = 32,
     diloco_compression: str = "int8",
     shards: int = 1,
+    per_host: int | None = None,
 ) -> dict[str, float]:
     """Real training on Fashion-MNIST: seconds per step of each strategy, from its second epoch
-    (allreduce plain and bf16, average, diloco, fsdp); asgd with its server on the driver and,
-    with ``shards`` > 1, with that many server tasks on the executors (the cluster then needs
+    (allreduce plain and bf16, average, diloco, fsdp, zero1, and hsdp in shard groups of
+    ``per_host`` when that divides ``workers``); asgd with its server on the driver and, with
+    ``shards`` > 1, with that many server tasks on the executors (the cluster then needs
     ``workers + shards`` task slots).
 
     What ``sparkdp plan --calibrate --verify`` compares the predictions with: the second epoch
@@ -384,7 +436,12 @@ def measure_steps(
         diloco: ("diloco", {"period": diloco_h, "compression": diloco_compression}),
         f"asgd(k={ps_k},shards=1)": ("asgd", {"push_every": ps_k}),
         "fsdp": ("fsdp", {}),
+        "zero1": ("zero1", {}),
     }
+    if per_host and per_host > 1 and workers % per_host == 0:
+        # groups of per_host consecutive ranks: a host's workers on a cluster of such hosts, and
+        # the same grouping on one machine
+        runs[f"hsdp(L={per_host})"] = ("hsdp", {"shard_size": per_host})
     if shards > 1:
         runs[f"asgd(k={ps_k},shards={shards})"] = ("asgd", {"push_every": ps_k, "servers": shards})
     measured = {}

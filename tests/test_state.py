@@ -130,3 +130,22 @@ def test_parts_that_do_not_make_a_whole_are_refused_naming_the_entry():
     damaged = save({"w": w}, metadata={state.PART_KEY: '{"w": 3}'})
     with pytest.raises(ValueError, match="metadata is damaged"):
         state.join_parts([damaged])
+
+
+def test_tensors_sharing_storage_are_written_each_as_itself():
+    """Tied weights and views of one buffer (which safetensors refuses to save as they are) come
+    back as equal, separate tensors, in a state dict, nested state and a part alike."""
+    buffer = torch.arange(12.0)
+    weight = buffer.view(3, 4)
+    tied = {"emb": weight, "head": weight, "row": buffer[4:8], "col": weight[:, 1]}
+    want = {k: v.clone() for k, v in tied.items()}
+    for back in (
+        state.state_from_bytes(state.state_to_bytes(tied)),
+        state.from_bytes(state.to_bytes({"model": tied}))["model"],
+        state.join_parts([state.part_to_bytes(tied, {})]),
+    ):
+        assert back.keys() == want.keys()
+        assert all(torch.equal(back[k], want[k]) for k in want)
+        back["emb"].zero_()
+        assert torch.equal(back["head"], want["head"])  # separate tensors, not views of one another
+    assert torch.equal(weight, want["emb"])  # and encoding left the originals as they were

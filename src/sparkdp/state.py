@@ -40,14 +40,27 @@ META_KEY = "sparkdp"
 PART_KEY = "sparkdp-part"
 
 
-def _plain(tensor: Tensor) -> Tensor:
-    # clone: safetensors refuses tensors that share storage (tied weights, views of one buffer)
-    return tensor.detach().to("cpu").contiguous().clone()
+def _plain(tensor: Tensor, seen: set[int]) -> Tensor:
+    """``tensor`` as safetensors takes it: on the CPU, contiguous, and sharing no storage with the
+    tensors taken before it (``seen``: their storages' addresses; tied weights, views of one
+    buffer). It is copied only where one of these needs it: copying every tensor held a second
+    whole state while a large one was encoded. safetensors only reads what it is given."""
+    plain = tensor.detach().to("cpu").contiguous()
+    storage = plain.untyped_storage().data_ptr()
+    if storage and storage in seen:
+        plain = plain.clone()
+    seen.add(plain.untyped_storage().data_ptr())
+    return plain
+
+
+def _plain_all(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    seen: set[int] = set()
+    return {k: _plain(v, seen) for k, v in state.items()}
 
 
 def state_to_bytes(state: Mapping[str, Tensor]) -> bytes:
     """A model's state dict as plain safetensors bytes."""
-    return _st_save({k: _plain(v) for k, v in state.items()})
+    return _st_save(_plain_all(state))
 
 
 def state_from_bytes(data: bytes) -> dict[str, Tensor]:
@@ -62,7 +75,7 @@ def part_to_bytes(state: Mapping[str, Tensor], pieces: Mapping[str, tuple[int, i
     ``pieces`` is whole. The metadata keeps the entries' order, which safetensors does not.
     """
     layout = json.dumps({name: list(pieces[name]) if name in pieces else None for name in state})
-    return _st_save({k: _plain(v) for k, v in state.items()}, metadata={PART_KEY: layout})
+    return _st_save(_plain_all(state), metadata={PART_KEY: layout})
 
 
 def join_parts(parts: Sequence[bytes]) -> dict[str, Tensor]:
@@ -130,7 +143,7 @@ def save_state(
 ) -> Path:
     """Write a state dict as plain safetensors (+ a JSON sidecar of metadata), atomically."""
     path = Path(path)
-    atomic_write(path, lambda tmp: save_file({k: _plain(v) for k, v in state.items()}, tmp))
+    atomic_write(path, lambda tmp: save_file(_plain_all(state), tmp))
     if metadata is not None:
         atomic_write(
             path.with_suffix(".json"),
@@ -144,9 +157,11 @@ def load_state(path: str | Path) -> dict[str, Tensor]:
 
 
 def flatten(obj: Any, where: str = "state") -> tuple[str, dict[str, Tensor]]:
-    """``obj`` as a JSON skeleton plus the tensors it references (copied to contiguous CPU memory)."""
+    """``obj`` as a JSON skeleton plus the tensors it references, as safetensors takes them (on
+    the CPU, contiguous, no two sharing storage; :func:`_plain` copies only where needed, so the
+    tensors may be ``obj``'s own: write them out before ``obj`` changes)."""
     tensors: dict[str, Tensor] = {}
-    return json.dumps(_encode(obj, tensors, where)), tensors
+    return json.dumps(_encode(obj, tensors, where, set())), tensors
 
 
 def unflatten(skeleton: str, tensors: dict[str, Tensor]) -> Any:
@@ -214,24 +229,25 @@ def load(path: str | os.PathLike[str]) -> Any:
         ) from exc
 
 
-def _encode(obj: Any, tensors: dict[str, Tensor], where: str) -> Any:
+def _encode(obj: Any, tensors: dict[str, Tensor], where: str, seen: set[int]) -> Any:
     if isinstance(obj, Tensor):
         name = f"t{len(tensors)}"
-        tensors[name] = _plain(obj)
+        tensors[name] = _plain(obj, seen)
         return {"__tensor__": name}
     if isinstance(obj, dict):
         if all(isinstance(k, str) for k in obj) and not any(k in _RESERVED for k in obj):
-            return {k: _encode(v, tensors, f"{where}.{k}") for k, v in obj.items()}
+            return {k: _encode(v, tensors, f"{where}.{k}", seen) for k, v in obj.items()}
         # int keys (per-worker or per-parameter state) would silently become strings in JSON
         return {
             "__items__": [
-                [_encode(k, tensors, where), _encode(v, tensors, f"{where}[{k!r}]")] for k, v in obj.items()
+                [_encode(k, tensors, where, seen), _encode(v, tensors, f"{where}[{k!r}]", seen)]
+                for k, v in obj.items()
             ]
         }
     if isinstance(obj, list):
-        return [_encode(v, tensors, f"{where}[{i}]") for i, v in enumerate(obj)]
+        return [_encode(v, tensors, f"{where}[{i}]", seen) for i, v in enumerate(obj)]
     if isinstance(obj, tuple):
-        return {"__tuple__": [_encode(v, tensors, f"{where}[{i}]") for i, v in enumerate(obj)]}
+        return {"__tuple__": [_encode(v, tensors, f"{where}[{i}]", seen) for i, v in enumerate(obj)]}
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
     raise TypeError(

@@ -97,3 +97,55 @@ def test_a_damaged_skeleton_raises_value_error(skeleton):
     data = save({"t0": torch.ones(3)}, metadata={state.META_KEY: skeleton})
     with pytest.raises(ValueError, match="damaged sparkdp state"):
         state.from_bytes(data)
+
+
+def test_a_models_parts_join_into_the_whole_state_in_the_parts_order():
+    """Dim-0 slices of a weight (one of them empty) and whole entries: the join is the tensors
+    torch.cat makes of the slices by index, whatever order the parts arrive in."""
+    w, b = torch.arange(12.0).reshape(3, 4), torch.tensor([5.0, 6.0, 7.0])
+    steps = torch.tensor(9)
+    first = state.part_to_bytes({"w": w[:2], "b": b[:2], "steps": steps}, {"w": (0, 3), "b": (0, 2)})
+    second = state.part_to_bytes({"w": w[2:], "b": b[2:]}, {"w": (1, 3), "b": (1, 2)})
+    third = state.part_to_bytes({"w": w[3:]}, {"w": (2, 3)})  # the rank holding no row of w
+    joined = state.join_parts([third, first, second])
+    assert list(joined) == ["w", "b", "steps"]
+    assert torch.equal(joined["w"], w) and torch.equal(joined["b"], b) and torch.equal(joined["steps"], steps)
+    plain = state.join_parts([state.state_to_bytes({"w": w})])  # a strategy's whole state is one part
+    assert torch.equal(plain["w"], w)
+
+
+def test_parts_that_do_not_make_a_whole_are_refused_naming_the_entry():
+    w = torch.arange(6.0).reshape(3, 2)
+    head = state.part_to_bytes({"w": w[:2]}, {"w": (0, 2)})
+    with pytest.raises(ValueError, match=r"slices \[1\] of 2 of 'w' are missing"):
+        state.join_parts([head])
+    with pytest.raises(ValueError, match=r"slice 0 of 2 of 'w' is given twice"):
+        state.join_parts([head, head])
+    with pytest.raises(ValueError, match="cut into 2 and 3 slices"):
+        state.join_parts([head, state.part_to_bytes({"w": w[2:]}, {"w": (1, 3)})])
+    with pytest.raises(ValueError, match=r"\['w'\] are both whole and sliced"):
+        state.join_parts(
+            [head, state.part_to_bytes({"w": w[2:]}, {"w": (1, 2)}), state.state_to_bytes({"w": w})]
+        )
+    damaged = save({"w": w}, metadata={state.PART_KEY: '{"w": 3}'})
+    with pytest.raises(ValueError, match="metadata is damaged"):
+        state.join_parts([damaged])
+
+
+def test_tensors_sharing_storage_are_written_each_as_itself():
+    """Tied weights and views of one buffer (which safetensors refuses to save as they are) come
+    back as equal, separate tensors, in a state dict, nested state and a part alike."""
+    buffer = torch.arange(12.0)
+    weight = buffer.view(3, 4)
+    tied = {"emb": weight, "head": weight, "row": buffer[4:8], "col": weight[:, 1]}
+    want = {k: v.clone() for k, v in tied.items()}
+    for back in (
+        state.state_from_bytes(state.state_to_bytes(tied)),
+        state.from_bytes(state.to_bytes({"model": tied}))["model"],
+        state.join_parts([state.part_to_bytes(tied, {})]),
+    ):
+        assert back.keys() == want.keys()
+        assert all(torch.equal(back[k], want[k]) for k in want)
+        back["emb"].zero_()
+        assert torch.equal(back["head"], want["head"])  # separate tensors, not views of one another
+    assert torch.equal(weight, want["emb"])  # and encoding left the originals as they were

@@ -1,7 +1,9 @@
 """State as safetensors bytes or files, never pickle: reading one never runs an unpickler.
 
 A model's state dict is plain safetensors (:func:`state_to_bytes`, :func:`save_state`), which
-any safetensors reader loads. Nested state (dicts, lists, tuples, numbers, strings, None,
+any safetensors reader loads; a sharded model comes back from its workers as parts of one
+(:func:`part_to_bytes`), each a slice of the same safetensors kind, joined on the driver
+(:func:`join_parts`). Nested state (dicts, lists, tuples, numbers, strings, None,
 tensors) keeps its tensors as safetensors entries and the nesting around them as JSON in the
 safetensors metadata under ``"sparkdp"`` (:func:`to_bytes`, :func:`save`). Used for optimizer
 state between stages (``train.loop``, as bytes) and the contents of every checkpoint
@@ -19,10 +21,11 @@ from __future__ import annotations
 import json
 import os
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load as _st_load
 from safetensors.torch import load_file, save_file
@@ -33,20 +36,106 @@ from .files import atomic_write
 
 _RESERVED = ("__tensor__", "__items__", "__tuple__")
 META_KEY = "sparkdp"
+#: the safetensors metadata key of a worker's part of a model's state (:func:`part_to_bytes`)
+PART_KEY = "sparkdp-part"
 
 
-def _plain(tensor: Tensor) -> Tensor:
-    # clone: safetensors refuses tensors that share storage (tied weights, views of one buffer)
-    return tensor.detach().to("cpu").contiguous().clone()
+def _plain(tensor: Tensor, seen: set[int]) -> Tensor:
+    """``tensor`` as safetensors takes it: on the CPU, contiguous, and sharing no storage with the
+    tensors taken before it (``seen``: their storages' addresses; tied weights, views of one
+    buffer). It is copied only where one of these needs it: copying every tensor held a second
+    whole state while a large one was encoded. safetensors only reads what it is given."""
+    plain = tensor.detach().to("cpu").contiguous()
+    storage = plain.untyped_storage().data_ptr()
+    if storage and storage in seen:
+        plain = plain.clone()
+    seen.add(plain.untyped_storage().data_ptr())
+    return plain
+
+
+def _plain_all(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    seen: set[int] = set()
+    return {k: _plain(v, seen) for k, v in state.items()}
 
 
 def state_to_bytes(state: Mapping[str, Tensor]) -> bytes:
     """A model's state dict as plain safetensors bytes."""
-    return _st_save({k: _plain(v) for k, v in state.items()})
+    return _st_save(_plain_all(state))
 
 
 def state_from_bytes(data: bytes) -> dict[str, Tensor]:
     return _st_load(data)
+
+
+def part_to_bytes(state: Mapping[str, Tensor], pieces: Mapping[str, tuple[int, int]]) -> bytes:
+    """One worker's part of a model's state dict as safetensors bytes, for :func:`join_parts`.
+
+    ``pieces[name] = (index, count)``: the entry is slice ``index`` of ``count`` consecutive
+    slices along dim 0 of the whole tensor (a sharding strategy's shard); an entry not in
+    ``pieces`` is whole. The metadata keeps the entries' order, which safetensors does not.
+    """
+    layout = json.dumps({name: list(pieces[name]) if name in pieces else None for name in state})
+    return _st_save(_plain_all(state), metadata={PART_KEY: layout})
+
+
+def join_parts(parts: Sequence[bytes]) -> dict[str, Tensor]:
+    """The whole state dict from every worker's part (:func:`part_to_bytes`; plain
+    :func:`state_to_bytes` bytes count as one whole part): slices joined along dim 0 in index
+    order, whole entries from the first part that has them, names in the order the parts give.
+
+    Raises:
+        ValueError: a slice is missing or given twice, parts disagree on an entry's slice
+            count, or an entry is both whole and sliced.
+    """
+    whole: dict[str, Tensor] = {}
+    sliced: dict[str, dict[int, Tensor]] = {}
+    counts: dict[str, int] = {}
+    order: dict[str, None] = {}
+    for data in parts:
+        tensors = _st_load(data)
+        for name, where in _layout(data, tensors).items():
+            order.setdefault(name)
+            if where is None:
+                whole.setdefault(name, tensors[name])
+                continue
+            index, count = where
+            if counts.setdefault(name, count) != count:
+                raise ValueError(
+                    f"the parts disagree on {name!r}: it is cut into {counts[name]} and {count} slices"
+                )
+            if index in sliced.setdefault(name, {}) or not 0 <= index < count:
+                raise ValueError(f"slice {index} of {count} of {name!r} is given twice or out of range")
+            sliced[name][index] = tensors[name]
+    both = sorted(whole.keys() & sliced.keys())
+    if both:
+        raise ValueError(f"{both} are both whole and sliced in the parts")
+    for name, pieces in sliced.items():
+        missing = sorted(set(range(counts[name])) - pieces.keys())
+        if missing:
+            raise ValueError(f"slices {missing} of {counts[name]} of {name!r} are missing from the parts")
+    return {
+        name: whole[name] if name in whole else torch.cat([sliced[name][i] for i in range(counts[name])])
+        for name in order
+    }
+
+
+def _layout(data: bytes, tensors: Mapping[str, Tensor]) -> dict[str, tuple[int, int] | None]:
+    """Each entry of a part and the slice it is (None: whole), in the part's order
+    (:func:`part_to_bytes`); plain state bytes are all whole."""
+    (size,) = struct.unpack("<Q", data[:8])  # safetensors: u64 header size, then the JSON header
+    metadata = json.loads(data[8 : 8 + size]).get("__metadata__") or {}
+    if PART_KEY not in metadata:
+        return dict.fromkeys(tensors)
+    try:
+        layout = {
+            name: None if w is None else (int(w[0]), int(w[1]))
+            for name, w in json.loads(metadata[PART_KEY]).items()
+        }
+    except (TypeError, ValueError, AttributeError, IndexError, KeyError) as err:
+        raise ValueError(f"a part's {PART_KEY!r} metadata is damaged ({type(err).__name__}: {err})") from None
+    if layout.keys() != tensors.keys():
+        raise ValueError(f"a part's {PART_KEY!r} metadata does not list the tensors it holds")
+    return layout
 
 
 def save_state(
@@ -54,7 +143,7 @@ def save_state(
 ) -> Path:
     """Write a state dict as plain safetensors (+ a JSON sidecar of metadata), atomically."""
     path = Path(path)
-    atomic_write(path, lambda tmp: save_file({k: _plain(v) for k, v in state.items()}, tmp))
+    atomic_write(path, lambda tmp: save_file(_plain_all(state), tmp))
     if metadata is not None:
         atomic_write(
             path.with_suffix(".json"),
@@ -68,9 +157,11 @@ def load_state(path: str | Path) -> dict[str, Tensor]:
 
 
 def flatten(obj: Any, where: str = "state") -> tuple[str, dict[str, Tensor]]:
-    """``obj`` as a JSON skeleton plus the tensors it references (copied to contiguous CPU memory)."""
+    """``obj`` as a JSON skeleton plus the tensors it references, as safetensors takes them (on
+    the CPU, contiguous, no two sharing storage; :func:`_plain` copies only where needed, so the
+    tensors may be ``obj``'s own: write them out before ``obj`` changes)."""
     tensors: dict[str, Tensor] = {}
-    return json.dumps(_encode(obj, tensors, where)), tensors
+    return json.dumps(_encode(obj, tensors, where, set())), tensors
 
 
 def unflatten(skeleton: str, tensors: dict[str, Tensor]) -> Any:
@@ -138,24 +229,25 @@ def load(path: str | os.PathLike[str]) -> Any:
         ) from exc
 
 
-def _encode(obj: Any, tensors: dict[str, Tensor], where: str) -> Any:
+def _encode(obj: Any, tensors: dict[str, Tensor], where: str, seen: set[int]) -> Any:
     if isinstance(obj, Tensor):
         name = f"t{len(tensors)}"
-        tensors[name] = _plain(obj)
+        tensors[name] = _plain(obj, seen)
         return {"__tensor__": name}
     if isinstance(obj, dict):
         if all(isinstance(k, str) for k in obj) and not any(k in _RESERVED for k in obj):
-            return {k: _encode(v, tensors, f"{where}.{k}") for k, v in obj.items()}
+            return {k: _encode(v, tensors, f"{where}.{k}", seen) for k, v in obj.items()}
         # int keys (per-worker or per-parameter state) would silently become strings in JSON
         return {
             "__items__": [
-                [_encode(k, tensors, where), _encode(v, tensors, f"{where}[{k!r}]")] for k, v in obj.items()
+                [_encode(k, tensors, where, seen), _encode(v, tensors, f"{where}[{k!r}]", seen)]
+                for k, v in obj.items()
             ]
         }
     if isinstance(obj, list):
-        return [_encode(v, tensors, f"{where}[{i}]") for i, v in enumerate(obj)]
+        return [_encode(v, tensors, f"{where}[{i}]", seen) for i, v in enumerate(obj)]
     if isinstance(obj, tuple):
-        return {"__tuple__": [_encode(v, tensors, f"{where}[{i}]") for i, v in enumerate(obj)]}
+        return {"__tuple__": [_encode(v, tensors, f"{where}[{i}]", seen) for i, v in enumerate(obj)]}
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
     raise TypeError(

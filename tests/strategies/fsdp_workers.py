@@ -48,10 +48,12 @@ def step_losses(
             state_bytes = model_state_bytes(model, opt)
         losses.append(loss.item())
     whole = strategy.model_state()
+    share = strategy.result_state(coll.rank)
     strategy.finish()
     return {
         "losses": torch.tensor(losses, dtype=torch.float64),
         "state": whole,
+        "share": share,
         "state_bytes": state_bytes,
         "dtypes": sorted({str(p.dtype) for p in model.parameters()}),
         "options": strategy.options(),
@@ -82,7 +84,8 @@ def fit_spec(strategy_name: str, epochs: int = 2, **options) -> FitSpec:
 def fit(
     coll, strategy_name: str, checkpoint_dir: str | None = None, keep: int = 10, options: dict | None = None
 ):
-    """fit_worker's report on rank 0 (None elsewhere), as plain values; with ``checkpoint_dir``,
+    """fit_worker's report as plain values (rank 0's; another rank's holds only its share of the
+    model's state, or is None where the strategy does not shard it); with ``checkpoint_dir``,
     a checkpoint at every epoch end (``keep`` of them); ``options``: the strategy's."""
     from dataclasses import replace
 
@@ -98,6 +101,35 @@ def fit(
     if report is None:
         return None
     return {"history": report.history, "state": report.state, "memory": report.memory}
+
+
+def shares_and_gathered(coll, strategy_name: str, options: dict | None = None):
+    """Two AdamW steps of a net whose rows do not split evenly over the ranks (an output layer of
+    one row: some ranks hold none of it), with tied weights and a buffer; this rank's share of
+    the state for fit's result, and the whole state gathered to rank 0."""
+    torch.manual_seed(0)
+    net = nn.Sequential(
+        nn.Linear(6, 5),
+        nn.BatchNorm1d(5),
+        nn.Tanh(),
+        nn.Linear(5, 5),
+        nn.Tanh(),
+        nn.Linear(5, 5),
+        nn.Linear(5, 1),
+    )
+    net[5].weight = net[3].weight
+    strategy = STRATEGIES.create(strategy_name, **(options or {}))
+    net = strategy.shard(net, coll)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+    net = strategy.setup(net, opt, coll)
+    g = torch.Generator().manual_seed(1 + coll.rank)
+    for _ in range(2):
+        opt.zero_grad(set_to_none=True)
+        net(torch.randn(4, 6, generator=g)).square().mean().backward()
+        opt.step()
+    out = {"share": strategy.result_state(coll.rank), "gathered": strategy.model_state()}
+    strategy.finish()
+    return out
 
 
 def _mlp():
@@ -210,7 +242,7 @@ def resume_and_continue(coll, directory: str, steps: int, rows: int):
 
 def fit_resumed(coll, checkpoint_dir: str):
     """fit_worker resumed from the newest checkpoint in ``checkpoint_dir`` (as the driver's
-    restart does), saving into it as the same job: rank 0's report as plain values."""
+    restart does), saving into it as the same job: the report as plain values (as ``fit``'s)."""
     from dataclasses import replace
 
     from sparkdp.config import CheckpointConfig

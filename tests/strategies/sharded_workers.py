@@ -106,7 +106,8 @@ def _pretend_hosts(coll, hosts: list[str]) -> None:
 def hsdp_then_resume(coll, directory: str, steps: int, shard_size: int, resume_hosts: list[str]):
     """``steps`` hsdp steps in groups of ``shard_size``; the whole model and optimizer state
     gathered and saved, loaded into a fresh hsdp whose groups are the hosts ``resume_hosts``
-    names, 2 more steps. Losses, bytes, states and the reference's."""
+    names, 2 more steps. Losses, bytes, states (and this rank's share of fit's result) and the
+    reference's."""
     batches = _batches(steps + 2, ROWS)
     strategy = STRATEGIES.create("hsdp", shard_size=shard_size, min_params=1)
     model = strategy.shard(_model(), coll)
@@ -115,6 +116,7 @@ def hsdp_then_resume(coll, directory: str, steps: int, shard_size: int, resume_h
     losses = [_global_step(coll, net, opt, batches[s]) for s in range(steps)]
     state_bytes = model_state_bytes(model, opt)
     whole, moments = strategy.model_state(), strategy.optimizer_state(opt)
+    share = strategy.result_state(coll.rank)  # what this rank sends for fit's result
     options = strategy.options()
     strategy.finish()
     saved = _share(coll, directory, {"model": whole, "optimizer": moments})
@@ -129,6 +131,7 @@ def hsdp_then_resume(coll, directory: str, steps: int, shard_size: int, resume_h
     again.finish()
     out = {
         "losses": torch.tensor(losses + resumed, dtype=torch.float64),
+        "share": share,
         "state_bytes": state_bytes,
         "options": options,
         "resumed_options": resumed_options,

@@ -6,6 +6,7 @@ from safetensors.torch import load as load_safetensors
 
 from sparkdp.errors import ConfigError
 from sparkdp.models.zoo import build_model
+from sparkdp.state import join_parts, state_to_bytes
 from sparkdp.strategies import STRATEGIES
 from sparkdp.strategies.fsdp import FSDP, shard_units
 from tests.helpers.dist import run_workers
@@ -14,6 +15,7 @@ from tests.strategies.fsdp_workers import (
     fit,
     fit_resumed,
     resume_and_continue,
+    shares_and_gathered,
     step_losses,
 )
 
@@ -100,13 +102,49 @@ def test_fsdp_gives_allreduce_losses_for_20_steps_with_a_fraction_of_the_state(m
     for key, value in ddp[0]["state"].items():  # rank 0 gathers the whole model
         torch.testing.assert_close(sharded[0]["state"][key], value, rtol=1e-4, atol=1e-5, msg=key)
     assert sharded[1]["state"] == {}
+    _assert_identical(join_parts([r["share"] for r in sharded]), sharded[0]["state"])  # fit's result
+
+
+def _assert_identical(got: dict, want: dict) -> None:
+    assert list(got) == list(want)
+    for key, value in want.items():
+        assert got[key].dtype == value.dtype and torch.equal(got[key], value), key
+
+
+def _joined(reports: list) -> dict:
+    """Rank 0's report (plain values) holding the whole model: every rank's share joined as the
+    driver joins them."""
+    return {**reports[0], "state": state_to_bytes(join_parts([r["state"] for r in reports if r is not None]))}
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_the_ranks_shares_of_the_result_join_into_exactly_the_gathered_model_and_none_holds_it_whole():
+    """fit's result under fsdp: every rank sends its own shards (rank 0 the buffers too), never
+    the whole model, and the shares joined are the gathered state dict bit for bit: rows that
+    split unevenly, a one-row layer that rank 1 holds none of, tied weights, a buffer."""
+    out = run_workers(shares_and_gathered, WORLD, "fsdp", timeout_s=100)
+    want = out[0]["gathered"]
+    assert out[1]["gathered"] == {}
+    _assert_identical(join_parts([r["share"] for r in out]), want)
+    params = [k for k in want if k.endswith(("weight", "bias"))]  # rank 0 adds the buffers
+    assert sum(want[k].numel() for k in params) == 111  # the tied weight under both its names
+    # rows by torch.chunk: rank 0 rows 0-2 of every 5-row tensor (layer 0: 18 + 3, the norm 3 + 3,
+    # layers 3 and 5: 15 + 3 each) and all of the one-row layer (5 + 1): 69; rank 1 the other 42
+    shares = [load_safetensors(r["share"]) for r in out]
+    assert [sum(s[k].numel() for k in params if k in s) for s in shares] == [69, 42]
+    assert "1.running_mean" in shares[0] and "1.running_mean" not in shares[1]  # buffers: rank 0's
 
 
 @pytest.mark.distributed
 @pytest.mark.timeout(240)
 def test_fit_worker_with_fsdp_reports_the_whole_model_metrics_and_memory_like_allreduce():
-    ddp = run_workers(fit, WORLD, "allreduce", timeout_s=200)[0]
-    sharded = run_workers(fit, WORLD, "fsdp", timeout_s=200)[0]
+    ddp_reports = run_workers(fit, WORLD, "allreduce", timeout_s=200)
+    reports = run_workers(fit, WORLD, "fsdp", timeout_s=200)
+    ddp, sharded = ddp_reports[0], _joined(reports)
+    assert ddp_reports[1] is None  # allreduce: rank 0 returns the whole model
+    for report in reports:  # fsdp: no rank returns more than about its share
+        assert len(report["state"]) <= (1 / WORLD + 0.1) * len(ddp["state"])
     for mine, theirs in zip(sharded["history"], ddp["history"]):
         for key in ("loss", "test_loss", "test_accuracy"):
             assert mine[key] == pytest.approx(theirs[key], rel=1e-4), key
@@ -146,7 +184,7 @@ def test_with_sharded_checkpoints_off_the_loops_checkpoints_hold_the_whole_model
     from sparkdp.train.checkpoint import latest_checkpoint
 
     options = {"sharded_checkpoints": False}
-    report = run_workers(fit, WORLD, "fsdp", str(tmp_path), 10, options, timeout_s=200)[0]
+    report = _joined(run_workers(fit, WORLD, "fsdp", str(tmp_path), 10, options, timeout_s=200))
     checkpoint = latest_checkpoint(tmp_path)
     assert checkpoint is not None and (checkpoint.epoch, checkpoint.step, checkpoint.workers) == (2, 0, WORLD)
     assert not checkpoint.shards
@@ -168,7 +206,7 @@ def test_the_loop_writes_sharded_checkpoints_and_an_uncommitted_one_is_never_res
     epoch before, rewrites the lost one, and ends with the uninterrupted run's model."""
     from sparkdp.train.checkpoint import latest_checkpoint
 
-    whole = run_workers(fit, WORLD, "fsdp", str(tmp_path), timeout_s=200)[0]
+    whole = _joined(run_workers(fit, WORLD, "fsdp", str(tmp_path), timeout_s=200))
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == [
         "shards-e00001-s00000000-fit-job",
@@ -182,7 +220,7 @@ def test_the_loop_writes_sharded_checkpoints_and_an_uncommitted_one_is_never_res
     (tmp_path / names[3]).unlink()  # epoch 2 written, never committed
     first = latest_checkpoint(tmp_path)
     assert first is not None and first.epoch == 1 and [h["epoch"] for h in first.history] == [1]
-    resumed = run_workers(fit_resumed, WORLD, str(tmp_path), timeout_s=200)[0]
+    resumed = _joined(run_workers(fit_resumed, WORLD, str(tmp_path), timeout_s=200))
     assert [h["epoch"] for h in resumed["history"]] == [2]
     assert resumed["history"][0]["loss"] == pytest.approx(whole["history"][1]["loss"], rel=1e-5)
     want, got = load_safetensors(whole["state"]), load_safetensors(resumed["state"])

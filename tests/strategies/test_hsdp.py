@@ -5,6 +5,7 @@ import torch
 
 from sparkdp.comm.torchrun_env import Place, Placement, placement_from_env, placements, torchrun_env
 from sparkdp.errors import ConfigError
+from sparkdp.state import join_parts
 from sparkdp.strategies import STRATEGIES
 from sparkdp.strategies.hsdp import HSDP, shard_groups
 from tests.helpers.dist import run_workers
@@ -82,6 +83,11 @@ def test_hsdp_on_2_replicas_of_2_shards_trains_like_one_process_with_half_the_st
         float(out[0]["reference"][steps + 1]), rel=1e-4
     )
     first = out[0]
+    # fit's result: the first replica's ranks (0 and 1) send their shards, the second replica none
+    assert out[2]["share"] is None and out[3]["share"] is None
+    joined = join_parts([mine["share"] for mine in out if mine["share"] is not None])
+    assert list(joined) == list(first["model"])
+    assert all(torch.equal(joined[key], value) for key, value in first["model"].items())
     assert first["model"].keys() == first["reference_model"].keys()
     for key, value in first["reference_model"].items():
         torch.testing.assert_close(first["model"][key], value, rtol=1e-4, atol=1e-5, msg=key)

@@ -119,12 +119,14 @@ class BarrierRunner:
         def run_stage(stage: FitSpec, now: Attempt) -> WorkerReport:
             first, last = stage.part.start_epoch + 1, stage.last_epoch() + 1
             with decommission_notice(spark, stage.checkpoint):
-                return _barrier(
-                    lambda coll: fit_worker(stage, coll),
-                    now,
-                    job,
-                    spark,
-                    f"sparkdp {stage.strategy.name} on {now.workers} workers: epochs {first}-{last} of {last}",
+                return WorkerReport.joined(
+                    _barrier(
+                        lambda coll: fit_worker(stage, coll),
+                        now,
+                        job,
+                        spark,
+                        f"sparkdp {stage.strategy.name} on {now.workers} workers: epochs {first}-{last} of {last}",
+                    )
                 )
 
         restarts = RestartPolicy.of(job)
@@ -150,7 +152,10 @@ class BarrierRunner:
         from ..spark.cluster import available_slots
 
         def attempt(now: Attempt) -> Any:
-            return _barrier(lambda collective: body(collective, strategy, now), now, job, spark, description)
+            results = _barrier(
+                lambda collective: body(collective, strategy, now), now, job, spark, description
+            )
+            return results[0]
 
         return Controller(RestartPolicy.of(job), workers, lambda: available_slots(spark)).run(
             _FromStart(attempt)
@@ -169,9 +174,9 @@ class _FromStart:
 
 def _barrier(
     body: Callable[[Any], Any], attempt: Attempt, job: JobConfig, spark: Any, description: str
-) -> Any:
-    """``body(collective)`` on ``attempt.workers`` barrier tasks sharing a process group; rank 0's
-    result. The tasks see the attempt's restart number and the job's ``max_restarts`` as torchrun's."""
+) -> list[Any]:
+    """``body(collective)`` on ``attempt.workers`` barrier tasks sharing a process group; their
+    results in rank order. The tasks see the attempt's restart number and the job's ``max_restarts`` as torchrun's."""
     from ..spark.launcher import run_barrier
 
     task = in_task(
@@ -186,7 +191,7 @@ def _barrier(
         spark=spark,
         start_timeout_s=job.failures.start_timeout_s,
         description=description,
-    )[0]
+    )
 
 
 class StreamRunner:

@@ -226,7 +226,7 @@ def _epoch_task(spec: FitSpec, threads: int | None, pg_timeout_s: float, restart
         except BaseException as exc:  # re-raised with a summary the driver decodes
             raise RuntimeError(encode_error(info.rank if info else -1, exc)) from None
         yield pa.RecordBatch.from_pydict(
-            {  # ranks other than 0 return no report
+            {  # ranks other than 0 return no report, or one holding only their share of the model
                 "rank": [info.rank],
                 "info": [out.summary_json() if out else "{}"],
                 "state": [out.state if out else b""],
@@ -249,7 +249,8 @@ def epoch_stage(
     restarts: tuple[int, int] = (0, 0),
 ) -> WorkerReport:
     """Train epoch ``spec.part.start_epoch`` of ``source`` as one barrier ``mapInArrow`` stage on
-    ``workers`` (``source.prepare`` first); rank 0's report. A failed worker raises
+    ``workers`` (``source.prepare`` first); rank 0's report, holding the whole model (the ranks'
+    shares joined, ``WorkerReport.joined``). A failed worker raises
     ``WorkerFailed``: what happens next is the driver's (``driver.controller``). ``restarts``:
     the attempt's restart number and the job's ``max_restarts`` (``train.jobs.in_task``)."""
     stage_spec = replace(spec, train=StreamData(source.converter, source.shuffle_buffer))
@@ -262,8 +263,12 @@ def epoch_stage(
         start_timeout_s,
         epoch,
     )
-    rank0 = next(r for r in rows if r["rank"] == 0)
-    return WorkerReport.from_parts(rank0["info"], rank0["state"], rank0["optimizer_state"])
+    reports = {
+        r["rank"]: WorkerReport.from_parts(r["info"], r["state"], r["optimizer_state"])
+        for r in rows
+        if r["info"] != "{}"  # a rank with no report
+    }
+    return WorkerReport.joined([reports.get(rank) for rank in range(workers)])
 
 
 def _partitioned(source: DataFrameSource, workers: int, epochs: int):

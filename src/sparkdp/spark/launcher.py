@@ -47,22 +47,41 @@ _RESULT_SCHEMA = "index long, part long, parts long, result binary"
 #: as one row of hundreds of MB, the driver's JVM copies it whole several times (each copy one huge
 #: array) and a local session's default 1g heap lost a 300 MB one; rows this size travel in pieces.
 RESULT_PART_BYTES = 8 << 20
+#: rows per Arrow batch of a result: 128 parts of 8 MiB, 1 GiB (a batch's offsets are int32)
+_PARTS_PER_BATCH = 128
 
 
 def _result_batch(stage: str, index: int, value: Any):
-    """A task's result as Arrow rows (:func:`sparkdp.spark.results.encode`: data, no pickle)."""
+    """A task's result as an Arrow table of rows (:func:`sparkdp.spark.results.encode`: data, no
+    pickle). The rows' cells are slices of the encoded bytes, not copies: a worker returning a
+    large model holds its result once. Batches of at most ``_PARTS_PER_BATCH`` rows keep each
+    batch's int32 offsets (Spark's binary type) below 2 GiB."""
     import pyarrow as pa
 
-    data = memoryview(encode(stage, index, value))
-    pieces = [data[at : at + RESULT_PART_BYTES] for at in range(0, len(data), RESULT_PART_BYTES)] or [data]
-    return pa.RecordBatch.from_pydict(
-        {
-            "index": [index] * len(pieces),
-            "part": list(range(len(pieces))),
-            "parts": [len(pieces)] * len(pieces),
-            "result": pa.array(pieces, type=pa.binary()),
-        }
-    )
+    data = pa.py_buffer(encode(stage, index, value))
+    parts = max(1, -(-data.size // RESULT_PART_BYTES))
+    batches = []
+    for first in range(0, parts, _PARTS_PER_BATCH):
+        rows = range(first, min(first + _PARTS_PER_BATCH, parts))
+        start = first * RESULT_PART_BYTES
+        ends = [min(at * RESULT_PART_BYTES, data.size) - start for at in range(first, rows.stop + 1)]
+        cells = pa.Array.from_buffers(
+            pa.binary(),
+            len(rows),
+            [None, pa.array(ends, pa.int32()).buffers()[1], data.slice(start, ends[-1])],
+        )
+        batches.append(
+            pa.RecordBatch.from_arrays(
+                [
+                    pa.array([index] * len(rows), pa.int64()),
+                    pa.array(list(rows), pa.int64()),
+                    pa.array([parts] * len(rows), pa.int64()),
+                    cells,
+                ],
+                names=["index", "part", "parts", "result"],
+            )
+        )
+    return pa.Table.from_batches(batches)
 
 
 def _results(rows, stage: str, num_tasks: int) -> list[Any]:
@@ -126,10 +145,10 @@ def _task_body(stage: str, start: Callable[[], tuple[int, Any]], fn: Callable[[A
         index = -1
         try:
             index, argument = start()
-            batch = _result_batch(stage, index, fn(argument))
+            table = _result_batch(stage, index, fn(argument))
         except BaseException as exc:  # re-raised with a parseable summary for the driver
             raise RuntimeError(encode_error(index, exc)) from None
-        yield batch
+        yield from table.to_batches()
 
     return run_partition
 

@@ -165,7 +165,7 @@ def _is_key(key: Any) -> bool:
 def _byte_tensor(data: bytes) -> torch.Tensor:
     if not data:
         return torch.empty(0, dtype=torch.uint8)
-    with warnings.catch_warnings():  # read-only bytes: sparkdp.state copies the tensor before anything writes
+    with warnings.catch_warnings():  # read-only bytes: sparkdp.state only reads the tensor
         warnings.simplefilter("ignore", UserWarning)
         return torch.frombuffer(data, dtype=torch.uint8)
 

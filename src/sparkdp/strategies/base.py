@@ -12,6 +12,7 @@ from torch.optim import Optimizer
 
 from ..comm.base import Collective
 from ..comm.shm import DEFAULT_SLOT_BYTES, SharedMemoryCollective, SharedMemoryReducer
+from ..state import state_to_bytes
 
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
@@ -159,6 +160,13 @@ class Strategy(ABC):
         """The whole model's state dict on rank 0. Every rank calls it (a sharding strategy
         gathers the shards); default: the model's own ``state_dict()``."""
         return self.unwrap().state_dict()
+
+    def result_state(self, rank: int) -> bytes | None:
+        """This rank's share of the trained model's state for ``fit``'s result, as safetensors
+        bytes; every rank calls it and the driver joins the shares (:func:`sparkdp.state.join_parts`).
+        Default: rank 0 the whole state dict (:meth:`model_state`), the others None."""
+        state = self.model_state()
+        return state_to_bytes(state) if rank == 0 else None
 
     def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
         """The optimizer's whole state on rank 0 (every rank calls it); default: its ``state_dict()``."""

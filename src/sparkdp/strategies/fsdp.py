@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.optim import Optimizer
 
+from .. import state as state_io
 from ..comm.base import Collective
 from ..config import check_int
 from ..errors import ConfigError
@@ -195,6 +196,33 @@ class FSDP(Strategy):
             self.unwrap(), options=StateDictOptions(full_state_dict=True, cpu_offload=True)
         )
 
+    def result_state(self, rank: int) -> bytes | None:
+        """This rank's own shard of every parameter (rank 0 adds the buffers, which every rank
+        holds whole): no rank gathers the whole model for ``fit``'s result, the driver joins the
+        shards (:func:`sparkdp.state.join_parts`). Under hsdp only the first replica's ranks send
+        theirs; a rank with nothing to send returns None."""
+        if not _is_sharded(self._sharded):
+            return super().result_state(rank)
+        from torch.distributed.tensor import DTensor
+
+        mine: dict[str, torch.Tensor] = {}
+        pieces: dict[str, tuple[int, int]] = {}
+        for name, value in self.unwrap().state_dict().items():
+            if not isinstance(value, DTensor):
+                if rank == 0:
+                    mine[name] = value
+                continue
+            where = _dim0_shard(value)
+            if where is None:  # a layout other than dim-0 shards: gathered, one tensor at a time
+                whole = value.full_tensor()
+                if rank == 0:
+                    mine[name] = whole
+            elif where[2]:
+                mine[name], pieces[name] = value.to_local(), where[:2]
+        if not mine and rank != 0:
+            return None
+        return state_io.part_to_bytes(mine, pieces)
+
     def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
         """The optimizer's whole state on rank 0, keyed by parameter name (every rank calls it)."""
         if not _is_sharded(self._sharded):
@@ -328,6 +356,22 @@ def _point_at(optimizer: Optimizer, whole: list[nn.Parameter], shards: list[nn.P
                 "torch.optim.X(model.parameters(), ...) over the model you distribute."
             )
         group["params"] = [shard_of[id(p)] for p in group["params"]]
+
+
+def _dim0_shard(value: Any) -> tuple[int, int, bool] | None:
+    """Where a DTensor's local tensor lies when it is one of the mesh's dim-0 shards, replicated
+    over any other mesh dimensions (fsdp's and hsdp's layout): (shard index, shard count, whether
+    this rank is in the first replica); None for any other layout."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    placements = value.placements
+    shards = [i for i, p in enumerate(placements) if type(p) is Shard and p.dim == 0]
+    if len(shards) != 1 or not all(i in shards or isinstance(p, Replicate) for i, p in enumerate(placements)):
+        return None
+    coordinate = value.device_mesh.get_coordinate()
+    assert coordinate is not None  # every rank of the job is in the mesh
+    first = all(c == 0 for i, c in enumerate(coordinate) if i != shards[0])
+    return coordinate[shards[0]], value.device_mesh.size(shards[0]), first
 
 
 def _is_sharded(model: nn.Module | None) -> bool:

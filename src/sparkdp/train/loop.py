@@ -358,7 +358,9 @@ def _fit_worker(
 
     What differs between strategies happens in their hooks: ``setup`` (DDP wrap, averaging
     hook, parameter-server connection), the optimizer-step hook, ``end_epoch``, ``finish``
-    and ``evaluation``. In a barrier stage rank 0 returns the report (the others None); an
+    and ``evaluation``. In a barrier stage rank 0 returns the report; the other ranks return
+    None, or a report holding only their share of the model's state where the strategy shards
+    it (``Strategy.result_state``; the driver joins the shares, ``WorkerReport.joined``); an
     asynchronous worker (an independent collective) returns its own, without the model state,
     which the driver takes from the parameter server.
     """
@@ -549,13 +551,18 @@ def _fit_worker(
     counters = _sum_counters(spec.train, collective)
     independent = collective.independent
     memory_table = memory.gather(collective)
-    # gathered on every rank (a sharding strategy's shards), kept by rank 0
-    model_state = {} if independent else strategy.model_state()
+    # every rank's share of the model (a sharding strategy's shards; the driver joins them)
+    state = b"" if independent else strategy.result_state(rank)
     opt_state = strategy.optimizer_state(optimizer) if part.return_optimizer_state else None
     if rank != 0 and not independent:
-        return None
+        return (
+            None
+            if state is None
+            else WorkerReport(state=state, history=[], train_time_s=0.0, samples=0, worker=rank)
+        )
+    assert state is not None  # rank 0 always holds a share: the whole state, or its shards and the buffers
     return WorkerReport(
-        state=b"" if independent else state_io.state_to_bytes(model_state),
+        state=state,
         history=history,
         train_time_s=train_time,
         samples=total_samples,

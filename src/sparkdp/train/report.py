@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
+
+from ..errors import WorkerFailed
+from ..state import join_parts, state_to_bytes
 
 _BYTES = ("state", "optimizer_state")
 
@@ -14,7 +18,9 @@ class WorkerReport:
     """Rank 0's result of :func:`~sparkdp.train.loop.fit_worker`.
 
     Attributes:
-        state: the trained model's state dict as safetensors bytes.
+        state: the trained model's state dict as safetensors bytes; where the strategy shards the
+            model, this rank's share of it (``Strategy.result_state``), which :meth:`joined` makes
+            whole on the driver.
         history: one record per epoch (``epoch``, ``loss``, ``samples``, ``epoch_time_s``
             and, where evaluated, ``test_loss`` / ``test_accuracy``).
         train_time_s: seconds spent in the epochs (evaluation included).
@@ -44,6 +50,25 @@ class WorkerReport:
     wall_start: float = 0.0
     wall_end: float = 0.0
     memory: list[dict[str, int]] = field(default_factory=list)
+
+    @staticmethod
+    def joined(reports: Sequence[WorkerReport | None]) -> WorkerReport:
+        """Rank 0's report holding the whole model, from a stage's reports in rank order: where
+        other ranks returned their shares of the state (a sharding strategy's shards), they are
+        joined here, on the driver, which has the memory the ranks lack.
+
+        Raises:
+            WorkerFailed: rank 0 returned no report (a result other than sparkdp's).
+        """
+        first = reports[0] if reports else None
+        if first is None:
+            raise WorkerFailed(
+                "rank 0 returned no report; its task's result is not sparkdp's training report."
+            )
+        shares = [r.state for r in reports if r is not None]
+        if len(shares) == 1:
+            return first
+        return replace(first, state=state_to_bytes(join_parts(shares)))
 
     def summary_json(self) -> str:
         """Everything but the two byte fields, as JSON (the DataFrame path's ``info`` column)."""

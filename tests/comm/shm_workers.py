@@ -58,3 +58,27 @@ def connect_when_one_rank_cannot_map(coll):
         "reducer": reducer is not None,
         "leftovers": sorted(p.name for p in Path("/dev/shm").glob(f"sparkdp-reduce-{os.getpid()}-*")),
     }
+
+
+def barriers_and_bits(coll, one_barrier_up_to: int):
+    """Barriers per chunk with the default algorithm and with one barrier for worlds up to
+    ``one_barrier_up_to``; the results of both on random floats, whose sums depend on the order."""
+    reducer = shm.SharedMemoryReducer.connect(coll, slot_bytes=65536)
+    assert reducer is not None, "ranks on one host must get a shared-memory reducer"
+    calls = [0]
+    barrier = reducer._barrier
+
+    def counted() -> None:
+        calls[0] += 1
+        barrier()
+
+    reducer._barrier = counted  # type: ignore[method-assign]
+    out = {}
+    default = getattr(reducer, "sum_all_up_to", 0)
+    for name, up_to in (("default", default), ("forced", one_barrier_up_to)):
+        reducer.sum_all_up_to = up_to
+        calls[0] = 0
+        t = torch.randn(50_021, generator=torch.Generator().manual_seed(7 + coll.rank)) * 1e3
+        reducer.all_reduce_(t, scale=1.0 / coll.world_size)  # 4 chunks of 16,384 floats
+        out[name] = {"result": t, "barriers": calls[0]}
+    return out

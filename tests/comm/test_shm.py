@@ -3,7 +3,12 @@
 import pytest
 import torch
 
-from tests.comm.shm_workers import connect_when_one_rank_cannot_map, rank_tensor, reduce_many
+from tests.comm.shm_workers import (
+    barriers_and_bits,
+    connect_when_one_rank_cannot_map,
+    rank_tensor,
+    reduce_many,
+)
 from tests.helpers.dist import run_workers
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
@@ -30,3 +35,24 @@ def test_every_rank_falls_back_when_one_cannot_share_memory():
     ranks = run_workers(connect_when_one_rank_cannot_map, 2)
     assert [r["reducer"] for r in ranks] == [False, False]
     assert ranks[0]["leftovers"] == []  # rank 0 removed its file all the same
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_two_ranks_reduce_with_one_barrier_per_chunk_and_the_same_bits(world):
+    # world 2: one barrier by default, two when forced off; world 3: the reverse
+    forced = 0 if world == 2 else 3
+    ranks = run_workers(barriers_and_bits, world, forced)
+    chunks = 4
+    want = (
+        sum(
+            torch.randn(50_021, generator=torch.Generator().manual_seed(7 + r)).double() * 1e3
+            for r in range(world)
+        )
+        / world
+    )
+    for rank, out in enumerate(ranks):
+        one, two = (out["default"], out["forced"]) if world == 2 else (out["forced"], out["default"])
+        assert one["barriers"] == chunks and two["barriers"] == 2 * chunks, f"rank {rank}: {out}"
+        assert torch.equal(one["result"], two["result"]), f"rank {rank}: the algorithms' bits differ"
+        assert torch.equal(one["result"], ranks[0]["default"]["result"])  # every rank the same bits
+        torch.testing.assert_close(one["result"].double(), want, rtol=1e-6, atol=1e-3)

@@ -217,7 +217,7 @@ class SharedMemoryCollective(Collective):
     """``inner`` with its large float sums and means routed through a :class:`SharedMemoryReducer`.
 
     Everything else (small tensors, min/max, broadcasts, barriers) goes to ``inner``; so
-    do tensors under ``min_bytes``, where gloo's one message is quicker than two barriers.
+    do tensors under ``min_bytes``, where gloo's one message is as quick as the barriers.
     """
 
     def __init__(self, inner: Collective, reducer: SharedMemoryReducer, min_bytes: int) -> None:

@@ -45,7 +45,8 @@ def reduce_many(coll, slot_bytes: int):
     big = torch.full((4096,), float(coll.rank + 1))
     wrapped.all_reduce(big, "mean")  # 16 KiB >= 1 KiB: the mapping's
     out["wrapped"] = (low.item(), big[0].item(), big[-1].item())
-    # rank 0 removed the file before its first reduction, which every rank's reductions waited for
+    out["barriers"] = barriers_and_bits(coll, 0 if coll.world_size == 2 else coll.world_size)
+    # rank 0 removed the files before their first reductions, which every rank's reductions waited for
     out["leftovers"] = sorted(p.name for p in Path("/dev/shm").glob("sparkdp-reduce-*"))
     return out
 

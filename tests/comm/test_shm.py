@@ -3,12 +3,7 @@
 import pytest
 import torch
 
-from tests.comm.shm_workers import (
-    barriers_and_bits,
-    connect_when_one_rank_cannot_map,
-    rank_tensor,
-    reduce_many,
-)
+from tests.comm.shm_workers import connect_when_one_rank_cannot_map, rank_tensor, reduce_many
 from tests.helpers.dist import run_workers
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
@@ -17,6 +12,7 @@ pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
 @pytest.mark.parametrize("world", [2, 3])
 def test_sums_equal_the_reference_on_every_rank_in_chunks(world):
     ranks = run_workers(reduce_many, world, 65536)  # 64 KiB slots: 50,021 floats take 4 chunks
+    _one_barrier_on_two_ranks_with_the_same_bits(ranks, world)
     sizes = [(50_021, torch.float32), (3, torch.float64), (70_001, torch.bfloat16), (50_021, torch.float32)]
     for rank, out in enumerate(ranks):
         assert out["leftovers"] == [], f"rank {rank} still sees {out['leftovers']}"
@@ -37,11 +33,9 @@ def test_every_rank_falls_back_when_one_cannot_share_memory():
     assert ranks[0]["leftovers"] == []  # rank 0 removed its file all the same
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_two_ranks_reduce_with_one_barrier_per_chunk_and_the_same_bits(world):
-    # world 2: one barrier by default, two when forced off; world 3: the reverse
-    forced = 0 if world == 2 else 3
-    ranks = run_workers(barriers_and_bits, world, forced)
+def _one_barrier_on_two_ranks_with_the_same_bits(ranks: list, world: int) -> None:
+    """Two ranks: one barrier per chunk by default, two when forced off; three: the reverse.
+    Both algorithms give the same bits on random floats, whose sums depend on the order."""
     chunks = 4
     want = (
         sum(
@@ -50,9 +44,10 @@ def test_two_ranks_reduce_with_one_barrier_per_chunk_and_the_same_bits(world):
         )
         / world
     )
-    for rank, out in enumerate(ranks):
+    for rank, ranked in enumerate(ranks):
+        out = ranked["barriers"]
         one, two = (out["default"], out["forced"]) if world == 2 else (out["forced"], out["default"])
         assert one["barriers"] == chunks and two["barriers"] == 2 * chunks, f"rank {rank}: {out}"
         assert torch.equal(one["result"], two["result"]), f"rank {rank}: the algorithms' bits differ"
-        assert torch.equal(one["result"], ranks[0]["default"]["result"])  # every rank the same bits
+        assert torch.equal(one["result"], ranks[0]["barriers"]["default"]["result"])  # every rank alike
         torch.testing.assert_close(one["result"].double(), want, rtol=1e-6, atol=1e-3)

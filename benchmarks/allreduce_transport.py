@@ -5,8 +5,10 @@
 ``world`` processes on 127.0.0.1 form one gloo process group. For each tensor size,
 both transports all-reduce (sum) the same float32 tensor ``reps`` times, interleaved
 call by call so machine noise hits both alike; the script prints median and 90th
-percentile milliseconds per call and the ratio. 3.27 M floats is the 2-conv CNN's
-gradient (13 MB), what ``allreduce`` moves every step of the Fashion-MNIST benchmark.
+percentile milliseconds per call and the ratio. Two ranks also time the shared-memory
+reducer's general algorithm (two barriers, as more ranks use) beside their own (one).
+3.27 M floats is the 2-conv CNN's gradient (13 MB), what ``allreduce`` moves every step of
+the Fashion-MNIST benchmark; 680,000 about the small GPT's of benchmarks/lm_tokens.py (2.7 MB).
 The processes are otherwise idle: in training, both transports also wait for the
 slowest rank, which this does not measure.
 """
@@ -27,7 +29,7 @@ import torch.multiprocessing as mp
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import machine_info, markdown_table  # noqa: E402
 
-SIZES = (65_536, 1_000_000, 3_274_634, 16_000_000)
+SIZES = (65_536, 262_144, 680_000, 1_000_000, 3_274_634, 16_000_000)
 
 
 def _worker(rank: int, world: int, port: int, reps: int, queue) -> None:
@@ -41,11 +43,14 @@ def _worker(rank: int, world: int, port: int, reps: int, queue) -> None:
         assert reducer is not None, "the ranks could not share /dev/shm"
         for n in SIZES:
             t = torch.full((n,), float(rank + 1))
-            times: dict[str, list[float]] = {"gloo": [], "shm": []}
+            ways = ("gloo", "shm", "shm-two-barriers") if world == 2 else ("gloo", "shm")
+            times: dict[str, list[float]] = {name: [] for name in ways}
+            one_barrier_up_to = reducer.sum_all_up_to
             for i in range(reps + 3):
-                for name in ("gloo", "shm") if i % 2 == 0 else ("shm", "gloo"):
+                for name in ways[i % len(ways) :] + ways[: i % len(ways)]:
                     t.fill_(float(rank + 1))
                     coll.barrier()
+                    reducer.sum_all_up_to = 0 if name == "shm-two-barriers" else one_barrier_up_to
                     start = time.perf_counter()
                     if name == "gloo":
                         dist.all_reduce(t)
@@ -98,6 +103,7 @@ def main() -> None:
                 ms(times["shm"], 0.5),
                 ms(times["shm"], 0.9),
                 ms(times["gloo"], 0.5) / ms(times["shm"], 0.5),
+                *([ms(times["shm-two-barriers"], 0.5)] if "shm-two-barriers" in times else []),
             ]
         )
     print(
@@ -113,6 +119,7 @@ def main() -> None:
                 "shared memory median ms",
                 "shared memory p90 ms",
                 "speed-up (medians)",
+                *(["shared memory, two barriers, median ms"] if args.world == 2 else []),
             ],
             rows,
         )

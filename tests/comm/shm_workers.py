@@ -45,7 +45,8 @@ def reduce_many(coll, slot_bytes: int):
     big = torch.full((4096,), float(coll.rank + 1))
     wrapped.all_reduce(big, "mean")  # 16 KiB >= 1 KiB: the mapping's
     out["wrapped"] = (low.item(), big[0].item(), big[-1].item())
-    # rank 0 removed the file before its first reduction, which every rank's reductions waited for
+    out["barriers"] = barriers_and_bits(coll, 0 if coll.world_size == 2 else coll.world_size)
+    # rank 0 removed the files before their first reductions, which every rank's reductions waited for
     out["leftovers"] = sorted(p.name for p in Path("/dev/shm").glob("sparkdp-reduce-*"))
     return out
 
@@ -58,3 +59,27 @@ def connect_when_one_rank_cannot_map(coll):
         "reducer": reducer is not None,
         "leftovers": sorted(p.name for p in Path("/dev/shm").glob(f"sparkdp-reduce-{os.getpid()}-*")),
     }
+
+
+def barriers_and_bits(coll, one_barrier_up_to: int):
+    """Barriers per chunk with the default algorithm and with one barrier for worlds up to
+    ``one_barrier_up_to``; the results of both on random floats, whose sums depend on the order."""
+    reducer = shm.SharedMemoryReducer.connect(coll, slot_bytes=65536)
+    assert reducer is not None, "ranks on one host must get a shared-memory reducer"
+    calls = [0]
+    barrier = reducer._barrier
+
+    def counted() -> None:
+        calls[0] += 1
+        barrier()
+
+    reducer._barrier = counted  # type: ignore[method-assign]
+    out = {}
+    default = getattr(reducer, "sum_all_up_to", 0)
+    for name, up_to in (("default", default), ("forced", one_barrier_up_to)):
+        reducer.sum_all_up_to = up_to
+        calls[0] = 0
+        t = torch.randn(50_021, generator=torch.Generator().manual_seed(7 + coll.rank)) * 1e3
+        reducer.all_reduce_(t, scale=1.0 / coll.world_size)  # 4 chunks of 16,384 floats
+        out[name] = {"result": t, "barriers": calls[0]}
+    return out

@@ -13,6 +13,13 @@ mapping, as NCCL's and MPI's intra-node transports do:
 
 Each range is summed once, by one rank, so every rank ends with bit-identical
 results. The barriers are 1-element gloo all-reduces (about 0.25 ms here).
+
+Two ranks skip the second barrier: after the first, each sums every range itself,
+straight from the slots into its tensor, adding in the order the range's owner would
+(the owner's slot first, then the others by rank), so the bits are the same as above.
+Each rank then reads W tensors instead of about two, which two ranks can afford: one
+barrier fewer is one wait fewer in every step's backward pass (2.7 MB: 3.1 ms instead
+of 3.8 ms a call on the loaded 2-core machine, medians of 400 calls).
 Two sets of slots alternate between calls: a rank that runs ahead into the next
 call writes the other set, and the first barrier of that call holds it until
 every rank has finished reading this one. Tensors larger than a slot go through
@@ -56,6 +63,9 @@ class SharedMemoryReducer:
     Create with :meth:`connect`, which every rank calls together; it returns None when
     the ranks cannot share memory.
     """
+
+    #: worlds up to this size reduce with one barrier per chunk (:meth:`_sum_all`)
+    sum_all_up_to = 2
 
     def __init__(self, collective: Collective, mapping: torch.Tensor, slot_bytes: int) -> None:
         self.collective = collective
@@ -120,6 +130,9 @@ class SharedMemoryReducer:
         slots[self.rank].copy_(chunk)
         self._barrier()
         bounds = [n * i // world for i in range(world + 1)]
+        if world <= self.sum_all_up_to:
+            self._sum_all(chunk, slots, bounds, scale)
+            return
         mine = slice(bounds[self.rank], bounds[self.rank + 1])
         total = slots[self.rank, mine]
         for other in range(world):
@@ -131,6 +144,23 @@ class SharedMemoryReducer:
         for owner in range(world):
             part = slice(bounds[owner], bounds[owner + 1])
             chunk[part].copy_(slots[owner, part])
+
+    def _sum_all(
+        self, chunk: torch.Tensor, slots: torch.Tensor, bounds: list[int], scale: float | None
+    ) -> None:
+        """Every rank sums every range itself, straight into ``chunk``, in the order the range's
+        owner would (its own slot first, then the others by rank): the same bits on every rank
+        as the owner's sum, with one barrier instead of two."""
+        world = self.world
+        for owner in range(world):
+            part = slice(bounds[owner], bounds[owner + 1])
+            others = [o for o in range(world) if o != owner]
+            out = chunk[part]
+            torch.add(slots[owner, part], slots[others[0], part], out=out)
+            for other in others[1:]:
+                out.add_(slots[other, part])
+            if scale is not None:
+                out.mul_(scale)
 
     def _barrier(self) -> None:
         self.collective.all_reduce(self._tick, "sum")
@@ -187,7 +217,7 @@ class SharedMemoryCollective(Collective):
     """``inner`` with its large float sums and means routed through a :class:`SharedMemoryReducer`.
 
     Everything else (small tensors, min/max, broadcasts, barriers) goes to ``inner``; so
-    do tensors under ``min_bytes``, where gloo's one message is quicker than two barriers.
+    do tensors under ``min_bytes``, where gloo's one message is as quick as the barriers.
     """
 
     def __init__(self, inner: Collective, reducer: SharedMemoryReducer, min_bytes: int) -> None:

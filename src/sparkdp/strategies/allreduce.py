@@ -27,9 +27,10 @@ from ..errors import ConfigError
 from .base import CommMeter, Strategy, ring_bytes
 from .compression import HALF_DTYPES, check_codec
 
-#: buckets smaller than this stay on gloo: shared memory's two barriers cost more than
-#: gloo's one message (0.97 against 0.66 ms for 256 KB; 1.97 against 5.70 ms for 4 MB,
-#: benchmarks/allreduce_transport.py)
+#: buckets smaller than this stay on gloo: shared memory's two barriers (more than two ranks)
+#: cost more than gloo's one message (0.97 against 0.66 ms for 256 KB; 1.97 against 5.70 ms
+#: for 4 MB, benchmarks/allreduce_transport.py); two ranks' single barrier draws level with
+#: gloo at 256 KB, so the threshold loses them nothing
 SHARED_MEMORY_MIN_BYTES = 1 << 20
 
 
@@ -53,7 +54,7 @@ class AllReduce(Strategy):
             6.9 ms instead of 16.5 ms (medians, benchmarks/allreduce_transport.py).
             Ranks on different hosts use the process
             group either way, and so do buckets under ``shared_memory_min_bytes``
-            (1 MiB), where gloo's single message is quicker than two barriers.
+            (1 MiB), where gloo's single message is as quick as shared memory's barriers.
         compression: how gradients travel: ``"none"`` (float32), ``"bf16"`` or ``"fp16"``
             (half the bytes, through shared memory too; torch's compress hooks on the
             process group), or ``"powersgd"`` (Vogels et al., 2019: each matrix-shaped

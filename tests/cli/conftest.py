@@ -6,7 +6,8 @@ returns the :class:`Cli` command lines the test asserts on, and ``cli`` gives th
 ``subprocess.CompletedProcess``es. Every selected test's command lines run, in the first such
 test's set-up, in one subprocess: one Python, torch and JVM start for all of them instead of one
 per command (several seconds each). A test that kills, signals or times a process, or that needs
-a cluster or an environment of its own, still starts ``sparkdp`` itself (tests/cli/test_cli.py).
+a cluster or an environment of its own, still starts ``sparkdp`` itself (tests/cli/test_cli.py),
+or does so in its build step when a command line of the runner follows (tests/cli/test_resume.py).
 """
 
 from __future__ import annotations

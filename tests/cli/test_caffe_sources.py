@@ -8,9 +8,11 @@ the same rows through the built-in dataset path (``fit_caffe`` on ``load_dataset
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
+from tests.cli.conftest import Cli
 from tests.cli.test_caffe_train import FASHION, _example, _explain, needs_fashion, sparkdp
 
 pytest.importorskip("lmdb")
@@ -74,18 +76,26 @@ def test_lenet_from_its_lmdb_matches_the_built_in_dataset_run(tmp_path, spark):
     assert abs(own["test_accuracy"] - builtin["test_accuracy"]) <= 0.06, (own["history"], builtin["history"])
 
 
-@pytest.mark.e2e
-def test_missing_lmdb_source_is_a_readable_error(tmp_path):
-    (tmp_path / "lenet.prototxt").write_text(_example("lenet_train_test.prototxt").read_text())
-    proc = sparkdp(
-        "train",
-        "--caffe-net",
-        str(tmp_path / "lenet.prototxt"),
-        "--caffe-solver",
-        str(_example("lenet_solver.prototxt")),
+def _missing_lmdb(tmp: Path) -> Cli:
+    (tmp / "lenet.prototxt").write_text(_example("lenet_train_test.prototxt").read_text())
+    return Cli(
+        [
+            "train",
+            "--caffe-net",
+            str(tmp / "lenet.prototxt"),
+            "--caffe-solver",
+            str(_example("lenet_solver.prototxt")),
+        ],
+        master=None,
         timeout=120,
-        cwd=tmp_path,
+        cwd=tmp,
     )
+
+
+@pytest.mark.e2e
+@pytest.mark.cli(build=_missing_lmdb)
+def test_missing_lmdb_source_is_a_readable_error(cli):
+    (proc,) = cli.procs
     assert proc.returncode == 2, _explain(proc)
     assert "examples/mnist/mnist_train_lmdb' does not exist" in proc.stderr, _explain(proc)
     assert "convert_imageset" in proc.stderr and "Traceback" not in proc.stderr, _explain(proc)

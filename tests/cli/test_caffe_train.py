@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import Cli
+
 SPARKDP = [sys.executable, "-m", "sparkdp.cli.main"]
 FASHION = Path("/usr/share/datasets/fashion-mnist")
 CAFFE_DATA = Path(__file__).parents[1] / "caffe" / "data"  # BVLC/caffe example files, copied unchanged
@@ -33,38 +35,45 @@ def _explain(proc) -> str:
     return f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
 
 
+def _lenet_job(tmp: Path) -> Cli:
+    # The solver's `net: "examples/mnist/..."` does not exist here: --caffe-net takes precedence.
+    return Cli(
+        [
+            "-v",
+            "train",
+            "--caffe-net",
+            str(_example("lenet_train_test.prototxt")),
+            "--caffe-solver",
+            str(_example("lenet_solver.prototxt")),
+            "--dataset",
+            "fashion-mnist",
+            "--limit",
+            "3000",
+            "--workers",
+            "2",
+            "--epochs",
+            "1",
+            "--json-out",
+            str(tmp / "summary.json"),
+            "--out",
+            str(tmp / "out"),
+        ],
+        cwd=tmp,
+    )
+
+
 @pytest.mark.e2e
 @needs_fashion
-def test_lenet_trains_with_its_solver_and_writes_a_caffemodel(tmp_path):
+@pytest.mark.cli(build=_lenet_job)
+def test_lenet_trains_with_its_solver_and_writes_a_caffemodel(cli):
     import torch
 
     from sparkdp.caffe.net import load_net
     from sparkdp.caffe.weights import load_weights
 
-    net, solver = _example("lenet_train_test.prototxt"), _example("lenet_solver.prototxt")
-    out, summary = tmp_path / "out", tmp_path / "summary.json"
-    # The solver's `net: "examples/mnist/..."` does not exist here: --caffe-net takes precedence.
-    proc = sparkdp(
-        "-v",
-        "train",
-        "--caffe-net",
-        str(net),
-        "--caffe-solver",
-        str(solver),
-        "--dataset",
-        "fashion-mnist",
-        "--limit",
-        "3000",
-        "--workers",
-        "2",
-        "--epochs",
-        "1",
-        "--json-out",
-        str(summary),
-        "--out",
-        str(out),
-        cwd=tmp_path,
-    )
+    net = _example("lenet_train_test.prototxt")
+    out, summary = cli.tmp / "out", cli.tmp / "summary.json"
+    (proc,) = cli.procs
     assert proc.returncode == 0, _explain(proc)
     data = json.loads(summary.read_text())
     assert data["workers"] == 2 and data["epochs"] == 1
@@ -82,64 +91,59 @@ def test_lenet_trains_with_its_solver_and_writes_a_caffemodel(tmp_path):
     assert sidecar["caffe_net"] == str(net.resolve()) and sidecar["dataset"] == "fashion-mnist"
 
 
+def _refused(*argv: str) -> Cli:
+    """A command line refused before Spark starts."""
+    return Cli(["train", *argv, "--dataset", "fashion-mnist", "--limit", "100"], master=None, timeout=120)
+
+
 @pytest.mark.e2e
 @needs_fashion
-def test_missing_prototxt_is_a_readable_error(tmp_path):
-    solver = _example("lenet_solver.prototxt")
-    proc = sparkdp(
-        "train",
-        "--caffe-net",
-        str(tmp_path / "nope.prototxt"),
-        "--caffe-solver",
-        str(solver),
-        "--dataset",
-        "fashion-mnist",
-        "--limit",
-        "100",
-        timeout=120,
-    )
+@pytest.mark.cli(
+    build=lambda tmp: [
+        _refused(
+            "--caffe-net",
+            str(tmp / "nope.prototxt"),
+            "--caffe-solver",
+            str(_example("lenet_solver.prototxt")),
+        ),
+        _refused(
+            "--caffe-net",
+            str(_example("lenet_train_test.prototxt")),
+            "--caffe-solver",
+            str(tmp / "missing_solver.prototxt"),
+        ),
+    ]
+)
+def test_missing_prototxt_is_a_readable_error(cli):
+    proc, no_solver = cli.procs
     assert proc.returncode == 2, _explain(proc)
     assert "nope.prototxt" in proc.stderr and "Traceback" not in proc.stderr, _explain(proc)
 
-    proc = sparkdp(
-        "train",
-        "--caffe-net",
-        str(_example("lenet_train_test.prototxt")),
-        "--caffe-solver",
-        str(tmp_path / "missing_solver.prototxt"),
-        "--dataset",
-        "fashion-mnist",
-        "--limit",
-        "100",
-        timeout=120,
-    )
+    proc = no_solver
     assert proc.returncode == 2, _explain(proc)
     assert "missing_solver.prototxt" in proc.stderr and "Traceback" not in proc.stderr, _explain(proc)
 
 
 @pytest.mark.e2e
 @needs_fashion
-def test_caffe_flags_refuse_clashing_options(tmp_path):
-    net, solver = _example("lenet_train_test.prototxt"), _example("lenet_solver.prototxt")
-    proc = sparkdp(
-        "train",
-        "--caffe-net",
-        str(net),
-        "--caffe-solver",
-        str(solver),
-        "--model",
-        "cnn",
-        "--lr",
-        "0.1",
-        "--dataset",
-        "fashion-mnist",
-        "--limit",
-        "100",
-        timeout=120,
-    )
+@pytest.mark.cli(
+    build=lambda tmp: [
+        _refused(
+            "--caffe-net",
+            str(_example("lenet_train_test.prototxt")),
+            "--caffe-solver",
+            str(_example("lenet_solver.prototxt")),
+            "--model",
+            "cnn",
+            "--lr",
+            "0.1",
+        ),
+        _refused("--caffe-net", str(_example("lenet_train_test.prototxt"))),
+    ]
+)
+def test_caffe_flags_refuse_clashing_options(cli):
+    proc, no_solver = cli.procs
     assert proc.returncode == 2, _explain(proc)
     assert "--model, --lr cannot be used" in proc.stderr, _explain(proc)
-    proc = sparkdp(
-        "train", "--caffe-net", str(net), "--dataset", "fashion-mnist", "--limit", "100", timeout=120
-    )
+    proc = no_solver
     assert proc.returncode == 2 and "need --caffe-solver" in proc.stderr, _explain(proc)

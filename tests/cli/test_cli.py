@@ -1,4 +1,6 @@
-"""The sparkdp command line, run as a user would: a subprocess with a timeout."""
+"""The sparkdp command line, run as a user would: as ``sparkdp`` in a subprocess with a timeout,
+or, where the test needs no process of its own, through ``sparkdp.cli.main.main`` in the one
+interpreter that runs every such test's command lines (``@pytest.mark.cli``, tests/cli/conftest.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import pytest
 import safetensors.torch
 
 import sparkdp as sparkdp_package
+
+from .conftest import Cli
 
 SPARKDP = [sys.executable, "-m", "sparkdp.cli.main"]
 FASHION = Path("/usr/share/datasets/fashion-mnist")
@@ -36,28 +40,35 @@ def _explain(proc) -> str:
     return f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
 
 
+def _builtin_job(tmp: Path) -> Cli:
+    return Cli(
+        [
+            "train",
+            "--dataset",
+            "fashion-mnist",
+            "--model",
+            "linear",
+            "--limit",
+            "2000",
+            "--workers",
+            "2",
+            "--epochs",
+            "1",
+            "--out",
+            str(tmp / "out"),
+            "--json-out",
+            str(tmp / "summary.json"),
+            "--quiet",
+        ]
+    )
+
+
 @pytest.mark.e2e
 @needs_fashion
-def test_builtin_job_writes_model_and_stable_json_summary(tmp_path):
-    out, summary = tmp_path / "out", tmp_path / "summary.json"
-    proc = sparkdp(
-        "train",
-        "--dataset",
-        "fashion-mnist",
-        "--model",
-        "linear",
-        "--limit",
-        "2000",
-        "--workers",
-        "2",
-        "--epochs",
-        "1",
-        "--out",
-        str(out),
-        "--json-out",
-        str(summary),
-        "--quiet",
-    )
+@pytest.mark.cli(build=_builtin_job)
+def test_builtin_job_writes_model_and_stable_json_summary(cli, tmp_path):
+    (proc,) = cli.procs
+    out, summary = cli.tmp / "out", cli.tmp / "summary.json"
     assert proc.returncode == 0, _explain(proc)
     assert proc.stdout == "", "--quiet printed something"
     data = json.loads(summary.read_text())
@@ -79,7 +90,7 @@ def test_builtin_job_writes_model_and_stable_json_summary(tmp_path):
     (crashed / "run.jsonl").write_text(text[: text.rindex('{"type": "summary"') + 20])
     from sparkdp.cli.main import main
 
-    # in-process: the job above already ran the command line as a subprocess
+    # in this process: the job above already ran the command line
     assert main(["report", str(out), str(crashed), "--out", str(tmp_path / "report")]) == 0
     table = (tmp_path / "report" / "summary.md").read_text()
     assert "| out | allreduce | 2 | 1/1 |" in table and "| crashed | allreduce | 2 | 1/1 |" in table
@@ -106,31 +117,42 @@ if __name__ == "__main__":   # the single-machine loop; sparkdp does not run thi
 """
 
 
-@pytest.mark.e2e
-def test_unmodified_user_script_trains_distributed(tmp_path):
-    script = tmp_path / "train_me.py"
+def _user_script_job(tmp: Path) -> Cli:
+    script = tmp / "train_me.py"
     script.write_text(SCRIPT)
-    summary = tmp_path / "s.json"
-    proc = sparkdp(
-        "train",
-        str(script),
-        "--workers",
-        "2",
-        "--epochs",
-        "3",
-        "--strategy",
-        "average",
-        "--strategy-option",
-        "period=2",
-        "--json-out",
-        str(summary),
+    return Cli(
+        [
+            "train",
+            str(script),
+            "--workers",
+            "2",
+            "--epochs",
+            "3",
+            "--strategy",
+            "average",
+            "--strategy-option",
+            "period=2",
+            "--json-out",
+            str(tmp / "s.json"),
+        ]
     )
+
+
+@pytest.mark.e2e
+@pytest.mark.cli(build=_user_script_job)
+def test_unmodified_user_script_trains_distributed(cli):
+    (proc,) = cli.procs
     assert proc.returncode == 0, _explain(proc)
-    data = json.loads(summary.read_text())
+    data = json.loads((cli.tmp / "s.json").read_text())
     assert data["strategy"] == "average" and data["test_accuracy"] > 0.9, data
 
 
+def _bad_input_job(tmp: Path, args: list[str], message: str) -> Cli:
+    return Cli(["train", *args, "--limit", "100"], master=None, cwd=tmp, timeout=120)
+
+
 @pytest.mark.e2e
+@pytest.mark.cli(build=_bad_input_job)
 @pytest.mark.parametrize(
     "args,message",
     [
@@ -141,8 +163,8 @@ def test_unmodified_user_script_trains_distributed(tmp_path):
         (["missing_script.py"], "training script 'missing_script.py' does not exist"),
     ],
 )
-def test_bad_input_gets_one_readable_error(args, message, tmp_path):
-    proc = sparkdp("train", *args, "--limit", "100", timeout=120, cwd=tmp_path)
+def test_bad_input_gets_one_readable_error(args, message, cli):
+    (proc,) = cli.procs
     assert proc.returncode == 2, _explain(proc)
     assert message in proc.stderr, _explain(proc)
     assert "Traceback" not in proc.stderr and "at org.apache" not in proc.stderr
@@ -182,39 +204,44 @@ def test_bad_settings_or_an_unwritable_output_fail_before_spark_starts(
 
 
 @pytest.mark.e2e
-def test_missing_dataset_says_how_to_install_it(tmp_path):
-    proc = sparkdp(
-        "train",
-        "--dataset",
-        "fashion-mnist",
-        "--model",
-        "linear",
-        env={"SPARKDP_FASHION_MNIST": str(tmp_path / "nowhere")},
+@pytest.mark.cli(
+    build=lambda tmp: Cli(
+        ["train", "--dataset", "fashion-mnist", "--model", "linear"],
+        master=None,
+        env={"SPARKDP_FASHION_MNIST": str(tmp / "nowhere")},
         timeout=120,
     )
+)
+def test_missing_dataset_says_how_to_install_it(cli):
+    (proc,) = cli.procs
     assert proc.returncode == 2 and "apt-get install -y dataset-fashion-mnist" in proc.stderr, _explain(proc)
 
 
 @pytest.mark.e2e
-def test_no_java_is_reported_with_the_fix(tmp_path):
-    env = {"JAVA_HOME": str(tmp_path / "no-jdk"), "PATH": str(tmp_path)}
-    proc = sparkdp(
-        "train", "--dataset", "fashion-mnist", "--model", "linear", "--limit", "100", env=env, timeout=120
+@pytest.mark.cli(
+    build=lambda tmp: Cli(
+        ["train", "--dataset", "fashion-mnist", "--model", "linear", "--limit", "100"],
+        master=None,
+        env={"JAVA_HOME": str(tmp / "no-jdk"), "PATH": str(tmp)},
+        timeout=120,
     )
+)
+def test_no_java_is_reported_with_the_fix(cli):
+    (proc,) = cli.procs
     assert proc.returncode == 2 and "needs Java 17 or newer" in proc.stderr, _explain(proc)
     assert "openjdk-17-jre-headless" in proc.stderr
 
 
 @pytest.mark.e2e
-def test_env_reports_versions():
-    proc = sparkdp("env", "--json", timeout=120)
+@pytest.mark.cli(build=lambda tmp: Cli(["env", "--json"], master=None, timeout=120))
+def test_env_reports_versions(cli):
+    (proc,) = cli.procs
     assert proc.returncode == 0, _explain(proc)
     info = json.loads(proc.stdout)
     assert info["torch"].startswith("2.") and info["pyspark"].startswith("4.") and info["java_major"] >= 17
 
 
-@pytest.mark.e2e
-def test_parquet_data_from_the_command_line(tmp_path):
+def _parquet_job(tmp: Path) -> Cli:
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -222,36 +249,43 @@ def test_parquet_data_from_the_command_line(tmp_path):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(400, 3)).astype(np.float32)
     y = (x.sum(1) > 0).astype(np.int64)
-    pq.write_table(pa.table({"a": x[:, 0], "b": x[:, 1], "c": x[:, 2], "y": y}), tmp_path / "d.parquet")
-    script = tmp_path / "model.py"
+    pq.write_table(pa.table({"a": x[:, 0], "b": x[:, 1], "c": x[:, 2], "y": y}), tmp / "d.parquet")
+    script = tmp / "model.py"
     script.write_text("from torch import nn\nmodel = nn.Linear(3, 2)\n")
-    summary = tmp_path / "s.json"
-    proc = sparkdp(
-        "train",
-        str(script),
-        "--data",
-        str(tmp_path / "d.parquet"),
-        "--eval-data",
-        str(tmp_path / "d.parquet"),
-        "--features",
-        "a,b,c",
-        "--label",
-        "y",
-        "--workers",
-        "2",
-        "--epochs",
-        "4",
-        "--batch-size",
-        "16",
-        "--optimizer",
-        "sgd",
-        "--lr",
-        "0.2",
-        "--json-out",
-        str(summary),
+    return Cli(
+        [
+            "train",
+            str(script),
+            "--data",
+            str(tmp / "d.parquet"),
+            "--eval-data",
+            str(tmp / "d.parquet"),
+            "--features",
+            "a,b,c",
+            "--label",
+            "y",
+            "--workers",
+            "2",
+            "--epochs",
+            "4",
+            "--batch-size",
+            "16",
+            "--optimizer",
+            "sgd",
+            "--lr",
+            "0.2",
+            "--json-out",
+            str(tmp / "s.json"),
+        ]
     )
+
+
+@pytest.mark.e2e
+@pytest.mark.cli(build=_parquet_job)
+def test_parquet_data_from_the_command_line(cli):
+    (proc,) = cli.procs
     assert proc.returncode == 0, _explain(proc)
-    assert json.loads(summary.read_text())["test_accuracy"] > 0.9
+    assert json.loads((cli.tmp / "s.json").read_text())["test_accuracy"] > 0.9
 
 
 @pytest.mark.e2e

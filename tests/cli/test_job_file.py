@@ -2,21 +2,33 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
-from .test_cli import _explain, sparkdp
+from .conftest import Cli
+from .test_cli import _explain
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 
-def test_a_job_file_sets_defaults_and_flags_override_it(tmp_path):
-    job = tmp_path / "job.yaml"
+def _no_spark(*argv: str) -> Cli:
+    return Cli(argv, master=None, timeout=120)
+
+
+def _job_file(tmp: Path) -> Cli:
+    job = tmp / "job.yaml"
     job.write_text(
         "dataset: fashion-mnist\nmodel: cnn\nepochs: 5\nbatch-size: 32\nlr: 0.05\n"
         "strategy: average\nstrategy_options: {period: 4}\ntensorboard: true\nout: runs/a\n"
     )
-    proc = sparkdp("train", "--config", str(job), "--epochs", "2", "--print-config")
+    return _no_spark("train", "--config", str(job), "--epochs", "2", "--print-config")
+
+
+@pytest.mark.cli(build=_job_file)
+def test_a_job_file_sets_defaults_and_flags_override_it(cli, tmp_path, capsys):
+    (proc,) = cli.procs
     assert proc.returncode == 0, _explain(proc)
     effective = yaml.safe_load(proc.stdout)
     assert effective["epochs"] == 2  # the flag wins
@@ -26,9 +38,18 @@ def test_a_job_file_sets_defaults_and_flags_override_it(tmp_path):
     # what --print-config prints is itself a job file that gives the same configuration
     again = tmp_path / "again.yaml"
     again.write_text(proc.stdout)
-    assert yaml.safe_load(sparkdp("train", "--config", str(again), "--print-config").stdout) == effective
+    from sparkdp.cli.main import main
+
+    assert main(["train", "--config", str(again), "--print-config"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out) == effective
 
 
+def _bad_job_file(tmp: Path, text: str, message: str) -> Cli:
+    (tmp / "job.yaml").write_text(text)
+    return _no_spark("train", "--config", str(tmp / "job.yaml"), "--print-config")
+
+
+@pytest.mark.cli(build=_bad_job_file)
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -40,23 +61,22 @@ def test_a_job_file_sets_defaults_and_flags_override_it(tmp_path):
         ("epochs: [1\n", "is not valid YAML"),
     ],
 )
-def test_a_bad_job_file_names_the_key_the_value_and_what_is_allowed(tmp_path, text, message):
-    job = tmp_path / "job.yaml"
-    job.write_text(text)
-    proc = sparkdp("train", "--config", str(job), "--print-config")
+def test_a_bad_job_file_names_the_key_the_value_and_what_is_allowed(cli, text, message):
+    (proc,) = cli.procs
     assert proc.returncode == 2, _explain(proc)
     assert message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
-def test_report_on_a_directory_that_is_not_a_run(tmp_path):
-    proc = sparkdp("report", str(tmp_path), "--out", str(tmp_path / "r"))
+@pytest.mark.cli(build=lambda tmp: _no_spark("report", str(tmp), "--out", str(tmp / "r")))
+def test_report_on_a_directory_that_is_not_a_run(cli):
+    (proc,) = cli.procs
     assert proc.returncode == 2 and "is not a sparkdp run: it has no run.jsonl" in proc.stderr, _explain(proc)
 
 
-def test_an_unwritable_output_directory_fails_at_the_start(tmp_path):
-    blocker = tmp_path / "file"
+def _unwritable_out(tmp: Path) -> Cli:
+    blocker = tmp / "file"
     blocker.write_text("")
-    proc = sparkdp(
+    return _no_spark(
         "train",
         "--dataset",
         "fashion-mnist",
@@ -69,4 +89,9 @@ def test_an_unwritable_output_directory_fails_at_the_start(tmp_path):
         "--out",
         str(blocker / "run"),
     )
+
+
+@pytest.mark.cli(build=_unwritable_out)
+def test_an_unwritable_output_directory_fails_at_the_start(cli):
+    (proc,) = cli.procs
     assert proc.returncode == 2 and "cannot write the run log" in proc.stderr, _explain(proc)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import Cli
 from .test_cli import _explain, sparkdp
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -38,13 +39,24 @@ def _launch(script: Path, *args: str) -> subprocess.CompletedProcess:
     return sparkdp("launch", "--workers", "2", "--master", "local[2]", str(script), "--", *args, timeout=240)
 
 
-def test_an_argparse_main_with_the_one_line_matches_one_process(tmp_path):
+def _launch_cli(script: Path, *args: str, options: tuple[str, ...] = ()) -> Cli:
+    """``sparkdp launch`` on 2 workers of local[2] (``options``: more of launch's own flags)."""
+    argv = ["launch", "--workers", "2", "--master", "local[2]", *options, str(script), "--", *args]
+    return Cli(argv, master="local[2]")
+
+
+@pytest.mark.cli(
+    build=lambda tmp: _launch_cli(
+        SCRIPTS / "argparse_main.py", "--epochs", "2", "--out", str(tmp / "spark.json")
+    )
+)
+def test_an_argparse_main_with_the_one_line_matches_one_process(cli, tmp_path):
     script = SCRIPTS / "argparse_main.py"
     alone = _alone(script, "--epochs", "2", "--out", str(tmp_path / "alone.json"))
     assert alone.returncode == 0, _explain(alone)
-    spark = _launch(script, "--epochs", "2", "--out", str(tmp_path / "spark.json"))
+    (spark,) = cli.procs
     assert spark.returncode == 0, _explain(spark)
-    single, launched = _accuracy(tmp_path / "alone.json"), _accuracy(tmp_path / "spark.json")
+    single, launched = _accuracy(tmp_path / "alone.json"), _accuracy(cli.tmp / "spark.json")
     assert abs(launched["accuracy"] - single["accuracy"]) < 0.05, (launched, single)
     assert launched["accuracy"] > 0.8
     assert launched["keys"] == single["keys"] == ["fc1.bias", "fc1.weight", "fc2.bias", "fc2.weight"]
@@ -87,18 +99,9 @@ def test_a_script_importing_its_sibling_module(tmp_path):
     )
 
 
-def test_a_non_zero_exit_names_the_rank():
-    failed = sparkdp(
-        "launch",
-        "--workers",
-        "2",
-        "--master",
-        "local[2]",
-        "--max-restarts",
-        "0",
-        str(SCRIPTS / "exits.py"),
-        timeout=240,
-    )
+@pytest.mark.cli(build=lambda tmp: _launch_cli(SCRIPTS / "exits.py", options=("--max-restarts", "0")))
+def test_a_non_zero_exit_names_the_rank(cli):
+    (failed,) = cli.procs
     assert failed.returncode == 2
     assert "worker 1 failed: ScriptFailed: exits.py exited with status 3 on worker 1" in failed.stderr, (
         _explain(failed)
@@ -191,53 +194,57 @@ def test_a_hogwild_script_trains_asynchronously_through_the_parameter_server(tmp
     )
 
 
-def _hogwild_processes(tmp_path, method: str, processes: int, epochs: int = 4) -> None:
+HOGWILD_EPOCHS = 4
+
+
+def _hogwild_args(method: str, processes: int) -> list[str]:
+    return ["--num-processes", str(processes), "--start-method", method, "--epochs", str(HOGWILD_EPOCHS)]
+
+
+def _hogwild_cli(tmp: Path, method: str, processes: int) -> Cli:
+    script = SCRIPTS / "hogwild_spawn.py"
+    options = ("--strategy", "hogwild", "--strategy-option", 'rule_options={"lr": 0.1}')
+    launch = _launch_cli(
+        script, *_hogwild_args(method, processes), "--out", str(tmp / "spark.json"), options=options
+    )
+    return Cli(["-v", *launch.argv], master=launch.master, timeout=300)
+
+
+def _hogwild_processes(cli, tmp_path, method: str, processes: int) -> None:
     """The canonical spawning Hogwild! script with the one line: every process each of the 2
     Spark workers starts pushes to the server (2 workers x processes x 38 batches x epochs: the
     server's applied pushes), and the accuracy is the script's alone within 0.05."""
-    script = SCRIPTS / "hogwild_spawn.py"
-    args = ["--num-processes", str(processes), "--start-method", method, "--epochs", str(epochs)]
-    alone = _alone(script, *args, "--out", str(tmp_path / "alone.json"))
-    assert alone.returncode == 0, _explain(alone)
-    spark = sparkdp(
-        "-v",
-        "launch",
-        "--workers",
-        "2",
-        "--master",
-        "local[2]",
-        "--strategy",
-        "hogwild",
-        "--strategy-option",
-        'rule_options={"lr": 0.1}',
-        str(script),
-        "--",
-        *args,
-        "--out",
-        str(tmp_path / "spark.json"),
-        timeout=300,
+    epochs = HOGWILD_EPOCHS
+    alone = _alone(
+        SCRIPTS / "hogwild_spawn.py", *_hogwild_args(method, processes), "--out", str(tmp_path / "alone.json")
     )
+    assert alone.returncode == 0, _explain(alone)
+    (spark,) = cli.procs
     assert spark.returncode == 0, _explain(spark)
     assert f"{processes} of the {processes} processes worker 0 started joined the job" in spark.stderr, (
         _explain(spark)
     )
     server = next(line for line in spark.stderr.splitlines() if "parameter server: {" in line)
     assert f"'pushes_applied': {2 * processes * 38 * epochs}," in server and "'rejected': 0" in server, server
-    launched, single = _accuracy(tmp_path / "spark.json"), _accuracy(tmp_path / "alone.json")
+    launched, single = _accuracy(cli.tmp / "spark.json"), _accuracy(tmp_path / "alone.json")
     assert abs(launched["accuracy"] - single["accuracy"]) < 0.05 and launched["accuracy"] > 0.85, (
         launched,
         single,
     )
 
 
-def test_processes_a_hogwild_script_starts_join_the_parameter_server(tmp_path):
-    _hogwild_processes(tmp_path, "spawn", 2)
+@pytest.mark.cli(build=lambda tmp: _hogwild_cli(tmp, "spawn", 2))
+def test_processes_a_hogwild_script_starts_join_the_parameter_server(cli, tmp_path):
+    _hogwild_processes(cli, tmp_path, "spawn", 2)
 
 
 @pytest.mark.slow  # (make test-all) the other start method and process counts
+@pytest.mark.cli(build=_hogwild_cli)
 @pytest.mark.parametrize(("method", "processes"), [("fork", 1), ("spawn", 1), ("fork", 2)])
-def test_processes_a_hogwild_script_starts_join_the_parameter_server_more_shapes(tmp_path, method, processes):
-    _hogwild_processes(tmp_path, method, processes)
+def test_processes_a_hogwild_script_starts_join_the_parameter_server_more_shapes(
+    cli, tmp_path, method, processes
+):
+    _hogwild_processes(cli, tmp_path, method, processes)
 
 
 @pytest.mark.slow  # (make test-all) a message's wording

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from .test_cli import _explain, sparkdp
+from .conftest import Cli
+from .test_cli import _explain
 
 pytestmark = [pytest.mark.e2e, pytest.mark.distributed, pytest.mark.timeout(300)]
 pytest.importorskip("transformers")
@@ -40,12 +41,11 @@ OFFLINE = {
 }
 
 
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory) -> Path:
-    """A byte-level BPE tokenizer trained on textwrap.py, saved as transformers saves one."""
+def _tokenizer(out: Path) -> Path:
+    """A byte-level BPE tokenizer trained on textwrap.py, saved as transformers saves one in ``out``."""
     from transformers import PreTrainedTokenizerFast
 
-    out = tmp_path_factory.mktemp("tokenizer")
+    out.mkdir()
     bpe = tokenizers.ByteLevelBPETokenizer()
     bpe.train([textwrap.__file__], vocab_size=400, min_frequency=2, special_tokens=["<|endoftext|>"])
     PreTrainedTokenizerFast(
@@ -73,22 +73,33 @@ def _per_worker(output: str) -> dict[str, tuple[int, int, float]]:
     return rows
 
 
-def _launch(script: str, tokenizer_dir: Path, out: Path, tmp_path: Path) -> list[dict]:
-    proc = sparkdp(
-        "launch",
-        "--workers",
-        "2",
-        "--master",
-        "local[2]",
-        str(SCRIPTS / script),
-        "--",
-        str(tokenizer_dir),
-        heapq.__file__,
-        str(out),
-        str(STEPS),
+def _launch(script: str, tmp: Path) -> Cli:
+    """The script on 2 workers of local[2], writing each rank's view into ``tmp/out``."""
+    (tmp / "out").mkdir()
+    return Cli(
+        [
+            "launch",
+            "--workers",
+            "2",
+            "--master",
+            "local[2]",
+            str(SCRIPTS / script),
+            "--",
+            str(_tokenizer(tmp / "tokenizer")),
+            heapq.__file__,
+            str(tmp / "out"),
+            str(STEPS),
+        ],
+        master="local[2]",
         timeout=280,
-        env={**OFFLINE, "HF_HOME": str(tmp_path / "hf-home")},
+        # the scripts run on the executors: one Hugging Face home, in the session's base temporary
+        # directory, for all of them
+        spark_env={**OFFLINE, "HF_HOME": str(tmp.parent / "hf-home")},
     )
+
+
+def _views(cli) -> list[dict]:
+    (proc,) = cli.procs
     assert proc.returncode == 0, _explain(proc)
     output = proc.stdout + proc.stderr
     assert "trained its own independent copy" not in output, _explain(proc)
@@ -97,7 +108,7 @@ def _launch(script: str, tokenizer_dir: Path, out: Path, tmp_path: Path) -> list
     for steps, samples, mb_sent in table.values():
         # every step trains 2 rows, and its gradients (about 45 000 float32 values) are all-reduced
         assert steps == STEPS and samples == 2 * STEPS and mb_sent > 0, table
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    return [json.loads((cli.tmp / "out" / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
 def _check_places(views: list[dict]) -> None:
@@ -132,17 +143,15 @@ def _check_places(views: list[dict]) -> None:
     assert views[0]["loss"] == pytest.approx(views[1]["loss"], rel=1e-6)
 
 
-def test_a_trainer_script_runs_unmodified(tokenizer_dir, tmp_path):
-    out = tmp_path / "out"
-    out.mkdir()
-    views = _launch("trainer.py", tokenizer_dir, out, tmp_path)
+@pytest.mark.cli(build=lambda tmp: _launch("trainer.py", tmp))
+def test_a_trainer_script_runs_unmodified(cli):
+    views = _views(cli)
     _check_places(views)
     assert all(v["distributed"] == "ParallelMode.DISTRIBUTED" for v in views)
 
 
-def test_an_accelerate_script_runs_unmodified(tokenizer_dir, tmp_path):
-    out = tmp_path / "out"
-    out.mkdir()
-    views = _launch("accelerate_loop.py", tokenizer_dir, out, tmp_path)
+@pytest.mark.cli(build=lambda tmp: _launch("accelerate_loop.py", tmp))
+def test_an_accelerate_script_runs_unmodified(cli):
+    views = _views(cli)
     _check_places(views)
     assert all(v["distributed"] == "DistributedType.MULTI_CPU" for v in views)

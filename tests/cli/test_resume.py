@@ -9,10 +9,12 @@ import json
 import os
 import signal
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from .test_cli import SPARKDP, _explain, needs_fashion, sparkdp
+from .conftest import Cli
+from .test_cli import SPARKDP, _explain, needs_fashion
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -52,16 +54,31 @@ def _run_until_the_driver_is_killed(args: list[str]) -> subprocess.CompletedProc
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-@needs_fashion
-def test_driver_killed_then_resumed_completes_and_skips_a_damaged_checkpoint(tmp_path):
-    ckpt = tmp_path / "ckpt"
+def _killed_then_resumed(tmp: Path) -> Cli:
+    """The killed run, in a process of its own, here (it ends with the driver's SIGKILL), its
+    newest checkpoint damaged; then the resuming command line, for the one interpreter."""
+    ckpt = tmp / "ckpt"
     killed = _run_until_the_driver_is_killed([*JOB, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "5"])
+    names = sorted(p for p in os.listdir(ckpt) if p.startswith("ckpt-")) if ckpt.is_dir() else []
+    (tmp / "killed.json").write_text(
+        json.dumps({"proc": [killed.returncode, killed.stdout, killed.stderr], "names": names})
+    )
+    if names:
+        (ckpt / names[-1]).write_bytes(b"not a checkpoint")  # as if the disk had failed mid-write
+    return Cli([*JOB, "--resume", str(ckpt), "--json-out", str(tmp / "summary.json")])
+
+
+@needs_fashion
+@pytest.mark.cli(build=_killed_then_resumed)
+def test_driver_killed_then_resumed_completes_and_skips_a_damaged_checkpoint(cli):
+    ckpt = cli.tmp / "ckpt"
+    before_resume = json.loads((cli.tmp / "killed.json").read_text())
+    killed = subprocess.CompletedProcess(SPARKDP, *before_resume["proc"])
     assert killed.returncode == -signal.SIGKILL, _explain(killed)
-    names = sorted(p for p in os.listdir(ckpt) if p.startswith("ckpt-"))
+    names = before_resume["names"]  # the checkpoint directory when the driver had been killed
     assert len(names) == 3  # keep 3 (default)
-    (ckpt / names[-1]).write_bytes(b"not a checkpoint")  # as if the disk had failed mid-write
-    summary = tmp_path / "summary.json"
-    done = sparkdp(*JOB, "--resume", str(ckpt), "--json-out", str(summary))
+    summary = cli.tmp / "summary.json"
+    (done,) = cli.procs
     assert done.returncode == 0, _explain(done)
     assert f"skipping the checkpoint {ckpt / names[-1]}" in done.stderr
     history = json.loads(summary.read_text())["history"]

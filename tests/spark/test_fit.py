@@ -250,3 +250,13 @@ def test_run_returns_data_and_names_a_result_that_is_not_data(spark):
         r"pickle.*model\.state_dict\(\).*save anything else to a file",
     ):
         sparkdp.run(_returns, "model", workers=2, spark=spark)
+
+
+def test_a_master_other_than_the_running_sessions_is_refused_not_silently_swapped(spark):
+    """PySpark keeps one SparkContext per process: asking for another master while one runs
+    would train on the running one's. sparkdp says so instead; no master reuses the session."""
+    assert sparkdp.session() is spark
+    assert sparkdp.session(spark.sparkContext.master) is spark
+    model, x, y = _problem()
+    with pytest.raises(ConfigError, match=r"local\[2,4\] is already running.*one on local\[3\].*spark\.stop"):
+        sparkdp.fit(model, (x, y), master="local[3]", epochs=1, show_progress=False)

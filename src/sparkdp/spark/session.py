@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigError
 from ..redact import redact
 from .environment import check_java, check_master_reachable
 
@@ -139,6 +140,14 @@ def session(
         and (master is None or master_of(active) == master)
     ):
         return active
+    if active is not None and not connect and not is_connect(active) and master is not None:
+        # PySpark keeps one SparkContext per process: getOrCreate would hand back this one and
+        # the job would run on its master, not on the one asked for
+        raise ConfigError(
+            f"a Spark session on {redact(master_of(active))} is already running in this process, "
+            f"and a process holds one SparkContext, so sparkdp cannot start one on {redact(master)}. "
+            "Stop it first (spark.stop()), or leave out the master to train on the running session."
+        )
     if remote is not None:
         return _remote_session(remote, app_name, conf)
     check_java()

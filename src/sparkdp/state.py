@@ -119,11 +119,17 @@ def join_parts(parts: Sequence[bytes]) -> dict[str, Tensor]:
     }
 
 
+def _metadata(data: bytes) -> dict[str, str]:
+    """The metadata of safetensors bytes that :func:`_st_load` has already read (so the header is
+    known to be well formed)."""
+    (size,) = struct.unpack("<Q", data[:8])  # safetensors: u64 header size, then the JSON header
+    return json.loads(data[8 : 8 + size]).get("__metadata__") or {}
+
+
 def _layout(data: bytes, tensors: Mapping[str, Tensor]) -> dict[str, tuple[int, int] | None]:
     """Each entry of a part and the slice it is (None: whole), in the part's order
     (:func:`part_to_bytes`); plain state bytes are all whole."""
-    (size,) = struct.unpack("<Q", data[:8])  # safetensors: u64 header size, then the JSON header
-    metadata = json.loads(data[8 : 8 + size]).get("__metadata__") or {}
+    metadata = _metadata(data)
     if PART_KEY not in metadata:
         return dict.fromkeys(tensors)
     try:
@@ -190,8 +196,7 @@ def from_bytes(data: bytes) -> Any:
             f"these bytes are not sparkdp state: they do not read as safetensors ({err}). "
             "Are they truncated or damaged?"
         ) from err
-    (size,) = struct.unpack("<Q", data[:8])  # safetensors: u64 header size, then the JSON header
-    metadata = json.loads(data[8 : 8 + size]).get("__metadata__") or {}
+    metadata = _metadata(data)
     if META_KEY not in metadata:
         raise ValueError("these bytes are safetensors but not sparkdp state (no 'sparkdp' metadata).")
     try:

@@ -164,3 +164,88 @@ def test_plan_prices_fsdp_from_the_calibration(monkeypatch, capsys):
     assert rows["zero1"]["step_s"] == pytest.approx(0.050 + 0.009)
     assert main([*argv, "--workers", "2"]) == 0
     assert "all-gather 2.50x and reduce-scatter 3.50x" in " ".join(capsys.readouterr().out.split())
+
+
+def _calibrated_hsdp():
+    """Four workers as 2 hosts of 2, 4 MB of parameters. The all-reduce over all four: latency-free
+    at 1 ns/B (1.5·S·β = 6 ms); all-gather and reduce-scatter on the default group 2.5 and 3.5 half
+    rings (3/4·S·β = 3 ms). Within a host, a link of 50 µs and 0.5 ns/B: a 1 KB all-gather takes
+    α + 1/2·1024·β = 50.256 µs, a model-sized one α + 1/2·S·β = 1.05 ms, and the reduce-scatter
+    3.15 ms (3 of those half rings). Across the hosts, each worker's 2 MB all-reduced in 5 ms where
+    the ring on the fitted link says 2·1/2·2 MB·β = 2 ms (2.5 rings)."""
+    from sparkdp.driver.calibrate import TINY, Calibration
+
+    s = SMALL.nbytes
+    return Calibration(
+        workers=4,
+        params=P,
+        batch=64,
+        step_compute_s=0.050,
+        allreduce_tiny_s=1.5 * TINY * 4 * 1e-9,
+        allreduce_full_s=1.5 * s * 1e-9,
+        ps_tiny_s=2 * TINY * 4 * 1e-9,
+        ps_full_s=2 * s * 1e-9,
+        all_gather_s=0.0075,
+        reduce_scatter_s=0.0105,
+        per_host=2,
+        local_all_gather_tiny_s=50e-6 + 0.5 * TINY * 4 * 0.5e-9,
+        local_all_gather_s=50e-6 + 0.5 * s * 0.5e-9,
+        local_reduce_scatter_s=3 * (50e-6 + 0.5 * s * 0.5e-9),
+        replica_allreduce_s=0.005,
+    )
+
+
+def test_hsdp_is_priced_from_its_own_collectives_within_and_across_hosts():
+    net = _calibrated_hsdp().network()
+    # the local link is fitted from the two all-gathers, as the network's is from two all-reduces
+    assert net.local_latency_s == pytest.approx(50e-6) and net.local_seconds_per_byte == pytest.approx(0.5e-9)
+    assert net.local_all_gather_factor == 1.0 and net.local_reduce_scatter_factor == pytest.approx(3.0)
+    assert net.replica_allreduce_factor == pytest.approx(2.5)
+    # the default group's factors stay fsdp's
+    assert (net.all_gather_factor, net.reduce_scatter_factor) == (pytest.approx(2.5), pytest.approx(3.5))
+    # hsdp at the calibrated 4: two local all-gathers and the reduce-scatter as measured
+    # (2·1.05 + 3.15 ms), then the measured 5 ms across the hosts
+    assert predict("hsdp", SMALL, net, 4, per_host=2).comm_s == pytest.approx(0.0021 + 0.00315 + 0.005)
+    # 4 hosts of 2: the same within a host; across, 2.5 rings of 2 MB over 4: 2.5·(2·3/4·2 MB·β)
+    assert predict("hsdp", SMALL, net, 8, per_host=2).comm_s == pytest.approx(0.00525 + 2.5 * 0.003)
+    # fsdp keeps the default group's price: (2·2.5 + 3.5)·3 ms
+    assert predict("fsdp", SMALL, net, 4).comm_s == pytest.approx(8.5 * 0.003)
+    # without hsdp's measurements none of this is set: the network's factors serve the local link
+    bare = dataclasses.replace(_calibrated_hsdp(), replica_allreduce_s=None).network()
+    assert bare.local_seconds_per_byte is None and bare.replica_allreduce_factor == 1.0
+    assert bare.local().reduce_scatter_factor == pytest.approx(3.5)
+
+
+def test_plan_takes_the_measured_local_link_unless_one_is_given(monkeypatch, capsys):
+    import json
+
+    import sparkdp
+    from sparkdp.cli.main import main
+    from sparkdp.driver import calibrate
+
+    asked = {}
+
+    def measured(model, **kwargs):
+        asked.update(kwargs)
+        return _calibrated_hsdp()
+
+    monkeypatch.setattr(sparkdp, "session", lambda *args, **kwargs: None)
+    monkeypatch.setattr(calibrate, "calibrate", measured)
+    argv = ["plan", "--params", str(P), "--model", "cnn", "--calibrate", "--calibration-workers", "4"]
+    argv += ["--workers", "4", "--workers-per-host", "2"]
+    assert main([*argv, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert asked["per_host"] == 2 and asked["workers"] == 4  # calibration measures hsdp's mesh
+    assert report["network"]["local_seconds_per_byte"] == pytest.approx(0.5e-9)
+    assert report["calibration"]["replica_allreduce_factor"] == pytest.approx(2.5)
+    rows = {r["label"]: r for r in report["predictions"] if r["workers"] == 4}
+    assert rows["hsdp(L=2)"]["step_s"] == pytest.approx(0.050 + 0.01025)
+    assert main(argv) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "within a host (measured) α 50 µs, 16.00 Gbit/s, reduce-scatter 3.00x" in out
+    # a link given replaces the measured one, and the local factors measured against it
+    assert main([*argv, "--local-bandwidth", "40", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["network"]["local_seconds_per_byte"] == pytest.approx(0.2e-9)
+    assert report["network"]["local_reduce_scatter_factor"] is None
+    assert report["network"]["local_latency_s"] == pytest.approx(0.01e-3)  # the default latency

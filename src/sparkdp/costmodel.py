@@ -20,8 +20,10 @@ compute ``C`` plus what communication the strategy adds per step:
   with compute like ``allreduce``'s (``overlap``); one collective per step and direction is
   priced, not one per shard unit, so the per-unit latencies are left out;
 * ``hsdp`` — ``fsdp`` within each host's ``L`` workers on the local link (shared memory or
-  loopback, ``Network.local_*``), then an all-reduce of each worker's 1/L of the model across
-  the ``M/L`` hosts on the network link; the factors price its gathers and reduce-scatter too;
+  loopback, ``Network.local_*``, with the local factors where ``sparkdp plan --calibrate
+  --workers-per-host`` measured them, the network's otherwise), then an all-reduce of each
+  worker's 1/L of the model across the ``M/L`` hosts on the network link, times
+  ``Network.replica_allreduce_factor``;
 * ``zero1`` — ZeRO-1 as ``strategies/zero.py`` runs it: the gradients all-reduced as under
   ``allreduce`` (DDP), each worker steps its 1/M of the optimizer state, then each worker's
   partition of the parameters is broadcast over FSDP's process group (an all-gather's bytes,
@@ -100,6 +102,14 @@ class Network:
     #: runs it. ``sparkdp plan --calibrate`` measures both against its all-reduce.
     all_gather_factor: float = 1.0
     reduce_scatter_factor: float = 1.0
+    #: the same within one host's shard group, on the local link; None: the factors above.
+    #: ``sparkdp plan --calibrate --workers-per-host`` measures them there.
+    local_all_gather_factor: float | None = None
+    local_reduce_scatter_factor: float | None = None
+    #: hsdp's all-reduce of each worker's shard across the hosts, as a multiple of the ring on this
+    #: link: a host's workers run theirs at once through its one link, over torch.distributed's
+    #: group rather than the calibrated all-reduce's path. 1: the ring.
+    replica_allreduce_factor: float = 1.0
 
     @classmethod
     def from_link(cls, gbit_per_s: float, latency_ms: float) -> Network:
@@ -122,14 +132,18 @@ class Network:
         return self.ps_beta if self.ps_shared_seconds_per_byte is None else self.ps_shared_seconds_per_byte
 
     def local(self) -> Network:
-        """The link between the workers of one host, as a network of its own (the same
-        collectives' factors)."""
+        """The link between the workers of one host, as a network of its own, with the local
+        collectives' factors (the network's where those were not measured)."""
         return Network(
             self.latency_s if self.local_latency_s is None else self.local_latency_s,
             self.seconds_per_byte if self.local_seconds_per_byte is None else self.local_seconds_per_byte,
-            all_gather_factor=self.all_gather_factor,
-            reduce_scatter_factor=self.reduce_scatter_factor,
+            all_gather_factor=_either(self.local_all_gather_factor, self.all_gather_factor),
+            reduce_scatter_factor=_either(self.local_reduce_scatter_factor, self.reduce_scatter_factor),
         )
+
+
+def _either(value: float | None, default: float) -> float:
+    return default if value is None else value
 
 
 @dataclass(frozen=True)
@@ -290,7 +304,7 @@ def predict(
             comm = (
                 gathers * all_gather_s(s, local, shard_net)
                 + reduce_scatter_s(s, local, shard_net)
-                + ring_allreduce_s(s / local, hosts, net)
+                + net.replica_allreduce_factor * ring_allreduce_s(s / local, hosts, net)
             )
             if not reshard_after_forward:
                 options = {"reshard_after_forward": False}

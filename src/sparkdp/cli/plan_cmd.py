@@ -15,6 +15,9 @@ import math
 
 from ..errors import ConfigError
 
+#: the link between one host's workers when neither given nor measured: shared memory or loopback
+LOCAL_GBIT_PER_S, LOCAL_LATENCY_MS = 40.0, 0.01
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
@@ -68,15 +71,14 @@ def add_parser(sub) -> None:
     net.add_argument(
         "--local-bandwidth",
         type=float,
-        default=40.0,
         help="with --workers-per-host: the link between one host's workers (shared memory or "
-        "loopback) in Gbit/s (default 40)",
+        f"loopback) in Gbit/s (default: measured by --calibrate, else {LOCAL_GBIT_PER_S:g})",
     )
     net.add_argument(
         "--local-latency",
         type=float,
-        default=0.01,
-        help="with --workers-per-host: one message's latency between one host's workers in ms (default 0.01)",
+        help="with --workers-per-host: one message's latency between one host's workers in ms "
+        f"(default: measured by --calibrate, else {LOCAL_LATENCY_MS:g})",
     )
     opts = p.add_argument_group("strategy options")
     opts.add_argument("--average-k", type=int, default=8, help="average's period in steps (default 8)")
@@ -162,10 +164,7 @@ def run(args) -> int:
         raise ConfigError("give --step-compute-ms (> 0), or --calibrate to measure it on your cluster")
     else:
         compute_s = args.step_compute_ms / 1e3
-    local = costmodel.Network.from_link(args.local_bandwidth, args.local_latency)
-    net = dataclasses.replace(
-        net, local_latency_s=local.latency_s, local_seconds_per_byte=local.seconds_per_byte
-    )
+    net = _local_link(args, net)
     work = costmodel.Workload(
         params,
         compute_s,
@@ -211,6 +210,29 @@ def run(args) -> int:
     return 0
 
 
+def _local_link(args, net):
+    """``net`` with the link between one host's workers: the one given (--local-bandwidth,
+    --local-latency), else the calibration's measurement, else shared memory's defaults. A link
+    given replaces a measured one whole, the local collectives' factors with it (they were
+    measured against the measured link)."""
+    from .. import costmodel
+
+    given = args.local_bandwidth is not None or args.local_latency is not None
+    if net.local_seconds_per_byte is not None and not given:
+        return net
+    local = costmodel.Network.from_link(
+        LOCAL_GBIT_PER_S if args.local_bandwidth is None else args.local_bandwidth,
+        LOCAL_LATENCY_MS if args.local_latency is None else args.local_latency,
+    )
+    return dataclasses.replace(
+        net,
+        local_latency_s=local.latency_s,
+        local_seconds_per_byte=local.seconds_per_byte,
+        local_all_gather_factor=None,
+        local_reduce_scatter_factor=None,
+    )
+
+
 def _calibrated(args):
     import sparkdp
 
@@ -222,7 +244,13 @@ def _calibrated(args):
         raise ConfigError("--calibrate measures a built-in model's step: give --model NAME")
     spark = sparkdp.session(args.master, log_level="OFF")
     workers = args.calibration_workers or task_slots(spark) or 2
-    cal = calibrate(build_model(args.model), spark=spark, workers=workers, batch=args.batch)
+    cal = calibrate(
+        build_model(args.model),
+        spark=spark,
+        workers=workers,
+        batch=args.batch,
+        per_host=args.workers_per_host,
+    )
     return cal.network(), cal.step_compute_s, {"calibration": cal.as_dict()}
 
 
@@ -294,6 +322,14 @@ def _print(params, compute_s, net, rows, advice, report, workers, memory) -> Non
             f"; the sharded strategies' all-gather {net.all_gather_factor:.2f}x and reduce-scatter "
             f"{net.reduce_scatter_factor:.2f}x a ring's half all-reduce"
             if (net.all_gather_factor, net.reduce_scatter_factor) != (1.0, 1.0)
+            else ""
+        )
+        + (
+            f"; within a host (measured) α {net.local_latency_s * 1e6:.0f} µs, "
+            f"{8 / net.local_seconds_per_byte / 1e9:.2f} Gbit/s, reduce-scatter "
+            f"{net.local_reduce_scatter_factor:.2f}x its half ring; hsdp's all-reduce across hosts "
+            f"{net.replica_allreduce_factor:.2f}x a ring"
+            if cal and "replica_allreduce_factor" in cal and net.local_reduce_scatter_factor is not None
             else ""
         )
     )

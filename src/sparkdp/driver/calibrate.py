@@ -2,9 +2,10 @@
 
 Three short measurements, each with what training itself uses:
 
-* **compute** ``C`` — a barrier stage of ``workers`` tasks, each timing forward + backward +
-  SGD step of the model on one batch, all at once (so CPU sharing between co-located tasks
-  counts, as it does in training);
+* **compute** ``C`` — a barrier stage of ``workers`` tasks, all running forward + backward +
+  SGD steps of the model on one batch at once (so CPU sharing between co-located tasks counts,
+  as it does in training), timed from a common start to the end of the slowest task's steps:
+  a synchronous step waits for its slowest worker;
 * **all-reduce** ``α, β`` — in the same stage, the ranks all-reduce a tiny and a model-sized
   tensor through the collective ``allreduce`` trains with (shared memory between co-located
   ranks, gloo otherwise); the two medians fix ``2(M-1)α`` and ``2(M-1)/M·β``;
@@ -13,6 +14,15 @@ Three short measurements, each with what training itself uses:
   run theirs on (torch.distributed's: gloo on CPUs, nccl on GPUs, never the shared-memory
   path): each over the half ring the fitted ``α, β`` price is its factor
   (``Network.all_gather_factor``, ``Network.reduce_scatter_factor``);
+* **hsdp's collectives**, given the workers per host ``L`` (``sparkdp plan --workers-per-host``)
+  and more than one host: on the replicas × shard-group mesh hsdp trains on, in a step's order
+  after a compute step, two model-sized all-gathers and a reduce-scatter within each host's
+  shard group (all groups at once) and the all-reduce of one worker's 1/L of the model across
+  the hosts; with a tiny all-gather, the all-gathers fit the local link ``α_local, β_local``,
+  the reduce-scatter is its factor on that link, and the all-reduce's time over the ring on the
+  fitted ``α, β`` is ``Network.replica_allreduce_factor`` (a host's L all-reduces share its
+  link at once, and none of them runs through the shared-memory path the calibrated all-reduce
+  takes);
 * **parameter server** ``α_ps, β_ps`` — a server on the driver (authenticated TCP and the ASGD
   update, as in asynchronous training) and one task pushing and pulling a tiny and a
   model-sized tensor; then every task pushing at once (the rate the server's link gives many
@@ -36,7 +46,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..costmodel import Network, half_ring_s
+from ..costmodel import Network, half_ring_s, ring_allreduce_s
 from ..errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -64,10 +74,19 @@ class Calibration:
     #: fsdp, hsdp and zero1 communicate through (None: one worker)
     all_gather_s: float | None = None
     reduce_scatter_s: float | None = None
+    #: hsdp's collectives on its mesh of hosts of ``per_host`` workers (None: not measured, one
+    #: host): within a host's shard group a tiny and a model-sized all-gather and a model-sized
+    #: reduce-scatter; across the hosts the all-reduce of one worker's 1/``per_host`` of the model
+    per_host: int | None = None
+    local_all_gather_tiny_s: float | None = None
+    local_all_gather_s: float | None = None
+    local_reduce_scatter_s: float | None = None
+    replica_allreduce_s: float | None = None
 
     def network(self) -> Network:
         """α, β from the two all-reduce points; α_ps, β_ps from the two push+pull points; the
-        sharded strategies' collectives as multiples of the half ring those α, β price."""
+        sharded strategies' collectives as multiples of the half ring those α, β price; hsdp's
+        local link from its two all-gather points (:meth:`_hsdp_terms`)."""
         s = self.params * 4
         ps_beta = max((self.ps_full_s - self.ps_tiny_s) / (2 * (s - TINY * 4)), 1e-15)
         ps_alpha = max(self.ps_tiny_s / 2 - TINY * 4 * ps_beta, 0.0)
@@ -91,7 +110,31 @@ class Calibration:
         net = Network(alpha, beta, ps_alpha, ps_beta, sigma, shared, bunching)
         half = half_ring_s(s, m, net)  # what the ring model prices either collective at
         measured = {"all_gather_factor": self.all_gather_s, "reduce_scatter_factor": self.reduce_scatter_s}
-        return dataclasses.replace(net, **{k: t / half for k, t in measured.items() if t is not None})
+        net = dataclasses.replace(net, **{k: t / half for k, t in measured.items() if t is not None})
+        return dataclasses.replace(net, **self._hsdp_terms(net))
+
+    def _hsdp_terms(self, net: Network) -> dict[str, float]:
+        """The local link fitted as the all-reduce's link is, from the two all-gathers within a
+        shard group of ``L``: the half ring ``(L-1)α_local + (L-1)/L·S·β_local`` through both points
+        (so its all-gather factor is 1); the reduce-scatter over that half ring; the all-reduce
+        across the ``M/L`` hosts over the ring on ``net``. Empty when hsdp's were not measured."""
+        tiny, full = self.local_all_gather_tiny_s, self.local_all_gather_s
+        scatter, across = self.local_reduce_scatter_s, self.replica_allreduce_s
+        if self.per_host is None or tiny is None or full is None or scatter is None or across is None:
+            return {}
+        local, hosts, s = self.per_host, self.workers // self.per_host, self.params * 4
+        tiny_bytes = TINY // local * local * 4  # what _hsdp_collectives gathers
+        share = (local - 1) / local
+        beta = max((full - tiny) / (share * (s - tiny_bytes)), 1e-15)
+        alpha = max((tiny - share * tiny_bytes * beta) / (local - 1), 0.0)
+        local_net = Network(alpha, beta)
+        return {
+            "local_latency_s": alpha,
+            "local_seconds_per_byte": beta,
+            "local_all_gather_factor": 1.0,
+            "local_reduce_scatter_factor": scatter / half_ring_s(s, local, local_net),
+            "replica_allreduce_factor": across / ring_allreduce_s(s / local, hosts, net),
+        }
 
     def _bunching(self, ps_alpha: float, in_s: float, out_s: float) -> float:
         """``b`` from the measured rounds: ``rounds = (1 + b)·M·max(in, out)`` when the server's
@@ -115,6 +158,7 @@ class Calibration:
             "ps_shared_beta_s_per_byte": net.ps_link_beta,
             "all_gather_factor": net.all_gather_factor,
             "reduce_scatter_factor": net.reduce_scatter_factor,
+            **self._hsdp_terms(net),  # hsdp's local link and factors, where measured
         }
 
 
@@ -129,6 +173,21 @@ def _median_time(fn, reps: int, before=lambda: None) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times[1:])
+
+
+def _paced_compute_s(step, reps: int, collective) -> float:  # noqa: ANN001
+    """One compute step's time with every task computing at once, at the pace of the slowest:
+    ``reps`` steps from a common start to the end of the last task's, over ``reps`` (after a
+    warm-up). A synchronous step ends when its slowest worker's compute has, and co-located
+    tasks do not always share their cores evenly: the OS may run two of four ahead and two
+    behind, each at a whole core's speed, when each task's own median would be a lone step."""
+    step()
+    collective.barrier()
+    start = time.perf_counter()
+    for _ in range(reps):
+        step()
+    collective.barrier()
+    return (time.perf_counter() - start) / reps
 
 
 def _compute_step(model: nn.Module, batch: int, sample_shape: tuple[int, ...]):
@@ -150,15 +209,15 @@ def _stage_task(
     reps: int,
     threads: int | None,
     shared_memory: bool,
+    per_host: int | None = None,
 ):
     def body(collective) -> dict[str, float]:
         from ..comm.shm import SharedMemoryCollective, SharedMemoryReducer
         from ..strategies.allreduce import SHARED_MEMORY_MIN_BYTES
 
         params = sum(p.numel() for p in model.parameters())
-        collective.barrier()
         step = _compute_step(model, batch, sample_shape)
-        out = {"compute": _median_time(step, reps)}
+        out = {"compute": _paced_compute_s(step, reps, collective)}
         if collective.world_size > 1:
             reducer = (
                 SharedMemoryReducer.connect(collective, slot_bytes=min(16 << 20, params * 4))
@@ -175,6 +234,7 @@ def _stage_task(
                 collective.barrier()
                 out[name] = _median_time(lambda t=t: coll.all_reduce(t), reps, before=step)
             out.update(_sharded_collectives(params, collective, reps, step))
+            out.update(_hsdp_collectives(params, collective, reps, step, per_host))
         return out
 
     from ..train.jobs import in_task
@@ -211,6 +271,63 @@ def _sharded_collectives(params: int, collective, reps: int, step) -> dict[str, 
     collective.barrier()
     out["reduce_scatter"] = _median_time(scatter, reps, before=step)
     return out
+
+
+def _hsdp_collectives(params: int, collective, reps: int, step, per_host: int | None) -> dict[str, float]:  # noqa: ANN001
+    """Median times of hsdp's collectives on the mesh it trains on (:meth:`HSDP.device_mesh`,
+    shard groups of ``per_host``), in a step's order after a compute step: within every shard
+    group at once two model-sized all-gathers (the forward's and the backward's) and a
+    reduce-scatter, then across the groups the all-reduce of one worker's 1/``per_host`` of the
+    model. Timed one after the other, as training runs them: the reduce-scatter leaves a host's
+    workers in step, so their all-reduces share the host's link at once. Also a tiny all-gather
+    after a compute step (the local link's latency). Empty when the workers do not form more
+    than one group of ``per_host``, or without a process group."""
+    import torch.distributed as dist
+
+    from ..strategies.hsdp import HSDP
+
+    world = collective.world_size
+    if not per_host or per_host < 2 or world <= per_host or world % per_host or not dist.is_initialized():
+        return {}
+    mesh = HSDP(shard_size=per_host).device_mesh(collective)
+    shard_group, replica_group = mesh.get_group("shard"), mesh.get_group("replicate")
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    sync = torch.cuda.synchronize if collective.device.type == "cuda" else (lambda: None)
+    ones = lambda n: torch.ones(n, device=collective.device)  # noqa: E731
+    tiny, shard = TINY // per_host, max(1, params // per_host)
+    small, small_whole, mine, whole = ones(tiny), ones(tiny * per_host), ones(shard), ones(shard * per_host)
+
+    def gather_tiny() -> None:
+        all_gather(small_whole, small, group=shard_group)
+        sync()
+
+    collective.barrier()
+    out = {"local_all_gather_tiny": _median_time(gather_tiny, reps, before=step)}
+    calls = (
+        lambda: all_gather(whole, mine, group=shard_group),
+        lambda: all_gather(whole, mine, group=shard_group),
+        lambda: reduce_scatter(mine, whole, group=shard_group),
+        lambda: dist.all_reduce(mine, group=replica_group),
+    )
+    pieces = []
+    collective.barrier()
+    for _ in range(reps + 1):  # the first is a warm-up
+        mine.fill_(1.0)  # (sums of sums would overflow)
+        step()
+        marks = [time.perf_counter()]
+        for call in calls:
+            call()
+            sync()
+            marks.append(time.perf_counter())
+        pieces.append([b - a for a, b in zip(marks, marks[1:], strict=False)])
+    median = [statistics.median(column) for column in zip(*pieces[1:], strict=True)]
+    return {
+        **out,
+        "local_all_gather": (median[0] + median[1]) / 2,  # the two, priced alike
+        "local_reduce_scatter": median[2],
+        "replica_allreduce": median[3],
+    }
 
 
 def _connect(info: Any, worker_id: int) -> Any:
@@ -305,8 +422,11 @@ def calibrate(
     reps: int = 10,
     threads: int | None = None,
     shared_memory: bool = True,
+    per_host: int | None = None,
 ) -> Calibration:
-    """Measure ``C``, the all-reduce and the parameter-server terms with ``workers`` tasks.
+    """Measure ``C``, the all-reduce and the parameter-server terms with ``workers`` tasks, and
+    with ``per_host`` (workers per host, dividing ``workers`` into two or more hosts) hsdp's
+    collectives within and across the hosts.
 
     ``shared_memory=False`` times gloo's TCP all-reduce even between co-located ranks (for a
     strategy run with ``shared_memory=False``)."""
@@ -319,7 +439,7 @@ def calibrate(
         raise ConfigError(f"calibration needs workers >= 1 and reps >= 3; got {workers} and {reps}")
     params = sum(p.numel() for p in model.parameters())
     results = run_barrier(
-        _stage_task(model, batch, sample_shape, reps, threads, shared_memory),
+        _stage_task(model, batch, sample_shape, reps, threads, shared_memory, per_host),
         workers,
         spark=spark,
         description="sparkdp plan --calibrate: compute and all-reduce",
@@ -382,6 +502,11 @@ def calibrate(
         statistics.median(rounds) if rounds else None,
         median("all_gather"),
         median("reduce_scatter"),
+        per_host if "replica_allreduce" in results[0] else None,
+        median("local_all_gather_tiny"),
+        median("local_all_gather"),
+        median("local_reduce_scatter"),
+        median("replica_allreduce"),
     )
 
 

@@ -129,7 +129,13 @@ def test_calibrated_collectives_price_the_sharded_strategies():
     # at 4 workers each half ring grows to 3/4·S·β = 3 ms, times the factors: (2·2.5 + 3.5)·3 ms
     assert predict("fsdp", SMALL, net, 4).comm_s == pytest.approx(8.5 * 0.003)
     # zero1: the all-reduce (4 ms) and the partitions broadcast, priced as an all-gather (5 ms)
+    assert net.broadcast_factor is None
     assert predict("zero1", SMALL, net, 2).comm_s == pytest.approx(0.004 + 0.005)
+    # ... unless the broadcast was measured: 3 ms, 1.5 half rings; at 4 workers 1.5 x 3 ms
+    timed = dataclasses.replace(_calibrated_on_gloo(), partition_broadcast_s=0.003).network()
+    assert timed.broadcast_factor == pytest.approx(1.5)
+    assert predict("zero1", SMALL, timed, 2).comm_s == pytest.approx(0.004 + 0.003)
+    assert predict("zero1", SMALL, timed, 4).comm_s == pytest.approx(0.006 + 1.5 * 0.003)
     # hsdp, 2 hosts of 2: the factors on the local link's half ring (1/2·S·0.2 ns/B = 0.4 ms),
     # (2·2.5 + 3.5)·0.4 = 3.4 ms, then half of the model all-reduced across the hosts, 2 ms
     local = dataclasses.replace(net, local_latency_s=0.0, local_seconds_per_byte=0.2e-9)

@@ -27,8 +27,9 @@ compute ``C`` plus what communication the strategy adds per step:
 * ``zero1`` — ZeRO-1 as ``strategies/zero.py`` runs it: the gradients all-reduced as under
   ``allreduce`` (DDP), each worker steps its 1/M of the optimizer state, then each worker's
   partition of the parameters is broadcast over FSDP's process group (an all-gather's bytes,
-  priced as one with ``all_gather_factor``): 1.5× all-reduce's bytes in the ring model,
-  overlapped like ``allreduce``'s;
+  priced as one times ``Network.broadcast_factor``, which calibration measures, else
+  ``all_gather_factor``): 1.5× all-reduce's bytes in the ring model, overlapped like
+  ``allreduce``'s;
 * ``compression`` shrinks what a reduction moves (docs/algorithms.md §10): ``bf16``/``fp16``
   halve the ring's bytes; ``int8`` is an all-gather of a quarter of them,
   ``(M-1)α + (M-1)·(S/4 + S/1024)·β``;
@@ -102,6 +103,10 @@ class Network:
     #: runs it. ``sparkdp plan --calibrate`` measures both against its all-reduce.
     all_gather_factor: float = 1.0
     reduce_scatter_factor: float = 1.0
+    #: zero1's broadcast of every worker's partition of the parameters, as a multiple of the
+    #: same half ring; None: priced as an all-gather (``all_gather_factor``). ``sparkdp plan
+    #: --calibrate`` measures it with ZeRO-1's own partition, whose sizes need not be equal.
+    broadcast_factor: float | None = None
     #: the same within one host's shard group, on the local link; None: the factors above.
     #: ``sparkdp plan --calibrate --workers-per-host`` measures them there.
     local_all_gather_factor: float | None = None
@@ -294,7 +299,8 @@ def predict(
     elif strategy in ("fsdp", "hsdp", "zero1"):
         if strategy == "zero1":
             # DDP's all-reduce of the gradients, then the partitions' parameters broadcast
-            comm = ring_allreduce_s(s, workers, net) + all_gather_s(s, workers, net)
+            broadcast = _either(net.broadcast_factor, net.all_gather_factor) * half_ring_s(s, workers, net)
+            comm = ring_allreduce_s(s, workers, net) + broadcast
         else:
             hosts, local = hosts_of(workers, per_host) if strategy == "hsdp" else (1, workers)
             shard_net = net.local() if strategy == "hsdp" else net

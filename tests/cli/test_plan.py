@@ -94,6 +94,9 @@ def test_calibration_measures_every_term(spark):
     half = half_ring_s(cal.params * 4, 2, net)
     assert net.all_gather_factor == pytest.approx(cal.all_gather_s / half, rel=1e-9)
     assert net.reduce_scatter_factor == pytest.approx(cal.reduce_scatter_s / half, rel=1e-9)
+    # zero1's broadcast of its partitions, over the same half ring
+    assert cal.partition_broadcast_s > 0
+    assert net.broadcast_factor == pytest.approx(cal.partition_broadcast_s / half, rel=1e-9)
 
 
 def test_plan_says_which_strategies_fit_the_memory_per_worker(capsys):

@@ -13,7 +13,9 @@ Three short measurements, each with what training itself uses:
   reduce-scatter on the process group and backend the sharded strategies (fsdp, hsdp, zero1)
   run theirs on (torch.distributed's: gloo on CPUs, nccl on GPUs, never the shared-memory
   path): each over the half ring the fitted ``α, β`` price is its factor
-  (``Network.all_gather_factor``, ``Network.reduce_scatter_factor``);
+  (``Network.all_gather_factor``, ``Network.reduce_scatter_factor``), and zero1's broadcast of
+  every rank's partition of the parameters as its ``ZeroRedundancyOptimizer`` partitions them
+  (``Network.broadcast_factor``);
 * **hsdp's collectives**, given the workers per host ``L`` (``sparkdp plan --workers-per-host``)
   and more than one host: on the replicas × shard-group mesh hsdp trains on, in a step's order
   after a compute step, two model-sized all-gathers and a reduce-scatter within each host's
@@ -74,6 +76,8 @@ class Calibration:
     #: fsdp, hsdp and zero1 communicate through (None: one worker)
     all_gather_s: float | None = None
     reduce_scatter_s: float | None = None
+    #: zero1's broadcast of every rank's partition of the parameters (None: one worker)
+    partition_broadcast_s: float | None = None
     #: hsdp's collectives on its mesh of hosts of ``per_host`` workers (None: not measured, one
     #: host): within a host's shard group a tiny and a model-sized all-gather and a model-sized
     #: reduce-scatter; across the hosts the all-reduce of one worker's 1/``per_host`` of the model
@@ -109,7 +113,11 @@ class Calibration:
         alpha = max((self.allreduce_tiny_s - 2 * (m - 1) / m * TINY * 4 * beta) / (2 * (m - 1)), 0.0)
         net = Network(alpha, beta, ps_alpha, ps_beta, sigma, shared, bunching)
         half = half_ring_s(s, m, net)  # what the ring model prices either collective at
-        measured = {"all_gather_factor": self.all_gather_s, "reduce_scatter_factor": self.reduce_scatter_s}
+        measured = {
+            "all_gather_factor": self.all_gather_s,
+            "reduce_scatter_factor": self.reduce_scatter_s,
+            "broadcast_factor": self.partition_broadcast_s,
+        }
         net = dataclasses.replace(net, **{k: t / half for k, t in measured.items() if t is not None})
         return dataclasses.replace(net, **self._hsdp_terms(net))
 
@@ -158,6 +166,7 @@ class Calibration:
             "ps_shared_beta_s_per_byte": net.ps_link_beta,
             "all_gather_factor": net.all_gather_factor,
             "reduce_scatter_factor": net.reduce_scatter_factor,
+            "broadcast_factor": net.broadcast_factor,
             **self._hsdp_terms(net),  # hsdp's local link and factors, where measured
         }
 
@@ -234,6 +243,7 @@ def _stage_task(
                 collective.barrier()
                 out[name] = _median_time(lambda t=t: coll.all_reduce(t), reps, before=step)
             out.update(_sharded_collectives(params, collective, reps, step))
+            out.update(_zero_broadcast(model, collective, reps, step))
             out.update(_hsdp_collectives(params, collective, reps, step, per_host))
         return out
 
@@ -271,6 +281,27 @@ def _sharded_collectives(params: int, collective, reps: int, step) -> dict[str, 
     collective.barrier()
     out["reduce_scatter"] = _median_time(scatter, reps, before=step)
     return out
+
+
+def _zero_broadcast(model: nn.Module, collective, reps: int, step) -> dict[str, float]:  # noqa: ANN001
+    """Median time of zero1's parameter broadcast after a compute step: PyTorch's
+    ``ZeroRedundancyOptimizer`` partitions the model's parameters as ``strategies/zero.py``'s
+    does (by size, largest first, to the least-loaded rank) and every rank broadcasts its
+    partition, as after each of zero1's optimizer steps. Empty without a process group."""
+    import torch.distributed as dist
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    if not dist.is_initialized():
+        return {}
+    zero = ZeroRedundancyOptimizer(list(model.parameters()), optimizer_class=torch.optim.SGD, lr=1e-3)
+    sync = torch.cuda.synchronize if collective.device.type == "cuda" else (lambda: None)
+
+    def broadcast() -> None:
+        zero._sync_params()  # type: ignore[attr-defined]  # what zero1's step hook calls
+        sync()
+
+    collective.barrier()
+    return {"partition_broadcast": _median_time(broadcast, reps, before=step)}
 
 
 def _hsdp_collectives(params: int, collective, reps: int, step, per_host: int | None) -> dict[str, float]:  # noqa: ANN001
@@ -502,6 +533,7 @@ def calibrate(
         statistics.median(rounds) if rounds else None,
         median("all_gather"),
         median("reduce_scatter"),
+        median("partition_broadcast"),
         per_host if "replica_allreduce" in results[0] else None,
         median("local_all_gather_tiny"),
         median("local_all_gather"),

@@ -260,27 +260,39 @@ def _sharded_collectives(params: int, collective, reps: int, step) -> dict[str, 
 
     if not dist.is_initialized():
         return {}
-    # FSDP2's calls (older torch names them all_gather_into_tensor and reduce_scatter_tensor)
-    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    all_gather, reduce_scatter, _ = _fsdp_calls(collective.device)
     world = collective.world_size
     shard = torch.ones(max(1, params // world), device=collective.device)
     whole = torch.ones(shard.numel() * world, device=collective.device)
-    sync = torch.cuda.synchronize if whole.is_cuda else (lambda: None)  # nccl returns before it ends
+    return {
+        "all_gather": _timed_after_step(lambda: all_gather(whole, shard), collective, reps, step),
+        "reduce_scatter": _timed_after_step(lambda: reduce_scatter(shard, whole), collective, reps, step),
+    }
 
-    def gather() -> None:
-        all_gather(whole, shard)
-        sync()
 
-    def scatter() -> None:
-        reduce_scatter(shard, whole)
+def _fsdp_calls(device: torch.device):
+    """FSDP2's all-gather and reduce-scatter (older torch names them all_gather_into_tensor and
+    reduce_scatter_tensor), and what waits for a call on ``device`` to end (nccl returns before
+    it has)."""
+    import torch.distributed as dist
+
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    return all_gather, reduce_scatter, sync
+
+
+def _timed_after_step(call, collective, reps: int, step) -> float:  # noqa: ANN001
+    """Median time of the collective ``call`` to its end, each after a compute step, the ranks
+    starting from a barrier."""
+    sync = _fsdp_calls(collective.device)[2]
+
+    def run() -> None:
+        call()
         sync()
 
     collective.barrier()
-    out = {"all_gather": _median_time(gather, reps, before=step)}
-    collective.barrier()
-    out["reduce_scatter"] = _median_time(scatter, reps, before=step)
-    return out
+    return _median_time(run, reps, before=step)
 
 
 def _zero_broadcast(model: nn.Module, collective, reps: int, step) -> dict[str, float]:  # noqa: ANN001
@@ -294,14 +306,9 @@ def _zero_broadcast(model: nn.Module, collective, reps: int, step) -> dict[str, 
     if not dist.is_initialized():
         return {}
     zero = ZeroRedundancyOptimizer(list(model.parameters()), optimizer_class=torch.optim.SGD, lr=1e-3)
-    sync = torch.cuda.synchronize if collective.device.type == "cuda" else (lambda: None)
-
-    def broadcast() -> None:
-        zero._sync_params()  # type: ignore[attr-defined]  # what zero1's step hook calls
-        sync()
-
-    collective.barrier()
-    return {"partition_broadcast": _median_time(broadcast, reps, before=step)}
+    # what zero1's step hook calls
+    broadcast = zero._sync_params  # type: ignore[attr-defined]
+    return {"partition_broadcast": _timed_after_step(broadcast, collective, reps, step)}
 
 
 def _hsdp_collectives(params: int, collective, reps: int, step, per_host: int | None) -> dict[str, float]:  # noqa: ANN001
@@ -322,19 +329,12 @@ def _hsdp_collectives(params: int, collective, reps: int, step, per_host: int | 
         return {}
     mesh = HSDP(shard_size=per_host).device_mesh(collective)
     shard_group, replica_group = mesh.get_group("shard"), mesh.get_group("replicate")
-    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    sync = torch.cuda.synchronize if collective.device.type == "cuda" else (lambda: None)
+    all_gather, reduce_scatter, sync = _fsdp_calls(collective.device)
     ones = lambda n: torch.ones(n, device=collective.device)  # noqa: E731
     tiny, shard = TINY // per_host, max(1, params // per_host)
     small, small_whole, mine, whole = ones(tiny), ones(tiny * per_host), ones(shard), ones(shard * per_host)
-
-    def gather_tiny() -> None:
-        all_gather(small_whole, small, group=shard_group)
-        sync()
-
-    collective.barrier()
-    out = {"local_all_gather_tiny": _median_time(gather_tiny, reps, before=step)}
+    gather_tiny = lambda: all_gather(small_whole, small, group=shard_group)  # noqa: E731
+    out = {"local_all_gather_tiny": _timed_after_step(gather_tiny, collective, reps, step)}
     calls = (
         lambda: all_gather(whole, mine, group=shard_group),
         lambda: all_gather(whole, mine, group=shard_group),

@@ -241,3 +241,46 @@ def test_records_that_are_not_sparkdps_are_refused():
         build_model({"type": "pickle", "arguments": {}})
     with pytest.raises(ConfigError, match="'os' is not a Hugging Face model class"):
         build_model({"type": "transformers", "class": "os", "config": {"model_type": "gpt2"}})
+
+
+def test_export_rebuilds_a_peft_model_from_a_whole_checkpoint_and_merges_on_request(tmp_path):
+    from sparkdp.config import CheckpointConfig
+    from sparkdp.export.from_checkpoint import export_checkpoint
+    from sparkdp.train.checkpoint import CheckpointPolicy, save_checkpoint
+
+    hf_gpt2(300).save_pretrained(tmp_path / "base")
+    model = lora_trained(tmp_path / "base")
+    policy = CheckpointPolicy(CheckpointConfig(checkpoint_dir=str(tmp_path / "ckpt")))
+    save_checkpoint(
+        policy,
+        epoch=1,
+        step=0,
+        model=model.state_dict(),
+        optimizer=b"",
+        strategy_state={},
+        rng=[],
+        history=[],
+        workers=2,
+        model_record=model_record(model),
+    )
+    export_checkpoint(tmp_path / "ckpt", tmp_path / "adapter")
+    export_checkpoint(tmp_path / "ckpt", tmp_path / "merged", merge_adapters=True)
+
+    ids = torch.randint(0, 300, (2, 16))
+    base = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base")
+    opened = peft.PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
+    merged = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+        assert max_diff(opened(input_ids=ids).logits, expected) <= 1e-4
+        assert max_diff(merged(input_ids=ids).logits, expected) <= 1e-4
+
+    older = CheckpointPolicy(CheckpointConfig(checkpoint_dir=str(tmp_path / "old")))
+    fields = dict(epoch=1, step=0, optimizer=b"", strategy_state={}, rng=[], history=[], workers=1)
+    save_checkpoint(older, model=hf_gpt2(300).state_dict(), **fields)
+    with pytest.raises(ConfigError, match="does not say which model it holds"):
+        export_checkpoint(tmp_path / "old", tmp_path / "x")
+    config = tmp_path / "base" / "config.json"
+    export_checkpoint(tmp_path / "old", tmp_path / "from-config", hf_config=config)
+    assert (tmp_path / "from-config" / "model.safetensors").is_file()
+    assert not (tmp_path / "x").exists()

@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..config import JobConfig
+from ..export.record import model_record
 from ..state import state_from_bytes
 from ..train.checkpoint import CheckpointPolicy, save_checkpoint
 from ..train.faults import fault_from_env
@@ -99,6 +100,7 @@ def fit_epochs(
                 rng=[],
                 history=[*before, *merged.history],
                 workers=controller.now,
+                model_record=model_record(spec.model),
             )
     assert merged is not None  # fit() checked epochs >= 1
     return merged

@@ -117,6 +117,16 @@ class GPT(nn.Module):
         if not 0.0 <= dropout < 1.0:
             raise ConfigError(f"gpt: dropout must be in [0, 1); got {dropout!r}.")
         self.vocab_size, self.block_size = vocab_size, block_size
+        #: the constructor's arguments: what rebuilds this architecture (model.json, checkpoints,
+        #: the Hugging Face export in sparkdp.export)
+        self.arguments: dict[str, Any] = {
+            "vocab_size": vocab_size,
+            "block_size": block_size,
+            "n_layer": n_layer,
+            "n_head": n_head,
+            "d_model": d_model,
+            "dropout": dropout,
+        }
         self.wte = nn.Embedding(vocab_size, d_model)
         self.wpe = nn.Embedding(block_size, d_model)
         self.drop = nn.Dropout(dropout)

@@ -22,6 +22,7 @@ returns either kind, a sharded one with ``shards`` set and an empty ``model``.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -87,6 +88,9 @@ class Checkpoint:
     #: a sharded checkpoint: where its manifest is (the workers load ``model`` and the optimizer's
     #: tensors from its shards; ``model`` is empty and ``optimizer`` holds the rest); "" otherwise
     shards: str = ""
+    #: which model the weights belong to (:func:`sparkdp.export.record.model_record`); None when
+    #: the model is of no kind sparkdp can rebuild, or the checkpoint predates the record
+    model_record: dict[str, Any] | None = None
 
 
 def _store(
@@ -123,6 +127,7 @@ def save_checkpoint(
     history: list[dict[str, float]],
     workers: int,
     epoch_stats: tuple[float, float, float] = (0.0, 0.0, 0.0),
+    model_record: dict[str, Any] | None = None,
 ) -> str:
     """Write one checkpoint atomically, then delete this job's older ones beyond ``keep_checkpoints``;
     returns where it is."""
@@ -136,6 +141,7 @@ def save_checkpoint(
         history=history,
         workers=workers,
         epoch_stats=epoch_stats,
+        model_record=model_record,
     )
     store = policy.store()
     return store.url(store.save(SERIES, sync_position(epoch, step), payload))
@@ -152,8 +158,11 @@ def checkpoint_payload(
     history: list[dict[str, float]],
     workers: int,
     epoch_stats: tuple[float, float, float] = (0.0, 0.0, 0.0),
+    model_record: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """What a checkpoint holds, as nested state (a sharded checkpoint's loop-state part: no model)."""
+    """What a checkpoint holds, as nested state (a sharded checkpoint's loop-state part: no model).
+    ``model_record`` travels as one JSON string, so no key of a model's config can collide with
+    the nesting's own markers."""
     return {
         "format": FORMAT,
         "epoch": epoch,
@@ -167,6 +176,7 @@ def checkpoint_payload(
         "history": history,
         "workers": workers,
         "epoch_stats": list(epoch_stats),
+        "model_record": json.dumps(model_record) if model_record is not None else "",
     }
 
 
@@ -234,7 +244,23 @@ def _fields(path: str, obj: Any, job_id: str) -> Checkpoint:
         workers=ints["workers"],
         job_id=job_id,
         epoch_stats=(float(stats[0]), float(stats[1]), float(stats[2])),
+        model_record=_record(obj.get("model_record", "")),
     )
+
+
+def _record(text: Any) -> dict[str, Any] | None:
+    """The model record a checkpoint carries ("" or absent: none; older checkpoints lack it)."""
+    if text in ("", None):
+        return None
+    if not isinstance(text, str):
+        raise ValueError("its model record is not a JSON string")
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"its model record is not JSON ({err})") from None
+    if not isinstance(record, dict):
+        raise ValueError("its model record is not a JSON object")
+    return record
 
 
 def latest_checkpoint(

@@ -20,6 +20,7 @@ from ..config import TrainingConfig
 from ..data.base import WorkerData
 from ..data.prefetch import DEFAULT_DEPTH, prefetch
 from ..errors import ConfigError, DataError, TrainingDiverged, WorkerHung
+from ..export.record import model_record
 from ..monitor.probe import MonitorLink, open_probe
 from ..strategies.base import Strategy
 from .batch import ModelLoss, batch_rows, call_model, describe_batch, forward_loss, to_device
@@ -602,6 +603,8 @@ class _Saver:
         self.writer, self.snapshot = BackgroundWriter(), HostSnapshot()
         # a sharding strategy's ranks each write their own shards (train.sharded_checkpoint)
         self.shards = ShardedSaver(policy, collective) if strategy.saves_shards() else None
+        # which model the checkpoints hold, so `sparkdp export` can rebuild it without the script
+        self.model_record = model_record(spec.model) if collective.rank == 0 else None
 
     def due(self, step: int) -> bool:
         if self.shards is not None:
@@ -665,6 +668,7 @@ class _Saver:
                 history=history,
                 workers=workers,
                 epoch_stats=epoch_stats,
+                model_record=self.model_record,
             )
             log.info("checkpoint %s", path)
 
@@ -700,6 +704,7 @@ class _Saver:
             history=[*self.spec.part.history, *(dict(h) for h in history)],
             workers=self.collective.world_size,
             epoch_stats=epoch_stats,
+            model_record=self.model_record,
         )
         self.shards.save(epoch, step, module, {"model": state["model"], "optimizer": tensors}, loop)
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from torch import nn
 
+from ..export.record import model_record
 from ..state import save_state
 
 
@@ -48,12 +49,52 @@ class TrainResult:
         """Save the trained state dict as safetensors (atomically), with a JSON sidecar.
 
         Load it back in plain PyTorch with
-        ``model.load_state_dict(safetensors.torch.load_file(path))``.
+        ``model.load_state_dict(safetensors.torch.load_file(path))``. The sidecar (``model.json``
+        beside ``model.safetensors``) holds the job's strategy, workers and epochs and, under
+        ``"model"``, which model the weights belong to: the built-in gpt's constructor arguments,
+        or a Hugging Face model's class and ``config.to_dict()`` (null for other models).
         """
         return save_state(
             self.model.state_dict(),
             path,
-            {"strategy": self.strategy, "workers": self.workers, "epochs": self.epochs, **metadata},
+            {
+                "strategy": self.strategy,
+                "workers": self.workers,
+                "epochs": self.epochs,
+                "model": model_record(self.model),
+                **metadata,
+            },
+        )
+
+    def save_pretrained(
+        self,
+        path: str | Path,
+        tokenizer: Any = None,
+        merge_adapters: bool = False,
+        max_shard_size: int | str = "5GB",
+    ) -> Path:
+        """Write the trained model as a new directory that Hugging Face's ``from_pretrained`` opens.
+
+        A Hugging Face model: ``config.json`` and safetensors weights (in files of at most
+        ``max_shard_size`` with an index above it). A PEFT model: its adapter
+        (``adapter_config.json``, ``adapter_model.safetensors``), or with ``merge_adapters`` the
+        base model with the adapters merged in. The built-in ``gpt``: a ``GPT2LMHeadModel``.
+        ``tokenizer`` (a ``tokenizers.Tokenizer``, a Hugging Face tokenizer, or the path of
+        either) is saved beside it, returning no ``token_type_ids`` unless the model takes them.
+        The directory is written under a temporary name and renamed into place.
+
+        Raises:
+            ConfigError: ``path`` exists and is not empty, or the model or tokenizer is of no
+                kind Hugging Face opens.
+        """
+        from ..export.pretrained import save_pretrained
+
+        return save_pretrained(
+            self.model,
+            path,
+            tokenizer=tokenizer,
+            merge_adapters=merge_adapters,
+            max_shard_size=max_shard_size,
         )
 
     def summary(self) -> dict[str, Any]:

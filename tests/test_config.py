@@ -200,3 +200,10 @@ def test_columns_need_features_when_a_label_is_named():
     with pytest.raises(ConfigError, match="label= was given without features="):
         Columns(label="y")
     assert not Columns().given and Columns(features="x", label="y").given
+
+
+def test_refused_storage_options_are_quoted_without_their_credentials():
+    with pytest.raises(ConfigError, match="expected a mapping of option names") as refused:
+        JobConfig.of(checkpoint_storage_options={1: "x", "secret": "S3CR3T", "endpoint_url": "http://h:9000"})
+    assert "S3CR3T" not in str(refused.value) and "'secret': '***'" in str(refused.value)
+    assert "http://h:9000" in str(refused.value)

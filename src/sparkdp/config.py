@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from .errors import ConfigError
+from .redact import redact
 
 MEMORY_FORMATS = ("auto", "channels_last", "contiguous")
 #: what ``precision`` may be; what each means is ``sparkdp.train.precision``'s
@@ -262,7 +263,7 @@ class CheckpointConfig:
             isinstance(options, Mapping) and all(isinstance(k, str) for k in options)
         ):
             raise ConfigError(
-                f"checkpoint_storage_options={options!r}: expected a mapping of option names to "
+                f"checkpoint_storage_options={redact(options)!r}: expected a mapping of option names to "
                 "values (e.g. {'endpoint_url': 'http://host:9000'}), as the checkpoint "
                 "directory's fsspec filesystem takes them."
             )

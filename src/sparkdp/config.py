@@ -492,6 +492,7 @@ RUN_SETTINGS = (
     "start_timeout_s",
     "pg_timeout_s",
     "show_progress",
+    "run_dir",
 )
 
 __all__ = [

@@ -83,7 +83,8 @@ def shipped_files(directory: str) -> tuple[list[str], list[str]]:
             rules = ignore_rules(fh.read())
     except FileNotFoundError:
         rules = []
-    files, skipped = [], []
+    files: list[str] = []
+    skipped: list[str] = []
     for here, dirs, names in os.walk(directory):
         base = os.path.relpath(here, directory).replace(os.sep, "/")
         prefix = "" if base == "." else base + "/"

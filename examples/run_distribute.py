@@ -63,7 +63,7 @@ def main() -> None:
         path = os.path.join(tmp, "model.pt")
         # Local workers share this filesystem; on a cluster, save to storage every node reaches.
         accuracy = sparkdp.run(train, ROWS, 1, path, workers=2, strategy="allreduce", show_progress=False)
-        keys = sorted(torch.load(path))
+        keys = sorted(torch.load(path, weights_only=True))  # tensors only: nothing unpickled
     print(f"saved state dict keys: {keys}")
     print(f"run_distribute: test accuracy {accuracy:.3f}")
     if accuracy < 0.4:  # chance is 0.1 on ten classes

@@ -112,6 +112,57 @@ def test_command_line_optimizer_flag_errors():
         optimizer_choice(_train_args("--lr", "0.1"), script_optimizer=torch.optim.SGD)
 
 
+def test_mapping_flags_reach_the_job_config_through_the_parser(tmp_path):
+    from sparkdp.cli.fields import job_settings
+
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text("checkpoint_storage_options: {endpoint_url: 'http://old:9000', region: eu}\n")
+    argv = [
+        "--checkpoint-storage-options",
+        "endpoint_url=http://minio:9000",
+        "--checkpoint-storage-options",
+        "anon=false",
+        "--checkpoint-storage-options",
+        'client_kwargs={"region_name": "eu-west-1"}',
+        "--checkpoint-storage-options",
+        "secret=a=b/c",  # the value keeps every '=' after the first
+        "--checkpoint-storage-options",
+        'key="0123"',  # JSON quotes keep digits a string
+        "--strategy-option",
+        "period=4",
+    ]
+    parser = build_parser()
+    args = parser.parse_args(["train", "--dataset", "fashion-mnist", *argv])
+    args.parser.set_defaults(**load_job_file(str(job_file), args.settings))  # as main() reads a job file
+    args = parser.parse_args(["train", "--dataset", "fashion-mnist", *argv])
+    job = JobConfig.of(job_settings(args))
+    assert job.checkpoints.checkpoint_storage_options == {
+        "endpoint_url": "http://minio:9000",  # the flag over the job file
+        "region": "eu",  # the job file's other options kept
+        "anon": False,
+        "client_kwargs": {"region_name": "eu-west-1"},
+        "secret": "a=b/c",
+        "key": "0123",
+    }
+    assert job.training.strategy_options == {"period": 4}
+    model = build_parser().parse_args(["train", "--dataset", "fashion-mnist", "--model-option", "hidden=8"])
+    assert model.model_options == {"hidden": 8}
+
+
+@pytest.mark.parametrize("flag", ["--checkpoint-storage-options", "--strategy-option", "--model-option"])
+@pytest.mark.parametrize("text", ["endpoint_url", "=http://h:9000", ""])
+def test_a_malformed_mapping_flag_is_one_argparse_error_line(flag, text, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["train", "--dataset", "fashion-mnist", flag, text])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert (
+        f"argument {flag}: expected KEY=VALUE (e.g. period=4 or endpoint_url=http://host:9000); got {text!r}."
+        in err
+    )
+
+
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
@@ -149,3 +200,10 @@ def test_columns_need_features_when_a_label_is_named():
     with pytest.raises(ConfigError, match="label= was given without features="):
         Columns(label="y")
     assert not Columns().given and Columns(features="x", label="y").given
+
+
+def test_refused_storage_options_are_quoted_without_their_credentials():
+    with pytest.raises(ConfigError, match="expected a mapping of option names") as refused:
+        JobConfig.of(checkpoint_storage_options={1: "x", "secret": "S3CR3T", "endpoint_url": "http://h:9000"})
+    assert "S3CR3T" not in str(refused.value) and "'secret': '***'" in str(refused.value)
+    assert "http://h:9000" in str(refused.value)

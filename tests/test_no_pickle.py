@@ -1,6 +1,7 @@
 """Nothing read from the network or a file is unpickled (design rule 7, docs/architecture.md), checked on the source.
 
-Every module of sparkdp is parsed and searched for the ways Python turns bytes into objects
+Every module of sparkdp, and every script under ``examples/``, ``benchmarks/`` and ``scripts/``
+(users copy them), is parsed and searched for the ways Python turns bytes into objects
 by running code: the pickle family (``pickle``, ``cloudpickle``, ``dill``, ``jsonpickle``,
 ``joblib``, Spark's pickle serializers), ``marshal``, ``shelve``, ``pandas.read_pickle``,
 ``torch.load`` without ``weights_only=True``, ``numpy.load`` with ``allow_pickle``, YAML
@@ -24,7 +25,11 @@ import pytest
 import sparkdp
 
 ROOT = Path(sparkdp.__file__).parent
+REPO = Path(__file__).resolve().parent.parent
+#: the repository's other Python, which users copy and run: examples, benchmarks, scripts
+SCRIPT_DIRS = ("examples", "benchmarks", "scripts")
 FILES = sorted(ROOT.rglob("*.py"))
+SCRIPTS = sorted(path for name in SCRIPT_DIRS for path in (REPO / name).rglob("*.py"))
 
 # Modules (or any part of a dotted module path) whose loaders unpickle or run code.
 _PICKLE_MODULES = {
@@ -50,9 +55,9 @@ _ATTRIBUTES = {
 _SAFE_YAML_LOADERS = {"SafeLoader", "CSafeLoader", "BaseLoader", "CBaseLoader"}
 _HOOKS = {"__reduce__", "__reduce_ex__", "__setstate__"}
 
-#: (path under src/sparkdp, the line's text) -> why it is not unpickling outside input.
+#: (path under the repository, the line's text) -> why it is not unpickling outside input.
 ALLOWED: dict[tuple[str, str], str] = {
-    ("data/tensors.py", "def __reduce_ex__(self, protocol):"): (
+    ("src/sparkdp/data/tensors.py", "def __reduce_ex__(self, protocol):"): (
         "Spark pickles a TensorData into the tasks it sends to its own executors; this hook makes that "
         "pickle carry the paths of files the driver wrote (mapped on the executor) instead of the tensor "
         "bytes. Nothing sparkdp reads from a socket or a user's file is unpickled through it."
@@ -125,16 +130,21 @@ def findings(source: str, filename: str = "<source>") -> list[tuple[int, str]]:
     return sorted(set(found))
 
 
+def _shown(path: Path) -> str:
+    """``path`` as :data:`ALLOWED` names it: under the repository (``src/sparkdp/...``, ``examples/...``)."""
+    if path.is_relative_to(ROOT):
+        return "src/sparkdp/" + path.relative_to(ROOT).as_posix()
+    return path.relative_to(REPO).as_posix()
+
+
 def _scan() -> dict[tuple[str, str], list[str]]:
-    """Every finding in src/sparkdp, keyed like :data:`ALLOWED`."""
+    """Every finding in src/sparkdp, examples/, benchmarks/ and scripts/, keyed like :data:`ALLOWED`."""
     out: dict[tuple[str, str], list[str]] = {}
-    for path in FILES:
+    for path in FILES + SCRIPTS:
         text = path.read_text()
         lines = text.splitlines()
         for line, what in findings(text, str(path)):
-            out.setdefault((path.relative_to(ROOT).as_posix(), lines[line - 1].strip()), []).append(
-                f"line {line}: {what}"
-            )
+            out.setdefault((_shown(path), lines[line - 1].strip()), []).append(f"line {line}: {what}")
     return out
 
 
@@ -142,6 +152,9 @@ def test_the_scan_sees_every_package():
     names = {p.relative_to(ROOT).parts[0] for p in FILES}
     assert {"ps", "rules", "caffe", "train", "spark", "data", "comm", "state.py", "cli"} <= names
     assert len(FILES) > 50
+    scanned = {p.relative_to(REPO).parts[0] for p in SCRIPTS}
+    assert scanned == set(SCRIPT_DIRS), f"no Python found under {set(SCRIPT_DIRS) - scanned}"
+    assert REPO / "examples" / "run_distribute.py" in SCRIPTS
 
 
 @pytest.mark.timeout(60)
@@ -149,7 +162,7 @@ def test_nothing_is_unpickled_or_evaluated():
     found = _scan()
     offenders = {key: whats for key, whats in found.items() if key not in ALLOWED}
     assert not offenders, "\n".join(
-        f"src/sparkdp/{path}: {'; '.join(whats)}: {text}" for (path, text), whats in offenders.items()
+        f"{path}: {'; '.join(whats)}: {text}" for (path, text), whats in offenders.items()
     ) + (
         "\nRead network and file input with a format that cannot run code (safetensors, JSON, the ps "
         "codec); a line that only takes part in Spark's own task shipping goes into ALLOWED with its reason."

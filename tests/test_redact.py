@@ -32,3 +32,54 @@ pytestmark = pytest.mark.timeout(10)
 )
 def test_spark_connect_parameters_are_hidden_but_the_clients_own_settings_stay(url, shown):
     assert redact(url) == shown
+
+
+def test_storage_options_are_hidden_by_their_names_at_any_depth():
+    options = {
+        "key": "AKIAKEYID",
+        "secret": "S3CR3T",
+        "token": "T0K3N",
+        "endpoint_url": "http://minio:9000",
+        "anon": False,
+        "client_kwargs": {
+            "region_name": "eu-west-1",
+            "aws_access_key_id": "AKIA2",
+            "aws_secret_access_key": "SECRET2",
+            "aws_session_token": "SESSION2",
+        },
+        "s3_additional_kwargs": {"SSECustomerKey": "SSEKEY"},
+        "credentials": {"SecretAccessKey": "x", "SessionToken": "y"},  # a whole dict under a secret name
+        "account_key": 123,  # whatever the type
+        "connection_string": "DefaultEndpointsProtocol=https;AccountKey=AZKEY",
+        "password": None,  # nothing given: nothing to hide, and the log says so
+        "chain": [{"sas_token": "SAS"}],
+    }
+    assert redact({"checkpoint_storage_options": options, "epochs": 2}) == {
+        "checkpoint_storage_options": {
+            "key": "***",
+            "secret": "***",
+            "token": "***",
+            "endpoint_url": "http://minio:9000",
+            "anon": False,
+            "client_kwargs": {
+                "region_name": "eu-west-1",
+                "aws_access_key_id": "***",
+                "aws_secret_access_key": "***",
+                "aws_session_token": "***",
+            },
+            "s3_additional_kwargs": {"SSECustomerKey": "***"},
+            "credentials": "***",
+            "account_key": "***",
+            "connection_string": "***",
+            "password": None,
+            "chain": [{"sas_token": "***"}],
+        },
+        "epochs": 2,
+    }
+
+
+@pytest.mark.parametrize(
+    "name", ["pad_token_id", "tokens_per_s", "tokenizer", "keep_checkpoints", "max_tokens", "monkey", "keys"]
+)
+def test_names_that_only_mention_a_token_or_a_key_are_shown(name):
+    assert redact({name: 7}) == {name: 7}

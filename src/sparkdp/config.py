@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from .errors import ConfigError
+from .redact import redact
 
 MEMORY_FORMATS = ("auto", "channels_last", "contiguous")
 #: what ``precision`` may be; what each means is ``sparkdp.train.precision``'s
@@ -118,13 +119,17 @@ def _paths(obj: Any, *names: str) -> None:
             raise ConfigError(f"{name} must be a string (a path or URL); got {value!r}.")
 
 
-def strategy_option(text: str) -> tuple[str, Any]:
-    """``KEY=VALUE`` (the value read as JSON when it is, e.g. ``period=4``) → ``(KEY, VALUE)``."""
+def key_value(text: str) -> tuple[str, Any]:
+    """A mapping flag's ``KEY=VALUE`` (the value read as JSON when it is, e.g. ``period=4``,
+    ``anon=true``; ``'key="123"'`` keeps a string of digits a string) → ``(KEY, VALUE)``."""
     import json
 
-    if "=" not in text:
-        raise ConfigError(f"--strategy-option expects KEY=VALUE; got {text!r}.")
-    key, value = text.split("=", 1)
+    key, equals, value = text.partition("=")
+    if not equals or not key.strip():
+        raise ConfigError(
+            f"expected KEY=VALUE (e.g. period=4 or endpoint_url=http://host:9000); got {text!r}. "
+            "Give one option per flag, its name before the first '='."
+        )
     try:
         return key, json.loads(value)
     except json.JSONDecodeError:
@@ -154,7 +159,7 @@ class TrainingConfig:
 
     strategy: Any = setting("allreduce")
     strategy_options: Mapping[str, Any] = setting(
-        factory=dict, flag="--strategy-option", metavar="KEY=VALUE", parse=strategy_option
+        factory=dict, flag="--strategy-option", metavar="KEY=VALUE", parse=key_value
     )
     epochs: int = setting(1)
     batch_size: int = setting(64)
@@ -246,7 +251,7 @@ class CheckpointConfig:
     checkpoint_every_s: float | None = setting(None, metavar="S")
     keep_checkpoints: int = setting(3, metavar="K")
     resume: str | None = setting(None, metavar="DIR")
-    checkpoint_storage_options: dict[str, Any] | None = setting(None, metavar="KEY=VALUE")
+    checkpoint_storage_options: dict[str, Any] | None = setting(None, metavar="KEY=VALUE", parse=key_value)
 
     def __post_init__(self) -> None:
         check_int("checkpoint_every", self.checkpoint_every, optional=True)
@@ -258,7 +263,7 @@ class CheckpointConfig:
             isinstance(options, Mapping) and all(isinstance(k, str) for k in options)
         ):
             raise ConfigError(
-                f"checkpoint_storage_options={options!r}: expected a mapping of option names to "
+                f"checkpoint_storage_options={redact(options)!r}: expected a mapping of option names to "
                 "values (e.g. {'endpoint_url': 'http://host:9000'}), as the checkpoint "
                 "directory's fsspec filesystem takes them."
             )
@@ -487,6 +492,7 @@ RUN_SETTINGS = (
     "start_timeout_s",
     "pg_timeout_s",
     "show_progress",
+    "run_dir",
 )
 
 __all__ = [

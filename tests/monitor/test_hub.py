@@ -357,3 +357,67 @@ def test_records_of_the_wrong_type_or_range_are_refused_without_harm(kind, chang
         assert hub.latest[0]["samples_per_s"] == pytest.approx(320.0)
         assert [e["epoch"] for e in hub.epochs] == ([1, 2] if kind == "epoch" else [1])
         assert hub.refused == {0: 1}
+
+
+def test_storage_credentials_never_reach_the_run_log_or_mlflow_and_the_log_is_private(tmp_path, monkeypatch):
+    import os
+    import stat
+
+    from mlflow.tracking import MlflowClient
+
+    import sparkdp.spark.cluster as cluster
+    from sparkdp.config import JobConfig
+    from sparkdp.driver.monitoring import monitored
+
+    monkeypatch.setattr(cluster, "driver_host", lambda spark: "127.0.0.1")
+    old_umask = os.umask(0o022)  # the usual umask, which leaves a plain open()'s file world-readable
+    try:
+        uri = f"sqlite:///{tmp_path}/mlflow.db"
+        secrets_ = ["AKIAKEYID", "S3CR3T/val", "FwoGZXIvYXdzEJr", "AKIA2ND", "SECRET2ND", "SESSION2ND"]
+        options = {
+            "key": secrets_[0],
+            "secret": secrets_[1],
+            "token": secrets_[2],
+            "endpoint_url": "http://minio.example:9000",
+            "client_kwargs": {
+                "region_name": "eu-west-1",
+                "aws_access_key_id": secrets_[3],
+                "aws_secret_access_key": secrets_[4],
+                "aws_session_token": secrets_[5],
+            },
+        }
+        job = JobConfig.of(
+            run_dir=str(tmp_path / "run"),
+            show_progress=False,
+            mlflow=uri,
+            checkpoint_dir=str(tmp_path / "ckpt"),
+            checkpoint_storage_options=options,
+        )
+        with monitored(job, None, 1, "t") as hub:
+            hub.finish({"samples": 10})
+    finally:
+        os.umask(old_umask)
+    run_log = tmp_path / "run" / "run.jsonl"
+    logged = run_log.read_text()
+    client = MlflowClient(tracking_uri=uri)
+    run = client.search_runs([client.get_experiment_by_name("sparkdp").experiment_id])[0]
+    params = json.dumps(run.data.params)
+    for secret in secrets_:
+        assert secret not in logged and secret not in params, secret
+    header = json.loads(logged.splitlines()[0])["config"]["checkpoint_storage_options"]
+    assert header["key"] == "***" and header["client_kwargs"]["aws_session_token"] == "***", header
+    assert header["endpoint_url"] == "http://minio.example:9000"  # what is no secret stays readable
+    assert "minio.example:9000" in run.data.params["checkpoint_storage_options"]
+    assert stat.S_IMODE(run_log.stat().st_mode) == 0o600
+
+
+def test_a_run_log_others_could_read_is_made_private_when_a_job_appends_to_it(tmp_path):
+    import stat
+
+    from sparkdp.monitor.sinks import RunLog
+
+    (tmp_path / "run.jsonl").write_text('{"type": "header"}\n')
+    (tmp_path / "run.jsonl").chmod(0o644)
+    RunLog(tmp_path, {"config": {}}).close()
+    assert stat.S_IMODE((tmp_path / "run.jsonl").stat().st_mode) == 0o600
+    assert (tmp_path / "run.jsonl").read_text().startswith('{"type": "header"}\n')  # appended, not replaced

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..config import GROUPS, field_docs
+from ..config import GROUPS, field_docs, key_value
 from ..errors import ConfigError
 
 
@@ -68,6 +68,19 @@ def _fields(cls: type, only: Iterable[str] | None = None) -> list[_Field]:
     return out
 
 
+def _mapping_item(parse: Any) -> Any:
+    """``parse`` (text → ``(KEY, VALUE)``) as an argparse type whose refusal argparse shows as the
+    flag's one error line (it shows the message of an ``ArgumentTypeError`` only)."""
+
+    def item(text: str) -> tuple[str, Any]:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return item
+
+
 class _MappingOption(argparse.Action):
     """A repeatable ``KEY=VALUE`` flag collected into a dict over the job file's mapping."""
 
@@ -107,7 +120,7 @@ def add_settings(
                 dest=f.name,
                 action=_MappingOption,
                 default=None,
-                type=meta.get("parse"),
+                type=_mapping_item(meta.get("parse") or key_value),
                 metavar=meta.get("metavar"),
                 help=f.help + " (repeatable)",
             )

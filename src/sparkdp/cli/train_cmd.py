@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import GROUPS, JobConfig, setting, strategy_option
+from ..config import GROUPS, JobConfig, key_value, setting
 from ..errors import ConfigError
 from .caffe_cmd import CaffeOptions
 from .fields import add_job_settings, given, job_settings
@@ -37,7 +37,7 @@ class TrainInputs:
     dataset: str | None = setting(None)
     model: str | None = setting(None)
     model_options: Mapping[str, Any] = setting(
-        factory=dict, flag="--model-option", metavar="KEY=VALUE", parse=strategy_option
+        factory=dict, flag="--model-option", metavar="KEY=VALUE", parse=key_value
     )
     data: str | None = setting(None, metavar="PATH")
     eval_data: str | None = setting(None, metavar="PATH")

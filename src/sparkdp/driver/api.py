@@ -369,6 +369,7 @@ def run(
     spark: Any = None,
     argv: list[str] | None = None,
     forward_output: bool = False,
+    details: dict[str, Any] | None = None,
     **settings: Any,
 ) -> Any:
     """Run the user's own training function on ``workers`` Spark tasks; return rank 0's result.
@@ -377,7 +378,8 @@ def run(
     optimizer and data loader into distributed ones. ``train_fn`` and its
     arguments must be picklable (define it at module level or as a closure). The workers
     see the driver's ``sys.argv`` (so a ``main()`` that parses its flags parses the same
-    ones), or ``argv`` when given.
+    ones), or ``argv`` when given. ``details`` are added to the run log's header (:func:`launch`
+    records there the files it shipped).
 
     With a synchronous strategy (``allreduce``, ``average``) the workers are one Spark barrier
     stage sharing a ``torch.distributed`` process group. With an asynchronous one (``asgd``,
@@ -388,8 +390,8 @@ def run(
 
     ``settings`` are the job settings a loop of the user's own can use (``strategy``,
     ``strategy_options``, ``seed``, ``workers``, ``master``, ``threads``, ``checkpoint_dir``,
-    ``max_restarts``, ``min_workers``, ``start_timeout_s``, ``pg_timeout_s``, ``show_progress``;
-    see :func:`fit`); ``spark`` an existing session. A failed attempt runs ``train_fn`` again on
+    ``max_restarts``, ``min_workers``, ``start_timeout_s``, ``pg_timeout_s``, ``show_progress``,
+    ``run_dir``: a run log of the settings and the workers' records; see :func:`fit`); ``spark`` an existing session. A failed attempt runs ``train_fn`` again on
     every worker, as ``max_restarts`` allows (docs/guide/reliability.md): as under torchrun, the
     n-th restart sees ``TORCHELASTIC_RESTART_COUNT=n`` and, with ``checkpoint_dir``,
     ``SPARKDP_CHECKPOINT_DIR``, where ``train_fn`` saves and finds what it resumes from.
@@ -422,6 +424,7 @@ def run(
         spark,
         workers,
         f"sparkdp {name} x{workers}",
+        details,
         strategy=strategy_obj,
         unreachable=_unreachable(hub_job, spark, None),
     ) as hub:
@@ -469,7 +472,9 @@ def launch(script: str | os.PathLike[str], *args: str, spark: Any = None, **sett
     strategy (``strategy="hogwild"``...; see :func:`run`). On a cluster master the script's
     directory (the script and the modules beside it, at most 200 MB) is shipped to every
     executor with ``spark.addArtifacts(..., archive=True)`` and that copy runs there; on ``local[N]`` the file
-    itself runs.
+    itself runs. Hidden files and directories (``.env``, ``.aws/``), links out of the directory and
+    what a ``.sparkdpignore`` there names stay behind (``sparkdp.spark.files``); the run log's
+    header lists what was shipped and what was not, and one line on stderr counts them.
 
     ``settings`` are :func:`run`'s.
 
@@ -487,13 +492,21 @@ def launch(script: str | os.PathLike[str], *args: str, spark: Any = None, **sett
     from ..train.script_runner import run_script
 
     name = os.path.basename(path)
-    spark = spark or session(JobConfig.of(settings, allowed=RUN_SETTINGS, caller="launch").scaling.master)
+    job = JobConfig.of(settings, allowed=RUN_SETTINGS, caller="launch")
+    spark = spark or session(job.scaling.master)
     # executors elsewhere may not see this filesystem: they run a copy of the script's directory
-    shipped = (
-        None
-        if on_driver_machine(spark)
-        else functools.partial(shipped_path, ship_directory(spark, os.path.dirname(path)))
-    )
+    shipped, details = None, None
+    if not on_driver_machine(spark):
+        shipment = ship_directory(spark, os.path.dirname(path))
+        shipped = functools.partial(shipped_path, shipment.name)
+        details = {"shipped_files": list(shipment.files), "not_shipped": list(shipment.skipped)}
+        if job.monitor.show_progress:
+            print(
+                f"sparkdp: shipped {len(shipment.files)} file(s), {shipment.size / 2**20:.1f} MB, of "
+                f"{os.path.dirname(path)} to the executors; left out {len(shipment.skipped)} "
+                "(hidden, linked out of it, or in .sparkdpignore)",
+                file=sys.stderr,
+            )
     result = run(
         run_script,
         path,
@@ -503,6 +516,7 @@ def launch(script: str | os.PathLike[str], *args: str, spark: Any = None, **sett
         spark=spark,
         argv=[path, *args],
         forward_output=True,
+        details=details,
         **settings,
     )
     started, joined = result["started"], result["joined"]

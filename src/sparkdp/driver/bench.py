@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..config import strategy_option
+from ..config import key_value
 from ..errors import ConfigError
 from ..models import build_model
 
@@ -110,7 +110,7 @@ class StrategyChoice:
         for pair in pairs:
             if pair.find("=") < 1:  # no '=', or no key before it
                 raise ConfigError(f"strategy option {pair!r} in {text!r} must be KEY=VALUE")
-        return cls(name, dict(strategy_option(pair) for pair in pairs))
+        return cls(name, dict(key_value(pair) for pair in pairs))
 
 
 def workload(name: str) -> Workload:

@@ -53,6 +53,23 @@ def writable_dir(path: str | os.PathLike[str], what: str) -> Path:
     return directory
 
 
+#: the mode of the files sparkdp writes that hold a job's settings: the owner's alone, since
+#: settings hold paths, hosts and option names a shared machine's other users need not read
+PRIVATE_MODE = 0o600
+
+
+def open_private(path: Path) -> Any:
+    """``path`` opened to append text, created :data:`PRIVATE_MODE`; an existing file others
+    could read is made private first (a run log a job appends to after a restart)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, PRIVATE_MODE)
+    try:
+        if os.fstat(fd).st_mode & 0o077:
+            os.fchmod(fd, PRIVATE_MODE)
+    except OSError as exc:  # a filesystem without modes (some object-store mounts): say so, go on
+        log.warning("sparkdp: cannot make %s private (%s); it is readable as it was", path, exc)
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
 class RunLog:
     """``run.jsonl``: a header (the job's configuration and versions), then one line per record.
 
@@ -61,7 +78,7 @@ class RunLog:
 
     def __init__(self, run_dir: str | os.PathLike[str], header: dict[str, Any]) -> None:
         self.path = writable_dir(run_dir, "run log") / RUN_LOG
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._file = open_private(self.path)
         self.write({"type": "header", "time": time.time(), "versions": versions(), **header})
 
     def write(self, record: dict[str, Any]) -> None:

@@ -81,6 +81,8 @@ def test_damaged_bytes_raise_value_error(data):
         '{"__tuple__": 5}',
         "[" * 100_000 + "]" * 100_000,  # deeper than Python's recursion limit
         "not json",
+        '{"a": {"__tensor__": "t0"}, "b": [{"__tensor__": "t0"}]}',  # one tensor, two values
+        "[" * 321 + "0" + "]" * 321,  # deeper than MAX_DEPTH
     ],
     ids=[
         "missing-tensor",
@@ -91,6 +93,8 @@ def test_damaged_bytes_raise_value_error(data):
         "tuple-not-a-list",
         "deep",
         "not-json",
+        "tensor-named-twice",
+        "deeper-than-max-depth",
     ],
 )
 def test_a_damaged_skeleton_raises_value_error(skeleton):
@@ -98,6 +102,26 @@ def test_a_damaged_skeleton_raises_value_error(skeleton):
     data = save({"t0": torch.ones(3)}, metadata={state.META_KEY: skeleton})
     with pytest.raises(ValueError, match="damaged sparkdp state"):
         state.from_bytes(data)
+
+
+def test_each_stored_tensor_is_one_value_and_nesting_is_bounded():
+    """A skeleton naming one tensor many times would make every copy of the values a copy of the
+    tensor: a small file, a large allocation. Refused by name, as is nesting past MAX_DEPTH."""
+    stored = {"t0": torch.ones(3), "t1": torch.zeros(2)}
+    twice = save(stored, metadata={state.META_KEY: '[{"__tensor__": "t0"}, {"__tensor__": "t0"}]'})
+    with pytest.raises(ValueError, match="names tensor 't0' twice; sparkdp state stores each tensor once"):
+        state.from_bytes(twice)
+    once = state.from_bytes(
+        save(stored, metadata={state.META_KEY: '[{"__tensor__": "t1"}, {"__tensor__": "t0"}]'})
+    )
+    assert torch.equal(once[0], stored["t1"]) and torch.equal(once[1], stored["t0"])
+    deepest = state.from_bytes(save(stored, metadata={state.META_KEY: "[" * 320 + "7" + "]" * 320}))
+    for _ in range(320):
+        (deepest,) = deepest
+    assert deepest == 7
+    deeper = save(stored, metadata={state.META_KEY: "[" * 321 + "7" + "]" * 321})
+    with pytest.raises(ValueError, match=f"nested more than {state.MAX_DEPTH} levels deep"):
+        state.from_bytes(deeper)
 
 
 def test_a_models_parts_join_into_the_whole_state_in_the_parts_order():

@@ -38,6 +38,10 @@ _RESERVED = ("__tensor__", "__items__", "__tuple__")
 META_KEY = "sparkdp"
 #: the safetensors metadata key of a worker's part of a model's state (:func:`part_to_bytes`)
 PART_KEY = "sparkdp-part"
+#: the deepest a skeleton may nest (JSON levels): beyond any state sparkdp writes (an optimizer's
+#: is 6 deep; a task result nested the 64 levels it may be takes up to 195) and well inside Python's
+#: recursion limit (two frames a level), so a deeper one is refused as damage by this check
+MAX_DEPTH = 320
 
 
 def _plain(tensor: Tensor, seen: set[int]) -> Tensor:
@@ -227,8 +231,14 @@ def flatten(obj: Any, where: str = "state") -> tuple[str, dict[str, Tensor]]:
 
 
 def unflatten(skeleton: str, tensors: dict[str, Tensor]) -> Any:
-    """The inverse of :func:`flatten`."""
-    return _decode(json.loads(skeleton), tensors)
+    """The inverse of :func:`flatten`.
+
+    Raises:
+        ValueError: the skeleton names a tensor that is not stored or names one twice
+            (:func:`flatten` names each tensor once, so a value built back never holds more
+            than the stored tensors), or is nested deeper than :data:`MAX_DEPTH`.
+    """
+    return _Decoder(tensors).decode(json.loads(skeleton), 0)
 
 
 def to_bytes(obj: Any) -> bytes:
@@ -317,15 +327,37 @@ def _encode(obj: Any, tensors: dict[str, Tensor], where: str, seen: set[int]) ->
     )
 
 
-def _decode(obj: Any, tensors: dict[str, Tensor]) -> Any:
-    if isinstance(obj, list):
-        return [_decode(v, tensors) for v in obj]
-    if isinstance(obj, dict):
-        if "__tensor__" in obj:
-            return tensors[obj["__tensor__"]]
-        if "__items__" in obj:
-            return {_decode(k, tensors): _decode(v, tensors) for k, v in obj["__items__"]}
-        if "__tuple__" in obj:
-            return tuple(_decode(v, tensors) for v in obj["__tuple__"])
-        return {k: _decode(v, tensors) for k, v in obj.items()}
-    return obj
+class _Decoder:
+    """Builds a skeleton back around its tensors, each stored tensor used at most once: a
+    skeleton that named one tensor many times would make every reader that copies the values
+    (a task result's bytes, a state dict loaded into a model) allocate that tensor each time."""
+
+    def __init__(self, tensors: Mapping[str, Tensor]) -> None:
+        self.tensors = tensors
+        self.used: set[str] = set()
+
+    def tensor(self, name: Any) -> Tensor:
+        if name in self.used:
+            raise ValueError(
+                f"the skeleton names tensor {name!r} twice; sparkdp state stores each tensor once"
+            )
+        if not isinstance(name, str) or name not in self.tensors:
+            raise ValueError(f"the skeleton names tensor {name!r}, which is not stored")
+        self.used.add(name)
+        return self.tensors[name]
+
+    def decode(self, obj: Any, depth: int) -> Any:
+        if depth > MAX_DEPTH:
+            raise ValueError(f"the skeleton is nested more than {MAX_DEPTH} levels deep")
+        deeper = depth + 1
+        if isinstance(obj, list):
+            return [self.decode(v, deeper) for v in obj]
+        if isinstance(obj, dict):
+            if "__tensor__" in obj:
+                return self.tensor(obj["__tensor__"])
+            if "__items__" in obj:
+                return {self.decode(k, deeper): self.decode(v, deeper) for k, v in obj["__items__"]}
+            if "__tuple__" in obj:
+                return tuple(self.decode(v, deeper) for v in obj["__tuple__"])
+            return {k: self.decode(v, deeper) for k, v in obj.items()}
+        return obj

@@ -38,6 +38,10 @@ _RESERVED = ("__tensor__", "__items__", "__tuple__")
 META_KEY = "sparkdp"
 #: the safetensors metadata key of a worker's part of a model's state (:func:`part_to_bytes`)
 PART_KEY = "sparkdp-part"
+#: the deepest a skeleton may nest (JSON levels): beyond any state sparkdp writes (an optimizer's
+#: is 6 deep; a task result nested the 64 levels it may be takes up to 195) and well inside Python's
+#: recursion limit (two frames a level), so a deeper one is refused as damage by this check
+MAX_DEPTH = 320
 
 
 def _plain(tensor: Tensor, seen: set[int]) -> Tensor:
@@ -67,12 +71,13 @@ def state_from_bytes(data: bytes) -> dict[str, Tensor]:
     return _st_load(data)
 
 
-def part_to_bytes(state: Mapping[str, Tensor], pieces: Mapping[str, tuple[int, int]]) -> bytes:
+def part_to_bytes(state: Mapping[str, Tensor], pieces: Mapping[str, tuple[int, int, int]]) -> bytes:
     """One worker's part of a model's state dict as safetensors bytes, for :func:`join_parts`.
 
-    ``pieces[name] = (index, count)``: the entry is slice ``index`` of ``count`` consecutive
-    slices along dim 0 of the whole tensor (a sharding strategy's shard); an entry not in
-    ``pieces`` is whole. The metadata keeps the entries' order, which safetensors does not.
+    ``pieces[name] = (index, count, rows)``: the entry is slice ``index`` of ``count`` consecutive
+    slices along dim 0 of the whole tensor, which has ``rows`` rows (a sharding strategy's shard);
+    an entry not in ``pieces`` is whole. The metadata keeps the entries' order, which safetensors
+    does not.
     """
     layout = json.dumps({name: list(pieces[name]) if name in pieces else None for name in state})
     return _st_save(_plain_all(state), metadata={PART_KEY: layout})
@@ -82,41 +87,87 @@ def join_parts(parts: Sequence[bytes]) -> dict[str, Tensor]:
     """The whole state dict from every worker's part (:func:`part_to_bytes`; plain
     :func:`state_to_bytes` bytes count as one whole part): slices joined along dim 0 in index
     order, whole entries from the first part that has them, names in the order the parts give.
+    It allocates the joined tensors and nothing that a part only declares: a slice count is
+    checked against the number of parts (each part holds one slice of an entry at most).
 
     Raises:
-        ValueError: a slice is missing or given twice, parts disagree on an entry's slice
-            count, or an entry is both whole and sliced.
+        ValueError: a part is not one; a slice is missing or given twice; an entry is cut into
+            more slices than there are parts, or parts disagree on its slice count or rows; its
+            slices differ in dtype or in a dimension but the first, or their rows do not add up
+            to the rows declared; an entry is both whole and sliced.
     """
     whole: dict[str, Tensor] = {}
-    sliced: dict[str, dict[int, Tensor]] = {}
-    counts: dict[str, int] = {}
+    slices = _Slices(len(parts))
     order: dict[str, None] = {}
     for data in parts:
-        tensors = _st_load(data)
+        tensors = _part_tensors(data)
         for name, where in _layout(data, tensors).items():
             order.setdefault(name)
             if where is None:
                 whole.setdefault(name, tensors[name])
-                continue
-            index, count = where
-            if counts.setdefault(name, count) != count:
-                raise ValueError(
-                    f"the parts disagree on {name!r}: it is cut into {counts[name]} and {count} slices"
-                )
-            if index in sliced.setdefault(name, {}) or not 0 <= index < count:
-                raise ValueError(f"slice {index} of {count} of {name!r} is given twice or out of range")
-            sliced[name][index] = tensors[name]
-    both = sorted(whole.keys() & sliced.keys())
+            else:
+                slices.add(name, where, tensors[name])
+    both = sorted(whole.keys() & slices.names())
     if both:
         raise ValueError(f"{both} are both whole and sliced in the parts")
-    for name, pieces in sliced.items():
-        missing = sorted(set(range(counts[name])) - pieces.keys())
+    return {name: whole[name] if name in whole else slices.joined(name) for name in order}
+
+
+class _Slices:
+    """The sliced entries of a model's parts, each slice checked as it arrives against what the
+    parts declare (:func:`join_parts`)."""
+
+    def __init__(self, parts: int) -> None:
+        self.parts = parts
+        self.declared: dict[str, tuple[int, int]] = {}  # name -> (slice count, rows of the whole)
+        self.pieces: dict[str, dict[int, Tensor]] = {}
+
+    def names(self) -> set[str]:
+        return set(self.pieces)
+
+    def add(self, name: str, where: tuple[int, int, int], tensor: Tensor) -> None:
+        index, count, rows = where
+        if not 0 < count <= self.parts:
+            raise ValueError(
+                f"{name!r} is cut into {count} slices, but {self.parts} part(s) were given: an entry "
+                "has at least one slice and each part holds one slice of it at most"
+            )
+        if self.declared.setdefault(name, (count, rows)) != (count, rows):
+            (had, had_rows) = self.declared[name]
+            raise ValueError(
+                f"the parts disagree on {name!r}: it is cut into {had} and {count} slices "
+                f"of a tensor of {had_rows} and {rows} rows"
+            )
+        pieces = self.pieces.setdefault(name, {})
+        if index in pieces or not 0 <= index < count:
+            raise ValueError(f"slice {index} of {count} of {name!r} is given twice or out of range")
+        other = next(iter(pieces.values()), None)
+        if tensor.dim() == 0 or (
+            other is not None and (tensor.dtype, tensor.shape[1:]) != (other.dtype, other.shape[1:])
+        ):
+            seen = "" if other is None else f", another is {other.dtype} {tuple(other.shape)}"
+            raise ValueError(
+                f"slice {index} of {name!r} is {tensor.dtype} {tuple(tensor.shape)}{seen}: the slices "
+                "of an entry have one dtype and the same dimensions but the first, along which they join"
+            )
+        pieces[index] = tensor
+
+    def joined(self, name: str) -> Tensor:
+        (count, rows), pieces = self.declared[name], self.pieces[name]
+        missing = [i for i in range(count) if i not in pieces]  # count <= the parts: bounded
         if missing:
-            raise ValueError(f"slices {missing} of {counts[name]} of {name!r} are missing from the parts")
-    return {
-        name: whole[name] if name in whole else torch.cat([sliced[name][i] for i in range(counts[name])])
-        for name in order
-    }
+            raise ValueError(f"slices {missing} of {count} of {name!r} are missing from the parts")
+        held = sum(piece.shape[0] for piece in pieces.values())
+        if held != rows:
+            raise ValueError(f"the slices of {name!r} hold {held} rows, not the {rows} its parts declare")
+        return torch.cat([pieces[i] for i in range(count)])
+
+
+def _part_tensors(data: bytes) -> dict[str, Tensor]:
+    try:
+        return _st_load(bytes(data))
+    except SafetensorError as err:
+        raise ValueError(f"a part of the model's state is not safetensors ({err})") from None
 
 
 def _metadata(data: bytes) -> dict[str, str]:
@@ -126,22 +177,31 @@ def _metadata(data: bytes) -> dict[str, str]:
     return json.loads(data[8 : 8 + size]).get("__metadata__") or {}
 
 
-def _layout(data: bytes, tensors: Mapping[str, Tensor]) -> dict[str, tuple[int, int] | None]:
+def _layout(data: bytes, tensors: Mapping[str, Tensor]) -> dict[str, tuple[int, int, int] | None]:
     """Each entry of a part and the slice it is (None: whole), in the part's order
     (:func:`part_to_bytes`); plain state bytes are all whole."""
     metadata = _metadata(data)
     if PART_KEY not in metadata:
         return dict.fromkeys(tensors)
     try:
-        layout = {
-            name: None if w is None else (int(w[0]), int(w[1]))
-            for name, w in json.loads(metadata[PART_KEY]).items()
-        }
-    except (TypeError, ValueError, AttributeError, IndexError, KeyError) as err:
+        listed = json.loads(metadata[PART_KEY])
+        layout = {name: None if where is None else _where(where) for name, where in listed.items()}
+    except (TypeError, ValueError, AttributeError) as err:
         raise ValueError(f"a part's {PART_KEY!r} metadata is damaged ({type(err).__name__}: {err})") from None
     if layout.keys() != tensors.keys():
         raise ValueError(f"a part's {PART_KEY!r} metadata does not list the tensors it holds")
     return layout
+
+
+def _where(where: Any) -> tuple[int, int, int]:
+    """A sliced entry's ``[index, count, rows]`` as written by :func:`part_to_bytes`."""
+    if not (
+        isinstance(where, list)
+        and len(where) == 3
+        and all(type(n) is int for n in where)  # JSON's true is no count
+    ):
+        raise ValueError(f"a slice is [index, count, rows], not {where!r}")
+    return where[0], where[1], where[2]
 
 
 def save_state(
@@ -171,8 +231,14 @@ def flatten(obj: Any, where: str = "state") -> tuple[str, dict[str, Tensor]]:
 
 
 def unflatten(skeleton: str, tensors: dict[str, Tensor]) -> Any:
-    """The inverse of :func:`flatten`."""
-    return _decode(json.loads(skeleton), tensors)
+    """The inverse of :func:`flatten`.
+
+    Raises:
+        ValueError: the skeleton names a tensor that is not stored or names one twice
+            (:func:`flatten` names each tensor once, so a value built back never holds more
+            than the stored tensors), or is nested deeper than :data:`MAX_DEPTH`.
+    """
+    return _Decoder(tensors).decode(json.loads(skeleton), 0)
 
 
 def to_bytes(obj: Any) -> bytes:
@@ -261,15 +327,37 @@ def _encode(obj: Any, tensors: dict[str, Tensor], where: str, seen: set[int]) ->
     )
 
 
-def _decode(obj: Any, tensors: dict[str, Tensor]) -> Any:
-    if isinstance(obj, list):
-        return [_decode(v, tensors) for v in obj]
-    if isinstance(obj, dict):
-        if "__tensor__" in obj:
-            return tensors[obj["__tensor__"]]
-        if "__items__" in obj:
-            return {_decode(k, tensors): _decode(v, tensors) for k, v in obj["__items__"]}
-        if "__tuple__" in obj:
-            return tuple(_decode(v, tensors) for v in obj["__tuple__"])
-        return {k: _decode(v, tensors) for k, v in obj.items()}
-    return obj
+class _Decoder:
+    """Builds a skeleton back around its tensors, each stored tensor used at most once: a
+    skeleton that named one tensor many times would make every reader that copies the values
+    (a task result's bytes, a state dict loaded into a model) allocate that tensor each time."""
+
+    def __init__(self, tensors: Mapping[str, Tensor]) -> None:
+        self.tensors = tensors
+        self.used: set[str] = set()
+
+    def tensor(self, name: Any) -> Tensor:
+        if name in self.used:
+            raise ValueError(
+                f"the skeleton names tensor {name!r} twice; sparkdp state stores each tensor once"
+            )
+        if not isinstance(name, str) or name not in self.tensors:
+            raise ValueError(f"the skeleton names tensor {name!r}, which is not stored")
+        self.used.add(name)
+        return self.tensors[name]
+
+    def decode(self, obj: Any, depth: int) -> Any:
+        if depth > MAX_DEPTH:
+            raise ValueError(f"the skeleton is nested more than {MAX_DEPTH} levels deep")
+        deeper = depth + 1
+        if isinstance(obj, list):
+            return [self.decode(v, deeper) for v in obj]
+        if isinstance(obj, dict):
+            if "__tensor__" in obj:
+                return self.tensor(obj["__tensor__"])
+            if "__items__" in obj:
+                return {self.decode(k, deeper): self.decode(v, deeper) for k, v in obj["__items__"]}
+            if "__tuple__" in obj:
+                return tuple(self.decode(v, deeper) for v in obj["__tuple__"])
+            return {k: self.decode(v, deeper) for k, v in obj.items()}
+        return obj

@@ -1,5 +1,6 @@
 """A task's result on its way to the driver: data in, the same data out, and nothing else."""
 
+import json
 import pickle
 from collections import OrderedDict, namedtuple
 
@@ -12,6 +13,7 @@ from sparkdp.errors import ConfigError
 from sparkdp.spark.results import decode, encode
 from sparkdp.state import state_from_bytes, state_to_bytes
 from sparkdp.train.report import WorkerReport
+from tests.helpers.memory import run_capped
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -264,3 +266,83 @@ def test_anything_else_is_refused_and_nothing_in_it_runs(make, tmp_path):
     with pytest.raises(ValueError, match=r"not a sparkdp task result|not a task result|document is damaged"):
         decode(make(str(marker)), "s", 0)
     assert not marker.exists()
+
+
+def _forged(value_json: str, tensors: dict | None = None) -> bytes:
+    """A result cell whose document is ``value_json`` around ``tensors``: what whoever can write
+    the result column can send."""
+    document = f'{{"format": "sparkdp-result/1", "stage": "s", "index": 0, "value": {value_json}}}'
+    return safetensors_save(tensors or {}, metadata={"sparkdp": document})
+
+
+def test_a_tensor_named_twice_is_refused_so_a_small_result_cannot_expand():
+    """One stored tensor named by many references once came back as a copy per reference (a
+    1 MiB tensor named 4,000 times in a 1.16 MiB cell: 4 GiB). sparkdp names each tensor once."""
+    cell = _forged(
+        json.dumps([{"__bytes__": {"__tensor__": "t0"}}] * 2), {"t0": torch.zeros(4, dtype=torch.uint8)}
+    )
+    with pytest.raises(ValueError, match="not a sparkdp task result.*names tensor 't0' twice"):
+        decode(cell, "s", 0)
+    shared = torch.arange(4.0)
+    back = _round_trip(
+        {"a": shared, "b": shared, "raw": [b"xy", b"xy"]}
+    )  # one tensor given twice is sent twice
+    _same(back, {"a": shared, "b": shared, "raw": [b"xy", b"xy"]})
+    back["a"].zero_()
+    assert torch.equal(back["b"], shared)
+
+
+def test_a_result_nested_deeper_than_a_worker_may_send_is_refused():
+    deepest = 1
+    for _ in range(64):  # the deepest value encode takes
+        deepest = [deepest]
+    assert _round_trip(deepest) == deepest
+    assert decode(_forged("[" * 64 + "1" + "]" * 64), "s", 0) == deepest
+    with pytest.raises(ValueError, match="document is damaged.*nested more than 64 levels deep"):
+        decode(_forged("[" * 65 + "1" + "]" * 65), "s", 0)
+
+
+@pytest.mark.timeout(120)
+def test_decoding_a_result_stays_within_its_size_under_an_address_space_limit():
+    """Decoding a result of N bytes holds about 2 N (its tensors, then its bytes and arrays) plus
+    its JSON's Python objects. Under a limit of 256 MiB above what the interpreter maps: the
+    4,000-reference cell (4 GiB once) is refused; a 72 MiB result of bytes, a tensor and an array
+    decodes; a 160 MiB one that cannot fit is a WorkerFailed saying so, never a MemoryError."""
+    result = run_capped(
+        """
+        import json, numpy as np
+        from safetensors.torch import save
+        from sparkdp.errors import WorkerFailed
+        from sparkdp.spark.launcher import _decoded
+        from sparkdp.spark.results import decode, encode
+
+        document = {"format": "sparkdp-result/1", "stage": "s", "index": 0,
+                    "value": [{"__bytes__": {"__tensor__": "t0"}}] * 4000}
+        amplified = save({"t0": torch.zeros(1 << 20, dtype=torch.uint8)}, metadata={"sparkdp": json.dumps(document)})
+        mib = 1 << 20
+        fits = encode("s", 0, {"raw": bytes(24 * mib), "t": torch.ones(6 * mib), "a": np.ones(3 * mib)})
+        too_big = encode("s", 1, bytes(160 * mib))
+        decode(encode("s", 0, {"raw": b"x", "t": torch.ones(2), "a": np.ones(2)}), "s", 0)  # warm
+        cap(256 * mib)
+        print("amplified:", len(amplified))
+        try:
+            decode(amplified, "s", 0)
+        except ValueError as err:
+            print("refused:", err)
+        back = decode(fits, "s", 0)
+        print("decoded:", len(back["raw"]), float(back["t"].sum()), float(back["a"].sum()))
+        del back
+        try:
+            _decoded({0: too_big}, "s", 1)
+        except WorkerFailed as err:
+            print("failed:", err)
+        """
+    )
+    out = result.stdout + result.stderr
+    assert "amplified: 1220760" in out and "refused: it is not a sparkdp task result" in out, out
+    assert "names tensor 't0' twice" in out, out
+    assert f"decoded: {24 << 20} {float(6 << 20)} {float(3 << 20)}" in out, out
+    assert "failed: the result of task 1 (167,772," in out and "did not fit in the driver's memory" in out, (
+        out
+    )
+    assert result.returncode == 0, out

@@ -116,17 +116,28 @@ def _results(rows, stage: str, num_tasks: int) -> list[Any]:
             "before the session starts, e.g. sparkdp.session(conf={'spark.driver.memory': '8g'}) or "
             "spark-submit --driver-memory 8g (docs/guide/reliability.md)."
         )
-    out = []
-    for index in indices:
-        data = b"".join(bytes(by_task[index][part]) for part in range(len(by_task[index])))
-        try:
-            out.append(decode(data, stage, index))
-        except ValueError as err:
-            raise WorkerFailed(
-                f"the result of task {index} was not read: {err}. Something other than sparkdp's "
-                "task wrote or changed it; nothing in it was run."
-            ) from None
-    return out
+    return [_decoded(by_task[index], stage, index) for index in indices]
+
+
+def _decoded(parts: dict[int, Any], stage: str, index: int) -> Any:
+    """Task ``index``'s result from its rows' cells. Decoding a result of N bytes holds about
+    twice N plus the Python objects of its JSON document (:func:`sparkdp.spark.results.decode`);
+    a driver that has not that much memory gets a WorkerFailed saying so, not a MemoryError."""
+    size = sum(len(cell) for cell in parts.values())
+    try:
+        return decode(b"".join(bytes(parts[part]) for part in range(len(parts))), stage, index)
+    except ValueError as err:
+        raise WorkerFailed(
+            f"the result of task {index} was not read: {err}. Something other than sparkdp's "
+            "task wrote or changed it; nothing in it was run."
+        ) from None
+    except MemoryError:
+        raise WorkerFailed(
+            f"the result of task {index} ({size:,} bytes) did not fit in the driver's memory as it "
+            "was read back: give the driver process more memory (its own limit, not only "
+            "spark.driver.memory, which is the JVM's) or return less from the task "
+            "(docs/guide/reliability.md)."
+        ) from None
 
 
 def _stage_id() -> str:

@@ -81,7 +81,7 @@ def decode(data: bytes, stage: str, index: int) -> Any:
             f"not of task {index} of this stage ({stage!r})"
         )
     try:
-        return _from_wire(document["value"])
+        return _from_wire(document["value"], 0)
     except (KeyError, TypeError, ValueError, RecursionError) as err:
         raise ValueError(f"its document is damaged ({type(err).__name__}: {err})") from None
 
@@ -192,11 +192,17 @@ def _numpy(value: Any, where: str) -> Any:
     return {_NDARRAY: tensor}
 
 
-def _from_wire(wire: Any) -> Any:
+def _from_wire(wire: Any, depth: int) -> Any:
+    """What :func:`_to_wire` made of a value, built back: nested at most as deep as it lets a
+    value be. Each tagged tensor is its own (:func:`sparkdp.state.from_bytes` refuses a tensor
+    named twice), so the bytes and arrays built here are at most the result's own bytes."""
+    if depth > _MAX_DEPTH:
+        raise ValueError(f"the result is nested more than {_MAX_DEPTH} levels deep")
+    deeper = depth + 1
     if isinstance(wire, list):
-        return [_from_wire(v) for v in wire]
+        return [_from_wire(v, deeper) for v in wire]
     if isinstance(wire, tuple):
-        return tuple(_from_wire(v) for v in wire)
+        return tuple(_from_wire(v, deeper) for v in wire)
     if isinstance(wire, dict):
         if len(wire) == 1:
             ((tag, inner),) = wire.items()
@@ -205,10 +211,10 @@ def _from_wire(wire: Any) -> Any:
             if tag == _NDARRAY:
                 return _tensor(inner).numpy()
             if tag == _RECORD:
-                return _record(inner)
+                return _record(inner, deeper)
             if tag == _ITEMS:
-                return {k: _from_wire(v) for k, v in inner}
-        return {k: _from_wire(v) for k, v in wire.items()}
+                return {k: _from_wire(v, deeper) for k, v in inner}
+        return {k: _from_wire(v, deeper) for k, v in wire.items()}
     return wire
 
 
@@ -218,7 +224,7 @@ def _tensor(value: Any) -> torch.Tensor:
     return value
 
 
-def _record(inner: Any) -> Any:
+def _record(inner: Any, depth: int) -> Any:
     name, values = inner
     cls = _RECORDS.get(name)
     if cls is None or not isinstance(values, dict):
@@ -226,4 +232,4 @@ def _record(inner: Any) -> Any:
     expected = {f.name for f in fields(cls)}
     if set(values) != expected:
         raise ValueError(f"a {name} has the fields {sorted(expected)}, not {sorted(values)}")
-    return cls(**{k: _from_wire(v) for k, v in values.items()})
+    return cls(**{k: _from_wire(v, depth) for k, v in values.items()})

@@ -206,7 +206,7 @@ class FSDP(Strategy):
         from torch.distributed.tensor import DTensor
 
         mine: dict[str, torch.Tensor] = {}
-        pieces: dict[str, tuple[int, int]] = {}
+        pieces: dict[str, tuple[int, int, int]] = {}
         for name, value in self.unwrap().state_dict().items():
             if not isinstance(value, DTensor):
                 if rank == 0:
@@ -218,7 +218,7 @@ class FSDP(Strategy):
                 if rank == 0:
                     mine[name] = whole
             elif where[2]:
-                mine[name], pieces[name] = value.to_local(), where[:2]
+                mine[name], pieces[name] = value.to_local(), (*where[:2], value.shape[0])
         if not mine and rank != 0:
             return None
         return state_io.part_to_bytes(mine, pieces)

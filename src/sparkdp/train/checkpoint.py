@@ -30,15 +30,22 @@ import torch
 
 from ..config import CheckpointConfig
 from ..errors import ConfigError
-from .checkpoint_store import CheckpointStore, decode, new_job_id, parse_name, sync_position
+from .checkpoint_store import (
+    LOOP_PART,
+    CheckpointStore,
+    decode,
+    new_job_id,
+    parse_name,
+    sync_position,
+)
 
 FORMAT = 1
 SERIES = "ckpt"
 #: sharded checkpoints (``train.sharded_checkpoint``): one directory checkpoint per save
 SHARDED_SERIES = "shards"
-#: the part of a sharded checkpoint that holds everything but the shards: a one-file checkpoint's
-#: bytes (this module's payload with no model; the optimizer's parameter groups and scheduler)
-LOOP_PART = "loop-state"
+# LOOP_PART (the store's, where every part name is checked): the part of a sharded checkpoint
+# that holds everything but the shards: a one-file checkpoint's bytes (this module's payload
+# with no model; the optimizer's parameter groups and scheduler)
 
 
 @dataclass(frozen=True)

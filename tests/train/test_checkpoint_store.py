@@ -192,13 +192,13 @@ def test_rotation_removes_this_jobs_older_directory_checkpoints_and_uncommitted_
     assert not (tmp_path / "shards-e00004-s00000000-mine").exists()
 
 
-def _sharded(directory, epoch: int) -> str:
+def _sharded(directory, epoch: int, keep: int = 3) -> str:
     """A committed sharded checkpoint at the end of ``epoch`` as the loop writes it: a real
     loop-state part and one shard part."""
     from sparkdp.train.checkpoint import checkpoint_payload
     from sparkdp.train.checkpoint_store import encode, sync_position
 
-    store = CheckpointStore(str(directory), "job")
+    store = CheckpointStore(str(directory), "job", keep)
     payload = checkpoint_payload(
         epoch=epoch,
         step=0,
@@ -286,3 +286,57 @@ def test_a_manifest_digest_that_is_no_sha256_is_refused(tmp_path, sha):
     (tmp_path / name).write_text(json.dumps(record))
     with pytest.raises(ValueError, match=f"gives the part {R0} no SHA-256"):
         CheckpointStore(str(tmp_path), "reader").manifest(name)
+
+
+@pytest.mark.parametrize(
+    ("series", "before", "after"),
+    [
+        ("ckpt", "e99999-s00000007", "e100000-s00000000"),  # epoch 10^5
+        ("ckpt", "e00003-s99999999", "e00003-s100000000"),  # step 10^8
+        ("ps", "999999", "1000000"),  # the 10^6th server checkpoint... and the one after it
+        ("ps-s0of2", "999999", "1000000"),
+    ],
+)
+def test_positions_past_the_names_widths_are_listed_ordered_resumed_and_rotated(
+    tmp_path, series, before, after
+):
+    """Names are written with minimum widths, so a position past them has a longer name: it is
+    listed, sorts after the shorter one by number (not by text, where "e1..." < "e9..."), is the
+    one resumed, and rotation keeps it and deletes the older ones."""
+    store = CheckpointStore(str(tmp_path), "job", keep=2)
+    first = store.save(
+        series, "000002" if series.startswith("ps") else "e00002-s00000000", {"w": torch.zeros(1)}
+    )
+    older = store.save(series, before, {"w": torch.ones(1)})
+    newest = store.save(series, after, {"w": torch.full((1,), 2.0)})
+    assert after in newest and parse_name(newest) is not None and str(parse_name(newest)) == newest
+    assert store.names(series) == [older, newest]  # keep=2: the oldest went, the newest stayed
+    assert not (tmp_path / first).exists()
+    found = store.latest(series, "job", lambda name, payload: payload)
+    assert found is not None and found[0] == newest and torch.equal(found[1]["w"], torch.full((1,), 2.0))
+
+
+def test_a_sharded_checkpoint_past_the_widths_is_the_one_resumed_and_uncommitted_ones_before_it_go(tmp_path):
+    from sparkdp.train.checkpoint import latest_checkpoint
+
+    store = CheckpointStore(str(tmp_path), "job", keep=1)
+    store.directory_writer("shards", "e99998-s00000000").write(LOOP_PART, b"never committed")
+    old = _sharded(tmp_path, 99_999, keep=1)
+    new = _sharded(tmp_path, 100_000, keep=1)
+    assert store.names() == [new] and not (tmp_path / old).exists()
+    assert not (tmp_path / "shards-e99998-s00000000-job").exists()
+    assert latest_checkpoint(tmp_path).epoch == 100_000
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "ckpt-e000001-s00000000-job.safetensors",  # a second text for epoch 1
+        "ckpt-e00001-s000000001-job.safetensors",
+        "ps-0000001-job.safetensors",
+        "ps-01000000-job.safetensors",
+        "ckpt-e00001-s00000000-job.safetensors\n",
+    ],
+)
+def test_a_position_has_one_name_only(name):
+    assert parse_name(name) is None

@@ -25,7 +25,14 @@ from ..errors import ConfigError, WorkerLost
 from ..ps import ParameterServer
 from ..ps.transport import TcpOptions, TcpTransport
 from ..strategies.async_ps import AsyncParameterServer
-from ..train.checkpoint_store import CheckpointName, CheckpointStore, new_job_id, parse_name, server_series
+from ..train.checkpoint_store import (
+    CheckpointName,
+    CheckpointStore,
+    new_job_id,
+    parse_name,
+    position_key,
+    server_series,
+)
 from ..train.children import job_worker_ids
 from ..train.faults import fault_from_env
 from ..train.jobs import task_device
@@ -331,7 +338,9 @@ def server_lineage(job: JobConfig) -> str | None:
     )
     servers = [n for n in store.names() if n.startswith("ps-")]
     newest = max(
-        (cast(CheckpointName, parse_name(n)) for n in servers), key=lambda p: p.position, default=None
+        (cast(CheckpointName, parse_name(n)) for n in servers),
+        key=lambda p: position_key(p.position),
+        default=None,
     )
     if newest is None:
         raise ConfigError(

@@ -36,6 +36,7 @@ from .checkpoint_store import (
     decode,
     new_job_id,
     parse_name,
+    position_key,
     sync_position,
 )
 
@@ -259,7 +260,7 @@ def latest_checkpoint(
     sharded = store.latest(SHARDED_SERIES, job_id, lambda name, manifest: _sharded(store, name, manifest))
     found = [c for c in (whole, sharded) if c is not None]
     # one job writes one kind; of two, the later position (names sort by it within a series)
-    return max(found, key=lambda c: parse_name(c[0]).position)[1] if found else None  # type: ignore[union-attr]
+    return max(found, key=lambda c: position_key(parse_name(c[0]).position))[1] if found else None  # type: ignore[union-attr]
 
 
 def _sharded(store: CheckpointStore, name: str, manifest: dict[str, Any]) -> Checkpoint:

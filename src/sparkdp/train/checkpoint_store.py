@@ -11,7 +11,8 @@ Names (one matcher, :func:`parse_name`): ``{series}-{position}-{job}{suffix}``, 
 or ``shards`` (a directory checkpoint, ``e{epoch:05d}-s{step:08d}``); ``job`` is the identity of
 the job that wrote it, so two jobs never write the same name, and ``suffix`` is
 ``.safetensors`` (one file) or ``.manifest.json`` (the commit record of a directory
-checkpoint). Names of one series sort by position.
+checkpoint). The widths are minimums: epoch 100000 is ``e100000``. Names of one series sort by
+the numbers of their position (:attr:`CheckpointName.key`), not by their text.
 
 A directory checkpoint's manifest names its parts; a part name becomes a path when the part is
 read, so every read checks each name against the parts its series' format defines
@@ -60,7 +61,7 @@ def _number(width: int) -> str:
 
 
 _NAME = re.compile(
-    rf"(?P<series>{_SERIES})-(?P<position>e\d{{5}}-s\d{{8}}|\d{{6}})-"
+    rf"(?P<series>{_SERIES})-(?P<position>e{_number(5)}-s{_number(8)}|{_number(6)})-"
     r"(?P<job>[A-Za-z0-9_-]{1,64})(?P<suffix>\.safetensors|\.manifest\.json)"
 )
 _JOB_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -80,7 +81,13 @@ def new_job_id() -> str:
     return secrets.token_hex(8)
 
 
-@dataclass(frozen=True, order=True)
+def position_key(position: str) -> tuple[int, ...]:
+    """A position's numbers (epoch and step, or a server checkpoint's count), which order
+    positions whatever their widths (``e100000`` after ``e99999``)."""
+    return tuple(int(n) for n in re.findall(r"\d+", position))
+
+
+@dataclass(frozen=True)
 class CheckpointName:
     """A parsed checkpoint name; ordered by series, then position (oldest first)."""
 
@@ -91,6 +98,13 @@ class CheckpointName:
 
     def __str__(self) -> str:
         return f"{self.series}-{self.position}-{self.job_id}{self.suffix}"
+
+    @property
+    def key(self) -> tuple[str, tuple[int, ...], str, str]:
+        return self.series, position_key(self.position), self.job_id, self.suffix
+
+    def __lt__(self, other: CheckpointName) -> bool:
+        return self.key < other.key
 
 
 def parse_name(name: str) -> CheckpointName | None:
@@ -423,7 +437,8 @@ class CheckpointStore:
         """Keep the newest ``keep`` of this job's ``series`` checkpoints up to the one just
         ``written``: the file just written is never deleted, nor a newer one, nor another job's.
         A directory series also loses this job's older directories that were never committed."""
-        older = [n for n in self.names(series, self.job_id) if n < written]
+        newest = _parsed(written)
+        older = [n for n in self.names(series, self.job_id) if _parsed(n) < newest]
         for old in older[: max(len(older) - (self.keep - 1), 0)]:
             self.delete(old)
         for orphan in self._uncommitted(series, written):
@@ -439,13 +454,13 @@ class CheckpointStore:
             entries = {str(e).rstrip("/").rsplit("/", 1)[-1] for e in self.fs.ls(self.root, detail=False)}
         except (FileNotFoundError, NotADirectoryError):
             return []
-        found = []
+        found, newest = [], _parsed(before)
         for entry in entries:
             parsed = parse_name(entry + ".manifest.json")
             if (
                 parsed is not None
                 and (parsed.series, parsed.job_id) == (series, self.job_id)
-                and str(parsed) < before
+                and parsed < newest
                 and str(parsed) not in entries
             ):
                 found.append(entry)
@@ -572,6 +587,7 @@ __all__ = [
     "new_job_id",
     "check_part",
     "parse_name",
+    "position_key",
     "server_series",
     "sync_position",
 ]

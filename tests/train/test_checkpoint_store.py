@@ -340,3 +340,45 @@ def test_a_sharded_checkpoint_past_the_widths_is_the_one_resumed_and_uncommitted
 )
 def test_a_position_has_one_name_only(name):
     assert parse_name(name) is None
+
+
+def _check_writable_many(directory: str, calls: int) -> list[str]:
+    """``check_writable`` ``calls`` times, each through a new store (as each job has its own):
+    the errors it raised."""
+    from sparkdp.errors import ConfigError
+
+    errors = []
+    for _ in range(calls):
+        try:
+            CheckpointStore(directory, "reader").check_writable()
+        except ConfigError as exc:
+            errors.append(str(exc))
+    return errors
+
+
+@pytest.mark.timeout(120)
+def test_jobs_checking_one_directory_at_once_never_fail_each_other(tmp_path):
+    """Threads and processes checking one directory at once, as jobs starting together do: no
+    false "cannot write checkpoints", and no probe left behind."""
+    import multiprocessing
+    from concurrent.futures import ThreadPoolExecutor
+
+    directory = str(tmp_path / "ckpts")
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        processes = pool.starmap_async(_check_writable_many, [(directory, 150)] * 2)
+        with ThreadPoolExecutor(6) as threads:
+            errors = [
+                e for found in threads.map(_check_writable_many, [directory] * 6, [150] * 6) for e in found
+            ]
+        errors += [e for found in processes.get(timeout=100) for e in found]
+    assert errors == []
+    assert list((tmp_path / "ckpts").iterdir()) == []
+
+
+def test_a_directory_that_cannot_be_written_is_still_refused(tmp_path):
+    from sparkdp.errors import ConfigError
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(ConfigError, match="cannot write checkpoints to .*leave checkpoint_dir unset"):
+        CheckpointStore(str(blocker / "ckpts"), "reader").check_writable()

@@ -481,12 +481,17 @@ class CheckpointStore:
             self.fs.rm(path, recursive=True)
 
     def check_writable(self) -> None:
-        """Fail at the start of a job, not after an hour of training, if nothing can be saved here."""
-        probe = ".sparkdp-write-test"
+        """Fail at the start of a job, not after an hour of training, if nothing can be saved here.
+        Each call writes and removes a probe of its own name: jobs starting on one directory at
+        once never remove each other's probe (a hidden name, never a checkpoint's)."""
+        probe = f".sparkdp-write-test-{secrets.token_hex(8)}"
         try:
             self.fs.makedirs(self.root, exist_ok=True)
-            self.put(probe, b"ok")
-            self.fs.rm_file(self._path(probe))
+            try:
+                self.put(probe, b"ok")
+            finally:
+                if self.fs.exists(self._path(probe)):
+                    self.fs.rm_file(self._path(probe))
         except (OSError, ValueError) as exc:
             raise ConfigError(
                 f"cannot write checkpoints to {self.directory!r}: {exc}. Give a directory this user "

@@ -149,3 +149,11 @@ def test_columns_need_features_when_a_label_is_named():
     with pytest.raises(ConfigError, match="label= was given without features="):
         Columns(label="y")
     assert not Columns().given and Columns(features="x", label="y").given
+
+
+def test_resume_job_is_a_flag_and_a_job_file_key():
+    args = _train_args("--resume", "runs/a", "--resume-job", "job-a", "--print-config")
+    printed = yaml.safe_load(effective_config(args, args.settings))
+    assert (printed["resume"], printed["resume_job"]) == ("runs/a", "job-a")
+    job = JobConfig.of({"resume": "runs/a", "resume_job": "job-b"})
+    assert job.checkpoints.resume_job == "job-b"

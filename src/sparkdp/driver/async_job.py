@@ -40,6 +40,7 @@ from ..train.loop import FitSpec, evaluate, fit_worker
 from ..train.report import WorkerReport
 from ..train.result import TrainResult
 from .controller import Attempt, Controller, RestartPolicy
+from .recovery import resumed_job
 
 log = logging.getLogger(__name__)
 
@@ -336,11 +337,10 @@ def server_lineage(job: JobConfig) -> str | None:
     store = CheckpointStore(
         str(job.checkpoints.resume), "reader", storage_options=job.checkpoints.checkpoint_storage_options
     )
-    servers = [n for n in store.names() if n.startswith("ps-")]
+    servers = [cast(CheckpointName, parse_name(n)) for n in store.names() if n.startswith("ps-")]
+    chosen = resumed_job(job, {p.series for p in servers})
     newest = max(
-        (cast(CheckpointName, parse_name(n)) for n in servers),
-        key=lambda p: position_key(p.position),
-        default=None,
+        (p for p in servers if p.job_id == chosen), key=lambda p: position_key(p.position), default=None
     )
     if newest is None:
         raise ConfigError(
@@ -348,6 +348,7 @@ def server_lineage(job: JobConfig) -> str | None:
             "there. Point resume at the checkpoint_dir of an earlier asynchronous run, or leave it "
             "unset to start afresh."
         )
+    log.info("resuming job %s from its server checkpoints in %s", newest.job_id, job.checkpoints.resume)
     return newest.job_id
 
 

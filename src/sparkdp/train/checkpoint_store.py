@@ -45,6 +45,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from .. import state as state_io
+from ..config import JOB_ID
 from ..errors import ConfigError
 from ..files import atomic_write
 
@@ -62,9 +63,8 @@ def _number(width: int) -> str:
 
 _NAME = re.compile(
     rf"(?P<series>{_SERIES})-(?P<position>e{_number(5)}-s{_number(8)}|{_number(6)})-"
-    r"(?P<job>[A-Za-z0-9_-]{1,64})(?P<suffix>\.safetensors|\.manifest\.json)"
+    rf"(?P<job>{JOB_ID.pattern})(?P<suffix>\.safetensors|\.manifest\.json)"
 )
-_JOB_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _SUFFIX = {"shards": ".manifest.json"}  # every other series is one .safetensors file
 _MANIFEST_FORMAT = 1
 #: the part of a sharded checkpoint that holds everything but the shards (train.checkpoint)
@@ -229,7 +229,7 @@ class CheckpointStore:
     def __init__(
         self, directory: str, job_id: str, keep: int = 3, storage_options: Mapping[str, Any] | None = None
     ) -> None:
-        if not _JOB_ID.fullmatch(job_id):
+        if not JOB_ID.fullmatch(job_id):
             raise ConfigError(
                 f"checkpoint job identity {job_id!r}: expected 1-64 letters, digits, '_' or '-'."
             )

@@ -207,3 +207,11 @@ def test_refused_storage_options_are_quoted_without_their_credentials():
         JobConfig.of(checkpoint_storage_options={1: "x", "secret": "S3CR3T", "endpoint_url": "http://h:9000"})
     assert "S3CR3T" not in str(refused.value) and "'secret': '***'" in str(refused.value)
     assert "http://h:9000" in str(refused.value)
+
+
+def test_resume_job_is_a_flag_and_a_job_file_key():
+    args = _train_args("--resume", "runs/a", "--resume-job", "job-a", "--print-config")
+    printed = yaml.safe_load(effective_config(args, args.settings))
+    assert (printed["resume"], printed["resume_job"]) == ("runs/a", "job-a")
+    job = JobConfig.of({"resume": "runs/a", "resume_job": "job-b"})
+    assert job.checkpoints.resume_job == "job-b"

@@ -25,6 +25,8 @@ MEMORY_FORMATS = ("auto", "channels_last", "contiguous")
 PRECISIONS = ("32", "bf16-mixed", "fp16-mixed")
 #: the named learning-rate schedules (``sparkdp.train.schedule``); "constant" is no schedule
 LR_SCHEDULES = ("constant", "warmup-cosine")
+#: a job's identity, as its checkpoints' names carry it (train.checkpoint_store) and resume_job gives it
+JOB_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def setting(
@@ -243,6 +245,7 @@ class CheckpointConfig:
         checkpoint_every_s: also save when this many seconds have passed.
         keep_checkpoints: how many of the newest checkpoints to keep.
         resume: a checkpoint directory: continue from its newest valid checkpoint.
+        resume_job: the job to continue when the resume directory holds several jobs' checkpoints: its identity, the last part of its checkpoints' names (ckpt-e00002-s00000000-JOB.safetensors); unset, a directory of several jobs is refused with their identities.
         checkpoint_storage_options: options for the checkpoint directory's fsspec filesystem (e.g. endpoint_url=http://host:9000 for an S3-compatible store); they travel to the executors with the job.
     """
 
@@ -251,6 +254,7 @@ class CheckpointConfig:
     checkpoint_every_s: float | None = setting(None, metavar="S")
     keep_checkpoints: int = setting(3, metavar="K")
     resume: str | None = setting(None, metavar="DIR")
+    resume_job: str | None = setting(None, metavar="JOB")
     checkpoint_storage_options: dict[str, Any] | None = setting(None, metavar="KEY=VALUE", parse=key_value)
 
     def __post_init__(self) -> None:
@@ -258,6 +262,18 @@ class CheckpointConfig:
         check_int("keep_checkpoints", self.keep_checkpoints)
         check_seconds("checkpoint_every_s", self.checkpoint_every_s, optional=True)
         _paths(self, "checkpoint_dir", "resume")
+        if self.resume_job is not None and (
+            not isinstance(self.resume_job, str) or not JOB_ID.fullmatch(self.resume_job)
+        ):
+            raise ConfigError(
+                f"resume_job={self.resume_job!r}: expected a job's identity, 1-64 letters, digits, '_' "
+                "or '-' (the last part of its checkpoints' names, ckpt-e00002-s00000000-JOB.safetensors)."
+            )
+        if self.resume_job is not None and self.resume is None:
+            raise ConfigError(
+                f"resume_job={self.resume_job!r} names the job to continue from resume's directory; "
+                "give resume=DIR (--resume DIR) too, or leave resume_job unset."
+            )
         options = self.checkpoint_storage_options
         if options is not None and not (
             isinstance(options, Mapping) and all(isinstance(k, str) for k in options)

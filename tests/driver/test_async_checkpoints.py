@@ -216,3 +216,24 @@ def test_a_server_checkpoint_renamed_to_another_jobs_name_is_not_loaded(tmp_path
     with caplog.at_level(logging.WARNING, logger="sparkdp"), pytest.raises(ConfigError, match="no readable"):
         load_latest(_server(nn.Linear(4, 3)), _store(tmp_path, "job-a"))
     assert "not what its name says" in caplog.text
+
+
+def test_resuming_a_directory_of_two_jobs_servers_is_refused_unless_resume_job_names_one(tmp_path, caplog):
+    """resume=DIR into a checkpoint_dir of its own, DIR holding two asynchronous jobs' server
+    checkpoints (one of them servers=2's): refused with both identities, unless resume_job
+    names one, which one log line then says."""
+    _two_checkpoints(tmp_path, "job-a")
+    _two_checkpoints(tmp_path, "job-b", server_series(1, 2))
+    elsewhere = str(tmp_path / "new")
+    with pytest.raises(
+        ConfigError, match=r"2 jobs: job-a \(newest ps-000001-job-a.*job-b \(newest ps-s1of2-.*--resume-job"
+    ):
+        server_lineage(JobConfig.of(resume=str(tmp_path), checkpoint_dir=elsewhere))
+    with caplog.at_level(logging.INFO, logger="sparkdp"):
+        assert (
+            server_lineage(JobConfig.of(resume=str(tmp_path), checkpoint_dir=elsewhere, resume_job="job-b"))
+            == "job-b"
+        )
+    assert [r.getMessage() for r in caplog.records] == [
+        f"resuming job job-b from its server checkpoints in {tmp_path}"
+    ]

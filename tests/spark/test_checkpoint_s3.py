@@ -16,7 +16,7 @@ import torch
 
 import sparkdp
 from sparkdp.train.checkpoint import checkpoint_names, latest_checkpoint
-from sparkdp.train.checkpoint_store import CheckpointStore
+from sparkdp.train.checkpoint_store import LOOP_PART, CheckpointStore
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
@@ -95,9 +95,9 @@ def test_the_store_writes_rotates_and_commits_in_a_bucket(s3):
     assert found is not None and found[0] == "ps-000002-job-a.safetensors"
     assert torch.equal(found[1]["w"], torch.full((3,), 2.0))
     with store.directory_checkpoint("shards", "e00001-s00000000") as writer:
-        writer.write("rank0.distcp", b"zero")
+        writer.write(LOOP_PART, b"zero")
         assert "shards-e00001-s00000000-job-a.manifest.json" not in store.names()
-    assert store.read_directory("shards-e00001-s00000000-job-a.manifest.json") == {"rank0.distcp": b"zero"}
+    assert store.read_directory("shards-e00001-s00000000-job-a.manifest.json") == {LOOP_PART: b"zero"}
 
 
 def test_a_fit_saves_to_a_bucket_and_a_second_fit_resumes_from_it(spark, s3):

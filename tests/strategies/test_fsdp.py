@@ -230,6 +230,40 @@ def test_the_loop_writes_sharded_checkpoints_and_an_uncommitted_one_is_never_res
 
 
 @pytest.mark.distributed
+@pytest.mark.timeout(300)
+def test_a_resume_refuses_a_manifest_whose_parts_reach_outside_and_resumes_the_one_before(
+    tmp_path, monkeypatch, caplog
+):
+    """A real 2-rank fsdp job's newest manifest given an absolute and a ``../`` part name (their
+    bytes planted, their SHA-256s right): resume refuses that checkpoint with one line naming the
+    part, resumes the epoch before on every rank, ends with the uninterrupted run's model, and
+    no rank writes the planted files."""
+    import logging
+
+    from sparkdp.train.checkpoint import latest_checkpoint
+    from tests.helpers.manifests import plant_hostile_parts
+
+    directory, scratch = tmp_path / "ckpts", tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))  # the workers' temporary directories: ../ lands here
+    whole = _joined(run_workers(fit, WORLD, "fsdp", str(directory), timeout_s=200))
+    newest = directory / "shards-e00002-s00000000-fit-job.manifest.json"
+    planted = plant_hostile_parts(newest, tmp_path / "outside", scratch)
+    with caplog.at_level(logging.WARNING, logger="sparkdp"):
+        first = latest_checkpoint(directory)
+    assert first is not None and first.epoch == 1
+    [line] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert newest.name in line and "planted" in line and "\n" not in line
+    resumed = _joined(run_workers(fit_resumed, WORLD, str(directory), timeout_s=200))
+    assert not any(p.exists() for p in planted)
+    assert [h["epoch"] for h in resumed["history"]] == [2]
+    assert resumed["history"][0]["loss"] == pytest.approx(whole["history"][1]["loss"], rel=1e-5)
+    want, got = load_safetensors(whole["state"]), load_safetensors(resumed["state"])
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], rtol=1e-5, atol=1e-6, msg=key)
+
+
+@pytest.mark.distributed
 @pytest.mark.timeout(240)
 def test_bf16_parameters_train_like_fp32_while_the_shards_stay_fp32():
     """param_dtype=bf16 computes and gathers in bf16 (8 significant bits: losses within 2%),

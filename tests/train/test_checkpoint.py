@@ -482,3 +482,43 @@ def test_resuming_into_a_new_directory_can_be_run_again(tmp_path):
     _save(new, 1, 20, job_id="someone-else")
     with pytest.raises(ConfigError, match="This job resumes from .*: give it a checkpoint_dir of its own"):
         refuse_foreign_checkpoints(job, resume_point(job).job_id)
+
+
+def test_resuming_a_directory_of_two_jobs_is_refused_unless_resume_job_names_one(tmp_path, caplog):
+    """resume=DIR with a checkpoint_dir of its own: DIR holding two jobs' checkpoints is refused
+    with both identities and how to choose; resume_job picks one (not the newest, here); the
+    job resumed is named in one log line."""
+    _save(tmp_path, 1, 0, job_id="job-a")
+    _save(tmp_path, 0, 30, job_id="job-a")
+    _save(tmp_path, 2, 0, job_id="job-b")  # the newest file in DIR
+    elsewhere = str(tmp_path / "new")
+    with pytest.raises(
+        ConfigError, match=r"2 jobs: job-a \(newest ckpt-e00001-s00000000-job-a.*job-b .*resume_job=JOB"
+    ):
+        resume_point(JobConfig.of(resume=str(tmp_path), checkpoint_dir=elsewhere))
+    with caplog.at_level(logging.INFO, logger="sparkdp"):
+        start = resume_point(JobConfig.of(resume=str(tmp_path), checkpoint_dir=elsewhere, resume_job="job-a"))
+    assert (start.job_id, start.epoch, start.step) == ("job-a", 1, 0)
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("resuming")]
+    assert line == f"resuming job job-a from {tmp_path / 'ckpt-e00001-s00000000-job-a.safetensors'}"
+    with pytest.raises(
+        ConfigError, match=r"resume_job='job-c'.*holds no checkpoint of that job.*job-a .*job-b"
+    ):
+        resume_point(JobConfig.of(resume=str(tmp_path), checkpoint_dir=elsewhere, resume_job="job-c"))
+    alone = tmp_path / "alone"
+    _save(alone, 0, 5, job_id="job-d")
+    assert resume_point(JobConfig.of(resume=str(alone), checkpoint_dir=elsewhere)).job_id == "job-d"
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"resume_job": "job-a"}, "give resume=DIR"),
+        ({"resume": "d", "resume_job": "a/b"}, "expected a job's identity"),
+        ({"resume": "d", "resume_job": ""}, "expected a job's identity"),
+        ({"resume": "d", "resume_job": 7}, "expected a job's identity"),
+    ],
+)
+def test_a_resume_job_that_cannot_name_a_job_is_refused(settings, message):
+    with pytest.raises(ConfigError, match=message):
+        CheckpointConfig(**settings)

@@ -25,7 +25,14 @@ from ..errors import ConfigError, WorkerLost
 from ..ps import ParameterServer
 from ..ps.transport import TcpOptions, TcpTransport
 from ..strategies.async_ps import AsyncParameterServer
-from ..train.checkpoint_store import CheckpointName, CheckpointStore, new_job_id, parse_name, server_series
+from ..train.checkpoint_store import (
+    CheckpointName,
+    CheckpointStore,
+    new_job_id,
+    parse_name,
+    position_key,
+    server_series,
+)
 from ..train.children import job_worker_ids
 from ..train.faults import fault_from_env
 from ..train.jobs import task_device
@@ -33,6 +40,7 @@ from ..train.loop import FitSpec, evaluate, fit_worker
 from ..train.report import WorkerReport
 from ..train.result import TrainResult
 from .controller import Attempt, Controller, RestartPolicy
+from .recovery import resumed_job
 
 log = logging.getLogger(__name__)
 
@@ -329,9 +337,10 @@ def server_lineage(job: JobConfig) -> str | None:
     store = CheckpointStore(
         str(job.checkpoints.resume), "reader", storage_options=job.checkpoints.checkpoint_storage_options
     )
-    servers = [n for n in store.names() if n.startswith("ps-")]
+    servers = [cast(CheckpointName, parse_name(n)) for n in store.names() if n.startswith("ps-")]
+    chosen = resumed_job(job, {p.series for p in servers})
     newest = max(
-        (cast(CheckpointName, parse_name(n)) for n in servers), key=lambda p: p.position, default=None
+        (p for p in servers if p.job_id == chosen), key=lambda p: position_key(p.position), default=None
     )
     if newest is None:
         raise ConfigError(
@@ -339,6 +348,7 @@ def server_lineage(job: JobConfig) -> str | None:
             "there. Point resume at the checkpoint_dir of an earlier asynchronous run, or leave it "
             "unset to start afresh."
         )
+    log.info("resuming job %s from its server checkpoints in %s", newest.job_id, job.checkpoints.resume)
     return newest.job_id
 
 

@@ -12,14 +12,21 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, cast
 
 from ..config import JobConfig
 from ..errors import ConfigError, TrainingDiverged
-from ..train.checkpoint import Checkpoint, CheckpointPolicy, check_compatible, latest_checkpoint
+from ..train.checkpoint import (
+    SERIES,
+    SHARDED_SERIES,
+    Checkpoint,
+    CheckpointPolicy,
+    check_compatible,
+    latest_checkpoint,
+)
 from ..train.checkpoint_store import CheckpointName, CheckpointStore, new_job_id, parse_name
 from ..train.faults import fault_from_env
 from ..train.loop import FitSpec, StagePart
@@ -89,17 +96,54 @@ def checkpoint_policy(
             shutil.rmtree(temporary, ignore_errors=True)
 
 
+def resumed_job(job: JobConfig, series: Collection[str]) -> str | None:
+    """The job whose checkpoints (of ``series``) ``resume=`` continues: ``resume_job`` when given,
+    else the one job with such checkpoints in the directory; None when there are none. Several
+    jobs' checkpoints there are a ``ConfigError`` listing them: resuming the newest would continue
+    whichever job wrote last, maybe not the one meant."""
+    directory = str(job.checkpoints.resume)
+    store = CheckpointStore(directory, "reader", storage_options=job.checkpoints.checkpoint_storage_options)
+    newest: dict[str, str] = {}  # job -> its newest checkpoint of series (names are listed oldest first)
+    for name in store.names():
+        parsed = cast(CheckpointName, parse_name(name))
+        if parsed.series in series:
+            newest[parsed.job_id] = name
+    chosen = job.checkpoints.resume_job
+    if chosen is not None and newest and chosen not in newest:
+        raise ConfigError(
+            f"resume_job={chosen!r}: {directory!r} holds no checkpoint of that job; it holds "
+            f"{_jobs(newest)}. Give one of those identities, or point resume at that job's directory."
+        )
+    if chosen is None and len(newest) > 1:
+        raise ConfigError(
+            f"resume={directory!r} holds checkpoints of {len(newest)} jobs: {_jobs(newest)}. Say which "
+            "to continue with resume_job=JOB (--resume-job JOB), or give each job a directory of its own."
+        )
+    return chosen or next(iter(newest), None)
+
+
+def _jobs(newest: dict[str, str]) -> str:
+    return ", ".join(f"{job} (newest {name})" for job, name in sorted(newest.items()))
+
+
 def resume_point(job: JobConfig) -> Checkpoint | None:
-    """The checkpoint ``resume=`` names, or None without ``resume``."""
+    """The checkpoint ``resume=`` names, or None without ``resume``: the newest readable one of
+    the job :func:`resumed_job` chooses."""
     if job.checkpoints.resume is None:
         return None
-    found = latest_checkpoint(job.checkpoints.resume, settings=job.checkpoints)
+    job_id = resumed_job(job, (SERIES, SHARDED_SERIES))
+    found = (
+        latest_checkpoint(job.checkpoints.resume, job_id, settings=job.checkpoints)
+        if job_id is not None
+        else None
+    )
     if found is None:
         raise ConfigError(
             f"resume={job.checkpoints.resume!r}: no readable checkpoint (ckpt-e*-s*-*.safetensors, or "
             "shards-e*-s*-*.manifest.json with its directory) there. "
             "Point resume at the checkpoint_dir of an earlier run, or leave it unset to start afresh."
         )
+    log.info("resuming job %s from %s", found.job_id, found.path)
     return found
 
 

@@ -99,7 +99,6 @@ def _resume(spec: FitSpec, job: JobConfig) -> tuple[FitSpec, str | None]:
     lineage = start.job_id if start is not None else None
     refuse_foreign_checkpoints(job, lineage)
     if start is not None:
-        log.info("resuming from %s", start.path)
         spec = resumed(spec, start)
     return spec, lineage
 

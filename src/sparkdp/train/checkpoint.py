@@ -31,15 +31,23 @@ import torch
 
 from ..config import CheckpointConfig
 from ..errors import ConfigError
-from .checkpoint_store import CheckpointStore, decode, new_job_id, parse_name, sync_position
+from .checkpoint_store import (
+    LOOP_PART,
+    CheckpointStore,
+    decode,
+    new_job_id,
+    parse_name,
+    position_key,
+    sync_position,
+)
 
 FORMAT = 1
 SERIES = "ckpt"
 #: sharded checkpoints (``train.sharded_checkpoint``): one directory checkpoint per save
 SHARDED_SERIES = "shards"
-#: the part of a sharded checkpoint that holds everything but the shards: a one-file checkpoint's
-#: bytes (this module's payload with no model; the optimizer's parameter groups and scheduler)
-LOOP_PART = "loop-state"
+# LOOP_PART (the store's, where every part name is checked): the part of a sharded checkpoint
+# that holds everything but the shards: a one-file checkpoint's bytes (this module's payload
+# with no model; the optimizer's parameter groups and scheduler)
 
 
 @dataclass(frozen=True)
@@ -278,7 +286,7 @@ def latest_checkpoint(
     sharded = store.latest(SHARDED_SERIES, job_id, lambda name, manifest: _sharded(store, name, manifest))
     found = [c for c in (whole, sharded) if c is not None]
     # one job writes one kind; of two, the later position (names sort by it within a series)
-    return max(found, key=lambda c: parse_name(c[0]).position)[1] if found else None  # type: ignore[union-attr]
+    return max(found, key=lambda c: position_key(parse_name(c[0]).position))[1] if found else None  # type: ignore[union-attr]
 
 
 def _sharded(store: CheckpointStore, name: str, manifest: dict[str, Any]) -> Checkpoint:

@@ -11,7 +11,13 @@ Names (one matcher, :func:`parse_name`): ``{series}-{position}-{job}{suffix}``, 
 or ``shards`` (a directory checkpoint, ``e{epoch:05d}-s{step:08d}``); ``job`` is the identity of
 the job that wrote it, so two jobs never write the same name, and ``suffix`` is
 ``.safetensors`` (one file) or ``.manifest.json`` (the commit record of a directory
-checkpoint). Names of one series sort by position.
+checkpoint). The widths are minimums: epoch 100000 is ``e100000``. Names of one series sort by
+the numbers of their position (:attr:`CheckpointName.key`), not by their text.
+
+A directory checkpoint's manifest names its parts; a part name becomes a path when the part is
+read, so every read checks each name against the parts its series' format defines
+(:func:`check_part`: no separator, no ``..``, no absolute name can match) and each SHA-256 for
+its form, before anything is read or written.
 
 A one-file checkpoint is safetensors (``sparkdp.state``: nothing executes code on load) whose
 JSON skeleton carries the job identity and the series, with one SHA-256 over the skeleton and
@@ -39,6 +45,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from .. import state as state_io
+from ..config import JOB_ID
 from ..errors import ConfigError
 from ..files import atomic_write
 
@@ -46,13 +53,27 @@ log = logging.getLogger(__name__)
 
 #: the series a name may carry: synchronous, driver server, server task K of N, directory checkpoints
 _SERIES = r"ckpt|ps|ps-s\d{1,4}of\d{1,4}|shards"
+
+
+def _number(width: int) -> str:
+    """A number written ``{n:0{width}d}``: exactly ``width`` digits, or more without a leading zero
+    (one text per number, so two names never stand for one position)."""
+    return rf"(?:\d{{{width}}}|[1-9]\d{{{width},}})"
+
+
 _NAME = re.compile(
-    rf"^(?P<series>{_SERIES})-(?P<position>e\d{{5}}-s\d{{8}}|\d{{6}})-"
-    r"(?P<job>[A-Za-z0-9_-]{1,64})(?P<suffix>\.safetensors|\.manifest\.json)$"
+    rf"(?P<series>{_SERIES})-(?P<position>e{_number(5)}-s{_number(8)}|{_number(6)})-"
+    rf"(?P<job>{JOB_ID.pattern})(?P<suffix>\.safetensors|\.manifest\.json)"
 )
-_JOB_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _SUFFIX = {"shards": ".manifest.json"}  # every other series is one .safetensors file
 _MANIFEST_FORMAT = 1
+#: the part of a sharded checkpoint that holds everything but the shards (train.checkpoint)
+LOOP_PART = "loop-state"
+#: the parts each directory series' format defines: a sharded checkpoint's loop state and one
+#: DCP safetensors file per rank (train.sharded_checkpoint.shard_part)
+_PARTS = {"shards": re.compile(rf"{LOOP_PART}|shard-{_number(5)}-model-00001-of-00001\.safetensors")}
+_PARTS_SHOWN = {"shards": f"{LOOP_PART} or shard-NNNNN-model-00001-of-00001.safetensors"}
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def new_job_id() -> str:
@@ -60,7 +81,13 @@ def new_job_id() -> str:
     return secrets.token_hex(8)
 
 
-@dataclass(frozen=True, order=True)
+def position_key(position: str) -> tuple[int, ...]:
+    """A position's numbers (epoch and step, or a server checkpoint's count), which order
+    positions whatever their widths (``e100000`` after ``e99999``)."""
+    return tuple(int(n) for n in re.findall(r"\d+", position))
+
+
+@dataclass(frozen=True)
 class CheckpointName:
     """A parsed checkpoint name; ordered by series, then position (oldest first)."""
 
@@ -72,13 +99,33 @@ class CheckpointName:
     def __str__(self) -> str:
         return f"{self.series}-{self.position}-{self.job_id}{self.suffix}"
 
+    @property
+    def key(self) -> tuple[str, tuple[int, ...], str, str]:
+        return self.series, position_key(self.position), self.job_id, self.suffix
+
+    def __lt__(self, other: CheckpointName) -> bool:
+        return self.key < other.key
+
 
 def parse_name(name: str) -> CheckpointName | None:
     """The checkpoint ``name`` stands for, or None for anything that is not a checkpoint's name."""
-    found = _NAME.match(name)
+    found = _NAME.fullmatch(name)
     if found is None:
         return None
     return CheckpointName(found["series"], found["position"], found["job"], found["suffix"])
+
+
+def check_part(series: str, part: object) -> str:
+    """``part`` if it is one of the part names ``series``' format defines; ``ValueError`` (one line,
+    naming it) otherwise. Called wherever a part name is written or read, since a name from a
+    manifest becomes a path: ``..``, an absolute name or a separator would reach outside the
+    checkpoint, so only the format's own plain names pass."""
+    allowed = _PARTS.get(series)
+    if allowed is None:
+        raise ValueError(f"the series {series!r} has no parts; directory checkpoints are {sorted(_PARTS)}")
+    if not isinstance(part, str) or not allowed.fullmatch(part):
+        raise ValueError(f"the part {part!r} is not one of a {series} checkpoint's ({_PARTS_SHOWN[series]})")
+    return part
 
 
 def sync_position(epoch: int, step: int) -> str:
@@ -182,7 +229,7 @@ class CheckpointStore:
     def __init__(
         self, directory: str, job_id: str, keep: int = 3, storage_options: Mapping[str, Any] | None = None
     ) -> None:
-        if not _JOB_ID.match(job_id):
+        if not JOB_ID.fullmatch(job_id):
             raise ConfigError(
                 f"checkpoint job identity {job_id!r}: expected 1-64 letters, digits, '_' or '-'."
             )
@@ -295,12 +342,14 @@ class CheckpointStore:
     def directory_writer(self, series: str, position: str) -> DirectoryWriter:
         """A writer of parts of this job's directory checkpoint at ``position``; nothing is
         listed until :meth:`commit_directory`."""
-        return DirectoryWriter(self, self.name(series, position).removesuffix(".manifest.json"))
+        return DirectoryWriter(self, self.name(series, position).removesuffix(".manifest.json"), series)
 
     def commit_directory(self, series: str, position: str, parts: Mapping[str, str]) -> str:
         """Commit a directory checkpoint whose ``parts`` (part name -> SHA-256) are all written:
         its manifest is written, atomically, and the series rotated; returns its name."""
         name = self.name(series, position)
+        for part in parts:
+            check_part(series, part)
         manifest = {"format": _MANIFEST_FORMAT, "job_id": self.job_id, "series": series, "parts": dict(parts)}
         self.put(name, json.dumps(manifest, sort_keys=True).encode())
         self.rotate(series, name)
@@ -319,25 +368,31 @@ class CheckpointStore:
         """A committed directory checkpoint's manifest, checked against its name; ``ValueError``
         if it is not one."""
         parsed = parse_name(name)
+        if parsed is None or parsed.series not in _PARTS:
+            raise ValueError(f"{name!r} is not a directory checkpoint's name")
         try:
             manifest = json.loads(self.fs.cat_file(self._path(name)))
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
             raise ValueError(f"its manifest is not JSON ({exc})") from exc
         if (
-            parsed is None
-            or not isinstance(manifest, dict)
+            not isinstance(manifest, dict)
+            or manifest.get("format") != _MANIFEST_FORMAT
             or manifest.get("job_id") != parsed.job_id
             or manifest.get("series", parsed.series) != parsed.series
             or not isinstance(manifest.get("parts"), dict)
-            or not all(isinstance(v, str) for v in manifest["parts"].values())
         ):
             raise ValueError("its manifest is not one of this checkpoint's")
+        for part, sha in manifest["parts"].items():
+            check_part(parsed.series, part)
+            if not isinstance(sha, str) or not _SHA256.fullmatch(sha):
+                raise ValueError(f"its manifest gives the part {part} no SHA-256 (64 hex digits) but {sha!r}")
         return manifest
 
     def read_part(self, name: str, part: str, manifest: Mapping[str, Any] | None = None) -> bytes:
         """One part of a committed directory checkpoint, checked against the SHA-256 its
         manifest gives; ``ValueError`` if it is not listed there or does not match."""
         manifest = self.manifest(name) if manifest is None else manifest
+        check_part(_parsed(name).series, part)  # a name given here becomes a path too
         sha = manifest["parts"].get(part)
         if sha is None:
             raise ValueError(f"its manifest lists no part {part!r}")
@@ -382,7 +437,8 @@ class CheckpointStore:
         """Keep the newest ``keep`` of this job's ``series`` checkpoints up to the one just
         ``written``: the file just written is never deleted, nor a newer one, nor another job's.
         A directory series also loses this job's older directories that were never committed."""
-        older = [n for n in self.names(series, self.job_id) if n < written]
+        newest = _parsed(written)
+        older = [n for n in self.names(series, self.job_id) if _parsed(n) < newest]
         for old in older[: max(len(older) - (self.keep - 1), 0)]:
             self.delete(old)
         for orphan in self._uncommitted(series, written):
@@ -398,13 +454,13 @@ class CheckpointStore:
             entries = {str(e).rstrip("/").rsplit("/", 1)[-1] for e in self.fs.ls(self.root, detail=False)}
         except (FileNotFoundError, NotADirectoryError):
             return []
-        found = []
+        found, newest = [], _parsed(before)
         for entry in entries:
             parsed = parse_name(entry + ".manifest.json")
             if (
                 parsed is not None
                 and (parsed.series, parsed.job_id) == (series, self.job_id)
-                and str(parsed) < before
+                and parsed < newest
                 and str(parsed) not in entries
             ):
                 found.append(entry)
@@ -425,12 +481,17 @@ class CheckpointStore:
             self.fs.rm(path, recursive=True)
 
     def check_writable(self) -> None:
-        """Fail at the start of a job, not after an hour of training, if nothing can be saved here."""
-        probe = ".sparkdp-write-test"
+        """Fail at the start of a job, not after an hour of training, if nothing can be saved here.
+        Each call writes and removes a probe of its own name: jobs starting on one directory at
+        once never remove each other's probe (a hidden name, never a checkpoint's)."""
+        probe = f".sparkdp-write-test-{secrets.token_hex(8)}"
         try:
             self.fs.makedirs(self.root, exist_ok=True)
-            self.put(probe, b"ok")
-            self.fs.rm_file(self._path(probe))
+            try:
+                self.put(probe, b"ok")
+            finally:
+                if self.fs.exists(self._path(probe)):
+                    self.fs.rm_file(self._path(probe))
         except (OSError, ValueError) as exc:
             raise ConfigError(
                 f"cannot write checkpoints to {self.directory!r}: {exc}. Give a directory this user "
@@ -442,8 +503,8 @@ class CheckpointStore:
 class DirectoryWriter:
     """The parts of a directory checkpoint being written (:meth:`CheckpointStore.directory_checkpoint`)."""
 
-    def __init__(self, store: CheckpointStore, directory: str) -> None:
-        self.store, self.directory = store, directory
+    def __init__(self, store: CheckpointStore, directory: str, series: str) -> None:
+        self.store, self.directory, self.series = store, directory, series
         self.parts: dict[str, str] = {}  # part name -> SHA-256 of its bytes
         store.fs.makedirs(store._path(directory), exist_ok=True)
 
@@ -453,10 +514,17 @@ class DirectoryWriter:
         return self.store._path(self.directory)
 
     def write(self, part: str, data: bytes) -> None:
-        if "/" in part or part.startswith(".") or not part:
-            raise ValueError(f"part name {part!r}: expected a plain file name")
+        check_part(self.series, part)
         self.store.put(f"{self.directory}/{part}", data)
         self.parts[part] = hashlib.sha256(data).hexdigest()
+
+
+def _parsed(name: str) -> CheckpointName:
+    """A name this store listed or wrote (always a checkpoint's)."""
+    parsed = parse_name(name)
+    if parsed is None:
+        raise ValueError(f"{name!r} is not a checkpoint's name")
+    return parsed
 
 
 def _protocols(fs: Any) -> tuple[str, ...]:
@@ -511,6 +579,7 @@ class BackgroundWriter:
 
 
 __all__ = [
+    "LOOP_PART",
     "BackgroundWriter",
     "CheckpointName",
     "CheckpointStore",
@@ -521,7 +590,9 @@ __all__ = [
     "encode",
     "host_copy",
     "new_job_id",
+    "check_part",
     "parse_name",
+    "position_key",
     "server_series",
     "sync_position",
 ]

@@ -28,7 +28,9 @@ writes the manifest. A crash before that leaves no manifest, so ``latest`` never
 half-written directory; the next save at that position, or rotation, removes it.
 
 Resume loads on ANY number of ranks: each rank reads every shard file (checked against the
-manifest) and DCP copies the pieces that overlap its new shards (resharding).
+manifest) and DCP copies the pieces that overlap its new shards (resharding). The manifest's part
+names are checked against the two the format defines (``loop-state``, ``shard-NNNNN-...``) on
+every read, so a crafted manifest cannot make a rank write outside its temporary directory.
 """
 
 from __future__ import annotations
@@ -266,7 +268,7 @@ def restore(
     if parsed is None or parsed.series != SHARDED_SERIES:
         raise ValueError(f"{location!r} is not a sharded checkpoint's manifest")
     store = CheckpointStore(directory or ".", "reader", storage_options=storage_options)
-    manifest = store.manifest(name)
+    manifest = store.manifest(name)  # every part name the format's own: none leaves ``tmp`` below
     target = strategy.sharded_state(model, optimizer)
     tied = {k: v for k, v in aliases(model).items() if v in target["model"]}
     weights = {k: v for k, v in target["model"].items() if k not in tied}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -274,6 +275,22 @@ def test_part_names_outside_the_format_are_refused_when_written_and_when_read(tm
     (tmp_path / name).write_text(json.dumps(record))
     with pytest.raises(ValueError, match="is not one of a shards checkpoint's"):
         store.manifest(name)
+
+
+@pytest.mark.parametrize("part", ["../planted", "/tmp/planted-by-a-manifest", "a/../../planted"])
+def test_copying_parts_refuses_a_name_that_leaves_the_directory_even_past_the_store(tmp_path, part):
+    # the second line of defence: a manifest that reached copy_parts without the store's check
+    from sparkdp.train.sharded_checkpoint import copy_parts
+
+    class Store:
+        def read_part(self, name, part, manifest):
+            return b"planted"
+
+    into = tmp_path / "into"
+    into.mkdir()
+    with pytest.raises(ValueError, match="leaves the checkpoint"):
+        copy_parts(Store(), "shards-e00001", {"parts": {part: "0" * 64}}, str(into))  # type: ignore[arg-type]
+    assert not (tmp_path / "planted").exists() and not Path("/tmp/planted-by-a-manifest").exists()
 
 
 @pytest.mark.parametrize("sha", ["", "0" * 63, "0" * 65, "G" * 64, "A" * 64, 7, None])

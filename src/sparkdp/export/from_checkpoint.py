@@ -20,9 +20,9 @@ from typing import Any
 from torch import nn
 
 from ..errors import ConfigError
-from ..train.checkpoint import LOOP_PART, Checkpoint, check_compatible, latest_checkpoint
+from ..train.checkpoint import Checkpoint, check_compatible, latest_checkpoint
 from ..train.checkpoint_store import CheckpointStore
-from ..train.sharded_checkpoint import aliases
+from ..train.sharded_checkpoint import aliases, copy_parts
 from .pretrained import DEFAULT_MAX_SHARD_SIZE, save_pretrained
 from .record import build_model
 
@@ -105,9 +105,7 @@ def load_shards(location: str, model: nn.Module) -> None:
     tied = {k: v for k, v in aliases(model).items() if v in state}
     weights = {k: v for k, v in state.items() if k not in tied}
     with tempfile.TemporaryDirectory(prefix="sparkdp-export-") as tmp:
-        for part in manifest["parts"]:
-            if part != LOOP_PART:  # one rank's file at a time, checked against the manifest
-                Path(tmp, part).write_bytes(store.read_part(name, part, manifest))
+        copy_parts(store, name, manifest, tmp)  # one rank's file at a time, each checked
         try:
             with warnings.catch_warnings():  # one process reads every rank's file: DCP warns of it
                 warnings.filterwarnings("ignore", message=r"torch\.distributed is (disabled, )?unavailable")

@@ -38,6 +38,7 @@ from __future__ import annotations
 import logging
 import tempfile
 import warnings
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -249,6 +250,23 @@ class ShardedSaver:
         log.info("checkpoint %s (%d parts)", self.store.url(name), len(parts))
 
 
+def copy_parts(store: CheckpointStore, name: str, manifest: Mapping[str, Any], into: str) -> None:
+    """Every rank's part of the sharded checkpoint ``name`` into the directory ``into``, each
+    checked against the manifest's SHA-256 as it is read.
+
+    The store refuses a manifest whose part names are not the format's own; the resolved path is
+    checked here again, so that no name, whatever reads it, places a file outside ``into``
+    (docs/guide/security.md)."""
+    root = Path(into).resolve()
+    for part in manifest["parts"]:
+        if part == LOOP_PART:
+            continue
+        path = (root / part).resolve()
+        if path.parent != root:
+            raise ValueError(f"the part name {part!r} of {name} leaves the checkpoint; refused")
+        path.write_bytes(store.read_part(name, part, manifest))
+
+
 def restore(
     location: str,
     strategy: Any,
@@ -274,9 +292,7 @@ def restore(
     weights = {k: v for k, v in target["model"].items() if k not in tied}
     tensors, _ = split_tensors({"model": weights, "optimizer": target["optimizer"]["state"]})
     with tempfile.TemporaryDirectory(prefix="sparkdp-shards-") as tmp:
-        for part in manifest["parts"]:
-            if part != LOOP_PART:  # each part checked against the manifest's SHA-256 as it is read
-                Path(tmp, part).write_bytes(store.read_part(name, part, manifest))
+        copy_parts(store, name, manifest, tmp)
         try:
             dcp.load(tensors, storage_reader=HuggingFaceStorageReader(tmp), no_dist=True)
         except Exception as exc:  # DCP names the missing or mismatched key

@@ -19,6 +19,7 @@ from typing import Any, cast
 
 from ..config import JobConfig
 from ..errors import ConfigError, TrainingDiverged
+from ..frozen import load_model_state
 from ..train.checkpoint import Checkpoint, CheckpointPolicy, check_compatible, latest_checkpoint
 from ..train.checkpoint_store import CheckpointName, CheckpointStore, new_job_id, parse_name
 from ..train.faults import fault_from_env
@@ -113,7 +114,7 @@ def resumed(spec: FitSpec, checkpoint: Checkpoint, workers: int | None = None) -
     """
     if not checkpoint.shards:  # a sharded one's weights the workers load, resharded to their number
         check_compatible(spec.model, checkpoint)
-        spec.model.load_state_dict(checkpoint.model)
+        load_model_state(spec.model, checkpoint.model)
     spec.strategy.load_state_dict(checkpoint.strategy_state)
     step = checkpoint.step
     if workers is not None and workers != checkpoint.workers:

@@ -8,6 +8,7 @@ from typing import Any
 
 from torch import nn
 
+from ..frozen import base_identity, trainable_state
 from ..state import save_state
 
 
@@ -44,16 +45,31 @@ class TrainResult:
     def test_accuracy(self) -> float | None:
         return self.history[-1].get("test_accuracy") if self.history else None
 
+    def state_dict(self) -> dict[str, Any]:
+        """What training changed: the model's state dict, less a frozen base (LoRA adapters on a
+        pretrained model: the adapters and buffers only; ``sparkdp.frozen``)."""
+        return trainable_state(self.model, self.model.state_dict())
+
     def save(self, path: str | Path, **metadata: Any) -> Path:
-        """Save the trained state dict as safetensors (atomically), with a JSON sidecar.
+        """Save the trained state dict (:meth:`state_dict`) as safetensors (atomically), with a
+        JSON sidecar; a model with a frozen base records the base it needs
+        (:func:`sparkdp.frozen.base_identity`) there.
 
         Load it back in plain PyTorch with
-        ``model.load_state_dict(safetensors.torch.load_file(path))``.
+        ``model.load_state_dict(safetensors.torch.load_file(path))`` (``strict=False`` into the
+        same base for adapters), or :func:`sparkdp.frozen.load_model_state`, which checks that.
         """
+        base = base_identity(self.model)
         return save_state(
-            self.model.state_dict(),
+            self.state_dict(),
             path,
-            {"strategy": self.strategy, "workers": self.workers, "epochs": self.epochs, **metadata},
+            {
+                "strategy": self.strategy,
+                "workers": self.workers,
+                "epochs": self.epochs,
+                **({"frozen_base": base} if base else {}),
+                **metadata,
+            },
         )
 
     def summary(self) -> dict[str, Any]:

@@ -29,7 +29,11 @@ class Adapted(nn.Module):
 
 def test_the_trainable_state_leaves_out_the_frozen_parameters_only():
     model = Adapted()
-    assert sorted(trainable_state(model, model.state_dict())) == ["adapter.a.weight", "adapter.b.weight", "seen"]
+    assert sorted(trainable_state(model, model.state_dict())) == [
+        "adapter.a.weight",
+        "adapter.b.weight",
+        "seen",
+    ]
     everything = nn.Linear(2, 2)  # nothing frozen: the whole state
     assert trainable_state(everything, everything.state_dict()).keys() == everything.state_dict().keys()
 

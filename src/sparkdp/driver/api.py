@@ -36,6 +36,7 @@ from ..train.jobs import progress
 from ..train.layout import preflight_layout
 from ..train.loop import FitSpec, check_batch, check_labels, class_scores, metric_names
 from ..train.optim import optimizer_factory, resolve_loss
+from ..train.packing import check_packing
 from ..train.result import TrainResult
 from ..train.schedule import unknown_length
 from .monitoring import monitored, wants_monitoring
@@ -102,6 +103,7 @@ def _preflight(
             )
         return ("contiguous" if memory_format == "auto" else memory_format), ()
     out = _forward(model, loss_fn, x, y)
+    check_packing(model, x)  # packed examples must not attend to each other
     names = metric_names(metric, out, x, y) if metric is not None else ()
     if isinstance(loss_fn, ModelLoss) or not isinstance(x, torch.Tensor):  # no image batches to lay out
         if columnar:

@@ -19,6 +19,7 @@ from typing import Any, cast
 
 from ..config import JobConfig
 from ..errors import ConfigError, TrainingDiverged
+from ..frozen import load_model_state
 from ..train.checkpoint import (
     SERIES,
     SHARDED_SERIES,
@@ -157,7 +158,7 @@ def resumed(spec: FitSpec, checkpoint: Checkpoint, workers: int | None = None) -
     """
     if not checkpoint.shards:  # a sharded one's weights the workers load, resharded to their number
         check_compatible(spec.model, checkpoint)
-        spec.model.load_state_dict(checkpoint.model)
+        load_model_state(spec.model, checkpoint.model)
     spec.strategy.load_state_dict(checkpoint.strategy_state)
     step = checkpoint.step
     if workers is not None and workers != checkpoint.workers:

@@ -22,6 +22,7 @@ from typing import Any, Protocol, cast
 
 from ..config import JobConfig
 from ..errors import ConfigError
+from ..frozen import load_model_state
 from ..state import state_from_bytes
 from ..strategies.async_ps import AsyncParameterServer
 from ..strategies.base import Launcher, Strategy
@@ -295,7 +296,7 @@ def trained(
             "dropped %d row(s) with null features or labels (drop_nulls=True), counted over all epochs",
             dropped,
         )
-    finished.model.load_state_dict(state_from_bytes(report.state))
+    load_model_state(finished.model, state_from_bytes(report.state))
     history, samples, train_time = merged_history(report, finished)
     return TrainResult(
         model=finished.model,

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..config import JobConfig
 from ..export.record import model_record
+from ..frozen import load_model_state
 from ..state import state_from_bytes
 from ..train.checkpoint import CheckpointPolicy, save_checkpoint
 from ..train.faults import fault_from_env
@@ -83,7 +84,7 @@ def fit_epochs(
         report = controller.run(EpochPlan(run_epoch, replace(spec, part=part, fault=fault), epoch))
         if controller.restart > restarts_before:
             fault = None
-        spec.model.load_state_dict(state_from_bytes(report.state))  # shipped with the next stage
+        load_model_state(spec.model, state_from_bytes(report.state))  # shipped with the next stage
         opt_state = report.optimizer_state or None
         # the next stage ships the strategy object: its schedule (e.g. the averaging period's
         # position) continues instead of restarting every epoch

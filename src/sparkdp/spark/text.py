@@ -34,6 +34,9 @@ from ..data.text import (
     tokenizer_json,
 )
 from ..errors import ConfigError
+from .sft import example_counts, tokenize_examples  # fine-tuning examples: their own module
+
+__all__ = ["example_counts", "tokenize_blocks", "tokenize_examples"]
 
 SCHEMA = "input_ids array<bigint>, labels array<bigint>"
 

@@ -180,4 +180,6 @@ class ParameterAveraging(Strategy):
 
 
 def _state_tensors(model: nn.Module) -> list[torch.Tensor]:
-    return list(model.parameters()) + list(model.buffers())
+    """What an average moves: the trainable parameters (a frozen base is the same on every rank
+    and never changes) and the buffers."""
+    return [p for p in model.parameters() if p.requires_grad] + list(model.buffers())

@@ -12,6 +12,7 @@ from torch.optim import Optimizer
 
 from ..comm.base import Collective
 from ..comm.shm import DEFAULT_SLOT_BYTES, SharedMemoryCollective, SharedMemoryReducer
+from ..frozen import frozen_names, trainable_state
 from ..state import state_to_bytes
 
 if TYPE_CHECKING:
@@ -157,9 +158,11 @@ class Strategy(ABC):
         return self.model
 
     def model_state(self) -> dict[str, Any]:
-        """The whole model's state dict on rank 0. Every rank calls it (a sharding strategy
-        gathers the shards); default: the model's own ``state_dict()``."""
-        return self.unwrap().state_dict()
+        """The whole model's state dict on rank 0, less any frozen parameters (a frozen base
+        never changes: ``sparkdp.frozen``). Every rank calls it (a sharding strategy gathers the
+        shards); default: the model's own ``state_dict()``."""
+        model = self.unwrap()
+        return trainable_state(model, model.state_dict())
 
     def result_state(self, rank: int) -> bytes | None:
         """This rank's share of the trained model's state for ``fit``'s result, as safetensors
@@ -190,14 +193,21 @@ class Strategy(ABC):
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         weights, optim = get_state_dict(model, optimizer)
-        return {"model": weights, "optimizer": optim}
+        return {"model": trainable_state(model, weights), "optimizer": optim}
 
     def load_sharded_state(self, model: nn.Module, optimizer: Optimizer, state: dict[str, Any]) -> None:
         """Load what :meth:`sharded_state` returned (filled from a sharded checkpoint) into ``model``
         and ``optimizer`` (every rank, after :meth:`shard`, before :meth:`setup`)."""
-        from torch.distributed.checkpoint.state_dict import set_state_dict
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        set_state_dict(
+            model,
+            optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optimizer"],
+            # a frozen base is not in the state (sharded_state): the model keeps its own
+            options=StateDictOptions(strict=not frozen_names(model)),
+        )
 
     def options(self) -> dict[str, Any]:
         """The strategy's settings, for logs and the JSON summary."""

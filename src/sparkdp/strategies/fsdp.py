@@ -25,6 +25,7 @@ from .. import state as state_io
 from ..comm.base import Collective
 from ..config import check_int
 from ..errors import ConfigError
+from ..frozen import frozen_names, trainable_state
 from ..models.gpt import GPTBlock
 from .base import Strategy, ring_bytes
 
@@ -137,7 +138,7 @@ class FSDP(Strategy):
                 param_dtype=PARAM_DTYPES[self.gathered_dtype] if self.gathered_dtype else None,
                 reduce_dtype=PARAM_DTYPES[self.reduce_dtype],
             )
-            self._units = shard_units(model, self.min_params)
+            self._units = adapter_units(model) + shard_units(model, self.min_params)
             for name in self._units:
                 fully_shard(
                     model.get_submodule(name),
@@ -146,11 +147,16 @@ class FSDP(Strategy):
                     reshard_after_forward=self.reshard_after_forward,
                 )
             fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=self.reshard_after_forward)
-        values = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        gathered = PARAM_DTYPES[self.gathered_dtype or "fp32"].itemsize * (
-            2 if self.reshard_after_forward else 1
+        passes = 2 if self.reshard_after_forward else 1
+        gathered_dtype = PARAM_DTYPES[self.gathered_dtype] if self.gathered_dtype else None
+        frozen = sum(
+            p.numel() * (gathered_dtype or p.dtype).itemsize * passes
+            for p in model.parameters()
+            if not p.requires_grad
         )
-        self._step_bytes = self.wire_bytes(values, gathered, collective.world_size)
+        values = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        gathered = (gathered_dtype or torch.float32).itemsize * passes
+        self._step_bytes = self.wire_bytes(values, gathered, collective.world_size, frozen)
         self._sharded = model
         return model
 
@@ -160,11 +166,13 @@ class FSDP(Strategy):
 
         return init_device_mesh(collective.device.type, (collective.world_size,))
 
-    def wire_bytes(self, values: int, gathered: int, world_size: int) -> int:
+    def wire_bytes(self, values: int, gathered: int, world_size: int, frozen: int = 0) -> int:
         """Bytes each rank sends (and receives) per step for ``values`` trainable values, gathered
         at ``gathered`` bytes each over a step: the all-gathers (forward, and backward when
-        resharding) and one reduce-scatter, each half a ring."""
-        return ring_bytes(values * (gathered + PARAM_DTYPES[self.reduce_dtype].itemsize), world_size) // 2
+        resharding) and one reduce-scatter, each half a ring; ``frozen``: the bytes a frozen base
+        adds to the all-gathers over a step (it has no gradient to reduce)."""
+        reduced = values * (gathered + PARAM_DTYPES[self.reduce_dtype].itemsize)
+        return ring_bytes(reduced + frozen, world_size) // 2
 
     def setup(self, model: nn.Module, optimizer: Optimizer, collective: Collective) -> nn.Module:
         if self._sharded is None:  # sparkdp.distribute: the optimizer holds the whole parameters
@@ -192,9 +200,9 @@ class FSDP(Strategy):
             return super().model_state()
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(
-            self.unwrap(), options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-        )
+        model = self.unwrap()
+        whole = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return trainable_state(model, whole)
 
     def result_state(self, rank: int) -> bytes | None:
         """This rank's own shard of every parameter (rank 0 adds the buffers, which every rank
@@ -207,7 +215,8 @@ class FSDP(Strategy):
 
         mine: dict[str, torch.Tensor] = {}
         pieces: dict[str, tuple[int, int, int]] = {}
-        for name, value in self.unwrap().state_dict().items():
+        model = self.unwrap()
+        for name, value in trainable_state(model, model.state_dict()).items():
             if not isinstance(value, DTensor):
                 if rank == 0:
                     mine[name] = value
@@ -325,6 +334,29 @@ def shard_units(model: nn.Module, min_params: int) -> list[str]:
         if sum(p.numel() for p in mine) >= min_params:
             units.append(name)
             covered.update(id(p) for p in mine)
+    return units
+
+
+def adapter_units(model: nn.Module) -> list[str]:
+    """Where a model trains only part of itself (LoRA adapters on a frozen base), the largest
+    submodules that hold trainable parameters only, each its own shard unit: every unit is then
+    all trainable or all frozen, so a float32 adapter never shares a unit's flat all-gather with
+    a bfloat16 base, and a frozen unit reduces no gradients. Containers (``ModuleDict``,
+    ``ModuleList``) are never units (their forward is never called), their members are."""
+    if not frozen_names(model):
+        return []
+    units: list[str] = []
+
+    def visit(prefix: str, module: nn.Module) -> None:
+        params = list(module.parameters())
+        container = isinstance(module, nn.ModuleDict | nn.ModuleList)
+        if prefix and params and not container and all(p.requires_grad for p in params):
+            units.append(prefix)
+            return
+        for name, child in module.named_children():
+            visit(f"{prefix}.{name}" if prefix else name, child)
+
+    visit("", model)
     return units
 
 

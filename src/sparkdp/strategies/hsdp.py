@@ -70,12 +70,14 @@ class HSDP(FSDP):
         self._mesh_shape = (len(rows), len(rows[0]))
         return DeviceMesh(collective.device.type, torch.tensor(rows), mesh_dim_names=("replicate", "shard"))
 
-    def wire_bytes(self, values: int, gathered: int, world_size: int) -> int:
+    def wire_bytes(self, values: int, gathered: int, world_size: int, frozen: int = 0) -> int:
         """fsdp's gathers and reduce-scatter within a shard group, plus the all-reduce of each
         rank's gradient shard (1/S of the values) across the replicas."""
         replicas, shard = self._mesh_shape or (1, world_size)
         reduce = PARAM_DTYPES[self.reduce_dtype].itemsize
-        return super().wire_bytes(values, gathered, shard) + ring_bytes(values * reduce // shard, replicas)
+        return super().wire_bytes(values, gathered, shard, frozen) + ring_bytes(
+            values * reduce // shard, replicas
+        )
 
     def options(self) -> dict[str, Any]:
         return {

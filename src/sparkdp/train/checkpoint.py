@@ -31,6 +31,7 @@ import torch
 
 from ..config import CheckpointConfig
 from ..errors import ConfigError
+from ..frozen import expected_keys
 from .checkpoint_store import (
     LOOP_PART,
     CheckpointStore,
@@ -300,7 +301,8 @@ def _sharded(store: CheckpointStore, name: str, manifest: dict[str, Any]) -> Che
 
 def check_compatible(model: torch.nn.Module, checkpoint: Checkpoint) -> None:
     """The checkpoint's weights fit ``model``: same names, same shapes (else say which differ)."""
-    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    keys = expected_keys(model, checkpoint.model)  # a frozen base is not saved (sparkdp.frozen)
+    want = {k: tuple(v.shape) for k, v in model.state_dict().items() if k in keys}
     have = {k: tuple(v.shape) for k, v in checkpoint.model.items()}
     if want == have:
         return

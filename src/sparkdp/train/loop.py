@@ -21,6 +21,7 @@ from ..data.base import WorkerData
 from ..data.prefetch import DEFAULT_DEPTH, prefetch
 from ..errors import ConfigError, DataError, TrainingDiverged, WorkerHung
 from ..export.record import model_record
+from ..frozen import store_frozen_in
 from ..monitor.probe import MonitorLink, open_probe
 from ..strategies.base import Strategy
 from .batch import ModelLoss, batch_rows, call_model, describe_batch, forward_loss, to_device
@@ -380,6 +381,7 @@ def _fit_worker(
     precision = resolve_precision(training.precision, collective.device)
     if precision.mixed:
         strategy.adopt_precision(precision.dtype)
+        store_frozen_in(model, precision.dtype)  # a frozen base in the compute dtype; adapters stay fp32
     model = strategy.shard(model, collective)  # a sharding strategy's optimizer steps the shards
     optimizer = spec.optimizer.build(model)
     scheduler = spec.scheduler(optimizer) if spec.scheduler is not None else None

@@ -9,6 +9,7 @@ from typing import Any
 from torch import nn
 
 from ..export.record import model_record
+from ..frozen import base_identity, trainable_state
 from ..state import save_state
 
 
@@ -45,23 +46,34 @@ class TrainResult:
     def test_accuracy(self) -> float | None:
         return self.history[-1].get("test_accuracy") if self.history else None
 
+    def state_dict(self) -> dict[str, Any]:
+        """What training changed: the model's state dict, less a frozen base (LoRA adapters on a
+        pretrained model: the adapters and buffers only; ``sparkdp.frozen``)."""
+        return trainable_state(self.model, self.model.state_dict())
+
     def save(self, path: str | Path, **metadata: Any) -> Path:
-        """Save the trained state dict as safetensors (atomically), with a JSON sidecar.
+        """Save the trained state dict (:meth:`state_dict`) as safetensors (atomically), with a
+        JSON sidecar; a model with a frozen base records the base it needs
+        (:func:`sparkdp.frozen.base_identity`) there.
 
         Load it back in plain PyTorch with
         ``model.load_state_dict(safetensors.torch.load_file(path))``. The sidecar (``model.json``
         beside ``model.safetensors``) holds the job's strategy, workers and epochs and, under
         ``"model"``, which model the weights belong to: the built-in gpt's constructor arguments,
         or a Hugging Face model's class and ``config.to_dict()`` (null for other models).
+        A model with a frozen base saves its adapters only: load them with ``strict=False`` into the
+        same base, or with :func:`sparkdp.frozen.load_model_state`, which checks that.
         """
+        base = base_identity(self.model)
         return save_state(
-            self.model.state_dict(),
+            self.state_dict(),
             path,
             {
                 "strategy": self.strategy,
                 "workers": self.workers,
                 "epochs": self.epochs,
                 "model": model_record(self.model),
+                **({"frozen_base": base} if base else {}),
                 **metadata,
             },
         )

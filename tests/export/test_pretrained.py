@@ -284,3 +284,34 @@ def test_export_rebuilds_a_peft_model_from_a_whole_checkpoint_and_merges_on_requ
     export_checkpoint(tmp_path / "old", tmp_path / "from-config", hf_config=config)
     assert (tmp_path / "from-config" / "model.safetensors").is_file()
     assert not (tmp_path / "x").exists()
+
+
+def test_an_adapters_only_checkpoint_exports_its_adapter_and_merges_with_the_base_it_names(tmp_path):
+    # what training writes for a PEFT model: the trainable part only (sparkdp.frozen)
+    from sparkdp.config import CheckpointConfig
+    from sparkdp.export.from_checkpoint import export_checkpoint
+    from sparkdp.frozen import trainable_state
+    from sparkdp.train.checkpoint import CheckpointPolicy, save_checkpoint
+
+    hf_gpt2(300).save_pretrained(tmp_path / "base")
+    model = lora_trained(tmp_path / "base")
+    adapters = trainable_state(model, model.state_dict())
+    assert 0 < len(adapters) < len(model.state_dict())
+    policy = CheckpointPolicy(CheckpointConfig(checkpoint_dir=str(tmp_path / "ckpt")))
+    fields = dict(epoch=1, step=0, optimizer=b"", strategy_state={}, rng=[], history=[], workers=2)
+    save_checkpoint(policy, model=adapters, model_record=model_record(model), **fields)
+
+    export_checkpoint(tmp_path / "ckpt", tmp_path / "adapter")
+    with pytest.raises(ConfigError, match="holds the adapters only.*--base DIR"):
+        export_checkpoint(tmp_path / "ckpt", tmp_path / "refused", merge_adapters=True)
+    assert not (tmp_path / "refused").exists()
+    export_checkpoint(tmp_path / "ckpt", tmp_path / "merged", merge_adapters=True, base=tmp_path / "base")
+
+    ids = torch.randint(0, 300, (2, 16))
+    base = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base")
+    opened = peft.PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
+    merged = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    with torch.no_grad():
+        expected = model.eval()(input_ids=ids).logits
+        assert max_diff(opened(input_ids=ids).logits, expected) <= 1e-4
+        assert max_diff(merged(input_ids=ids).logits, expected) <= 1e-4

@@ -35,6 +35,12 @@ def add_parser(sub) -> None:
         "not record its model",
     )
     p.add_argument(
+        "--base",
+        metavar="DIR",
+        help="for a PEFT model's checkpoint, which holds the adapters only: the local Hugging Face "
+        "directory it was fine-tuned from, needed with --merge-adapters",
+    )
+    p.add_argument(
         "--max-shard-size",
         default=DEFAULT_MAX_SHARD_SIZE,
         help=f"largest weights file before the weights are split (default {DEFAULT_MAX_SHARD_SIZE})",
@@ -51,6 +57,7 @@ def run(args) -> int:
         tokenizer=args.tokenizer,
         merge_adapters=args.merge_adapters,
         hf_config=args.hf_config,
+        base=args.base,
         max_shard_size=args.max_shard_size,
     )
     print(f"exported to {out}")

@@ -20,11 +20,12 @@ from typing import Any
 from torch import nn
 
 from ..errors import ConfigError
+from ..frozen import frozen_names, load_model_state
 from ..train.checkpoint import Checkpoint, check_compatible, latest_checkpoint
 from ..train.checkpoint_store import CheckpointStore
 from ..train.sharded_checkpoint import aliases, copy_parts
 from .pretrained import DEFAULT_MAX_SHARD_SIZE, save_pretrained
-from .record import build_model
+from .record import PEFT, build_model
 
 
 def export_checkpoint(
@@ -34,12 +35,16 @@ def export_checkpoint(
     tokenizer: Any = None,
     merge_adapters: bool = False,
     hf_config: str | os.PathLike[str] | None = None,
+    base: str | os.PathLike[str] | None = None,
     max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
 ) -> Path:
     """Write the newest checkpoint in ``directory`` that reads and verifies to ``out``.
 
     ``hf_config``: a Hugging Face ``config.json`` (or a directory holding one) for a checkpoint
     that does not record its model; it builds ``AutoModelForCausalLM.from_config``.
+    ``base``: the local Hugging Face directory a PEFT model was fine-tuned from. Its checkpoints
+    hold the adapters only (:mod:`sparkdp.frozen`): the adapter is exported without it, but
+    merging needs the base's weights.
 
     Raises:
         ConfigError: no checkpoint, no model to rebuild, or weights that do not fit it.
@@ -53,12 +58,19 @@ def export_checkpoint(
             "shards-*); give the checkpoint_dir of an allreduce, average, diloco, zero1, fsdp or "
             "hsdp job."
         )
-    model = _model_for(checkpoint, hf_config)
+    model = _on_base(checkpoint, Path(base)) if base is not None else _model_for(checkpoint, hf_config)
     if checkpoint.shards:
-        load_shards(checkpoint.shards, model)
+        saved = load_shards(checkpoint.shards, model)
     else:
         check_compatible(model, checkpoint)
-        model.load_state_dict(checkpoint.model)
+        load_model_state(model, checkpoint.model)
+        saved = set(checkpoint.model)
+    if merge_adapters and base is None and frozen_names(model) - saved:
+        raise ConfigError(
+            f"the checkpoint {checkpoint.path} holds the adapters only, without the frozen base "
+            "they were trained on, so they cannot be merged into it; give the base model's "
+            "directory (--base DIR), or export the adapter (leave out --merge-adapters)."
+        )
     return save_pretrained(
         model, out, tokenizer=tokenizer, merge_adapters=merge_adapters, max_shard_size=max_shard_size
     )
@@ -93,8 +105,38 @@ def _from_hf_config(path: Path) -> nn.Module:
     return transformers.AutoModelForCausalLM.from_config(config)
 
 
-def load_shards(location: str, model: nn.Module) -> None:
-    """Fill ``model`` from the sharded checkpoint whose manifest is at ``location``."""
+def _on_base(checkpoint: Checkpoint, directory: Path) -> nn.Module:
+    """The checkpoint's PEFT model with its frozen base read from the Hugging Face ``directory``
+    it was fine-tuned from (safetensors only, nothing downloaded)."""
+    record = checkpoint.model_record
+    if (
+        not isinstance(record, dict)
+        or record.get("type") != PEFT
+        or not isinstance(record.get("adapter"), dict)
+    ):
+        raise ConfigError(
+            f"--base is for a PEFT model's checkpoint; {checkpoint.path} records no PEFT model. "
+            "Leave out --base."
+        )
+    try:
+        import peft
+        import transformers
+
+        pretrained = transformers.AutoModelForCausalLM.from_pretrained(
+            directory, local_files_only=True, use_safetensors=True
+        )
+    except (OSError, ValueError) as err:
+        raise ConfigError(
+            f"--base {directory}: not a Hugging Face model directory with safetensors weights "
+            f"({type(err).__name__}: {str(err).splitlines()[0]}); give the directory the model was "
+            "fine-tuned from."
+        ) from None
+    return peft.get_peft_model(pretrained, peft.PeftConfig.from_peft_type(**record["adapter"]))
+
+
+def load_shards(location: str, model: nn.Module) -> set[str]:
+    """Fill ``model`` from the sharded checkpoint whose manifest is at ``location``; the names
+    it held (a PEFT model's checkpoint holds its trainable parameters only)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader
 
@@ -103,7 +145,8 @@ def load_shards(location: str, model: nn.Module) -> None:
     manifest = store.manifest(name)
     state = model.state_dict()
     tied = {k: v for k, v in aliases(model).items() if v in state}
-    weights = {k: v for k, v in state.items() if k not in tied}
+    frozen = frozen_names(model)  # not in the checkpoint (sparkdp.frozen)
+    weights = {k: v for k, v in state.items() if k not in tied and k not in frozen}
     with tempfile.TemporaryDirectory(prefix="sparkdp-export-") as tmp:
         copy_parts(store, name, manifest, tmp)  # one rank's file at a time, each checked
         try:
@@ -115,7 +158,9 @@ def load_shards(location: str, model: nn.Module) -> None:
                 f"the sharded checkpoint {location} does not fit the model it records ({exc}); "
                 "pass the config of the model it was trained from with --hf-config."
             ) from exc
-    model.load_state_dict({**weights, **{alias: weights[first] for alias, first in tied.items()}})
+    loaded = {**weights, **{alias: weights[first] for alias, first in tied.items() if first in weights}}
+    model.load_state_dict(loaded, strict=not frozen)
+    return set(loaded)
 
 
 __all__ = ["export_checkpoint", "load_shards"]

@@ -27,6 +27,7 @@ from ..data.datasets import dataset_tensors, load_dataset
 from ..data.shared import shared_with_workers
 from ..data.tensors import DictData, TensorData, as_worker_data
 from ..errors import ConfigError
+from ..models.hf import resolve_model
 from ..monitor.probe import open_probe
 from ..strategies import resolve_strategy
 from ..strategies.async_ps import AsyncParameterServer
@@ -38,6 +39,7 @@ from ..train.loop import FitSpec, check_batch, check_labels, class_scores, metri
 from ..train.optim import optimizer_factory, resolve_loss
 from ..train.result import TrainResult
 from ..train.schedule import unknown_length
+from ..train.tokens import check_token_batch
 from .monitoring import monitored, wants_monitoring
 from .runners import runner_for
 
@@ -101,6 +103,7 @@ def _preflight(
                 "cannot give on the driver; pass arrays, a dict of arrays or Parquet data."
             )
         return ("contiguous" if memory_format == "auto" else memory_format), ()
+    check_token_batch(model, data.columns if isinstance(data, DictData) else x)
     out = _forward(model, loss_fn, x, y)
     names = metric_names(metric, out, x, y) if metric is not None else ()
     if isinstance(loss_fn, ModelLoss) or not isinstance(x, torch.Tensor):  # no image batches to lay out
@@ -130,7 +133,7 @@ def _forward(model: nn.Module, loss_fn: Callable, x: Any, y: Any) -> Any:
 
 
 def fit(
-    model: nn.Module,
+    model: nn.Module | str,
     data: Any = None,
     *,
     labels: Any = None,
@@ -146,7 +149,10 @@ def fit(
     """Train ``model`` data-parallel on Spark and return it trained.
 
     Args:
-        model: any ``torch.nn.Module``; it is updated in place with the trained weights.
+        model: any ``torch.nn.Module``; it is updated in place with the trained weights. Or
+            ``"hf:DIR"``: the causal language model a local Hugging Face directory holds
+            (``save_pretrained``'s ``config.json`` and safetensors weights, opened from local
+            files only; :mod:`sparkdp.models.hf`), returned trained as ``result.model``.
         data: ``(features, labels)`` arrays/tensors, features with ``labels=``, a
             map-style torch Dataset, a dict of named arrays (``{"input_ids": ..., "labels": ...}``:
             dict batches, the model called as ``model(**batch)``), or a built-in dataset name
@@ -221,7 +227,7 @@ def fit(
 
 
 def fit_job(
-    model: nn.Module,
+    model: nn.Module | str,
     data: Any,
     job: JobConfig,
     *,
@@ -237,9 +243,11 @@ def fit_job(
 ) -> TrainResult:
     """:func:`fit` with the job's settings as one :class:`~sparkdp.config.JobConfig`."""
     started = time.perf_counter() if started is None else started
-    columns = job.columns
+    model = resolve_model(model)
     strategy_obj = resolve_strategy(job.training.strategy, **job.training.strategy_options)
     loss_fn = resolve_loss(loss)
+    columns = _dict_batches_for_model_loss(job.columns, loss_fn)
+    job = replace(job, columns=columns)
     training = job.training
     if training.lr_schedule != "constant" and lr_scheduler is not None:
         raise ConfigError(
@@ -295,6 +303,25 @@ def fit_job(
     # Same-machine executors map in-memory data from files instead of unpickling a copy each.
     with shared_with_workers(on_driver_machine(spark), train, test) as (train, test):
         return _fit_on_spark(replace(spec, train=train, eval=test), job, workers, spark, started)
+
+
+def _dict_batches_for_model_loss(columns: Columns, loss_fn: Callable) -> Columns:
+    """Columns with ``dict_batches`` on when the model computes its own loss from the columns and
+    no label column is named: such a model takes the columns as keyword arguments (``input_ids``,
+    ``labels``...), never as one concatenated float vector without labels."""
+    if not columns.given or not isinstance(loss_fn, ModelLoss) or columns.label or columns.dict_batches:
+        return columns
+    if columns.feature_shape is not None:
+        raise ConfigError(
+            "loss='model' with features= and no label= gives the model its columns by name "
+            "(dict_batches=True), which feature_shape cannot reshape; drop feature_shape, or name "
+            "the label column with label=."
+        )
+    log.info(
+        "sparkdp: loss='model' without a label column: each feature column is a keyword argument "
+        "of the model (dict_batches=True)"
+    )
+    return replace(columns, dict_batches=True)
 
 
 def _workers(spark: Any, job: JobConfig) -> int:

@@ -36,6 +36,7 @@ from .schedule import lr_schedule
 from .sharded_checkpoint import ShardedSaver, split_tensors
 from .sharded_checkpoint import restore as restore_shards
 from .step import Stepper, with_last
+from .tokens import check_token_batch
 
 log = logging.getLogger(__name__)
 
@@ -459,6 +460,7 @@ def _fit_worker(
             else:
                 x, y = to_device(x, collective.device), to_device(y, collective.device)
             if epoch == 0 and step == 0:
+                check_token_batch(strategy.unwrap(), x, f"worker {rank}'s first batch")
                 with torch.no_grad():
                     check_batch(strategy.unwrap(), spec.loss, x, y)
             rows = batch_rows(x)

@@ -487,6 +487,8 @@ RUN_SETTINGS = (
     "start_timeout_s",
     "pg_timeout_s",
     "show_progress",
+    "run_dir",
+    "metrics_interval_s",
 )
 
 __all__ = [

@@ -415,8 +415,8 @@ def run(
 
     ``settings`` are the job settings a loop of the user's own can use (``strategy``,
     ``strategy_options``, ``seed``, ``workers``, ``master``, ``threads``, ``checkpoint_dir``,
-    ``max_restarts``, ``min_workers``, ``start_timeout_s``, ``pg_timeout_s``, ``show_progress``;
-    see :func:`fit`); ``spark`` an existing session. A failed attempt runs ``train_fn`` again on
+    ``max_restarts``, ``min_workers``, ``start_timeout_s``, ``pg_timeout_s``, ``show_progress``,
+    ``run_dir``, ``metrics_interval_s``; see :func:`fit`); ``spark`` an existing session. A failed attempt runs ``train_fn`` again on
     every worker, as ``max_restarts`` allows (docs/guide/reliability.md): as under torchrun, the
     n-th restart sees ``TORCHELASTIC_RESTART_COUNT=n`` and, with ``checkpoint_dir``,
     ``SPARKDP_CHECKPOINT_DIR``, where ``train_fn`` saves and finds what it resumes from.
@@ -431,6 +431,20 @@ def run(
         WorkerFailed: ``train_fn`` failed on a worker more often than ``max_restarts`` allows (its
             rank and traceback in the message).
     """
+    return _run(train_fn, *args, spark=spark, argv=argv, forward_output=forward_output, **settings)[0]
+
+
+def _run(
+    train_fn: Callable[..., Any],
+    *args: Any,
+    spark: Any = None,
+    argv: list[str] | None = None,
+    forward_output: bool = False,
+    **settings: Any,
+) -> tuple[Any, dict[str, Any]]:
+    """:func:`run`: rank 0's result, and the job's summary (what the run log's summary record
+    holds: strategy, workers, wall time, the parameter server's totals)."""
+    started = time.perf_counter()
     job = JobConfig.of(settings, allowed=RUN_SETTINGS, caller="run")
     strategy_obj = resolve_strategy(job.training.strategy, **job.training.strategy_options)
 
@@ -482,10 +496,20 @@ def run(
         description = f"sparkdp run {name} on {workers} workers"
         runner = runner_for(strategy_obj, streamed=False)
         with progress(job.monitor.show_progress, f"sparkdp: running {name} on {workers} {runner.kind}"):
-            return runner.call(body, strategy_obj, job, workers, spark, hub, description)
+            result = runner.call(body, strategy_obj, job, workers, spark, hub, description)
+        summary = {
+            "strategy": strategy_obj.name,
+            "strategy_options": strategy_obj.options(),
+            "workers": workers,
+            "wall_s": time.perf_counter() - started,
+            "server": hub.server_totals() if hub is not None else None,
+        }
+        if hub is not None:
+            hub.finish(summary)
+        return result, summary
 
 
-def launch(script: str | os.PathLike[str], *args: str, spark: Any = None, **settings: Any) -> None:
+def launch(script: str | os.PathLike[str], *args: str, spark: Any = None, **settings: Any) -> dict[str, Any]:
     """Run an unmodified training script as every worker of a job (``sparkdp launch``).
 
     The script runs as ``__main__`` with ``sys.argv = [script, *args]``, its directory on
@@ -498,7 +522,14 @@ def launch(script: str | os.PathLike[str], *args: str, spark: Any = None, **sett
     executor with ``spark.addArtifacts(..., archive=True)`` and that copy runs there; on ``local[N]`` the file
     itself runs.
 
-    ``settings`` are :func:`run`'s.
+    ``settings`` are :func:`run`'s; with ``run_dir`` the job's run log (``run.jsonl``) is written
+    there, as ``sparkdp train`` writes it.
+
+    Returns:
+        The job's summary: ``script``, ``strategy``, ``strategy_options``, ``workers``,
+        ``wall_s`` and, for an asynchronous strategy whose job was monitored (live progress or
+        a ``run_dir``), ``server``: the parameter server's totals (``pushes_applied``,
+        ``staleness``, ``bytes_in``, ``bytes_out``...), else None.
 
     Raises:
         ConfigError: the script does not exist, or its directory is too large to ship.
@@ -521,7 +552,7 @@ def launch(script: str | os.PathLike[str], *args: str, spark: Any = None, **sett
         if on_driver_machine(spark)
         else functools.partial(shipped_path, ship_directory(spark, os.path.dirname(path)))
     )
-    result = run(
+    result, summary = _run(
         run_script,
         path,
         [str(a) for a in args],
@@ -554,6 +585,7 @@ def launch(script: str | os.PathLike[str], *args: str, spark: Any = None, **sett
             "sparkdp.distribute(model, optimizer, loader) after they are built.",
             name,
         )
+    return {"script": path, **summary}
 
 
 __all__ = ["fit", "fit_job", "launch", "run"]

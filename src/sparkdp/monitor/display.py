@@ -107,6 +107,8 @@ class Display:
             from rich.console import Console
 
             Console(file=self.stream).print(self.summary_table(latest))
+        if self.server_line:  # (the server's totals at the end, not at the last progress interval)
+            self._print(self.server_line)
 
     # -- rendering --------------------------------------------------------------------------
     def _print(self, text: str) -> None:

@@ -154,12 +154,18 @@ class MonitorHub:
             self._lines.clear()
             if failed:
                 self._emit({"type": "failed", "time": time.time(), "error": error})
+            if self.server_metrics is not None:  # the server's totals, however short the job was
+                self._emit(self._job_record())
             self.display.stop(self.whole_job(), self.epochs)
             for sink in self.sinks:
                 try:
                     sink.close()
                 except Exception:  # a sink that fails to close must not hide the job's result
                     log.warning("closing %s failed", type(sink).__name__, exc_info=True)
+
+    def server_totals(self) -> dict[str, Any] | None:
+        """The parameter server's figures now (pushes, staleness, bytes), or None without one."""
+        return None if self.server_metrics is None else dict(self.server_metrics())
 
     def finish(self, summary: dict[str, Any]) -> None:
         """The job's end: one ``summary`` record (what ``sparkdp report`` tabulates)."""

@@ -80,6 +80,10 @@ def test_a_local_hf_model_trains_on_token_blocks_from_the_command_line(cli):
     assert run.stdout.strip().splitlines()[-1].startswith("final: loss "), _explain(run)
     assert f"test_perplexity {final['test_perplexity']:.4f}" in run.stdout
     assert "samples/s" not in run.stdout  # (the rest stays quiet)
+    # the run log counts each worker's training tokens: 32 blocks of 16 tokens per epoch, 3 epochs
+    records = [json.loads(line) for line in (cli.tmp / "run" / "run.jsonl").read_text().splitlines()]
+    last = [r for r in records if r["type"] == "metrics" and r["rank"] == 0][-1]
+    assert (last["tokens"], last["steps"], last["samples"]) == (3 * 32 * 16, 3 * 4, 3 * 32), last
     # the job file's keys are those of the flags
     assert printed.returncode == 0, _explain(printed)
     effective = yaml.safe_load(printed.stdout)

@@ -22,7 +22,15 @@ from ..data.prefetch import DEFAULT_DEPTH, prefetch
 from ..errors import ConfigError, DataError, TrainingDiverged, WorkerHung
 from ..monitor.probe import MonitorLink, open_probe
 from ..strategies.base import Strategy
-from .batch import ModelLoss, batch_rows, call_model, describe_batch, forward_loss, to_device
+from .batch import (
+    ModelLoss,
+    batch_rows,
+    call_model,
+    describe_batch,
+    forward_loss,
+    to_device,
+    training_tokens,
+)
 from .checkpoint import CheckpointPolicy, checkpoint_payload, save_checkpoint
 from .checkpoint_store import BackgroundWriter, HostSnapshot
 from .faults import Fault
@@ -425,7 +433,12 @@ def _fit_worker(
     )
     autocast = precision.autocast if precision.mixed else None
     for epoch in range(part.start_epoch, part.start_epoch + spec.epochs):
-        probe.start_epoch(epoch, steps_per_epoch, spec.last_epoch() + 1)
+        # (progress counts optimizer steps, as warmup_steps does: accumulate batches each)
+        probe.start_epoch(
+            epoch,
+            None if steps_per_epoch is None else math.ceil(steps_per_epoch / training.accumulate),
+            spec.last_epoch() + 1,
+        )
         model.train()
         started = time.perf_counter()
         stats = torch.zeros(2, dtype=torch.float64)  # loss*rows, rows
@@ -487,15 +500,23 @@ def _fit_worker(
                 memory.sample(model, optimizer)
             if spec.fault is not None:  # (a "slow" fault's sleep counts as this step's compute)
                 spec.fault.maybe_fire(rank, steps_done)
-            probe.step_done(time.perf_counter() - arrived, rows, value)
+            probe.step_done(
+                time.perf_counter() - arrived,
+                rows,
+                value,
+                stepped=stepper is None or stepper.stepped,
+                tokens=training_tokens(x) if probe.active and not isinstance(x, torch.Tensor) else None,
+            )
             # (a checkpoint falls between optimizer steps, never inside a group of micro-batches)
             if watch is not None and (stepper is None or stepper.stepped) and (stop := watch.step_boundary()):
                 if saver is not None:
                     saver.save(epoch, step + 1, history, stats, before + time.perf_counter() - started)
                     saver.close()
+                    probe.checkpointed()
                 raise preempted(stop, epoch, step + 1, saved=saver is not None)
             if saver is not None and (stepper is None or stepper.stepped) and saver.due(step + 1):
                 saver.save(epoch, step + 1, history, stats, before + time.perf_counter() - started)
+                probe.checkpointed()
             ready = time.perf_counter()
         memory.sample(model, optimizer)
         strategy.end_epoch()
@@ -541,6 +562,7 @@ def _fit_worker(
             probe.event("epoch", **record)
         if saver is not None:
             saver.save(epoch + 1, 0, history)
+            probe.checkpointed()
         if stop is not None and epoch < spec.last_epoch():  # (after the last epoch only the report is left)
             if saver is not None:
                 saver.close()

@@ -509,6 +509,7 @@ RUN_SETTINGS = (
     "pg_timeout_s",
     "show_progress",
     "run_dir",
+    "metrics_interval_s",
 )
 
 __all__ = [

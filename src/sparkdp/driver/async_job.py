@@ -269,6 +269,8 @@ def run_async(
 
         results: list[Any] = Controller(restarts, workers).run(ServerPlan(run_attempt))
         server = endpoint.server
+    if server is not None and hub is not None:  # its totals, once the connections are closed
+        hub.server_metrics = server.metrics
     if server is not None:
         log.info("parameter server: %s", {k: v for k, v in server.metrics().items() if k != "staleness"})
     return results

@@ -24,7 +24,15 @@ from ..export.record import model_record
 from ..frozen import store_frozen_in
 from ..monitor.probe import MonitorLink, open_probe
 from ..strategies.base import Strategy
-from .batch import ModelLoss, batch_rows, call_model, describe_batch, forward_loss, to_device
+from .batch import (
+    ModelLoss,
+    batch_rows,
+    call_model,
+    describe_batch,
+    forward_loss,
+    to_device,
+    training_tokens,
+)
 from .checkpoint import CheckpointPolicy, checkpoint_payload, save_checkpoint
 from .checkpoint_store import BackgroundWriter, HostSnapshot
 from .faults import Fault
@@ -38,6 +46,7 @@ from .schedule import lr_schedule
 from .sharded_checkpoint import ShardedSaver, split_tensors
 from .sharded_checkpoint import restore as restore_shards
 from .step import Stepper, with_last
+from .tokens import check_token_batch
 
 log = logging.getLogger(__name__)
 
@@ -427,7 +436,12 @@ def _fit_worker(
     )
     autocast = precision.autocast if precision.mixed else None
     for epoch in range(part.start_epoch, part.start_epoch + spec.epochs):
-        probe.start_epoch(epoch, steps_per_epoch, spec.last_epoch() + 1)
+        # (progress counts optimizer steps, as warmup_steps does: accumulate batches each)
+        probe.start_epoch(
+            epoch,
+            None if steps_per_epoch is None else math.ceil(steps_per_epoch / training.accumulate),
+            spec.last_epoch() + 1,
+        )
         model.train()
         started = time.perf_counter()
         stats = torch.zeros(2, dtype=torch.float64)  # loss*rows, rows
@@ -462,6 +476,7 @@ def _fit_worker(
             else:
                 x, y = to_device(x, collective.device), to_device(y, collective.device)
             if epoch == 0 and step == 0:
+                check_token_batch(strategy.unwrap(), x, f"worker {rank}'s first batch")
                 with torch.no_grad():
                     check_batch(strategy.unwrap(), spec.loss, x, y)
             rows = batch_rows(x)
@@ -488,15 +503,23 @@ def _fit_worker(
                 memory.sample(model, optimizer)
             if spec.fault is not None:  # (a "slow" fault's sleep counts as this step's compute)
                 spec.fault.maybe_fire(rank, steps_done)
-            probe.step_done(time.perf_counter() - arrived, rows, value)
+            probe.step_done(
+                time.perf_counter() - arrived,
+                rows,
+                value,
+                stepped=stepper is None or stepper.stepped,
+                tokens=training_tokens(x) if probe.active and not isinstance(x, torch.Tensor) else None,
+            )
             # (a checkpoint falls between optimizer steps, never inside a group of micro-batches)
             if watch is not None and (stepper is None or stepper.stepped) and (stop := watch.step_boundary()):
                 if saver is not None:
                     saver.save(epoch, step + 1, history, stats, before + time.perf_counter() - started)
                     saver.close()
+                    probe.checkpointed()
                 raise preempted(stop, epoch, step + 1, saved=saver is not None)
             if saver is not None and (stepper is None or stepper.stepped) and saver.due(step + 1):
                 saver.save(epoch, step + 1, history, stats, before + time.perf_counter() - started)
+                probe.checkpointed()
             ready = time.perf_counter()
         memory.sample(model, optimizer)
         strategy.end_epoch()
@@ -542,6 +565,7 @@ def _fit_worker(
             probe.event("epoch", **record)
         if saver is not None:
             saver.save(epoch + 1, 0, history)
+            probe.checkpointed()
         if stop is not None and epoch < spec.last_epoch():  # (after the last epoch only the report is left)
             if saver is not None:
                 saver.close()

@@ -136,8 +136,8 @@ def open_study(*, name: str | None, direction: str, sampler: Any, pruner: Any, s
     study_id = storage.get_study_id_from_name(study.study_name)
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
+        storage.set_trial_system_attr(trial_id, REQUEUED_ATTR, True)  # (a finished trial is read-only)
         storage.set_trial_state_values(trial_id, TrialState.FAIL)
-        storage.set_trial_system_attr(trial_id, REQUEUED_ATTR, True)
         study.enqueue_trial(trial.params, skip_if_exists=False)
         requeued += 1
         log.warning("sparkdp: trial %d was left running; its parameters run again", trial.number)

@@ -1,4 +1,6 @@
-"""sparkdp.tune on the local Spark session: concurrent trials, pruning, failures, resumed studies."""
+"""sparkdp.tune on the local Spark session: two studies of real jobs (pruning and a failed trial;
+two trials at once), and a streamed DataFrame's job stopped between epochs. The search's logic
+without Spark jobs (resuming, sizing, the slot pool) is tests/tuning/test_runner.py's."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ def _data(rows: int, seed: int):
     return centres[y] + torch.randn(rows, 16, generator=g), y
 
 
-TRAIN, TEST = _data(4000, 1), _data(1000, 2)
+TRAIN, TEST = _data(2000, 1), _data(500, 2)
 
 
 def _search(spark, space, tmp_path, **more):
@@ -49,75 +51,76 @@ def _enqueued(path, name, params):
     return str(path)
 
 
-def lr_space(trial):
-    return {"optimizer_options": {"lr": trial.suggest_float("lr", 1e-4, 0.5, log=True)}}
+def test_two_trials_at_once_write_their_results_and_the_best(spark, tmp_path):
+    def lr_space(trial):
+        return {"optimizer_options": {"lr": trial.suggest_float("lr", 1e-2, 0.5, log=True)}}
 
-
-def test_four_trials_two_at_a_time_write_their_results_and_the_best(spark, tmp_path):
-    result, lines = _search(spark, lr_space, tmp_path, trials=4, concurrent_trials=2, seed=7, epochs=1)
+    result, lines = _search(spark, lr_space, tmp_path, trials=2, concurrent_trials=2, seed=7, epochs=1)
     written = json.loads((tmp_path / "t.json").read_text())
     assert written == json.loads(json.dumps(result))
-    assert [t["state"] for t in written["trials"]] == ["complete"] * 4
+    assert [t["state"] for t in written["trials"]] == ["complete"] * 2
     for t in written["trials"]:
         assert set(t) >= {"params", "state", "value", "wall_s", "intermediate"} and t["wall_s"] > 0
         assert t["intermediate"] == {"1": t["value"]}  # the one epoch's test accuracy reached the study
-    best = max(written["trials"], key=lambda t: t["value"])
+    best = written["trials"][written["best"]["number"]]  # (ties: Optuna keeps the first to finish)
     assert written["best"] == {"number": best["number"], "params": best["params"], "value": best["value"]}
-    assert written["best"]["value"] > 0.9  # separable clusters
-    assert sum("running" in line for line in lines) == 4 and sum("complete" in line for line in lines) == 4
+    assert best["value"] == max(t["value"] for t in written["trials"]) > 0.9  # separable clusters
+    # both started before either finished: they ran at once
+    states = [line.split()[2] for line in lines if line.startswith("trial")]
+    assert states == ["running", "running", "complete", "complete"], lines
 
 
-def test_the_median_pruner_stops_a_clearly_bad_trial_early(spark, tmp_path):
-    storage = _enqueued(tmp_path / "j.log", "prune", [{"lr": 0.1}, {"lr": 0.1}, {"lr": 1e-7}])
-
-    result, lines = _search(
-        spark,
-        lambda t: {"optimizer_options": {"lr": t.suggest_categorical("lr", [0.1, 1e-7]), "momentum": 0.0}},
-        tmp_path,
-        trials=3,
-        epochs=4,
-        batch_size=16,
-        storage=storage,
-        study_name="prune",
-        pruner="median:n_startup_trials=2",
-        data=_data(6000, 3),
+def test_the_median_pruner_stops_a_bad_trial_early_and_a_failed_trial_is_recorded(spark, tmp_path):
+    storage = _enqueued(
+        tmp_path / "j.log",
+        "prune",
+        [
+            {"lr": 0.1, "period": 2},
+            {"lr": 0.1, "period": 2},
+            {"lr": 1e-7, "period": 2},  # clearly bad: barely moves from its start
+            {"lr": 0.1, "period": -1},  # a bad strategy option: the job fails
+        ],
     )
-    good, _, bad = result["trials"]
-    assert good["state"] == "complete" and len(good["intermediate"]) == 4
-    assert bad["params"] == {"lr": 1e-7} and bad["state"] == "pruned"
-    assert len(bad["intermediate"]) < 4  # it stopped at an epoch boundary before the end
-    assert any("pruning after epoch 1" in line for line in lines)
-
-
-def test_a_failed_trial_is_recorded_and_the_study_completes(spark, tmp_path):
-    storage = _enqueued(tmp_path / "j.log", "fail", [{"period": 2}, {"period": -1}, {"period": 4}])
 
     def space(trial):
         return {
             "strategy": "average",
-            "strategy_options": {"period": trial.suggest_categorical("period", [2, -1, 4])},
+            "strategy_options": {"period": trial.suggest_categorical("period", [2, -1])},
+            "optimizer_options": {"lr": trial.suggest_categorical("lr", [0.1, 1e-7]), "momentum": 0.0},
         }
 
-    result, _ = _search(spark, space, tmp_path, trials=3, epochs=1, storage=storage, study_name="fail")
-    states = [(t["params"]["period"], t["state"]) for t in result["trials"]]
-    assert states == [(2, "complete"), (-1, "failed"), (4, "complete")]
-    assert "ConfigError" in result["trials"][1]["error"] and "period" in result["trials"][1]["error"]
-    assert result["best"]["params"]["period"] in (2, 4)
+    result, lines = _search(
+        spark,
+        space,
+        tmp_path,
+        trials=4,
+        epochs=3,
+        storage=storage,
+        study_name="prune",
+        pruner="median:n_startup_trials=2",
+    )
+    good, _, bad, failed = result["trials"]
+    assert good["state"] == "complete" and len(good["intermediate"]) == 3
+    assert bad["params"]["lr"] == 1e-7 and bad["state"] == "pruned"
+    assert len(bad["intermediate"]) < 3  # it stopped at an epoch boundary before the end
+    assert any("pruning after epoch 1" in line for line in lines)
+    assert failed["state"] == "failed" and "ConfigError" in failed["error"] and "period" in failed["error"]
+    assert result["best"]["params"] == {"lr": 0.1, "period": 2}
 
 
-def test_a_stopped_study_resumes_without_repeating_finished_trials(spark, tmp_path):
-    storage = str(tmp_path / "study.db")
-    url = f"sqlite:///{storage}"
-    first, _ = _search(spark, lr_space, tmp_path, trials=2, epochs=1, seed=3, storage=url, study_name="s")
-    # a process killed mid-trial leaves it RUNNING in the storage
-    study = optuna.load_study(study_name="s", storage=url)
-    left = study.ask({"lr": optuna.distributions.FloatDistribution(1e-4, 0.5, log=True)})
-    again, lines = _search(spark, lr_space, tmp_path, trials=3, epochs=1, seed=3, storage=url, study_name="s")
-    trials = again["trials"]
-    assert [t["number"] for t in trials] == [0, 1, 2, 3]
-    kept = ("number", "params", "state", "value", "intermediate")
-    # finished trials kept as they were, not run again
-    assert [{k: t[k] for k in kept} for t in trials[:2]] == [{k: t[k] for k in kept} for t in first["trials"]]
-    assert trials[2]["state"] == "failed" and trials[2]["params"] == left.params
-    assert trials[3]["state"] == "complete" and trials[3]["params"] == left.params  # re-queued
-    assert any("2 trial(s) finished before; 1 to run" in line for line in lines)
+def test_a_streamed_dataframe_job_asked_to_stop_starts_no_further_epoch(spark):
+    from sparkdp.config import JobConfig
+    from sparkdp.driver.api import fit_job
+
+    x, y = TRAIN
+    df = spark.createDataFrame(
+        [(row.tolist(), int(label)) for row, label in zip(x[:600], y[:600], strict=True)],
+        "x array<float>, label long",
+    )
+    seen: list[int] = []
+    job = JobConfig.of({"workers": 1, "epochs": 4, "batch_size": 64, "features": "x", "label": "label"})
+    result = fit_job(
+        torch.nn.Linear(16, 10), df, job, spark=spark, on_epoch=lambda r: seen.append(r["epoch"]) or True
+    )
+    # asked after epoch 1: the driver sees it before epoch 2's stage, or at the latest before epoch 3's
+    assert seen[:1] == [1] and [h["epoch"] for h in result.history] in ([1], [1, 2])

@@ -91,7 +91,7 @@ def run(args) -> int:
         if args.run_dir:
             trial_args.run_dir = f"{args.run_dir}/trial-{trial.number}"
         prepared = prepare(trial_args)
-        return TrialJob(prepared.job, lambda job, on_epoch: prepared.fit(job, spark, on_epoch=on_epoch))
+        return TrialJob(prepared.job, lambda job, **run: prepared.fit(job, spark, **run))
 
     result = run_search(
         make,

@@ -235,13 +235,15 @@ def fit_job(
     spark: Any = None,
     started: float | None = None,
     on_epoch: Callable[[dict[str, Any]], bool | None] | None = None,
+    reserved_slots: int | None = None,
 ) -> TrainResult:
     """:func:`fit` with the job's settings as one :class:`~sparkdp.config.JobConfig`.
 
     ``on_epoch(record)`` is called on the driver with each epoch's results (``history``'s record,
     as rank 0 sends it while the job runs); when it returns True the workers stop at the next
     epoch's end and the job returns the epochs run so far (``sparkdp.train.stop``; a search
-    prunes trials this way)."""
+    prunes trials this way). ``reserved_slots``: task slots the caller keeps free for this job
+    alone (a search's slot pool), so its workers' ``threads`` may use their cores."""
     started = time.perf_counter() if started is None else started
     columns = job.columns
     strategy_obj = resolve_strategy(job.training.strategy, **job.training.strategy_options)
@@ -275,7 +277,7 @@ def fit_job(
     from ..spark.session import session
 
     spark = spark or session(job.scaling.master)
-    workers = _workers(spark, job)
+    workers = _workers(spark, job, reserved_slots)
     if job.failures.min_workers is not None and job.failures.min_workers > workers:
         raise ConfigError(
             f"min_workers ({job.failures.min_workers}) cannot exceed the {workers} workers this job runs on."
@@ -305,13 +307,13 @@ def fit_job(
             return _fit_on_spark(replace(spec, stop=notice), job, workers, spark, started, listener)
 
 
-def _workers(spark: Any, job: JobConfig) -> int:
+def _workers(spark: Any, job: JobConfig, reserved_slots: int | None = None) -> int:
     """The job's worker count (``default_workers`` unless given), with a warning when the
     workers' torch threads would outnumber their cores."""
     from ..spark.cluster import default_workers, oversubscription
 
     workers = job.scaling.workers or default_workers(spark)
-    problem = oversubscription(spark, workers, job.scaling.threads)
+    problem = oversubscription(spark, workers, job.scaling.threads, reserved_slots)
     if problem:
         log.warning("sparkdp: %s", problem)
     return workers

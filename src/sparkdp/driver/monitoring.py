@@ -79,26 +79,26 @@ def epoch_listener(
     """``on_epoch`` as the hub's listener, and the :class:`StopNotice` it posts when it returns True.
 
     The notice is a file in a temporary directory where every executor runs on this machine,
-    else beside the job's checkpoints (the one place driver and workers share); with neither,
-    a job asked to stop runs to its end."""
+    else beside the job's checkpoints (the one place driver and workers share). With neither it
+    is a driver-local file the workers do not read (``shared=False``): a streamed DataFrame's
+    job still stops between its epoch stages, any other job asked to stop runs to its end."""
     if on_epoch is None:
         yield None, None
         return
     from ..spark.cluster import on_driver_machine
 
     with contextlib.ExitStack() as stack:
-        notice: StopNotice | None = None
         name = f".stop-{uuid.uuid4().hex}"
-        if on_driver_machine(spark):
-            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="sparkdp-stop-"))
-            notice = StopNotice(str(Path(folder) / name))
-        elif job.checkpoints.checkpoint_dir is not None:
+        if job.checkpoints.checkpoint_dir is not None and not on_driver_machine(spark):
             base = str(job.checkpoints.checkpoint_dir).rstrip("/")
             notice = StopNotice(f"{base}/{name}", dict(job.checkpoints.checkpoint_storage_options or {}))
             stack.callback(notice.clear)
+        else:
+            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="sparkdp-stop-"))
+            notice = StopNotice(str(Path(folder) / name), shared=on_driver_machine(spark))
 
         def listener(record: dict[str, Any]) -> None:
-            if on_epoch(record) and notice is not None:
+            if on_epoch(record):
                 notice.post()
 
         yield listener, notice

@@ -503,7 +503,12 @@ def _fit_worker(
         elapsed = before + time.perf_counter() - started
         train_time += elapsed
         stop = watch.drain() if watch is not None else None
-        if spec.stop is not None and (rank == 0 or collective.independent) and spec.stop.posted():
+        if (
+            spec.stop is not None
+            and spec.stop.shared
+            and (rank == 0 or collective.independent)
+            and spec.stop.posted()
+        ):
             stats[2] = 1.0  # (rank 0 looks; the sum tells every rank)
         collective.all_reduce(stats, "sum")
         if stats[1].item() == 0:

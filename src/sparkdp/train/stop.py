@@ -6,8 +6,9 @@ train the next epoch, so the workers learn it at that epoch's end. The request i
 (a local path, or an fsspec URL where executors run on other machines) that the driver creates;
 at every epoch's end rank 0 looks for it once (one ``stat``) and every rank learns the answer
 through the epoch's loss all-reduce, so all ranks stop after the same epoch. An asynchronous
-worker (no collective to agree through) looks for itself. The job then ends as a finished one
-would: the model trained so far, the history of the epochs run.
+worker (no collective to agree through) looks for itself. A streamed DataFrame's job, one stage
+per epoch, is stopped by the driver itself: it starts no further epoch stage. The job then ends
+as a finished one would: the model trained so far, the history of the epochs run.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ class StopNotice:
 
     url: str
     storage_options: dict[str, Any] = field(default_factory=dict)
+    #: whether the workers can read ``url`` (False: a driver-local file on a cluster, read only by
+    #: the driver, which stops a streamed DataFrame's job between its per-epoch stages)
+    shared: bool = True
 
     def _fs(self) -> tuple[Any, str]:
         import fsspec

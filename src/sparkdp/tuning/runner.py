@@ -56,8 +56,9 @@ class SlotPool:
                 self._changed.notify_all()
 
 
-#: ``(job, on_epoch) -> TrainResult``: one trial's training (the model and data are the caller's)
-Train = Callable[[JobConfig, Callable[[dict[str, Any]], bool]], Any]
+#: ``train(job, on_epoch=..., reserved_slots=...) -> TrainResult``: one trial's training (the
+#: model and data are the caller's; the keywords are ``fit_job``'s)
+Train = Callable[..., Any]
 
 
 @dataclass(frozen=True)
@@ -131,9 +132,11 @@ class Search:
             planned = self.make(trial)
             record.params = dict(trial.params)
             self.echo(record.line(self.metric))
-            job, cores = self._sized(planned.job)
-            with self.slots.held(cores):
-                result = planned.train(job, self._listener(trial, record, pruned))
+            job, slots = self._sized(planned.job)
+            with self.slots.held(slots):
+                result = planned.train(
+                    job, on_epoch=self._listener(trial, record, pruned), reserved_slots=slots
+                )
             record.value = _final(result.history, self.metric)
         except Exception as exc:  # noqa: BLE001 - a failed trial is recorded; the search goes on
             record.params = record.params or dict(trial.params)
@@ -151,16 +154,18 @@ class Search:
         self.echo(record.line(self.metric))
 
     def _sized(self, job: JobConfig) -> tuple[JobConfig, int]:
-        """The job with its workers and torch threads fixed, and the slots it holds while it runs."""
+        """The job with its workers and torch threads fixed, and the slots it holds while it runs:
+        its workers' slots and, when its share of the slots is larger, that share, whose cores its
+        workers' threads use."""
         from ..spark.cluster import default_workers
 
         workers = job.scaling.workers or default_workers(self.spark)
-        threads = job.scaling.threads or max(1, self.slots.total // self.concurrent // workers)
+        share = max(workers, self.slots.total // self.concurrent)
+        threads = job.scaling.threads or max(1, share // workers)
+        slots = min(max(workers, workers * threads), self.slots.total) if job.scaling.threads else share
         scaling = dataclasses.replace(job.scaling, workers=workers, threads=threads)
         monitor = dataclasses.replace(job.monitor, show_progress=False)
-        return dataclasses.replace(job, scaling=scaling, monitor=monitor), max(
-            workers, min(workers * threads, self.slots.total)
-        )
+        return dataclasses.replace(job, scaling=scaling, monitor=monitor), slots
 
     def _listener(self, trial: Any, record: TrialRecord, pruned: threading.Event):
         def on_epoch(epoch: dict[str, Any]) -> bool:

@@ -141,7 +141,7 @@ def tune(
             raise ConfigError(
                 f"tune has no keyword {sorted(keywords)[0]!r}; fit's keywords and settings only."
             )
-        return TrialJob(job, lambda job, on_epoch: _fit(built, train_data, job, extra, spark, on_epoch))
+        return TrialJob(job, lambda job, **run: _fit(built, train_data, job, extra, spark, run))
 
     return run_search(
         make,
@@ -177,10 +177,12 @@ def _model(model: Any) -> Any:
     )
 
 
-def _fit(model: Any, data: Any, job: JobConfig, extra: dict[str, Any], spark: Any, on_epoch: Any) -> Any:
+def _fit(
+    model: Any, data: Any, job: JobConfig, extra: dict[str, Any], spark: Any, run: dict[str, Any]
+) -> Any:
     from ..driver.api import fit_job
 
-    return fit_job(model, data, job, spark=spark, on_epoch=on_epoch, **extra)
+    return fit_job(model, data, job, spark=spark, **extra, **run)
 
 
 __all__ = ["run_search", "tune"]

@@ -219,3 +219,42 @@ def test_a_stopped_study_resumes_without_repeating_finished_trials(spark, tmp_pa
     assert trials[3]["params"] == left.params  # re-queued, run once more
     assert [n for n, _, _ in calls] == [0, 1, 3]  # finished trials were not trained again
     assert any("2 trial(s) finished before; 1 to run" in line for line in lines)
+
+
+def test_report_draws_optunas_history_and_importances_from_the_json(spark, tmp_path):
+    from sparkdp.cli.main import main
+    from sparkdp.errors import DataError
+    from sparkdp.tuning.plots import load_study
+
+    def make(trial):
+        lr, batch = (
+            trial.suggest_float("lr", 0.1, 1.0, log=True),
+            trial.suggest_categorical("batch", [32, 64]),
+        )
+
+        def train(job, on_epoch, reserved_slots):
+            history = [{"epoch": e, "acc": lr * e + batch / 1000} for e in (1, 2)]
+            for record in history:
+                on_epoch(record)  # (pruner "none": never asks to stop)
+            return SimpleNamespace(history=history)
+
+        return TrialJob(JobConfig.of({"workers": 1}), train)
+
+    summary = tmp_path / "t.json"
+    original = tuning.run_search(
+        make, metric="acc", trials=4, seed=1, spark=spark, json_out=str(summary),
+        sampler="random", pruner="none", echo=lambda s: None,
+    )  # fmt: skip
+    read = load_study(str(summary))
+    assert [(t.number, t.params, t.value, t.intermediate_values) for t in read.trials] == [
+        (t["number"], t["params"], t["value"], {int(k): v for k, v in t["intermediate"].items()})
+        for t in original["trials"]
+    ]
+    assert read.best_value == original["best"]["value"]
+    assert [t["state"] for t in original["trials"]] == ["complete"] * 4
+    assert main(["report", str(summary), "--out", str(tmp_path / "plots")]) == 0
+    for name in ("optimization_history.png", "param_importances.png"):
+        assert (tmp_path / "plots" / name).stat().st_size > 10_000
+    (tmp_path / "bad.json").write_text('{"trials": []}')
+    with pytest.raises(DataError, match="bad.json is not a sparkdp tune summary .*KeyError"):
+        load_study(str(tmp_path / "bad.json"))

@@ -215,6 +215,13 @@ def summary(study: Any, records: list[TrialRecord], metric: str) -> dict[str, An
                 **({"error": ours.error} if ours and ours.error else {}),
             }
         )
+    from optuna.distributions import distribution_to_json
+
+    distributions = {
+        k: distribution_to_json(d)
+        for t in study.get_trials(deepcopy=False)
+        for k, d in t.distributions.items()
+    }
     complete = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
     best = study.best_trial if complete else None
     return {
@@ -223,6 +230,8 @@ def summary(study: Any, records: list[TrialRecord], metric: str) -> dict[str, An
         "direction": study.direction.name.lower(),
         "best": None if best is None else {"number": best.number, "params": best.params, "value": best.value},
         "trials": trials,
+        # each parameter's Optuna distribution, as Optuna's JSON (sparkdp report draws from it)
+        "distributions": distributions,
     }
 
 

@@ -21,6 +21,7 @@ from .strategies import STRATEGIES
 from .train.batch import model_loss
 from .train.distribute import distribute, is_main_process, unwrap
 from .train.result import TrainResult
+from .tuning.tune import tune
 
 __version__ = "0.1.0"
 
@@ -44,5 +45,6 @@ __all__ = [
     "predict",
     "run",
     "session",
+    "tune",
     "unwrap",
 ]

@@ -90,11 +90,41 @@ def optimizer_choice(args, script_optimizer: object = None) -> tuple[object, dic
     return name, options
 
 
-def run(args) -> int:
-    started = time.perf_counter()
-    import torch
+@dataclass(frozen=True)
+class Prepared:
+    """A ``sparkdp train`` job ready to run: the model, its data, settings, loss and optimizer."""
 
-    import sparkdp
+    model: Any
+    data: Any
+    eval_data: Any
+    job: JobConfig
+    loss: Any
+    optimizer: Any
+    optimizer_options: dict
+    model_desc: dict[str, Any]
+    caffe: Any
+
+    def fit(self, job: JobConfig, spark: Any, **more: Any) -> Any:
+        """Train with ``job`` (this one's settings, or a trial's) on ``spark``."""
+        from ..driver.api import fit_job
+
+        return fit_job(
+            self.model,
+            self.data,
+            job,
+            eval_data=self.eval_data,
+            loss=self.loss,
+            optimizer=self.optimizer,
+            optimizer_options=self.optimizer_options,
+            spark=spark,
+            **more,
+        )
+
+
+def prepare(args) -> Prepared:
+    """Everything ``sparkdp train`` trains, from its flags, checked before Spark starts (``sparkdp
+    tune`` prepares each trial this way)."""
+    import torch
 
     from ..data.datasets import dataset_tensors, load_dataset
     from ..data.text_datasets import TEXT_DATASETS
@@ -198,24 +228,24 @@ def run(args) -> int:
         **({"epochs": epochs} if epochs is not None else {}),
         **({"batch_size": batch_size} if batch_size is not None else {}),
     )
-    run_dir, quiet = job.monitor.run_dir, not job.monitor.show_progress
     _check_before_spark(job)
+    assert model is not None  # the script, --model or (caffe_run) cli_job built it
+    return Prepared(model, data, eval_data, job, loss, optimizer, opt_options, model_desc, caffe)
+
+
+def run(args) -> int:
+    started = time.perf_counter()
+    import sparkdp
+
+    prepared = prepare(args)
+    job = prepared.job
+    run_dir, quiet = job.monitor.run_dir, not job.monitor.show_progress
     # Spark's own console log stays off unless -v: failures end in sparkdp's one-line message
     spark = sparkdp.session(
         job.scaling.master, log_level="OFF" if not getattr(args, "verbose", 0) else "WARN"
     )
-    assert model is not None  # the script, --model or (caffe_run) cli_job built it
-    result = sparkdp.fit_job(
-        model,
-        data,
-        job,
-        eval_data=eval_data,
-        loss=loss,
-        optimizer=optimizer,
-        optimizer_options=opt_options,
-        spark=spark,
-        started=started,
-    )
+    result = prepared.fit(job, spark, started=started)
+    caffe, model_desc = prepared.caffe, prepared.model_desc
     model_path = None
     if run_dir:
         model_path = str(result.save(Path(run_dir) / "model.safetensors", **model_desc))

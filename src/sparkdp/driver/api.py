@@ -41,7 +41,7 @@ from ..train.packing import check_packing
 from ..train.result import TrainResult
 from ..train.schedule import unknown_length
 from ..train.tokens import check_token_batch
-from .monitoring import monitored, wants_monitoring
+from .monitoring import epoch_listener, monitored, wants_monitoring
 from .runners import runner_for
 
 log = logging.getLogger(__name__)
@@ -242,8 +242,16 @@ def fit_job(
     metric: Callable[[Any, Any], Any] | None = None,
     spark: Any = None,
     started: float | None = None,
+    on_epoch: Callable[[dict[str, Any]], bool | None] | None = None,
+    reserved_slots: int | None = None,
 ) -> TrainResult:
-    """:func:`fit` with the job's settings as one :class:`~sparkdp.config.JobConfig`."""
+    """:func:`fit` with the job's settings as one :class:`~sparkdp.config.JobConfig`.
+
+    ``on_epoch(record)`` is called on the driver with each epoch's results (``history``'s record,
+    as rank 0 sends it while the job runs); when it returns True the workers stop at the next
+    epoch's end and the job returns the epochs run so far (``sparkdp.train.stop``; a search
+    prunes trials this way). ``reserved_slots``: task slots the caller keeps free for this job
+    alone (a search's slot pool), so its workers' ``threads`` may use their cores."""
     started = time.perf_counter() if started is None else started
     model = resolve_model(model)
     strategy_obj = resolve_strategy(job.training.strategy, **job.training.strategy_options)
@@ -279,7 +287,7 @@ def fit_job(
     from ..spark.session import session
 
     spark = spark or session(job.scaling.master)
-    workers = _workers(spark, job)
+    workers = _workers(spark, job, reserved_slots)
     if job.failures.min_workers is not None and job.failures.min_workers > workers:
         raise ConfigError(
             f"min_workers ({job.failures.min_workers}) cannot exceed the {workers} workers this job runs on."
@@ -304,7 +312,9 @@ def fit_job(
     )
     # Same-machine executors map in-memory data from files instead of unpickling a copy each.
     with shared_with_workers(on_driver_machine(spark), train, test) as (train, test):
-        return _fit_on_spark(replace(spec, train=train, eval=test), job, workers, spark, started)
+        spec = replace(spec, train=train, eval=test)
+        with epoch_listener(on_epoch, job, spark) as (listener, notice):
+            return _fit_on_spark(replace(spec, stop=notice), job, workers, spark, started, listener)
 
 
 def _dict_batches_for_model_loss(columns: Columns, loss_fn: Callable) -> Columns:
@@ -326,19 +336,26 @@ def _dict_batches_for_model_loss(columns: Columns, loss_fn: Callable) -> Columns
     return replace(columns, dict_batches=True)
 
 
-def _workers(spark: Any, job: JobConfig) -> int:
+def _workers(spark: Any, job: JobConfig, reserved_slots: int | None = None) -> int:
     """The job's worker count (``default_workers`` unless given), with a warning when the
     workers' torch threads would outnumber their cores."""
     from ..spark.cluster import default_workers, oversubscription
 
     workers = job.scaling.workers or default_workers(spark)
-    problem = oversubscription(spark, workers, job.scaling.threads)
+    problem = oversubscription(spark, workers, job.scaling.threads, reserved_slots)
     if problem:
         log.warning("sparkdp: %s", problem)
     return workers
 
 
-def _fit_on_spark(spec: FitSpec, job: JobConfig, workers: int, spark: Any, started: float) -> TrainResult:
+def _fit_on_spark(
+    spec: FitSpec,
+    job: JobConfig,
+    workers: int,
+    spark: Any,
+    started: float,
+    on_epoch: Callable[[dict[str, Any]], None] | None = None,
+) -> TrainResult:
     model, train, strategy_obj = spec.model, spec.train, spec.strategy
     log.info(
         "training %s on %d workers with %s; data: %s",
@@ -354,7 +371,7 @@ def _fit_on_spark(spec: FitSpec, job: JobConfig, workers: int, spark: Any, start
         "strategy": strategy_obj.name,
         "strategy_options": strategy_obj.options(),
     }
-    unreachable = _unreachable(job, spark, strategy_obj)
+    unreachable = _unreachable(job, spark, strategy_obj, hub_wanted=on_epoch is not None)
     if unreachable and isinstance(strategy_obj, AsyncParameterServer) and not strategy_obj.servers:
         log.warning(
             "sparkdp: the parameter server runs as a Spark task on the executors (servers=1) instead of "
@@ -365,7 +382,14 @@ def _fit_on_spark(spec: FitSpec, job: JobConfig, workers: int, spark: Any, start
         strategy_obj.servers = 1
         spec = replace(spec, strategy=strategy_obj)
     with monitored(
-        job, spark, workers, title, details, strategy=strategy_obj, unreachable=unreachable
+        job,
+        spark,
+        workers,
+        title,
+        details,
+        strategy=strategy_obj,
+        unreachable=unreachable,
+        on_epoch=on_epoch,
     ) as hub:
         spec = replace(spec, monitor=hub.link if hub is not None else None)
         streamed = not isinstance(
@@ -382,13 +406,17 @@ def _fit_on_spark(spec: FitSpec, job: JobConfig, workers: int, spark: Any, start
     return result
 
 
-def _unreachable(job: JobConfig, spark: Any, strategy: Any) -> str | None:
+def _unreachable(job: JobConfig, spark: Any, strategy: Any, hub_wanted: bool = False) -> str | None:
     """Why executors cannot connect to this process, when something of the job would listen in it
     (the monitoring hub, a parameter server on the driver) and they may run elsewhere (a cluster,
     a Spark Connect server on another machine); None otherwise."""
     from ..spark.launcher import unreachable_reason
 
-    listens = wants_monitoring(job) or (isinstance(strategy, AsyncParameterServer) and not strategy.servers)
+    listens = (
+        hub_wanted
+        or wants_monitoring(job)
+        or (isinstance(strategy, AsyncParameterServer) and not strategy.servers)
+    )
     return unreachable_reason(spark, start_timeout_s=job.failures.start_timeout_s) if listens else None
 
 

@@ -75,6 +75,8 @@ class MonitorHub:
         tls: encrypt the workers' connections (as the job's parameter server does with ``tls=True``).
         comm_is_own: the workers' communication waits for no peer (asynchronous strategies), so a
             worker communicating longer than the others is slow on its own link.
+        on_epoch: called with each epoch's results (once per epoch; a listener that raises is
+            logged, never fails the job).
 
     An asynchronous job sets ``server_metrics`` to its parameter server's ``metrics()``. Server
     tasks on the executors (``servers=K``) report their own figures as ``server`` records, kept
@@ -95,8 +97,10 @@ class MonitorHub:
         title: str = "sparkdp",
         tls: bool = False,
         comm_is_own: bool = False,
+        on_epoch: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.interval_s = interval_s
+        self._on_epoch = on_epoch
         self.server_metrics: Callable[[], dict[str, Any]] | None = None
         self.started = time.time()
         self.latest: dict[int, dict[str, Any]] = {}
@@ -195,6 +199,14 @@ class MonitorHub:
             )
             return
         record = {**record, "rank": worker}  # the authenticated id, not the claimed one
+        if self._keep(kind, worker, record) and kind == "epoch" and self._on_epoch is not None:
+            try:  # (outside the lock: a search's pruner may take its time)
+                self._on_epoch(record)
+            except Exception:  # a listener's failure must not fail the job
+                log.warning("the epoch listener failed on %s", record, exc_info=True)
+
+    def _keep(self, kind: str, worker: int, record: dict[str, Any]) -> bool:
+        """Keep one record (under the lock); False for an epoch a retried worker repeated."""
         with self._lock:
             if kind == "metrics":
                 self._metrics(record)
@@ -207,13 +219,14 @@ class MonitorHub:
                 if self.epochs and record.get("epoch", 0) <= self.epochs[-1].get("epoch", 0):
                     # a retried worker redoing an epoch already reported: kept in the run log, not shown again
                     self._emit({**record, "repeated": True})
-                    return
+                    return False
                 self.epochs.append(record)
                 self._emit(record)
                 self.display.epoch(record)
             else:
                 self.display.epoch_start(record)
                 self._emit(record)
+        return True
 
     def _metrics(self, record: dict[str, Any]) -> None:
         rank = record["rank"]

@@ -46,6 +46,7 @@ from .schedule import lr_schedule
 from .sharded_checkpoint import ShardedSaver, split_tensors
 from .sharded_checkpoint import restore as restore_shards
 from .step import Stepper, with_last
+from .stop import StopNotice
 from .tokens import check_token_batch
 
 log = logging.getLogger(__name__)
@@ -123,6 +124,8 @@ class FitSpec:
     metric: Callable[[Any, Any], Any] | None = None
     #: the names ``metric`` returns (learned on the driver, so every rank reduces the same ones)
     metric_names: tuple[str, ...] = ()
+    #: the driver's request to stop after an epoch (``train.stop``; a pruned search trial)
+    stop: StopNotice | None = None
 
     @property
     def epochs(self) -> int:
@@ -444,7 +447,7 @@ def _fit_worker(
         )
         model.train()
         started = time.perf_counter()
-        stats = torch.zeros(2, dtype=torch.float64)  # loss*rows, rows
+        stats = torch.zeros(3, dtype=torch.float64)  # loss*rows, rows, the driver asked to stop
         skip = part.start_step if epoch == part.start_epoch else 0
         before = 0.0
         if skip and rank == 0:  # the interrupted epoch's rows so far count once, on rank 0
@@ -526,6 +529,13 @@ def _fit_worker(
         elapsed = before + time.perf_counter() - started
         train_time += elapsed
         stop = watch.drain() if watch is not None else None
+        if (
+            spec.stop is not None
+            and spec.stop.shared
+            and (rank == 0 or collective.independent)
+            and spec.stop.posted()
+        ):
+            stats[2] = 1.0  # (rank 0 looks; the sum tells every rank)
         collective.all_reduce(stats, "sum")
         if stats[1].item() == 0:
             raise DataError(
@@ -570,6 +580,9 @@ def _fit_worker(
             if saver is not None:
                 saver.close()
             raise preempted(stop, epoch + 1, 0, saved=saver is not None)
+        if stats[2].item() > 0 and epoch < spec.last_epoch():
+            log.info("rank %d: the driver asked the job to stop; stopping after epoch %d", rank, epoch + 1)
+            break
     if saver is not None:
         saver.close()  # the job's last checkpoint is written before the worker reports
     strategy.finish()
@@ -658,7 +671,7 @@ class _Saver:
         states = torch.zeros(collective.world_size + 1, mine.numel(), dtype=torch.float64)
         states[collective.rank] = mine.double()
         if stats is not None:
-            states[-1, :2] = stats
+            states[-1, :2] = stats[:2]
         collective.all_reduce(states, "sum")
         self.last = time.monotonic()
         rng, workers = [row.to(torch.uint8) for row in states[:-1]], collective.world_size

@@ -112,7 +112,9 @@ def _complete(package: HFPackage, config: GenerationConfig, cols: pa.StructArray
     prompts = cols.field("prompt").to_pylist()
     keys = cols.field("key").to_pylist()
     rows = [i for i, p in enumerate(prompts) if p is not None]
-    texts = generate_texts(model, tokenizer, [prompts[i] for i in rows], config, [str(keys[i]) for i in rows])
+    texts = generate_texts(
+        model, tokenizer, [str(prompts[i]) for i in rows], config, [str(keys[i]) for i in rows]
+    )
     out: list[str | None] = [None] * len(prompts)
     for i, text in zip(rows, texts, strict=True):
         out[i] = text

@@ -51,8 +51,14 @@ def generate(
             ``transformers`` causal LM with ``tokenizer``.
         df: the Spark DataFrame; all its columns are kept.
         prompt: the string column of prompts. A null prompt gives a null completion.
-        max_new_tokens, do_sample, temperature, top_k, top_p, seed, batch_size: as
-            :class:`~sparkdp.config.GenerationConfig` describes.
+        max_new_tokens: tokens generated after each prompt at most.
+        do_sample: sample the next tokens; False: greedy, as Hugging Face's ``generate(do_sample=False)``.
+        temperature: divide the logits by this before sampling.
+        top_k: sample among the k most likely tokens only; None: all.
+        top_p: sample among the most likely tokens whose probabilities add up to top_p.
+        seed: the seed of each row's generator (with the row's key, see ``seed_col``).
+        batch_size: prompts per generate call on an executor
+            (:class:`~sparkdp.config.GenerationConfig` holds the checks of these seven).
         seed_col: with ``do_sample``, the column whose value keys each row's generator (with
             ``seed``); by default the prompt, so equal prompts draw equal text.
         tokenizer: a Hugging Face fast tokenizer, a ``tokenizers.Tokenizer`` or a tokenizer.json path.

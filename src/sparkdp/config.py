@@ -317,6 +317,7 @@ class MonitorConfig:
         run_dir: a directory for the run log run.jsonl (the configuration, every worker's metrics, epochs, warnings; what sparkdp report draws) and, from sparkdp train, the trained model.
         tensorboard: also write TensorBoard event files to run_dir/tensorboard.
         mlflow: an MLflow tracking URI to log the run to (e.g. sqlite:///runs/mlflow.db or http://host:5000).
+        mlflow_run_id: log into this existing MLflow run at the mlflow URI instead of a new one; whoever created the run ends it (a search's trial runs are made this way).
         metrics_interval_s: seconds between two metrics reports of a worker.
     """
 
@@ -324,12 +325,21 @@ class MonitorConfig:
     run_dir: str | None = setting(None, aliases=("--out",), metavar="DIR")
     tensorboard: bool = setting(False)
     mlflow: str | None = setting(None, metavar="URI")
+    mlflow_run_id: str | None = setting(None, metavar="ID")
     metrics_interval_s: float = setting(2.0, aliases=("--metrics-interval",), metavar="S")
 
     def __post_init__(self) -> None:
         _flags(self, "show_progress", "tensorboard")
         _paths(self, "run_dir", "mlflow")
         check_seconds("metrics_interval_s", self.metrics_interval_s)
+        if self.mlflow_run_id is not None and not isinstance(self.mlflow_run_id, str):
+            raise ConfigError(
+                f"mlflow_run_id must be an MLflow run's id (a string); got {self.mlflow_run_id!r}."
+            )
+        if self.mlflow_run_id is not None and not self.mlflow:
+            raise ConfigError(
+                "mlflow_run_id needs mlflow, the tracking URI its run is in: give both, or neither."
+            )
         if self.tensorboard and self.run_dir is None:
             raise ConfigError(
                 "tensorboard=True needs run_dir (the directory its event files go to); "

@@ -124,3 +124,32 @@ def test_a_streamed_dataframe_job_asked_to_stop_starts_no_further_epoch(spark):
     )
     # asked after epoch 1: the driver sees it before epoch 2's stage, or at the latest before epoch 3's
     assert seen[:1] == [1] and [h["epoch"] for h in result.history] in ([1], [1, 2])
+
+
+def test_a_real_trial_logs_its_epochs_into_its_child_run(spark, tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    from sparkdp.tuning.tracking import PARENT_TAG
+
+    monkeypatch.chdir(tmp_path)  # MLflow's default artifact root for a database store is ./mlruns
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+    def lr_space(trial):
+        return {"optimizer_options": {"lr": trial.suggest_float("lr", 1e-2, 0.5, log=True)}}
+
+    result, _ = _search(spark, lr_space, tmp_path, trials=1, seed=7, epochs=2, mlflow=uri, pruner="none")
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name("sparkdp").experiment_id])
+    (parent,) = [r for r in runs if PARENT_TAG not in r.data.tags]
+    (child,) = [r for r in runs if PARENT_TAG in r.data.tags]
+    assert child.data.tags[PARENT_TAG] == parent.info.run_id and child.info.status == "FINISHED"
+    assert (
+        parent.data.params["space"]
+        == f"{__name__}.test_a_real_trial_logs_its_epochs_into_its_child_run.<locals>.lr_space"
+    )
+    (trial,) = result["trials"]
+    assert float(child.data.params["lr"]) == trial["params"]["lr"] and child.data.params["workers"] == "1"
+    # the workers' epoch records, as the job's sink logs them: what the study was told per epoch
+    accuracy = sorted(client.get_metric_history(child.info.run_id, "test_accuracy"), key=lambda m: m.step)
+    assert {str(m.step): m.value for m in accuracy} == trial["intermediate"] and len(accuracy) == 2
+    assert parent.data.metrics["best_value"] == trial["value"] == accuracy[-1].value

@@ -106,5 +106,7 @@ def run(args) -> int:
         study_name=args.study_name,
         json_out=args.json_out,
         spark=spark,
+        mlflow=args.mlflow,
+        space="; ".join(args.search),
     )
     return 0 if result["best"] is not None else 1

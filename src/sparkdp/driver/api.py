@@ -187,7 +187,8 @@ def fit(
             ``checkpoint_every_s``, ``keep_checkpoints``, ``resume``),
             :class:`~sparkdp.config.FailureConfig` (``max_restarts``, ``min_workers``,
             ``start_timeout_s``, ``pg_timeout_s``), :class:`~sparkdp.config.MonitorConfig`
-            (``show_progress``, ``run_dir``, ``tensorboard``, ``mlflow``, ``metrics_interval_s``)
+            (``show_progress``, ``run_dir``, ``tensorboard``, ``mlflow``, ``mlflow_run_id``,
+            ``metrics_interval_s``)
             and, with a Spark DataFrame or a Parquet path as ``data``, :class:`~sparkdp.config.Columns`
             (``features``, ``label``, ``feature_shape``, ``drop_nulls``, ``shuffle_buffer``,
             ``dict_batches``: rows

@@ -62,6 +62,7 @@ def monitored(
         display=job.monitor.show_progress,
         tensorboard=job.monitor.tensorboard,
         mlflow=job.monitor.mlflow,
+        mlflow_run_id=job.monitor.mlflow_run_id,
         interval_s=job.monitor.metrics_interval_s,
         host=driver_host(spark),
         title=title,

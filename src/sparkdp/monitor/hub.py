@@ -71,6 +71,8 @@ class MonitorHub:
             every 15 s otherwise); False: quiet.
         tensorboard: also write TensorBoard event files (needs ``run_dir``).
         mlflow: an MLflow tracking URI to log the run to.
+        mlflow_run_id: log into this existing run at ``mlflow`` (left running: its creator ends
+            it) instead of a new one.
         host: the address to listen on (the driver's, as executors reach it).
         tls: encrypt the workers' connections (as the job's parameter server does with ``tls=True``).
         comm_is_own: the workers' communication waits for no peer (asynchronous strategies), so a
@@ -92,6 +94,7 @@ class MonitorHub:
         display: bool = True,
         tensorboard: bool = False,
         mlflow: str | None = None,
+        mlflow_run_id: str | None = None,
         interval_s: float = 2.0,
         host: str = "127.0.0.1",
         title: str = "sparkdp",
@@ -124,7 +127,8 @@ class MonitorHub:
                 raise ConfigError("TensorBoard logs need an output directory: give --out DIR (run_dir=).")
             self.sinks.append(TensorBoardSink(run_dir))
         if mlflow:
-            self.sinks.append(MlflowSink(mlflow, {k: v for k, v in config.items() if v is not None}))
+            params = {k: v for k, v in config.items() if v is not None}
+            self.sinks.append(MlflowSink(mlflow, params, run_id=mlflow_run_id))
         self.display = Display(title, world_size, enabled=display)
         self._endpoint: Endpoint | None = None
         self._host, self._tls = host, tls

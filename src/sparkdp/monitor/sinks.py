@@ -125,35 +125,79 @@ class TensorBoardSink:
         self._writer.close()
 
 
+#: the MLflow experiment sparkdp's runs go to
+MLFLOW_EXPERIMENT = "sparkdp"
+#: MLflow keeps a parameter's value up to this many characters; longer ones are cut
+MLFLOW_PARAM_CHARS = 500
+
+
+def mlflow_client(tracking_uri: str) -> tuple[Any, str]:
+    """MLflow's own client for ``tracking_uri`` and the id of the ``sparkdp`` experiment (created
+    when missing); a URI MLflow cannot use is a ConfigError with its credentials hidden."""
+    try:
+        from mlflow.tracking import MlflowClient
+    except ImportError:
+        raise ConfigError(
+            "--mlflow needs MLflow: pip install 'sparkdp[mlflow]' (or pip install mlflow-skinny)."
+        ) from None
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client = MlflowClient(tracking_uri=tracking_uri)
+        experiment = client.get_experiment_by_name(MLFLOW_EXPERIMENT)
+        if experiment is not None:
+            return client, experiment.experiment_id
+        return client, client.create_experiment(MLFLOW_EXPERIMENT)
+    except MlflowException as exc:
+        raise ConfigError(
+            f"MLflow cannot log to {redact(tracking_uri)!r}: {redact(exc.message)} Give a tracking URI such "
+            "as sqlite:///PATH/mlflow.db or http://HOST:5000."
+        ) from None
+
+
+def log_params(client: Any, run_id: str, params: dict[str, Any]) -> None:
+    """``params`` (credentials hidden, values as text) into the run, less the keys it already has:
+    MLflow never changes a logged parameter, and the run's creator logged those first."""
+    from mlflow.entities import Param
+
+    have = client.get_run(run_id).data.params
+    new = [
+        Param(key, str(value)[:MLFLOW_PARAM_CHARS])
+        for key, value in sorted(redact(params).items())
+        if key not in have
+    ]
+    for start in range(0, len(new), 100):  # MLflow takes at most 100 parameters in one batch
+        client.log_batch(run_id, params=new[start : start + 100])
+
+
 class MlflowSink:
     """An MLflow run (experiment ``sparkdp``) through MLflow's own client, against ``tracking_uri``
-    (``sqlite:///PATH/mlflow.db`` or a tracking server; MLflow 3 refuses its old ``file:`` store)."""
+    (``sqlite:///PATH/mlflow.db`` or a tracking server; MLflow 3 refuses its old ``file:`` store).
 
-    def __init__(self, tracking_uri: str, params: dict[str, Any], run_name: str | None = None) -> None:
-        try:
-            from mlflow.tracking import MlflowClient
-        except ImportError:
-            raise ConfigError(
-                "--mlflow needs MLflow: pip install 'sparkdp[mlflow]' (or pip install mlflow-skinny)."
-            ) from None
+    With ``run_id`` the records go to that existing run (a search's trial run), which is left
+    running at the end: its creator ends it. Otherwise the sink creates a run and ends it."""
+
+    def __init__(
+        self,
+        tracking_uri: str,
+        params: dict[str, Any],
+        run_name: str | None = None,
+        run_id: str | None = None,
+    ) -> None:
         from mlflow.exceptions import MlflowException
 
+        self.client, experiment_id = mlflow_client(tracking_uri)
+        self._owned = run_id is None
         try:
-            self.client = MlflowClient(tracking_uri=tracking_uri)
-            experiment = self.client.get_experiment_by_name("sparkdp")
-            experiment_id = (
-                experiment.experiment_id
-                if experiment is not None
-                else self.client.create_experiment("sparkdp")
-            )
-            self.run_id = self.client.create_run(experiment_id, run_name=run_name).info.run_id
+            if run_id is None:
+                run_id = self.client.create_run(experiment_id, run_name=run_name).info.run_id
+            self.run_id: str = run_id
+            log_params(self.client, run_id, {k: v for k, v in params.items() if k != "mlflow_run_id"})
         except MlflowException as exc:
             raise ConfigError(
-                f"MLflow cannot log to {redact(tracking_uri)!r}: {redact(exc.message)} Give a tracking URI such "
-                "as sqlite:///PATH/mlflow.db or http://HOST:5000."
+                f"MLflow cannot log to {redact(tracking_uri)!r}: {redact(exc.message)} Give a tracking URI "
+                "such as sqlite:///PATH/mlflow.db or http://HOST:5000 (and mlflow_run_id a run it holds)."
             ) from None
-        for key, value in sorted(redact(params).items()):
-            self.client.log_param(self.run_id, key, str(value)[:500])
         self._status = "FINISHED"
 
     def write(self, record: dict[str, Any]) -> None:
@@ -173,4 +217,5 @@ class MlflowSink:
             self._status = "FAILED"
 
     def close(self) -> None:
-        self.client.set_terminated(self.run_id, self._status)
+        if self._owned:
+            self.client.set_terminated(self.run_id, self._status)

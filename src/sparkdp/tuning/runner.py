@@ -8,6 +8,8 @@ instead of holding half of what it needs (two half-started barrier stages would 
 other). A trial's share of the cores is the slots divided by the trials running at once; its
 workers get that many torch threads between them (unless ``threads`` was set).
 
+With MLflow configured each trial's job logs into a child run of the study's (``tracking.py``).
+
 Each epoch's results reach the trial's pruner on the driver as they arrive (``fit_job``'s
 ``on_epoch``); a pruned trial's job is asked to stop at its next epoch end and is recorded as
 pruned. A trial whose job fails is recorded as failed and the search goes on.
@@ -27,6 +29,7 @@ from typing import Any
 
 from ..config import JobConfig
 from ..errors import ConfigError
+from .tracking import NoTracking
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +104,8 @@ class Search:
     slots: SlotPool
     concurrent: int
     echo: Callable[[str], None] = print
+    #: where trials are logged: NoTracking, or a StudyTracking's MLflow child runs
+    tracking: Any = field(default_factory=NoTracking)
     records: list[TrialRecord] = field(default_factory=list)
 
     def run(self, trials: int) -> list[TrialRecord]:
@@ -132,7 +137,7 @@ class Search:
             planned = self.make(trial)
             record.params = dict(trial.params)
             self.echo(record.line(self.metric))
-            job, slots = self._sized(planned.job)
+            job, slots = self._sized(self.tracking.job_for(planned.job, trial.number, record.params))
             with self.slots.held(slots):
                 result = planned.train(
                     job, on_epoch=self._listener(trial, record, pruned), reserved_slots=slots
@@ -152,6 +157,10 @@ class Search:
                 self.study.tell(trial, record.value)
         record.wall_s = time.perf_counter() - started
         self.echo(record.line(self.metric))
+        try:
+            self.tracking.trial_ended(record)
+        except Exception:  # noqa: BLE001 - the study has the trial; a tracking store's hiccup ends nothing
+            log.warning("sparkdp: trial %d's end could not be logged to MLflow", record.number, exc_info=True)
 
     def _sized(self, job: JobConfig) -> tuple[JobConfig, int]:
         """The job with its workers and torch threads fixed, and the slots it holds while it runs:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from ..config import GROUPS, JobConfig, setting_names
 from ..errors import ConfigError
 from . import study as studies
 from .runner import Search, SlotPool, TrialJob, summary
+from .tracking import NoTracking, StudyTracking
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +37,13 @@ def run_search(
     json_out: str | None = None,
     spark: Any = None,
     echo: Callable[[str], None] = print,
+    mlflow: str | None = None,
+    space: str | None = None,
 ) -> dict[str, Any]:
-    """Open (or continue) the study, run the trials it still lacks, and return its summary."""
+    """Open (or continue) the study, run the trials it still lacks, and return its summary.
+
+    With ``mlflow`` (a tracking URI) the study is a parent run there and each trial a child run;
+    ``space`` describes the search space for it (the ``--search`` texts, or the function's name)."""
     from ..config import check_int
     from ..spark.cluster import available_slots, default_workers
     from ..spark.session import session
@@ -56,18 +63,50 @@ def run_search(
         echo(f"study {opened.study.study_name}: {opened.finished} trial(s) finished before; {left} to run")
     spark = spark or session()
     slots = SlotPool(available_slots(spark) or default_workers(spark))
-    search = Search(opened.study, make, metric, spark, slots, min(concurrent_trials, max(left, 1)), echo)
-    records = search.run(left) if left else []
-    result = summary(opened.study, records, metric)
-    if json_out:
-        from ..files import atomic_write
+    definition = {
+        "space": space, "sampler": sampler, "pruner": pruner, "metric": metric, "direction": direction,
+        "seed": seed, "trials": trials, "concurrent_trials": concurrent_trials, "storage": storage,
+    }  # fmt: skip
+    with _tracked(mlflow, opened.study.study_name, definition) as tracking:
+        search = Search(
+            opened.study, make, metric, spark, slots, min(concurrent_trials, max(left, 1)), echo, tracking
+        )
+        records = search.run(left) if left else []
+        result = summary(opened.study, records, metric)
+        if json_out:
+            from ..files import atomic_write
 
-        atomic_write(json_out, lambda tmp: Path(tmp).write_text(json.dumps(result, indent=2, default=str)))
+            atomic_write(
+                json_out, lambda tmp: Path(tmp).write_text(json.dumps(result, indent=2, default=str))
+            )
+        if isinstance(tracking, StudyTracking):
+            tracking.finish(result, json_out)
     if result["best"] is not None:
         echo(
             f"best: trial {result['best']['number']} {metric} {result['best']['value']:.4f} {result['best']['params']}"
         )
     return result
+
+
+@contextlib.contextmanager
+def _tracked(mlflow: str | None, study_name: str, definition: dict[str, Any]) -> Iterator[Any]:
+    """The study's MLflow parent run while the search runs (ended FINISHED, FAILED on an error,
+    KILLED on Ctrl-C), or :class:`NoTracking` without a tracking URI."""
+    if not mlflow:
+        yield NoTracking()
+        return
+    tracking = StudyTracking(mlflow, study_name, definition)
+    status = "FINISHED"
+    try:
+        yield tracking
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    except BaseException:
+        status = "FAILED"
+        raise
+    finally:
+        tracking.close(status)
 
 
 def tune(
@@ -109,7 +148,8 @@ def tune(
         storage: an Optuna RDB URL or a journal file's path: the study continues where it stopped.
         study_name: the study's name in ``storage``.
         json_out: write the summary there.
-        **fit_keywords: ``fit``'s keywords shared by every trial (``space``'s win).
+        **fit_keywords: ``fit``'s keywords shared by every trial (``space``'s win). With
+            ``mlflow=URI`` the study is one MLflow run there and each trial a child run of it.
 
     Returns:
         ``{"best": {"params", "value", "number"}, "trials": [{"params", "state", "value",
@@ -157,6 +197,8 @@ def tune(
         json_out=json_out,
         spark=spark,
         echo=echo,
+        mlflow=fit_keywords.get("mlflow"),
+        space=f"{getattr(space, '__module__', '?')}.{getattr(space, '__qualname__', type(space).__name__)}",
     )
 
 

@@ -6,7 +6,6 @@ This layer sits above both the per-worker engine (``sparkdp.train``) and the Spa
 
 from __future__ import annotations
 
-import copy
 import functools
 import logging
 import os
@@ -39,8 +38,8 @@ from ..train.optim import optimizer_factory, resolve_loss
 from ..train.packing import check_packing
 from ..train.result import TrainResult
 from ..train.schedule import unknown_length
+from .jobs import JobRun, kind_for
 from .monitoring import monitored, wants_monitoring
-from .runners import runner_for
 
 log = logging.getLogger(__name__)
 
@@ -334,22 +333,17 @@ def _fit_on_spark(spec: FitSpec, job: JobConfig, workers: int, spark: Any, start
             "in this process: %s",
             unreachable,
         )
-        strategy_obj = copy.copy(strategy_obj)
-        strategy_obj.servers = 1
-        spec = replace(spec, strategy=strategy_obj)
+    # a DataFrame streamed through Spark: a stage per epoch
+    kind = kind_for(spec.strategy, not isinstance(spec.train, WorkerData), bool(unreachable))
     with monitored(
         job, spark, workers, title, details, strategy=strategy_obj, unreachable=unreachable
     ) as hub:
         spec = replace(spec, monitor=hub.link if hub is not None else None)
-        streamed = not isinstance(
-            spec.train, WorkerData
-        )  # a DataFrame streamed through Spark: a stage per epoch
-        runner = runner_for(spec.strategy, streamed)
         with progress(
             job.monitor.show_progress and hub is None,  # a spinner where no live display runs
-            f"sparkdp: training on {workers} {runner.kind} ({spec.strategy.name})",
+            f"sparkdp: training on {workers} {kind.label} ({spec.strategy.name})",
         ):
-            result = runner.fit(spec, job, workers, spark, hub, started)
+            result = kind.fit(spec, JobRun(job, workers, spark, hub, started))
         if hub is not None:
             hub.finish(result.summary())
     return result
@@ -458,9 +452,9 @@ def run(
                 probe.close()
 
         description = f"sparkdp run {name} on {workers} workers"
-        runner = runner_for(strategy_obj, streamed=False)
-        with progress(job.monitor.show_progress, f"sparkdp: running {name} on {workers} {runner.kind}"):
-            return runner.call(body, strategy_obj, job, workers, spark, hub, description)
+        kind = kind_for(strategy_obj, streamed=False)
+        with progress(job.monitor.show_progress, f"sparkdp: running {name} on {workers} {kind.label}"):
+            return kind.call(body, strategy_obj, JobRun(job, workers, spark, hub), description)
 
 
 def launch(script: str | os.PathLike[str], *args: str, spark: Any = None, **settings: Any) -> None:

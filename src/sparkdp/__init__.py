@@ -7,7 +7,8 @@ Several ways in, one engine:
   ``sparkdp.distribute(model, optimizer, loader)`` makes it distributed;
 * ``sparkdp.launch("train.py", ...)`` / ``sparkdp launch train.py -- ARGS`` runs a whole
   script, unmodified or with that one line, as every worker;
-* ``sparkdp train SCRIPT.py`` trains a script's module-level ``model`` and ``train_data``.
+* ``sparkdp train SCRIPT.py`` trains a script's module-level ``model`` and ``train_data``;
+* ``sparkdp.predict`` and ``sparkdp.generate`` score rows and generate text on a DataFrame.
 
 The user guide (``make docs``) has how-to guides, the API reference and runnable examples.
 """
@@ -15,12 +16,14 @@ The user guide (``make docs``) has how-to guides, the API reference and runnable
 from .config import Columns, JobConfig
 from .driver import fit, fit_job, launch, run
 from .errors import ConfigError, DataError, RendezvousTimeout, SparkdpError, WorkerFailed
+from .spark.generate import generate
 from .spark.predict import predict
 from .spark.session import session
 from .strategies import STRATEGIES
 from .train.batch import model_loss
 from .train.distribute import distribute, is_main_process, unwrap
 from .train.result import TrainResult
+from .tuning.tune import tune
 
 __version__ = "0.1.0"
 
@@ -38,11 +41,13 @@ __all__ = [
     "distribute",
     "fit",
     "fit_job",
+    "generate",
     "is_main_process",
     "launch",
     "model_loss",
     "predict",
     "run",
     "session",
+    "tune",
     "unwrap",
 ]

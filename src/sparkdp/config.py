@@ -473,6 +473,43 @@ class JobConfig:
         }
 
 
+@dataclass(frozen=True)
+class GenerationConfig:
+    """How ``sparkdp.generate`` decodes a column of prompts (not a training setting).
+
+    Attributes:
+        max_new_tokens: tokens generated after each prompt at most (fewer when the model emits its end-of-text token).
+        do_sample: sample each next token from the model's distribution; False: greedy (the most likely token).
+        temperature: divide the logits by this before sampling (do_sample); below 1 sharpens, above 1 flattens.
+        top_k: sample among the k most likely tokens only (do_sample); unset: all tokens.
+        top_p: sample among the most likely tokens whose probabilities add up to top_p (nucleus sampling, do_sample); 1.0: all tokens.
+        seed: the seed of sampling; each row draws from its own generator seeded by seed and the row's key, so a row's text does not depend on partitions or batches.
+        batch_size: prompts per generate call on an executor (left-padded to the longest of them).
+    """
+
+    max_new_tokens: int = setting(32)
+    do_sample: bool = setting(False)
+    temperature: float = setting(1.0)
+    top_k: int | None = setting(None)
+    top_p: float = setting(1.0)
+    seed: int = setting(0)
+    batch_size: int = setting(16)
+
+    def __post_init__(self) -> None:
+        check_int("max_new_tokens", self.max_new_tokens)
+        check_int("batch_size", self.batch_size)
+        check_int("top_k", self.top_k, optional=True)
+        check_int("seed", self.seed, low=0)
+        _flags(self, "do_sample")
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
+            raise ConfigError(f"temperature must be a number > 0; got {self.temperature!r}.")
+        if not self.temperature > 0:
+            raise ConfigError(f"temperature must be > 0 (lower is greedier); got {self.temperature!r}.")
+        top_p = self.top_p
+        if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+            raise ConfigError(f"top_p must be a number in (0, 1] (1.0 keeps every token); got {top_p!r}.")
+
+
 def setting_names(cls: type) -> list[str]:
     return [f.name for f in dataclasses.fields(cls)]
 
@@ -509,6 +546,7 @@ RUN_SETTINGS = (
     "pg_timeout_s",
     "show_progress",
     "run_dir",
+    "metrics_interval_s",
 )
 
 __all__ = [
@@ -521,6 +559,7 @@ __all__ = [
     "CheckpointConfig",
     "Columns",
     "FailureConfig",
+    "GenerationConfig",
     "JobConfig",
     "MonitorConfig",
     "ScalingConfig",

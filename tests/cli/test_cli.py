@@ -70,8 +70,13 @@ def test_builtin_job_writes_model_and_stable_json_summary(cli, tmp_path):
     (proc,) = cli.procs
     out, summary = cli.tmp / "out", cli.tmp / "summary.json"
     assert proc.returncode == 0, _explain(proc)
-    assert proc.stdout == "", "--quiet printed something"
     data = json.loads(summary.read_text())
+    final = data["history"][-1]
+    # --quiet keeps the one final result line, the last epoch's figures, and nothing else
+    assert proc.stdout == (
+        f"final: loss {final['loss']:.4f}  test_loss {final['test_loss']:.4f}  "
+        f"test_accuracy {final['test_accuracy']:.4f}\n"
+    ), _explain(proc)
     for key in ("strategy", "workers", "epochs", "test_accuracy", "wall_s", "samples_per_s", "model_path"):
         assert key in data, f"missing {key} in {data}"
     assert data["strategy"] == "allreduce" and data["workers"] == 2 and data["epochs"] == 1

@@ -10,9 +10,11 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from sparkdp.data.text import (
     BlockPacker,
+    PackCounts,
     concat_documents,
     encode_texts,
     eos_id_of,
+    pack_counted,
     pack_documents,
     tokenizer_json,
     train_bpe_tokenizer,
@@ -41,6 +43,19 @@ def test_packing_a_small_text_by_hand():
     np.testing.assert_array_equal(pack_documents(ids, 4, eos_id=0), [[1, 2, 0, 3], [0, 2, 2, 3]])
     assert pack_documents(ids, 11, eos_id=0).shape == (0, 11)
     np.testing.assert_array_equal(concat_documents([], 0), np.empty(0))
+
+
+def test_packing_counts_skipped_and_truncated_documents_by_hand():
+    ids = [[1, 2], [], [3], [2, 2, 3, 1]]
+    # stream: 1 2 0 | 3 0 | 2 2 3 1 0 (the empty document skipped, no lone separator)  ->
+    # blocks [1 2 0 3] [0 2 2 3]; the tail [1 0] cuts the last document
+    blocks, counts = pack_counted(ids, 4, eos_id=0)
+    np.testing.assert_array_equal(blocks, [[1, 2, 0, 3], [0, 2, 2, 3]])
+    assert counts == PackCounts(documents=3, skipped=1, truncated=1, dropped_tokens=2, blocks=2)
+    # stream 1 2 3 0 3 | 0 4 0: the tail cuts [3] (its separator) and drops [4] whole
+    _, counts = pack_counted([[1, 2, 3], [3], [4]], 5, eos_id=0)
+    assert (counts.blocks, counts.truncated, counts.dropped_tokens) == (1, 2, 3)
+    assert "1 blocks from 3 documents; 0 null or empty skipped, 2 truncated" in counts.describe()
 
 
 def test_the_packer_carries_its_tail_into_the_next_call():

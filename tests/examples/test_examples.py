@@ -38,6 +38,7 @@ EXAMPLES = {
     "ml_pipeline.py": "ml_pipeline: test accuracy ",
     "predict_dataframe.py": f"predict_dataframe: {ROWS} rows scored, accuracy ",
     "run_distribute.py": "run_distribute: test accuracy ",
+    "tune_cnn.py": "tune_cnn: test accuracy ",
 }
 
 

@@ -202,11 +202,12 @@ def test_credentials_in_urls_never_reach_the_run_log_or_mlflow(tmp_path):
     assert '"type": "failed"' in logged and "cannot write checkpoints to 's3://***@bucket/ckpt'" in logged
 
 
-def test_the_per_worker_summary_counts_every_attempt_and_the_failed_ones_apart(capsys):
+def test_the_per_worker_summary_counts_every_attempt_and_the_work_lost_since_a_checkpoint(capsys):
     """A worker whose counters start again was restarted by recovery: the table at the end
-    shows the whole job's steps and samples, and what the failed attempt did as its own column."""
+    shows the whole job's steps and samples, and as its own column the steps the failed attempt
+    did after its last checkpoint (the work recovery redid), not the saved ones before it."""
 
-    def metrics(steps: int, at: float) -> dict:
+    def metrics(steps: int, at: float, saved: int | None = None) -> dict:
         return {
             "type": "metrics",
             "time": at,
@@ -218,21 +219,30 @@ def test_the_per_worker_summary_counts_every_attempt_and_the_failed_ones_apart(c
             "net_sent": 0,
             "net_recv": 0,
             "loss_sum": 0.0,
+            **({"saved_steps": saved, "saved_samples": 32 * saved} if saved is not None else {}),
         }
 
-    with MonitorHub(world_size=2, config={}, display=True, title="job") as hub:
+    with MonitorHub(world_size=3, config={}, display=True, title="job") as hub:
         hub.display.stream = __import__("sys").stdout
-        for steps, at in ((10, 1.0), (30, 2.0), (5, 3.0), (40, 4.0)):  # killed after 30, then redone from 0
-            hub._on_report(1, metrics(steps, at))
-        hub._on_report(0, metrics(70, 4.0))
+        # worker 1 checkpointed at step 20, was killed after 30, then redid 10 from the checkpoint
+        for steps, at, saved in ((10, 1.0, None), (30, 2.0, 20), (5, 3.0, None), (40, 4.0, None)):
+            hub._on_report(1, metrics(steps, at, saved))
+        # worker 2 never checkpointed: all of its failed attempt's 12 steps were lost
+        for steps, at in ((12, 1.0), (3, 2.0)):
+            hub._on_report(2, metrics(steps, at))
+        hub._on_report(0, metrics(70, 4.0, 70))
         whole = hub.whole_job()
     assert (whole[1]["steps"], whole[1]["samples"], whole[1]["failed_steps"]) == (70, 70 * 32, 30)
-    assert (whole[0]["steps"], whole[0]["failed_steps"]) == (70, 0)
+    assert (whole[1]["lost_steps"], whole[1]["lost_samples"]) == (10, 10 * 32)
+    assert (whole[2]["lost_steps"], whole[0]["lost_steps"], whole[0]["failed_steps"]) == (12, 0, 0)
     table = capsys.readouterr().out
     rows = {
-        line.split()[0]: line.split() for line in table.splitlines() if line.split()[:1] in (["0"], ["1"])
+        line.split()[0]: line.split()
+        for line in table.splitlines()
+        if line.split()[:1] in (["0"], ["1"], ["2"])
     }
-    assert "failed" in table and rows["1"][1:4] == ["70", "2,240", "30"] and rows["0"][3] == "0", table
+    assert "steps lost" in table, table
+    assert rows["1"][1:4] == ["70", "2,240", "10"] and rows["2"][3] == "12" and rows["0"][3] == "0", table
 
 
 def test_an_epoch_a_retried_worker_reports_again_is_logged_but_not_shown_twice(tmp_path):
@@ -421,3 +431,30 @@ def test_a_run_log_others_could_read_is_made_private_when_a_job_appends_to_it(tm
     RunLog(tmp_path, {"config": {}}).close()
     assert stat.S_IMODE((tmp_path / "run.jsonl").stat().st_mode) == 0o600
     assert (tmp_path / "run.jsonl").read_text().startswith('{"type": "header"}\n')  # appended, not replaced
+
+
+def test_steps_count_optimizer_steps_and_a_language_models_tokens_per_second_show(tmp_path, capsys):
+    """With accumulate=2 only every second batch ends an optimizer step: progress counts those
+    (as warmup_steps does), while rows and training tokens count every batch; tokens/s is the
+    tokens between two reports over the time between them (hand-worked)."""
+    with MonitorHub(world_size=1, config={}, run_dir=str(tmp_path), display=False, interval_s=60) as hub:
+        probe = Probe(hub.link, rank=0)
+        probe.start_epoch(0, 5, 1)
+        for batch in range(10):  # 10 batches of 4 rows x 16 tokens, 5 optimizer steps
+            probe.batch_arrived(0.0)
+            probe.step_done(0.1, 4, 1.0, stepped=batch % 2 == 1, tokens=64)
+        first = probe.snapshot()
+        assert (first["steps"], first["step"], first["samples"], first["tokens"]) == (5, 5, 40, 640)
+        probe.close()  # its last record reaches the hub; two more follow, 2 s apart
+        _wait_for(lambda: 0 in hub.latest)
+        now = time.time() + 100
+        hub._on_report(0, {**first, "time": now})
+        hub._on_report(0, {**first, "time": now + 2.0, "samples": 60, "steps": 7, "tokens": 960})
+        assert hub.latest[0]["tokens_per_s"] == pytest.approx(160.0)  # (960 - 640) / 2 s
+        hub.display.enabled = True
+        hub.display.stream = __import__("sys").stdout
+        headline = hub.display.headline()
+        hub.display.epoch({"epoch": 1, "loss": 2.0, "test_loss": 1.5, "test_perplexity": 4.4817})
+    assert "160 tokens/s" in headline, headline
+    assert "test_perplexity 4.4817" in capsys.readouterr().out
+    assert _records(tmp_path, "job")[-1]["tokens_per_s"] == pytest.approx(160.0)

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from sparkdp.data.text import encode_texts, pack_documents, train_bpe_tokenizer
+from sparkdp.data.text import PackCounts, encode_texts, pack_documents, train_bpe_tokenizer
 from sparkdp.data.text_datasets import FORTUNES_DIR, read_fortunes, split_documents
 from sparkdp.errors import ConfigError
 from sparkdp.models import build_model
-from sparkdp.spark.text import tokenize_blocks
+from sparkdp.spark.text import count_blocks, tokenize_blocks
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -39,6 +41,20 @@ def test_a_small_text_packed_by_hand(spark, tmp_path):
     # 1 2 <eos> | 3 <eos> | 2 2 3 1 <eos>  (the null row skipped): two whole blocks, [1 0] dropped
     np.testing.assert_array_equal(ids, [[1, 2, 0, 3], [0, 2, 2, 3]])
     np.testing.assert_array_equal(labels, ids)  # the model shifts the labels itself
+
+
+def test_skipped_and_truncated_documents_are_counted(spark, tmp_path, caplog):
+    rows_ = [("a b",), (None,), ("",), ("c",), ("b b c a",)]
+    df = spark.createDataFrame(rows_, "text string").coalesce(1)
+    path = tmp_path / "tokenizer.json"
+    word_tokenizer().save(str(path))
+    with caplog.at_level(logging.INFO, logger="sparkdp"):
+        counts = count_blocks(df, "text", str(path), block_size=4)
+    # as packed by hand above: 1 2 <eos> | 3 <eos> | 2 2 3 1 <eos>, the null and the empty text
+    # skipped, two blocks, the tail [1 <eos>] cutting the last document
+    assert counts == PackCounts(documents=3, skipped=2, truncated=1, dropped_tokens=2, blocks=2)
+    assert len(rows(tokenize_blocks(df, "text", str(path), block_size=4))[0]) == counts.blocks
+    assert "2 blocks from 3 documents; 2 null or empty skipped, 1 truncated" in caplog.text
 
 
 def test_partitions_pack_separately_and_match_tokenizer_encode(spark):

@@ -3,18 +3,36 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-from ..config import GROUPS, RUN_SETTINGS, JobConfig, group_of
+from ..config import GROUPS, RUN_SETTINGS, JobConfig, group_of, setting
 from ..errors import ConfigError
 from .fields import add_job_settings, job_settings
 
 
-def settings_classes() -> tuple[tuple[type, list[str]], ...]:
+@dataclass(frozen=True)
+class LaunchOutputs:
+    """What sparkdp launch writes besides the run log.
+
+    Attributes:
+        json_out: write a JSON summary of the run to this file: the script, strategy, workers, wall time and the parameter server's totals (pushes, staleness, bytes) for an asynchronous strategy.
+    """
+
+    json_out: str | None = setting(None, metavar="FILE")
+
+
+def settings_classes() -> tuple[tuple[type, Any], ...]:
     """The settings classes ``sparkdp launch`` takes, limited to what ``sparkdp.run`` uses."""
-    return tuple(
-        (GROUPS[group], [name for name in RUN_SETTINGS if group_of(name) == group])
-        for group in dict.fromkeys(group_of(name) for name in RUN_SETTINGS)
+    return (
+        *(
+            (GROUPS[group], [name for name in RUN_SETTINGS if group_of(name) == group])
+            for group in dict.fromkeys(group_of(name) for name in RUN_SETTINGS)
+        ),
+        (LaunchOutputs, None),
     )
 
 
@@ -45,8 +63,16 @@ def run(args) -> int:
         raise ConfigError(
             f"no training script at {os.path.abspath(args.script)!r}; give the path of a .py file."
         )
+    if job.monitor.run_dir:  # (refused before Spark starts, as sparkdp train does)
+        from ..monitor.sinks import writable_dir
+
+        writable_dir(job.monitor.run_dir, "run log")
     spark = sparkdp.session(
         job.scaling.master, log_level="OFF" if not getattr(args, "verbose", 0) else "WARN"
     )
-    sparkdp.launch(args.script, *script_args, spark=spark, **settings)
+    summary = sparkdp.launch(args.script, *script_args, spark=spark, **settings)
+    if args.json_out:
+        from ..files import atomic_write
+
+        atomic_write(args.json_out, lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=2)))
     return 0

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import SparkdpError
-from . import bench_cmd, caffe_cmd, env_cmd, export_cmd, launch_cmd, plan_cmd, report_cmd, train_cmd
+from . import bench_cmd, caffe_cmd, env_cmd, export_cmd, launch_cmd, plan_cmd, report_cmd, train_cmd, tune_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -17,7 +17,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for command in (train_cmd, launch_cmd, report_cmd, plan_cmd, bench_cmd, env_cmd, caffe_cmd, export_cmd):
+    for command in (
+        train_cmd,
+        launch_cmd,
+        report_cmd,
+        plan_cmd,
+        bench_cmd,
+        env_cmd,
+        caffe_cmd,
+        export_cmd,
+        tune_cmd,
+    ):
         command.add_parser(sub)
     return parser
 

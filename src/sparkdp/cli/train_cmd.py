@@ -24,6 +24,8 @@ class TrainInputs:
         dataset: built-in dataset: fashion-mnist, or the text corpus fortunes (with --model gpt or gpt-tiny).
         model: built-in model: cnn, cnn-small, mlp, linear, or the language models gpt and gpt-tiny (sparkdp.models).
         model_options: the built-in model's settings, e.g. n_layer=4 for gpt (KEY=VALUE, the value read as JSON).
+        hf_model: a local Hugging Face causal language model directory (what save_pretrained writes: config.json and safetensors weights) to train, e.g. with --data token blocks, --features input_ids,labels --dict-batches --loss model.
+        loss: the loss: cross_entropy, mse, l1, nll, bce_with_logits, or model (the model computes its own loss from the batch's labels; the default with --hf-model and a text corpus, else cross_entropy).
         data: training data: a Parquet file or directory (with features and label).
         eval_data: held-out Parquet data evaluated after every eval_every-th epoch.
         limit: use only the first N training and test rows (of a text corpus: its first N documents; quick runs; also of a Caffe net's own LMDB/LevelDB/HDF5 sources).
@@ -39,6 +41,8 @@ class TrainInputs:
     model_options: Mapping[str, Any] = setting(
         factory=dict, flag="--model-option", metavar="KEY=VALUE", parse=key_value
     )
+    hf_model: str | None = setting(None, metavar="DIR")
+    loss: str | None = setting(None, metavar="NAME")
     data: str | None = setting(None, metavar="PATH")
     eval_data: str | None = setting(None, metavar="PATH")
     limit: int | None = setting(None, metavar="N")
@@ -86,11 +90,41 @@ def optimizer_choice(args, script_optimizer: object = None) -> tuple[object, dic
     return name, options
 
 
-def run(args) -> int:
-    started = time.perf_counter()
-    import torch
+@dataclass(frozen=True)
+class Prepared:
+    """A ``sparkdp train`` job ready to run: the model, its data, settings, loss and optimizer."""
 
-    import sparkdp
+    model: Any
+    data: Any
+    eval_data: Any
+    job: JobConfig
+    loss: Any
+    optimizer: Any
+    optimizer_options: dict
+    model_desc: dict[str, Any]
+    caffe: Any
+
+    def fit(self, job: JobConfig, spark: Any, **more: Any) -> Any:
+        """Train with ``job`` (this one's settings, or a trial's) on ``spark``."""
+        from ..driver.api import fit_job
+
+        return fit_job(
+            self.model,
+            self.data,
+            job,
+            eval_data=self.eval_data,
+            loss=self.loss,
+            optimizer=self.optimizer,
+            optimizer_options=self.optimizer_options,
+            spark=spark,
+            **more,
+        )
+
+
+def prepare(args) -> Prepared:
+    """Everything ``sparkdp train`` trains, from its flags, checked before Spark starts (``sparkdp
+    tune`` prepares each trial this way)."""
+    import torch
 
     from ..data.datasets import dataset_tensors, load_dataset
     from ..data.text_datasets import TEXT_DATASETS
@@ -108,15 +142,17 @@ def run(args) -> int:
     text = None  # a built-in text corpus, packed for a language model
     batch_size = args.batch_size
     epochs = args.epochs
-    if args.model_options and (args.script or caffe_run):
+    if args.model_options and (args.script or caffe_run or args.hf_model):
         raise ConfigError(
-            "--model-option applies to a built-in --model; a script or Caffe net builds its own model."
+            "--model-option applies to a built-in --model; a script, a Caffe net or --hf-model "
+            "(its config.json) builds its own model."
         )
     if args.dataset in TEXT_DATASETS and (args.script or caffe_run):
         raise ConfigError(
             f"the text corpus {args.dataset!r} trains a built-in language model: "
             f"`sparkdp train --dataset {args.dataset} --model gpt`."
         )
+    _check_model_source(args, caffe_run)
     if args.script:
         from .script import load_script
 
@@ -128,6 +164,11 @@ def run(args) -> int:
         model_desc = {"script": str(Path(args.script).resolve())}
     elif caffe_run:
         model, model_desc, data = None, {}, None  # built below, once the data's row shape is known
+    elif args.hf_model:
+        from ..models.hf import load_hf_model
+
+        model, loss, data = load_hf_model(args.hf_model), "model", None
+        model_desc = {"hf_model": str(Path(args.hf_model).resolve())}
     else:
         if not args.model:
             raise ConfigError(
@@ -151,9 +192,11 @@ def run(args) -> int:
         data, eval_data = dataset_tensors(ds)
         model_desc["dataset"] = args.dataset
     if args.data:
-        if not args.features or not args.label:
+        if not args.features or not (args.label or args.dict_batches):
             raise ConfigError(
-                "--data needs --features COLS and --label COL (which columns are inputs and target)."
+                "--data needs --features COLS and --label COL (which columns are inputs and target), "
+                "or --features COLS --dict-batches for a model whose batch holds its own labels "
+                "(e.g. --features input_ids,labels --dict-batches --loss model)."
             )
         data, eval_data = args.data, args.eval_data
         settings.update(columns)
@@ -176,6 +219,8 @@ def run(args) -> int:
         )
         if data is None:
             data, eval_data = caffe.data, caffe.eval_data
+    if args.loss is not None:
+        loss = args.loss  # (over a script's loss_fn; _check_model_source refused it with a Caffe net)
     optimizer, opt_options = optimizer_choice(args, optimizer)
     # a script's or Caffe solver's batch size and epochs count when no flag or job file set them
     job = JobConfig.of(
@@ -183,24 +228,24 @@ def run(args) -> int:
         **({"epochs": epochs} if epochs is not None else {}),
         **({"batch_size": batch_size} if batch_size is not None else {}),
     )
-    run_dir, quiet = job.monitor.run_dir, not job.monitor.show_progress
     _check_before_spark(job)
+    assert model is not None  # the script, --model or (caffe_run) cli_job built it
+    return Prepared(model, data, eval_data, job, loss, optimizer, opt_options, model_desc, caffe)
+
+
+def run(args) -> int:
+    started = time.perf_counter()
+    import sparkdp
+
+    prepared = prepare(args)
+    job = prepared.job
+    run_dir, quiet = job.monitor.run_dir, not job.monitor.show_progress
     # Spark's own console log stays off unless -v: failures end in sparkdp's one-line message
     spark = sparkdp.session(
         job.scaling.master, log_level="OFF" if not getattr(args, "verbose", 0) else "WARN"
     )
-    assert model is not None  # the script, --model or (caffe_run) cli_job built it
-    result = sparkdp.fit_job(
-        model,
-        data,
-        job,
-        eval_data=eval_data,
-        loss=loss,
-        optimizer=optimizer,
-        optimizer_options=opt_options,
-        spark=spark,
-        started=started,
-    )
+    result = prepared.fit(job, spark, started=started)
+    caffe, model_desc = prepared.caffe, prepared.model_desc
     model_path = None
     if run_dir:
         model_path = str(result.save(Path(run_dir) / "model.safetensors", **model_desc))
@@ -208,12 +253,7 @@ def run(args) -> int:
             caffe_path = caffe.save(run_dir, result.model)
             if not quiet:
                 print(f"Caffe weights saved to {caffe_path}")
-    if not quiet:  # (the live display showed every epoch as it ended)
-        final = result.history[-1]
-        print(
-            "final: loss {loss:.4f}".format(**final)
-            + (f"  test_accuracy {final['test_accuracy']:.4f}" if "test_accuracy" in final else "")
-        )
+    print(final_line(result.history[-1]))  # (kept under -q: the live display showed the epochs)
     whole = result.summary()
     summary = {
         "strategy": result.strategy,
@@ -250,6 +290,32 @@ def run(args) -> int:
             args.json_out, lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=2, default=_described))
         )
     return 0
+
+
+def final_line(final: Mapping[str, Any]) -> str:
+    """The run's result in one line: the last epoch's training loss and its test metrics."""
+    shown = [f"loss {final['loss']:.4f}"]
+    for key in ("test_loss", "test_perplexity", "test_accuracy"):
+        if isinstance(final.get(key), (int, float)):
+            shown.append(f"{key} {final[key]:.4f}")
+    return "final: " + "  ".join(shown)
+
+
+def _check_model_source(args, caffe_run: bool) -> None:
+    """--hf-model alone as the model source (a script, a Caffe net or --model build their own),
+    and no --loss for a Caffe net, whose loss layer is its loss."""
+    others = [
+        flag
+        for flag, value in (("a script", args.script), ("--caffe-net", caffe_run), ("--model", args.model))
+        if value
+    ]
+    if args.hf_model and others:
+        raise ConfigError(
+            f"--hf-model DIR is the model to train; {' and '.join(others)} cannot be given with it. "
+            "Pass one model source."
+        )
+    if args.loss is not None and caffe_run:
+        raise ConfigError("--loss does not apply to a Caffe net: its loss layer is the loss.")
 
 
 def _check_before_spark(job: JobConfig) -> None:

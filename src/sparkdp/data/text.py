@@ -13,7 +13,9 @@ processes as their JSON serialisation, never pickled.
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,8 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 #: the end-of-text token of the tokenizers sparkdp trains, also looked for in others
 EOS_TOKEN = "<|endoftext|>"
@@ -100,26 +104,79 @@ def concat_documents(ids: Sequence[Sequence[int]], eos_id: int) -> np.ndarray:
     )
 
 
+@dataclass
+class PackCounts:
+    """What packing did with the documents it was given.
+
+    Attributes:
+        documents: documents packed, whole or in part.
+        skipped: null or empty documents (no tokens), left out.
+        truncated: documents with tokens in the dropped tail (fewer than a block's tokens at the
+            end of the data, or of each Spark partition): cut short, or dropped whole.
+        dropped_tokens: the tail's tokens, end-of-text tokens included.
+        blocks: blocks made.
+    """
+
+    documents: int = 0
+    skipped: int = 0
+    truncated: int = 0
+    dropped_tokens: int = 0
+    blocks: int = 0
+
+    def __add__(self, other: PackCounts) -> PackCounts:
+        return PackCounts(*(getattr(self, name) + getattr(other, name) for name in self.__dataclass_fields__))
+
+    def describe(self) -> str:
+        return (
+            f"{self.blocks:,} blocks from {self.documents:,} documents; {self.skipped:,} null or empty "
+            f"skipped, {self.truncated:,} truncated at the end ({self.dropped_tokens:,} tokens dropped)"
+        )
+
+
 class BlockPacker:
     """Cuts a stream of documents' token ids into ``block_size`` blocks, carrying the tail
-    from one call to the next; whatever is left at the end (``tail``) is dropped by the caller."""
+    from one call to the next; whatever is left at the end (``tail``) is dropped by the caller,
+    and :meth:`finish` counts it. Documents without tokens are skipped, counted in ``counts``."""
 
     def __init__(self, block_size: int, eos_id: int) -> None:
         self.block_size = check_block_size(block_size)
         self.eos_id = eos_id
         self.tail = np.empty(0, dtype=np.int64)
+        self.counts = PackCounts()
 
     def add(self, ids: Sequence[Sequence[int]]) -> np.ndarray:
         """The whole blocks the tail and these documents make, shape (n, block_size)."""
-        stream = np.concatenate([self.tail, concat_documents(ids, self.eos_id)])
+        kept = [doc for doc in ids if len(doc)]  # (an empty document would add a lone separator)
+        self.counts.skipped += len(ids) - len(kept)
+        self.counts.documents += len(kept)
+        stream = np.concatenate([self.tail, concat_documents(kept, self.eos_id)])
         whole = len(stream) // self.block_size * self.block_size
         self.tail = stream[whole:]
+        self.counts.blocks += whole // self.block_size
         return stream[:whole].reshape(-1, self.block_size)
+
+    def skip(self, documents: int) -> None:
+        """Count documents left out before tokenizing (null texts)."""
+        self.counts.skipped += documents
+
+    def finish(self) -> PackCounts:
+        """The counts, with the tail (dropped) counted: every document ends with a separator, so
+        the separators in the tail are the documents it cuts."""
+        self.counts.truncated = int(np.count_nonzero(self.tail == self.eos_id))
+        self.counts.dropped_tokens = len(self.tail)
+        return self.counts
 
 
 def pack_documents(ids: Sequence[Sequence[int]], block_size: int, eos_id: int) -> np.ndarray:
     """Documents' token ids packed into blocks (shape (n, block_size)); the last partial block dropped."""
-    return BlockPacker(block_size, eos_id).add(ids)
+    return pack_counted(ids, block_size, eos_id)[0]
+
+
+def pack_counted(ids: Sequence[Sequence[int]], block_size: int, eos_id: int) -> tuple[np.ndarray, PackCounts]:
+    """:func:`pack_documents` and what it did: documents packed, skipped, truncated."""
+    packer = BlockPacker(block_size, eos_id)
+    blocks = packer.add(ids)
+    return blocks, packer.finish()
 
 
 def encode_texts(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:

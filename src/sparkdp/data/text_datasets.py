@@ -15,6 +15,7 @@ the vocabulary size, so every run of every worker sees the same ids.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,7 @@ import numpy as np
 from ..errors import DataError
 from ..files import atomic_write
 from ..registry import Registry
-from .text import EOS_TOKEN, encode_texts, pack_documents, require_tokenizers, train_bpe_tokenizer
+from .text import EOS_TOKEN, PackCounts, encode_texts, pack_counted, require_tokenizers, train_bpe_tokenizer
 
 FORTUNES_DIR = Path("/usr/share/games/fortunes")
 VALIDATION_EVERY = 20  # every 20th document is held out: 5 %, from every file
@@ -43,6 +44,8 @@ class TextDataset:
     block_size: int
     train_blocks: np.ndarray
     validation_blocks: np.ndarray
+    #: what packing did with each split's documents ("train", "validation")
+    counts: dict[str, PackCounts] | None = None
 
     @property
     def tokenizer(self) -> Any:
@@ -56,6 +59,8 @@ class TextDataset:
     def eos_id(self) -> int:
         return int(self.tokenizer.token_to_id(EOS_TOKEN))
 
+
+log = logging.getLogger(__name__)
 
 TEXT_DATASETS: Registry[TextDataset] = Registry("text dataset")
 
@@ -125,10 +130,22 @@ def build_text_dataset(
     tokenizer = require_tokenizers().Tokenizer.from_str(tok_json)
     eos = int(tokenizer.token_to_id(EOS_TOKEN))
 
-    def blocks(texts: tuple[str, ...]) -> np.ndarray:
-        return pack_documents(encode_texts(tokenizer, texts), block_size, eos)
-
-    return TextDataset(name, train, validation, tok_json, block_size, blocks(train), blocks(validation))
+    packed = {
+        split: pack_counted(encode_texts(tokenizer, texts), block_size, eos)
+        for split, texts in (("train", train), ("validation", validation))
+    }
+    for split, (_, counts) in packed.items():
+        log.info("%s %s: %s", name, split, counts.describe())
+    return TextDataset(
+        name,
+        train,
+        validation,
+        tok_json,
+        block_size,
+        packed["train"][0],
+        packed["validation"][0],
+        {split: counts for split, (_, counts) in packed.items()},
+    )
 
 
 @TEXT_DATASETS(

@@ -26,6 +26,7 @@ from ..data.datasets import dataset_tensors, load_dataset
 from ..data.shared import shared_with_workers
 from ..data.tensors import DictData, TensorData, as_worker_data
 from ..errors import ConfigError
+from ..models.hf import resolve_model
 from ..monitor.probe import open_probe
 from ..strategies import resolve_strategy
 from ..strategies.async_ps import AsyncParameterServer
@@ -38,8 +39,9 @@ from ..train.optim import optimizer_factory, resolve_loss
 from ..train.packing import check_packing
 from ..train.result import TrainResult
 from ..train.schedule import unknown_length
+from ..train.tokens import check_token_batch
 from .jobs import JobRun, kind_for
-from .monitoring import monitored, wants_monitoring
+from .monitoring import epoch_listener, monitored, wants_monitoring
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +103,7 @@ def _preflight(
                 "cannot give on the driver; pass arrays, a dict of arrays or Parquet data."
             )
         return ("contiguous" if memory_format == "auto" else memory_format), ()
+    check_token_batch(model, data.columns if isinstance(data, DictData) else x)
     out = _forward(model, loss_fn, x, y)
     check_packing(model, x)  # packed examples must not attend to each other
     names = metric_names(metric, out, x, y) if metric is not None else ()
@@ -131,7 +134,7 @@ def _forward(model: nn.Module, loss_fn: Callable, x: Any, y: Any) -> Any:
 
 
 def fit(
-    model: nn.Module,
+    model: nn.Module | str,
     data: Any = None,
     *,
     labels: Any = None,
@@ -147,7 +150,10 @@ def fit(
     """Train ``model`` data-parallel on Spark and return it trained.
 
     Args:
-        model: any ``torch.nn.Module``; it is updated in place with the trained weights.
+        model: any ``torch.nn.Module``; it is updated in place with the trained weights. Or
+            ``"hf:DIR"``: the causal language model a local Hugging Face directory holds
+            (``save_pretrained``'s ``config.json`` and safetensors weights, opened from local
+            files only; :mod:`sparkdp.models.hf`), returned trained as ``result.model``.
         data: ``(features, labels)`` arrays/tensors, features with ``labels=``, a
             map-style torch Dataset, a dict of named arrays (``{"input_ids": ..., "labels": ...}``:
             dict batches, the model called as ``model(**batch)``), or a built-in dataset name
@@ -222,7 +228,7 @@ def fit(
 
 
 def fit_job(
-    model: nn.Module,
+    model: nn.Module | str,
     data: Any,
     job: JobConfig,
     *,
@@ -235,12 +241,22 @@ def fit_job(
     metric: Callable[[Any, Any], Any] | None = None,
     spark: Any = None,
     started: float | None = None,
+    on_epoch: Callable[[dict[str, Any]], bool | None] | None = None,
+    reserved_slots: int | None = None,
 ) -> TrainResult:
-    """:func:`fit` with the job's settings as one :class:`~sparkdp.config.JobConfig`."""
+    """:func:`fit` with the job's settings as one :class:`~sparkdp.config.JobConfig`.
+
+    ``on_epoch(record)`` is called on the driver with each epoch's results (``history``'s record,
+    as rank 0 sends it while the job runs); when it returns True the workers stop at the next
+    epoch's end and the job returns the epochs run so far (``sparkdp.train.stop``; a search
+    prunes trials this way). ``reserved_slots``: task slots the caller keeps free for this job
+    alone (a search's slot pool), so its workers' ``threads`` may use their cores."""
     started = time.perf_counter() if started is None else started
-    columns = job.columns
+    model = resolve_model(model)
     strategy_obj = resolve_strategy(job.training.strategy, **job.training.strategy_options)
     loss_fn = resolve_loss(loss)
+    columns = _dict_batches_for_model_loss(job.columns, loss_fn)
+    job = replace(job, columns=columns)
     training = job.training
     if training.lr_schedule != "constant" and lr_scheduler is not None:
         raise ConfigError(
@@ -270,7 +286,7 @@ def fit_job(
     from ..spark.session import session
 
     spark = spark or session(job.scaling.master)
-    workers = _workers(spark, job)
+    workers = _workers(spark, job, reserved_slots)
     if job.failures.min_workers is not None and job.failures.min_workers > workers:
         raise ConfigError(
             f"min_workers ({job.failures.min_workers}) cannot exceed the {workers} workers this job runs on."
@@ -295,22 +311,50 @@ def fit_job(
     )
     # Same-machine executors map in-memory data from files instead of unpickling a copy each.
     with shared_with_workers(on_driver_machine(spark), train, test) as (train, test):
-        return _fit_on_spark(replace(spec, train=train, eval=test), job, workers, spark, started)
+        spec = replace(spec, train=train, eval=test)
+        with epoch_listener(on_epoch, job, spark) as (listener, notice):
+            return _fit_on_spark(replace(spec, stop=notice), job, workers, spark, started, listener)
 
 
-def _workers(spark: Any, job: JobConfig) -> int:
+def _dict_batches_for_model_loss(columns: Columns, loss_fn: Callable) -> Columns:
+    """Columns with ``dict_batches`` on when the model computes its own loss from the columns and
+    no label column is named: such a model takes the columns as keyword arguments (``input_ids``,
+    ``labels``...), never as one concatenated float vector without labels."""
+    if not columns.given or not isinstance(loss_fn, ModelLoss) or columns.label or columns.dict_batches:
+        return columns
+    if columns.feature_shape is not None:
+        raise ConfigError(
+            "loss='model' with features= and no label= gives the model its columns by name "
+            "(dict_batches=True), which feature_shape cannot reshape; drop feature_shape, or name "
+            "the label column with label=."
+        )
+    log.info(
+        "sparkdp: loss='model' without a label column: each feature column is a keyword argument "
+        "of the model (dict_batches=True)"
+    )
+    return replace(columns, dict_batches=True)
+
+
+def _workers(spark: Any, job: JobConfig, reserved_slots: int | None = None) -> int:
     """The job's worker count (``default_workers`` unless given), with a warning when the
     workers' torch threads would outnumber their cores."""
     from ..spark.cluster import default_workers, oversubscription
 
     workers = job.scaling.workers or default_workers(spark)
-    problem = oversubscription(spark, workers, job.scaling.threads)
+    problem = oversubscription(spark, workers, job.scaling.threads, reserved_slots)
     if problem:
         log.warning("sparkdp: %s", problem)
     return workers
 
 
-def _fit_on_spark(spec: FitSpec, job: JobConfig, workers: int, spark: Any, started: float) -> TrainResult:
+def _fit_on_spark(
+    spec: FitSpec,
+    job: JobConfig,
+    workers: int,
+    spark: Any,
+    started: float,
+    on_epoch: Callable[[dict[str, Any]], None] | None = None,
+) -> TrainResult:
     model, train, strategy_obj = spec.model, spec.train, spec.strategy
     log.info(
         "training %s on %d workers with %s; data: %s",
@@ -326,7 +370,7 @@ def _fit_on_spark(spec: FitSpec, job: JobConfig, workers: int, spark: Any, start
         "strategy": strategy_obj.name,
         "strategy_options": strategy_obj.options(),
     }
-    unreachable = _unreachable(job, spark, strategy_obj)
+    unreachable = _unreachable(job, spark, strategy_obj, hub_wanted=on_epoch is not None)
     if unreachable and isinstance(strategy_obj, AsyncParameterServer) and not strategy_obj.servers:
         log.warning(
             "sparkdp: the parameter server runs as a Spark task on the executors (servers=1) instead of "
@@ -336,7 +380,14 @@ def _fit_on_spark(spec: FitSpec, job: JobConfig, workers: int, spark: Any, start
     # a DataFrame streamed through Spark: a stage per epoch
     kind = kind_for(spec.strategy, not isinstance(spec.train, WorkerData), bool(unreachable))
     with monitored(
-        job, spark, workers, title, details, strategy=strategy_obj, unreachable=unreachable
+        job,
+        spark,
+        workers,
+        title,
+        details,
+        strategy=strategy_obj,
+        unreachable=unreachable,
+        on_epoch=on_epoch,
     ) as hub:
         spec = replace(spec, monitor=hub.link if hub is not None else None)
         with progress(
@@ -349,13 +400,17 @@ def _fit_on_spark(spec: FitSpec, job: JobConfig, workers: int, spark: Any, start
     return result
 
 
-def _unreachable(job: JobConfig, spark: Any, strategy: Any) -> str | None:
+def _unreachable(job: JobConfig, spark: Any, strategy: Any, hub_wanted: bool = False) -> str | None:
     """Why executors cannot connect to this process, when something of the job would listen in it
     (the monitoring hub, a parameter server on the driver) and they may run elsewhere (a cluster,
     a Spark Connect server on another machine); None otherwise."""
     from ..spark.launcher import unreachable_reason
 
-    listens = wants_monitoring(job) or (isinstance(strategy, AsyncParameterServer) and not strategy.servers)
+    listens = (
+        hub_wanted
+        or wants_monitoring(job)
+        or (isinstance(strategy, AsyncParameterServer) and not strategy.servers)
+    )
     return unreachable_reason(spark, start_timeout_s=job.failures.start_timeout_s) if listens else None
 
 
@@ -387,7 +442,8 @@ def run(
     ``settings`` are the job settings a loop of the user's own can use (``strategy``,
     ``strategy_options``, ``seed``, ``workers``, ``master``, ``threads``, ``checkpoint_dir``,
     ``max_restarts``, ``min_workers``, ``start_timeout_s``, ``pg_timeout_s``, ``show_progress``,
-    ``run_dir``: a run log of the settings and the workers' records; see :func:`fit`); ``spark`` an existing session. A failed attempt runs ``train_fn`` again on
+    ``run_dir``: a run log of the settings and the workers' records, ``metrics_interval_s``; see
+    :func:`fit`); ``spark`` an existing session. A failed attempt runs ``train_fn`` again on
     every worker, as ``max_restarts`` allows (docs/guide/reliability.md): as under torchrun, the
     n-th restart sees ``TORCHELASTIC_RESTART_COUNT=n`` and, with ``checkpoint_dir``,
     ``SPARKDP_CHECKPOINT_DIR``, where ``train_fn`` saves and finds what it resumes from.
@@ -402,6 +458,23 @@ def run(
         WorkerFailed: ``train_fn`` failed on a worker more often than ``max_restarts`` allows (its
             rank and traceback in the message).
     """
+    return _run(
+        train_fn, *args, spark=spark, argv=argv, forward_output=forward_output, details=details, **settings
+    )[0]
+
+
+def _run(
+    train_fn: Callable[..., Any],
+    *args: Any,
+    spark: Any = None,
+    argv: list[str] | None = None,
+    forward_output: bool = False,
+    details: dict[str, Any] | None = None,
+    **settings: Any,
+) -> tuple[Any, dict[str, Any]]:
+    """:func:`run`: rank 0's result, and the job's summary (what the run log's summary record
+    holds: strategy, workers, wall time, the parameter server's totals)."""
+    started = time.perf_counter()
     job = JobConfig.of(settings, allowed=RUN_SETTINGS, caller="run")
     strategy_obj = resolve_strategy(job.training.strategy, **job.training.strategy_options)
 
@@ -454,10 +527,20 @@ def run(
         description = f"sparkdp run {name} on {workers} workers"
         kind = kind_for(strategy_obj, streamed=False)
         with progress(job.monitor.show_progress, f"sparkdp: running {name} on {workers} {kind.label}"):
-            return kind.call(body, strategy_obj, JobRun(job, workers, spark, hub), description)
+            result = kind.call(body, strategy_obj, JobRun(job, workers, spark, hub), description)
+        summary = {
+            "strategy": strategy_obj.name,
+            "strategy_options": strategy_obj.options(),
+            "workers": workers,
+            "wall_s": time.perf_counter() - started,
+            "server": hub.server_totals() if hub is not None else None,
+        }
+        if hub is not None:
+            hub.finish(summary)
+        return result, summary
 
 
-def launch(script: str | os.PathLike[str], *args: str, spark: Any = None, **settings: Any) -> None:
+def launch(script: str | os.PathLike[str], *args: str, spark: Any = None, **settings: Any) -> dict[str, Any]:
     """Run an unmodified training script as every worker of a job (``sparkdp launch``).
 
     The script runs as ``__main__`` with ``sys.argv = [script, *args]``, its directory on
@@ -472,7 +555,14 @@ def launch(script: str | os.PathLike[str], *args: str, spark: Any = None, **sett
     what a ``.sparkdpignore`` there names stay behind (``sparkdp.spark.files``); the run log's
     header lists what was shipped and what was not, and one line on stderr counts them.
 
-    ``settings`` are :func:`run`'s.
+    ``settings`` are :func:`run`'s; with ``run_dir`` the job's run log (``run.jsonl``) is written
+    there, as ``sparkdp train`` writes it.
+
+    Returns:
+        The job's summary: ``script``, ``strategy``, ``strategy_options``, ``workers``,
+        ``wall_s`` and, for an asynchronous strategy whose job was monitored (live progress or
+        a ``run_dir``), ``server``: the parameter server's totals (``pushes_applied``,
+        ``staleness``, ``bytes_in``, ``bytes_out``...), else None.
 
     Raises:
         ConfigError: the script does not exist, or its directory is too large to ship.
@@ -503,7 +593,7 @@ def launch(script: str | os.PathLike[str], *args: str, spark: Any = None, **sett
                 "(hidden, linked out of it, or in .sparkdpignore)",
                 file=sys.stderr,
             )
-    result = run(
+    result, summary = _run(
         run_script,
         path,
         [str(a) for a in args],
@@ -537,6 +627,7 @@ def launch(script: str | os.PathLike[str], *args: str, spark: Any = None, **sett
             "sparkdp.distribute(model, optimizer, loader) after they are built.",
             name,
         )
+    return {"script": path, **summary}
 
 
 __all__ = ["fit", "fit_job", "launch", "run"]

@@ -2,12 +2,14 @@
 
 The driver holds the model, optimizer and strategy state at every epoch's end (rank 0 returns
 them), so a failed epoch stage runs again from the start of that epoch; that state is also
-saved as the epoch's checkpoint when the job has a checkpoint directory.
+saved as the epoch's checkpoint when the job has a checkpoint directory. A stop the driver was
+asked for (``FitSpec.stop``, a pruned search trial) ends the job before the next epoch's stage.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 from dataclasses import replace
 from typing import Any
 
@@ -20,6 +22,8 @@ from ..train.faults import fault_from_env
 from ..train.loop import FitSpec, StagePart
 from ..train.report import WorkerReport
 from .controller import Attempt, Controller
+
+log = logging.getLogger(__name__)
 
 
 class EpochPlan:
@@ -103,6 +107,10 @@ def fit_epochs(
                 workers=controller.now,
                 model_record=model_record(spec.model),
             )
+        if epoch < last and spec.stop is not None and spec.stop.posted():
+            # the driver asked the job to stop (a pruned search trial): no further epoch stage
+            log.info("the driver asked the job to stop; stopping after epoch %d", epoch + 1)
+            break
     assert merged is not None  # fit() checked epochs >= 1
     return merged
 

@@ -73,7 +73,7 @@ class Display:
 
     def epoch(self, record: dict[str, Any]) -> None:
         parts = [f"epoch {record.get('epoch')}"]
-        for key in ("loss", "test_loss", "test_accuracy"):
+        for key in ("loss", "test_loss", "test_perplexity", "test_accuracy"):
             if isinstance(record.get(key), (int, float)):
                 parts.append(f"{key} {record[key]:.4f}")
         if isinstance(record.get("epoch_time_s"), (int, float)):
@@ -107,6 +107,8 @@ class Display:
             from rich.console import Console
 
             Console(file=self.stream).print(self.summary_table(latest))
+        if self.server_line:  # (the server's totals at the end, not at the last progress interval)
+            self._print(self.server_line)
 
     # -- rendering --------------------------------------------------------------------------
     def _print(self, text: str) -> None:
@@ -132,6 +134,7 @@ class Display:
     def headline(self) -> str:
         done, epoch, step = self.progress()
         rates = [r["samples_per_s"] for r in self._latest.values() if "samples_per_s" in r]
+        tokens = [r["tokens_per_s"] for r in self._latest.values() if "tokens_per_s" in r]
         losses = [r["loss"] for r in self._latest.values() if isinstance(r.get("loss"), (int, float))]
         eta = None
         if done is not None and self.first_seen is not None and done > self.first_seen[1]:
@@ -145,6 +148,7 @@ class Display:
             + (f" ({100 * done:.0f}%)" if done is not None else "")
             + (f", loss {sum(losses) / len(losses):.4f}" if losses else "")
             + (f", {sum(rates):,.0f} samples/s" if rates else "")
+            + (f", {sum(tokens):,.0f} tokens/s" if tokens else "")
             + f", ETA {_eta(eta)}"
         )
         return text + (f"; {self.server_line}" if self.server_line else "")
@@ -212,7 +216,7 @@ class Display:
             "host",
             "steps",
             "samples",
-            *(("steps in failed attempts",) if redone else ()),
+            *(("steps lost",) if redone else ()),  # since the failed attempts' last checkpoints
             "data",
             "compute",
             "comm",
@@ -223,7 +227,7 @@ class Display:
         for rank in sorted(latest):
             r = latest[rank]
             spent = sum(r.get(k, 0.0) for k in ("data_s", "compute_s", "comm_s")) or 1e-9
-            failed = (f"{r.get('failed_steps', 0):,}",) if redone else ()
+            failed = (f"{r.get('lost_steps', 0):,}",) if redone else ()
             table.add_row(
                 self.worker_label(rank),
                 str(r.get("host", "")),

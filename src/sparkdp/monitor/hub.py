@@ -47,6 +47,8 @@ WARN_REFUSED = 5
 #: a line longer than this without a line end is shown in pieces of this size
 MAX_PENDING_CHARS = 1 << 20
 _LINE_END = re.compile(r"\r\n|\n|\r")
+#: what the hub adds up over a worker's failed attempts
+_ATTEMPT_COUNTS = ("steps", "samples", "lost_steps", "lost_samples")
 _RATES = (
     "samples_per_s",
     "loss",
@@ -73,6 +75,8 @@ class MonitorHub:
         tls: encrypt the workers' connections (as the job's parameter server does with ``tls=True``).
         comm_is_own: the workers' communication waits for no peer (asynchronous strategies), so a
             worker communicating longer than the others is slow on its own link.
+        on_epoch: called with each epoch's results (once per epoch; a listener that raises is
+            logged, never fails the job).
 
     An asynchronous job sets ``server_metrics`` to its parameter server's ``metrics()``. Server
     tasks on the executors (``servers=K``) report their own figures as ``server`` records, kept
@@ -93,8 +97,10 @@ class MonitorHub:
         title: str = "sparkdp",
         tls: bool = False,
         comm_is_own: bool = False,
+        on_epoch: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.interval_s = interval_s
+        self._on_epoch = on_epoch
         self.server_metrics: Callable[[], dict[str, Any]] | None = None
         self.started = time.time()
         self.latest: dict[int, dict[str, Any]] = {}
@@ -154,12 +160,18 @@ class MonitorHub:
             self._lines.clear()
             if failed:
                 self._emit({"type": "failed", "time": time.time(), "error": error})
+            if self.server_metrics is not None:  # the server's totals, however short the job was
+                self._emit(self._job_record())
             self.display.stop(self.whole_job(), self.epochs)
             for sink in self.sinks:
                 try:
                     sink.close()
                 except Exception:  # a sink that fails to close must not hide the job's result
                     log.warning("closing %s failed", type(sink).__name__, exc_info=True)
+
+    def server_totals(self) -> dict[str, Any] | None:
+        """The parameter server's figures now (pushes, staleness, bytes), or None without one."""
+        return None if self.server_metrics is None else dict(self.server_metrics())
 
     def finish(self, summary: dict[str, Any]) -> None:
         """The job's end: one ``summary`` record (what ``sparkdp report`` tabulates)."""
@@ -193,6 +205,14 @@ class MonitorHub:
             )
             return
         record = {**record, "rank": worker}  # the authenticated id, not the claimed one
+        if self._keep(kind, worker, record) and kind == "epoch" and self._on_epoch is not None:
+            try:  # (outside the lock: a search's pruner may take its time)
+                self._on_epoch(record)
+            except Exception:  # a listener's failure must not fail the job
+                log.warning("the epoch listener failed on %s", record, exc_info=True)
+
+    def _keep(self, kind: str, worker: int, record: dict[str, Any]) -> bool:
+        """Keep one record (under the lock); False for an epoch a retried worker repeated."""
         with self._lock:
             if kind == "metrics":
                 self._metrics(record)
@@ -205,27 +225,35 @@ class MonitorHub:
                 if self.epochs and record.get("epoch", 0) <= self.epochs[-1].get("epoch", 0):
                     # a retried worker redoing an epoch already reported: kept in the run log, not shown again
                     self._emit({**record, "repeated": True})
-                    return
+                    return False
                 self.epochs.append(record)
                 self._emit(record)
                 self.display.epoch(record)
             else:
                 self.display.epoch_start(record)
                 self._emit(record)
+        return True
 
     def _metrics(self, record: dict[str, Any]) -> None:
         rank = record["rank"]
         before = self.latest.get(rank)
         if before is not None and record.get("steps", 0) < before.get("steps", 0):
             # the worker restarted (recovery): its counters began again; the ended attempt's stay counted
-            ended = self.failed_attempts.setdefault(rank, {"steps": 0, "samples": 0})
+            ended = self.failed_attempts.setdefault(rank, dict.fromkeys(_ATTEMPT_COUNTS, 0))
             ended["steps"] += before.get("steps", 0)
             ended["samples"] += before.get("samples", 0)
+            # lost: what the attempt did after its last checkpoint (all of it without one)
+            ended["lost_steps"] += before.get("steps", 0) - before.get("saved_steps", 0)
+            ended["lost_samples"] += before.get("samples", 0) - before.get("saved_samples", 0)
             before = None
-        if before is not None and record.get("steps") == before.get("steps"):
-            # no step since (a worker's last record, or one evaluating): it trains no rows now (a
+        if before is not None and record.get("samples") == before.get("samples"):
+            # no batch since (a worker's last record, or one evaluating): it trains no rows now (a
             # finished asynchronous worker must not add to the job's samples/s), the rest as it was
-            record.update({k: before[k] for k in _RATES if k in before}, samples_per_s=0.0)
+            record.update(
+                {k: before[k] for k in _RATES if k in before},
+                samples_per_s=0.0,
+                **({"tokens_per_s": 0.0} if "tokens" in record else {}),
+            )
         elif before is not None:
             dt = max(record["time"] - before["time"], 1e-9)
             rows = record["samples"] - before["samples"]
@@ -242,6 +270,8 @@ class MonitorHub:
                 net_sent_per_s=max(record["net_sent"] - before["net_sent"], 0) / dt,
                 net_recv_per_s=max(record["net_recv"] - before["net_recv"], 0) / dt,
             )
+            if "tokens" in record and "tokens" in before:
+                record["tokens_per_s"] = max(record["tokens"] - before["tokens"], 0) / dt
         self.latest[rank] = record
         self._emit(record)
         for text in self.detector.update(record):
@@ -253,28 +283,33 @@ class MonitorHub:
         self.display.update(self.latest, self.detector.scores)
 
     def whole_job(self) -> dict[int, dict[str, Any]]:
-        """Every worker's last record with its steps and samples over all attempts (and those of
-        failed attempts, whose work recovery redid, also apart as ``failed_steps``/``failed_samples``)."""
+        """Every worker's last record with its steps and samples over all attempts; those of
+        failed attempts also apart (``failed_steps``/``failed_samples``), and of them the work
+        done after each failed attempt's last checkpoint, which recovery redid
+        (``lost_steps``/``lost_samples``)."""
         out = {}
         for rank, record in self.latest.items():
-            failed = self.failed_attempts.get(rank, {"steps": 0, "samples": 0})
+            failed = self.failed_attempts.get(rank, dict.fromkeys(_ATTEMPT_COUNTS, 0))
             out[rank] = {
                 **record,
                 "steps": record.get("steps", 0) + failed["steps"],
                 "samples": record.get("samples", 0) + failed["samples"],
-                "failed_steps": failed["steps"],
-                "failed_samples": failed["samples"],
+                **{f"failed_{k}": failed[k] for k in ("steps", "samples")},
+                "lost_steps": failed["lost_steps"],
+                "lost_samples": failed["lost_samples"],
             }
         return out
 
     def _job_record(self) -> dict[str, Any]:
         rates = [r["samples_per_s"] for r in self.latest.values() if "samples_per_s" in r]
+        token_rates = [r["tokens_per_s"] for r in self.latest.values() if "tokens_per_s" in r]
         job: dict[str, Any] = {
             "type": "job",
             "time": time.time(),
             "elapsed_s": time.time() - self.started,
             "samples_per_s": sum(rates) if rates else None,
             "samples": sum(r["samples"] for r in self.latest.values()),
+            **({"tokens_per_s": sum(token_rates)} if token_rates else {}),
         }
         if self.server_metrics is not None:
             server = self.server_metrics()

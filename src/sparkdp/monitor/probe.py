@@ -50,6 +50,8 @@ class Probe:
         self.rank, self.link = rank, link
         self.comm_stats = comm_stats or (lambda: {})
         self.epoch = self.step = self.steps = self.samples = 0
+        self.tokens: int | None = None  # training tokens of a language model's batches, once seen
+        self.saved: tuple[int, int] | None = None  # (steps, samples) at this attempt's last checkpoint
         self.loss_sum, self.data_s, self.compute_s = 0.0, 0.0, 0.0
         self._comm_mark = 0.0  # the strategy's communication seconds when the current step began
         self.reports_loss = True
@@ -94,21 +96,39 @@ class Probe:
     def _comm_seconds(self) -> float:
         return float(self.comm_stats().get("comm_s", 0.0))
 
-    def step_done(self, seconds: float, rows: int, loss: float | None) -> None:
-        """``loss`` None: unknown (the user's own loop, counted from its optimizer steps).
+    def step_done(
+        self,
+        seconds: float,
+        rows: int,
+        loss: float | None,
+        *,
+        stepped: bool = True,
+        tokens: int | None = None,
+    ) -> None:
+        """One batch done. ``loss`` None: unknown (the user's own loop, counted from its optimizer
+        steps). ``stepped``: the batch ended an optimizer step (with gradient accumulation only
+        every ``accumulate``-th does): steps count optimizer steps, as ``warmup_steps`` and the
+        schedules do. ``tokens``: the batch's training tokens (a language model's dict batch).
 
         A step's compute is its time less the communication inside it; communication outside
         steps (a first pull, an epoch's end) is communication only, never negative compute."""
         comm = self._comm_seconds()
         self.compute_s += max(seconds - (comm - self._comm_mark), 0.0)
         self._comm_mark = comm
-        self.steps += 1
-        self.step += 1
+        if stepped:
+            self.steps += 1
+            self.step += 1
         self.samples += rows
+        if tokens is not None:
+            self.tokens = (self.tokens or 0) + tokens
         if loss is None:
             self.reports_loss = False
         else:
             self.loss_sum += loss * rows
+
+    def checkpointed(self) -> None:
+        """A checkpoint holds the work so far: what a failure of this attempt loses starts here."""
+        self.saved = (self.steps, self.samples)
 
     def count_steps(self, optimizer: Any, rows: int, comm_stats: Callable[[], dict[str, float]]) -> None:
         """Count the steps of a loop sparkdp does not run (``distribute``): every ``optimizer.step()``
@@ -161,6 +181,12 @@ class Probe:
             "steps": self.steps,
             "samples": self.samples,
             **({"loss_sum": self.loss_sum} if self.reports_loss else {}),
+            **({"tokens": self.tokens} if self.tokens is not None else {}),
+            **(
+                {"saved_steps": self.saved[0], "saved_samples": self.saved[1]}
+                if self.saved is not None
+                else {}
+            ),
             "data_s": self.data_s,
             "compute_s": self.compute_s,
             "comm_s": comm.get("comm_s", 0.0),
@@ -209,7 +235,16 @@ class NoProbe:
 
     def start_epoch(self, *args: Any) -> None: ...
     def batch_arrived(self, waited_s: float) -> None: ...
-    def step_done(self, seconds: float, rows: int, loss: float | None) -> None: ...
+    def step_done(
+        self,
+        seconds: float,
+        rows: int,
+        loss: float | None,
+        *,
+        stepped: bool = True,
+        tokens: int | None = None,
+    ) -> None: ...
+    def checkpointed(self) -> None: ...
     def count_steps(self, optimizer: Any, rows: int, comm_stats: Callable[..., Any]) -> None: ...
     def event(self, kind: str, **fields: Any) -> None: ...
     def output(self, stream: str, text: str) -> None: ...

@@ -82,11 +82,14 @@ def default_workers(spark) -> int:
     return task_slots(spark) or available_slots(spark) or 2
 
 
-def oversubscription(spark, workers: int, threads: int | None) -> str | None:
+def oversubscription(spark, workers: int, threads: int | None, reserved: int | None = None) -> str | None:
     """Why ``workers`` workers with ``threads`` torch threads each would run more threads than
-    their cores (each thread then waits for a core), or None."""
+    their cores (each thread then waits for a core), or None. ``reserved``: task slots the caller
+    keeps free for this job's workers alone (a search's slot pool), whose cores their threads
+    may use beyond ``spark.task.cpus`` without competing."""
     per_task = cpus_per_task(spark)
-    if threads is not None and threads > per_task:
+    within = reserved is not None and threads is not None and workers * threads <= reserved * per_task
+    if threads is not None and threads > per_task and not within:
         return (
             f"threads={threads} torch threads per worker, but each Spark task holds spark.task.cpus={per_task:g} "
             f"core(s): workers sharing an executor will compete for its cores. Set spark.task.cpus={threads}, "

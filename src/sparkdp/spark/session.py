@@ -18,6 +18,10 @@ from .environment import check_java, check_master_reachable
 log = logging.getLogger(__name__)
 
 _LOG4J = Path(__file__).with_name("log4j2.properties")
+#: the JVM loggers that print a failed task's stack trace (off in log4j2.properties)
+_TASK_FAILURE_LOGGERS = ("org.apache.spark.executor.Executor", "org.apache.spark.scheduler.TaskSetManager")
+#: log levels that ask for more than errors: with them the task failures' traces are shown
+_VERBOSE_LEVELS = ("WARN", "INFO", "DEBUG", "TRACE", "ALL")
 
 # Settings sparkdp needs for its barrier jobs; a user's own conf wins over these.
 _DEFAULT_CONF = {
@@ -180,9 +184,21 @@ def session(
         SparkConf().setMaster(master).setAppName(app_name).setAll(list(settings.items()))
     )
     sc.setLogLevel(log_level)
+    _show_task_failures(sc, log_level)
     if warm_up and settings["spark.python.daemon.module"] == _DEFAULT_CONF["spark.python.daemon.module"]:
         _start_warm_up(sc)
     return SparkSession.builder.master(master).appName(app_name).config(map=settings).getOrCreate()
+
+
+def _show_task_failures(sc: Any, log_level: str) -> None:
+    """Log failed tasks' stack traces at ``log_level`` when it asks for more than errors: the
+    quiet default (log4j2.properties) leaves them to sparkdp's one-line exception."""
+    if log_level.upper() not in _VERBOSE_LEVELS:
+        return
+    jvm = sc._jvm
+    level = jvm.org.apache.logging.log4j.Level.toLevel(log_level.upper())
+    for name in _TASK_FAILURE_LOGGERS:
+        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, level)
 
 
 def _remote_session(remote: str, app_name: str, conf: Mapping[str, str] | None):

@@ -74,6 +74,23 @@ def encode_error(rank: int, exc: BaseException) -> str:
     )
 
 
+def udf_error(exc: BaseException, what: str) -> SparkdpError:
+    """The one-line error a DataFrame function's Python worker raises (``raise udf_error(...)
+    from None``) in place of ``exc``: the action that ran it (``collect``, ``write``) shows Python's
+    short traceback ending in this line, not the model's or transformers' whole stack. sparkdp's
+    own errors keep their type and words; anything else becomes a :class:`WorkerFailed` naming
+    its type, its first line and what was running."""
+    if isinstance(exc, SparkdpError):
+        return type(exc)(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+    first = str(exc).strip().splitlines()[0][:500] if str(exc).strip() else ""
+    hint = (
+        "; a CUDA or allocation failure: lower batch_size"
+        if is_out_of_memory(exc)
+        else "; check the columns and the model with a few rows on the driver"
+    )
+    return WorkerFailed(f"{what} failed on an executor: {type(exc).__name__}: {first}{hint}.")
+
+
 def _decode_error(text: str) -> SparkdpError | None:
     match = re.search(_ERROR_MARK + r"<<([A-Za-z0-9+/=]+)>>", text)
     if not match:

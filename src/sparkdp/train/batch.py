@@ -116,6 +116,16 @@ def batch_rows(x: Any) -> int:
     return len(next(iter(x.values()))) if isinstance(x, Mapping) else len(x)
 
 
+def training_tokens(x: Any) -> int | None:
+    """The tokens a language model's dict batch trains on: its ``attention_mask``'s sum (padding
+    left out), else every position of its ``input_ids`` (packed blocks have no padding); None
+    for a batch without ``input_ids``."""
+    if not isinstance(x, Mapping) or not isinstance(ids := x.get("input_ids"), torch.Tensor):
+        return None
+    mask = x.get("attention_mask")
+    return int(mask.sum()) if isinstance(mask, torch.Tensor) else ids.numel()
+
+
 def describe_batch(x: Any) -> str:
     if isinstance(x, Mapping):
         return "{" + ", ".join(f"{k!r}: {tuple(v.shape)} {v.dtype}" for k, v in x.items()) + "}"
@@ -131,4 +141,5 @@ __all__ = [
     "forward_loss",
     "model_loss",
     "to_device",
+    "training_tokens",
 ]

@@ -24,7 +24,15 @@ from ..export.record import model_record
 from ..frozen import store_frozen_in
 from ..monitor.probe import MonitorLink, open_probe
 from ..strategies.base import Strategy
-from .batch import ModelLoss, batch_rows, call_model, describe_batch, forward_loss, to_device
+from .batch import (
+    ModelLoss,
+    batch_rows,
+    call_model,
+    describe_batch,
+    forward_loss,
+    to_device,
+    training_tokens,
+)
 from .checkpoint import CheckpointPolicy, checkpoint_payload, save_checkpoint
 from .checkpoint_store import BackgroundWriter, HostSnapshot
 from .faults import Fault
@@ -38,6 +46,8 @@ from .schedule import lr_schedule
 from .sharded_checkpoint import ShardedSaver, split_tensors
 from .sharded_checkpoint import restore as restore_shards
 from .step import Stepper, with_last
+from .stop import StopNotice
+from .tokens import check_token_batch
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +124,8 @@ class FitSpec:
     metric: Callable[[Any, Any], Any] | None = None
     #: the names ``metric`` returns (learned on the driver, so every rank reduces the same ones)
     metric_names: tuple[str, ...] = ()
+    #: the driver's request to stop after an epoch (``train.stop``; a pruned search trial)
+    stop: StopNotice | None = None
 
     @property
     def epochs(self) -> int:
@@ -427,10 +439,15 @@ def _fit_worker(
     )
     autocast = precision.autocast if precision.mixed else None
     for epoch in range(part.start_epoch, part.start_epoch + spec.epochs):
-        probe.start_epoch(epoch, steps_per_epoch, spec.last_epoch() + 1)
+        # (progress counts optimizer steps, as warmup_steps does: accumulate batches each)
+        probe.start_epoch(
+            epoch,
+            None if steps_per_epoch is None else math.ceil(steps_per_epoch / training.accumulate),
+            spec.last_epoch() + 1,
+        )
         model.train()
         started = time.perf_counter()
-        stats = torch.zeros(2, dtype=torch.float64)  # loss*rows, rows
+        stats = torch.zeros(3, dtype=torch.float64)  # loss*rows, rows, the driver asked to stop
         skip = part.start_step if epoch == part.start_epoch else 0
         before = 0.0
         if skip and rank == 0:  # the interrupted epoch's rows so far count once, on rank 0
@@ -462,6 +479,7 @@ def _fit_worker(
             else:
                 x, y = to_device(x, collective.device), to_device(y, collective.device)
             if epoch == 0 and step == 0:
+                check_token_batch(strategy.unwrap(), x, f"worker {rank}'s first batch")
                 with torch.no_grad():
                     check_batch(strategy.unwrap(), spec.loss, x, y)
             rows = batch_rows(x)
@@ -488,21 +506,36 @@ def _fit_worker(
                 memory.sample(model, optimizer)
             if spec.fault is not None:  # (a "slow" fault's sleep counts as this step's compute)
                 spec.fault.maybe_fire(rank, steps_done)
-            probe.step_done(time.perf_counter() - arrived, rows, value)
+            probe.step_done(
+                time.perf_counter() - arrived,
+                rows,
+                value,
+                stepped=stepper is None or stepper.stepped,
+                tokens=training_tokens(x) if probe.active and not isinstance(x, torch.Tensor) else None,
+            )
             # (a checkpoint falls between optimizer steps, never inside a group of micro-batches)
             if watch is not None and (stepper is None or stepper.stepped) and (stop := watch.step_boundary()):
                 if saver is not None:
                     saver.save(epoch, step + 1, history, stats, before + time.perf_counter() - started)
                     saver.close()
+                    probe.checkpointed()
                 raise preempted(stop, epoch, step + 1, saved=saver is not None)
             if saver is not None and (stepper is None or stepper.stepped) and saver.due(step + 1):
                 saver.save(epoch, step + 1, history, stats, before + time.perf_counter() - started)
+                probe.checkpointed()
             ready = time.perf_counter()
         memory.sample(model, optimizer)
         strategy.end_epoch()
         elapsed = before + time.perf_counter() - started
         train_time += elapsed
         stop = watch.drain() if watch is not None else None
+        if (
+            spec.stop is not None
+            and spec.stop.shared
+            and (rank == 0 or collective.independent)
+            and spec.stop.posted()
+        ):
+            stats[2] = 1.0  # (rank 0 looks; the sum tells every rank)
         collective.all_reduce(stats, "sum")
         if stats[1].item() == 0:
             raise DataError(
@@ -542,10 +575,14 @@ def _fit_worker(
             probe.event("epoch", **record)
         if saver is not None:
             saver.save(epoch + 1, 0, history)
+            probe.checkpointed()
         if stop is not None and epoch < spec.last_epoch():  # (after the last epoch only the report is left)
             if saver is not None:
                 saver.close()
             raise preempted(stop, epoch + 1, 0, saved=saver is not None)
+        if stats[2].item() > 0 and epoch < spec.last_epoch():
+            log.info("rank %d: the driver asked the job to stop; stopping after epoch %d", rank, epoch + 1)
+            break
     if saver is not None:
         saver.close()  # the job's last checkpoint is written before the worker reports
     strategy.finish()
@@ -634,7 +671,7 @@ class _Saver:
         states = torch.zeros(collective.world_size + 1, mine.numel(), dtype=torch.float64)
         states[collective.rank] = mine.double()
         if stats is not None:
-            states[-1, :2] = stats
+            states[-1, :2] = stats[:2]
         collective.all_reduce(states, "sum")
         self.last = time.monotonic()
         rng, workers = [row.to(torch.uint8) for row in states[:-1]], collective.world_size

@@ -205,6 +205,8 @@ def run_async(
 
         results: list[Any] = run.controller(lambda: available_slots(spark)).run(AroundServer(run_attempt))
         server = endpoint.server
+    if server is not None and run.hub is not None:  # its totals, once the connections are closed
+        run.hub.server_metrics = server.metrics
     if server is not None:
         log.info("parameter server: %s", {k: v for k, v in server.metrics().items() if k != "staleness"})
     return results

@@ -1,0 +1,148 @@
+"""Generation throughput in rows/s: ``sparkdp.generate`` on 2 Spark workers vs one process running
+Hugging Face's ``generate`` on the same prompts.
+
+A Hugging Face GPT-2 built from a config (``--layers`` layers of width ``--width``, a byte-level BPE
+tokenizer of 1,024 tokens trained on the prompts' text, random weights from seed 0: throughput does
+not depend on what the weights say) is saved with ``save_pretrained`` to a temporary directory.
+``--rows`` prompts of 4 to 40 words each get ``--new-tokens`` greedy tokens, two ways:
+
+  single    one Python process with ``--threads`` torch threads: the prompts in their order, in
+            batches of ``--batch`` left-padded by the Hugging Face tokenizer, ``model.generate``
+  sparkdp   ``sparkdp.generate(directory, df, batch_size=--batch)`` on ``local[2]``, the prompts in
+            2 partitions, forced by a ``noop`` write; each task opens the model from the shipped files
+
+Every greedy token is generated in both (``eos_token_id`` is unset, so no row stops early). Rows/s
+is rows over the wall time of the way (sparkdp's includes its Spark job, shipping the files and
+opening the model in each task). One warm-up run of each way is not counted, then ``--repeats``
+paired runs (single, sparkdp, single, sparkdp, ...); the table gives the medians and the median
+of the paired ratios. Target: sparkdp >= 1.5x one process.
+
+Run:  python benchmarks/generate_rows.py --repeats 3
+      python benchmarks/generate_rows.py --rows 64 --repeats 1      # a quick check that it works
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common import machine_info, markdown_table, median, pass_fail  # noqa: E402
+
+TARGET = 1.5
+WORDS = (
+    "data spark table model token train worker batch layer query column partition executor driver "
+    "memory network gradient update cluster stream schema record value result output input"
+).split()
+
+
+def prompts(rows: int) -> list[str]:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    return [" ".join(rng.choice(WORDS, size=int(rng.integers(4, 41)))) for _ in range(rows)]
+
+
+def build_model(directory: str, texts: list[str], layers: int, width: int):
+    import torch
+    import transformers
+
+    from sparkdp.data.text import EOS_TOKEN, train_bpe_tokenizer
+
+    raw = train_bpe_tokenizer(texts, 1024)
+    eos = raw.token_to_id(EOS_TOKEN)
+    config = transformers.GPT2Config(
+        vocab_size=raw.get_vocab_size(), n_positions=256, n_embd=width, n_layer=layers, n_head=4
+    )
+    # no end-of-text token: every row runs to max_new_tokens in both ways
+    config.bos_token_id, config.eos_token_id, config.pad_token_id = eos, None, eos
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = eos
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=raw, pad_token=EOS_TOKEN)
+    tokenizer.padding_side = "left"
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return model, tokenizer
+
+
+def run_single(model, tokenizer, texts: list[str], batch: int, new_tokens: int) -> float:
+    import torch
+
+    start = time.perf_counter()
+    with torch.no_grad():
+        for i in range(0, len(texts), batch):
+            enc = tokenizer(texts[i : i + batch], return_tensors="pt", padding=True)
+            model.generate(
+                input_ids=enc["input_ids"],
+                attention_mask=enc["attention_mask"],
+                max_new_tokens=new_tokens,
+                do_sample=False,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+    return time.perf_counter() - start
+
+
+def run_sparkdp(spark, directory: str, texts: list[str], batch: int, new_tokens: int) -> float:
+    import sparkdp
+
+    df = spark.createDataFrame([(t,) for t in texts], "prompt string").repartition(2)
+    start = time.perf_counter()
+    out = sparkdp.generate(directory, df, max_new_tokens=new_tokens, batch_size=batch)
+    out.write.format("noop").mode("overwrite").save()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rows", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+
+    import torch
+
+    import sparkdp
+
+    torch.set_num_threads(args.threads)
+    texts = prompts(args.rows)
+    with tempfile.TemporaryDirectory(prefix="sparkdp-bench-gen-") as directory:
+        model, tokenizer = build_model(directory, texts, args.layers, args.width)
+        spark = sparkdp.session("local[2]")
+        run_single(model, tokenizer, texts[: args.batch], args.batch, args.new_tokens)  # warm-up
+        run_sparkdp(spark, directory, texts[: 2 * args.batch], args.batch, args.new_tokens)
+        single, spark_s, ratios = [], [], []
+        for _ in range(args.repeats):
+            single.append(run_single(model, tokenizer, texts, args.batch, args.new_tokens))
+            spark_s.append(run_sparkdp(spark, directory, texts, args.batch, args.new_tokens))
+            ratios.append(single[-1] / spark_s[-1])
+            print(f"single {single[-1]:.1f} s, sparkdp {spark_s[-1]:.1f} s", flush=True)
+        spark.stop()
+    one, two, gain = median(single), median(spark_s), median(ratios)
+    assert one is not None and two is not None and gain is not None
+    rows = [
+        [f"one process, HF generate ({args.threads} threads)", args.rows / one, one, 1.0],
+        ["sparkdp.generate, 2 workers", args.rows / two, two, gain],
+    ]
+    print(machine_info())
+    print(
+        f"{args.rows} prompts, {args.new_tokens} new tokens, batch {args.batch}, GPT-2 {args.layers} x "
+        f"{args.width}, medians of {args.repeats} paired repeats"
+    )
+    print(markdown_table(["way", "rows/s", "wall s", "/ one process"], rows))
+    print(f"target >= {TARGET}x: {pass_fail(gain >= TARGET)}")
+
+
+if __name__ == "__main__":
+    main()

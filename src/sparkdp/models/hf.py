@@ -1,0 +1,77 @@
+"""A local Hugging Face model directory as the model to train: ``fit(model="hf:DIR")``,
+``sparkdp train --hf-model DIR`` and the job-file key ``hf_model``.
+
+The directory is what ``save_pretrained`` writes: ``config.json`` and the weights. It is opened
+with ``AutoModelForCausalLM.from_pretrained`` from local files only, weights as safetensors
+only: a ``pytorch_model.bin`` is a pickle, and nothing sparkdp reads from a file is unpickled
+(docs/architecture.md, design rule 7). Code the directory ships (``auto_map``) is not run.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from ..errors import ConfigError
+
+#: how ``fit``'s ``model`` names a local Hugging Face directory: ``"hf:path/to/dir"``
+HF_PREFIX = "hf:"
+
+
+def is_hf_source(model: object) -> bool:
+    """Whether ``model`` is a string naming a Hugging Face directory (``"hf:DIR"``)."""
+    return isinstance(model, str) and model.startswith(HF_PREFIX)
+
+
+def resolve_model(model: Any) -> nn.Module:
+    """``model`` as a module: ``"hf:DIR"`` loaded from its directory; a module as it is."""
+    if is_hf_source(model):
+        return load_hf_model(model[len(HF_PREFIX) :])
+    if isinstance(model, (str, os.PathLike)):
+        raise ConfigError(
+            f"model={os.fspath(model)!r} is not a model: pass a torch.nn.Module, or 'hf:DIR' for a "
+            "local Hugging Face directory (what save_pretrained writes)."
+        )
+    return model
+
+
+def load_hf_model(directory: str | os.PathLike[str]) -> nn.Module:
+    """The causal language model saved in ``directory`` (``AutoModelForCausalLM``), in float32.
+
+    Raises:
+        ConfigError: no such directory, no ``config.json``, weights only as a pickle (``.bin``),
+            or ``transformers`` missing.
+    """
+    where = Path(directory).expanduser()
+    if not (where / "config.json").is_file():
+        raise ConfigError(
+            f"hf_model {os.fspath(directory)!r} is not a Hugging Face model directory: it has no "
+            "config.json. Give the directory save_pretrained wrote."
+        )
+    names = [p.name for p in where.iterdir()]
+    if not any(n.endswith(".safetensors") or n == "model.safetensors.index.json" for n in names):
+        pickled = [n for n in names if n.endswith((".bin", ".pt", ".pth", ".ckpt"))]
+        raise ConfigError(
+            f"hf_model {os.fspath(directory)!r} has no safetensors weights"
+            + (f" (only {', '.join(sorted(pickled))}, a pickle sparkdp does not load)" if pickled else "")
+            + ". Save it with model.save_pretrained(dir) (safetensors is its default) and give that directory."
+        )
+    try:
+        import transformers
+    except ImportError:
+        raise ConfigError("hf_model needs Hugging Face transformers: pip install 'sparkdp[hf]'.") from None
+    try:
+        return transformers.AutoModelForCausalLM.from_pretrained(
+            str(where), local_files_only=True, use_safetensors=True, trust_remote_code=False
+        ).float()
+    except (OSError, ValueError, KeyError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(
+            f"hf_model {os.fspath(directory)!r} cannot be opened as a causal language model: {first}"
+        ) from exc
+
+
+__all__ = ["HF_PREFIX", "is_hf_source", "load_hf_model", "resolve_model"]

@@ -1,0 +1,135 @@
+"""`sparkdp train --hf-model DIR`: a local Hugging Face model trained on a table of token blocks
+with the model's own loss (`--loss model`, `--dict-batches` without `--label`), and the clear
+one-line refusals of what it cannot train on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sparkdp.data.text import write_blocks
+from tests.helpers.hf_dirs import VOCAB, counting_blocks, hf_loss, tiny_gpt2_dir
+
+from .conftest import Cli
+from .test_cli import _explain
+
+pytest.importorskip("transformers")
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+
+def _train_lm(tmp: Path) -> list[Cli]:
+    model = tiny_gpt2_dir(tmp / "gpt2")
+    write_blocks(counting_blocks(64), tmp / "train.parquet")
+    write_blocks(counting_blocks(16, seed=1), tmp / "eval.parquet")
+    job = tmp / "job.yaml"
+    job.write_text(f"hf_model: {model}\nloss: model\ndict_batches: true\nfeatures: input_ids,labels\n")
+    return [
+        Cli(
+            [
+                "train",
+                "--hf-model",
+                model,
+                "--data",
+                tmp / "train.parquet",
+                "--eval-data",
+                tmp / "eval.parquet",
+                "--features",
+                "input_ids,labels",
+                "--dict-batches",
+                "--loss",
+                "model",
+                "--workers",
+                "2",
+                "--epochs",
+                "3",
+                "--batch-size",
+                "8",
+                "--optimizer",
+                "adamw",
+                "--lr",
+                "0.01",
+                "-q",
+                "--out",
+                tmp / "run",
+                "--json-out",
+                tmp / "summary.json",
+            ]
+        ),
+        Cli(["train", "--config", job, "--print-config"], master=None),
+    ]
+
+
+@pytest.mark.cli(build=_train_lm)
+def test_a_local_hf_model_trains_on_token_blocks_from_the_command_line(cli):
+    import transformers
+
+    run, printed = cli.procs
+    assert run.returncode == 0, _explain(run)
+    summary = json.loads((cli.tmp / "summary.json").read_text())
+    final = summary["history"][-1]
+    # the independent reference: Hugging Face's own loss of the untrained directory on the same blocks
+    eval_blocks = counting_blocks(16, seed=1)
+    untrained = hf_loss(transformers.AutoModelForCausalLM.from_pretrained(cli.tmp / "gpt2"), eval_blocks)
+    assert untrained > 3.5  # about ln(64) = 4.16: the model starts knowing nothing
+    assert final["test_loss"] < untrained - 1.0, (final, untrained)
+    # -q keeps the final result line, and it carries the language model's figures
+    assert run.stdout.strip().splitlines()[-1].startswith("final: loss "), _explain(run)
+    assert f"test_perplexity {final['test_perplexity']:.4f}" in run.stdout
+    assert "samples/s" not in run.stdout  # (the rest stays quiet)
+    # the run log counts each worker's training tokens: 32 blocks of 16 tokens per epoch, 3 epochs
+    records = [json.loads(line) for line in (cli.tmp / "run" / "run.jsonl").read_text().splitlines()]
+    last = [r for r in records if r["type"] == "metrics" and r["rank"] == 0][-1]
+    assert (last["tokens"], last["steps"], last["samples"]) == (3 * 32 * 16, 3 * 4, 3 * 32), last
+    # the job file's keys are those of the flags
+    assert printed.returncode == 0, _explain(printed)
+    effective = yaml.safe_load(printed.stdout)
+    assert (effective["loss"], effective["hf_model"], effective["dict_batches"]) == (
+        "model",
+        str(cli.tmp / "gpt2"),
+        True,
+    )
+
+
+def _refused(tmp: Path, case: str, message: str) -> Cli:
+    model = tiny_gpt2_dir(tmp / "gpt2")
+    argv = ["train", "--hf-model", model, "--features", "input_ids,labels", "--dict-batches"]
+    if case == "vocabulary":
+        write_blocks(counting_blocks(8, vocab=36) + VOCAB, tmp / "t.parquet")  # ids 64..99
+        return Cli([*argv, "--data", tmp / "t.parquet"])
+    if case == "positions":
+        write_blocks(counting_blocks(8, length=32), tmp / "t.parquet")
+        return Cli([*argv, "--data", tmp / "t.parquet"])
+    if case == "pickle":
+        (model / "model.safetensors").unlink()
+        (model / "pytorch_model.bin").write_bytes(b"not loaded")
+    return Cli([*argv, "--data", tmp / "absent.parquet"], master=None)
+
+
+@pytest.mark.cli(build=_refused)
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("vocabulary", "but GPT2LMHeadModel embeds 64 tokens (ids 0..63)"),
+        ("positions", "blocks of 32 tokens, but GPT2LMHeadModel has 16 positions"),
+        ("pickle", "has no safetensors weights (only pytorch_model.bin, a pickle sparkdp does not load)"),
+    ],
+)
+def test_what_a_local_hf_model_cannot_train_on_is_one_clear_line(cli, case, message):
+    (proc,) = cli.procs
+    assert proc.returncode == 2, _explain(proc)
+    assert message in proc.stderr and "Traceback" not in proc.stderr, _explain(proc)
+
+
+@pytest.mark.cli(
+    build=lambda tmp: Cli(
+        ["train", "--model", "linear", "--data", tmp / "t.parquet", "--features", "x"], master=None
+    )
+)
+def test_data_without_a_label_asks_for_one_or_for_dict_batches(cli):
+    (proc,) = cli.procs
+    assert proc.returncode == 2, _explain(proc)
+    assert "or --features COLS --dict-batches" in proc.stderr, _explain(proc)

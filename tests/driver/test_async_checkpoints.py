@@ -17,17 +17,13 @@ from torch import nn
 from sparkdp import state as state_io
 from sparkdp.config import JobConfig, TrainingConfig
 from sparkdp.data.tensors import TensorData
-from sparkdp.driver.async_job import (
-    ServerCheckpoints,
-    _resume_server,
-    load_latest,
-    server_factory,
-    server_lineage,
-)
+from sparkdp.driver.async_job import server_factory
+from sparkdp.driver.jobs.driver_server import resume_server, server_lineage
 from sparkdp.driver.recovery import refuse_foreign_checkpoints
 from sparkdp.errors import ConfigError
 from sparkdp.strategies import AsyncParameterServer
-from sparkdp.train.checkpoint_store import CheckpointStore, server_series
+from sparkdp.train.checkpoint_manager import CheckpointManager, ServerCheckpoints
+from sparkdp.train.checkpoint_store import server_series
 from sparkdp.train.loop import FitSpec
 from sparkdp.train.optim import optimizer_factory, resolve_loss
 
@@ -57,8 +53,8 @@ JOB = "job-a"
 NEWEST = f"ps-000001-{JOB}.safetensors"
 
 
-def _store(directory, job_id: str = JOB, keep: int = 3) -> CheckpointStore:
-    return CheckpointStore(str(directory), job_id, keep)
+def _store(directory, job_id: str = JOB, keep: int = 3) -> CheckpointManager:
+    return CheckpointManager(str(directory), job_id, keep)
 
 
 def _two_checkpoints(directory, job_id: str = JOB, series: str = server_series(), push: float = 2.0):
@@ -113,7 +109,7 @@ def test_resume_skips_a_damaged_newest_checkpoint_for_the_one_before_it(tmp_path
     model = nn.Linear(4, 3)
     server = _server(model)
     with caplog.at_level(logging.WARNING, logger="sparkdp"):
-        spec = _resume_server(server, _spec(model), STRATEGY, 1, _store(tmp_path))
+        spec = resume_server(server, _spec(model), STRATEGY, 1, _store(tmp_path))
     for got, want in zip(model.parameters(), centres[0], strict=True):
         torch.testing.assert_close(got.detach(), want, rtol=0, atol=0)
     assert server.last_seq(0) == 0  # the older checkpoint's books, not the damaged one's
@@ -131,7 +127,7 @@ def test_resume_with_every_checkpoint_damaged_is_a_clear_error(tmp_path, caplog)
         caplog.at_level(logging.WARNING, logger="sparkdp"),
         pytest.raises(ConfigError, match="no readable parameter-server checkpoint.*start afresh"),
     ):
-        _resume_server(_server(model), _spec(model), STRATEGY, 1, _store(tmp_path))
+        resume_server(_server(model), _spec(model), STRATEGY, 1, _store(tmp_path))
     assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 2
 
 
@@ -139,13 +135,13 @@ def test_resume_with_a_checkpoint_of_another_model_says_so(tmp_path):
     _two_checkpoints(tmp_path)
     model = nn.Linear(5, 3)
     with pytest.raises(ConfigError, match="different model or shard layout"):
-        _resume_server(_server(model), _spec(model), STRATEGY, 1, _store(tmp_path))
+        resume_server(_server(model), _spec(model), STRATEGY, 1, _store(tmp_path))
 
 
 def test_a_failed_periodic_checkpoint_is_logged_and_the_next_period_saves(tmp_path, caplog, monkeypatch):
     server = _server(nn.Linear(4, 3))
     store = _store(tmp_path)
-    real_put, calls, saved = store.put, [], threading.Event()
+    real_put, calls, saved = store.store.put, [], threading.Event()
 
     def put(name, data):
         calls.append(name)
@@ -154,7 +150,7 @@ def test_a_failed_periodic_checkpoint_is_logged_and_the_next_period_saves(tmp_pa
         real_put(name, data)
         saved.set()
 
-    monkeypatch.setattr(store, "put", put)
+    monkeypatch.setattr(store.store, "put", put)
     with caplog.at_level(logging.WARNING, logger="sparkdp"), ServerCheckpoints(server, store, 0.05):
         assert saved.wait(10), "no checkpoint was saved after the failed one"
     assert (tmp_path / f"ps-000000-{JOB}.safetensors").exists()  # the failed one's name, retried
@@ -198,14 +194,14 @@ def test_two_jobs_server_checkpoints_in_one_directory_are_told_apart(tmp_path):
     ]
     for job_id, want in (("job-a", mine[1]), ("job-b", None)):
         server = _server(nn.Linear(4, 3))
-        assert load_latest(server, _store(tmp_path, job_id)) == (
+        assert _store(tmp_path, job_id).load_server(server) == (
             "ps-000001-job-a.safetensors" if job_id == "job-a" else "ps-000005-job-b.safetensors"
         )
         if want is not None:
             for got, expected in zip(server.pull(worker=1).tensors, want, strict=True):
                 torch.testing.assert_close(got, expected, rtol=0, atol=0)
     with pytest.raises(ConfigError, match="no readable parameter-server checkpoint of this job"):
-        load_latest(_server(nn.Linear(4, 3)), _store(tmp_path, "job-c"))  # a restart before its first save
+        _store(tmp_path, "job-c").load_server(_server(nn.Linear(4, 3)))  # a restart before its first save
 
 
 def test_a_server_checkpoint_renamed_to_another_jobs_name_is_not_loaded(tmp_path, caplog):
@@ -214,7 +210,7 @@ def test_a_server_checkpoint_renamed_to_another_jobs_name_is_not_loaded(tmp_path
         (tmp_path / "ps-000001-job-b.safetensors").read_bytes()
     )
     with caplog.at_level(logging.WARNING, logger="sparkdp"), pytest.raises(ConfigError, match="no readable"):
-        load_latest(_server(nn.Linear(4, 3)), _store(tmp_path, "job-a"))
+        _store(tmp_path, "job-a").load_server(_server(nn.Linear(4, 3)))
     assert "not what its name says" in caplog.text
 
 

@@ -1,7 +1,7 @@
 """A job with parameter servers on the executors, run by tests/spark/test_servers.py in a process of
 its own (the test session's Spark has 2 task slots; servers and workers need more at once).
 
-    python tests/spark/servers_job.py '{"case": "one-worker" | "killed-server", "dir": ...}'
+    python tests/spark/servers_job.py '{"case": "one-worker" | "killed-server" | ..., "dir": ...}'
     python tests/spark/servers_job.py '{"cases": [{"case": ..., "dir": ...}, ...]}'
 
 Prints one JSON line: what the test checks (with "cases": a list, one entry per case, run in
@@ -106,6 +106,37 @@ def shrunk(spark, args):
     }
 
 
+def driver_shrunk(spark, args):
+    """A worker killed with the server on the driver, min_workers=1 and (as Spark would say after
+    losing an executor) 1 task slot left: the tasks restart on one worker from the server's
+    current centre."""
+    from sparkdp.spark import cluster
+
+    cluster.available_slots = lambda _spark: 1
+    model, x, y = _problem(512)
+    result = sparkdp.fit(
+        model,
+        (x, y),
+        eval_data=(x, y),
+        strategy="asgd",
+        strategy_options={"rule_options": {"lr": 0.1}},
+        optimizer="sgd",
+        optimizer_options={"lr": 0.1, "momentum": 0.0},
+        batch_size=16,
+        spark=spark,
+        show_progress=False,
+        workers=2,
+        epochs=3,
+        min_workers=1,
+    )
+    return {
+        "accuracy": result.test_accuracy,
+        "restarts": result.details["restarts"],
+        "preemptions": result.details["preemptions"],
+        "workers": result.workers,
+    }
+
+
 def resumed(spark, args):
     """The killed-server job's checkpoints resumed: every epoch is covered, so nothing trains and
     the model is the saved centre."""
@@ -116,7 +147,13 @@ def resumed(spark, args):
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
     args = json.loads(sys.argv[1])
-    cases = {"one-worker": one_worker, "killed-server": killed_server, "resumed": resumed, "shrunk": shrunk}
+    cases = {
+        "one-worker": one_worker,
+        "killed-server": killed_server,
+        "resumed": resumed,
+        "shrunk": shrunk,
+        "driver-shrunk": driver_shrunk,
+    }
     session = sparkdp.session("local[4]", app_name="sparkdp-servers-test")
     try:
         if "cases" in args:

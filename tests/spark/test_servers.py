@@ -108,3 +108,22 @@ def test_a_killed_worker_beside_two_servers_continues_on_the_workers_left(two_ca
     ), lines
     assert out["workers"] == 1 and len(out["restarts"]) == 1 and out["restarts"][0]["workers"] == 1, out
     assert out["accuracy"] > 0.85, out
+
+
+def test_a_killed_worker_around_the_drivers_server_continues_on_the_workers_left(tmp_path):
+    """The server on the driver with min_workers=1: after a worker is killed and only 1 task slot
+    is left, the tasks restart on one worker from the server's current centre, as with servers
+    on the executors."""
+    out, log = _job("driver-shrunk", dir=str(tmp_path), env={"SPARKDP_FAULT": "kill:rank=1:step=20"})
+    lines = [
+        ln.split(" WARNING ", 1)[1]
+        for ln in log.splitlines()
+        if " WARNING sparkdp:" in ln and "parameter server's current centre" in ln
+    ]
+    assert len(lines) == 1 and lines[0].endswith(
+        "-- restart 1 of 3 from the parameter server's current centre on 1 of 2 workers (task slots gone)"
+    ), log[-3000:]
+    assert [ln for ln in log.splitlines() if "recovered from failure 1" in ln and "on 1 of 2 workers" in ln]
+    assert out["workers"] == 1 and len(out["restarts"]) == 1 and out["restarts"][0]["workers"] == 1, out
+    assert out["preemptions"] == [], out
+    assert out["accuracy"] > 0.85, out

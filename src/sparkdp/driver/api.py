@@ -6,7 +6,6 @@ This layer sits above both the per-worker engine (``sparkdp.train``) and the Spa
 
 from __future__ import annotations
 
-import copy
 import functools
 import logging
 import os
@@ -41,8 +40,8 @@ from ..train.packing import check_packing
 from ..train.result import TrainResult
 from ..train.schedule import unknown_length
 from ..train.tokens import check_token_batch
+from .jobs import JobRun, kind_for
 from .monitoring import epoch_listener, monitored, wants_monitoring
-from .runners import runner_for
 
 log = logging.getLogger(__name__)
 
@@ -379,9 +378,8 @@ def _fit_on_spark(
             "in this process: %s",
             unreachable,
         )
-        strategy_obj = copy.copy(strategy_obj)
-        strategy_obj.servers = 1
-        spec = replace(spec, strategy=strategy_obj)
+    # a DataFrame streamed through Spark: a stage per epoch
+    kind = kind_for(spec.strategy, not isinstance(spec.train, WorkerData), bool(unreachable))
     with monitored(
         job,
         spark,
@@ -393,15 +391,11 @@ def _fit_on_spark(
         on_epoch=on_epoch,
     ) as hub:
         spec = replace(spec, monitor=hub.link if hub is not None else None)
-        streamed = not isinstance(
-            spec.train, WorkerData
-        )  # a DataFrame streamed through Spark: a stage per epoch
-        runner = runner_for(spec.strategy, streamed)
         with progress(
             job.monitor.show_progress and hub is None,  # a spinner where no live display runs
-            f"sparkdp: training on {workers} {runner.kind} ({spec.strategy.name})",
+            f"sparkdp: training on {workers} {kind.label} ({spec.strategy.name})",
         ):
-            result = runner.fit(spec, job, workers, spark, hub, started)
+            result = kind.fit(spec, JobRun(job, workers, spark, hub, started))
         if hub is not None:
             hub.finish(result.summary())
     return result
@@ -532,9 +526,9 @@ def _run(
                 probe.close()
 
         description = f"sparkdp run {name} on {workers} workers"
-        runner = runner_for(strategy_obj, streamed=False)
-        with progress(job.monitor.show_progress, f"sparkdp: running {name} on {workers} {runner.kind}"):
-            result = runner.call(body, strategy_obj, job, workers, spark, hub, description)
+        kind = kind_for(strategy_obj, streamed=False)
+        with progress(job.monitor.show_progress, f"sparkdp: running {name} on {workers} {kind.label}"):
+            result = kind.call(body, strategy_obj, JobRun(job, workers, spark, hub), description)
         summary = {
             "strategy": strategy_obj.name,
             "strategy_options": strategy_obj.options(),

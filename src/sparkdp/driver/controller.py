@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -58,9 +58,9 @@ class Plan(Protocol[T_co]):
         ...
 
     def restart_point(self) -> str | None:
-        """After a failed attempt: find the newest state the next attempt can continue from and
-        say where that is, for the log line; None when this plan cannot restart (no
-        checkpoints)."""
+        """After a failed attempt: where the next attempt would continue from, for the log line;
+        None when this plan cannot restart (no checkpoints). It only looks: the next attempt
+        finds and loads that state itself."""
         ...
 
 
@@ -173,20 +173,51 @@ class RestartPolicy:
         return first
 
 
+class ControllerCallback(Protocol):
+    """Told of every restart the controller decides: the live monitor's run log keeps them."""
+
+    def on_restart(self, kind: str, record: dict[str, Any]) -> None:
+        """``kind`` "failure" or "preemption"; ``record`` its cause, where the job continues from,
+        on how many workers, and how long the attempt had run."""
+        ...
+
+
 class Controller(Generic[T]):
-    """Runs a plan's attempts under one :class:`RestartPolicy` for the whole job.
+    """Runs a plan's attempts under one :class:`RestartPolicy` (the failure policy) for the whole
+    job.
 
     ``requested``: the job's worker count; ``slots()``: the task slots free now (None: unknown),
     read after a failure to shrink the next attempt (``min_workers``) and by :meth:`workers` to
-    grow back. A plan that runs in parts (a streamed DataFrame: one stage per epoch) calls
-    :meth:`run` once per part; the failures count over all of them."""
+    grow back: with the policy's ``min_workers``, the scaling policy. A plan that runs in parts (a
+    streamed DataFrame: one stage per epoch) calls :meth:`run` once per part; the failures count
+    over all of them. ``callbacks`` hear of every restart."""
 
     def __init__(
-        self, restarts: RestartPolicy, requested: int, slots: Callable[[], int | None] = lambda: None
+        self,
+        restarts: RestartPolicy,
+        requested: int,
+        slots: Callable[[], int | None] = lambda: None,
+        callbacks: Sequence[ControllerCallback] = (),
     ) -> None:
         self.restarts, self.requested, self.slots = restarts, requested, slots
+        self.callbacks = tuple(callbacks)
         self.now = requested  # the workers the next attempt runs on
         self.restart = 0  # restarts so far
+
+    def record(self, details: dict[str, Any]) -> dict[str, Any]:
+        """``details`` of a job's result with the failures recovered on the way (``restarts``) and
+        the preemptions (restarts that saved first, not counted against max_restarts): the one
+        place every kind's result gets them."""
+        details["restarts"] = list(self.restarts.failures)
+        details["preemptions"] = list(self.restarts.preemptions)
+        return details
+
+    def _told(self, preempted: bool) -> None:
+        kind, records = (
+            ("preemption", self.restarts.preemptions) if preempted else ("failure", self.restarts.failures)
+        )
+        for callback in self.callbacks:
+            callback.on_restart(kind, dict(records[-1]))
 
     def workers(self) -> int:
         """The workers the next part runs on: back to the full count once the slots return."""
@@ -212,6 +243,7 @@ class Controller(Generic[T]):
                 )
                 preempted = len(self.restarts.failures) == counted
                 self.restart, failed = self.restart + 1, failed or not preempted
+                self._told(preempted)
                 continue
             except WorkerFailed as exc:
                 where = plan.restart_point()
@@ -224,10 +256,11 @@ class Controller(Generic[T]):
                     attempt_s=time.perf_counter() - began,
                 )
                 self.restart, failed, preempted = self.restart + 1, True, False
+                self._told(False)
                 continue
             if failed or preempted:
                 self.restarts.recovered(self.now, self.requested, preemption=preempted)
             return result
 
 
-__all__ = ["Attempt", "Controller", "Plan", "RestartPolicy"]
+__all__ = ["Attempt", "Controller", "ControllerCallback", "Plan", "RestartPolicy"]

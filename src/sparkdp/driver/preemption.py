@@ -18,34 +18,35 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..train.checkpoint import CheckpointPolicy
+from ..train.preempt import notice_for
 
 log = logging.getLogger(__name__)
 
 
 @contextmanager
 def decommission_notice(spark: Any, policy: CheckpointPolicy | None) -> Iterator[None]:
-    """Watch the stage run in this block (nothing without a checkpoint policy: a notice needs the
-    store, and a stop needs somewhere to save)."""
+    """Watch the stage run in this block (nothing without a checkpoint policy: the notice goes
+    beside the job's checkpoints, and a stop needs somewhere to save)."""
     if policy is None:
         yield
         return
     from ..spark.decommission import DecommissionWatch
 
-    store = policy.store()
+    posted = notice_for(policy)
 
     def notice(executors: list[str]) -> None:
         log.warning(
             "sparkdp: executor %s is decommissioning: asking the workers to save a checkpoint and stop",
             ", ".join(executors),
         )
-        store.post_notice()
+        posted.post()
 
     watch = DecommissionWatch(spark, notice)
     try:
         yield
     finally:
         watch.close()
-        store.clear_notice()
+        posted.clear()
 
 
 __all__ = ["decommission_notice"]

@@ -1,10 +1,11 @@
-"""Jobs that survive a lost worker: checkpoints, resume, and the barrier stage's restart plan.
+"""Where a job starts: its checkpoint policy, the checkpoint ``resume=`` names, and the refusal
+of a directory holding another job's checkpoints.
 
 Spark never retries a failed barrier *result* stage, so the driver does: when a stage fails
 with a worker's error (process killed, executor lost, a collective timing out), the job's
 :class:`~sparkdp.driver.controller.Controller` starts a new stage from the latest checkpoint
-(:class:`SpecPlan`), as the job's restart policy allows. Errors a restart cannot fix (bad
-configuration or data, a diverged loss) are raised at once.
+(the barrier kind's plan, driver/jobs/barrier.py), as the job's restart policy allows. Errors a
+restart cannot fix (bad configuration or data, a diverged loss) are raised at once.
 """
 
 from __future__ import annotations
@@ -12,13 +13,13 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any, cast
+from typing import Any
 
 from ..config import JobConfig
-from ..errors import ConfigError, TrainingDiverged
+from ..errors import ConfigError
 from ..frozen import load_model_state
 from ..train.checkpoint import (
     SERIES,
@@ -28,11 +29,10 @@ from ..train.checkpoint import (
     check_compatible,
     latest_checkpoint,
 )
-from ..train.checkpoint_store import CheckpointName, CheckpointStore, new_job_id, parse_name
-from ..train.faults import fault_from_env
+from ..train.checkpoint_manager import CheckpointManager
+from ..train.checkpoint_store import new_job_id
 from ..train.loop import FitSpec, StagePart
 from ..train.report import WorkerReport
-from .controller import Attempt, Controller, RestartPolicy
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +50,7 @@ def refuse_foreign_checkpoints(job: JobConfig, lineage: str | None = None) -> No
     if directory is None:
         return
     directory = str(directory)
-    store = CheckpointStore(directory, "reader", storage_options=job.checkpoints.checkpoint_storage_options)
-    names = [
-        n for n in store.names() if lineage is None or cast(CheckpointName, parse_name(n)).job_id != lineage
-    ]
+    names = CheckpointManager.reader(directory, job.checkpoints.checkpoint_storage_options).others(lineage)
     if names:
         shown = ", ".join(names[-3:]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
         todo = (
@@ -90,7 +87,7 @@ def checkpoint_policy(
     try:
         settings = replace(job.checkpoints, checkpoint_dir=str(directory))
         policy = CheckpointPolicy(settings, job_id or new_job_id())
-        policy.store().check_writable()
+        policy.manager().check_writable()
         yield policy
     finally:
         if temporary is not None:
@@ -103,12 +100,8 @@ def resumed_job(job: JobConfig, series: Collection[str]) -> str | None:
     jobs' checkpoints there are a ``ConfigError`` listing them: resuming the newest would continue
     whichever job wrote last, maybe not the one meant."""
     directory = str(job.checkpoints.resume)
-    store = CheckpointStore(directory, "reader", storage_options=job.checkpoints.checkpoint_storage_options)
-    newest: dict[str, str] = {}  # job -> its newest checkpoint of series (names are listed oldest first)
-    for name in store.names():
-        parsed = cast(CheckpointName, parse_name(name))
-        if parsed.series in series:
-            newest[parsed.job_id] = name
+    # job -> its newest checkpoint of series
+    newest = CheckpointManager.reader(directory, job.checkpoints.checkpoint_storage_options).jobs(series)
     chosen = job.checkpoints.resume_job
     if chosen is not None and newest and chosen not in newest:
         raise ConfigError(
@@ -148,6 +141,17 @@ def resume_point(job: JobConfig) -> Checkpoint | None:
     return found
 
 
+def resume_spec(spec: FitSpec, job: JobConfig) -> tuple[FitSpec, str | None]:
+    """``spec`` continued from ``job``'s resume point, if any, and the job's identity (a resumed
+    job keeps its checkpoints'); another job's checkpoints in the directory are refused."""
+    start = resume_point(job)
+    lineage = start.job_id if start is not None else None
+    refuse_foreign_checkpoints(job, lineage)
+    if start is not None:
+        spec = resumed(spec, start)
+    return spec, lineage
+
+
 def resumed(spec: FitSpec, checkpoint: Checkpoint, workers: int | None = None) -> FitSpec:
     """``spec`` continuing from ``checkpoint``: its weights, strategy state and position.
 
@@ -175,7 +179,8 @@ def resumed(spec: FitSpec, checkpoint: Checkpoint, workers: int | None = None) -
     return replace(spec, part=part)
 
 
-def _where(checkpoint: Checkpoint | None) -> str:
+def where_from(checkpoint: Checkpoint | None) -> str:
+    """Where a restart from ``checkpoint`` continues, for the controller's log line."""
     if checkpoint is None:
         return "the start (no checkpoint yet)"
     return (
@@ -183,69 +188,6 @@ def _where(checkpoint: Checkpoint | None) -> str:
         if checkpoint.step
         else f"the start of epoch {checkpoint.epoch + 1}"
     )
-
-
-class SpecPlan:
-    """The plan of a job whose attempt is one stage over a :class:`FitSpec`: a restart continues
-    from the job's newest checkpoint, re-sharded to the workers it runs on."""
-
-    def __init__(
-        self,
-        spec: FitSpec,
-        policy: CheckpointPolicy | None,
-        run_stage: Callable[[FitSpec, Attempt], WorkerReport],
-    ) -> None:
-        self.spec, self.policy, self.run_stage = spec, policy, run_stage
-        self.latest: Checkpoint | None = None
-        self.finished = spec  # the spec of the attempt that finished
-
-    def attempt(self, attempt: Attempt) -> WorkerReport:
-        if attempt.restart == 0:  # an injected fault fires in the first attempt only
-            spec = replace(self.spec, checkpoint=self.policy, fault=fault_from_env())
-        else:
-            start = resumed(self.spec, self.latest, attempt.workers) if self.latest is not None else self.spec
-            spec = replace(start, checkpoint=self.policy, fault=None)
-        self.finished = spec
-        try:
-            return self.run_stage(spec, attempt)
-        except TrainingDiverged as exc:
-            last = self._latest()
-            raise TrainingDiverged(
-                f"{exc} The last good checkpoint: {last.path if last is not None else 'none'}."
-            ) from None
-
-    def restart_point(self) -> str | None:
-        self.latest = self._latest()
-        return _where(self.latest) if self.policy is not None else None
-
-    def _latest(self) -> Checkpoint | None:
-        return (
-            latest_checkpoint(self.policy.directory, self.policy.job_id, self.policy.settings)
-            if self.policy is not None
-            else None
-        )
-
-
-def run_with_restarts(
-    spec: FitSpec,
-    restarts: RestartPolicy,
-    policy: CheckpointPolicy | None,
-    run_stage: Callable[[FitSpec, Attempt], WorkerReport],
-    workers: int,
-    slots: Callable[[], int | None] = lambda: None,
-) -> tuple[WorkerReport, FitSpec, int]:
-    """Run the stage on ``workers`` under the job's :class:`~sparkdp.driver.controller.Controller`:
-    after a worker failure, restart it from the latest checkpoint as ``restarts`` allows (on
-    fewer workers if ``slots()`` says fewer are left). ``run_stage(spec, attempt)`` runs one
-    attempt (its workers, and its restart number, which the workers see as torchrun's).
-
-    Returns rank 0's report, the spec of the stage that finished (its ``part.history`` is the
-    job's history before that stage) and the workers it ran on.
-    """
-    plan = SpecPlan(spec, policy, run_stage)
-    controller: Controller[WorkerReport] = Controller(restarts, workers, slots)
-    report = controller.run(plan)
-    return report, plan.finished, controller.now
 
 
 def merged_history(report: WorkerReport, finished: FitSpec) -> tuple[list[dict[str, Any]], int, float]:

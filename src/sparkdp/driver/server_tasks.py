@@ -1,11 +1,12 @@
-"""Parameter servers as Spark tasks: K server tasks on the executors, beside the workers.
+"""Parameter servers as Spark tasks: what the K server tasks and the workers beside them run.
 
 One server on the driver carries ``2 * S`` bytes per worker step over the driver's one link;
 from a few workers on, that link is the job's limit (``sparkdp plan`` marks it). With
 ``servers=K`` the job is one barrier stage of ``K + workers`` tasks: task ``s < K`` serves key
 range ``s`` of a byte-balanced :class:`~sparkdp.ps.sharding.ShardPlan` on its own executor's
 address, task ``K + w`` is worker ``w``, pushing and pulling every server at once
-(:class:`~sparkdp.ps.transport.sharded.ShardedClient`). How the addresses travel, what stays the
+(:class:`~sparkdp.ps.transport.sharded.ShardedClient`). The job around the stage (its restarts,
+resume and result) is driver/jobs/executor_servers.py's. How the addresses travel, what stays the
 same and how a lost task restarts from every server's newest checkpoint: see
 docs/guide/strategies.md, Servers on the executors, and docs/architecture.md, How an
 asynchronous job flows.
@@ -20,7 +21,6 @@ import logging
 import os
 import signal
 import socket
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -31,136 +31,24 @@ import torch
 
 from .. import state as state_io
 from ..config import JobConfig
-from ..errors import ConfigError
 from ..monitor.probe import MonitorLink
 from ..ps import ParameterServer
-from ..ps.auth import new_secret
 from ..ps.server import Pulled
 from ..ps.sharding import ShardPlan
 from ..ps.transport import TcpOptions, TcpTransport
 from ..ps.transport.sharded import ShardedInfo, ShardedTransport
 from ..strategies.async_ps import AsyncParameterServer
 from ..train.checkpoint import CheckpointPolicy
-from ..train.checkpoint_store import CheckpointStore, new_job_id, server_series
-from ..train.faults import Fault, fault_from_env
+from ..train.checkpoint_store import server_series
+from ..train.faults import Fault
 from ..train.loop import FitSpec, fit_worker
 from ..train.report import WorkerReport
-from ..train.result import TrainResult
-from .async_job import (
-    ServerCheckpoints,
-    async_result,
-    epochs_done,
-    load_latest,
-    remaining,
-    server_factory,
-    task_collective,
-)
-from .controller import Attempt, Controller, RestartPolicy
+from .async_job import server_factory, task_collective
 
 log = logging.getLogger(__name__)
 
 #: counted metrics: every push and pull reaches every server, so each server counts it once
 _COUNTS = ("pulls", "pushes_applied", "duplicates_dropped", "rejected")
-
-
-def fit_on_executors(
-    spec: FitSpec,
-    job: JobConfig,
-    *,
-    workers: int,
-    spark: Any,
-    started: float,
-    hub: Any = None,
-    job_id: str | None = None,
-) -> TrainResult:
-    """Train with ``spec.strategy.servers`` server tasks beside ``workers`` worker tasks (``spec``:
-    the whole job, from its first epoch; ``job_id``: the identity of the servers' checkpoints, a
-    resumed job's those it resumes)."""
-    from ..spark.cluster import available_slots, on_driver_machine
-
-    strategy = cast(AsyncParameterServer, spec.strategy)
-    centre = [p.detach().to("cpu").contiguous() for p in spec.model.parameters()]
-    plan = ShardPlan.build(centre, strategy.servers)
-    servers = plan.num_shards
-    if servers < (strategy.servers or 1):
-        log.warning(
-            "the model splits into %d key ranges only: %d server task(s), not %d",
-            servers,
-            servers,
-            strategy.servers,
-        )
-    directory = job.checkpoints.checkpoint_dir or job.checkpoints.resume
-    if hub is not None:  # the live display's server line, from the server tasks' own records
-        hub.server_metrics = lambda: combined(list(hub.servers.values()))
-    with contextlib.ExitStack() as stack:
-        if directory is None and on_driver_machine(spark):  # executors share the driver's disk
-            directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="sparkdp-ps-"))
-        whole, job_id = spec, job_id or new_job_id()
-        policy = (
-            CheckpointPolicy(replace(job.checkpoints, checkpoint_dir=directory), job_id)
-            if directory is not None
-            else None
-        )
-        if policy is not None:
-            policy.store().check_writable()
-        load: list[bytes | None] = [None] * servers
-        if job.checkpoints.resume is not None:
-            resume = CheckpointPolicy(
-                replace(job.checkpoints, checkpoint_dir=str(job.checkpoints.resume)), job_id
-            )
-            spec, load = _resume(whole, strategy, plan, workers, resume.store(), required=True)
-        stage = _Stage(spec, strategy, plan, workers, job, policy, new_secret(), fault_from_env())
-        restarts = RestartPolicy.of(job)
-        controller: Controller[list[Any]] = Controller(
-            restarts, workers, lambda: _worker_slots(available_slots(spark), servers)
-        )
-        restartable = _ServerStages(stage, whole, spark, load)
-        results = controller.run(restartable)
-        spec, load = stage.spec, restartable.load
-    shards, reports = results[:servers], results[servers:]  # by rank: the servers, then the workers
-    if shards:
-        _copy_centre(plan, [s["centre"] for s in shards], spec.model)
-    elif all(state is not None for state in load):  # resumed with nothing left to train: the saved centre
-        _copy_centre(plan, [state_io.from_bytes(cast(bytes, state))["center"] for state in load], spec.model)
-    metrics = [{k: v for k, v in s.items() if k != "centre"} for s in shards]
-    result = async_result(
-        spec, reports, controller.now, started, {"server": combined(metrics), "servers": metrics}
-    )
-    result.details["restarts"] = list(restarts.failures)
-    return result
-
-
-class _ServerStages:
-    """The controller's plan for servers on the executors: a restart continues from every
-    server's newest checkpoint, on the workers the controller says."""
-
-    def __init__(self, stage: _Stage, whole: FitSpec, spark: Any, load: list[bytes | None]) -> None:
-        self.stage, self.whole, self.spark, self.load = stage, whole, spark, load
-
-    def attempt(self, attempt: Attempt) -> list[Any]:
-        stage = self.stage
-        if attempt.restart:
-            stage.workers = attempt.workers
-            assert stage.policy is not None  # restart_point gave no restart otherwise
-            stage.spec, self.load = _resume(
-                self.whole, stage.strategy, stage.plan, attempt.workers, stage.policy.store(), required=False
-            )
-            stage.fault = None  # an injected fault fires once per job
-        return stage.run(self.spark, self.load) if stage.spec.epochs else []
-
-    def restart_point(self) -> str | None:
-        if self.stage.policy is None:
-            log.warning(
-                "the servers on the executors keep no checkpoints, so this failure ends the job: "
-                "give checkpoint_dir (a directory the driver and every executor reach) to restart"
-            )
-            return None
-        return "the servers' newest checkpoints"
-
-
-def _worker_slots(slots: int | None, servers: int) -> int | None:
-    """The task slots left for workers beside the ``servers`` server tasks (None: unknown)."""
-    return None if slots is None else max(slots - servers, 0)
 
 
 def combined(per_server: list[dict[str, Any]]) -> dict[str, Any]:
@@ -177,63 +65,13 @@ def combined(per_server: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _resume(
-    spec: FitSpec,
-    strategy: AsyncParameterServer,
-    plan: ShardPlan,
-    workers: int,
-    store: CheckpointStore,
-    *,
-    required: bool,
-) -> tuple[FitSpec, list[bytes | None]]:
-    """The state of every server's newest readable checkpoint of this job (``store.job_id``) in
-    ``store`` and ``spec`` for the epochs they do not cover; a server without one starts from
-    ``spec``'s model (``required``: refuse). The states travel to the server tasks themselves: a
-    task of the failed attempt that Spark has not stopped yet may still save and prune the files."""
-    names: list[str | None] = []
-    books: list[ParameterServer | None] = []
-    for s in range(plan.num_shards):
-        server = server_factory(strategy, workers)(_pieces(plan, spec.model, s))
-        series = server_series(s, plan.num_shards)
-        try:
-            names.append(load_latest(server, store, series))
-            books.append(server)
-        except ConfigError:
-            if required or store.names(series, store.job_id):
-                raise
-            names.append(None)
-            books.append(None)
-    done = epochs_done(
-        lambda w: min(b.last_seq(w) if b is not None else -1 for b in books), spec, strategy, workers
-    )
-    log.info(
-        "the %d servers resume from %s: %d of %d epoch(s) covered by the applied pushes",
-        plan.num_shards,
-        ", ".join(n or "their start" for n in names),
-        done,
-        spec.epochs,
-    )
-    states = [state_io.to_bytes(b.state_dict()) if b is not None else None for b in books]
-    return remaining(spec, done), states
-
-
-def _pieces(plan: ShardPlan, model: torch.nn.Module, shard: int) -> list[torch.Tensor]:
+def shard_pieces(plan: ShardPlan, model: torch.nn.Module, shard: int) -> list[torch.Tensor]:
     return [
         p.clone() for p in plan.views([t.detach().to("cpu").contiguous() for t in model.parameters()], shard)
     ]
 
 
-def _copy_centre(plan: ShardPlan, parts: list[list[torch.Tensor]], model: torch.nn.Module) -> None:
-    dense = [p.detach().to("cpu").contiguous().clone() for p in model.parameters()]
-    for s, part in enumerate(parts):
-        for dst, src in zip(plan.views(dense, s), part, strict=True):
-            dst.copy_(src)
-    with torch.no_grad():
-        for p, c in zip(model.parameters(), dense, strict=True):
-            p.copy_(c)
-
-
-class _Stage:
+class ServerStage:
     """What one attempt of the stage runs: task ``s < K`` serves key range ``s``, task ``K + w``
     trains as worker ``w``. Pickled into every task (the model's pieces travel in ``spec``)."""
 
@@ -280,11 +118,11 @@ class _Stage:
         from ..spark.task import all_gather, stage_barrier, task_host
 
         servers = self.plan.num_shards
-        server = server_factory(self.strategy, self.workers)(_pieces(self.plan, self.spec.model, shard))
+        server = server_factory(self.strategy, self.workers)(shard_pieces(self.plan, self.spec.model, shard))
         if state is not None:
             server.load_state_dict(state_io.from_bytes(state))
         saver = (
-            ServerCheckpoints(server, self.policy.store(), self.every_s, server_series(shard, servers))
+            self.policy.manager().server_saver(server, self.every_s, server_series(shard, servers))
             if self.policy is not None
             else None
         )

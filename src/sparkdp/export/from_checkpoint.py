@@ -22,7 +22,7 @@ from torch import nn
 from ..errors import ConfigError
 from ..frozen import frozen_names, load_model_state
 from ..train.checkpoint import Checkpoint, check_compatible, latest_checkpoint
-from ..train.checkpoint_store import CheckpointStore
+from ..train.checkpoint_manager import CheckpointManager
 from ..train.sharded_checkpoint import aliases, copy_parts
 from .pretrained import DEFAULT_MAX_SHARD_SIZE, save_pretrained
 from .record import PEFT, build_model
@@ -141,7 +141,7 @@ def load_shards(location: str, model: nn.Module) -> set[str]:
     from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader
 
     where, _, name = location.rstrip("/").rpartition("/")
-    store = CheckpointStore(where or ".", "reader")
+    store = CheckpointManager.reader(where).store
     manifest = store.manifest(name)
     state = model.state_dict()
     tied = {k: v for k, v in aliases(model).items() if v in state}

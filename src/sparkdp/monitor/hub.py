@@ -182,6 +182,12 @@ class MonitorHub:
         with self._lock:
             self._emit({"type": "summary", "time": time.time(), **summary})
 
+    def on_restart(self, kind: str, record: dict[str, Any]) -> None:
+        """The job controller restarted the workers after a ``kind`` ("failure" or "preemption"):
+        one ``restart`` record in the run log (the job controller's callback)."""
+        with self._lock:
+            self._emit({"type": "restart", "kind": kind, "time": time.time(), **record})
+
     # -- records ----------------------------------------------------------------------------
     def _on_report(self, worker: int, record: dict[str, Any]) -> None:
         kind = record.get("type")

@@ -135,6 +135,17 @@ class AsyncParameterServer(Strategy):
         self._offer_centre = offer_centre
         return self
 
+    @property
+    def server_link(self) -> tuple[Any, Any] | None:
+        """The transport and ``ConnectInfo`` :meth:`connect_to` set (None before it): what a
+        process a worker starts needs to join the same server (``train.children``)."""
+        return getattr(self, "_server", None)
+
+    @property
+    def offers_centre(self) -> bool:
+        """Whether the server takes the first worker's model as its centre (``connect_to``)."""
+        return bool(getattr(self, "_offer_centre", False))
+
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, collective: Collective) -> nn.Module:
         """Connect as worker ``collective.rank``, pull the centre, and hook the exchanges onto the
         optimizer's steps."""

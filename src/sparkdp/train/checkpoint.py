@@ -32,6 +32,7 @@ import torch
 from ..config import CheckpointConfig
 from ..errors import ConfigError
 from ..frozen import expected_keys
+from .checkpoint_manager import CheckpointManager
 from .checkpoint_store import (
     LOOP_PART,
     CheckpointStore,
@@ -70,13 +71,12 @@ class CheckpointPolicy:
     def directory(self) -> str:
         return str(self.settings.checkpoint_dir)
 
+    def manager(self) -> CheckpointManager:
+        """The manager that writes, rotates and lists this job's checkpoints."""
+        return CheckpointManager.of(self.settings, self.job_id)
+
     def store(self) -> CheckpointStore:
-        return CheckpointStore(
-            self.directory,
-            self.job_id,
-            self.settings.keep_checkpoints,
-            self.settings.checkpoint_storage_options,
-        )
+        return self.manager().store
 
 
 @dataclass(frozen=True)
@@ -102,26 +102,23 @@ class Checkpoint:
     model_record: dict[str, Any] | None = None
 
 
-def _store(
-    directory: str | os.PathLike[str], settings: CheckpointConfig | None, job_id: str = "reader"
-) -> CheckpointStore:
-    return CheckpointStore(
-        os.fspath(directory),
-        job_id,
-        storage_options=settings.checkpoint_storage_options if settings else None,
-    )
+def _reader(directory: str | os.PathLike[str], settings: CheckpointConfig | None) -> CheckpointStore:
+    """The store of ``directory`` as a reader sees it: every job's checkpoints, none written."""
+    return CheckpointManager.reader(
+        os.fspath(directory), settings.checkpoint_storage_options if settings else None
+    ).store
 
 
 def check_writable(directory: str | os.PathLike[str], settings: CheckpointConfig | None = None) -> None:
     """Fail at the start of a job, not after an hour of training, if nothing can be saved there."""
-    _store(directory, settings).check_writable()
+    _reader(directory, settings).check_writable()
 
 
 def checkpoint_names(
     directory: str | os.PathLike[str], settings: CheckpointConfig | None = None
 ) -> list[str]:
     """The synchronous checkpoints in ``directory`` (every job's), oldest first."""
-    return _store(directory, settings).names(SERIES)
+    return _reader(directory, settings).names(SERIES)
 
 
 def save_checkpoint(
@@ -152,8 +149,7 @@ def save_checkpoint(
         epoch_stats=epoch_stats,
         model_record=model_record,
     )
-    store = policy.store()
-    return store.url(store.save(SERIES, sync_position(epoch, step), payload))
+    return policy.manager().save(SERIES, sync_position(epoch, step), payload)
 
 
 def checkpoint_payload(
@@ -191,7 +187,7 @@ def checkpoint_payload(
 
 def load_checkpoint(directory: str, name: str, settings: CheckpointConfig | None = None) -> Checkpoint:
     """Read and verify one checkpoint; ``ValueError`` if it is truncated, altered or not one."""
-    store = _store(directory, settings)
+    store = _reader(directory, settings)
     parsed = parse_name(name)
     if parsed is None or parsed.series != SERIES:
         raise ValueError(f"{name!r} is not a synchronous checkpoint's name")
@@ -278,7 +274,7 @@ def latest_checkpoint(
     """The newest checkpoint that reads and verifies (of job ``job_id`` only, when given; another
     job's is never resumed: a restart would train that job's weights), whole (``ckpt``) or
     sharded (``shards``); damaged newer ones are skipped with a warning."""
-    store = _store(directory, settings)
+    store = _reader(directory, settings)
     whole = store.latest(
         SERIES,
         job_id,

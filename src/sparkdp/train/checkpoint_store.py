@@ -408,30 +408,6 @@ class CheckpointStore:
         manifest = self.manifest(name)
         return {part: self.read_part(name, part, manifest) for part in manifest["parts"]}
 
-    # ------------------------------------------------------------------ the driver's preemption notice
-    def _notice(self) -> str:
-        # a hidden name, never a checkpoint's: listings, rotation and the one-job check ignore it
-        return self._path(f".preempt-{self.job_id}")
-
-    def post_notice(self) -> None:
-        """Ask this job's workers to save and stop (the driver saw their executor decommissioning;
-        train/preempt.py's rank 0 polls :meth:`notice_posted`)."""
-        self.fs.pipe_file(self._notice(), b"")
-
-    def notice_posted(self) -> bool:
-        try:
-            self.fs.invalidate_cache(self.root)
-            return bool(self.fs.exists(self._notice()))
-        except OSError:  # an unreachable store says nothing; the next poll asks again
-            return False
-
-    def clear_notice(self) -> None:
-        try:
-            if self.fs.exists(self._notice()):
-                self.fs.rm_file(self._notice())
-        except OSError as exc:
-            log.warning("could not remove the preemption notice %s: %s", self._notice(), exc)
-
     # ------------------------------------------------------------------ rotation
     def rotate(self, series: str, written: str) -> None:
         """Keep the newest ``keep`` of this job's ``series`` checkpoints up to the one just

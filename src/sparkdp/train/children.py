@@ -72,7 +72,8 @@ def children_join(ctx: Any) -> Iterator[Children]:
     """While the block runs, every process this one starts is counted and, in an asynchronous
     job, gets a child spec of ``ctx``'s job; which joined (called ``distribute``) is known when
     the block ends. In a synchronous job they cannot join the workers' process group."""
-    server = getattr(ctx.strategy, "_server", None)  # (transport, ConnectInfo) of an asynchronous job
+    # (transport, ConnectInfo) of an asynchronous job
+    server = getattr(ctx.strategy, "server_link", None)  # a synchronous strategy has none
     info = server[1] if server is not None and ctx.collective.independent else None
     joinable = info is not None
     # mode 0700; a synchronous job writes no spec, so it needs none
@@ -85,7 +86,7 @@ def children_join(ctx: Any) -> Iterator[Children]:
             "secret": info.secret.hex(),
             "tls_cert": info.tls_cert,
             # sparkdp.run's server takes its centre from the first worker's model, a child's included
-            "offer_centre": bool(getattr(ctx.strategy, "_offer_centre", False)),
+            "offer_centre": bool(getattr(ctx.strategy, "offers_centre", False)),
         }
     )
     base = (

@@ -31,7 +31,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
@@ -54,6 +54,45 @@ SIGNALLED, NOTICED = 1, 2
 AGREE_EVERY_S = 0.5
 #: the most steps between two agreements, however short the steps
 MAX_INTERVAL = 64
+
+
+class PreemptionNotice:
+    """The driver's request that job ``job_id``'s workers save and stop: an empty file beside its
+    checkpoints in ``directory`` (a hidden name, never a checkpoint's: listings, rotation and the
+    one-job check ignore it). The driver posts and clears it (driver/preemption.py); rank 0 polls
+    :meth:`posted`. It is no checkpoint, so it lives apart from the checkpoint store."""
+
+    def __init__(self, directory: str, job_id: str, storage_options: Mapping[str, Any] | None = None) -> None:
+        import fsspec
+
+        self.fs, root = fsspec.core.url_to_fs(str(directory), **dict(storage_options or {}))
+        self.root = root.rstrip("/")
+        self.path = f"{self.root}/.preempt-{job_id}"
+
+    def post(self) -> None:
+        """Ask the job's workers to save and stop (the driver saw their executor decommissioning)."""
+        self.fs.pipe_file(self.path, b"")
+
+    def posted(self) -> bool:
+        try:
+            self.fs.invalidate_cache(self.root)  # object stores' listings are cached per instance
+            return bool(self.fs.exists(self.path))
+        except OSError:  # an unreachable store says nothing; the next poll asks again
+            return False
+
+    def clear(self) -> None:
+        try:
+            if self.fs.exists(self.path):
+                self.fs.rm_file(self.path)
+        except OSError as exc:
+            log.warning("could not remove the preemption notice %s: %s", self.path, exc)
+
+
+def notice_for(checkpoints: CheckpointPolicy) -> PreemptionNotice:
+    """The preemption notice of the job whose checkpoints ``checkpoints`` says where they go."""
+    return PreemptionNotice(
+        checkpoints.directory, checkpoints.job_id, checkpoints.settings.checkpoint_storage_options
+    )
 
 
 @dataclass(frozen=True)
@@ -181,12 +220,12 @@ def watch_preemption(
 ) -> Iterator[PreemptionWatch | None]:
     """A :class:`PreemptionWatch` for the training loop's duration (the handlers restored after),
     or None where there is nothing to agree with (an asynchronous worker) or no handler can be
-    installed (outside the main thread). With ``checkpoints``, rank 0 also polls the store for
-    the driver's notice."""
+    installed (outside the main thread). With ``checkpoints``, rank 0 also polls for the driver's
+    :class:`PreemptionNotice` beside them."""
     if collective.independent:
         yield None
         return
-    notice = checkpoints.store().notice_posted if checkpoints is not None and collective.rank == 0 else None
+    notice = notice_for(checkpoints).posted if checkpoints is not None and collective.rank == 0 else None
     watch = PreemptionWatch(collective, notice)
     if not watch.install():
         yield None
@@ -211,4 +250,12 @@ def preempted(stop: Stop, epoch: int, step: int, saved: bool) -> WorkerPreempted
     return err
 
 
-__all__ = ["SIGNALS", "PreemptionWatch", "Stop", "preempted", "watch_preemption"]
+__all__ = [
+    "SIGNALS",
+    "PreemptionNotice",
+    "PreemptionWatch",
+    "Stop",
+    "notice_for",
+    "preempted",
+    "watch_preemption",
+]

@@ -48,6 +48,7 @@ import torch
 from ..comm.base import Collective
 from ..errors import ConfigError
 from .checkpoint import LOOP_PART, SHARDED_SERIES, CheckpointPolicy
+from .checkpoint_manager import CheckpointManager
 from .checkpoint_store import BackgroundWriter, CheckpointStore, encode, host_copy, parse_name, sync_position
 
 log = logging.getLogger(__name__)
@@ -285,7 +286,7 @@ def restore(
     parsed = parse_name(name)
     if parsed is None or parsed.series != SHARDED_SERIES:
         raise ValueError(f"{location!r} is not a sharded checkpoint's manifest")
-    store = CheckpointStore(directory or ".", "reader", storage_options=storage_options)
+    store = CheckpointManager.reader(directory, storage_options).store
     manifest = store.manifest(name)  # every part name the format's own: none leaves ``tmp`` below
     target = strategy.sharded_state(model, optimizer)
     tied = {k: v for k, v in aliases(model).items() if v in target["model"]}

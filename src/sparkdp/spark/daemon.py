@@ -7,13 +7,7 @@ gives every forked worker the modules for free (configured through
 ``spark.python.daemon.module`` by :func:`sparkdp.session`). No thread pools are
 started by these imports (checked: ``torch._dynamo`` adds no thread), so forking
 afterwards is safe.
-
-Hugging Face ``transformers`` is preloaded too where it is installed (about 1.3 s a worker:
-``generate``, ``predict`` and training of its models open them in every task); its imports
-start no thread either.
 """
-
-import contextlib
 
 import torch  # noqa: F401  (preloaded for the forked workers)
 import torch._dynamo  # noqa: F401  torch.optim imports it on the first optimizer built: ~1.2 s per worker
@@ -21,10 +15,6 @@ import torch.distributed  # noqa: F401
 from pyspark.daemon import manager
 
 import sparkdp.train.loop  # noqa: F401
-
-with contextlib.suppress(ImportError):  # an optional dependency (sparkdp[hf])
-    import transformers.generation.utils  # noqa: F401
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast  # noqa: F401
 
 if __name__ == "__main__":
     manager()

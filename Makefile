@@ -117,8 +117,8 @@ bench-lm: $(STAMP)
 
 # a pretrained GPT-2's fine-tune tokens/s on fortunes: LoRA vs full, allreduce vs fsdp, beside
 # TorchDistributor running the same loop and one process, fp32 and bf16-mixed; bytes per step and
-# per checkpoint (16 child processes a repeat: about 10 minutes on an idle 2-core machine;
-# BENCH_FINETUNE_ARGS= to change, e.g. --repeats 3 or --precisions fp32)
+# per checkpoint (16 child processes a repeat, 30-110 s each on a busy 2-core machine:
+# docs/benchmarks.md; BENCH_FINETUNE_ARGS= to change, e.g. --repeats 3 or --precisions fp32)
 BENCH_FINETUNE_ARGS ?=
 bench-finetune: $(STAMP)
 	$(PY) benchmarks/finetune_tokens.py $(BENCH_FINETUNE_ARGS)

@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.sparkdp-ready
 PYTEST_ARGS ?= --durations=20  # the slowest tests, to keep `make test` inside its time budget
 
-.PHONY: setup demo test test-fast test-gpu typecheck test-all test-cluster-env test-multihost lint docs docs-serve fuzz bench bench-cluster bench-sync bench-allreduce bench-ps bench-ps-load bench-async bench-data bench-checkpoint bench-monitor bench-multihost bench-lm clean
+.PHONY: setup demo test test-fast test-gpu typecheck test-all test-cluster-env test-multihost lint docs docs-serve fuzz bench bench-cluster bench-sync bench-allreduce bench-ps bench-ps-load bench-async bench-data bench-checkpoint bench-monitor bench-multihost bench-lm bench-finetune clean
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh
 	bash scripts/bootstrap.sh
@@ -114,6 +114,14 @@ bench-data: $(STAMP)
 BENCH_LM_ARGS ?=
 bench-lm: $(STAMP)
 	$(PY) benchmarks/lm_tokens.py $(BENCH_LM_ARGS)
+
+# a pretrained GPT-2's fine-tune tokens/s on fortunes: LoRA vs full, allreduce vs fsdp, beside
+# TorchDistributor running the same loop and one process, fp32 and bf16-mixed; bytes per step and
+# per checkpoint (16 child processes a repeat, 30-110 s each on a busy 2-core machine:
+# docs/benchmarks.md; BENCH_FINETUNE_ARGS= to change, e.g. --repeats 3 or --precisions fp32)
+BENCH_FINETUNE_ARGS ?=
+bench-finetune: $(STAMP)
+	$(PY) benchmarks/finetune_tokens.py $(BENCH_FINETUNE_ARGS)
 
 clean:
 	rm -rf out build dist src/*.egg-info .pytest_cache

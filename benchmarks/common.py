@@ -310,7 +310,9 @@ def run_torch_distributor(train_fn: Any, cfg: dict, workers: int, marks: dict) -
     ``train_fn`` must be defined in the script's ``__main__`` (cloudpickle then ships it by value to
     the torchrun processes) and write its result on rank 0: TorchDistributor's generated script has
     every rank pickle its return value to one file, so the return value is not reliable.
-    Wall-clock marks go into ``marks`` (imports, session, run_start, run_end, spark_stopped)."""
+    Wall-clock marks go into ``marks`` (imports, session, run_start, run_end, spark_stopped).
+    The torchrun processes get this folder on their ``PYTHONPATH``, so ``train_fn`` may call the
+    helpers of this folder's modules (``load_blocks``...)."""
     import importlib
 
     problems = []
@@ -330,6 +332,8 @@ def run_torch_distributor(train_fn: Any, cfg: dict, workers: int, marks: dict) -
 
     import sparkdp
 
+    here = os.path.dirname(os.path.abspath(__file__))
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
     marks["imports"] = time.time()
     # sparkdp sets GLOO_SOCKET_IFNAME=lo for its local process groups; do the same here.
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -354,3 +358,94 @@ def run_torch_distributor(train_fn: Any, cfg: dict, workers: int, marks: dict) -
     spark.stop()
     marks["spark_stopped"] = time.time()
     return out
+
+
+# --------------------------------------------------------------------------- interleaved ways
+
+
+def load_blocks(path: str) -> Any:
+    """The ``input_ids`` column of a Parquet file of token blocks (``sparkdp.data.text.write_blocks``)
+    as one (rows, block) int64 tensor."""
+    import numpy as np
+    import pyarrow.parquet as pq
+    import torch
+
+    column = pq.read_table(path, columns=["input_ids"]).column("input_ids").combine_chunks()
+    rows = len(column)
+    return torch.from_numpy(np.asarray(column.values, dtype=np.int64).reshape(rows, -1).copy())
+
+
+def child_way(way: str, cfg: dict, body: Any) -> int:
+    """In a child started by :func:`run_way`: ``body(cfg, marks)``, its dict emitted as the one
+    result line with ``tokens_per_s`` added where it counted tokens; any exception is printed and
+    emitted as one ``error`` line for the parent. Returns the child's exit code."""
+    marks = {"launch": cfg.pop("launch_time", None)}
+    try:
+        out = body(cfg, marks)
+        if "tokens" in out:
+            out["tokens_per_s"] = ratio(out["tokens"], out["train_time_s"])
+        emit_result({**out, "ok": True, "way": way, "marks": marks})
+        return 0
+    except BaseException as exc:  # noqa: BLE001 - one clear line for the parent
+        import traceback
+
+        traceback.print_exc()
+        emit_result({"ok": False, "way": way, "error": f"{type(exc).__name__}: {exc}"[:4000]})
+        return 3
+
+
+def run_way(
+    script: str, way: str, cfg: dict, *, label: str, timeout_s: float, log_dir: str, tag: str
+) -> dict[str, Any]:
+    """Run ``script --child WAY --config JSON`` in a child process (:func:`run_child`), its output
+    to ``log_dir/WAY-TAG.log``; its result dict with ``wall_s`` and ``log`` added, ``ok`` False
+    and an ``error`` when it failed. One progress line on stderr."""
+    cmd = [sys.executable, os.path.abspath(script), "--child", way, "--config"]
+    cmd.append(json.dumps(dict(cfg, launch_time=time.time())))
+    log_path = os.path.join(log_dir, f"{way}-{tag}.log")
+    print(f"[{tag}] {label} ...", end=" ", file=sys.stderr, flush=True)
+    child = run_child(cmd, timeout_s=timeout_s, env=dict(os.environ, PYTHONUNBUFFERED="1"), log_path=log_path)
+    rec: dict[str, Any] = dict(child.result or {})
+    rec.update(wall_s=child.wall_s, log=log_path)
+    if not child.ok or not rec.get("ok"):
+        rec["ok"] = False
+        rec.setdefault("error", "timed out" if child.timed_out else f"exit code {child.returncode}")
+        print(f"FAILED: {rec['error']}\n  log: {log_path}\n{child.tail(20)}", file=sys.stderr)
+    elif "tokens_per_s" in rec:
+        print(f"ok: {rec['tokens_per_s']:,.0f} tokens/s, wall {child.wall_s:.1f} s", file=sys.stderr)
+    else:
+        print(f"ok ({child.wall_s:.1f} s)", file=sys.stderr)
+    return rec
+
+
+def summarize_ways(runs: dict[str, list[dict]], keys: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Per way: how many runs succeeded, the median of each of ``keys`` over them, the tokens the
+    first one trained and the first failure's error."""
+    out = {}
+    for way, recs in runs.items():
+        good = [r for r in recs if r.get("ok")]
+        out[way] = {
+            "ok_runs": len(good),
+            "runs": len(recs),
+            **{k: median(r.get(k) for r in good) for k in keys},
+            "tokens": good[0].get("tokens") if good else None,
+            "error": next((r.get("error") for r in recs if not r.get("ok")), None),
+        }
+    return out
+
+
+def paired_ratios(runs: dict[str, list[dict]], a: str, b: str, key: str = "tokens_per_s") -> list[float]:
+    """a's ``key`` over b's in every repeat where both ran (back to back, so machine drift cancels
+    best)."""
+    return [
+        ra[key] / rb[key]
+        for ra, rb in zip(runs.get(a, []), runs.get(b, []), strict=False)
+        if ra.get("ok") and rb.get("ok") and rb.get(key)
+    ]
+
+
+def ratio_check(name: str, values: Sequence[float]) -> dict[str, Any]:
+    """A check-table row of paired ratios without a target: their median and every repeat's."""
+    m = median(values)
+    shown = ", ".join(f"{v:.3f}" for v in values)
+    return {"check": name, "value": m, "display": f"{m:.3f}x (repeats: {shown})", "target": "-", "pass": None}

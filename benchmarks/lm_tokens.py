@@ -46,14 +46,18 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import (  # noqa: E402
-    emit_result,
+    child_way,
+    load_blocks,
     machine_info,
     markdown_table,
     median,
+    paired_ratios,
     pass_fail,
     ratio,
-    run_child,
+    ratio_check,
     run_torch_distributor,
+    run_way,
+    summarize_ways,
     write_json,
 )
 
@@ -87,17 +91,6 @@ def _model(cfg: dict):
     return build_model("gpt", **cfg["model_options"])
 
 
-def _blocks(path: str):
-    """The training blocks of the prepared Parquet file as one (rows, block) int64 tensor."""
-    import numpy as np
-    import pyarrow.parquet as pq
-    import torch
-
-    column = pq.read_table(path, columns=["input_ids"]).column("input_ids").combine_chunks()
-    rows = len(column)
-    return torch.from_numpy(np.asarray(column.values, dtype=np.int64).reshape(rows, -1).copy())
-
-
 def _child_prepare(cfg: dict, marks: dict) -> dict:
     from sparkdp.data.text import write_blocks
     from sparkdp.data.text_datasets import load_text_dataset
@@ -115,7 +108,7 @@ def _child_single(cfg: dict, marks: dict) -> dict:
     import torch
 
     torch.set_num_threads(cfg["single_threads"])
-    blocks = _blocks(cfg["data"])
+    blocks = load_blocks(cfg["data"])
     model = _model(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"])
     rows = cfg["workers"] * cfg["batch_size"]
@@ -188,7 +181,7 @@ def _td_train_fn(cfg: dict, result_path: str) -> dict:
     torch.set_num_threads(1)  # one core per process, as sparkdp's workers (spark.task.cpus=1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    blocks = _blocks(cfg["data"])
+    blocks = load_blocks(cfg["data"])
     model = DistributedDataParallel(_model(cfg))  # broadcasts rank 0's weights
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"])
     sampler = DistributedSampler(range(len(blocks)), shuffle=True, seed=cfg["seed"], drop_last=True)
@@ -221,80 +214,25 @@ def _child_torchdist(cfg: dict, marks: dict) -> dict:
 
 
 def child_main(way: str, cfg: dict) -> int:
-    marks = {"launch": cfg.pop("launch_time", None)}
-    try:
-        if way == "prepare":
-            out = _child_prepare(cfg, marks)
-        elif way in SPARKDP_WAYS:
-            out = _child_sparkdp(cfg, marks, way)
-        else:
-            out = {"single": _child_single, "torchdist": _child_torchdist}[way](cfg, marks)
-        if "tokens" in out:
-            out["tokens_per_s"] = ratio(out["tokens"], out["train_time_s"])
-        emit_result({**out, "ok": True, "way": way, "marks": marks})
-        return 0
-    except BaseException as exc:  # noqa: BLE001 - one clear line for the parent
-        import traceback
-
-        traceback.print_exc()
-        emit_result({"ok": False, "way": way, "error": f"{type(exc).__name__}: {exc}"[:4000]})
-        return 3
+    if way == "prepare":
+        body = _child_prepare
+    elif way in SPARKDP_WAYS:
+        body = lambda cfg, marks: _child_sparkdp(cfg, marks, way)  # noqa: E731
+    else:
+        body = {"single": _child_single, "torchdist": _child_torchdist}[way]
+    return child_way(way, cfg, body)
 
 
 # =========================================================================== parent
 
 
-def run_way(way: str, cfg: dict, args: argparse.Namespace, log_dir: str, tag: str) -> dict[str, Any]:
-    cmd = [
-        sys.executable,
-        os.path.abspath(__file__),
-        "--child",
-        way,
-        "--config",
-        json.dumps(dict(cfg, launch_time=time.time())),
-    ]
-    log_path = os.path.join(log_dir, f"{way}-{tag}.log")
-    print(f"[{tag}] {LABELS.get(way, way)} ...", end=" ", file=sys.stderr, flush=True)
-    child = run_child(
-        cmd, timeout_s=args.timeout, env=dict(os.environ, PYTHONUNBUFFERED="1"), log_path=log_path
-    )
-    rec: dict[str, Any] = dict(child.result or {})
-    rec.update(wall_s=child.wall_s, log=log_path)
-    if not child.ok or not rec.get("ok"):
-        rec["ok"] = False
-        rec.setdefault("error", "timed out" if child.timed_out else f"exit code {child.returncode}")
-        print(f"FAILED: {rec['error']}\n  log: {log_path}\n{child.tail(20)}", file=sys.stderr)
-    elif "tokens_per_s" in rec:
-        print(f"ok: {rec['tokens_per_s']:,.0f} tokens/s, wall {child.wall_s:.1f} s", file=sys.stderr)
-    else:
-        print(f"ok ({child.wall_s:.1f} s)", file=sys.stderr)
-    return rec
+def _run_way(way: str, cfg: dict, args: argparse.Namespace, log_dir: str, tag: str) -> dict[str, Any]:
+    label = LABELS.get(way, way)
+    return run_way(__file__, way, cfg, label=label, timeout_s=args.timeout, log_dir=log_dir, tag=tag)
 
 
 def summarize(runs: dict[str, list[dict]]) -> dict[str, dict[str, Any]]:
-    out = {}
-    for way, recs in runs.items():
-        good = [r for r in recs if r.get("ok")]
-        out[way] = {
-            "ok_runs": len(good),
-            "runs": len(recs),
-            **{
-                k: median(r.get(k) for r in good)
-                for k in ("tokens_per_s", "train_time_s", "wall_s", "loss", "loader_wait")
-            },
-            "tokens": good[0]["tokens"] if good else None,
-            "error": next((r.get("error") for r in recs if not r.get("ok")), None),
-        }
-    return out
-
-
-def paired_ratios(runs: dict[str, list[dict]], a: str, b: str) -> list[float]:
-    """a's tokens/s over b's in every repeat where both ran (back to back, so machine drift cancels best)."""
-    return [
-        ra["tokens_per_s"] / rb["tokens_per_s"]
-        for ra, rb in zip(runs.get(a, []), runs.get(b, []), strict=False)
-        if ra.get("ok") and rb.get("ok")
-    ]
+    return summarize_ways(runs, ("tokens_per_s", "train_time_s", "wall_s", "loss", "loader_wait"))
 
 
 def print_report(cfg: dict, runs: dict[str, list[dict]], summary: dict[str, dict]) -> list[dict]:
@@ -340,26 +278,10 @@ def print_report(cfg: dict, runs: dict[str, list[dict]], summary: dict[str, dict
         for other in ("torchdist", "single"):
             values = paired_ratios(runs, way, other)
             if values:
-                checks.append(
-                    {
-                        "check": f"{LABELS[way]} / {LABELS[other]} tokens/s",
-                        "value": median(values),
-                        "display": f"{median(values):.3f}x (repeats: {', '.join(f'{v:.3f}' for v in values)})",
-                        "target": "-",
-                        "pass": None,
-                    }
-                )
+                checks.append(ratio_check(f"{LABELS[way]} / {LABELS[other]} tokens/s", values))
     bf16 = paired_ratios(runs, "allreduce-bf16", "allreduce")
     if bf16:
-        checks.append(
-            {
-                "check": "bf16-mixed / fp32 tokens/s (allreduce)",
-                "value": median(bf16),
-                "display": f"{median(bf16):.3f}x (repeats: {', '.join(f'{v:.3f}' for v in bf16)})",
-                "target": "-",
-                "pass": None,
-            }
-        )
+        checks.append(ratio_check("bf16-mixed / fp32 tokens/s (allreduce)", bf16))
     for way in SPARKDP_WAYS:
         waits = [
             r["loader_wait"] for r in runs.get(way, []) if r.get("ok") and r.get("loader_wait") is not None
@@ -449,14 +371,14 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"lm_tokens: {', '.join(ways)} x {args.repeats}; logs in {log_dir}; {machine_info()}", file=sys.stderr
     )
-    prepared = run_way("prepare", cfg, args, log_dir, "0")
+    prepared = _run_way("prepare", cfg, args, log_dir, "0")
     if not prepared.get("ok"):
         return 1
     cfg["rows"] = prepared["rows"]
     runs: dict[str, list[dict]] = {w: [] for w in ways}
     for rep in range(args.repeats):
         for way in ways:
-            runs[way].append(run_way(way, cfg, args, log_dir, str(rep + 1)))
+            runs[way].append(_run_way(way, cfg, args, log_dir, str(rep + 1)))
     summary = summarize(runs)
     checks = print_report(cfg, runs, summary)
     if args.json_out:

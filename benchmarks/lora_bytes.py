@@ -20,31 +20,46 @@ from sparkdp.strategies.base import ring_bytes
 from sparkdp.strategies.fsdp import FSDP
 
 
+def lora_config(rank: int):
+    """LoRA of rank ``rank`` on GPT-2's attention and MLP projections (Conv1D: fan_in_fan_out)."""
+    import peft
+
+    return peft.LoraConfig(
+        r=rank, lora_alpha=2 * rank, target_modules=["c_attn", "c_proj", "c_fc"], fan_in_fan_out=True
+    )
+
+
 def models(layers: int, width: int, rank: int):
     import peft
     import transformers
 
     config = transformers.GPT2Config(n_layer=layers, n_embd=width, n_head=max(1, width // 64))
     full = transformers.GPT2LMHeadModel(config)
-    lora = peft.get_peft_model(
-        transformers.GPT2LMHeadModel(config),
-        peft.LoraConfig(r=rank, target_modules=["c_attn", "c_proj", "c_fc"], fan_in_fan_out=True),
-    )
+    lora = peft.get_peft_model(transformers.GPT2LMHeadModel(config), lora_config(rank))
     return full, lora
 
 
-def per_step(model: torch.nn.Module, workers: int) -> dict[str, int]:
+def per_step(model: torch.nn.Module, workers: int, gathered: torch.dtype = torch.bfloat16) -> dict[str, int]:
+    """Bytes a worker sends per step under each strategy; ``gathered``: the dtype fsdp all-gathers
+    in (bfloat16 under bf16-mixed, float32 under precision 32) and a frozen base is stored in."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     grads = sum(p.numel() * 4 for p in trainable)
     fsdp = FSDP()
-    fsdp.mixed_precision(torch.bfloat16)
-    frozen = sum(p.numel() * 2 * 2 for p in model.parameters() if not p.requires_grad)  # bf16, fwd + bwd
+    fsdp.mixed_precision(None if gathered == torch.float32 else gathered)
+    size = gathered.itemsize
+    frozen = sum(p.numel() * size * 2 for p in model.parameters() if not p.requires_grad)  # fwd + bwd
     values = sum(p.numel() for p in trainable)
     return {
         "allreduce": ring_bytes(grads, workers),  # DDP buckets: trainable gradients only
         "average": ring_bytes(grads, workers),  # one averaging round of the trainable parameters
-        "fsdp": fsdp.wire_bytes(values, 2 * 2, workers, frozen),
+        "fsdp": fsdp.wire_bytes(values, size * 2, workers, frozen),
     }
+
+
+def checkpoint_bytes(model: torch.nn.Module) -> int:
+    """The safetensors bytes of the model state a checkpoint (and fit's result) keeps: the
+    trainable part of a model with a frozen base, else all of it."""
+    return len(state_to_bytes(trainable_state(model, model.state_dict())))
 
 
 def main() -> None:
@@ -61,8 +76,7 @@ def main() -> None:
     for name in steps_full:
         a, b = steps_full[name], steps_lora[name]
         print(f"| {name}: bytes sent per worker per step | {a:,} | {b:,} | {b / a:.2%} |")
-    a = len(state_to_bytes(full.state_dict()))
-    b = len(state_to_bytes(trainable_state(lora, lora.state_dict())))
+    a, b = checkpoint_bytes(full), checkpoint_bytes(lora)
     print(f"| checkpoint / result model state | {a:,} | {b:,} | {b / a:.2%} |")
 
 

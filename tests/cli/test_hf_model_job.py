@@ -1,6 +1,6 @@
 """`sparkdp train --hf-model DIR`: a local Hugging Face model trained on a table of token blocks
-with the model's own loss (`--loss model`, `--dict-batches` without `--label`), and the clear
-one-line refusals of what it cannot train on."""
+with the model's own loss (`--loss model`, `--dict-batches` without `--label`) and exported from
+its checkpoints by `sparkdp export`, and the clear one-line refusals of what it cannot train on."""
 
 from __future__ import annotations
 
@@ -57,9 +57,12 @@ def _train_lm(tmp: Path) -> list[Cli]:
                 tmp / "run",
                 "--json-out",
                 tmp / "summary.json",
+                "--checkpoint-dir",
+                tmp / "ckpt",
             ]
         ),
         Cli(["train", "--config", job, "--print-config"], master=None),
+        Cli(["export", tmp / "ckpt", tmp / "exported"]),  # after the training run: both hold a session
     ]
 
 
@@ -67,7 +70,7 @@ def _train_lm(tmp: Path) -> list[Cli]:
 def test_a_local_hf_model_trains_on_token_blocks_from_the_command_line(cli):
     import transformers
 
-    run, printed = cli.procs
+    run, printed, exported = cli.procs
     assert run.returncode == 0, _explain(run)
     summary = json.loads((cli.tmp / "summary.json").read_text())
     final = summary["history"][-1]
@@ -84,6 +87,12 @@ def test_a_local_hf_model_trains_on_token_blocks_from_the_command_line(cli):
     records = [json.loads(line) for line in (cli.tmp / "run" / "run.jsonl").read_text().splitlines()]
     last = [r for r in records if r["type"] == "metrics" and r["rank"] == 0][-1]
     assert (last["tokens"], last["steps"], last["samples"]) == (3 * 32 * 16, 3 * 4, 3 * 32), last
+    # the newest checkpoint, exported on the command line, is the trained model as Hugging Face opens
+    # it: its own loss on the held-out blocks is the job's final test loss
+    assert exported.returncode == 0, _explain(exported)
+    opened = transformers.AutoModelForCausalLM.from_pretrained(cli.tmp / "exported")
+    assert type(opened).__name__ == "GPT2LMHeadModel"
+    assert hf_loss(opened, eval_blocks) == pytest.approx(final["test_loss"], abs=1e-4)
     # the job file's keys are those of the flags
     assert printed.returncode == 0, _explain(printed)
     effective = yaml.safe_load(printed.stdout)

@@ -7,11 +7,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+import torch
 import yaml
 
+from sparkdp.data.sft import ExamplePacker
 from sparkdp.data.text import write_blocks
-from tests.helpers.hf_dirs import VOCAB, counting_blocks, hf_loss, tiny_gpt2_dir
+from tests.helpers.hf_dirs import POSITIONS, VOCAB, counting_blocks, hf_loss, tiny_gpt2_dir
 
 from .conftest import Cli
 from .test_cli import _explain
@@ -101,6 +105,68 @@ def test_a_local_hf_model_trains_on_token_blocks_from_the_command_line(cli):
         str(cli.tmp / "gpt2"),
         True,
     )
+
+
+def _packed_rows(rows: int) -> dict[str, torch.Tensor]:
+    """Fine-tuning rows as tokenize_examples packs them: two 6-token counting examples per
+    16-token row, each example's first 3 tokens a prompt (label -100), position_ids restarting."""
+    packer = ExamplePacker(POSITIONS, 0, True, "truncate")
+    examples = [(ids, [-100] * 3 + ids[3:]) for ids in counting_blocks(2 * rows, length=6).tolist()]
+    batches = [b for b in (packer.add(examples), packer.finish()) if b is not None]
+    table = pa.Table.from_batches(batches).select(["input_ids", "labels", "position_ids"])
+    return {name: torch.tensor(table.column(name).to_pylist()) for name in table.column_names}
+
+
+def _fine_tune_packed(tmp: Path) -> list[Cli]:
+    model = tiny_gpt2_dir(tmp / "gpt2")
+    pq.write_table(pa.table({k: v.tolist() for k, v in _packed_rows(32).items()}), tmp / "rows.parquet")
+    return [
+        Cli(
+            [
+                "train",
+                "--hf-model",
+                model,
+                "--data",
+                tmp / "rows.parquet",
+                "--features",
+                "input_ids,labels,position_ids",
+                "--dict-batches",
+                "--workers",
+                "2",
+                "--epochs",
+                "3",
+                "--batch-size",
+                "4",
+                "--optimizer",
+                "adamw",
+                "--lr",
+                "0.01",
+                "-q",
+                "--checkpoint-dir",
+                tmp / "ckpt",
+            ]
+        ),
+        Cli(["export", tmp / "ckpt", tmp / "exported"]),
+    ]
+
+
+@pytest.mark.cli(build=_fine_tune_packed)
+def test_packed_fine_tuning_rows_train_a_local_hf_model_and_export(cli):
+    """The rows tokenize_examples packs train on --hf-model (its key/value cache is off, else the
+    packing check refuses the job) and the exported model has learnt the completions."""
+    import transformers
+
+    run, exported = cli.procs
+    assert run.returncode == 0, _explain(run)
+    assert exported.returncode == 0, _explain(exported)
+    rows = _packed_rows(32)
+
+    def loss(directory: Path) -> float:
+        model = transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
+        with torch.no_grad():
+            return float(model(**rows).loss)
+
+    assert loss(cli.tmp / "exported") < loss(cli.tmp / "gpt2") - 0.5
 
 
 def _refused(tmp: Path, case: str, message: str) -> Cli:

@@ -147,6 +147,7 @@ def test_sparkdp_export_of_the_jobs_checkpoints_gives_the_same_adapter(run):
 
     got, want = (load_file(str(d / "adapter_model.safetensors")) for d in (run.tmp / "exported", saved))
     assert got.keys() == want.keys() and len(got) == 8  # A and B of 2 projections in 2 layers
+    assert {v.dtype for v in got.values()} == {torch.float32}  # fsdp's bf16 base left the adapters fp32
     for name in want:
         assert torch.equal(got[name], want[name]), name
     reopened = peft.PeftModel.from_pretrained(open_base(run.base), run.tmp / "exported")

@@ -1,17 +1,21 @@
 """`sparkdp train --hf-model DIR`: a local Hugging Face model trained on a table of token blocks
-with the model's own loss (`--loss model`, `--dict-batches` without `--label`), and the clear
-one-line refusals of what it cannot train on."""
+with the model's own loss (`--loss model`, `--dict-batches` without `--label`) and exported from
+its checkpoints by `sparkdp export`, and the clear one-line refusals of what it cannot train on."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+import torch
 import yaml
 
+from sparkdp.data.sft import ExamplePacker
 from sparkdp.data.text import write_blocks
-from tests.helpers.hf_dirs import VOCAB, counting_blocks, hf_loss, tiny_gpt2_dir
+from tests.helpers.hf_dirs import POSITIONS, VOCAB, counting_blocks, hf_loss, tiny_gpt2_dir
 
 from .conftest import Cli
 from .test_cli import _explain
@@ -57,9 +61,12 @@ def _train_lm(tmp: Path) -> list[Cli]:
                 tmp / "run",
                 "--json-out",
                 tmp / "summary.json",
+                "--checkpoint-dir",
+                tmp / "ckpt",
             ]
         ),
         Cli(["train", "--config", job, "--print-config"], master=None),
+        Cli(["export", tmp / "ckpt", tmp / "exported"]),  # after the training run: both hold a session
     ]
 
 
@@ -67,7 +74,7 @@ def _train_lm(tmp: Path) -> list[Cli]:
 def test_a_local_hf_model_trains_on_token_blocks_from_the_command_line(cli):
     import transformers
 
-    run, printed = cli.procs
+    run, printed, exported = cli.procs
     assert run.returncode == 0, _explain(run)
     summary = json.loads((cli.tmp / "summary.json").read_text())
     final = summary["history"][-1]
@@ -84,6 +91,12 @@ def test_a_local_hf_model_trains_on_token_blocks_from_the_command_line(cli):
     records = [json.loads(line) for line in (cli.tmp / "run" / "run.jsonl").read_text().splitlines()]
     last = [r for r in records if r["type"] == "metrics" and r["rank"] == 0][-1]
     assert (last["tokens"], last["steps"], last["samples"]) == (3 * 32 * 16, 3 * 4, 3 * 32), last
+    # the newest checkpoint, exported on the command line, is the trained model as Hugging Face opens
+    # it: its own loss on the held-out blocks is the job's final test loss
+    assert exported.returncode == 0, _explain(exported)
+    opened = transformers.AutoModelForCausalLM.from_pretrained(cli.tmp / "exported")
+    assert type(opened).__name__ == "GPT2LMHeadModel"
+    assert hf_loss(opened, eval_blocks) == pytest.approx(final["test_loss"], abs=1e-4)
     # the job file's keys are those of the flags
     assert printed.returncode == 0, _explain(printed)
     effective = yaml.safe_load(printed.stdout)
@@ -92,6 +105,68 @@ def test_a_local_hf_model_trains_on_token_blocks_from_the_command_line(cli):
         str(cli.tmp / "gpt2"),
         True,
     )
+
+
+def _packed_rows(rows: int) -> dict[str, torch.Tensor]:
+    """Fine-tuning rows as tokenize_examples packs them: two 6-token counting examples per
+    16-token row, each example's first 3 tokens a prompt (label -100), position_ids restarting."""
+    packer = ExamplePacker(POSITIONS, 0, True, "truncate")
+    examples = [(ids, [-100] * 3 + ids[3:]) for ids in counting_blocks(2 * rows, length=6).tolist()]
+    batches = [b for b in (packer.add(examples), packer.finish()) if b is not None]
+    table = pa.Table.from_batches(batches).select(["input_ids", "labels", "position_ids"])
+    return {name: torch.tensor(table.column(name).to_pylist()) for name in table.column_names}
+
+
+def _fine_tune_packed(tmp: Path) -> list[Cli]:
+    model = tiny_gpt2_dir(tmp / "gpt2")
+    pq.write_table(pa.table({k: v.tolist() for k, v in _packed_rows(32).items()}), tmp / "rows.parquet")
+    return [
+        Cli(
+            [
+                "train",
+                "--hf-model",
+                model,
+                "--data",
+                tmp / "rows.parquet",
+                "--features",
+                "input_ids,labels,position_ids",
+                "--dict-batches",
+                "--workers",
+                "2",
+                "--epochs",
+                "3",
+                "--batch-size",
+                "4",
+                "--optimizer",
+                "adamw",
+                "--lr",
+                "0.01",
+                "-q",
+                "--checkpoint-dir",
+                tmp / "ckpt",
+            ]
+        ),
+        Cli(["export", tmp / "ckpt", tmp / "exported"]),
+    ]
+
+
+@pytest.mark.cli(build=_fine_tune_packed)
+def test_packed_fine_tuning_rows_train_a_local_hf_model_and_export(cli):
+    """The rows tokenize_examples packs train on --hf-model (its key/value cache is off, else the
+    packing check refuses the job) and the exported model has learnt the completions."""
+    import transformers
+
+    run, exported = cli.procs
+    assert run.returncode == 0, _explain(run)
+    assert exported.returncode == 0, _explain(exported)
+    rows = _packed_rows(32)
+
+    def loss(directory: Path) -> float:
+        model = transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
+        with torch.no_grad():
+            return float(model(**rows).loss)
+
+    assert loss(cli.tmp / "exported") < loss(cli.tmp / "gpt2") - 0.5
 
 
 def _refused(tmp: Path, case: str, message: str) -> Cli:

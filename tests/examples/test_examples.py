@@ -25,13 +25,15 @@ EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
 ROWS = "2000"
 # a smaller slice where the example's own check needs no more: 500 cookies make about 480 blocks
 # of 128 tokens, enough for the language model's loss to fall over its 2 epochs
-ROWS_OF = {"language_model.py": "500"}
+# and 800 prompt/completion pairs are enough for the fine-tuned adapters to lower the held-out loss
+ROWS_OF = {"language_model.py": "500", "fine_tune_table.py": "800"}
 
 # example file -> the start of the last line it prints on success
 EXAMPLES = {
     "async_server_optimizer.py": "async_server_optimizer: test accuracy ",
     "caffe_net.py": "caffe_net: test accuracy ",
     "dataframe_parquet.py": "dataframe_parquet: test accuracy ",
+    "fine_tune_table.py": "fine_tune_table: held-out loss ",
     "fit_arrays.py": "fit_arrays: test accuracy ",
     "language_model.py": "language_model: loss ",
     "launch_script.py": "launch_script: test accuracy ",

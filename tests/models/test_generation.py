@@ -4,6 +4,8 @@ tests/spark/test_generate.py."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -27,6 +29,25 @@ def test_left_padded_batches_equal_hugging_face_on_each_prompt_alone(tmp_path):
     assert got == [hf_greedy(lm, p, 9) for p in PROMPTS]
     with pytest.raises(DataError, match="exceeds the model's 64 positions"):
         generate_texts(model, tokenizer, ["the cat " * 40], GenerationConfig(max_new_tokens=4), ["k"])
+
+
+def test_a_peft_model_ships_merged_with_its_adapters_logits(tmp_path):
+    peft = pytest.importorskip("peft")
+    lm = tiny_lm(tmp_path)
+    lora = peft.LoraConfig(r=2, target_modules=["c_attn"], fan_in_fan_out=True, init_lora_weights=False)
+    torch.manual_seed(0)  # init_lora_weights=False: random A and B, so the adapters change the logits
+    wrapped = peft.get_peft_model(copy.deepcopy(lm.model), lora).eval()
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        want = wrapped(input_ids=ids).logits
+        assert (want - lm.model(input_ids=ids).logits).abs().max() > 1e-3
+
+    shipped, _ = HFPackage.of(wrapped, tokenizer=lm.tokenizer).load(torch.device("cpu"))
+
+    assert not hasattr(shipped, "peft_config")
+    with torch.no_grad():
+        assert (shipped(input_ids=ids).logits - want).abs().max() <= 1e-5
+    assert hasattr(wrapped, "peft_config"), "the model passed in keeps its adapters"
 
 
 def test_left_pad_and_row_seeds():

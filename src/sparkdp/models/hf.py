@@ -39,7 +39,8 @@ def resolve_model(model: Any) -> nn.Module:
 
 
 def load_hf_model(directory: str | os.PathLike[str]) -> nn.Module:
-    """The causal language model saved in ``directory`` (``AutoModelForCausalLM``), in float32.
+    """The causal language model saved in ``directory`` (``AutoModelForCausalLM``), in float32,
+    with ``config.use_cache`` off for training.
 
     Raises:
         ConfigError: no such directory, no ``config.json``, weights only as a pickle (``.bin``),
@@ -64,7 +65,7 @@ def load_hf_model(directory: str | os.PathLike[str]) -> nn.Module:
     except ImportError:
         raise ConfigError("hf_model needs Hugging Face transformers: pip install 'sparkdp[hf]'.") from None
     try:
-        return transformers.AutoModelForCausalLM.from_pretrained(
+        model = transformers.AutoModelForCausalLM.from_pretrained(
             str(where), local_files_only=True, use_safetensors=True, trust_remote_code=False
         ).float()
     except (OSError, ValueError, KeyError) as exc:
@@ -72,6 +73,11 @@ def load_hf_model(directory: str | os.PathLike[str]) -> nn.Module:
         raise ConfigError(
             f"hf_model {os.fspath(directory)!r} cannot be opened as a causal language model: {first}"
         ) from exc
+    # training needs no key/value cache, and with one transformers ignores packed rows'
+    # position_ids as example boundaries (sparkdp.train.packing): tokenize_examples' packed rows
+    # could not train. Generation's own setting (generation_config.use_cache) is left as it is.
+    model.config.use_cache = False
+    return model
 
 
 __all__ = ["HF_PREFIX", "is_hf_source", "load_hf_model", "resolve_model"]

@@ -11,6 +11,7 @@ the files and the device.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import tempfile
 from collections import OrderedDict
@@ -93,6 +94,15 @@ def _check_causal_lm(files: dict[str, bytes]) -> None:
             ) from None
 
 
+def _merged(model: Any) -> Any:
+    """A PEFT model's copy with its adapters merged into the base (its own ``save_pretrained``
+    writes the adapter alone, which no executor could open without the base); any other model
+    as it is."""
+    if isinstance(getattr(model, "peft_config", None), dict) and hasattr(model, "merge_and_unload"):
+        return copy.deepcopy(model).merge_and_unload()
+    return model
+
+
 @dataclass(frozen=True)
 class HFPackage:
     """A causal LM's ``save_pretrained`` files and its tokenizer, as plain bytes and text."""
@@ -104,7 +114,8 @@ class HFPackage:
     @classmethod
     def of(cls, model_or_dir: Any, tokenizer: Any = None) -> HFPackage:
         """From a ``save_pretrained`` directory (its tokenizer too, unless ``tokenizer`` is given)
-        or an in-memory ``transformers`` model (then ``tokenizer`` is needed)."""
+        or an in-memory ``transformers`` model, PEFT-wrapped ones included (then ``tokenizer`` is
+        needed)."""
         if isinstance(model_or_dir, (str, Path)):
             directory = Path(model_or_dir)
             if not directory.is_dir():
@@ -118,7 +129,7 @@ class HFPackage:
         elif hasattr(model_or_dir, "save_pretrained") and hasattr(model_or_dir, "generate"):
             tok = _open_tokenizer(tokenizer, None)
             with tempfile.TemporaryDirectory(prefix="sparkdp-hf-") as tmp:
-                model_or_dir.save_pretrained(tmp)
+                _merged(model_or_dir).save_pretrained(tmp)
                 files = _model_files(Path(tmp))
         else:
             raise ConfigError(

@@ -48,7 +48,8 @@ def generate(
     Args:
         model_or_dir: a Hugging Face model directory (``save_pretrained``'s: config.json and
             safetensors weights; its tokenizer too unless ``tokenizer`` is given), or an in-memory
-            ``transformers`` causal LM with ``tokenizer``.
+            ``transformers`` causal LM with ``tokenizer`` (a PEFT model ships as a copy with its
+            adapters merged).
         df: the Spark DataFrame; all its columns are kept.
         prompt: the string column of prompts. A null prompt gives a null completion.
         max_new_tokens: tokens generated after each prompt at most.

@@ -105,6 +105,7 @@ class MonitorHub:
         self.interval_s = interval_s
         self._on_epoch = on_epoch
         self.server_metrics: Callable[[], dict[str, Any]] | None = None
+        self._summarised = False  # finish() wrote the summary: the last record of the run log
         self.started = time.time()
         self.latest: dict[int, dict[str, Any]] = {}
         #: per worker, the steps and samples of its attempts that failed (recovery redid that work)
@@ -164,8 +165,8 @@ class MonitorHub:
             self._lines.clear()
             if failed:
                 self._emit({"type": "failed", "time": time.time(), "error": error})
-            if self.server_metrics is not None:  # the server's totals, however short the job was
-                self._emit(self._job_record())
+            if self.server_metrics is not None and not self._summarised:  # a job that ended early:
+                self._emit(self._job_record())  # the server's totals, however short it was
             self.display.stop(self.whole_job(), self.epochs)
             for sink in self.sinks:
                 try:
@@ -180,7 +181,10 @@ class MonitorHub:
     def finish(self, summary: dict[str, Any]) -> None:
         """The job's end: one ``summary`` record (what ``sparkdp report`` tabulates)."""
         with self._lock:
+            if self.server_metrics is not None:  # the server's totals, however short the job was,
+                self._emit(self._job_record())  # before the summary, which stays the last record
             self._emit({"type": "summary", "time": time.time(), **summary})
+            self._summarised = True
 
     def on_restart(self, kind: str, record: dict[str, Any]) -> None:
         """The job controller restarted the workers after a ``kind`` ("failure" or "preemption"):

@@ -118,19 +118,11 @@ def _on_base(checkpoint: Checkpoint, directory: Path) -> nn.Module:
             f"--base is for a PEFT model's checkpoint; {checkpoint.path} records no PEFT model. "
             "Leave out --base."
         )
-    try:
-        import peft
-        import transformers
+    import peft
 
-        pretrained = transformers.AutoModelForCausalLM.from_pretrained(
-            directory, local_files_only=True, use_safetensors=True
-        )
-    except (OSError, ValueError) as err:
-        raise ConfigError(
-            f"--base {directory}: not a Hugging Face model directory with safetensors weights "
-            f"({type(err).__name__}: {str(err).splitlines()[0]}); give the directory the model was "
-            "fine-tuned from."
-        ) from None
+    from ..models.hf import load_hf_model
+
+    pretrained = load_hf_model(directory, setting="--base", training=False)
     return peft.get_peft_model(pretrained, peft.PeftConfig.from_peft_type(**record["adapter"]))
 
 

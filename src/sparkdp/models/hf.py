@@ -38,9 +38,12 @@ def resolve_model(model: Any) -> nn.Module:
     return model
 
 
-def load_hf_model(directory: str | os.PathLike[str]) -> nn.Module:
-    """The causal language model saved in ``directory`` (``AutoModelForCausalLM``), in float32,
-    with ``config.use_cache`` off for training.
+def load_hf_model(
+    directory: str | os.PathLike[str], *, setting: str = "hf_model", training: bool = True
+) -> nn.Module:
+    """The causal language model saved in ``directory`` (``AutoModelForCausalLM``); opened for
+    ``training``, in float32 with ``config.use_cache`` off, else as saved. ``setting``: what the
+    errors call the directory (the flag or key the user gave it with).
 
     Raises:
         ConfigError: no such directory, no ``config.json``, weights only as a pickle (``.bin``),
@@ -49,34 +52,36 @@ def load_hf_model(directory: str | os.PathLike[str]) -> nn.Module:
     where = Path(directory).expanduser()
     if not (where / "config.json").is_file():
         raise ConfigError(
-            f"hf_model {os.fspath(directory)!r} is not a Hugging Face model directory: it has no "
+            f"{setting} {os.fspath(directory)!r} is not a Hugging Face model directory: it has no "
             "config.json. Give the directory save_pretrained wrote."
         )
     names = [p.name for p in where.iterdir()]
     if not any(n.endswith(".safetensors") or n == "model.safetensors.index.json" for n in names):
         pickled = [n for n in names if n.endswith((".bin", ".pt", ".pth", ".ckpt"))]
         raise ConfigError(
-            f"hf_model {os.fspath(directory)!r} has no safetensors weights"
+            f"{setting} {os.fspath(directory)!r} has no safetensors weights"
             + (f" (only {', '.join(sorted(pickled))}, a pickle sparkdp does not load)" if pickled else "")
             + ". Save it with model.save_pretrained(dir) (safetensors is its default) and give that directory."
         )
     try:
         import transformers
     except ImportError:
-        raise ConfigError("hf_model needs Hugging Face transformers: pip install 'sparkdp[hf]'.") from None
+        raise ConfigError(f"{setting} needs Hugging Face transformers: pip install 'sparkdp[hf]'.") from None
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(
             str(where), local_files_only=True, use_safetensors=True, trust_remote_code=False
-        ).float()
+        )
     except (OSError, ValueError, KeyError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(
-            f"hf_model {os.fspath(directory)!r} cannot be opened as a causal language model: {first}"
+            f"{setting} {os.fspath(directory)!r} cannot be opened as a causal language model: {first}"
         ) from exc
     # training needs no key/value cache, and with one transformers ignores packed rows'
     # position_ids as example boundaries (sparkdp.train.packing): tokenize_examples' packed rows
     # could not train. Generation's own setting (generation_config.use_cache) is left as it is.
-    model.config.use_cache = False
+    if training:  # float32 weights to train, and no cache
+        model.config.use_cache = False
+        return model.float()
     return model
 
 

@@ -54,8 +54,9 @@ def per_save(model_name: str, saves: int) -> None:
     from sparkdp.data.tensors import TensorData
     from sparkdp.strategies import STRATEGIES
     from sparkdp.train.checkpoint import CheckpointPolicy, save_checkpoint
-    from sparkdp.train.loop import FitSpec, _Saver, optimizer_state_to_bytes
+    from sparkdp.train.loop import FitSpec, optimizer_state_to_bytes
     from sparkdp.train.optim import optimizer_factory, resolve_loss
+    from sparkdp.train.saver import Saver
 
     torch.manual_seed(0)
     model = build_model(model_name)
@@ -83,7 +84,7 @@ def per_save(model_name: str, saves: int) -> None:
     sync_s, blocked_s, background_s, steps_during = [], [], [], []
     with tempfile.TemporaryDirectory() as directory:
         policy = CheckpointPolicy(CheckpointConfig(directory))
-        saver = _Saver(policy, spec, spec.strategy, optimizer, None, collective)
+        saver = Saver(policy, spec, spec.strategy, optimizer, None, collective)
         for n in range(saves):
             began = time.perf_counter()
             save_checkpoint(

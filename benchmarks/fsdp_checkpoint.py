@@ -27,8 +27,9 @@ def _worker(coll, directory: str, saves: int, model_name: str) -> dict[str, obje
     from sparkdp.models.zoo import build_model
     from sparkdp.strategies import STRATEGIES
     from sparkdp.train.checkpoint import CheckpointPolicy
-    from sparkdp.train.loop import FitSpec, _Saver
+    from sparkdp.train.loop import FitSpec
     from sparkdp.train.optim import optimizer_factory, resolve_loss
+    from sparkdp.train.saver import Saver
 
     results: dict[str, object] = {}
     for sharded in (True, False):
@@ -52,7 +53,7 @@ def _worker(coll, directory: str, saves: int, model_name: str) -> dict[str, obje
             training=TrainingConfig(epochs=1, batch_size=4),
         )
         policy = CheckpointPolicy(CheckpointConfig(str(out), keep_checkpoints=1), "bench")
-        saver = _Saver(policy, spec, strategy, opt, None, coll)
+        saver = Saver(policy, spec, strategy, opt, None, coll)
         blocked, committed = [], []
         for i in range(saves):
             coll.barrier()

@@ -37,6 +37,7 @@ def _worker(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
     from sparkdp.train import loop, preempt
     from sparkdp.train.optim import optimizer_factory, resolve_loss
     from sparkdp.train.preempt import watch_preemption
+    from sparkdp.train.trainer import Trainer
 
     torch.set_num_threads(1)
     if args.agree_every_s is not None:
@@ -78,7 +79,7 @@ def _worker(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
                         start()
 
                     watch.step_boundary, watch._start = timed, counted
-                report = loop._fit_worker(spec, coll, NoProbe(), watch)
+                report = Trainer(spec, coll, NoProbe(), watch).fit()
             if report is not None and watch is not None:
                 steps = args.epochs * (spec.steps_per_epoch(2) or 0)
                 print(

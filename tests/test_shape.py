@@ -1,6 +1,7 @@
 """The package's shape, read from the source (no imports): one place builds the job controller,
 its restart policy and the checkpoint store; no module reads another module's private
-attributes; the driver's functions stay short."""
+attributes; the driver's and the worker's functions stay short; one module of train/ reads whether
+a worker is synchronous."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 pytestmark = pytest.mark.timeout(60)
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "sparkdp"
-#: the longest function body (its docstring left out) a driver/ module may hold
+#: the longest function body (its docstring left out) a driver/ or train/ module may hold
 MAX_LINES = 80
 
 
@@ -144,8 +145,33 @@ def _long_functions(folder: str) -> list[str]:
     return found
 
 
-def test_no_driver_function_is_longer_than_80_lines():
-    assert _long_functions("driver") == []
+@pytest.mark.parametrize("package", ["driver", "train"])
+def test_no_function_of_the_package_is_longer_than_80_lines(package):
+    assert _long_functions(package) == []
+
+
+def _reads_of_independent(folder: str) -> set[str]:
+    """The modules under ``folder`` that read ``.independent`` (the sync/async decision) or
+    ``getattr(..., "independent")``."""
+    found = set()
+    for path in sorted((SRC / folder).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            attribute = isinstance(node, ast.Attribute) and node.attr == "independent"
+            by_name = (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "hasattr")
+                and len(node.args) >= 2
+                and isinstance(node.args[1], ast.Constant)
+                and node.args[1].value == "independent"
+            )
+            if attribute or by_name:
+                found.add(str(path.relative_to(SRC)))
+    return found
+
+
+def test_one_train_module_reads_whether_a_worker_is_synchronous():
+    assert _reads_of_independent("train") == {"train/role.py"}
 
 
 def _tree_files(package: str) -> set[str]:

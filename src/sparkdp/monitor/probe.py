@@ -251,6 +251,12 @@ class NoProbe:
     def close(self) -> None: ...
 
 
-def open_probe(link: MonitorLink | None, rank: int, comm_stats: Callable[[], dict[str, float]] | None = None):
+#: what a worker reports its live figures through: a :class:`Probe`, or a :class:`NoProbe`
+WorkerProbe = Probe | NoProbe
+
+
+def open_probe(
+    link: MonitorLink | None, rank: int, comm_stats: Callable[[], dict[str, float]] | None = None
+) -> WorkerProbe:
     """A :class:`Probe` when the job is monitored, else a :class:`NoProbe`."""
     return Probe(link, rank, comm_stats) if link is not None else NoProbe()

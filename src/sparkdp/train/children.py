@@ -74,7 +74,7 @@ def children_join(ctx: Any) -> Iterator[Children]:
     the block ends. In a synchronous job they cannot join the workers' process group."""
     # (transport, ConnectInfo) of an asynchronous job
     server = getattr(ctx.strategy, "server_link", None)  # a synchronous strategy has none
-    info = server[1] if server is not None and ctx.collective.independent else None
+    info = server[1] if server is not None and ctx.role.children_join else None
     joinable = info is not None
     # mode 0700; a synchronous job writes no spec, so it needs none
     directory = Path(tempfile.mkdtemp(prefix="sparkdp-children-")) if joinable else None

@@ -17,6 +17,7 @@ import torch
 from ..comm.base import Collective
 from ..comm.single import SingleProcessCollective
 from ..strategies.base import Strategy
+from .role import WorkerRole, role_of
 
 
 @dataclass
@@ -38,6 +39,11 @@ class WorkerContext:
     #: TORCHELASTIC_RESTART_COUNT) and the job's checkpoint directory, if it has one
     restart: int = 0
     checkpoint_dir: str | None = None
+
+    @property
+    def role(self) -> WorkerRole:
+        """What kind of worker this is (a sync member, an async worker, a spawned child)."""
+        return role_of(self.collective, self.child)
 
     def new_strategy(self) -> Strategy:
         """A fresh copy of the job's strategy (one per distributed model)."""

@@ -82,7 +82,7 @@ def distribute(
         out.append(returned_opt)
     if data is not None:
         loader = _shard_loader(data, ctx, batch_size, shuffle)
-        if ctx.collective.independent:  # pushes say how many rows they stand for (server metrics)
+        if ctx.role.pushes_count_rows:  # (the server's figures)
             strategy.add_samples(loader.batch_size or 1)
         if ctx.probe is not None and ctx.probe.active:  # live monitoring counts the user's loop's steps
             ctx.probe.count_steps(optimizer, loader.batch_size or 1, strategy.comm_stats)
@@ -141,8 +141,7 @@ def is_main_process() -> bool:
 
         In a worker: ``if sparkdp.is_main_process(): torch.save(sparkdp.unwrap(model).state_dict(), path)``.
     """
-    ctx = current()
-    return ctx.rank == 0 and ctx.child is None  # not the processes a worker started
+    return current().role.is_main_process
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ..comm.base import Collective
+from .role import role_of
 
 
 def local_bytes(tensor: Any) -> int:
@@ -120,9 +121,9 @@ class MemoryMeter:
         self.model_state_peak = max(self.model_state_peak, model_state_bytes(model, optimizer))
 
     def gather(self, collective: Collective) -> list[dict[str, int]]:
-        """Every rank's figures, by rank (one SUM all-reduce; an independent worker: its own)."""
+        """Every rank's figures, by rank (one SUM all-reduce; a worker alone, not in a group: its own)."""
         mine = [float(peak_rss_bytes()), float(self.model_state_peak)]
-        if collective.independent:
+        if not role_of(collective).agrees_with_peers:
             return [
                 {"worker": collective.rank, "peak_rss_bytes": int(mine[0]), "model_state_bytes": int(mine[1])}
             ]

@@ -3,7 +3,8 @@
 A user's optimizer instance lives on the driver over the driver's copy of the
 model; each worker needs the same optimizer over its own copy. We record the
 class, its hyper-parameters and each param group's members by parameter index,
-and rebuild it in the worker (composition, no class synthesis).
+and rebuild it in the worker (composition, no class synthesis). Its state travels between
+stages and into checkpoints as bytes, without pickle (``sparkdp.state``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.optim import Optimizer
 
+from .. import state as state_io
 from ..errors import ConfigError
 from .batch import ModelLoss
 
@@ -126,3 +128,21 @@ def resolve_loss(loss: Any) -> Callable[..., Any]:
     if callable(loss):
         return loss
     raise ConfigError(f"loss must be a name or a callable; got {type(loss).__name__}.")
+
+
+def optimizer_state(
+    optimizer: torch.optim.Optimizer, scheduler: Any = None, state: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """An optimizer's (and its scheduler's) state, as :func:`optimizer_state_to_bytes` encodes it;
+    ``state``: the optimizer's state as the strategy gathered it (default: its ``state_dict()``)."""
+    sched = None
+    if scheduler is not None and hasattr(scheduler, "state_dict"):
+        sched = {k: v for k, v in scheduler.state_dict().items() if not callable(v)}
+    return {"optimizer": optimizer.state_dict() if state is None else state, "scheduler": sched}
+
+
+def optimizer_state_to_bytes(
+    optimizer: torch.optim.Optimizer, scheduler: Any = None, state: dict[str, Any] | None = None
+) -> bytes:
+    """An optimizer's (and its scheduler's) state as bytes, without pickle (``sparkdp.state``)."""
+    return state_io.to_bytes(optimizer_state(optimizer, scheduler, state))

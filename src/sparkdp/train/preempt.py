@@ -41,6 +41,7 @@ import torch
 from ..comm.base import Collective, Pending
 from ..errors import WorkerPreempted
 from .checkpoint import CheckpointPolicy
+from .role import role_of
 
 log = logging.getLogger(__name__)
 
@@ -222,7 +223,7 @@ def watch_preemption(
     or None where there is nothing to agree with (an asynchronous worker) or no handler can be
     installed (outside the main thread). With ``checkpoints``, rank 0 also polls for the driver's
     :class:`PreemptionNotice` beside them."""
-    if collective.independent:
+    if not role_of(collective).agrees_with_peers:
         yield None
         return
     notice = notice_for(checkpoints).posted if checkpoints is not None and collective.rank == 0 else None

@@ -75,7 +75,7 @@ def _ready_process_group():
     init, destroy = dist.init_process_group, dist.destroy_process_group
 
     def init_once(*args: Any, **kwargs: Any) -> None:
-        if current().collective.independent:
+        if not current().role.has_process_group:
             raise ConfigError(
                 f"the script sets up torch.distributed itself (init_process_group), but the job's "
                 f"strategy {current().strategy.name!r} is asynchronous: its workers share no process "

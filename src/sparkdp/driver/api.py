@@ -30,6 +30,7 @@ from ..models.hf import resolve_model
 from ..monitor.probe import open_probe
 from ..strategies import resolve_strategy
 from ..strategies.async_ps import AsyncParameterServer
+from ..strategies.base import Strategy
 from ..train.batch import ModelLoss
 from ..train.context import WorkerContext, set_current
 from ..train.jobs import progress
@@ -401,7 +402,9 @@ def _fit_on_spark(
     return result
 
 
-def _unreachable(job: JobConfig, spark: Any, strategy: Any, hub_wanted: bool = False) -> str | None:
+def _unreachable(
+    job: JobConfig, spark: Any, strategy: Strategy | None, hub_wanted: bool = False
+) -> str | None:
     """Why executors cannot connect to this process, when something of the job would listen in it
     (the monitoring hub, a parameter server on the driver) and they may run elsewhere (a cluster,
     a Spark Connect server on another machine); None otherwise."""

@@ -43,13 +43,18 @@ import logging
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from ..costmodel import Network, half_ring_s, ring_allreduce_s
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..ps.transport.base import ConnectInfo
+    from ..ps.transport.tcp_client import TcpClient
+    from ..spark.task import TaskInfo
 
 log = logging.getLogger(__name__)
 
@@ -361,13 +366,13 @@ def _hsdp_collectives(params: int, collective, reps: int, step, per_host: int | 
     }
 
 
-def _connect(info: Any, worker_id: int) -> Any:
+def _connect(info: ConnectInfo, worker_id: int) -> TcpClient:
     from ..ps.transport import TcpTransport
 
     return TcpTransport().connect(info.address, info.secret, worker_id=worker_id, tls_cert=info.tls_cert)
 
 
-def _ps_task(info: dict[str, Any], sizes: dict[str, int], reps: int):
+def _ps_task(info: dict[str, ConnectInfo], sizes: dict[str, int], reps: int):
     def task(_index: int) -> dict[str, float]:
         out = {}
         for name, n in sizes.items():
@@ -378,12 +383,12 @@ def _ps_task(info: dict[str, Any], sizes: dict[str, int], reps: int):
     return task
 
 
-def _ps_shared_task(info: Any, n: int, reps: int):
+def _ps_shared_task(info: ConnectInfo, n: int, reps: int):
     """Every barrier task's pushes, all at once: what the server's link gives when the workers
     share it. The tasks meet at the stage's barrier before each push; the job takes the slowest
     task's time (the last push through is when the link has carried all of them)."""
 
-    def task(task_info: Any) -> float:
+    def task(task_info: TaskInfo) -> float:
         from ..spark.task import stage_barrier
 
         with _connect(info, 1 + task_info.rank) as client:
@@ -400,13 +405,13 @@ def _ps_shared_task(info: Any, n: int, reps: int):
 
 
 def _ps_rounds_task(
-    info: Any, model: nn.Module, batch: int, sample_shape: tuple[int, ...], n: int, rounds: int
+    info: ConnectInfo, model: nn.Module, batch: int, sample_shape: tuple[int, ...], n: int, rounds: int
 ):
     """Every barrier task an asynchronous worker: a compute step, a model-sized push, a pull,
     ``rounds`` times after a warm-up round, all starting at the stage's barrier as training's
     workers start together. Each task's mean round; nothing makes their pushes take turns."""
 
-    def task(task_info: Any) -> float:
+    def task(task_info: TaskInfo) -> float:
         from ..spark.task import stage_barrier
 
         step = _compute_step(model, batch, sample_shape)

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..config import JobConfig
 from ..monitor.hub import MonitorHub
+from ..strategies.base import Strategy
 from ..train.stop import StopNotice
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ def monitored(
     workers: int,
     title: str,
     details: dict[str, Any] | None = None,
-    strategy: Any = None,
+    strategy: Strategy | None = None,
     unreachable: str | None = None,
     on_epoch: Callable[[dict[str, Any]], None] | None = None,
 ) -> Iterator[MonitorHub | None]:

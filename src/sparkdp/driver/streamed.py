@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -30,7 +31,9 @@ class EpochPlan:
     """One epoch of a streamed DataFrame as the controller's plan: a restart runs it again from
     the state the driver holds at the epoch's start."""
 
-    def __init__(self, run_epoch: Any, spec: FitSpec, epoch: int) -> None:
+    def __init__(
+        self, run_epoch: Callable[[FitSpec, Attempt], WorkerReport], spec: FitSpec, epoch: int
+    ) -> None:
         self.run_epoch, self.spec, self.epoch = run_epoch, spec, epoch
 
     def attempt(self, attempt: Attempt) -> WorkerReport:

@@ -27,9 +27,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..monitor.probe import WorkerProbe
+    from .context import WorkerContext
 
 ENV = "SPARKDP_CHILD_SPEC"
 #: the most bytes a child spec may have (a certificate, a secret, a few settings)
@@ -68,7 +72,7 @@ class Children:
 
 
 @contextmanager
-def children_join(ctx: Any) -> Iterator[Children]:
+def children_join(ctx: WorkerContext) -> Iterator[Children]:
     """While the block runs, every process this one starts is counted and, in an asynchronous
     job, gets a child spec of ``ctx``'s job; which joined (called ``distribute``) is known when
     the block ends. In a synchronous job they cannot join the workers' process group."""
@@ -135,7 +139,7 @@ def children_join(ctx: Any) -> Iterator[Children]:
             shutil.rmtree(directory, ignore_errors=True)
 
 
-def _monitor(probe: Any) -> dict[str, Any] | None:
+def _monitor(probe: WorkerProbe | None) -> dict[str, Any] | None:
     link = getattr(probe, "link", None)
     if link is None:
         return None
@@ -225,10 +229,11 @@ def child_parts(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def finish_at_exit(ctx: Any) -> None:
+def finish_at_exit(ctx: WorkerContext) -> None:
     """The child's loop ends without telling sparkdp: its last pushes and records go when the
     process exits (multiprocessing runs these finalizers for spawned and forked processes alike)."""
-    multiprocessing.util.Finalize(None, ctx.probe.close, exitpriority=20)
+    if ctx.probe is not None:  # (child_parts always opens one)
+        multiprocessing.util.Finalize(None, ctx.probe.close, exitpriority=20)
     multiprocessing.util.Finalize(None, ctx.finish, exitpriority=21)
 
 

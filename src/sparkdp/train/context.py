@@ -10,12 +10,12 @@ import copy
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from ..comm.base import Collective
 from ..comm.single import SingleProcessCollective
+from ..monitor.probe import WorkerProbe
 from ..strategies.base import Strategy
 from .role import WorkerRole, role_of
 
@@ -30,7 +30,7 @@ class WorkerContext:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     active: list[Strategy] = field(default_factory=list)
     #: the worker's live-monitoring probe (``sparkdp.monitor``); None: not monitored
-    probe: Any = None
+    probe: WorkerProbe | None = None
     #: which process the worker started this is (``train.children``); None: the worker itself
     child: int | None = None
     #: the process the context belongs to: a forked child inherits its parent's, and must not use it

@@ -27,6 +27,7 @@ from typing import Any
 import torch.distributed as dist
 
 from ..errors import ConfigError
+from ..monitor.probe import Probe, WorkerProbe
 from .children import children_join
 from .context import current
 from .observe import ScriptObserver
@@ -40,7 +41,7 @@ class _ToDriver(io.TextIOBase):
     """A text stream whose writes go to the driver's console through the monitoring probe
     (the hub adds the ``[rank R]`` prefix); the whole text, however long."""
 
-    def __init__(self, probe: Any, stream: str) -> None:
+    def __init__(self, probe: WorkerProbe, stream: str) -> None:
         self.probe, self.stream = probe, stream
 
     def write(self, text: str) -> int:
@@ -110,7 +111,7 @@ def run_script(
     if shipped is not None:
         path = os.path.join(shipped(), os.path.basename(path))
         cwd = cwd if os.path.isdir(cwd) else os.path.dirname(path)
-    observer = ScriptObserver(probe if probe is not None and probe.active else None)
+    observer = ScriptObserver(probe if isinstance(probe, Probe) and probe.active else None)
     if observer.probe is not None:  # until the script calls sparkdp.distribute, whose strategy counts
         observer.probe.comm_stats = observer.comm_stats
     saved_argv, saved_path, saved_cwd = list(sys.argv), list(sys.path), os.getcwd()

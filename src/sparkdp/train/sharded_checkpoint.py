@@ -41,7 +41,7 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -50,6 +50,9 @@ from ..errors import ConfigError
 from .checkpoint import LOOP_PART, SHARDED_SERIES, CheckpointPolicy
 from .checkpoint_manager import CheckpointManager
 from .checkpoint_store import BackgroundWriter, CheckpointStore, encode, host_copy, parse_name, sync_position
+
+if TYPE_CHECKING:
+    from ..strategies.base import Strategy
 
 log = logging.getLogger(__name__)
 
@@ -270,7 +273,7 @@ def copy_parts(store: CheckpointStore, name: str, manifest: Mapping[str, Any], i
 
 def restore(
     location: str,
-    strategy: Any,
+    strategy: Strategy,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     saved_optimizer: dict[str, Any],

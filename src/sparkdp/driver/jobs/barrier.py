@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from ...comm.base import Collective
 from ...errors import TrainingDiverged
 from ...frozen import load_model_state
 from ...state import state_from_bytes
@@ -83,7 +84,9 @@ class FromStart:
         return _OWN_CHECKPOINTS
 
 
-def barrier_tasks(body: Callable[[Any], Any], attempt: Attempt, run: JobRun, description: str) -> list[Any]:
+def barrier_tasks(
+    body: Callable[[Collective], Any], attempt: Attempt, run: JobRun, description: str
+) -> list[Any]:
     """``body(collective)`` on ``attempt.workers`` barrier tasks sharing a process group; their
     results in rank order. The tasks see the attempt's restart number and the job's ``max_restarts`` as torchrun's."""
     from ...spark.launcher import run_barrier

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ...comm.base import Collective
 from ...config import JobConfig
 from ...monitor.hub import MonitorHub
 from ...strategies.base import Strategy
@@ -20,7 +21,7 @@ from ...train.result import TrainResult
 from ..controller import Attempt, Controller, RestartPolicy
 
 #: what ``sparkdp.run`` runs on every worker: ``body(collective, strategy, attempt)``
-Body = Callable[[Any, Strategy, Attempt], Any]
+Body = Callable[[Collective, Strategy, Attempt], Any]
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from typing import Any, cast
 
 import torch
 
+from ...comm.base import Collective
 from ...config import JobConfig
 from ...errors import ConfigError
 from ...ps import ParameterServer
@@ -162,7 +163,7 @@ class AroundServer:
 
 
 def run_async(
-    call: Callable[[int, Any, AsyncParameterServer, Attempt], Any],
+    call: Callable[[int, Collective, AsyncParameterServer, Attempt], Any],
     strategy: AsyncParameterServer,
     run: JobRun,
     description: str,

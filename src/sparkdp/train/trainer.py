@@ -181,8 +181,9 @@ class Trainer:
         before = 0.0
         if skip and rank == 0:  # the interrupted epoch's rows so far count once, on rank 0
             stats[0], stats[1], before = part.epoch_stats
+        batches = self._batches(epoch, skip)
         ready = time.perf_counter()
-        for step, ((x, y), last) in enumerate(self._batches(epoch, skip), start=skip):
+        for step, ((x, y), last) in enumerate(batches, start=skip):
             arrived = time.perf_counter()
             probe.batch_arrived(arrived - ready)
             if isinstance(x, torch.Tensor):

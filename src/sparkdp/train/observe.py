@@ -33,7 +33,6 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from ..monitor.probe import Probe
 from ..strategies.allreduce import ExposedWait, timed_group_hook
 from ..strategies.base import CommMeter, ring_bytes
 from .context import current
@@ -106,8 +105,7 @@ def _counted_hook(state, bucket):  # noqa: ANN001, ANN201 (unannotated: DDP chec
 class ScriptObserver:
     """Counts a launched script's communication and steps while :meth:`watching` (see the module)."""
 
-    def __init__(self, probe: Probe | None = None) -> None:
-        """``probe``: an active live-monitoring probe the counts go to; None: counted only."""
+    def __init__(self, probe: Any = None) -> None:
         self.probe = probe
         self.meter = CommMeter()
         #: whether the script communicated with other ranks (a collective, or a DDP over them)

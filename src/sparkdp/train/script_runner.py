@@ -27,7 +27,7 @@ from typing import Any
 import torch.distributed as dist
 
 from ..errors import ConfigError
-from ..monitor.probe import Probe, WorkerProbe
+from ..monitor.probe import WorkerProbe
 from .children import children_join
 from .context import current
 from .observe import ScriptObserver
@@ -111,7 +111,7 @@ def run_script(
     if shipped is not None:
         path = os.path.join(shipped(), os.path.basename(path))
         cwd = cwd if os.path.isdir(cwd) else os.path.dirname(path)
-    observer = ScriptObserver(probe if isinstance(probe, Probe) and probe.active else None)
+    observer = ScriptObserver(probe if probe is not None and probe.active else None)
     if observer.probe is not None:  # until the script calls sparkdp.distribute, whose strategy counts
         observer.probe.comm_stats = observer.comm_stats
     saved_argv, saved_path, saved_cwd = list(sys.argv), list(sys.path), os.getcwd()

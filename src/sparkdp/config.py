@@ -25,6 +25,8 @@ MEMORY_FORMATS = ("auto", "channels_last", "contiguous")
 PRECISIONS = ("32", "bf16-mixed", "fp16-mixed")
 #: the named learning-rate schedules (``sparkdp.train.schedule``); "constant" is no schedule
 LR_SCHEDULES = ("constant", "warmup-cosine")
+#: what a lost worker costs a synchronous job (``FailureConfig.fault_tolerance``)
+FAULT_TOLERANCE_MODES = ("restart", "step")
 #: a job's identity, as its checkpoints' names carry it (train.checkpoint_store) and resume_job gives it
 JOB_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
@@ -294,14 +296,21 @@ class FailureConfig:
         min_workers: after a failure that took task slots away, continue on fewer workers, down to this many (default: always the full count); back to the full count at a later restart when the slots return.
         start_timeout_s: how long the workers may take to start together.
         pg_timeout_s: how long one collective operation may block before the workers fail the stage (the hang detector; torch's own default would be 30 minutes).
+        fault_tolerance: what a lost worker costs a synchronous job: "restart" restarts every worker from the latest checkpoint; "step" drops the lost worker at the next step boundary, the others continue without restarting and a replacement heals from a live peer (strategy allreduce, in-memory data).
     """
 
     max_restarts: int = setting(3, metavar="N")
     min_workers: int | None = setting(None, metavar="N")
     start_timeout_s: float = setting(60.0, metavar="S")
     pg_timeout_s: float = setting(60.0, metavar="S")
+    fault_tolerance: str = setting("restart", choices=FAULT_TOLERANCE_MODES)
 
     def __post_init__(self) -> None:
+        if self.fault_tolerance not in FAULT_TOLERANCE_MODES:
+            raise ConfigError(
+                f"fault_tolerance must be one of {', '.join(FAULT_TOLERANCE_MODES)}; got {self.fault_tolerance!r}. "
+                "'restart' restarts the workers from the latest checkpoint, 'step' keeps the others training."
+            )
         check_int("max_restarts", self.max_restarts, 0)
         check_int("min_workers", self.min_workers, optional=True)
         check_seconds("start_timeout_s", self.start_timeout_s)

@@ -83,6 +83,10 @@ class TensorData(WorkerData):
             take = idx[start : start + batch_size]
             yield self._x(take), self.labels[take]
 
+    def rows_at(self, take: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows ``take`` (indices into the whole dataset) as one batch (``train.row_cursor``)."""
+        return self._x(take), self.labels[take]
+
     def _x(self, take: torch.Tensor) -> torch.Tensor:
         x = self.features[take]
         return x.float().div_(self.divisor) if self.divisor is not None else x
@@ -184,6 +188,10 @@ class DictData(WorkerData):
         if handles is None:
             return super().__reduce_ex__(protocol)
         return _mapped_dict_data, (handles,)
+
+    def rows_at(self, take: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+        """The rows ``take`` (indices into the whole dataset) as one batch (``train.row_cursor``)."""
+        return self._batch(take)
 
     def _batch(self, take: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
         return (

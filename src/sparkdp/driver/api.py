@@ -380,7 +380,9 @@ def _fit_on_spark(
             unreachable,
         )
     # a DataFrame streamed through Spark: a stage per epoch
-    kind = kind_for(spec.strategy, not isinstance(spec.train, WorkerData), bool(unreachable))
+    kind = kind_for(
+        spec.strategy, not isinstance(spec.train, WorkerData), bool(unreachable), job.failures.fault_tolerance
+    )
     with monitored(
         job,
         spark,

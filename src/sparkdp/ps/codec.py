@@ -62,6 +62,10 @@ class Op(enum.IntEnum):
     REPORT = 10  # client -> server: a monitoring record (JSON only, no reply; sparkdp.monitor)
     INIT = 11  # client -> server: the initial centre, for a server started without one (first one wins)
     INIT_REPLY = 12  # server -> client: the model description, as in AUTH_OK
+    QUORUM = 13  # worker -> driver's quorum: at a step boundary, how its last step went (driver.quorum)
+    QUORUM_REPLY = 14  # driver -> worker: the quorum of the next step, and whether the last one commits
+    HEARTBEAT = 15  # worker -> driver's quorum: still alive (no reply)
+    HEAL = 16  # worker -> driver's quorum: a live peer's state for a joining worker (sparkdp state bytes)
 
 
 class Flag(enum.IntFlag):

@@ -126,4 +126,6 @@ class TrainResult:
             "failed_attempts_s": sum(r["attempt_s"] for r in restarts),
             # per worker: peak RSS and peak model-state bytes (train.memory)
             "memory": list(self.details.get("memory", [])),
+            # per-step fault tolerance: one record per leave and per join (driver.quorum)
+            **({"membership": list(self.details["membership"])} if "membership" in self.details else {}),
         }

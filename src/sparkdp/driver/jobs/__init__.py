@@ -7,6 +7,9 @@
   server in this process.
 * :class:`~sparkdp.driver.jobs.executor_servers.ExecutorServers`: ``servers=K`` server tasks and
   the workers in one barrier stage.
+* :class:`~sparkdp.driver.jobs.step.StepFaultTolerant`: ``fault_tolerance="step"``: one Spark job
+  per worker slot around a quorum on the driver; a lost worker is dropped at the next step and
+  replaced by one that heals from a live peer.
 
 Every kind runs its attempts through the job's one controller (:meth:`JobRun.controller`), and
 writes and resumes its checkpoints through the job's
@@ -25,14 +28,20 @@ from .barrier import Barrier
 from .base import Body, JobKind, JobRun
 from .driver_server import DriverServer
 from .executor_servers import ExecutorServers
+from .step import StepFaultTolerant
 from .stream import Stream
 
 
-def kind_for(strategy: Strategy, streamed: bool, driver_unreachable: bool = False) -> JobKind:
+def kind_for(
+    strategy: Strategy, streamed: bool, driver_unreachable: bool = False, fault_tolerance: str = "restart"
+) -> JobKind:
     """The kind of job ``strategy``'s declared topology runs as, on streamed DataFrame data or
     not. ``driver_unreachable``: the executors cannot connect to this process, so a parameter
     server the strategy leaves on the driver runs as one server task instead (the strategy itself
-    is not changed)."""
+    is not changed). ``fault_tolerance="step"``: a synchronous job whose workers keep training
+    when one is lost (:class:`~sparkdp.driver.jobs.step.StepFaultTolerant`)."""
+    if fault_tolerance == "step":
+        return step_kind(strategy, streamed, driver_unreachable)
     if strategy.launcher is Launcher.TASKS:
         if streamed:
             raise ConfigError(
@@ -47,4 +56,34 @@ def kind_for(strategy: Strategy, streamed: bool, driver_unreachable: bool = Fals
     return Stream() if streamed else Barrier()
 
 
-__all__ = ["Barrier", "Body", "DriverServer", "ExecutorServers", "JobKind", "JobRun", "Stream", "kind_for"]
+def step_kind(strategy: Strategy, streamed: bool, driver_unreachable: bool) -> JobKind:
+    """The step kind, or one clear line for what it cannot run."""
+    if strategy.launcher is Launcher.TASKS:
+        raise ConfigError(
+            f"fault_tolerance='step' is for synchronous strategies; {strategy.name!r} is asynchronous, and "
+            "its parameter server already keeps training when a worker is lost. Drop fault_tolerance."
+        )
+    if streamed:
+        raise ConfigError(
+            "fault_tolerance='step' trains in-memory data (arrays, tensors, datasets); a DataFrame or "
+            "Parquet path runs with fault_tolerance='restart'."
+        )
+    if driver_unreachable:
+        raise ConfigError(
+            "fault_tolerance='step' keeps its quorum on the driver, and the executors cannot connect to "
+            "this process; use fault_tolerance='restart', or run the driver where executors reach it."
+        )
+    return StepFaultTolerant()
+
+
+__all__ = [
+    "Barrier",
+    "Body",
+    "DriverServer",
+    "ExecutorServers",
+    "JobKind",
+    "JobRun",
+    "StepFaultTolerant",
+    "Stream",
+    "kind_for",
+]

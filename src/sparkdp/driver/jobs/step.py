@@ -1,0 +1,212 @@
+"""The step kind: a synchronous job with per-step fault tolerance (``fault_tolerance="step"``).
+
+Each worker slot is its own one-task Spark job (ordinary, not barrier: a barrier stage would
+end every task when one fails), started from a thread of this process. The workers form a
+quorum kept here (``driver.quorum``, over ``driver.quorum_server``'s authenticated endpoint);
+a lost worker is dropped at the next step boundary and the others continue without a restart.
+Its replacement comes from Spark's task retries (``spark.task.maxFailures``; ``local[N,F]`` on
+one machine, as sessions sparkdp starts are) and, once those are spent, from this driver
+submitting the slot again (at most ``max_restarts`` times per slot); it heals from a live
+peer at a step boundary. The whole run is one attempt of the job's controller, so ``restarts``
+stays empty; the leaves and joins are the result's ``membership``. When no member is left to
+heal from, the job fails as a lost stage does.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ...config import JobConfig
+from ...errors import ConfigError, WorkerFailed
+from ...strategies.base import Strategy
+from ...train.faults import Fault, fault_from_env
+from ...train.loop import FitSpec
+from ...train.report import WorkerReport
+from ...train.result import TrainResult
+from ...train.step_worker import StepLink, fit_step_worker, step_cursor
+from ..controller import Attempt
+from ..quorum import Quorum
+from ..quorum_server import QuorumServer
+from .barrier import trained
+from .base import Body, JobRun
+
+log = logging.getLogger(__name__)
+
+#: the strategies whose step this kind runs (their gradient is summed over the quorum)
+COVERED = ("allreduce",)
+#: a lost worker is dropped after this long without a frame (it sends one a second)
+HEARTBEAT_TIMEOUT_S = 5.0
+
+
+class StepFaultTolerant:
+    """Synchronous workers in a quorum kept by the driver: a lost one is dropped at the next step
+    boundary and replaced by a task that heals from a live peer."""
+
+    label = "Spark workers (per-step fault tolerance)"
+
+    def fit(self, spec: FitSpec, run: JobRun) -> TrainResult:
+        refuse_unsupported(spec, run.job)
+        plan = QuorumPlan(spec, run)
+        controller = run.controller()
+        report = controller.run(plan)
+        result = trained(report, spec, run.workers, spec.epochs, run.started, controller)
+        result.details["membership"] = list(plan.membership)
+        return result
+
+    def call(self, body: Body, strategy: Strategy, run: JobRun, description: str) -> Any:
+        raise ConfigError(
+            "fault_tolerance='step' applies to sparkdp.fit; sparkdp.run and launch run your own loop, "
+            "which restarts from its checkpoints (fault_tolerance='restart')."
+        )
+
+
+def refuse_unsupported(spec: FitSpec, job: JobConfig) -> None:
+    """One clear line for what per-step fault tolerance does not cover (yet)."""
+    training, name = spec.training, spec.strategy.name
+    problems = []
+    if name not in COVERED:
+        problems.append(f"strategy {name!r} (covered: {', '.join(COVERED)})")
+    if name == "allreduce" and spec.strategy.options().get("compression", "none") != "none":
+        problems.append("allreduce's compression (gradients are summed in float32)")
+    if not callable(getattr(spec.train, "rows_at", None)):
+        problems.append(f"data {spec.train.describe()} (covered: in-memory arrays, tensors and datasets)")
+    if training.accumulate != 1 or training.precision != "32" or training.clip_grad_norm is not None:
+        problems.append("accumulate, mixed precision or clip_grad_norm")
+    if job.checkpoints.checkpoint_dir is not None or job.checkpoints.resume is not None:
+        problems.append("checkpoint_dir or resume (a replacement heals from a live peer instead)")
+    if problems:
+        raise ConfigError(
+            f"fault_tolerance='step' does not cover {'; '.join(problems)}. Use fault_tolerance='restart' "
+            "for this job, or change these settings."
+        )
+
+
+@dataclass
+class QuorumPlan:
+    """The job's one attempt: every slot's task, the quorum, and the leaves and joins."""
+
+    spec: FitSpec
+    run: JobRun
+    membership: list[dict[str, Any]] = field(default_factory=list)
+    results: dict[int, Any] = field(default_factory=dict)
+    errors: dict[int, BaseException] = field(default_factory=dict)
+
+    def restart_point(self) -> str | None:
+        return None  # no checkpoint to restart from: a quorum that cannot go on fails the job
+
+    def attempt(self, attempt: Attempt) -> WorkerReport:
+        from ...spark.cluster import driver_host
+        from ...spark.task import listening_store
+
+        spark, workers, job = self.run.spark, self.run.workers, self.run.job
+        host = driver_host(spark)
+        quorum = Quorum(workers, step_cursor(self.spec, workers).total_steps)
+        store = listening_store(host, workers)
+        failures = job.failures
+        fault = fault_from_env()
+        with QuorumServer(
+            quorum, host, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S, on_record=announce
+        ) as server:
+            link = StepLink(
+                server.info,
+                (host, store.port),
+                workers,
+                job.scaling.threads,
+                failures.pg_timeout_s,
+                wait_s=failures.start_timeout_s + failures.pg_timeout_s,
+            )
+            spec = replace(self.spec, fault=None, checkpoint=None, monitor=None)
+            threads = [
+                threading.Thread(
+                    target=self.slot, args=(w, spec, link, fault), name=f"sparkdp-slot-{w}", daemon=True
+                )
+                for w in range(workers)
+            ]
+            for thread in threads:
+                thread.start()
+            while any(t.is_alive() for t in threads) and quorum.failed is None and not self.errors:
+                server.wait(lambda: quorum.failed is not None, 0.5)
+            self.membership = list(quorum.records)
+        del store
+        if self.errors:
+            raise next(iter(self.errors.values()))
+        if quorum.failed is not None:
+            raise WorkerFailed(f"the quorum cannot go on: {quorum.failed}")
+        reports = [r for r in self.results.values() if isinstance(r, WorkerReport)]
+        if not reports:
+            raise WorkerFailed("no worker of the final quorum returned the job's report.")
+        return reports[0]
+
+    def slot(self, worker: int, spec: FitSpec, link: StepLink, fault: Fault | None) -> None:
+        """Slot ``worker``'s task until it returns; a task that failed for good is submitted again."""
+        from ...spark.launcher import run_tasks
+
+        for incarnation in range(self.run.job.failures.max_restarts + 1):
+            task = slot_task(spec, link, worker, incarnation, fault)
+            try:
+                [self.results[worker]] = run_tasks(
+                    task,
+                    1,
+                    spark=self.run.spark,
+                    description=f"sparkdp {spec.strategy.name} worker {worker} (per-step fault tolerance)",
+                    start_timeout_s=self.run.job.failures.start_timeout_s,
+                    what=f"worker {worker}",
+                )
+                return
+            except WorkerFailed as exc:  # its process or executor was lost: a replacement
+                log.warning(
+                    "sparkdp: worker %d's task failed (%s); starting a replacement",
+                    worker,
+                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                )
+            except BaseException as exc:  # bad settings or data: the same would fail again
+                self.errors[worker] = exc
+                return
+        self.errors[worker] = WorkerFailed(
+            f"worker {worker}'s task failed {self.run.job.failures.max_restarts + 1} times; raise max_restarts."
+        )
+
+
+def slot_task(spec: FitSpec, link: StepLink, worker: int, incarnation: int, fault: Fault | None) -> Any:
+    """What slot ``worker``'s Spark task runs; a retried task (Spark's, or the driver's
+    ``incarnation`` > 0) joins as a replacement, and only the first ever sees the injected fault."""
+
+    def body(_index: int) -> Any:
+        from ...spark.task import task_attempt
+
+        joining = incarnation > 0 or task_attempt() > 0
+        return fit_step_worker(spec, link, worker, joining=joining, fault=None if joining else fault)
+
+    return body
+
+
+def announce(record: dict[str, Any]) -> None:
+    """One console line per leave and per join."""
+    if record["kind"] == "leave":
+        log.warning(
+            "sparkdp: worker %d left the quorum at step %d (%s)",
+            record["worker"],
+            record["step"],
+            record["cause"],
+        )
+    elif record.get("heal_s") is None:
+        log.warning(
+            "sparkdp: worker %d could not join at step %d: its healer was lost",
+            record["worker"],
+            record["step"],
+        )
+    else:
+        log.warning(
+            "sparkdp: worker %d joined the quorum at step %d, healed from worker %d in %.2f s (%d bytes)",
+            record["worker"],
+            record["step"],
+            record["healed_from"],
+            record["heal_s"],
+            record["bytes"],
+        )
+
+
+__all__ = ["COVERED", "QuorumPlan", "StepFaultTolerant", "refuse_unsupported"]

@@ -1,0 +1,73 @@
+"""Which rows a step trains under a changing quorum: a row cursor over each epoch's order.
+
+With per-step fault tolerance (``fault_tolerance="step"``) the workers that train a step change
+while an epoch runs. Rank-based sharding (``data.tensors.shard_indices``) would then skip the
+lost worker's rows and train a joiner's twice. Instead every step takes the next ``global_batch``
+rows of the epoch's deterministic order (a seeded permutation of all rows, or storage order), and
+splits them between the step's workers in rank order. A step is committed on every worker or on
+none (``driver.quorum``), so the cursor, the committed steps times ``global_batch``, trains each
+epoch's rows exactly once: a leave and a join change who takes them, never which are taken.
+
+The global batch stays ``batch_size`` times the job's worker count: survivors take the lost
+worker's share. Each worker scales its loss by its share of the step's rows and the gradients are
+summed, so a step's gradient is the mean over the step's rows whatever the quorum (the learning
+rate is unchanged). The last step of an epoch takes the rows left (no row is repeated to pad it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+def epoch_order(rows: int, epoch: int, seed: int, shuffle: bool) -> torch.Tensor:
+    """Epoch ``epoch``'s order of ``rows`` rows: the permutation every worker draws alike (the same
+    seed as ``data.tensors.shard_indices``), or storage order."""
+    if not shuffle:
+        return torch.arange(rows)
+    return torch.randperm(rows, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+
+
+@dataclass(frozen=True)
+class RowCursor:
+    """The steps of a job over ``rows`` rows, ``global_batch`` rows a step, ``epochs`` epochs."""
+
+    rows: int
+    global_batch: int
+    epochs: int
+    seed: int = 0
+    shuffle: bool = True
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return math.ceil(self.rows / self.global_batch)
+
+    @property
+    def total_steps(self) -> int:
+        return self.steps_per_epoch * self.epochs
+
+    def epoch_of(self, step: int) -> int:
+        """The epoch (0-based) job step ``step`` (0-based) belongs to."""
+        return step // self.steps_per_epoch
+
+    def ends_epoch(self, step: int) -> bool:
+        """Whether job step ``step`` is its epoch's last."""
+        return (step + 1) % self.steps_per_epoch == 0
+
+    def step_rows(self, step: int, order: torch.Tensor | None = None) -> torch.Tensor:
+        """Every row of job step ``step``, over all of its workers (``order``: the epoch's, if known)."""
+        epoch, within = divmod(step, self.steps_per_epoch)
+        if order is None:
+            order = epoch_order(self.rows, epoch, self.seed, self.shuffle)
+        start = within * self.global_batch
+        return order[start : start + self.global_batch]
+
+    def my_rows(self, step: int, rank: int, world: int, order: torch.Tensor | None = None) -> torch.Tensor:
+        """Rank ``rank``'s rows of job step ``step`` among ``world`` workers: contiguous parts of
+        the step's rows, in rank order, their sizes differing by one at most."""
+        return torch.tensor_split(self.step_rows(step, order), world)[rank]
+
+
+__all__ = ["RowCursor", "epoch_order"]

@@ -1,0 +1,269 @@
+"""The worker of a per-step fault-tolerant job (``fault_tolerance="step"``, strategy ``allreduce``).
+
+Every step has three parts: the worker arrives at the step boundary (``train.quorum_client``),
+where the driver's quorum says whether the last step commits and who trains the next one; it
+then applies the last step (or drops it, if a member of its quorum was lost), heals a joiner from
+its own state when asked, opens the next quorum's process group when the members changed
+(``comm.quorum_group``); and it computes the next step's gradient over its part of the step's
+rows (``train.row_cursor``), summed over the quorum.
+
+The gradient is the allreduce strategy's: every worker applies the same optimizer step to the
+gradient of the mean loss over the step's rows. Here each worker scales its loss by its share of
+the step's rows and the quorum sums the gradients, so the step is the same whatever the number of
+workers left. A step is applied only once the quorum has seen every member's collective succeed,
+so a lost worker costs the step in flight, never a restart, a reload or an applied step twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .. import state as state_io
+from ..comm.quorum_group import QuorumGroup, store_client
+from ..errors import ConfigError, ProtocolError, TrainingDiverged
+from ..ps.transport.base import ConnectInfo
+from .faults import Fault
+from .loop import FitSpec, evaluate
+from .quorum_client import QuorumClient
+from .quorum_messages import JOINING, Decision
+from .report import WorkerReport
+from .row_cursor import RowCursor, epoch_order
+from .schedule import lr_schedule
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepLink:
+    """What every slot's task needs to join the job's quorum (built by the driver)."""
+
+    quorum: ConnectInfo
+    store: tuple[str, int]
+    workers: int
+    threads: int | None
+    pg_timeout_s: float
+    wait_s: float
+
+
+def step_cursor(spec: FitSpec, workers: int) -> RowCursor:
+    """The job's row cursor: ``batch_size`` rows per worker a step, the global batch constant."""
+    rows = spec.train.num_samples()
+    if rows is None:
+        raise ConfigError("fault_tolerance='step' needs data whose row count is known (in-memory arrays).")
+    training = spec.training
+    return RowCursor(rows, training.batch_size * workers, training.epochs, training.seed, training.shuffle)
+
+
+def fit_step_worker(
+    spec: FitSpec, link: StepLink, worker: int, *, joining: bool, fault: Fault | None
+) -> WorkerReport | None:
+    """Slot ``worker``'s part of the job: from its first boundary (a replacement heals there) to
+    the job's last step. The report of the final quorum's rank 0; None from the others."""
+    torch.set_num_threads(link.threads or 1)
+    trainer = StepTrainer(spec, link, worker, fault)
+    client = QuorumClient(link.quorum, worker, wait_s=link.wait_s)
+    try:
+        store = store_client(link.store[0], link.store[1], link.pg_timeout_s)
+        report = trainer.run(client, store, joining)
+    except BaseException:
+        client.abandon()
+        raise
+    client.close()
+    return report
+
+
+class StepTrainer:
+    """One worker's model, optimizer and place in the job, step by step."""
+
+    def __init__(self, spec: FitSpec, link: StepLink, worker: int, fault: Fault | None) -> None:
+        self.spec, self.link, self.worker, self.fault = spec, link, worker, fault
+        torch.manual_seed(spec.training.seed + worker)
+        self.model = spec.model
+        self.model.train()
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = spec.optimizer.build(self.model)
+        self.cursor = step_cursor(spec, link.workers)
+        self.scheduler = spec.scheduler(self.optimizer) if spec.scheduler is not None else None
+        if spec.training.lr_schedule != "constant":
+            self.scheduler = lr_schedule(spec.training, self.optimizer, self.cursor.total_steps)
+        self.step = 0  # the job's committed steps
+        self.history: list[dict[str, Any]] = []
+        self.epoch_sums = torch.zeros(2, dtype=torch.float64)  # loss x rows, rows of committed steps
+        self.pending: torch.Tensor | None = None  # the same, of the step computed since the last boundary
+        self.train_time, self.epoch_start = 0.0, time.perf_counter()
+        self.wall_start = time.time()
+        self._order: tuple[int, torch.Tensor] | None = None
+
+    def run(self, client: QuorumClient, store: Any, joining: bool) -> WorkerReport | None:
+        ok: bool | None = None
+        group: QuorumGroup | None = None
+        number = -1
+        while True:
+            decision, state = client.boundary(JOINING if joining else self.step, ok)
+            if decision.done and self.worker not in decision.members:
+                return None  # a replacement that came too late: nothing is left to train
+            epoch_ends = self.load(state) if state is not None else self.settle(decision.commit)
+            joining = False
+            if decision.heal_to:
+                client.heal(decision.heal_to, self.state_bytes(epoch_ends))
+            if decision.quorum != number:
+                if group is not None:
+                    group.teardown()
+                rank = decision.rank_of(self.worker)
+                group = QuorumGroup(store, decision.quorum, rank, decision.world, self.link.pg_timeout_s)
+                number = decision.quorum
+            assert group is not None
+            if epoch_ends:
+                self.end_epoch(group)
+            if decision.done:
+                group.teardown()
+                return self.report() if decision.rank_of(self.worker) == 0 else None
+            ok = self.compute(group, decision)
+
+    def settle(self, commit: bool) -> bool:
+        """Apply the step computed since the last boundary (``commit``) or drop it; whether an
+        epoch ended with it."""
+        pending, self.pending = self.pending, None
+        if not commit or pending is None:
+            return False
+        self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self.epoch_sums += pending
+        self.step += 1
+        return self.cursor.ends_epoch(self.step - 1)
+
+    def compute(self, group: QuorumGroup, decision: Decision) -> bool:
+        """This worker's part of the next step, summed over the quorum; False when a collective
+        failed (a member was lost: the quorum drops the step and runs it again)."""
+        epoch = self.cursor.epoch_of(self.step)
+        if self._order is None or self._order[0] != epoch:
+            self._order = (epoch, epoch_order(self.cursor.rows, epoch, self.cursor.seed, self.cursor.shuffle))
+        order = self._order[1]
+        total = len(self.cursor.step_rows(self.step, order))
+        rows = self.cursor.my_rows(self.step, decision.rank_of(self.worker), decision.world, order)
+        for p in self.params:
+            p.grad = torch.zeros_like(p) if p.grad is None else p.grad.zero_()
+        sums = torch.zeros(2, dtype=torch.float64)
+        if len(rows):
+            x, y = self.spec.train.rows_at(rows)  # type: ignore[attr-defined]  # checked by the driver
+            loss = self.spec.loss(self.model(x), y)
+            (loss * (len(rows) / total)).backward()
+            value = loss.detach().item()
+            if value != value or value in (float("inf"), float("-inf")):
+                raise TrainingDiverged(
+                    f"worker {self.worker}: the loss is {value} at step {self.step + 1}; lower the learning rate."
+                )
+            sums += torch.tensor([value * len(rows), float(len(rows))], dtype=torch.float64)
+        try:
+            group.all_reduce_coalesced([p.grad for p in self.params if p.grad is not None])
+            group.all_reduce(sums)
+        except RuntimeError as exc:  # a peer was lost mid-step: the quorum decides at the boundary
+            log.info("worker %d: step %d's collective failed (%s)", self.worker, self.step + 1, exc)
+            return False
+        self.pending = sums
+        if self.fault is not None:
+            self.fault.maybe_fire(self.worker, self.step + 1)
+        return True
+
+    def end_epoch(self, group: QuorumGroup) -> None:
+        """The epoch's record (its committed rows' loss) and, when due, the test metrics."""
+        epoch = self.cursor.epoch_of(self.step - 1)
+        elapsed = time.perf_counter() - self.epoch_start
+        loss_rows, rows = self.epoch_sums.tolist()
+        record: dict[str, Any] = {
+            "epoch": epoch + 1,
+            "loss": loss_rows / max(rows, 1.0),
+            "samples": int(rows),
+            "epoch_time_s": elapsed,
+        }
+        if self.spec.evaluates_after(epoch):
+            record.update(self.evaluate(group))
+        self.history.append(record)
+        self.train_time += elapsed
+        self.epoch_sums.zero_()
+        self.epoch_start = time.perf_counter()
+
+    def evaluate(self, group: QuorumGroup) -> dict[str, float]:
+        spec = self.spec
+        assert spec.eval is not None  # evaluates_after holds only with evaluation data
+
+        def over(collective: QuorumGroup) -> dict[str, float]:
+            return evaluate(
+                self.model,
+                spec.loss,
+                spec.eval,  # type: ignore[arg-type]
+                collective,
+                spec.eval_batch_size,
+                metric=spec.metric,
+                metric_names=spec.metric_names,
+            )
+
+        try:
+            return over(group)
+        except RuntimeError:  # a member was lost while evaluating: every survivor evaluates alone
+            self.model.train()
+            return over(QuorumGroup(None, 0, 0, 1, self.link.pg_timeout_s))
+
+    def state_bytes(self, epoch_ends: bool) -> bytes:
+        """Everything a joiner needs to continue as this worker does (sparkdp state bytes)."""
+        sched = (
+            self.scheduler.state_dict()
+            if self.scheduler is not None and hasattr(self.scheduler, "state_dict")
+            else None
+        )
+        return state_io.to_bytes(
+            {
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": None if sched is None else {k: v for k, v in sched.items() if not callable(v)},
+                "strategy": self.spec.strategy.state_dict(),
+                "step": self.step,
+                "history": self.history,
+                "epoch_sums": self.epoch_sums,
+                "train_time": self.train_time,
+                "epoch_ends": epoch_ends,
+            }
+        )
+
+    def load(self, data: bytes) -> bool:
+        """Continue from a healer's state, checked against this worker's own model first."""
+        state = state_io.from_bytes(data)
+        mine = self.model.state_dict()
+        theirs = state.get("model") if isinstance(state, dict) else None
+        if not isinstance(theirs, dict) or {k: tuple(v.shape) for k, v in theirs.items()} != {
+            k: tuple(v.shape) for k, v in mine.items()
+        }:
+            raise ProtocolError(
+                "the healer's model state does not match this worker's model (names or shapes)."
+            )
+        self.model.load_state_dict(theirs)
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state["scheduler"] is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.spec.strategy.load_state_dict(state["strategy"])
+        self.step, self.history = int(state["step"]), list(state["history"])
+        self.epoch_sums = state["epoch_sums"].clone()
+        self.train_time, self.pending = float(state["train_time"]), None
+        return bool(state["epoch_ends"])
+
+    def report(self) -> WorkerReport:
+        return WorkerReport(
+            state=state_io.state_to_bytes(self.model.state_dict()),
+            history=self.history,
+            train_time_s=self.train_time,
+            samples=sum(int(h["samples"]) for h in self.history),
+            strategy_options=self.spec.strategy.options(),
+            strategy_state=self.spec.strategy.state_dict(),
+            worker=self.worker,
+            wall_start=self.wall_start,
+            wall_end=time.time(),
+        )
+
+
+__all__ = ["StepLink", "StepTrainer", "fit_step_worker", "step_cursor"]

@@ -1,0 +1,67 @@
+"""Per-step fault tolerance end to end (``fault_tolerance="step"``): the busiest worker SIGKILLed
+mid-run (injected with SPARKDP_FAULT), the other keeps training without a restart, and Spark's
+task retry (the session is ``local[2,4]``) joins as a replacement healed from it."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+import sparkdp
+from sparkdp.data.datasets import dataset_tensors, load_dataset
+from sparkdp.models import build_model
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(240)]
+
+
+@pytest.fixture(scope="module")
+def fashion():
+    return dataset_tensors(load_dataset("fashion-mnist", limit=3000))
+
+
+def _fit(spark, data, **kw):
+    train, test = data
+    torch.manual_seed(0)
+    return sparkdp.fit(
+        build_model("cnn-small"),
+        train,
+        eval_data=test,
+        workers=2,
+        epochs=2,
+        batch_size=64,
+        spark=spark,
+        memory_format="contiguous",
+        show_progress=False,
+        fault_tolerance="step",
+        **kw,
+    )
+
+
+@pytest.fixture(scope="module")
+def undisturbed(spark, fashion):
+    return _fit(spark, fashion)
+
+
+def test_a_job_without_failures_trains_every_row_once_per_epoch(undisturbed, fashion):
+    rows = len(fashion[0].features)
+    assert [h["samples"] for h in undisturbed.history] == [rows, rows]
+    assert undisturbed.details["restarts"] == [] and undisturbed.details["membership"] == []
+    assert undisturbed.test_accuracy > 0.5
+
+
+def test_the_busiest_worker_killed_mid_run_costs_no_restart(spark, fashion, undisturbed, monkeypatch, caplog):
+    monkeypatch.setenv("SPARKDP_FAULT", "kill:rank=0:step=30")  # 24 steps an epoch: in epoch 2
+    with caplog.at_level(logging.WARNING, logger="sparkdp"):
+        result = _fit(spark, fashion)
+    assert result.details["restarts"] == []
+    kinds = [(m["worker"], m["kind"]) for m in result.details["membership"]]
+    assert kinds == [(0, "leave"), (0, "join")], result.details["membership"]
+    leave, join = result.details["membership"]
+    assert join["healed_from"] == 1 and join["bytes"] > 0 and join["heal_s"] >= 0 and join["step"] >= leave["step"]
+    lines = [r.getMessage() for r in caplog.records if "the quorum" in r.getMessage()]
+    assert len(lines) == 2 and "left the quorum" in lines[0] and "joined the quorum" in lines[1], lines
+    assert [h["samples"] for h in result.history] == [h["samples"] for h in undisturbed.history]
+    assert abs(result.test_accuracy - undisturbed.test_accuracy) <= 0.015
+    assert result.summary()["membership"] == result.details["membership"]

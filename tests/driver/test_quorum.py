@@ -1,0 +1,149 @@
+"""The quorum of a per-step fault-tolerant job (driver.quorum): when a step commits, who trains
+the next one, who heals whom, and what is refused; and its endpoint (driver.quorum_server):
+authenticated workers only, a silent worker dropped, the healer's state relayed to the joiner."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from sparkdp.driver.quorum import Quorum
+from sparkdp.driver.quorum_server import QuorumServer
+from sparkdp.errors import AuthenticationError, ProtocolError
+from sparkdp.ps.transport.base import ConnectInfo
+from sparkdp.train.quorum_client import QuorumClient
+from sparkdp.train.quorum_messages import JOINING, Arrival, Decision
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _started(workers: int = 3, steps: int = 10) -> Quorum:
+    quorum = Quorum(workers, steps)
+    for w in range(workers):
+        decisions = quorum.arrive(w, Arrival(0))
+    assert set(decisions) == set(range(workers))
+    return quorum
+
+
+def test_the_first_quorum_waits_for_every_worker_and_commits_nothing() -> None:
+    quorum = Quorum(2, 5)
+    assert quorum.arrive(1, Arrival(0)) == {}
+    decisions = quorum.arrive(0, Arrival(0))
+    assert decisions[1] == Decision(1, (0, 1), 0, commit=False) and decisions[1].rank_of(1) == 1
+
+
+def test_a_step_commits_when_every_member_ran_it() -> None:
+    quorum = _started()
+    quorum.arrive(0, Arrival(0, True))
+    quorum.arrive(1, Arrival(0, True))
+    decisions = quorum.arrive(2, Arrival(0, True))
+    assert all(d.commit and d.step == 1 and d.quorum == 1 for d in decisions.values())  # same group
+
+
+def test_a_failed_collective_drops_the_step_everywhere_and_opens_a_new_group() -> None:
+    quorum = _started()
+    quorum.arrive(0, Arrival(0, True))
+    quorum.arrive(1, Arrival(0, False))
+    decisions = quorum.arrive(2, Arrival(0, True))
+    assert not any(d.commit for d in decisions.values()) and quorum.step == 0
+    assert {d.quorum for d in decisions.values()} == {2} and decisions[0].members == (0, 1, 2)
+
+
+def test_a_lost_member_is_dropped_at_the_boundary_and_its_step_is_run_again() -> None:
+    quorum = _started()
+    quorum.arrive(0, Arrival(0, True))
+    quorum.arrive(2, Arrival(0, True))  # both ran step 1; worker 1 died after its all-reduce
+    decisions = quorum.lose(1, "its connection closed")
+    assert decisions[0] == Decision(2, (0, 2), 0, commit=False) and set(decisions) == {0, 2}
+    assert quorum.records[0]["kind"] == "leave" and quorum.records[0]["worker"] == 1
+
+
+def test_a_replacement_joins_at_the_next_boundary_healed_from_the_first_member() -> None:
+    quorum = _started(2)
+    quorum.lose(0, "gone")
+    alone = quorum.arrive(1, Arrival(0, True))  # the step ran with worker 0: run again, alone
+    assert alone[1] == Decision(2, (1,), 0, commit=False)
+    assert quorum.arrive(0, Arrival(JOINING)) == {}  # waits for the boundary
+    decisions = quorum.arrive(1, Arrival(0, True))
+    assert decisions[1].commit and decisions[1].heal_to == (0,) and decisions[0].heal_from == 1
+    assert decisions[0].members == (1, 0) and decisions[0].rank_of(0) == 1 and decisions[0].quorum == 3
+    quorum.healed(0, 0.5, 1234)
+    assert quorum.records[-1] == {**quorum.records[-1], "kind": "join", "heal_s": 0.5, "bytes": 1234}
+
+
+def test_after_the_last_step_everyone_is_done_and_late_joiners_too() -> None:
+    quorum = _started(2, steps=1)
+    quorum.arrive(0, Arrival(0, True))
+    decisions = quorum.arrive(1, Arrival(0, True))
+    assert all(d.done and d.commit for d in decisions.values())
+    assert quorum.arrive(0, Arrival(JOINING))[0].done
+
+
+def test_no_member_left_to_heal_from_fails_the_quorum() -> None:
+    quorum = _started(1)
+    assert quorum.lose(0, "gone") == {} and quorum.failed is not None
+
+
+@pytest.mark.parametrize(
+    ("worker", "arrival"), [(0, Arrival(5, True)), (0, Arrival(JOINING)), (7, Arrival(0))]
+)
+def test_an_arrival_out_of_step_or_of_another_job_is_refused(worker: int, arrival: Arrival) -> None:
+    quorum = _started()
+    with pytest.raises(ProtocolError):
+        quorum.arrive(worker, arrival)
+
+
+@pytest.mark.parametrize(
+    "meta", [[], {"step": "1"}, {"step": -2}, {"step": True}, {"step": 1, "ok": 1}, {"step": 2**60}]
+)
+def test_a_malformed_arrival_is_one_protocol_error(meta: object) -> None:
+    with pytest.raises(ProtocolError):
+        Arrival.from_json(meta)
+
+
+def test_a_decision_survives_the_wire_and_a_malformed_one_is_refused() -> None:
+    decision = Decision(3, (2, 0), 7, True, heal_to=(0,))
+    assert Decision.from_json(decision.to_json()) == decision
+    for bad in ({}, {**decision.to_json(), "members": [-1]}, {**decision.to_json(), "commit": 1}):
+        with pytest.raises(ProtocolError):
+            Decision.from_json(bad)
+
+
+def test_the_endpoint_refuses_a_wrong_secret_and_tensors_from_a_worker_that_heals_no_one() -> None:
+    quorum = Quorum(2, 100)
+    with QuorumServer(quorum, "127.0.0.1", heartbeat_timeout_s=5.0) as server:
+        with pytest.raises(AuthenticationError):
+            QuorumClient(ConnectInfo(server.info.address, b"x" * 32), 0, wait_s=5.0)
+        with pytest.raises(AuthenticationError):  # a worker number outside the job: refused at the handshake
+            QuorumClient(server.info, 2, wait_s=5.0)
+        client = QuorumClient(server.info, 0, wait_s=5.0)
+        client.heal((1,), b"unasked")  # JSON only is allowed: the driver closes the connection
+        with pytest.raises((ProtocolError, OSError)):
+            client.boundary(0, None)
+        client.abandon()
+
+
+def test_a_silent_worker_is_dropped_and_a_replacement_healed_from_the_survivor() -> None:
+    quorum = Quorum(2, 100)
+    with QuorumServer(quorum, "127.0.0.1", heartbeat_timeout_s=0.5) as server, ThreadPoolExecutor(2) as pool:
+        alive = QuorumClient(server.info, 0, wait_s=10.0, heartbeat_s=0.1)
+        silent = QuorumClient(server.info, 1, wait_s=10.0, heartbeat_s=60.0)  # no heartbeat in this test
+        first = list(pool.map(lambda c: c.boundary(0, None)[0], (alive, silent)))
+        assert [d.quorum for d in first] == [1, 1]
+        decision, _ = alive.boundary(0, True)  # worker 1 never arrives: dropped after 0.5 s
+        assert decision.members == (0,) and not decision.commit
+        assert quorum.records[0]["worker"] == 1 and "heartbeat" in quorum.records[0]["cause"]
+        joiner = QuorumClient(server.info, 1, wait_s=10.0)
+        joined = pool.submit(joiner.boundary, JOINING, None)
+        while 1 not in quorum.arrived:
+            time.sleep(0.01)
+        healer, _ = alive.boundary(0, True)
+        assert healer.heal_to == (1,) and healer.commit and healer.members == (0, 1)
+        alive.heal((1,), b"state bytes")
+        decision, state = joined.result(10)
+        assert decision.heal_from == 0 and state == b"state bytes" and quorum.records[-1]["bytes"] == 11
+        for client in (alive, joiner):
+            client.close()
+        silent.abandon()

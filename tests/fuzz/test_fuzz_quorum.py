@@ -91,7 +91,9 @@ def test_the_endpoint_survives_hostile_frames_from_an_authenticated_peer(endpoin
     chan = _authenticated(server, data.draw(st.integers(0, 1), label="worker"))
     op = data.draw(st.sampled_from(list(codec.Op)), label="op")
     meta = data.draw(_META, label="meta")
-    tensors = data.draw(st.lists(st.sampled_from([torch.zeros(3), torch.ones(2, dtype=torch.uint8)]), max_size=2))
+    tensors = data.draw(
+        st.lists(st.sampled_from([torch.zeros(3), torch.ones(2, dtype=torch.uint8)]), max_size=2)
+    )
     try:
         parts = chan.encode_frame(op, json.loads(json.dumps(meta, default=str)), tensors)
         raw = bytearray(b"".join(bytes(p) for p in parts))

@@ -59,7 +59,12 @@ def test_the_busiest_worker_killed_mid_run_costs_no_restart(spark, fashion, undi
     kinds = [(m["worker"], m["kind"]) for m in result.details["membership"]]
     assert kinds == [(0, "leave"), (0, "join")], result.details["membership"]
     leave, join = result.details["membership"]
-    assert join["healed_from"] == 1 and join["bytes"] > 0 and join["heal_s"] >= 0 and join["step"] >= leave["step"]
+    assert (
+        join["healed_from"] == 1
+        and join["bytes"] > 0
+        and join["heal_s"] >= 0
+        and join["step"] >= leave["step"]
+    )
     lines = [r.getMessage() for r in caplog.records if "the quorum" in r.getMessage()]
     assert len(lines) == 2 and "left the quorum" in lines[0] and "joined the quorum" in lines[1], lines
     assert [h["samples"] for h in result.history] == [h["samples"] for h in undisturbed.history]

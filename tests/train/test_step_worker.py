@@ -94,7 +94,9 @@ def _worker(spec, link, slot, joining, fault, seen, outcome) -> None:
 def test_each_epochs_rows_are_trained_once_across_a_leave_and_a_join() -> None:
     spec = _spec()
     quorum = Quorum(WORKERS, step_cursor(spec, WORKERS).total_steps)
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    store = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
+    )
     seen: dict[int, dict[int, Counter[int]]] = {w: {} for w in range(WORKERS)}
     replacement: dict[int, Counter[int]] = {}
     outcome: dict[int, object] = {}

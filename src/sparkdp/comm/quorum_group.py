@@ -52,7 +52,7 @@ class QuorumGroup(Collective):
         if self._group is None:
             return tensor
         options = dist.AllreduceOptions()
-        options.reduceOp = _OPS["sum" if op == "mean" else op]
+        options.reduceOp = dist.ReduceOp(_OPS["sum" if op == "mean" else op])
         self._group.allreduce([tensor], options).wait()
         if op == "mean":
             tensor.div_(self._world)

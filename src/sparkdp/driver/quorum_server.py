@@ -142,7 +142,9 @@ class QuorumServer:
         except Exception as exc:  # a bug reached through a peer's input ends that connection only
             cause = f"unexpected {type(exc).__name__}: {str(exc)[:300]}"
             self.unexpected += 1
-            log.warning("sparkdp: closing the quorum connection from %s (worker %s) after an %s", peer, worker, cause)
+            log.warning(
+                "sparkdp: closing the quorum connection from %s (worker %s) after an %s", peer, worker, cause
+            )
         finally:
             sock.close()
             if worker is not None:
@@ -167,7 +169,9 @@ class QuorumServer:
                 f"a client claiming worker {worker} failed authentication (wrong secret)."
             )
         if worker >= self.quorum.workers:
-            raise ProtocolError(f"worker {worker} is not one of this job's 0..{self.quorum.workers - 1}; refused.")
+            raise ProtocolError(
+                f"worker {worker} is not one of this job's 0..{self.quorum.workers - 1}; refused."
+            )
         chan.set_keys(SessionKeys.derive(self._secret, server_nonce, client_nonce, worker), False)
         chan.send(
             Op.AUTH_OK,

@@ -1,0 +1,73 @@
+"""``fault_tolerance``: the setting through the flag and a job file, the kind it chooses, and one
+clear line for what per-step fault tolerance does not cover."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import yaml
+
+from sparkdp.cli.fields import effective_config, load_job_file
+from sparkdp.cli.main import build_parser
+from sparkdp.config import JobConfig, TrainingConfig
+from sparkdp.data.tensors import TensorData
+from sparkdp.driver.jobs import Barrier, StepFaultTolerant, kind_for
+from sparkdp.driver.jobs.step import refuse_unsupported
+from sparkdp.errors import ConfigError
+from sparkdp.strategies import resolve_strategy
+from sparkdp.train.loop import FitSpec
+from sparkdp.train.optim import optimizer_factory
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_the_setting_defaults_to_restart_and_reaches_the_flag_and_job_files(tmp_path) -> None:
+    assert JobConfig().failures.fault_tolerance == "restart"
+    args = build_parser().parse_args(["train", "--fault-tolerance", "step", "--print-config"])
+    assert yaml.safe_load(effective_config(args, args.settings))["fault_tolerance"] == "step"
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text("fault_tolerance: step\n")
+    assert load_job_file(str(job_file), args.settings)["fault_tolerance"] == "step"
+    with pytest.raises(ConfigError, match="fault_tolerance must be one of restart, step; got 'steps'"):
+        JobConfig.of(fault_tolerance="steps")
+
+
+def test_step_mode_chooses_its_own_kind_for_synchronous_strategies_only() -> None:
+    allreduce = resolve_strategy("allreduce")
+    assert isinstance(kind_for(allreduce, False), Barrier)
+    assert isinstance(kind_for(allreduce, False, fault_tolerance="step"), StepFaultTolerant)
+    with pytest.raises(ConfigError, match="synchronous strategies; 'hogwild' is asynchronous"):
+        kind_for(resolve_strategy("hogwild"), False, fault_tolerance="step")
+    with pytest.raises(ConfigError, match="in-memory data"):
+        kind_for(allreduce, True, fault_tolerance="step")
+    with pytest.raises(ConfigError, match="quorum on the driver"):
+        kind_for(allreduce, False, True, fault_tolerance="step")
+
+
+def _spec(strategy: str = "allreduce", **training) -> FitSpec:
+    model = torch.nn.Linear(2, 2)
+    return FitSpec(
+        model=model,
+        loss=torch.nn.functional.cross_entropy,
+        optimizer=optimizer_factory("sgd", model),
+        strategy=resolve_strategy(strategy),
+        train=TensorData(torch.zeros(4, 2), torch.zeros(4, dtype=torch.long)),
+        eval=None,
+        training=TrainingConfig(**training),
+    )
+
+
+@pytest.mark.parametrize(
+    ("spec", "job", "named"),
+    [
+        (_spec("diloco"), JobConfig(), "strategy 'diloco' (covered: allreduce)"),
+        (_spec(accumulate=2), JobConfig(), "accumulate"),
+        (_spec(), JobConfig.of(checkpoint_dir="/tmp/x"), "checkpoint_dir or resume"),
+    ],
+)
+def test_what_step_mode_does_not_cover_is_one_line(spec: FitSpec, job: JobConfig, named: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        refuse_unsupported(spec, job)
+    assert named in str(info.value) and "\n" not in str(info.value)
+    assert "fault_tolerance='restart'" in str(info.value)
+    refuse_unsupported(_spec(), JobConfig())  # the covered case passes

@@ -114,6 +114,7 @@ def test_a_decision_survives_the_wire_and_a_malformed_one_is_refused() -> None:
 def test_the_endpoint_refuses_a_wrong_secret_and_tensors_from_a_worker_that_heals_no_one() -> None:
     quorum = Quorum(2, 100)
     with QuorumServer(quorum, "127.0.0.1", heartbeat_timeout_s=5.0) as server:
+        assert server.info.address.startswith("127.0.0.1:")  # the host given, never every interface
         with pytest.raises(AuthenticationError):
             QuorumClient(ConnectInfo(server.info.address, b"x" * 32), 0, wait_s=5.0)
         with pytest.raises(AuthenticationError):  # a worker number outside the job: refused at the handshake
@@ -143,7 +144,10 @@ def test_a_silent_worker_is_dropped_and_a_replacement_healed_from_the_survivor()
         assert healer.heal_to == (1,) and healer.commit and healer.members == (0, 1)
         alive.heal((1,), b"state bytes")
         decision, state = joined.result(10)
-        assert decision.heal_from == 0 and state == b"state bytes" and quorum.records[-1]["bytes"] == 11
+        assert decision.heal_from == 0 and state == b"state bytes"
+        while "bytes" not in quorum.records[-1]:  # noted once the relay is sent
+            time.sleep(0.01)
+        assert quorum.records[-1]["bytes"] == 11 and quorum.records[-1]["heal_s"] > 0
         for client in (alive, joiner):
             client.close()
         silent.abandon()

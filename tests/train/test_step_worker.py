@@ -19,11 +19,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from sparkdp import state as state_io
 from sparkdp.comm.quorum_group import store_client
 from sparkdp.config import TrainingConfig
 from sparkdp.data.tensors import TensorData
 from sparkdp.driver.quorum import Quorum
 from sparkdp.driver.quorum_server import QuorumServer
+from sparkdp.errors import ProtocolError
+from sparkdp.ps.transport.base import ConnectInfo
 from sparkdp.strategies import resolve_strategy
 from sparkdp.train.faults import Fault
 from sparkdp.train.loop import FitSpec
@@ -138,3 +141,14 @@ def test_a_step_splits_its_rows_between_the_workers_of_its_quorum() -> None:
     assert cursor.my_rows(4, 0, 1).tolist() == [4, 5, 6, 7] and cursor.epoch_of(4) == 1
     shuffled = RowCursor(rows=10, global_batch=4, epochs=1, seed=1)
     assert sorted(torch.cat([shuffled.step_rows(s) for s in range(3)]).tolist()) == list(range(10))
+
+
+def test_a_healers_state_for_another_model_is_refused_before_anything_loads() -> None:
+    spec = _spec()
+    link = StepLink(ConnectInfo("127.0.0.1:1", b"s" * 32), ("127.0.0.1", 1), WORKERS, 1, 30.0, 30.0)
+    trainer = StepTrainer(spec, link, 0, None)
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    other = state_io.to_bytes({"model": {"weight": torch.zeros(3, 1), "bias": torch.zeros(3)}})
+    with pytest.raises(ProtocolError, match="does not match this worker's model"):
+        trainer.load(other)
+    assert all(torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())

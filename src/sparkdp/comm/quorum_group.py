@@ -34,7 +34,7 @@ class QuorumGroup(Collective):
     """Rank ``rank`` of ``world`` in quorum number ``quorum`` (a group of one needs no gloo)."""
 
     def __init__(self, store: Any, quorum: int, rank: int, world: int, timeout_s: float) -> None:
-        self._rank, self._world = rank, world
+        self.quorum, self._rank, self._world = quorum, rank, world
         self._group: Any = None
         if world > 1:
             prefixed = dist.PrefixStore(f"sparkdp-quorum-{quorum}/", store)

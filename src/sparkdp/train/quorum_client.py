@@ -122,6 +122,7 @@ class QuorumClient:
         """Close without a goodbye (after an error: the driver then drops this worker)."""
         self._stop.set()
         self._chan.sock.close()
+        self._beat.join(timeout=2)
 
 
 __all__ = ["MAX_HEAL_BYTES", "QuorumClient"]

@@ -102,7 +102,6 @@ class StepTrainer:
     def run(self, client: QuorumClient, store: Any, joining: bool) -> WorkerReport | None:
         ok: bool | None = None
         group: QuorumGroup | None = None
-        number = -1
         while True:
             decision, state = client.boundary(JOINING if joining else self.step, ok)
             if decision.done and self.worker not in decision.members:
@@ -111,19 +110,28 @@ class StepTrainer:
             joining = False
             if decision.heal_to:
                 client.heal(decision.heal_to, self.state_bytes(epoch_ends))
-            if decision.quorum != number:
-                if group is not None:
-                    group.teardown()
-                rank = decision.rank_of(self.worker)
-                group = QuorumGroup(store, decision.quorum, rank, decision.world, self.link.pg_timeout_s)
-                number = decision.quorum
-            assert group is not None
+            group = self.group_of(decision, group, store)
             if epoch_ends:
                 self.end_epoch(group)
             if decision.done:
-                group.teardown()
+                if group is not None:
+                    group.teardown()
                 return self.report() if decision.rank_of(self.worker) == 0 else None
-            ok = self.compute(group, decision)
+            ok = self.compute(group, decision) if group is not None else False
+
+    def group_of(self, decision: Decision, group: QuorumGroup | None, store: Any) -> QuorumGroup | None:
+        """The process group of ``decision``'s quorum: ``group`` while the quorum is the same, else
+        a new one; None when a member was lost while it formed (the quorum decides at the boundary)."""
+        if group is not None and group.quorum == decision.quorum:
+            return group
+        if group is not None:
+            group.teardown()
+        try:
+            rank = decision.rank_of(self.worker)
+            return QuorumGroup(store, decision.quorum, rank, decision.world, self.link.pg_timeout_s)
+        except RuntimeError as exc:  # (gloo's connect or its timeout)
+            log.info("worker %d: quorum %d's group did not form (%s)", self.worker, decision.quorum, exc)
+            return None
 
     def settle(self, commit: bool) -> bool:
         """Apply the step computed since the last boundary (``commit``) or drop it; whether an
@@ -171,7 +179,7 @@ class StepTrainer:
             self.fault.maybe_fire(self.worker, self.step + 1)
         return True
 
-    def end_epoch(self, group: QuorumGroup) -> None:
+    def end_epoch(self, group: QuorumGroup | None) -> None:
         """The epoch's record (its committed rows' loss) and, when due, the test metrics."""
         epoch = self.cursor.epoch_of(self.step - 1)
         elapsed = time.perf_counter() - self.epoch_start
@@ -189,7 +197,7 @@ class StepTrainer:
         self.epoch_sums.zero_()
         self.epoch_start = time.perf_counter()
 
-    def evaluate(self, group: QuorumGroup) -> dict[str, float]:
+    def evaluate(self, group: QuorumGroup | None) -> dict[str, float]:
         spec = self.spec
         assert spec.eval is not None  # evaluates_after holds only with evaluation data
 
@@ -204,11 +212,12 @@ class StepTrainer:
                 metric_names=spec.metric_names,
             )
 
+        alone = QuorumGroup(None, -1, 0, 1, self.link.pg_timeout_s)
         try:
-            return over(group)
+            return over(group if group is not None else alone)
         except RuntimeError:  # a member was lost while evaluating: every survivor evaluates alone
             self.model.train()
-            return over(QuorumGroup(None, 0, 0, 1, self.link.pg_timeout_s))
+            return over(alone)
 
     def state_bytes(self, epoch_ends: bool) -> bytes:
         """Everything a joiner needs to continue as this worker does (sparkdp state bytes)."""

@@ -70,3 +70,18 @@ def test_the_busiest_worker_killed_mid_run_costs_no_restart(spark, fashion, undi
     assert [h["samples"] for h in result.history] == [h["samples"] for h in undisturbed.history]
     assert abs(result.test_accuracy - undisturbed.test_accuracy) <= 0.015
     assert result.summary()["membership"] == result.details["membership"]
+
+
+def test_a_stopped_worker_is_dropped_by_its_heartbeat_and_its_task_replaced(
+    spark, fashion, undisturbed, monkeypatch, caplog
+):
+    monkeypatch.setenv(
+        "SPARKDP_FAULT", "stop:rank=1:step=10"
+    )  # SIGSTOP: alive, silent, never retried by Spark
+    with caplog.at_level(logging.WARNING, logger="sparkdp"):
+        result = _fit(spark, fashion, pg_timeout_s=10)
+    leave, join = result.details["membership"]
+    assert (leave["worker"], leave["kind"], join["worker"], join["kind"]) == (1, "leave", 1, "join")
+    assert "no heartbeat for 5 s" in leave["cause"] and result.details["restarts"] == []
+    assert any("worker 1's task ended" in r.getMessage() for r in caplog.records)
+    assert [h["samples"] for h in result.history] == [h["samples"] for h in undisturbed.history]

@@ -140,6 +140,10 @@ def _decoded(parts: dict[int, Any], stage: str, index: int) -> Any:
         ) from None
 
 
+class JobCancelled(Exception):
+    """The driver cancelled the job (``cancel=`` of :func:`run_tasks`): its result is not wanted."""
+
+
 def _stage_id() -> str:
     """Names a stage's results (not a secret: it lets the driver tell them from anyone else's)."""
     return uuid.uuid4().hex
@@ -306,12 +310,14 @@ def run_watched(
     start_timeout_s: float,
     need_all: bool,
     too_slow: str,
+    cancel: threading.Event | None = None,
 ) -> list[Any]:
     """Run ``collect()`` (a Spark action of ``num_tasks`` tasks) in a thread under its own
     :class:`JobControl`; cancel it and raise ``RendezvousTimeout(too_slow)`` when its tasks have
     not started within ``start_timeout_s`` — all of them (``need_all``, a barrier stage) or any —
     the clock restarting whenever a task makes progress (a DataFrame's job may run ordinary
-    stages first). A task's error becomes the sparkdp error it carried."""
+    stages first). A task's error becomes the sparkdp error it carried. When ``cancel`` is set,
+    the job is cancelled and :class:`JobCancelled` raised."""
     control = JobControl(spark, description)
     outcome: dict[str, Any] = {}
     done = threading.Event()
@@ -330,6 +336,10 @@ def run_watched(
     started, seen = False, -1
     try:
         while not done.wait(0.2):
+            if cancel is not None and cancel.is_set():
+                control.cancel()
+                done.wait(30)
+                raise JobCancelled(f"{description}: cancelled by the driver")
             if started:
                 continue
             progress, all_started = control.progress(num_tasks)
@@ -479,6 +489,7 @@ def run_tasks(
     description: str = "sparkdp workers",
     start_timeout_s: float = 60.0,
     what: str | None = None,
+    cancel: threading.Event | None = None,
 ) -> list[Any]:
     """Run ``fn(worker_index)`` as ``num_workers`` ordinary (non-barrier) Spark tasks.
 
@@ -488,6 +499,7 @@ def run_tasks(
     all run at once: with fewer slots than workers they run in waves. If none of them has started
     within ``start_timeout_s`` (no executor can take one), the job is cancelled with a
     ``RendezvousTimeout`` (naming ``what`` the tasks are) instead of waiting for ever.
+    Setting ``cancel`` cancels the job (:class:`JobCancelled`).
     """
     check_int("workers", num_workers)
     slots = task_slots(spark)
@@ -517,6 +529,7 @@ def run_tasks(
             start_timeout_s=start_timeout_s,
             need_all=False,
             too_slow=_none_started(start_timeout_s, master_of(spark), what),
+            cancel=cancel,
         ),
         stage_id,
         num_workers,

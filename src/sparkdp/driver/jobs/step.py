@@ -93,6 +93,10 @@ class QuorumPlan:
     membership: list[dict[str, Any]] = field(default_factory=list)
     results: dict[int, Any] = field(default_factory=dict)
     errors: dict[int, BaseException] = field(default_factory=dict)
+    #: set once the job is over: a slot's task still running is cancelled, not replaced
+    over: threading.Event = field(default_factory=threading.Event)
+    #: per slot: cancel its task (the job is over, or the worker went silent)
+    cancels: dict[int, threading.Event] = field(default_factory=dict)
 
     def restart_point(self) -> str | None:
         return None  # no checkpoint to restart from: a quorum that cannot go on fails the job
@@ -101,24 +105,24 @@ class QuorumPlan:
         from ...spark.cluster import driver_host
         from ...spark.task import listening_store
 
-        spark, workers, job = self.run.spark, self.run.workers, self.run.job
+        spark, workers, failures = self.run.spark, self.run.workers, self.run.job.failures
         host = driver_host(spark)
         quorum = Quorum(workers, step_cursor(self.spec, workers).total_steps)
         store = listening_store(host, workers)
-        failures = job.failures
-        fault = fault_from_env()
+        self.cancels = {w: threading.Event() for w in range(workers)}
         with QuorumServer(
-            quorum, host, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S, on_record=announce
+            quorum, host, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S, on_record=self.heard
         ) as server:
             link = StepLink(
                 server.info,
                 (host, store.port),
                 workers,
-                job.scaling.threads,
+                self.run.job.scaling.threads,
                 failures.pg_timeout_s,
                 wait_s=failures.start_timeout_s + failures.pg_timeout_s,
             )
             spec = replace(self.spec, fault=None, checkpoint=None, monitor=None)
+            fault = fault_from_env()
             threads = [
                 threading.Thread(
                     target=self.slot, args=(w, spec, link, fault), name=f"sparkdp-slot-{w}", daemon=True
@@ -127,10 +131,24 @@ class QuorumPlan:
             ]
             for thread in threads:
                 thread.start()
-            while any(t.is_alive() for t in threads) and quorum.failed is None and not self.errors:
-                server.wait(lambda: quorum.failed is not None, 0.5)
+
+            def finished() -> bool:
+                reported = quorum.done and any(isinstance(r, WorkerReport) for r in self.results.values())
+                return reported or quorum.failed is not None or bool(self.errors)
+
+            while not finished() and any(t.is_alive() for t in threads):
+                server.wait(finished, 0.5)
+            self.over.set()  # a task still running (a silent worker's) is cancelled
+            for event in self.cancels.values():
+                event.set()
+            for thread in threads:
+                thread.join(timeout=60)
             self.membership = list(quorum.records)
         del store
+        return self.outcome(quorum)
+
+    def outcome(self, quorum: Quorum) -> WorkerReport:
+        """The final quorum's report, or the error that ended the job."""
         if self.errors:
             raise next(iter(self.errors.values()))
         if quorum.failed is not None:
@@ -140,28 +158,35 @@ class QuorumPlan:
             raise WorkerFailed("no worker of the final quorum returned the job's report.")
         return reports[0]
 
+    def heard(self, record: dict[str, Any]) -> None:
+        """A leave or join: its console line; a worker gone silent (its process alive, stopped or
+        hung, so Spark would never retry it) has its task cancelled and a replacement submitted."""
+        announce(record)
+        if record["kind"] == "leave" and "heartbeat" in record["cause"]:
+            self.cancels[record["worker"]].set()
+
     def slot(self, worker: int, spec: FitSpec, link: StepLink, fault: Fault | None) -> None:
         """Slot ``worker``'s task until it returns; a task that failed for good is submitted again."""
-        from ...spark.launcher import run_tasks
+        from ...spark.launcher import JobCancelled, run_tasks
 
         for incarnation in range(self.run.job.failures.max_restarts + 1):
-            task = slot_task(spec, link, worker, incarnation, fault)
+            self.cancels[worker].clear()
             try:
                 [self.results[worker]] = run_tasks(
-                    task,
+                    slot_task(spec, link, worker, incarnation, fault),
                     1,
                     spark=self.run.spark,
                     description=f"sparkdp {spec.strategy.name} worker {worker} (per-step fault tolerance)",
                     start_timeout_s=self.run.job.failures.start_timeout_s,
                     what=f"worker {worker}",
+                    cancel=self.cancels[worker],
                 )
                 return
-            except WorkerFailed as exc:  # its process or executor was lost: a replacement
-                log.warning(
-                    "sparkdp: worker %d's task failed (%s); starting a replacement",
-                    worker,
-                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
-                )
+            except (WorkerFailed, JobCancelled) as exc:  # its process or executor was lost: a replacement
+                if self.over.is_set():
+                    return
+                first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                log.warning("sparkdp: worker %d's task ended (%s); starting a replacement", worker, first)
             except BaseException as exc:  # bad settings or data: the same would fail again
                 self.errors[worker] = exc
                 return

@@ -44,23 +44,25 @@ def test_step_mode_chooses_its_own_kind_for_synchronous_strategies_only() -> Non
         kind_for(allreduce, False, True, fault_tolerance="step")
 
 
-def _spec(strategy: str = "allreduce", **training) -> FitSpec:
+def _spec(strategy: str = "allreduce", accumulate: int = 1, **options) -> FitSpec:
     model = torch.nn.Linear(2, 2)
     return FitSpec(
         model=model,
         loss=torch.nn.functional.cross_entropy,
         optimizer=optimizer_factory("sgd", model),
-        strategy=resolve_strategy(strategy),
+        strategy=resolve_strategy(strategy, **options),
         train=TensorData(torch.zeros(4, 2), torch.zeros(4, dtype=torch.long)),
         eval=None,
-        training=TrainingConfig(**training),
+        training=TrainingConfig(accumulate=accumulate),
     )
 
 
 @pytest.mark.parametrize(
     ("spec", "job", "named"),
     [
-        (_spec("diloco"), JobConfig(), "strategy 'diloco' (covered: allreduce)"),
+        (_spec("hsdp"), JobConfig(), "strategy 'hsdp' (covered: allreduce, diloco)"),
+        (_spec("diloco", fragments=2), JobConfig(), "diloco's fragments and overlap_steps"),
+        (_spec("allreduce", compression="bf16"), JobConfig(), "allreduce's compression"),
         (_spec(accumulate=2), JobConfig(), "accumulate"),
         (_spec(), JobConfig.of(checkpoint_dir="/tmp/x"), "checkpoint_dir or resume"),
     ],
@@ -70,4 +72,5 @@ def test_what_step_mode_does_not_cover_is_one_line(spec: FitSpec, job: JobConfig
         refuse_unsupported(spec, job)
     assert named in str(info.value) and "\n" not in str(info.value)
     assert "fault_tolerance='restart'" in str(info.value)
-    refuse_unsupported(_spec(), JobConfig())  # the covered case passes
+    refuse_unsupported(_spec(), JobConfig())  # the covered cases pass
+    refuse_unsupported(_spec("diloco", period=5), JobConfig())

@@ -85,3 +85,13 @@ def test_a_stopped_worker_is_dropped_by_its_heartbeat_and_its_task_replaced(
     assert "no heartbeat for 5 s" in leave["cause"] and result.details["restarts"] == []
     assert any("worker 1's task ended" in r.getMessage() for r in caplog.records)
     assert [h["samples"] for h in result.history] == [h["samples"] for h in undisturbed.history]
+
+
+def test_a_diloco_worker_killed_mid_round_costs_the_round_only(spark, fashion, monkeypatch, caplog):
+    monkeypatch.setenv("SPARKDP_FAULT", "kill:rank=0:step=4")  # rounds of 5 steps: 5 an epoch
+    result = _fit(spark, fashion, strategy="diloco", strategy_options={"period": 5})
+    assert result.details["restarts"] == [] and result.strategy == "diloco"
+    kinds = [(m["worker"], m["kind"]) for m in result.details["membership"]]
+    assert kinds == [(0, "leave"), (0, "join")], result.details["membership"]
+    rows = len(fashion[0].features)
+    assert [h["samples"] for h in result.history] == [rows, rows]

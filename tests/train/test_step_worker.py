@@ -32,8 +32,9 @@ from sparkdp.train.faults import Fault
 from sparkdp.train.loop import FitSpec
 from sparkdp.train.optim import optimizer_factory
 from sparkdp.train.quorum_client import QuorumClient
-from sparkdp.train.row_cursor import RowCursor
-from sparkdp.train.step_worker import StepLink, StepTrainer, step_cursor
+from sparkdp.train.row_cursor import RowCursor, epoch_order
+from sparkdp.train.step_diloco import DiLoCoRounds
+from sparkdp.train.step_worker import StepLink, StepTrainer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -41,48 +42,54 @@ ROWS, BATCH, WORKERS, EPOCHS = 600, 4, 3, 2  # 50 steps an epoch
 
 
 class Noting(TensorData):
-    """In-memory data that notes the rows of the last batch a worker took."""
+    """In-memory data that notes the rows the worker took since ``last`` was emptied."""
 
     last: list[int] = []
 
     def rows_at(self, take):
-        self.last = take.tolist()
+        self.last = [*self.last, *take.tolist()]
         return super().rows_at(take)
 
 
-class Counting(StepTrainer):
-    """A worker that notes, per epoch, the row ids of each step it commits (as its data gave them)."""
-
-    seen: dict[int, Counter[int]]
-
-    def compute(self, group, decision):
-        self.spec.train.last = []
-        self.computing = self.step
-        return super().compute(group, decision)
-
-    def settle(self, commit):
-        if commit and self.pending is not None:
-            epoch = self.cursor.epoch_of(self.computing)
-            self.seen.setdefault(epoch, Counter()).update(self.spec.train.last)
-        return super().settle(commit)
+TRAINERS = {"allreduce": StepTrainer, "diloco": DiLoCoRounds}
 
 
-def _spec() -> FitSpec:
-    ids = torch.arange(ROWS, dtype=torch.float32)
+def counting(base: type[StepTrainer]) -> type[StepTrainer]:
+    """``base``, noting per epoch the row ids of each step it commits (as its data gave them)."""
+
+    class Counting(base):  # type: ignore[valid-type, misc]
+        seen: dict[int, Counter[int]]
+
+        def compute(self, group, decision):
+            self.spec.train.last = []
+            self.computing = self.step
+            return super().compute(group, decision)
+
+        def settle(self, commit):
+            if commit and self.pending is not None:
+                epoch = self.cursor.epoch_of(self.computing)
+                self.seen.setdefault(epoch, Counter()).update(self.spec.train.last)
+            return super().settle(commit)
+
+    return Counting
+
+
+def _spec(strategy: str = "allreduce", rows: int = ROWS, **options) -> FitSpec:
+    ids = torch.arange(rows, dtype=torch.float32)
     torch.manual_seed(0)
     return FitSpec(
         model=nn.Linear(1, 2),
         loss=nn.functional.cross_entropy,
         optimizer=optimizer_factory("sgd", None, lr=0.01),
-        strategy=resolve_strategy("allreduce"),
-        train=Noting(ids[:, None] / ROWS, (ids % 2).long()),
+        strategy=resolve_strategy(strategy, **options),
+        train=Noting(ids[:, None] / rows, (ids % 2).long()),
         eval=None,
         training=TrainingConfig(epochs=EPOCHS, batch_size=BATCH, seed=3),
     )
 
 
 def _worker(spec, link, slot, joining, fault, seen, outcome) -> None:
-    trainer = Counting(copy.deepcopy(spec), link, slot, fault)
+    trainer = counting(TRAINERS[spec.strategy.name])(copy.deepcopy(spec), link, slot, fault)
     trainer.seen = seen
     client = QuorumClient(link.quorum, slot, wait_s=30.0)
     try:
@@ -94,9 +101,11 @@ def _worker(spec, link, slot, joining, fault, seen, outcome) -> None:
         outcome[slot] = exc
 
 
-def test_each_epochs_rows_are_trained_once_across_a_leave_and_a_join() -> None:
-    spec = _spec()
-    quorum = Quorum(WORKERS, step_cursor(spec, WORKERS).total_steps)
+@pytest.mark.parametrize(("strategy", "options"), [("allreduce", {}), ("diloco", {"period": 2})])
+def test_each_epochs_rows_are_trained_once_across_a_leave_and_a_join(strategy, options) -> None:
+    spec = _spec(strategy, **options)
+    total = TRAINERS[strategy].cursor_for(spec, WORKERS).total_steps  # 100 steps, or 50 rounds
+    quorum = Quorum(WORKERS, total)
     store = dist.TCPStore(
         "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
     )
@@ -105,7 +114,7 @@ def test_each_epochs_rows_are_trained_once_across_a_leave_and_a_join() -> None:
     outcome: dict[int, object] = {}
     with QuorumServer(quorum, "127.0.0.1", heartbeat_timeout_s=5.0) as server:
         link = StepLink(server.info, ("127.0.0.1", store.port), WORKERS, 1, 30.0, 30.0)
-        faults = {1: Fault("raise", 1, 20), 0: Fault("slow", 0, 1, delay_ms=15)}  # 20 of 50 steps an epoch
+        faults = {1: Fault("raise", 1, 10), 0: Fault("slow", 0, 1, delay_ms=15)}  # in epoch 1
         threads = [
             threading.Thread(target=_worker, args=(spec, link, w, False, faults.get(w), seen[w], outcome))
             for w in range(WORKERS)
@@ -114,7 +123,7 @@ def test_each_epochs_rows_are_trained_once_across_a_leave_and_a_join() -> None:
             t.start()
         threads[1].join(60)
         assert isinstance(outcome[1], RuntimeError)
-        while quorum.step < 25 and threads[0].is_alive():  # the survivors alone for a few steps first
+        while quorum.step < 14 and threads[0].is_alive():  # the survivors alone for a few steps first
             time.sleep(0.01)
         joiner = threading.Thread(target=_worker, args=(spec, link, 1, True, None, replacement, outcome))
         joiner.start()
@@ -122,13 +131,13 @@ def test_each_epochs_rows_are_trained_once_across_a_leave_and_a_join() -> None:
             t.join(60)
     kinds = [(r["worker"], r["kind"]) for r in quorum.records]
     assert kinds == [(1, "leave"), (1, "join")]
-    assert quorum.records[0]["step"] == 19 and 25 <= quorum.records[1]["step"] < 2 * 50 - 1
+    assert quorum.records[0]["step"] == 9 and 14 <= quorum.records[1]["step"] < total - 1
     # every epoch: each row exactly once over all workers' committed steps, the lost one's included
     for epoch in range(EPOCHS):
-        total = Counter()
+        counted = Counter()
         for counts in (*seen.values(), replacement):
-            total.update(counts.get(epoch, Counter()))
-        assert total == Counter(range(ROWS)), f"epoch {epoch + 1}: rows missed or repeated"
+            counted.update(counts.get(epoch, Counter()))
+        assert counted == Counter(range(ROWS)), f"epoch {epoch + 1}: rows missed or repeated"
     reports = [r for r in outcome.values() if r is not None and not isinstance(r, Exception)]
     assert len(reports) == 1 and [h["samples"] for h in reports[0].history] == [ROWS, ROWS]
 
@@ -152,3 +161,62 @@ def test_a_healers_state_for_another_model_is_refused_before_anything_loads() ->
     with pytest.raises(ProtocolError, match="does not match this worker's model"):
         trainer.load(other)
     assert all(torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+
+
+def _run_quorum(spec: FitSpec, workers: int) -> dict[int, object]:
+    """Every worker's outcome of ``spec`` on ``workers`` threads, with no failure."""
+    total = TRAINERS[spec.strategy.name].cursor_for(spec, workers).total_steps
+    quorum = Quorum(workers, total)
+    store = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
+    )
+    outcome: dict[int, object] = {}
+    with QuorumServer(quorum, "127.0.0.1", heartbeat_timeout_s=5.0) as server:
+        link = StepLink(server.info, ("127.0.0.1", store.port), workers, 1, 30.0, 30.0)
+        threads = [
+            threading.Thread(target=_worker, args=(spec, link, w, False, None, {}, outcome))
+            for w in range(workers)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    return outcome
+
+
+def test_diloco_rounds_are_diloco_with_the_workers_weighted_by_rows() -> None:
+    """Two workers against a hand-written DiLoCo: torch.optim inner SGD on each worker's rows of a
+    round, the outer Nesterov SGD on the row-weighted mean change."""
+    period, workers, rows = 3, 2, 601  # 25 rounds of 24 rows an epoch, then one of a single row
+    spec = _spec("diloco", rows, period=period)
+    [report] = [r for r in _run_quorum(spec, workers).values() if r is not None]
+    cursor = DiLoCoRounds.cursor_for(spec, workers)
+    start = copy.deepcopy(spec.model)
+    outer_params = [p.detach().clone() for p in start.parameters()]
+    outer = torch.optim.SGD(outer_params, lr=0.7, momentum=0.9, nesterov=True)
+    replicas = [copy.deepcopy(start) for _ in range(workers)]
+    inner = [spec.optimizer.build(m) for m in replicas]
+    for step in range(cursor.total_steps):
+        order = epoch_order(rows, cursor.epoch_of(step), 3, True)
+        total = len(cursor.step_rows(step, order))
+        change = [torch.zeros_like(p) for p in outer_params]
+        for w in range(workers):
+            mine = cursor.my_rows(step, w, workers, order)
+            for chunk in (c for c in torch.tensor_split(mine, period) if len(c)):  # a short round's
+                x, y = spec.train.rows_at(chunk)
+                inner[w].zero_grad()
+                nn.functional.cross_entropy(replicas[w](x), y).backward()
+                inner[w].step()
+            for c, g, p in zip(change, outer_params, replicas[w].parameters(), strict=True):
+                c += (g - p.detach()) * (len(mine) / total)
+        for g, c in zip(outer_params, change, strict=True):
+            g.grad = c
+        outer.step()
+        for replica in replicas:
+            with torch.no_grad():
+                for p, g in zip(replica.parameters(), outer_params, strict=True):
+                    p.copy_(g)
+    trained = state_io.state_from_bytes(report.state)
+    for name, expected in replicas[0].state_dict().items():
+        torch.testing.assert_close(trained[name], expected, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(trained["weight"], start.weight)  # (it trained)

@@ -111,7 +111,7 @@ class DiLoCo(Strategy):
         self._start_together(model, collective, slot_bytes=sum(p.numel() * p.element_size() for p in params))
         self._params = params
         self._outer_params = [p.detach().clone().float() for p in params]
-        self._outer = self._make_outer(self._outer_params)
+        self._outer = self.outer_optimizer_for(self._outer_params)
         if self._loaded_outer is not None:
             self._outer.load_state_dict(self._loaded_outer)
             self._loaded_outer = None
@@ -124,7 +124,8 @@ class DiLoCo(Strategy):
         self._reducer = DeltaReducer(self.compression)
         return model
 
-    def _make_outer(self, tensors: list[torch.Tensor]) -> Optimizer:
+    def outer_optimizer_for(self, tensors: list[torch.Tensor]) -> Optimizer:
+        """The outer optimizer over ``tensors`` (the outer parameters), as the options say."""
         if callable(self.outer_optimizer):
             return self.outer_optimizer(tensors)
         cls = _outer_class(self.outer_optimizer)

@@ -17,6 +17,7 @@ so a lost worker costs the step in flight, never a restart, a reload or an appli
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -50,22 +51,31 @@ class StepLink:
     wait_s: float
 
 
-def step_cursor(spec: FitSpec, workers: int) -> RowCursor:
-    """The job's row cursor: ``batch_size`` rows per worker a step, the global batch constant."""
+def step_cursor(spec: FitSpec, workers: int, batches: int = 1) -> RowCursor:
+    """The job's row cursor: ``batches`` batches of ``batch_size`` rows per worker a step, the
+    global batch constant."""
     rows = spec.train.num_samples()
     if rows is None:
         raise ConfigError("fault_tolerance='step' needs data whose row count is known (in-memory arrays).")
     training = spec.training
-    return RowCursor(rows, training.batch_size * workers, training.epochs, training.seed, training.shuffle)
+    global_batch = training.batch_size * workers * batches
+    return RowCursor(rows, global_batch, training.epochs, training.seed, training.shuffle)
 
 
 def fit_step_worker(
-    spec: FitSpec, link: StepLink, worker: int, *, joining: bool, fault: Fault | None
+    spec: FitSpec,
+    link: StepLink,
+    worker: int,
+    *,
+    joining: bool,
+    fault: Fault | None,
+    trainer_class: type[StepTrainer] | None = None,
 ) -> WorkerReport | None:
     """Slot ``worker``'s part of the job: from its first boundary (a replacement heals there) to
-    the job's last step. The report of the final quorum's rank 0; None from the others."""
+    the job's last step. ``trainer_class``: the strategy's (default: allreduce's step). The report
+    of the final quorum's rank 0; None from the others."""
     torch.set_num_threads(link.threads or 1)
-    trainer = StepTrainer(spec, link, worker, fault)
+    trainer = (trainer_class or StepTrainer)(spec, link, worker, fault)
     client = QuorumClient(link.quorum, worker, wait_s=link.wait_s)
     try:
         store = store_client(link.store[0], link.store[1], link.pg_timeout_s)
@@ -87,7 +97,7 @@ class StepTrainer:
         self.model.train()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = spec.optimizer.build(self.model)
-        self.cursor = step_cursor(spec, link.workers)
+        self.cursor = self.cursor_for(spec, link.workers)
         self.scheduler = spec.scheduler(self.optimizer) if spec.scheduler is not None else None
         if spec.training.lr_schedule != "constant":
             self.scheduler = lr_schedule(spec.training, self.optimizer, self.cursor.total_steps)
@@ -98,6 +108,11 @@ class StepTrainer:
         self.train_time, self.epoch_start = 0.0, time.perf_counter()
         self.wall_start = time.time()
         self._order: tuple[int, torch.Tensor] | None = None
+
+    @classmethod
+    def cursor_for(cls, spec: FitSpec, workers: int) -> RowCursor:
+        """The job's row cursor: a step of ``batch_size`` rows per worker of the job."""
+        return step_cursor(spec, workers)
 
     def run(self, client: QuorumClient, store: Any, joining: bool) -> WorkerReport | None:
         ok: bool | None = None
@@ -149,34 +164,45 @@ class StepTrainer:
     def compute(self, group: QuorumGroup, decision: Decision) -> bool:
         """This worker's part of the next step, summed over the quorum; False when a collective
         failed (a member was lost: the quorum drops the step and runs it again)."""
-        epoch = self.cursor.epoch_of(self.step)
-        if self._order is None or self._order[0] != epoch:
-            self._order = (epoch, epoch_order(self.cursor.rows, epoch, self.cursor.seed, self.cursor.shuffle))
-        order = self._order[1]
+        order = self.order_of(self.cursor.epoch_of(self.step))
         total = len(self.cursor.step_rows(self.step, order))
         rows = self.cursor.my_rows(self.step, decision.rank_of(self.worker), decision.world, order)
         for p in self.params:
             p.grad = torch.zeros_like(p) if p.grad is None else p.grad.zero_()
-        sums = torch.zeros(2, dtype=torch.float64)
-        if len(rows):
-            x, y = self.spec.train.rows_at(rows)  # type: ignore[attr-defined]  # checked by the driver
-            loss = self.spec.loss(self.model(x), y)
-            (loss * (len(rows) / total)).backward()
-            value = loss.detach().item()
-            if value != value or value in (float("inf"), float("-inf")):
-                raise TrainingDiverged(
-                    f"worker {self.worker}: the loss is {value} at step {self.step + 1}; lower the learning rate."
-                )
-            sums += torch.tensor([value * len(rows), float(len(rows))], dtype=torch.float64)
-        try:
-            group.all_reduce_coalesced([p.grad for p in self.params if p.grad is not None])
-            group.all_reduce(sums)
-        except RuntimeError as exc:  # a peer was lost mid-step: the quorum decides at the boundary
-            log.info("worker %d: step %d's collective failed (%s)", self.worker, self.step + 1, exc)
+        sums = self.learn(rows, len(rows) / total) if len(rows) else torch.zeros(2, dtype=torch.float64)
+        if not self.reduce(group, [*(p.grad for p in self.params if p.grad is not None), sums]):
             return False
         self.pending = sums
         if self.fault is not None:
             self.fault.maybe_fire(self.worker, self.step + 1)
+        return True
+
+    def order_of(self, epoch: int) -> torch.Tensor:
+        """Epoch ``epoch``'s order of the rows (kept while the epoch lasts)."""
+        if self._order is None or self._order[0] != epoch:
+            self._order = (epoch, epoch_order(self.cursor.rows, epoch, self.cursor.seed, self.cursor.shuffle))
+        return self._order[1]
+
+    def learn(self, rows: torch.Tensor, scale: float) -> torch.Tensor:
+        """The gradient of ``scale`` times the mean loss over ``rows``, added to the parameters'
+        gradients; the rows' loss sum and count."""
+        x, y = self.spec.train.rows_at(rows)  # type: ignore[attr-defined]  # checked by the driver
+        loss = self.spec.loss(self.model(x), y)
+        (loss * scale).backward()
+        value = loss.detach().item()
+        if not math.isfinite(value):
+            raise TrainingDiverged(
+                f"worker {self.worker}: the loss is {value} at step {self.step + 1}; lower the learning rate."
+            )
+        return torch.tensor([value * len(rows), float(len(rows))], dtype=torch.float64)
+
+    def reduce(self, group: QuorumGroup, tensors: list[torch.Tensor]) -> bool:
+        """Sum ``tensors`` over the quorum in place; False when a peer was lost mid-step."""
+        try:
+            group.all_reduce_coalesced(tensors)
+        except RuntimeError as exc:  # the quorum decides at the boundary
+            log.info("worker %d: step %d's collective failed (%s)", self.worker, self.step + 1, exc)
+            return False
         return True
 
     def end_epoch(self, group: QuorumGroup | None) -> None:
@@ -221,27 +247,26 @@ class StepTrainer:
 
     def state_bytes(self, epoch_ends: bool) -> bytes:
         """Everything a joiner needs to continue as this worker does (sparkdp state bytes)."""
-        sched = (
-            self.scheduler.state_dict()
-            if self.scheduler is not None and hasattr(self.scheduler, "state_dict")
-            else None
-        )
-        return state_io.to_bytes(
-            {
-                "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "scheduler": None if sched is None else {k: v for k, v in sched.items() if not callable(v)},
-                "strategy": self.spec.strategy.state_dict(),
-                "step": self.step,
-                "history": self.history,
-                "epoch_sums": self.epoch_sums,
-                "train_time": self.train_time,
-                "epoch_ends": epoch_ends,
-            }
-        )
+        return state_io.to_bytes(self.heal_state(epoch_ends))
+
+    def heal_state(self, epoch_ends: bool) -> dict[str, Any]:
+        keeps_state = self.scheduler is not None and hasattr(self.scheduler, "state_dict")
+        sched = self.scheduler.state_dict() if keeps_state else None  # type: ignore[union-attr]
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": None if sched is None else {k: v for k, v in sched.items() if not callable(v)},
+            "strategy": self.spec.strategy.state_dict(),
+            "step": self.step,
+            "history": self.history,
+            "epoch_sums": self.epoch_sums,
+            "train_time": self.train_time,
+            "epoch_ends": epoch_ends,
+        }
 
     def load(self, data: bytes) -> bool:
-        """Continue from a healer's state, checked against this worker's own model first."""
+        """Continue from a healer's state, checked against this worker's own model first; whether
+        the healer's last step ended an epoch."""
         state = state_io.from_bytes(data)
         mine = self.model.state_dict()
         theirs = state.get("model") if isinstance(state, dict) else None
@@ -251,7 +276,11 @@ class StepTrainer:
             raise ProtocolError(
                 "the healer's model state does not match this worker's model (names or shapes)."
             )
-        self.model.load_state_dict(theirs)
+        self.restore(state)
+        return bool(state["epoch_ends"])
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state["scheduler"] is not None:
             self.scheduler.load_state_dict(state["scheduler"])
@@ -259,7 +288,6 @@ class StepTrainer:
         self.step, self.history = int(state["step"]), list(state["history"])
         self.epoch_sums = state["epoch_sums"].clone()
         self.train_time, self.pending = float(state["train_time"]), None
-        return bool(state["epoch_ends"])
 
     def report(self) -> WorkerReport:
         return WorkerReport(

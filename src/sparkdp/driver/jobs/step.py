@@ -26,7 +26,8 @@ from ...train.faults import Fault, fault_from_env
 from ...train.loop import FitSpec
 from ...train.report import WorkerReport
 from ...train.result import TrainResult
-from ...train.step_worker import StepLink, fit_step_worker, step_cursor
+from ...train.step_diloco import DiLoCoRounds
+from ...train.step_worker import StepLink, StepTrainer, fit_step_worker
 from ..controller import Attempt
 from ..quorum import Quorum
 from ..quorum_server import QuorumServer
@@ -35,8 +36,9 @@ from .base import Body, JobRun
 
 log = logging.getLogger(__name__)
 
-#: the strategies whose step this kind runs (their gradient is summed over the quorum)
-COVERED = ("allreduce",)
+#: the strategies this kind runs, with the trainer of each (a quorum step: a step, an outer round)
+TRAINERS: dict[str, type[StepTrainer]] = {"allreduce": StepTrainer, "diloco": DiLoCoRounds}
+COVERED = tuple(TRAINERS)
 #: a lost worker is dropped after this long without a frame (it sends one a second)
 HEARTBEAT_TIMEOUT_S = 5.0
 
@@ -69,8 +71,11 @@ def refuse_unsupported(spec: FitSpec, job: JobConfig) -> None:
     problems = []
     if name not in COVERED:
         problems.append(f"strategy {name!r} (covered: {', '.join(COVERED)})")
-    if name == "allreduce" and spec.strategy.options().get("compression", "none") != "none":
-        problems.append("allreduce's compression (gradients are summed in float32)")
+    options = spec.strategy.options()
+    if options.get("compression", "none") != "none":
+        problems.append(f"{name}'s compression (the quorum sums float32 tensors)")
+    if options.get("fragments", 1) != 1 or options.get("overlap_steps", 0) != 0:
+        problems.append("diloco's fragments and overlap_steps (a round syncs the whole model at its end)")
     if not callable(getattr(spec.train, "rows_at", None)):
         problems.append(f"data {spec.train.describe()} (covered: in-memory arrays, tensors and datasets)")
     if training.accumulate != 1 or training.precision != "32" or training.clip_grad_norm is not None:
@@ -107,7 +112,7 @@ class QuorumPlan:
 
         spark, workers, failures = self.run.spark, self.run.workers, self.run.job.failures
         host = driver_host(spark)
-        quorum = Quorum(workers, step_cursor(self.spec, workers).total_steps)
+        quorum = Quorum(workers, TRAINERS[self.spec.strategy.name].cursor_for(self.spec, workers).total_steps)
         store = listening_store(host, workers)
         self.cancels = {w: threading.Event() for w in range(workers)}
         with QuorumServer(
@@ -203,7 +208,10 @@ def slot_task(spec: FitSpec, link: StepLink, worker: int, incarnation: int, faul
         from ...spark.task import task_attempt
 
         joining = incarnation > 0 or task_attempt() > 0
-        return fit_step_worker(spec, link, worker, joining=joining, fault=None if joining else fault)
+        trainer = TRAINERS[spec.strategy.name]
+        return fit_step_worker(
+            spec, link, worker, joining=joining, fault=None if joining else fault, trainer_class=trainer
+        )
 
     return body
 
@@ -234,4 +242,4 @@ def announce(record: dict[str, Any]) -> None:
         )
 
 
-__all__ = ["COVERED", "QuorumPlan", "StepFaultTolerant", "refuse_unsupported"]
+__all__ = ["COVERED", "TRAINERS", "QuorumPlan", "StepFaultTolerant", "refuse_unsupported"]

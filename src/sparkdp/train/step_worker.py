@@ -12,6 +12,7 @@ gradient of the mean loss over the step's rows. Here each worker scales its loss
 the step's rows and the quorum sums the gradients, so the step is the same whatever the number of
 workers left. A step is applied only once the quorum has seen every member's collective succeed,
 so a lost worker costs the step in flight, never a restart, a reload or an applied step twice.
+(``train.step_diloco`` runs ``diloco``'s rounds on the same skeleton.)
 """
 
 from __future__ import annotations

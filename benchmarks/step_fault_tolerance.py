@@ -12,7 +12,11 @@ Goodput is the useful samples per second (the job's rows times its epochs) of th
 kills against the same mode's failure-free run. The report adds the test accuracy, the
 restarts and the leaves and joins (with the heal times and bytes) of each run.
 
-    python benchmarks/step_fault_tolerance.py --workers 2 --rows 12000 --epochs 2 --kill-every 10
+    python benchmarks/step_fault_tolerance.py --workers 2 --rows 30000 --epochs 2 --kill-every 6
+
+``--heal-mb 1 10 100`` only times a heal through the driver's quorum endpoint (on this machine,
+in one process: the healer's state bytes relayed by the endpoint, loaded by the joiner) for
+models of those sizes.
 """
 
 from __future__ import annotations
@@ -122,6 +126,51 @@ def _run(args: argparse.Namespace, mode: str, kill: bool, spark) -> dict:
     }
 
 
+def heal_time(megabytes: float) -> dict:
+    """A joiner healed from a live peer through the driver's quorum endpoint (on this machine):
+    a model of ``megabytes`` of float32 parameters with SGD momentum (the state is twice that),
+    from the healer's state bytes to the joiner's model and optimizer loaded."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    from sparkdp import state as state_io
+    from sparkdp.driver.quorum import Quorum
+    from sparkdp.driver.quorum_server import QuorumServer
+    from sparkdp.train.quorum_client import QuorumClient
+    from sparkdp.train.quorum_messages import JOINING
+
+    side = int((megabytes * 2**20 / 4) ** 0.5)
+    healer_model, joiner_model = torch.nn.Linear(side, side), torch.nn.Linear(side, side)
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (healer_model, joiner_model)]
+    healer_model(torch.ones(1, side)).sum().backward()
+    optimizers[0].step()
+    quorum = Quorum(2, 10)
+    with QuorumServer(quorum, "127.0.0.1") as server, ThreadPoolExecutor(2) as pool:
+        healer, joiner = (QuorumClient(server.info, w, wait_s=60.0) for w in (0, 1))
+        list(pool.map(lambda c: c.boundary(0, None), (healer, joiner)))
+        joiner.abandon()  # worker 1 lost; it comes back as a joiner
+        healer.boundary(0, True)
+        joiner = QuorumClient(server.info, 1, wait_s=60.0)
+        joined = pool.submit(joiner.boundary, JOINING, None)
+        while 1 not in quorum.arrived:
+            time.sleep(0.001)
+        started = time.perf_counter()
+        decision, _ = healer.boundary(0, True)
+        payload = state_io.to_bytes(
+            {"model": healer_model.state_dict(), "optimizer": optimizers[0].state_dict()}
+        )
+        healer.heal(decision.heal_to, payload)
+        _, data = joined.result(120)
+        state = state_io.from_bytes(data)
+        joiner_model.load_state_dict(state["model"])
+        optimizers[1].load_state_dict(state["optimizer"])
+        seconds = time.perf_counter() - started
+        for client in (healer, joiner):
+            client.close()
+    return {"model_mb": megabytes, "state_bytes": len(payload), "heal_s": seconds}
+
+
 def torch_seed(seed: int) -> None:
     import torch
 
@@ -138,7 +187,17 @@ def main() -> None:
     parser.add_argument("--max-restarts", type=int, default=20)
     parser.add_argument("--modes", nargs="+", default=["step", "restart"])
     parser.add_argument("--json-out", help="write the runs here as JSON")
+    parser.add_argument(
+        "--heal-mb",
+        type=float,
+        nargs="*",
+        help="only time a heal of models of these sizes (MB of parameters)",
+    )
     args = parser.parse_args()
+    if args.heal_mb:
+        for megabytes in args.heal_mb:
+            print(json.dumps(heal_time(megabytes)), flush=True)
+        return
 
     import sparkdp
 

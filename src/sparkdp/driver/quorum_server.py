@@ -209,11 +209,11 @@ class QuorumServer:
 
     def _relay_heal(self, healer: int, msg: codec.Message) -> None:
         """The healer's state, as the payload of each joiner's decision."""
-        with self._lock:
-            joiners = [j for j, (d, _) in self._heals.items() if d.heal_from == healer]
-            waiting = [(j, *self._heals.pop(j)) for j in joiners]
         if len(msg.tensors) != 1 or msg.tensors[0].dtype != torch.uint8 or msg.tensors[0].dim() != 1:
             raise ProtocolError("a HEAL frame carries one flat uint8 tensor: the state's bytes.")
+        with self._lock:  # (a malformed heal above leaves the joiners to the healer's loss)
+            joiners = [j for j, (d, _) in self._heals.items() if d.heal_from == healer]
+            waiting = [(j, *self._heals.pop(j)) for j in joiners]
         state = msg.tensors[0]
         for joiner, decision, since in waiting:
             self._send(joiner, decision, [state])

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from .base import Collective
+from .torch_dist import choose_gloo_interface
 
 _OPS = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
 #: how long a left-behind group is kept before it is released (see comm.torch_dist's _QUIESCE_S)
@@ -26,7 +27,9 @@ _RELEASE_AFTER_S = 1.0
 
 
 def store_client(host: str, port: int, timeout_s: float) -> Any:
-    """A client of the driver's rendezvous store at ``host:port``."""
+    """A client of the driver's rendezvous store at ``host:port``; gloo then uses the interface
+    that reaches it."""
+    choose_gloo_interface(host)
     return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s), use_libuv=True)
 
 

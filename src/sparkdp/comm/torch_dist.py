@@ -116,6 +116,12 @@ def _choose_gloo_interface(master_addr: str) -> None:
     _CHOSEN_IFNAME = chosen
 
 
+def choose_gloo_interface(rendezvous_host: str) -> None:
+    """Point gloo at the interface that reaches ``rendezvous_host`` (see :func:`_choose_gloo_interface`;
+    a group formed outside :class:`TorchCollective`, ``comm.quorum_group``'s, calls this first)."""
+    _choose_gloo_interface(rendezvous_host)
+
+
 def gloo_interface_note() -> str:
     """What gloo binds to in this process, and where that came from, for error messages."""
     name = os.environ.get("GLOO_SOCKET_IFNAME")

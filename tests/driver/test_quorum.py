@@ -4,6 +4,7 @@ authenticated workers only, a silent worker dropped, the healer's state relayed 
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -151,3 +152,23 @@ def test_a_silent_worker_is_dropped_and_a_replacement_healed_from_the_survivor()
         for client in (alive, joiner):
             client.close()
         silent.abandon()
+
+
+def test_idle_connections_hold_a_bounded_number_of_threads_and_a_worker_still_gets_in(monkeypatch) -> None:
+    import socket
+
+    from sparkdp.driver import quorum_server
+
+    monkeypatch.setattr(quorum_server, "MAX_HANDSHAKES", 4)
+    monkeypatch.setattr(quorum_server, "HANDSHAKE_TIMEOUT_S", 1.0)
+    with QuorumServer(Quorum(1, 10), "127.0.0.1") as server:
+        host, port = server.info.address.rsplit(":", 1)
+        idle = [socket.create_connection((host, int(port))) for _ in range(10)]  # never say a word
+        time.sleep(0.3)
+        assert sum(t.name.startswith("sparkdp-quorum-(") and t.is_alive() for t in threading.enumerate()) <= 4
+        started = time.monotonic()
+        client = QuorumClient(server.info, 0, wait_s=5.0)  # retries until a handshake slot is free
+        assert client.boundary(0, None)[0].members == (0,) and time.monotonic() - started < 10
+        client.close()
+        for sock in idle:
+            sock.close()

@@ -41,6 +41,8 @@ Op = codec.Op
 JSON_ONLY = codec.Limits(max_json_bytes=1 << 16, max_payload_bytes=0)
 HANDSHAKE_TIMEOUT_S = 10.0
 FRAME_TIMEOUT_S = 60.0
+#: connections in their handshake at most; more are closed on arrival (a worker retries)
+MAX_HANDSHAKES = 128
 
 
 class QuorumServer:
@@ -69,6 +71,7 @@ class QuorumServer:
         self._seen_records = 0
         #: connections ended by an error no check foresaw (a bug; the fuzzers count them)
         self.unexpected = 0
+        self._handshaking = 0  # connections in their handshake
         self._stop = threading.Event()
         family, _, _, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
         self._listener = socket.socket(family, socket.SOCK_STREAM)
@@ -99,7 +102,7 @@ class QuorumServer:
 
     def _start(self, target: Callable[..., None], name: str, *args: Any) -> None:
         thread = threading.Thread(target=target, args=args, name=name, daemon=True)
-        self._threads.append(thread)
+        self._threads = [t for t in self._threads if t.is_alive()] + [thread]
         thread.start()
 
     def _accept_loop(self) -> None:
@@ -111,6 +114,12 @@ class QuorumServer:
                 continue
             except OSError:
                 return
+            with self._lock:
+                full = self._handshaking >= MAX_HANDSHAKES
+                self._handshaking += not full
+            if full:  # a flood of connections holds no more threads than this
+                sock.close()
+                continue
             sock.settimeout(HANDSHAKE_TIMEOUT_S)
             self._start(self._serve, f"sparkdp-quorum-{peer}", sock, peer)
 
@@ -119,7 +128,11 @@ class QuorumServer:
         try:
             sock.settimeout(HANDSHAKE_TIMEOUT_S)
             chan = Channel(sock, "server", JSON_ONLY, FRAME_TIMEOUT_S)
-            worker = self._handshake(chan)
+            try:
+                worker = self._handshake(chan)
+            finally:
+                with self._lock:
+                    self._handshaking -= 1
             self._register(worker, chan)
             while not self._stop.is_set():
                 with self._lock:

@@ -9,9 +9,11 @@ interleave on the wire.
 
 from __future__ import annotations
 
+import random
 import secrets
 import socket
 import threading
+import time
 
 import torch
 
@@ -19,13 +21,15 @@ from ..errors import AuthenticationError, ProtocolError
 from ..ps import codec
 from ..ps.auth import NONCE_BYTES, SessionKeys, client_proof, server_proof, verify
 from ..ps.transport.base import ConnectInfo
-from ..ps.transport.channel import Channel
+from ..ps.transport.channel import Channel, PeerClosed
 from ..ps.transport.tcp_options import parse_address
 from .quorum_messages import Decision
 
 Op = codec.Op
 #: the largest state a worker accepts from a healer (as the driver's default)
 MAX_HEAL_BYTES = 2 * 2**30
+#: how long a worker keeps trying to connect when the endpoint closes it on arrival
+CONNECT_TIMEOUT_S = 30.0
 
 
 class QuorumClient:
@@ -36,21 +40,32 @@ class QuorumClient:
 
     def __init__(self, info: ConnectInfo, worker: int, *, wait_s: float, heartbeat_s: float = 1.0) -> None:
         self.worker, self.wait_s = worker, wait_s
-        host, port = parse_address(info.address)
-        sock = socket.create_connection((host, port), timeout=30.0)
-        limits = codec.Limits(max_json_bytes=1 << 16, max_payload_bytes=MAX_HEAL_BYTES)
-        self._chan = Channel(sock, "client", limits, frame_timeout=60.0)
         self._lock = threading.Lock()
-        try:
-            self._handshake(info.secret)
-        except BaseException:
-            sock.close()
-            raise
+        deadline = time.monotonic() + CONNECT_TIMEOUT_S
+        while True:
+            try:
+                self._connect(info)
+                break
+            except (ConnectionRefusedError, ConnectionResetError, PeerClosed):
+                if time.monotonic() > deadline:  # (the endpoint closes connections beyond its limit)
+                    raise
+                time.sleep(random.uniform(0.05, 0.5))
         self._stop = threading.Event()
         self._beat = threading.Thread(
             target=self._heartbeat, args=(heartbeat_s,), name="sparkdp-quorum-heartbeat", daemon=True
         )
         self._beat.start()
+
+    def _connect(self, info: ConnectInfo) -> None:
+        host, port = parse_address(info.address)
+        sock = socket.create_connection((host, port), timeout=30.0)
+        limits = codec.Limits(max_json_bytes=1 << 16, max_payload_bytes=MAX_HEAL_BYTES)
+        self._chan = Channel(sock, "client", limits, frame_timeout=60.0)
+        try:
+            self._handshake(info.secret)
+        except BaseException:
+            sock.close()
+            raise
 
     def _handshake(self, secret: bytes) -> None:
         chan = self._chan

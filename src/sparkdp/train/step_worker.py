@@ -29,6 +29,7 @@ from .. import state as state_io
 from ..comm.quorum_group import QuorumGroup, store_client
 from ..errors import ConfigError, ProtocolError, TrainingDiverged
 from ..ps.transport.base import ConnectInfo
+from .batch import forward_loss
 from .faults import Fault
 from .loop import FitSpec, evaluate
 from .quorum_client import QuorumClient
@@ -188,7 +189,7 @@ class StepTrainer:
         """The gradient of ``scale`` times the mean loss over ``rows``, added to the parameters'
         gradients; the rows' loss sum and count."""
         x, y = self.spec.train.rows_at(rows)  # type: ignore[attr-defined]  # checked by the driver
-        loss = self.spec.loss(self.model(x), y)
+        loss, _ = forward_loss(self.model, self.spec.loss, x, y)  # (dict batches, loss="model" too)
         (loss * scale).backward()
         value = loss.detach().item()
         if not math.isfinite(value):

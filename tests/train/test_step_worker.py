@@ -88,15 +88,22 @@ def _spec(strategy: str = "allreduce", rows: int = ROWS, **options) -> FitSpec:
     )
 
 
-def _worker(spec, link, slot, joining, fault, seen, outcome) -> None:
-    trainer = counting(TRAINERS[spec.strategy.name])(copy.deepcopy(spec), link, slot, fault)
+class DiesWhileHealing(StepTrainer):
+    """A worker whose process is lost as it starts to heal a joiner."""
+
+    def state_bytes(self, epoch_ends):
+        raise RuntimeError("lost while healing")
+
+
+def _worker(spec, link, slot, joining, fault, seen, outcome, base=None) -> None:
+    trainer = counting(base or TRAINERS[spec.strategy.name])(copy.deepcopy(spec), link, slot, fault)
     trainer.seen = seen
     client = QuorumClient(link.quorum, slot, wait_s=30.0)
     try:
         store = store_client(link.store[0], link.store[1], 30.0)
         outcome[slot] = trainer.run(client, store, joining)
         client.close()
-    except RuntimeError as exc:  # the injected failure: the driver sees the connection close
+    except (RuntimeError, ConnectionError) as exc:  # a failure: the driver sees the connection close
         client.abandon()
         outcome[slot] = exc
 
@@ -220,3 +227,56 @@ def test_diloco_rounds_are_diloco_with_the_workers_weighted_by_rows() -> None:
     for name, expected in replicas[0].state_dict().items():
         torch.testing.assert_close(trained[name], expected, rtol=1e-5, atol=1e-6)
     assert not torch.equal(trained["weight"], start.weight)  # (it trained)
+
+
+def test_a_healer_lost_while_healing_costs_its_joiner_the_join_and_the_rest_go_on() -> None:
+    """Worker 1 lost; its replacement is to heal from worker 0, which is lost as it starts; the
+    replacement is dropped too, worker 2 goes on alone once its group times out forming, and a
+    second replacement heals from worker 2. Each epoch's rows are still trained once."""
+    spec = _spec()
+    quorum = Quorum(WORKERS, TRAINERS["allreduce"].cursor_for(spec, WORKERS).total_steps)
+    store = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
+    )
+    seen: list[dict[int, Counter[int]]] = [{} for _ in range(5)]
+    outcome: dict[int, object] = {}
+    with QuorumServer(quorum, "127.0.0.1", heartbeat_timeout_s=5.0) as server:
+        link = StepLink(server.info, ("127.0.0.1", store.port), WORKERS, 1, 3.0, 30.0)
+        slow = Fault("slow", 2, 1, delay_ms=15)
+        start = [
+            (0, None, DiesWhileHealing),
+            (1, Fault("raise", 1, 10), None),
+            (2, slow, None),
+        ]
+        threads = [
+            threading.Thread(target=_worker, args=(spec, link, w, False, f, seen[w], outcome, b))
+            for w, f, b in start
+        ]
+        for t in threads:
+            t.start()
+        threads[1].join(60)
+        while quorum.step < 14 and threads[2].is_alive():
+            time.sleep(0.01)
+        orphan = threading.Thread(target=_worker, args=(spec, link, 1, True, None, seen[3], outcome))
+        orphan.start()
+        for t in (threads[0], orphan):
+            t.join(60)
+        assert isinstance(outcome[0], RuntimeError) and isinstance(outcome[1], ConnectionError)
+        joiner = threading.Thread(target=_worker, args=(spec, link, 1, True, None, seen[4], outcome))
+        joiner.start()
+        for t in (threads[2], joiner):
+            t.join(60)
+    kinds = [(r["worker"], r["kind"], r.get("healed_from")) for r in quorum.records]
+    assert kinds == [
+        (1, "leave", None),
+        (1, "join", 0),
+        (0, "leave", None),
+        (1, "leave", None),
+        (1, "join", 2),
+    ]
+    assert quorum.records[1]["heal_s"] is None and quorum.records[4]["heal_s"] > 0
+    for epoch in range(EPOCHS):
+        counted = Counter()
+        for counts in seen:
+            counted.update(counts.get(epoch, Counter()))
+        assert counted == Counter(range(ROWS)), f"epoch {epoch + 1}: rows missed or repeated"

@@ -3,7 +3,7 @@
 The built-in CNN on Fashion-MNIST trains on ``local[W,F]`` (W workers), once without failures
 and once with a training worker's process SIGKILLed every ``--kill-every`` seconds, in each mode.
 A killer thread picks, among the Spark Python workers this process started (the children of
-its JVM's ``pyspark.daemon``), one that used CPU in the last half second (one that trains), and
+its JVM's Python daemon), one that used CPU in the last half second (one that trains), and
 kills it by its process id. Both modes get the same ``max_restarts`` (high enough for every
 kill) and no checkpoint directory: ``restart`` recovers from its temporary epoch-end
 checkpoints, ``step`` keeps the survivors training and heals a replacement from one of them.
@@ -49,8 +49,13 @@ def _cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])  # utime + stime
 
 
+def _is_daemon(cmdline: bytes) -> bool:
+    """Spark's Python worker daemon: sparkdp's (its sessions') or PySpark's own."""
+    return b"sparkdp.spark.daemon" in cmdline or b"pyspark.daemon" in cmdline
+
+
 def _spark_python_workers() -> list[int]:
-    """The workers forked by this process's JVM's pyspark daemon (found from this process down)."""
+    """The workers forked by this process's JVM's Python daemon (found from this process down)."""
     tree, found, todo = _children(), [], [os.getpid()]
     while todo:
         pid = todo.pop()
@@ -59,7 +64,7 @@ def _spark_python_workers() -> list[int]:
                 cmd = Path(f"/proc/{child}/cmdline").read_bytes()
             except OSError:
                 continue
-            if b"pyspark.daemon" in cmd and b"pyspark.daemon" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if _is_daemon(cmd) and _is_daemon(Path(f"/proc/{pid}/cmdline").read_bytes()):
                 found.append(child)  # forked by the daemon: a Python worker
             todo.append(child)
     return found

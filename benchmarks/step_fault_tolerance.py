@@ -100,6 +100,7 @@ def _run(args: argparse.Namespace, mode: str, kill: bool, spark) -> dict:
     killer = Killer(args.kill_every) if kill else None
     if killer is not None:
         killer.start()
+    started = time.perf_counter()
     try:
         result = sparkdp.fit(
             build_model("cnn-small"),
@@ -114,6 +115,10 @@ def _run(args: argparse.Namespace, mode: str, kill: bool, spark) -> dict:
             fault_tolerance=mode,
             max_restarts=args.max_restarts,
         )
+    except sparkdp.WorkerFailed as exc:  # more failures than max_restarts, or nothing to heal from
+        return {"mode": mode, "kills": len(killer.kills) if killer else 0, "failed": str(exc).splitlines()[0],
+                "wall_s": time.perf_counter() - started, "useful_samples_per_s": 0.0, "test_accuracy": None,
+                "restarts": None, "membership": [], "loss_curve": []}  # fmt: skip
     finally:
         if killer is not None:
             killer.stop.set()
@@ -221,10 +226,11 @@ def main() -> None:
     for free, killed in zip(runs[::2], runs[1::2]):
         joins = [m for m in killed["membership"] if m["kind"] == "join"]
         heal = ", ".join(f"{m['heal_s']:.2f} s" for m in joins if m.get("heal_s") is not None)
+        accuracy = "failed" if killed["test_accuracy"] is None else f"{killed['test_accuracy']:.4f}"
         print(
             f"| {free['mode']} | {killed['kills']} | {free['wall_s']:.1f} / {killed['wall_s']:.1f} "
             f"| {killed['useful_samples_per_s'] / free['useful_samples_per_s']:.2f} "
-            f"| {free['test_accuracy']:.4f} / {killed['test_accuracy']:.4f} | {killed['restarts']} "
+            f"| {free['test_accuracy']:.4f} / {accuracy} | {killed['restarts']} "
             f"| {len(joins)} ({heal or 'none'}) |"
         )
     if args.json_out:

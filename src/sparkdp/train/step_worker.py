@@ -30,8 +30,9 @@ from ..comm.quorum_group import QuorumGroup, store_client
 from ..errors import ConfigError, ProtocolError, TrainingDiverged
 from ..ps.transport.base import ConnectInfo
 from .batch import forward_loss
+from .evaluator import evaluate
 from .faults import Fault
-from .loop import FitSpec, evaluate
+from .loop import FitSpec
 from .quorum_client import QuorumClient
 from .quorum_messages import JOINING, Decision
 from .report import WorkerReport

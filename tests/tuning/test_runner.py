@@ -191,6 +191,73 @@ def test_concurrent_trials_run_at_once_each_on_its_share():
     assert [r.state for r in records] == ["complete"] * 4 and most[0] == 2
 
 
+class _AskingTogether:
+    """A study whose ``ask`` lets a second thread in before it pops a trial (a barrier both must
+    reach, or 1 s): the interleaving in which SQLite hands one queued trial to both."""
+
+    def __init__(self, study):
+        self.study, self.inside, self.most = study, 0, 0
+        self.lock, self.together = threading.Lock(), threading.Barrier(2, timeout=1.0)
+
+    def ask(self):
+        with self.lock:
+            self.inside += 1
+            self.most = max(self.most, self.inside)
+        try:
+            self.together.wait()
+        except threading.BrokenBarrierError:
+            pass  # alone in ask: the other thread waits outside
+        try:
+            return self.study.ask()
+        finally:
+            with self.lock:
+                self.inside -= 1
+
+    def __getattr__(self, name):
+        return getattr(self.study, name)
+
+
+@pytest.mark.timeout(30)
+def test_concurrent_trials_ask_one_at_a_time_and_never_share_a_queued_trial(tmp_path):
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(storage=url, study_name="q", direction="maximize")
+    lrs = [0.2, 0.7, 0.3, 0.9]
+    for lr in lrs:
+        study.enqueue_trial({"lr": lr})
+    asking = _AskingTogether(optuna.load_study(storage=url, study_name="q"))
+    calls: list = []
+    records = _search(2, study=asking, make=_known_training(2, calls)).run(4)
+    assert asking.most == 1
+    assert sorted(r.number for r in records) == [0, 1, 2, 3]
+    assert sorted(n for n, _, _ in calls) == [0, 1, 2, 3]
+    done = optuna.load_study(storage=url, study_name="q").get_trials()
+    assert [(t.params["lr"], t.state, t.value) for t in done] == [
+        (lr, optuna.trial.TrialState.COMPLETE, pytest.approx(2 * lr)) for lr in lrs
+    ]
+
+
+def test_an_epoch_that_arrives_after_the_trial_ended_is_dropped():
+    study = optuna.create_study(direction="maximize")
+    study.enqueue_trial({"lr": 0.5})
+    late: list = []
+
+    def make(trial):
+        trial.suggest_float("lr", 0.0, 1.0)
+
+        def train(job, on_epoch, reserved_slots):
+            late.append(on_epoch)  # the hub's thread may still hold it when the job returns
+            on_epoch({"epoch": 1, "acc": 0.5})
+            return SimpleNamespace(history=[{"epoch": 1, "acc": 0.5}])
+
+        return TrialJob(JobConfig.of({"workers": 1}), train)
+
+    (record,) = _search(1, study=study, make=make).run(1)
+    assert late[0]({"epoch": 2, "acc": 0.9}) is False  # no UpdateFinishedTrialError, no stop asked
+    (trial,) = study.get_trials()
+    assert trial.state == optuna.trial.TrialState.COMPLETE and trial.intermediate_values == {1: 0.5}
+    assert record.intermediate == {1: 0.5}
+
+
 def test_a_stopped_study_resumes_without_repeating_finished_trials(spark, tmp_path):
     url = f"sqlite:///{tmp_path / 'study.db'}"
     calls: list = []

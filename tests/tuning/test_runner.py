@@ -1,4 +1,4 @@
-"""The search's machinery without training: the slot pool, trial sizing, the stop request, the
+"""The search's machinery without training: the slot pool, trial sizing, the
 study's sampler/pruner names, and a search over trials whose training is a known function."""
 
 from __future__ import annotations
@@ -12,10 +12,8 @@ import pytest
 
 import sparkdp.tuning.tune as tuning
 from sparkdp.config import JobConfig
-from sparkdp.driver.monitoring import epoch_listener
 from sparkdp.errors import ConfigError
 from sparkdp.spark.cluster import oversubscription
-from sparkdp.train.stop import StopNotice
 from sparkdp.tuning import study as studies
 from sparkdp.tuning.runner import Search, SlotPool, TrialJob
 
@@ -74,33 +72,6 @@ def test_threads_on_slots_the_search_holds_do_not_warn(spark):
     assert "spark.task.cpus=1" in oversubscription(spark, 1, 2)
     assert oversubscription(spark, 1, 2, reserved=2) is None
     assert "threads=3" in oversubscription(spark, 1, 3, reserved=2)
-
-
-def test_the_stop_request_is_posted_read_and_cleared(tmp_path):
-    notice = StopNotice(str(tmp_path / ".stop-x"))
-    assert not notice.posted()
-    notice.post()
-    assert notice.posted() and (tmp_path / ".stop-x").exists()
-    notice.clear()
-    assert not notice.posted()
-    missing = StopNotice(str(tmp_path / "no" / "such" / ".stop"))
-    assert not missing.posted()
-
-
-def test_the_epoch_listener_posts_the_notice_when_asked_to_stop(spark):
-    asked = []
-    with epoch_listener(lambda r: asked.append(r["epoch"]) or r["epoch"] >= 2, JobConfig.of({}), spark) as (
-        listener,
-        notice,
-    ):
-        assert notice is not None and notice.shared  # local[2]: the workers read the driver's files
-        listener({"epoch": 1})
-        assert not notice.posted()
-        listener({"epoch": 2})
-        assert notice.posted()
-    assert asked == [1, 2]
-    with epoch_listener(None, JobConfig.of({}), spark) as (listener, notice):
-        assert listener is None and notice is None
 
 
 @pytest.mark.parametrize(

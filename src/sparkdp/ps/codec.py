@@ -62,6 +62,8 @@ class Op(enum.IntEnum):
     REPORT = 10  # client -> server: a monitoring record (JSON only, no reply; sparkdp.monitor)
     INIT = 11  # client -> server: the initial centre, for a server started without one (first one wins)
     INIT_REPLY = 12  # server -> client: the model description, as in AUTH_OK
+    ASK = 13  # client -> server: a monitoring record that wants an answer (JSON only; sparkdp.monitor)
+    ANSWER = 14  # server -> client: the answer to an ASK (JSON only)
 
 
 class Flag(enum.IntFlag):

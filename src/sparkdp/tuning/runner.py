@@ -86,6 +86,9 @@ class TrialRecord:
     state: str = "running"
     value: float | None = None
     wall_s: float = 0.0
+    #: the trial's job: its whole call (start, data, training, evaluation) and its training loops
+    job_s: float | None = None
+    train_s: float | None = None
     intermediate: dict[int, float] = field(default_factory=dict)
     error: str | None = None
 
@@ -153,6 +156,10 @@ class Search:
                 result = planned.train(
                     job, on_epoch=self._listener(trial, record, pruned, ending), reserved_slots=slots
                 )
+            record.job_s, record.train_s = (
+                getattr(result, "wall_s", None),
+                getattr(result, "train_time_s", None),
+            )
             record.value = _final(result.history, self.metric)
         except Exception as exc:  # noqa: BLE001 - a failed trial is recorded; the search goes on
             record.params = record.params or dict(trial.params)
@@ -200,7 +207,9 @@ class Search:
                 trial.report(float(value), step)
                 if trial.should_prune():
                     pruned.set()
-                    self.echo(f"trial {record.number:>3} pruning after epoch {step} ({self.metric} {value:.4f})")
+                    self.echo(
+                        f"trial {record.number:>3} pruning after epoch {step} ({self.metric} {value:.4f})"
+                    )
                 return pruned.is_set()
 
         return on_epoch
@@ -256,6 +265,7 @@ def summary(study: Any, records: list[TrialRecord], metric: str) -> dict[str, An
                 ),
                 "value": t.value if t.state == TrialState.COMPLETE else None,
                 "wall_s": ours.wall_s if ours else _duration(t),
+                **({"job_s": ours.job_s, "train_s": ours.train_s} if ours and ours.job_s is not None else {}),
                 "intermediate": {str(k): v for k, v in sorted(t.intermediate_values.items())},
                 **({"error": ours.error} if ours and ours.error else {}),
             }

@@ -127,9 +127,9 @@ def test_a_streamed_dataframe_job_asked_to_stop_starts_no_further_epoch(spark):
     assert seen == [1] and [h["epoch"] for h in result.history] == [1]
 
 
+# allreduce: every rank agrees on rank 0's answer; asgd: each asynchronous worker asks for itself
 @pytest.mark.parametrize(
-    ("strategy", "options"),
-    [("allreduce", {}), ("asgd", {"rule_options": {"lr": 0.05}})],  # every rank agrees; each asynchronous worker asks
+    ("strategy", "options"), [("allreduce", {}), ("asgd", {"rule_options": {"lr": 0.05}})]
 )
 def test_a_job_asked_to_stop_after_an_epoch_trains_no_further_epoch(spark, strategy, options):
     from sparkdp.config import JobConfig

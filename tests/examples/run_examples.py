@@ -5,7 +5,8 @@ the first one's ``sparkdp.session()`` starts Spark and the others reuse it (test
     python tests/examples/run_examples.py '[["fit_arrays.py", "2000", "/tmp/x/fit_arrays"], ...]'
 
 After each program, one line ``RESULT <json>`` with its name, exit status (that of ``sys.exit``;
-1 and the traceback for an exception) and everything it printed."""
+1 and the traceback for an exception), everything it printed and its wall seconds (``wall_s``,
+to find what makes the examples' test long)."""
 
 import contextlib
 import io
@@ -13,6 +14,7 @@ import json
 import os
 import runpy
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -23,6 +25,7 @@ MARK = "RESULT "
 def run_one(name: str, rows: str, cwd: str) -> dict:
     printed = io.StringIO()
     status: int | str = 0
+    started = time.perf_counter()
     os.environ["SPARKDP_EXAMPLE_ROWS"] = rows  # read when the example's module body runs
     os.chdir(cwd)
     argv = sys.argv
@@ -40,7 +43,8 @@ def run_one(name: str, rows: str, cwd: str) -> dict:
         traceback.print_exc()
     finally:
         sys.argv = argv
-    return {"name": name, "returncode": status, "stdout": printed.getvalue()}
+    wall_s = round(time.perf_counter() - started, 2)
+    return {"name": name, "returncode": status, "stdout": printed.getvalue(), "wall_s": wall_s}
 
 
 def main() -> None:

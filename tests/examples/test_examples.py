@@ -43,6 +43,15 @@ EXAMPLES = {
     "tune_cnn.py": "tune_cnn: test accuracy ",
 }
 
+# examples run only by `make test-all`, each with the tests that cover the same path in `make test`
+SLOW = {
+    # the longest example (Spark jobs that tokenize, train LoRA 3 epochs, score twice and generate,
+    # each task opening transformers and PEFT): tests/spark/test_fine_tune_e2e.py tokenizes and
+    # packs a table, trains, exports and reopens LoRA adapters in PEFT; tests/spark/test_predict.py
+    # scores with output="loss"; tests/models/test_generation.py ships a PEFT model to generate
+    "fine_tune_table.py": pytest.mark.slow,
+}
+
 
 def _missing_for(name: str) -> str | None:
     """Why an example cannot run here, or None."""
@@ -85,7 +94,9 @@ def example_runs(request, tmp_path_factory) -> tuple[dict[str, dict], subprocess
 @pytest.mark.e2e
 @needs_fashion
 @pytest.mark.timeout(1800)  # the first test's set-up runs every example (about 20 s each on 2 cores)
-@pytest.mark.parametrize("name", sorted(EXAMPLES))
+@pytest.mark.parametrize(
+    "name", [pytest.param(name, marks=SLOW[name]) if name in SLOW else name for name in sorted(EXAMPLES)]
+)
 def test_example_runs_on_a_small_slice(name, example_runs):
     if (missing := _missing_for(name)) is not None:
         pytest.skip(missing)

@@ -458,3 +458,38 @@ def test_steps_count_optimizer_steps_and_a_language_models_tokens_per_second_sho
     assert "160 tokens/s" in headline, headline
     assert "test_perplexity 4.4817" in capsys.readouterr().out
     assert _records(tmp_path, "job")[-1]["tokens_per_s"] == pytest.approx(160.0)
+
+
+def test_a_question_is_answered_after_the_epoch_listener_saw_the_epoch_it_carries(tmp_path):
+    heard: list[int] = []
+
+    def on_epoch(record):  # stop from epoch 2 on (a pruner's decision)
+        heard.append(record["epoch"])
+        return record["epoch"] >= 2
+
+    with MonitorHub(world_size=2, config={}, run_dir=str(tmp_path), display=False, on_epoch=on_epoch) as hub:
+        rank0, rank1 = Probe(hub.link, rank=0), Probe(hub.link, rank=1)
+        assert rank1.ask("stop_query", epoch=1) == {"stop": False}  # nothing asked for yet
+        assert rank0.ask("epoch", epoch=1, loss=2.0) == {"stop": False}
+        assert rank0.ask("epoch", epoch=2, loss=1.0) == {"stop": True}  # the answer covers epoch 2
+        assert heard == [1, 2] and hub.stop_after == 2
+        # an asynchronous worker behind rank 0 trains on to the epoch the decision was made on
+        assert rank1.ask("stop_query", epoch=1) == {"stop": False}
+        assert rank1.ask("stop_query", epoch=2) == {"stop": True}
+        assert rank1.ask("stop_query", epoch="x") == {"stop": True}  # refused as a record, still answered
+        for probe in (rank0, rank1):
+            probe.close()
+    assert [r["epoch"] for r in _records(tmp_path, "epoch")] == [1, 2]  # kept like any epoch record
+    assert not _records(tmp_path, "stop_query")
+
+
+def test_a_driver_that_does_not_answer_stops_no_job(caplog):
+    from sparkdp.monitor.probe import NoProbe
+
+    assert NoProbe().ask("epoch", epoch=1) == {}
+    with MonitorHub(world_size=1, config={}, display=False, on_epoch=lambda r: True) as hub:
+        probe = Probe(hub.link, rank=0)
+        hub.close()  # the driver went away
+        assert probe.ask("epoch", epoch=1) == {} and probe.ask("epoch", epoch=2) == {}
+        probe.close()
+    assert sum("did not answer" in r.getMessage() for r in caplog.records) == 1  # logged once

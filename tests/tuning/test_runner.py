@@ -1,4 +1,4 @@
-"""The search's machinery without training: the slot pool, trial sizing, the stop request, the
+"""The search's machinery without training: the slot pool, trial sizing, the
 study's sampler/pruner names, and a search over trials whose training is a known function."""
 
 from __future__ import annotations
@@ -12,10 +12,8 @@ import pytest
 
 import sparkdp.tuning.tune as tuning
 from sparkdp.config import JobConfig
-from sparkdp.driver.monitoring import epoch_listener
 from sparkdp.errors import ConfigError
 from sparkdp.spark.cluster import oversubscription
-from sparkdp.train.stop import StopNotice
 from sparkdp.tuning import study as studies
 from sparkdp.tuning.runner import Search, SlotPool, TrialJob
 
@@ -74,33 +72,6 @@ def test_threads_on_slots_the_search_holds_do_not_warn(spark):
     assert "spark.task.cpus=1" in oversubscription(spark, 1, 2)
     assert oversubscription(spark, 1, 2, reserved=2) is None
     assert "threads=3" in oversubscription(spark, 1, 3, reserved=2)
-
-
-def test_the_stop_request_is_posted_read_and_cleared(tmp_path):
-    notice = StopNotice(str(tmp_path / ".stop-x"))
-    assert not notice.posted()
-    notice.post()
-    assert notice.posted() and (tmp_path / ".stop-x").exists()
-    notice.clear()
-    assert not notice.posted()
-    missing = StopNotice(str(tmp_path / "no" / "such" / ".stop"))
-    assert not missing.posted()
-
-
-def test_the_epoch_listener_posts_the_notice_when_asked_to_stop(spark):
-    asked = []
-    with epoch_listener(lambda r: asked.append(r["epoch"]) or r["epoch"] >= 2, JobConfig.of({}), spark) as (
-        listener,
-        notice,
-    ):
-        assert notice is not None and notice.shared  # local[2]: the workers read the driver's files
-        listener({"epoch": 1})
-        assert not notice.posted()
-        listener({"epoch": 2})
-        assert notice.posted()
-    assert asked == [1, 2]
-    with epoch_listener(None, JobConfig.of({}), spark) as (listener, notice):
-        assert listener is None and notice is None
 
 
 @pytest.mark.parametrize(
@@ -189,6 +160,73 @@ def test_concurrent_trials_run_at_once_each_on_its_share():
 
     records = _search(2, study=study, make=make).run(4)
     assert [r.state for r in records] == ["complete"] * 4 and most[0] == 2
+
+
+class _AskingTogether:
+    """A study whose ``ask`` lets a second thread in before it pops a trial (a barrier both must
+    reach, or 1 s): the interleaving in which SQLite hands one queued trial to both."""
+
+    def __init__(self, study):
+        self.study, self.inside, self.most = study, 0, 0
+        self.lock, self.together = threading.Lock(), threading.Barrier(2, timeout=1.0)
+
+    def ask(self):
+        with self.lock:
+            self.inside += 1
+            self.most = max(self.most, self.inside)
+        try:
+            self.together.wait()
+        except threading.BrokenBarrierError:
+            pass  # alone in ask: the other thread waits outside
+        try:
+            return self.study.ask()
+        finally:
+            with self.lock:
+                self.inside -= 1
+
+    def __getattr__(self, name):
+        return getattr(self.study, name)
+
+
+@pytest.mark.timeout(30)
+def test_concurrent_trials_ask_one_at_a_time_and_never_share_a_queued_trial(tmp_path):
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(storage=url, study_name="q", direction="maximize")
+    lrs = [0.2, 0.7, 0.3, 0.9]
+    for lr in lrs:
+        study.enqueue_trial({"lr": lr})
+    asking = _AskingTogether(optuna.load_study(storage=url, study_name="q"))
+    calls: list = []
+    records = _search(2, study=asking, make=_known_training(2, calls)).run(4)
+    assert asking.most == 1
+    assert sorted(r.number for r in records) == [0, 1, 2, 3]
+    assert sorted(n for n, _, _ in calls) == [0, 1, 2, 3]
+    done = optuna.load_study(storage=url, study_name="q").get_trials()
+    assert [(t.params["lr"], t.state, t.value) for t in done] == [
+        (lr, optuna.trial.TrialState.COMPLETE, pytest.approx(2 * lr)) for lr in lrs
+    ]
+
+
+def test_an_epoch_that_arrives_after_the_trial_ended_is_dropped():
+    study = optuna.create_study(direction="maximize")
+    study.enqueue_trial({"lr": 0.5})
+    late: list = []
+
+    def make(trial):
+        trial.suggest_float("lr", 0.0, 1.0)
+
+        def train(job, on_epoch, reserved_slots):
+            late.append(on_epoch)  # the hub's thread may still hold it when the job returns
+            on_epoch({"epoch": 1, "acc": 0.5})
+            return SimpleNamespace(history=[{"epoch": 1, "acc": 0.5}])
+
+        return TrialJob(JobConfig.of({"workers": 1}), train)
+
+    (record,) = _search(1, study=study, make=make).run(1)
+    assert late[0]({"epoch": 2, "acc": 0.9}) is False  # no UpdateFinishedTrialError, no stop asked
+    (trial,) = study.get_trials()
+    assert trial.state == optuna.trial.TrialState.COMPLETE and trial.intermediate_values == {1: 0.5}
+    assert record.intermediate == {1: 0.5}
 
 
 def test_a_stopped_study_resumes_without_repeating_finished_trials(spark, tmp_path):

@@ -136,9 +136,6 @@ def test_a_study_is_one_parent_run_with_a_child_run_per_trial(spark, tmp_path, m
     assert errors == ["ConfigError: cannot read s3://***@bucket/data", "RuntimeError: the job failed"]
 
 
-# Kept out of make test until a race is fixed: once in a full run, Optuna's tell raised
-# UpdateFinishedTrialError (a trial told twice, or marked finished by another thread) here.
-@pytest.mark.slow
 def test_concurrent_trials_never_write_into_each_others_runs(spark, tmp_path):
     lrs = [0.2, 0.7]
     together = threading.Barrier(2, timeout=30)  # both trials log each epoch before either goes on

@@ -60,7 +60,8 @@ def test_two_trials_at_once_write_their_results_and_the_best(spark, tmp_path):
     assert written == json.loads(json.dumps(result))
     assert [t["state"] for t in written["trials"]] == ["complete"] * 2
     for t in written["trials"]:
-        assert set(t) >= {"params", "state", "value", "wall_s", "intermediate"} and t["wall_s"] > 0
+        assert set(t) >= {"params", "state", "value", "wall_s", "intermediate"}
+        assert t["wall_s"] >= t["job_s"] > t["train_s"] > 0  # the job inside the trial, training inside it
         assert t["intermediate"] == {"1": t["value"]}  # the one epoch's test accuracy reached the study
     best = written["trials"][written["best"]["number"]]  # (ties: Optuna keeps the first to finish)
     assert written["best"] == {"number": best["number"], "params": best["params"], "value": best["value"]}
@@ -102,7 +103,7 @@ def test_the_median_pruner_stops_a_bad_trial_early_and_a_failed_trial_is_recorde
     good, _, bad, failed = result["trials"]
     assert good["state"] == "complete" and len(good["intermediate"]) == 3
     assert bad["params"]["lr"] == 1e-7 and bad["state"] == "pruned"
-    assert len(bad["intermediate"]) < 3  # it stopped at an epoch boundary before the end
+    assert len(bad["intermediate"]) == 1  # pruned on epoch 1's results: it trained no epoch 2
     assert any("pruning after epoch 1" in line for line in lines)
     assert failed["state"] == "failed" and "ConfigError" in failed["error"] and "period" in failed["error"]
     assert result["best"]["params"] == {"lr": 0.1, "period": 2}
@@ -122,8 +123,28 @@ def test_a_streamed_dataframe_job_asked_to_stop_starts_no_further_epoch(spark):
     result = fit_job(
         torch.nn.Linear(16, 10), df, job, spark=spark, on_epoch=lambda r: seen.append(r["epoch"]) or True
     )
-    # asked after epoch 1: the driver sees it before epoch 2's stage, or at the latest before epoch 3's
-    assert seen[:1] == [1] and [h["epoch"] for h in result.history] in ([1], [1, 2])
+    # asked after epoch 1: epoch 1's stage ended after the answer, so no epoch 2 stage started
+    assert seen == [1] and [h["epoch"] for h in result.history] == [1]
+
+
+# allreduce: every rank agrees on rank 0's answer; asgd: each asynchronous worker asks for itself
+@pytest.mark.parametrize(
+    ("strategy", "options"), [("allreduce", {}), ("asgd", {"rule_options": {"lr": 0.05}})]
+)
+def test_a_job_asked_to_stop_after_an_epoch_trains_no_further_epoch(spark, strategy, options):
+    from sparkdp.config import JobConfig
+    from sparkdp.driver.api import fit_job
+
+    seen: list[int] = []
+    job = JobConfig.of({"workers": 2, "epochs": 4, "batch_size": 64, "strategy": strategy,
+                        "strategy_options": options, "threads": 1})  # fmt: skip
+    result = fit_job(
+        torch.nn.Linear(16, 10), TRAIN, job, spark=spark, eval_data=TEST,
+        on_epoch=lambda r: seen.append(r["epoch"]) or r["epoch"] >= 2,
+    )  # fmt: skip
+    # pruned on epoch 2's results: the job ends after epoch 2 (not 3), with its test accuracy
+    assert seen == [1, 2] and [h["epoch"] for h in result.history] == [1, 2]
+    assert result.history[-1]["test_accuracy"] > 0.5
 
 
 def test_a_real_trial_logs_its_epochs_into_its_child_run(spark, tmp_path, monkeypatch):

@@ -42,7 +42,7 @@ from ..train.result import TrainResult
 from ..train.schedule import unknown_length
 from ..train.tokens import check_token_batch
 from .jobs import JobRun, kind_for
-from .monitoring import epoch_listener, monitored, wants_monitoring
+from .monitoring import monitored, wants_monitoring
 
 log = logging.getLogger(__name__)
 
@@ -249,9 +249,9 @@ def fit_job(
     """:func:`fit` with the job's settings as one :class:`~sparkdp.config.JobConfig`.
 
     ``on_epoch(record)`` is called on the driver with each epoch's results (``history``'s record,
-    as rank 0 sends it while the job runs); when it returns True the workers stop at the next
-    epoch's end and the job returns the epochs run so far (``sparkdp.train.stop``; a search
-    prunes trials this way). ``reserved_slots``: task slots the caller keeps free for this job
+    as rank 0 sends it while the job runs); when it returns True the workers stop after that
+    epoch and the job returns the epochs run so far (the answer to rank 0's epoch record on the
+    monitoring connection, ``sparkdp.monitor.hub``; a search prunes trials this way). ``reserved_slots``: task slots the caller keeps free for this job
     alone (a search's slot pool), so its workers' ``threads`` may use their cores."""
     started = time.perf_counter() if started is None else started
     model = resolve_model(model)
@@ -314,8 +314,8 @@ def fit_job(
     # Same-machine executors map in-memory data from files instead of unpickling a copy each.
     with shared_with_workers(on_driver_machine(spark), train, test) as (train, test):
         spec = replace(spec, train=train, eval=test)
-        with epoch_listener(on_epoch, job, spark) as (listener, notice):
-            return _fit_on_spark(replace(spec, stop=notice), job, workers, spark, started, listener)
+        spec = replace(spec, stoppable=on_epoch is not None)
+        return _fit_on_spark(spec, job, workers, spark, started, on_epoch)
 
 
 def _dict_batches_for_model_loss(columns: Columns, loss_fn: Callable) -> Columns:
@@ -355,7 +355,7 @@ def _fit_on_spark(
     workers: int,
     spark: Any,
     started: float,
-    on_epoch: Callable[[dict[str, Any]], None] | None = None,
+    on_epoch: Callable[[dict[str, Any]], bool | None] | None = None,
 ) -> TrainResult:
     model, train, strategy_obj = spec.model, spec.train, spec.strategy
     log.info(

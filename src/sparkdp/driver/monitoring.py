@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import tempfile
-import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 from ..config import JobConfig
 from ..monitor.hub import MonitorHub
 from ..strategies.base import Strategy
-from ..train.stop import StopNotice
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +29,7 @@ def monitored(
     details: dict[str, Any] | None = None,
     strategy: Strategy | None = None,
     unreachable: str | None = None,
-    on_epoch: Callable[[dict[str, Any]], None] | None = None,
+    on_epoch: Callable[[dict[str, Any]], bool | None] | None = None,
 ) -> Iterator[MonitorHub | None]:
     """The job's :class:`MonitorHub`, or None when nothing would show or keep its records
     (``show_progress=False`` and no run directory, TensorBoard or MLflow): then the workers
@@ -41,7 +37,7 @@ def monitored(
     connections are encrypted too. ``unreachable`` (why executors cannot connect to this
     process) turns live monitoring off with one line: the job's results still come back
     through its Spark stage. ``on_epoch`` is called with each epoch's results as they arrive
-    (the hub then runs even when nothing is shown or kept)."""
+    (the hub then runs even when nothing is shown or kept); True asks the job to stop."""
     if not wants_monitoring(job) and on_epoch is None:
         yield None
         return
@@ -72,35 +68,3 @@ def monitored(
         on_epoch=on_epoch,
     ) as hub:
         yield hub
-
-
-@contextlib.contextmanager
-def epoch_listener(
-    on_epoch: Callable[[dict[str, Any]], bool | None] | None, job: JobConfig, spark: Any
-) -> Iterator[tuple[Callable[[dict[str, Any]], None] | None, StopNotice | None]]:
-    """``on_epoch`` as the hub's listener, and the :class:`StopNotice` it posts when it returns True.
-
-    The notice is a file in a temporary directory where every executor runs on this machine,
-    else beside the job's checkpoints (the one place driver and workers share). With neither it
-    is a driver-local file the workers do not read (``shared=False``): a streamed DataFrame's
-    job still stops between its epoch stages, any other job asked to stop runs to its end."""
-    if on_epoch is None:
-        yield None, None
-        return
-    from ..spark.cluster import on_driver_machine
-
-    with contextlib.ExitStack() as stack:
-        name = f".stop-{uuid.uuid4().hex}"
-        if job.checkpoints.checkpoint_dir is not None and not on_driver_machine(spark):
-            base = str(job.checkpoints.checkpoint_dir).rstrip("/")
-            notice = StopNotice(f"{base}/{name}", dict(job.checkpoints.checkpoint_storage_options or {}))
-            stack.callback(notice.clear)
-        else:
-            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="sparkdp-stop-"))
-            notice = StopNotice(str(Path(folder) / name), shared=on_driver_machine(spark))
-
-        def listener(record: dict[str, Any]) -> None:
-            if on_epoch(record):
-                notice.post()
-
-        yield listener, notice

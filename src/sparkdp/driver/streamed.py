@@ -2,8 +2,9 @@
 
 The driver holds the model, optimizer and strategy state at every epoch's end (rank 0 returns
 them), so a failed epoch stage runs again from the start of that epoch; that state is also
-saved as the epoch's checkpoint when the job has a checkpoint directory. A stop the driver was
-asked for (``FitSpec.stop``, a pruned search trial) ends the job before the next epoch's stage.
+saved as the epoch's checkpoint when the job has a checkpoint directory. A stop the driver's
+epoch listener asked for (a pruned search trial; it answered rank 0's epoch results before the
+stage ended) ends the job before the next epoch's stage.
 """
 
 from __future__ import annotations
@@ -52,10 +53,12 @@ def fit_epochs(
     controller: Controller[WorkerReport],
     spark: Any,
     checkpoint: CheckpointPolicy | None,
+    stop_requested: Callable[[], bool] = lambda: False,
 ) -> WorkerReport:
     """Train ``spec.epochs`` epochs of ``source`` (a ``spark.dataframe.DataFrameSource``), one
     stage per epoch, each under ``controller``; rank 0's merged report. A spec resumed from a
-    checkpoint (``spec.part``) starts at its epoch; ``checkpoint`` saves every epoch's state."""
+    checkpoint (``spec.part``) starts at its epoch; ``checkpoint`` saves every epoch's state;
+    ``stop_requested()`` True after an epoch's stage: no further stage."""
     from ..spark.dataframe import epoch_stage
 
     source.prepare(controller.requested, spec.epochs)
@@ -110,7 +113,7 @@ def fit_epochs(
                 workers=controller.now,
                 model_record=model_record(spec.model),
             )
-        if epoch < last and spec.stop is not None and spec.stop.posted():
+        if epoch < last and stop_requested():
             # the driver asked the job to stop (a pruned search trial): no further epoch stage
             log.info("the driver asked the job to stop; stopping after epoch %d", epoch + 1)
             break

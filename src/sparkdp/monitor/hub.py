@@ -6,6 +6,7 @@ Records (JSON objects, see ``sparkdp.monitor.probe``):
 * ``metrics``: a worker's cumulative counters and usage; the hub adds the window's rates
   (``samples_per_s``, ``loss``, the data/compute/communication split, network bytes/s);
 * ``epoch_start``, ``epoch``: an epoch begins; an epoch's results (rank 0);
+* ``stop_query``: whether the driver wants the job to stop (a worker of an asynchronous job);
 * ``output``: a chunk of what a worker's script printed (``sparkdp launch``), shown here
   with a ``[rank R]`` prefix;
 * ``warning``: stragglers and bottlenecks found here (``sparkdp.monitor.stragglers``);
@@ -15,6 +16,14 @@ Records (JSON objects, see ``sparkdp.monitor.probe``):
 The endpoint is the parameter-server transport with no parameter server behind it: the
 same HMAC handshake and per-frame MACs, JSON only, bound to the driver's address, and TLS
 when the job asks for it (a launched script's whole output crosses the network here).
+
+A record sent as a question (``ASK``) gets ``{"stop": bool}`` back: whether the job's epoch
+listener has asked it to stop (a pruned search trial) after an epoch no later than the record's.
+Rank 0 sends a stoppable job's epoch results that way, so the answer covers the epoch it just
+sent: the listener runs on this connection's thread before the answer goes back, and the job
+stops after that same epoch. A worker of an asynchronous job asks at each of its epoch ends
+(``stop_query``), so it too stops after that epoch, or at its first end after the decision
+if it is ahead of rank 0.
 
 Forwarded output is handled as a terminal would: ``\n`` ends a line and ``\r`` does too (a
 progress bar redrawn with ``\r`` is shown as its latest state, once per chunk, instead of
@@ -78,7 +87,8 @@ class MonitorHub:
         comm_is_own: the workers' communication waits for no peer (asynchronous strategies), so a
             worker communicating longer than the others is slow on its own link.
         on_epoch: called with each epoch's results (once per epoch; a listener that raises is
-            logged, never fails the job).
+            logged, never fails the job); when it returns True the job is asked to stop
+            after that epoch (:attr:`stop_after`, the answer to the workers' questions).
 
     An asynchronous job sets ``server_metrics`` to its parameter server's ``metrics()``. Server
     tasks on the executors (``servers=K``) report their own figures as ``server`` records, kept
@@ -100,10 +110,12 @@ class MonitorHub:
         title: str = "sparkdp",
         tls: bool = False,
         comm_is_own: bool = False,
-        on_epoch: Callable[[dict[str, Any]], None] | None = None,
+        on_epoch: Callable[[dict[str, Any]], bool | None] | None = None,
     ) -> None:
         self.interval_s = interval_s
         self._on_epoch = on_epoch
+        #: the epoch after which the listener asked the job to stop (a pruned trial), or None
+        self.stop_after: int | None = None
         self.server_metrics: Callable[[], dict[str, Any]] | None = None
         self._summarised = False  # finish() wrote the summary: the last record of the run log
         self.started = time.time()
@@ -193,7 +205,21 @@ class MonitorHub:
             self._emit({"type": "restart", "kind": kind, "time": time.time(), **record})
 
     # -- records ----------------------------------------------------------------------------
-    def _on_report(self, worker: int, record: dict[str, Any]) -> None:
+    @property
+    def stop_requested(self) -> bool:
+        """Whether the epoch listener asked the job to stop."""
+        return self.stop_after is not None
+
+    def _on_report(self, worker: int, record: dict[str, Any]) -> dict[str, Any]:
+        """Take one record; the answer to a worker's question (``ASK``): whether to stop after
+        the record's epoch (after any, for a record without a valid one)."""
+        self._take(worker, record)
+        epoch = record.get("epoch")
+        if self.stop_after is None or (type(epoch) is int and epoch < self.stop_after):
+            return {"stop": False}
+        return {"stop": True}
+
+    def _take(self, worker: int, record: dict[str, Any]) -> None:
         kind = record.get("type")
         if kind not in KINDS:
             log.debug("ignoring a monitoring record of unknown type %r from worker %d", kind, worker)
@@ -212,10 +238,13 @@ class MonitorHub:
                 wrong,
             )
             return
+        if kind == "stop_query":
+            return  # (only the answer matters)
         record = {**record, "rank": worker}  # the authenticated id, not the claimed one
         if self._keep(kind, worker, record) and kind == "epoch" and self._on_epoch is not None:
             try:  # (outside the lock: a search's pruner may take its time)
-                self._on_epoch(record)
+                if self._on_epoch(record) and self.stop_after is None:
+                    self.stop_after = record["epoch"]
             except Exception:  # a listener's failure must not fail the job
                 log.warning("the epoch listener failed on %s", record, exc_info=True)
 

@@ -7,6 +7,9 @@ record of *cumulative* values (a lost or late record is made good by the next on
 travel on the parameter-server transport's authenticated channel (``Op.REPORT``, JSON only).
 Monitoring never fails training: a driver that cannot be reached turns this worker's probe off
 with one warning.
+
+:meth:`Probe.ask` sends a record from the training thread itself and waits for the driver's
+answer (``Op.ASK``): how a stoppable job's epoch end learns whether the driver wants it to stop.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ class Probe:
         self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self._stop = threading.Event()
         self._client = None
+        self._unanswered = False
         try:
             if connect is None:
                 from ..ps.transport.tcp import TcpTransport
@@ -152,6 +156,18 @@ class Probe:
     def output(self, stream: str, text: str) -> None:
         for i in range(0, len(text), _OUTPUT_CHUNK):
             self.event("output", stream=stream, text=text[i : i + _OUTPUT_CHUNK])
+
+    def ask(self, kind: str, **fields: Any) -> dict[str, Any]:
+        """Send a record now and return the driver's answer; ``{}`` without one (no monitoring,
+        or the driver did not answer: logged once, and training goes on)."""
+        if self._client is None or self._unanswered:
+            return {}
+        try:
+            return self._client.ask({"type": kind, "rank": self.rank, "time": time.time(), **fields})
+        except Exception as exc:  # monitoring must not fail the job
+            self._unanswered = True
+            log.warning("worker %d: the driver did not answer (no further questions): %s", self.rank, exc)
+            return {}
 
     def close(self) -> None:
         """Send a last record and stop the thread (waits for queued records, a few seconds at most)."""
@@ -248,6 +264,9 @@ class NoProbe:
     def count_steps(self, optimizer: Any, rows: int, comm_stats: Callable[..., Any]) -> None: ...
     def event(self, kind: str, **fields: Any) -> None: ...
     def output(self, stream: str, text: str) -> None: ...
+    def ask(self, kind: str, **fields: Any) -> dict[str, Any]:
+        return {}
+
     def close(self) -> None: ...
 
 

@@ -76,6 +76,8 @@ _FIELDS: dict[str, dict[str, tuple[Any, bool]]] = {
         "steps_per_epoch": (_positive_count_or_none, False),
     },
     "epoch": {"time": (_amount, False), "epoch": (_count, True)},
+    # a worker that trains on its own (asynchronous) asking whether the driver wants the job to stop
+    "stop_query": {"time": (_amount, False), "epoch": (_count, True)},
     "output": {
         "time": (_amount, False),
         "stream": (lambda v: v in ("stdout", "stderr"), False),

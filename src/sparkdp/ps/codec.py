@@ -66,6 +66,8 @@ class Op(enum.IntEnum):
     QUORUM_REPLY = 14  # driver -> worker: the quorum of the next step, and whether the last one commits
     HEARTBEAT = 15  # worker -> driver's quorum: still alive (no reply)
     HEAL = 16  # worker -> driver's quorum: a live peer's state for a joining worker (sparkdp state bytes)
+    ASK = 17  # client -> server: a monitoring record that wants an answer (JSON only; sparkdp.monitor)
+    ANSWER = 18  # server -> client: the answer to an ASK (JSON only)
 
 
 class Flag(enum.IntFlag):

@@ -32,7 +32,6 @@ from .optim import OptimizerFactory, optimizer_state, optimizer_state_to_bytes
 from .preempt import watch_preemption
 from .report import WorkerReport
 from .role import role_of
-from .stop import StopNotice
 from .trainer import Trainer, synchronized
 
 
@@ -108,8 +107,9 @@ class FitSpec:
     metric: Callable[[Any, Any], Any] | None = None
     #: the names ``metric`` returns (learned on the driver, so every rank reduces the same ones)
     metric_names: tuple[str, ...] = ()
-    #: the driver's request to stop after an epoch (``train.stop``; a pruned search trial)
-    stop: StopNotice | None = None
+    #: the driver may ask the job to stop after an epoch (a search prunes a trial): rank 0 sends
+    #: each epoch's results as a question and all ranks stop after the epoch the answer says
+    stoppable: bool = False
 
     @property
     def epochs(self) -> int:

@@ -163,7 +163,7 @@ class Trainer:
         return self._report()
 
     def _train_epoch(self, epoch: int) -> tuple[torch.Tensor, float]:
-        """One epoch's steps: its stats (loss x rows, rows, a slot for the stop request) and seconds."""
+        """One epoch's steps: its stats (loss x rows, rows) and seconds."""
         spec, training, part, collective = self.spec, self.training, self.spec.part, self.collective
         strategy, probe, stepper, net = self.strategy, self.probe, self.stepper, self.net
         optimizer, scheduler, channels_last = self.optimizer, self.scheduler, self.channels_last
@@ -176,7 +176,7 @@ class Trainer:
         )
         self.model.train()
         started = time.perf_counter()
-        stats = torch.zeros(3, dtype=torch.float64)  # loss*rows, rows, the driver asked to stop
+        stats = torch.zeros(2, dtype=torch.float64)  # loss*rows, rows
         skip = part.start_step if epoch == part.start_epoch else 0
         before = 0.0
         if skip and rank == 0:  # the interrupted epoch's rows so far count once, on rank 0
@@ -282,8 +282,6 @@ class Trainer:
         spec, collective, saver, last = self.spec, self.collective, self.saver, self.spec.last_epoch()
         self.train_time += elapsed
         stop = self.watch.drain() if self.watch is not None else None
-        if spec.stop is not None and spec.stop.shared and self.role.leads and spec.stop.posted():
-            stats[2] = 1.0  # (rank 0 looks; the sum tells every rank)
         collective.all_reduce(stats, "sum")
         if stats[1].item() == 0:
             raise DataError(
@@ -300,8 +298,8 @@ class Trainer:
         record.update(self.evaluator.after(epoch, self.strategy, collective))
         self.history.append(record)
         log.info("rank %d epoch %d: %s", collective.rank, epoch + 1, record)
-        if collective.rank == 0:
-            self.probe.event("epoch", **record)
+        may_stop = spec.stoppable and epoch < last
+        stop_asked = self._send_epoch(record, may_stop)
         if saver is not None:
             saver.save(epoch + 1, 0, self.history)
             self.probe.checkpointed()
@@ -309,7 +307,7 @@ class Trainer:
             if saver is not None:
                 saver.close()
             raise preempted(stop, epoch + 1, 0, saved=saver is not None)
-        if stats[2].item() > 0 and epoch < last:
+        if may_stop and self._stop_agreed(stop_asked):
             log.info(
                 "rank %d: the driver asked the job to stop; stopping after epoch %d",
                 collective.rank,
@@ -317,6 +315,27 @@ class Trainer:
             )
             return True
         return False
+
+    def _send_epoch(self, record: dict[str, Any], may_stop: bool) -> bool:
+        """Rank 0 sends the epoch's results to the driver: as a question when the job may stop
+        after this epoch, whose answer (the driver's listener has seen these results) says whether
+        to. A worker training on its own asks for itself. Whether the driver asked to stop."""
+        if self.collective.rank == 0 and not may_stop:
+            self.probe.event("epoch", **record)
+        elif self.collective.rank == 0:
+            return bool(self.probe.ask("epoch", **record).get("stop"))
+        elif may_stop and not self.role.agrees_with_peers:
+            return bool(self.probe.ask("stop_query", epoch=record["epoch"]).get("stop"))
+        return False
+
+    def _stop_agreed(self, stop_asked: bool) -> bool:
+        """Whether every rank stops: rank 0's answer, shared by a one-element all-reduce (a worker
+        training on its own goes by its own)."""
+        if not self.role.agrees_with_peers:
+            return stop_asked
+        flag = torch.tensor([1.0 if stop_asked else 0.0], dtype=torch.float64)
+        self.collective.all_reduce(flag, "sum")
+        return flag.item() > 0
 
     # -- the report ----------------------------------------------------------------------
     def _report(self) -> WorkerReport | None:

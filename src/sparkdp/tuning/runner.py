@@ -13,6 +13,13 @@ With MLflow configured each trial's job logs into a child run of the study's (``
 Each epoch's results reach the trial's pruner on the driver as they arrive (``fit_job``'s
 ``on_epoch``); a pruned trial's job is asked to stop at its next epoch end and is recorded as
 pruned. A trial whose job fails is recorded as failed and the search goes on.
+
+Optuna's storages take calls from several threads, but popping a queued trial
+(``Study.ask`` after ``enqueue_trial``, and every re-queued trial of a resumed study) reads the
+trial's state and then marks it running, which SQLite does not do atomically: two threads asking
+at once could both be handed the same trial, and the second to finish it would fail. So one
+thread asks at a time. The epoch listener runs on the monitoring hub's thread: once the trial is
+told its end, a late epoch is dropped rather than reported to a finished trial.
 """
 
 from __future__ import annotations
@@ -79,6 +86,9 @@ class TrialRecord:
     state: str = "running"
     value: float | None = None
     wall_s: float = 0.0
+    #: the trial's job: its whole call (start, data, training, evaluation) and its training loops
+    job_s: float | None = None
+    train_s: float | None = None
     intermediate: dict[int, float] = field(default_factory=dict)
     error: str | None = None
 
@@ -107,6 +117,8 @@ class Search:
     #: where trials are logged: NoTracking, or a StudyTracking's MLflow child runs
     tracking: Any = field(default_factory=NoTracking)
     records: list[TrialRecord] = field(default_factory=list)
+    #: held while a thread asks the study for its next trial (see the module's docstring)
+    _asking: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def run(self, trials: int) -> list[TrialRecord]:
         """Run ``trials`` more trials, ``concurrent`` at a time."""
@@ -128,11 +140,13 @@ class Search:
     def _one(self) -> None:
         from optuna.trial import TrialState
 
-        trial = self.study.ask()
+        with self._asking:
+            trial = self.study.ask()
         record = TrialRecord(trial.number, {})
         self.records.append(record)
         started = time.perf_counter()
         pruned = threading.Event()
+        ending = _Ending()
         try:
             planned = self.make(trial)
             record.params = dict(trial.params)
@@ -140,21 +154,27 @@ class Search:
             job, slots = self._sized(self.tracking.job_for(planned.job, trial.number, record.params))
             with self.slots.held(slots):
                 result = planned.train(
-                    job, on_epoch=self._listener(trial, record, pruned), reserved_slots=slots
+                    job, on_epoch=self._listener(trial, record, pruned, ending), reserved_slots=slots
                 )
+            record.job_s, record.train_s = (
+                getattr(result, "wall_s", None),
+                getattr(result, "train_time_s", None),
+            )
             record.value = _final(result.history, self.metric)
         except Exception as exc:  # noqa: BLE001 - a failed trial is recorded; the search goes on
             record.params = record.params or dict(trial.params)
             record.state, record.error = "failed", f"{type(exc).__name__}: {exc}"
             log.debug("trial %d failed", trial.number, exc_info=True)
-            self.study.tell(trial, state=TrialState.FAIL)
+            with ending.told():
+                self.study.tell(trial, state=TrialState.FAIL)
         else:
-            if pruned.is_set():
-                record.state = "pruned"
-                self.study.tell(trial, state=TrialState.PRUNED)
-            else:
-                record.state = "complete"
-                self.study.tell(trial, record.value)
+            with ending.told():
+                if pruned.is_set():
+                    record.state = "pruned"
+                    self.study.tell(trial, state=TrialState.PRUNED)
+                else:
+                    record.state = "complete"
+                    self.study.tell(trial, record.value)
         record.wall_s = time.perf_counter() - started
         self.echo(record.line(self.metric))
         try:
@@ -176,20 +196,45 @@ class Search:
         monitor = dataclasses.replace(job.monitor, show_progress=False)
         return dataclasses.replace(job, scaling=scaling, monitor=monitor), slots
 
-    def _listener(self, trial: Any, record: TrialRecord, pruned: threading.Event):
+    def _listener(self, trial: Any, record: TrialRecord, pruned: threading.Event, ending: _Ending):
         def on_epoch(epoch: dict[str, Any]) -> bool:
             value = epoch.get(self.metric)
-            if value is None or pruned.is_set():
+            with ending.open() as open_:
+                if value is None or pruned.is_set() or not open_:
+                    return pruned.is_set()
+                step = int(epoch["epoch"])
+                record.intermediate[step] = float(value)
+                trial.report(float(value), step)
+                if trial.should_prune():
+                    pruned.set()
+                    self.echo(
+                        f"trial {record.number:>3} pruning after epoch {step} ({self.metric} {value:.4f})"
+                    )
                 return pruned.is_set()
-            step = int(epoch["epoch"])
-            record.intermediate[step] = float(value)
-            trial.report(float(value), step)
-            if trial.should_prune():
-                pruned.set()
-                self.echo(f"trial {record.number:>3} pruning after epoch {step} ({self.metric} {value:.4f})")
-            return pruned.is_set()
 
         return on_epoch
+
+
+class _Ending:
+    """Orders a trial's epoch reports (the hub's thread) before its end is told (the trial's):
+    a report that comes after the end finds the trial closed and is dropped."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @contextlib.contextmanager
+    def open(self) -> Iterator[bool]:
+        """Whether the trial still takes reports, held so that its end waits for this one."""
+        with self._lock:
+            yield not self._closed
+
+    @contextlib.contextmanager
+    def told(self) -> Iterator[None]:
+        """Close the trial to reports while its end is told."""
+        with self._lock:
+            self._closed = True
+            yield
 
 
 def _final(history: list[dict[str, Any]], metric: str) -> float:
@@ -220,6 +265,7 @@ def summary(study: Any, records: list[TrialRecord], metric: str) -> dict[str, An
                 ),
                 "value": t.value if t.state == TrialState.COMPLETE else None,
                 "wall_s": ours.wall_s if ours else _duration(t),
+                **({"job_s": ours.job_s, "train_s": ours.train_s} if ours and ours.job_s is not None else {}),
                 "intermediate": {str(k): v for k, v in sorted(t.intermediate_values.items())},
                 **({"error": ours.error} if ours and ours.error else {}),
             }

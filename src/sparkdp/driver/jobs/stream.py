@@ -34,7 +34,11 @@ class Stream:
             checkpoint_policy(job, temporary_ok=False, job_id=lineage) as policy,
         ):
             # a streamed DataFrame's spec carries its source (a spark.dataframe.DataFrameSource) on the driver
-            report = fit_epochs(spec, spec.train, job, controller, spark, policy)
+            hub = run.hub
+            report = fit_epochs(
+                spec, spec.train, job, controller, spark, policy,
+                stop_requested=lambda: hub is not None and hub.stop_requested,
+            )  # fmt: skip
         return trained(report, spec, controller.now, spec.epochs, run.started, controller)
 
     def call(self, body: Body, strategy: Strategy, run: JobRun, description: str) -> Any:

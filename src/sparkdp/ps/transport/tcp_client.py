@@ -260,6 +260,10 @@ class TcpClient(Client):
         with self._usable() as chan:
             chan.send(Op.REPORT, record)
 
+    def ask(self, record: dict) -> dict:
+        """Send one monitoring record (JSON values) and return the endpoint's answer (JSON)."""
+        return dict(self._request(Op.ASK, record, (), Op.ANSWER).meta)
+
     def close(self) -> None:
         with self._lock:
             if self._broken is None:

@@ -36,8 +36,9 @@ class TcpEndpoint(Endpoint):
     """The listening server; see :meth:`TcpTransport.serve`.
 
     ``server`` may be None for an endpoint that only takes monitoring records: ``reports``
-    is then called with ``(worker, record)`` for every ``REPORT`` frame (on the connection's
-    thread), and pulls and pushes are protocol errors.
+    is then called with ``(worker, record)`` for every ``REPORT`` and ``ASK`` frame (on the
+    connection's thread; what it returns for an ``ASK``, a dict, is sent back as the ``ANSWER``),
+    and pulls and pushes are protocol errors.
 
     ``server`` None with ``initial``: a server whose centre comes from the workers (``sparkdp.run``,
     where the model is built inside the user's function): the first authenticated ``INIT``
@@ -51,7 +52,7 @@ class TcpEndpoint(Endpoint):
         port: int,
         secret: bytes,
         opts: TcpOptions,
-        reports: Callable[[int, dict[str, Any]], None] | None = None,
+        reports: Callable[[int, dict[str, Any]], dict[str, Any] | None] | None = None,
         initial: Callable[[list[torch.Tensor]], ParameterServer] | None = None,
         on_connect: Callable[[int, int, int], None] | None = None,
     ) -> None:
@@ -222,6 +223,9 @@ class TcpEndpoint(Endpoint):
                     return
                 if msg.op is Op.REPORT and self._reports is not None:
                     self._reports(worker, msg.meta)
+                elif msg.op is Op.ASK and self._reports is not None:
+                    answer = self._reports(worker, msg.meta)
+                    chan.send(Op.ANSWER, answer if isinstance(answer, dict) else {})
                 elif msg.op is Op.INIT and self._initial is not None:
                     self._handle_init(chan, worker, msg)
                     chan.release_buffer()  # the centre's bytes were copied; pushes get a buffer of their own size

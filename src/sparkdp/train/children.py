@@ -27,13 +27,30 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
     from ..monitor.probe import WorkerProbe
-    from .context import WorkerContext
+    from ..strategies.base import Strategy
+    from .role import WorkerRole
+
+
+class ParentContext(Protocol):
+    """What this module reads of a worker's context (``train.context.WorkerContext``, which
+    imports this module to build a child's context: a protocol keeps the two out of a cycle)."""
+
+    rank: int
+    world_size: int
+    seed: int
+    strategy: Strategy
+    probe: WorkerProbe | None
+
+    @property
+    def role(self) -> WorkerRole: ...
+
+    def finish(self) -> None: ...
 
 ENV = "SPARKDP_CHILD_SPEC"
 #: the most bytes a child spec may have (a certificate, a secret, a few settings)
@@ -72,7 +89,7 @@ class Children:
 
 
 @contextmanager
-def children_join(ctx: WorkerContext) -> Iterator[Children]:
+def children_join(ctx: ParentContext) -> Iterator[Children]:
     """While the block runs, every process this one starts is counted and, in an asynchronous
     job, gets a child spec of ``ctx``'s job; which joined (called ``distribute``) is known when
     the block ends. In a synchronous job they cannot join the workers' process group."""
@@ -229,7 +246,7 @@ def child_parts(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def finish_at_exit(ctx: WorkerContext) -> None:
+def finish_at_exit(ctx: ParentContext) -> None:
     """The child's loop ends without telling sparkdp: its last pushes and records go when the
     process exits (multiprocessing runs these finalizers for spawned and forked processes alike)."""
     if ctx.probe is not None:  # (child_parts always opens one)
@@ -241,6 +258,7 @@ __all__ = [
     "ENV",
     "MAX_CHILDREN",
     "Children",
+    "ParentContext",
     "child_parts",
     "child_worker_id",
     "children_join",

@@ -20,7 +20,7 @@ from .batch_check import class_scores
 from .layout import batch_layout
 
 if TYPE_CHECKING:
-    from .loop import FitSpec
+    from .spec import FitSpec
 
 
 def evaluate(

@@ -25,7 +25,7 @@ from .optim import optimizer_state, optimizer_state_to_bytes
 from .sharded_checkpoint import ShardedSaver, split_tensors
 
 if TYPE_CHECKING:
-    from .loop import FitSpec
+    from .spec import FitSpec
 
 log = logging.getLogger(__name__)
 

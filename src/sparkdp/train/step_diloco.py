@@ -23,7 +23,7 @@ import torch
 from ..comm.quorum_group import QuorumGroup
 from ..strategies.diloco import DiLoCo
 from .faults import Fault
-from .loop import FitSpec
+from .spec import FitSpec
 from .quorum_messages import Decision
 from .row_cursor import RowCursor
 from .schedule import lr_schedule

@@ -32,7 +32,7 @@ from ..ps.transport.base import ConnectInfo
 from .batch import forward_loss
 from .evaluator import evaluate
 from .faults import Fault
-from .loop import FitSpec
+from .spec import FitSpec
 from .quorum_client import QuorumClient
 from .quorum_messages import JOINING, Decision
 from .report import WorkerReport

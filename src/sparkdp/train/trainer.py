@@ -47,7 +47,7 @@ from .step import Stepper, with_last
 from .tokens import check_token_batch
 
 if TYPE_CHECKING:
-    from .loop import FitSpec
+    from .spec import FitSpec
 
 log = logging.getLogger(__name__)
 

@@ -106,11 +106,10 @@ def session(
             attempts, as on a cluster).
         app_name: the application name shown by the cluster manager.
         conf: extra Spark settings; they override sparkdp's defaults.
-        warm_up: on a new ``local``/``local-cluster`` session, run one small ``mapInArrow``
-            job at once, in the background: it starts the Python worker daemon that sparkdp's
-            stages fork their workers from (its torch import) and the JVM's first DataFrame
-            job (query planning, Arrow), about 7 s together here, while the driver does
-            whatever it does next instead of before the first training stage.
+        warm_up: on a new ``local``/``local-cluster`` session, start the Python worker
+            daemon at once, in the background, so its torch import (and Spark's own
+            first-job set-up, about 4 s together here) overlaps with whatever the
+            driver does next instead of delaying the first training job.
         log_level: what Spark's own log prints on the console (``"OFF"`` leaves errors to
             sparkdp's one-line messages; the command line does that unless ``-v``).
         remote: a Spark Connect server, ``sc://host:port`` (a ``master`` of that form means
@@ -179,17 +178,16 @@ def session(
     if connect:
         return _local_connect_session(master, app_name, settings, warm_up)
     log.info("starting Spark (%s)", redact(master))
-    # What SparkSession.builder.getOrCreate() does, in two steps, so that the log level holds
-    # before the session's own start-up logs anything
+    # What SparkSession.builder.getOrCreate() does, in two steps: the warm-up job needs only
+    # the SparkContext, so it runs while the JVM builds the SparkSession (about 2.7 s here).
     sc = SparkContext.getOrCreate(
         SparkConf().setMaster(master).setAppName(app_name).setAll(list(settings.items()))
     )
     sc.setLogLevel(log_level)
     _show_task_failures(sc, log_level)
-    spark = SparkSession.builder.master(master).appName(app_name).config(map=settings).getOrCreate()
     if warm_up and settings["spark.python.daemon.module"] == _DEFAULT_CONF["spark.python.daemon.module"]:
-        _start_warm_up(spark)
-    return spark
+        _start_warm_up(sc)
+    return SparkSession.builder.master(master).appName(app_name).config(map=settings).getOrCreate()
 
 
 def _show_task_failures(sc: Any, log_level: str) -> None:
@@ -234,15 +232,11 @@ def _local_connect_session(master: str, app_name: str, settings: dict[str, str],
         warnings.filterwarnings("ignore", message=".*CANNOT_MODIFY_CONFIG.*", category=UserWarning)
         spark = builder.getOrCreate()
     if warm_up and settings["spark.python.daemon.module"] == _DEFAULT_CONF["spark.python.daemon.module"]:
-        threading.Thread(target=_warm_up_job, args=(spark,), name="sparkdp-warm-up", daemon=True).start()
+        threading.Thread(target=_warm_up_connect, args=(spark,), name="sparkdp-warm-up", daemon=True).start()
     return spark
 
 
-def _warm_up_job(spark) -> None:
-    """One task of the kind every sparkdp stage runs (``mapInArrow``). Spark keeps a worker daemon
-    per set of worker environment variables, and a DataFrame job's differ from an RDD job's: an
-    RDD job here started a daemon of its own, and the first training stage then waited for
-    another one (2 s of torch import, after 5 s of the JVM's first DataFrame job)."""
+def _warm_up_connect(spark) -> None:
     try:
         spark.range(1, numPartitions=1).mapInArrow(_pass_batches, "id long").collect()
     except Exception as exc:  # noqa: BLE001 - e.g. the session was stopped meanwhile; nothing is lost
@@ -286,22 +280,24 @@ def stop_quietly(timeout_s: float = 10.0) -> None:
             proc.kill()
 
 
-def _start_warm_up(spark) -> None:
-    """Run :func:`_warm_up_job` in a background thread, under a job group of its own."""
+def _start_warm_up(sc) -> None:
+    """Run one no-op task in a background thread: it starts the executor's worker daemon."""
     from .cluster import on_driver_machine
 
-    sc = spark.sparkContext
     if not on_driver_machine(sc):
-        return  # remote executors may still be arriving; one task would warm only one of them
+        return  # remote executors may still be arriving; a no-op task would warm only one of them
 
     def run() -> None:
         try:
             sc.setJobGroup(
                 "sparkdp-warm-up", "sparkdp: start the Python worker daemon", interruptOnCancel=True
             )
+            sc.parallelize([0], 1).foreach(_noop)
         except Exception as exc:  # noqa: BLE001 - e.g. the session was stopped meanwhile; nothing is lost
-            log.debug("worker warm-up did not start: %s", exc)
-            return
-        _warm_up_job(spark)
+            log.debug("worker warm-up did not finish: %s", exc)
 
     threading.Thread(target=run, name="sparkdp-warm-up", daemon=True).start()
+
+
+def _noop(_row) -> None:
+    return None

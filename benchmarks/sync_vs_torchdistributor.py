@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
@@ -233,6 +234,9 @@ def _child_sparkdp(cfg: dict, marks: dict) -> dict:
         memory_format=cfg.get("memory_format", "auto"),
     )
     marks["fit_end"] = time.time()
+    steps = sum(math.ceil(h["samples"] / (cfg["workers"] * cfg["batch_size"])) for h in res.history)
+    worker_wall = res.details.get("worker_wall") or {}
+    marks["worker_start"], marks["worker_end"] = worker_wall.get("start"), worker_wall.get("end")
     spark.stop()
     marks["spark_stopped"] = time.time()
     return {
@@ -244,6 +248,10 @@ def _child_sparkdp(cfg: dict, marks: dict) -> dict:
         "test_accuracy": res.test_accuracy,
         "fit_wall_s": res.wall_s,
         "strategy_options": res.strategy_options,
+        # rank 0's mean step and the part of it spent in the gradients' all-reduce hooks (waiting
+        # for the other rank included)
+        "step_ms": 1e3 * res.train_time_s / steps,
+        "comm_ms_per_step": 1e3 * res.details.get("comm", {}).get("comm_s", 0.0) / steps,
     }
 
 
@@ -306,6 +314,7 @@ def _child_single(cfg: dict, marks: dict) -> dict:
     acc, _ = _evaluate(model, torch.from_numpy(ds.x_test), torch.from_numpy(ds.y_test))
     marks["eval_end"] = time.time()
     train = sum(h["epoch_time_s"] for h in history)
+    batch = cfg.get("single_batch_size") or cfg["batch_size"]
     samples = sum(h["samples"] for h in history)
     return {
         "history": history,
@@ -314,6 +323,7 @@ def _child_single(cfg: dict, marks: dict) -> dict:
         "samples": samples,
         "samples_per_s": samples / train if train > 0 else None,
         "test_accuracy": acc,
+        "step_ms": 1e3 * train / sum(math.ceil(h["samples"] / batch) for h in history),
     }
 
 
@@ -339,8 +349,9 @@ _CHILD_START = time.time()
 # =========================================================================== parent
 
 
-def phase_breakdown(way: str, marks: dict, wall_s: float) -> dict[str, float | None]:
-    """Seconds spent in each phase of a child, from its wall-clock marks."""
+def phase_breakdown(way: str, marks: dict, wall_s: float, train_s: float = 0.0) -> dict[str, float | None]:
+    """Seconds spent in each phase of a child, from its wall-clock marks (``train_s``: its
+    training time, which sparkdp's rank 0 spends inside its loop)."""
 
     def gap(a: str, b: str) -> float | None:
         return marks[b] - marks[a] if marks.get(a) is not None and marks.get(b) is not None else None
@@ -352,6 +363,11 @@ def phase_breakdown(way: str, marks: dict, wall_s: float) -> dict[str, float | N
                 "spark session": gap("imports", "session"),
                 "load data (driver)": gap("session", "data_loaded"),
                 "fit() call": gap("data_loaded", "fit_end"),
+                "fit: until rank 0's loop starts": gap("data_loaded", "worker_start"),
+                "fit: rank 0's loop outside its epochs": (
+                    in_loop - train_s if (in_loop := gap("worker_start", "worker_end")) is not None else None
+                ),
+                "fit: rank 0 reported -> fit returns": gap("worker_end", "fit_end"),
                 "spark.stop": gap("fit_end", "spark_stopped"),
             }
         )
@@ -400,6 +416,8 @@ def summarize(way: str, runs: list[dict]) -> dict[str, Any]:
         "wall_s",
         "peak_tree_rss_mb",
         "driver_peak_rss_mb",
+        "step_ms",
+        "comm_ms_per_step",
     ):
         summary[key] = median(r.get(key) for r in good)
     summary["samples"] = good[0]["samples"]
@@ -471,6 +489,18 @@ def print_report(
         if s.get("ok_runs"):
             parts = ", ".join(f"{k} {fmt(v, 1)}" for k, v in s["phases_s"].items() if v is not None)
             print(f"- {s['label']}: {parts}")
+    sp = summaries.get("sparkdp", {})
+    if sp.get("ok_runs") and sp.get("step_ms") is not None:
+        print(
+            f"- sparkdp's step (rank 0, mean): {sp['step_ms']:.1f} ms, of which "
+            f"{sp['comm_ms_per_step']:.1f} ms in the gradient all-reduce (waiting for the other rank included)"
+            + (
+                f"; the single process's step (the same rows on {cfg['single_threads']} threads): "
+                f"{one['step_ms']:.1f} ms"
+                if (one := summaries.get("single", {})).get("step_ms") is not None
+                else ""
+            )
+        )
     for s in summaries.values():
         if not s.get("ok_runs"):
             print(f"\n**{s['label']} FAILED**: {s.get('error')}")
@@ -736,7 +766,9 @@ def main(argv: list[str] | None = None) -> int:
             elif child.returncode != 0:
                 rec["ok"] = False
             if rec.get("ok"):
-                rec["phases"] = phase_breakdown(way, rec.get("marks", {}), child.wall_s)
+                rec["phases"] = phase_breakdown(
+                    way, rec.get("marks", {}), child.wall_s, rec.get("train_time_s") or 0.0
+                )
                 print(
                     f"ok: wall {child.wall_s:.1f} s, {rec['samples_per_s']:.0f} samples/s, "
                     f"acc {100 * rec['test_accuracy']:.2f}%",

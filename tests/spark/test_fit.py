@@ -1,6 +1,7 @@
 """End-to-end fit on local[2] Spark against a single-process reference."""
 
 import sys
+import time
 
 import pytest
 import safetensors.torch
@@ -119,6 +120,18 @@ def test_unequal_shards_do_not_deadlock(spark):
     model, x, y = _problem(97)
     result = sparkdp.fit(model, (x, y), workers=2, epochs=1, batch_size=8, spark=spark)
     assert result.history[0]["samples"] == 98
+
+
+def test_the_result_says_when_rank_0s_loop_ran_around_its_training(spark):
+    """``details["worker_wall"]`` (what the sync benchmark splits ``fit()`` by) lies within the
+    driver's own clock around the call and holds at least the training time."""
+    model, x, y = _problem(64)
+    before = time.time()
+    result = sparkdp.fit(model, (x, y), workers=2, epochs=2, batch_size=8, spark=spark, show_progress=False)
+    after = time.time()
+    wall = result.details["worker_wall"]
+    assert before < wall["start"] < wall["end"] < after
+    assert wall["end"] - wall["start"] >= result.train_time_s > 0
 
 
 def test_eval_every_evaluates_every_kth_epoch_and_the_last(spark):

@@ -190,6 +190,9 @@ def trained(
         "comm": dict(report.strategy_metrics),
         # per worker: peak RSS and model-state bytes (train.memory)
         "memory": list(report.memory),
+        # when rank 0's loop of the stage that finished started and reported (time.time()): with
+        # train_time_s they split the job's time outside training into before, in and after the workers
+        "worker_wall": {"start": report.wall_start, "end": report.wall_end},
     }
     return TrainResult(
         model=finished.model,

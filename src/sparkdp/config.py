@@ -539,11 +539,19 @@ class LoraSettings:
     def __post_init__(self) -> None:
         check_int("lora_r", self.lora_r, optional=True)
         alpha, dropout = self.lora_alpha, self.lora_dropout
-        if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha <= 0):
-            raise ConfigError(f"lora_alpha must be a number > 0 (the scale is lora_alpha / lora_r); got {alpha!r}.")
+        if alpha is not None and (
+            isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha <= 0
+        ):
+            raise ConfigError(
+                f"lora_alpha must be a number > 0 (the scale is lora_alpha / lora_r); got {alpha!r}."
+            )
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
             raise ConfigError(f"lora_dropout must be a probability in [0, 1); got {dropout!r}.")
-        targets = [self.lora_target_modules] if isinstance(self.lora_target_modules, str) else self.lora_target_modules
+        targets = (
+            [self.lora_target_modules]
+            if isinstance(self.lora_target_modules, str)
+            else self.lora_target_modules
+        )
         if targets is not None and (
             not isinstance(targets, (list, tuple))
             or not targets

@@ -30,9 +30,7 @@ def _train_lora(tmp: Path) -> list[Cli]:
     write_blocks(counting_blocks(64), tmp / "train.parquet")
     write_blocks(counting_blocks(16, seed=1), tmp / "eval.parquet")
     job = tmp / "job.yaml"
-    job.write_text(
-        f"hf_model: {model}\nlora_r: 4\nlora_dropout: 0.1\nlora_target_modules: [c_attn, c_fc]\n"
-    )
+    job.write_text(f"hf_model: {model}\nlora_r: 4\nlora_dropout: 0.1\nlora_target_modules: [c_attn, c_fc]\n")
     return [
         Cli(
             [
@@ -135,7 +133,9 @@ def _refused(tmp: Path, case: str, message: str) -> Cli:
     if case == "no-rank":
         return Cli(["train", "--hf-model", model, "--lora-alpha", "16", *data], master=None)
     if case == "bad-dropout":
-        return Cli(["train", "--hf-model", model, "--lora-r", "4", "--lora-dropout", "1.5", *data], master=None)
+        return Cli(
+            ["train", "--hf-model", model, "--lora-r", "4", "--lora-dropout", "1.5", *data], master=None
+        )
     return Cli(
         ["train", "--hf-model", model, "--lora-r", "4", "--lora-target-modules", "q_proj", *data], master=None
     )

@@ -64,8 +64,10 @@ def test_the_cheap_check_finds_one_bad_id_in_a_late_row_and_lets_ignored_labels_
     labels[:, :3] = -100
     limits.check({"input_ids": ids, "labels": labels})  # in range, prompts masked: passes
     ids[31, 7] = 50  # the last row's last token only
-    with pytest.raises(ConfigError, match=r"batch 9: input_ids holds token ids from 0 to 50, but GPT embeds 50"):
-        limits.check({"input_ids": ids, "labels": labels}, lambda: "batch 9")
+    with pytest.raises(
+        ConfigError, match=r"batch 9: input_ids holds token ids from 0 to 50, but GPT embeds 50"
+    ):
+        limits.check({"input_ids": ids, "labels": labels}, "batch 9")
     ids[31, 7] = 0
     labels[31, 7] = -5  # negative, and not the ignore index
     with pytest.raises(ConfigError, match=r"labels holds token ids from -5 to"):

@@ -9,7 +9,7 @@ driver checks a sample before Spark starts and every worker checks each batch it
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,11 +62,11 @@ class TokenLimits:
             return None
         return cls(type(model).__name__, vocab, positions)
 
-    def check(self, x: Any, where: str | Callable[[], str] = "the data") -> None:
+    def check(self, x: Any, where: str = "the data") -> None:
         """Refuse a dict batch whose ``input_ids`` / ``labels`` hold ids outside the vocabulary, or
         whose sequences are longer than the positions (a ``ConfigError`` naming both). Anything
         else (tensor batches, float columns) passes unchecked. ``where``: what the error calls
-        the batch (a callable is asked only when there is an error)."""
+        the batch."""
         if not isinstance(x, Mapping) or not isinstance(ids := x.get("input_ids"), torch.Tensor):
             return
         if ids.is_floating_point() or ids.dim() != 2 or not ids.numel():
@@ -80,17 +80,17 @@ class TokenLimits:
                     self._refuse_ids(column, values, where)
         if self.positions is not None and ids.shape[1] > self.positions:
             raise ConfigError(
-                f"{_named(where)}: blocks of {ids.shape[1]} tokens, but {self.model} has {self.positions} "
+                f"{where}: blocks of {ids.shape[1]} tokens, but {self.model} has {self.positions} "
                 f"positions. Make blocks of at most {self.positions} tokens (block_size), or a model "
                 "with more positions."
             )
 
-    def _refuse_ids(self, column: str, values: torch.Tensor, where: str | Callable[[], str]) -> None:
+    def _refuse_ids(self, column: str, values: torch.Tensor, where: str) -> None:
         counted = values[values != IGNORE_INDEX] if column == "labels" else values
         low, high, vocab = int(counted.min()), int(counted.max()), self.vocab
         assert vocab is not None
         raise ConfigError(
-            f"{_named(where)}: {column} holds token ids from {low} to {high}, but {self.model} embeds "
+            f"{where}: {column} holds token ids from {low} to {high}, but {self.model} embeds "
             f"{vocab} tokens (ids 0..{vocab - 1}). Tokenize with the model's own tokenizer, or give "
             f"the model a vocabulary of at least {high + 1}."
         )
@@ -106,11 +106,7 @@ def _outside(values: torch.Tensor, vocab: int, *, ignored: bool) -> bool:
     return not ignored or bool(((values < 0) & (values != IGNORE_INDEX)).any())
 
 
-def _named(where: str | Callable[[], str]) -> str:
-    return where() if callable(where) else where
-
-
-def check_token_batch(model: nn.Module, x: Any, where: str | Callable[[], str] = "the data") -> None:
+def check_token_batch(model: nn.Module, x: Any, where: str = "the data") -> None:
     """:meth:`TokenLimits.check` with ``model``'s limits (a model that states none passes)."""
     limits = TokenLimits.of(model)
     if limits is not None:

@@ -532,19 +532,14 @@ class LoraSettings:
     """
 
     lora_r: int | None = setting(None, metavar="R")
-    lora_alpha: float | None = setting(None, metavar="ALPHA")
+    lora_alpha: int | None = setting(None, metavar="ALPHA")
     lora_dropout: float = setting(0.0, metavar="P")
     lora_target_modules: Any = setting(None, metavar="NAMES", parse=_comma_list)
 
     def __post_init__(self) -> None:
         check_int("lora_r", self.lora_r, optional=True)
-        alpha, dropout = self.lora_alpha, self.lora_dropout
-        if alpha is not None and (
-            isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha <= 0
-        ):
-            raise ConfigError(
-                f"lora_alpha must be a number > 0 (the scale is lora_alpha / lora_r); got {alpha!r}."
-            )
+        check_int("lora_alpha", self.lora_alpha, optional=True)
+        dropout = self.lora_dropout
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
             raise ConfigError(f"lora_dropout must be a probability in [0, 1); got {dropout!r}.")
         targets = (
@@ -560,7 +555,7 @@ class LoraSettings:
             raise ConfigError(
                 f"lora_target_modules must be layer names, e.g. c_attn,c_fc (a list in a job file); got {targets!r}."
             )
-        if self.lora_r is None and (alpha is not None or dropout or targets is not None):
+        if self.lora_r is None and (self.lora_alpha is not None or dropout or targets is not None):
             raise ConfigError(
                 "lora_alpha, lora_dropout and lora_target_modules shape LoRA adapters; give their rank "
                 "with lora_r (e.g. --lora-r 8) too, or leave them out for a full fine-tune."

@@ -100,6 +100,8 @@ def with_lora(model: nn.Module, lora: LoraSettings) -> nn.Module:
         import peft
     except ImportError:
         raise ConfigError("--lora-r needs Hugging Face peft: pip install 'sparkdp[hf]'.") from None
+    if lora.lora_r is None:
+        raise ConfigError("LoRA adapters need their rank: give --lora-r (job-file key lora_r).")
     transposed = any(type(m).__name__ == "Conv1D" for m in model.modules())
     config = peft.LoraConfig(
         r=lora.lora_r,

@@ -23,6 +23,7 @@ from ..models.generation import generate_texts
 from ..models.hf_package import HFPackage
 from .task import task_resources
 from .worker_errors import udf_error
+from .worker_preload import preloading
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,9 @@ def generate(
     # the hinted form (no functionType) is PySpark's documented one, but its stubs overload only the others
     udf = F.arrow_udf(complete, "string")  # type: ignore[call-overload]
     columns = F.struct(F.col(prompt).alias("prompt"), F.col(key_col).cast("string").alias("key"))
-    return df.withColumn(output_col, udf(columns))
+    with preloading(df.sparkSession, "transformers"):  # its tasks fork with transformers imported
+        completed = udf(columns)
+    return df.withColumn(output_col, completed)
 
 
 def _check_columns(df: Any, prompt: str, seed_col: str | None, output_col: str) -> None:

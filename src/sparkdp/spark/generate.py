@@ -4,8 +4,10 @@ An Arrow UDF (as :mod:`sparkdp.spark.predict`): each Python worker receives Arro
 prompt column, opens the model once (:class:`~sparkdp.models.hf_package.HFPackage`: the
 ``save_pretrained`` files and the tokenizer's JSON travel in the closure, never a pickled model)
 on the GPU Spark assigned its task, or on the CPU, and generates in batches of ``batch_size``
-left-padded prompts (:mod:`sparkdp.models.generation`). The result is ``df`` with one more
-string column: each row's completion, without its prompt.
+left-padded prompts of similar length (:mod:`sparkdp.models.generation`). The tasks fork from
+a worker daemon that has ``transformers`` imported already (:mod:`sparkdp.spark.worker_preload`),
+so a task's start-up is opening the model. The result is ``df`` with one more string column:
+each row's completion, without its prompt.
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ warm-up run of each way is not counted (sparkdp's, the session's first generate,
 paired runs (single, sparkdp, single, sparkdp, ...); the table gives the medians and the median of
 the paired ratios. Target: sparkdp >= 1.5x one process.
 
-Run:  python benchmarks/generate_rows.py --rows 1024 --repeats 3
+Run:  python benchmarks/generate_rows.py --rows 4096 --repeats 3 --batch 64   # docs/benchmarks.md
+      python benchmarks/generate_rows.py --rows 1024 --repeats 3 --batch 64
       python benchmarks/generate_rows.py --rows 64 --repeats 1      # a quick check that it works
 """
 

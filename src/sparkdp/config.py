@@ -529,6 +529,58 @@ class GenerationConfig:
             raise ConfigError(f"top_p must be a number in (0, 1] (1.0 keeps every token); got {top_p!r}.")
 
 
+@dataclass(frozen=True)
+class LoraSettings:
+    """LoRA adapters around a Hugging Face model trained from the command line (--hf-model): only the adapters train, and the checkpoints and the export hold only them.
+
+    Attributes:
+        lora_r: the rank of the LoRA adapters wrapped around --hf-model's layers (peft's LoraConfig r); unset: no adapters, every parameter trains.
+        lora_alpha: the adapters' scale numerator: each update is scaled by lora_alpha / lora_r; unset: lora_r (a scale of 1).
+        lora_dropout: dropout on the adapters' input while training (0 to below 1).
+        lora_target_modules: the names of the layers to adapt, comma-separated (e.g. c_attn,c_fc for GPT-2); unset: peft's choice for the model's architecture.
+    """
+
+    lora_r: int | None = setting(None, metavar="R")
+    lora_alpha: int | None = setting(None, metavar="ALPHA")
+    lora_dropout: float = setting(0.0, metavar="P")
+    lora_target_modules: Any = setting(None, metavar="NAMES", parse=_comma_list)
+
+    def __post_init__(self) -> None:
+        check_int("lora_r", self.lora_r, optional=True)
+        check_int("lora_alpha", self.lora_alpha, optional=True)
+        dropout = self.lora_dropout
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+            raise ConfigError(f"lora_dropout must be a probability in [0, 1); got {dropout!r}.")
+        targets = (
+            [self.lora_target_modules]
+            if isinstance(self.lora_target_modules, str)
+            else self.lora_target_modules
+        )
+        if targets is not None and (
+            not isinstance(targets, (list, tuple))
+            or not targets
+            or not all(isinstance(t, str) and t.strip() for t in targets)
+        ):
+            raise ConfigError(
+                f"lora_target_modules must be layer names, e.g. c_attn,c_fc (a list in a job file); got {targets!r}."
+            )
+        if self.lora_r is None and (self.lora_alpha is not None or dropout or targets is not None):
+            raise ConfigError(
+                "lora_alpha, lora_dropout and lora_target_modules shape LoRA adapters; give their rank "
+                "with lora_r (e.g. --lora-r 8) too, or leave them out for a full fine-tune."
+            )
+
+    @property
+    def enabled(self) -> bool:
+        return self.lora_r is not None
+
+    @property
+    def target_modules(self) -> list[str] | None:
+        """The layer names as a list (one name on the command line arrives as a string)."""
+        targets = self.lora_target_modules
+        return None if targets is None else [targets] if isinstance(targets, str) else list(targets)
+
+
 def setting_names(cls: type) -> list[str]:
     return [f.name for f in dataclasses.fields(cls)]
 
@@ -580,6 +632,7 @@ __all__ = [
     "FailureConfig",
     "GenerationConfig",
     "JobConfig",
+    "LoraSettings",
     "MonitorConfig",
     "ScalingConfig",
     "TrainingConfig",

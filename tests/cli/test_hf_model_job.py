@@ -175,6 +175,13 @@ def _refused(tmp: Path, case: str, message: str) -> Cli:
     if case == "vocabulary":
         write_blocks(counting_blocks(8, vocab=36) + VOCAB, tmp / "t.parquet")  # ids 64..99
         return Cli([*argv, "--data", tmp / "t.parquet"])
+    if case == "late-row":  # in range but for one token of the last row: past the driver's sample
+        blocks = counting_blocks(64)
+        blocks[-1, -1] = VOCAB + 6
+        write_blocks(blocks, tmp / "t.parquet")
+        return Cli(
+            [*argv, "--data", tmp / "t.parquet", "--batch-size", "4", "--no-shuffle", "--workers", "2"]
+        )
     if case == "positions":
         write_blocks(counting_blocks(8, length=32), tmp / "t.parquet")
         return Cli([*argv, "--data", tmp / "t.parquet"])
@@ -189,6 +196,10 @@ def _refused(tmp: Path, case: str, message: str) -> Cli:
     ("case", "message"),
     [
         ("vocabulary", "but GPT2LMHeadModel embeds 64 tokens (ids 0..63)"),
+        (
+            "late-row",
+            "of epoch 1: input_ids holds token ids from 0 to 70, but GPT2LMHeadModel embeds 64 tokens",
+        ),
         ("positions", "blocks of 32 tokens, but GPT2LMHeadModel has 16 positions"),
         ("pickle", "has no safetensors weights (only pytorch_model.bin, a pickle sparkdp does not load)"),
     ],

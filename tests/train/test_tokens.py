@@ -7,7 +7,7 @@ import torch
 
 from sparkdp.errors import ConfigError
 from sparkdp.models import build_model
-from sparkdp.train.tokens import check_token_batch, position_count, vocabulary_size
+from sparkdp.train.tokens import TokenLimits, check_token_batch, position_count, vocabulary_size
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -52,3 +52,26 @@ def test_a_hugging_face_model_is_read_from_its_embeddings_and_config():
     assert (vocabulary_size(model), position_count(model)) == (30, 12)
     with pytest.raises(ConfigError, match="GPT2LMHeadModel embeds 30 tokens"):
         check_token_batch(model, {"input_ids": torch.tensor([[29, 30]])})
+
+
+def test_the_cheap_check_finds_one_bad_id_in_a_late_row_and_lets_ignored_labels_pass():
+    """TokenLimits.check runs on every batch: one max and one min find an id anywhere in it, and
+    a negative id is refused unless it is the loss's ignore index in the labels."""
+    limits = TokenLimits.of(_gpt())
+    assert limits is not None
+    ids = torch.randint(0, 50, (32, 8))
+    labels = ids.clone()
+    labels[:, :3] = -100
+    limits.check({"input_ids": ids, "labels": labels})  # in range, prompts masked: passes
+    ids[31, 7] = 50  # the last row's last token only
+    with pytest.raises(
+        ConfigError, match=r"batch 9: input_ids holds token ids from 0 to 50, but GPT embeds 50"
+    ):
+        limits.check({"input_ids": ids, "labels": labels}, "batch 9")
+    ids[31, 7] = 0
+    labels[31, 7] = -5  # negative, and not the ignore index
+    with pytest.raises(ConfigError, match=r"labels holds token ids from -5 to"):
+        limits.check({"input_ids": ids, "labels": labels})
+    with pytest.raises(ConfigError, match=r"input_ids holds token ids from -100"):
+        limits.check({"input_ids": torch.full((2, 4), -100)})  # -100 is no ignore index in the inputs
+    assert TokenLimits.of(torch.nn.Linear(2, 2)) is None  # states no limits: nothing to check

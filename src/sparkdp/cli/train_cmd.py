@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import GROUPS, JobConfig, key_value, setting
+from ..config import GROUPS, JobConfig, LoraSettings, key_value, setting
 from ..errors import ConfigError
 from .caffe_cmd import CaffeOptions
 from .fields import add_job_settings, given, job_settings
@@ -54,7 +54,12 @@ class TrainInputs:
 
 def settings_classes() -> tuple[tuple[type, Any], ...]:
     """Every settings class ``sparkdp train`` takes, as (class, the fields it takes or None for all)."""
-    return ((TrainInputs, None), *((cls, None) for cls in GROUPS.values()), (CaffeOptions, None))
+    return (
+        (TrainInputs, None),
+        *((cls, None) for cls in GROUPS.values()),
+        (LoraSettings, None),
+        (CaffeOptions, None),
+    )
 
 
 def add_parser(sub) -> None:
@@ -153,6 +158,12 @@ def prepare(args) -> Prepared:
             f"`sparkdp train --dataset {args.dataset} --model gpt`."
         )
     _check_model_source(args, caffe_run)
+    lora = LoraSettings(**given(args, LoraSettings))
+    if lora.enabled and not args.hf_model:
+        raise ConfigError(
+            "--lora-r wraps a Hugging Face model in LoRA adapters: give it with --hf-model DIR "
+            "(a script builds its own model; wrap it with peft.get_peft_model there)."
+        )
     if args.script:
         from .script import load_script
 
@@ -165,10 +176,13 @@ def prepare(args) -> Prepared:
     elif caffe_run:
         model, model_desc, data = None, {}, None  # built below, once the data's row shape is known
     elif args.hf_model:
-        from ..models.hf import load_hf_model
+        from ..models.hf import load_hf_model, with_lora
 
         model, loss, data = load_hf_model(args.hf_model), "model", None
         model_desc = {"hf_model": str(Path(args.hf_model).resolve())}
+        if lora.enabled:
+            model = with_lora(model, lora)
+            model_desc["lora"] = given(args, LoraSettings)
     else:
         if not args.model:
             raise ConfigError(

@@ -89,7 +89,7 @@ def _until_eos(row: list[int], eos_ids: list[int]) -> list[int]:
     return row
 
 
-@torch.no_grad()
+@torch.inference_mode()  # (no autograd bookkeeping at all: a little less per step than no_grad)
 def generate_ids(
     model: Any, prompts: Sequence[Sequence[int]], config: GenerationConfig, seeds: Sequence[int]
 ) -> list[list[int]]:

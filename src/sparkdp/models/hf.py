@@ -15,6 +15,7 @@ from typing import Any
 
 from torch import nn
 
+from ..config import LoraSettings
 from ..errors import ConfigError
 
 #: how ``fit``'s ``model`` names a local Hugging Face directory: ``"hf:path/to/dir"``
@@ -85,4 +86,38 @@ def load_hf_model(
     return model
 
 
-__all__ = ["HF_PREFIX", "is_hf_source", "load_hf_model", "resolve_model"]
+def with_lora(model: nn.Module, lora: LoraSettings) -> nn.Module:
+    """``model`` wrapped by ``peft.get_peft_model`` with LoRA adapters as ``lora`` says (the
+    command line's ``--lora-r``...): the base is frozen and only the adapters train.
+
+    Transformers' ``Conv1D`` layers (GPT-2's) hold their weights transposed, which peft must be
+    told (``fan_in_fan_out``); it is set when the model has such layers.
+
+    Raises:
+        ConfigError: peft is missing, or no layer of the model matches the target names.
+    """
+    try:
+        import peft
+    except ImportError:
+        raise ConfigError("--lora-r needs Hugging Face peft: pip install 'sparkdp[hf]'.") from None
+    if lora.lora_r is None:
+        raise ConfigError("LoRA adapters need their rank: give --lora-r (job-file key lora_r).")
+    transposed = any(type(m).__name__ == "Conv1D" for m in model.modules())
+    config = peft.LoraConfig(
+        r=lora.lora_r,
+        lora_alpha=lora.lora_alpha if lora.lora_alpha is not None else lora.lora_r,
+        lora_dropout=lora.lora_dropout,
+        target_modules=lora.target_modules,
+        fan_in_fan_out=transposed,
+    )
+    try:
+        return peft.get_peft_model(model, config)
+    except ValueError as exc:  # peft names the targets it did not find, or that it has no default
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(
+            f"LoRA adapters cannot be placed on {type(model).__name__}: {first} Name the layers to "
+            "adapt with --lora-target-modules (e.g. c_attn,c_fc for GPT-2)."
+        ) from None
+
+
+__all__ = ["HF_PREFIX", "is_hf_source", "load_hf_model", "resolve_model", "with_lora"]

@@ -4,8 +4,10 @@ An Arrow UDF (as :mod:`sparkdp.spark.predict`): each Python worker receives Arro
 prompt column, opens the model once (:class:`~sparkdp.models.hf_package.HFPackage`: the
 ``save_pretrained`` files and the tokenizer's JSON travel in the closure, never a pickled model)
 on the GPU Spark assigned its task, or on the CPU, and generates in batches of ``batch_size``
-left-padded prompts (:mod:`sparkdp.models.generation`). The result is ``df`` with one more
-string column: each row's completion, without its prompt.
+left-padded prompts of similar length (:mod:`sparkdp.models.generation`). The tasks fork from
+a worker daemon that has ``transformers`` imported already (:mod:`sparkdp.spark.worker_preload`),
+so a task's start-up is opening the model. The result is ``df`` with one more string column:
+each row's completion, without its prompt.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from ..models.generation import generate_texts
 from ..models.hf_package import HFPackage
 from .task import task_resources
 from .worker_errors import udf_error
+from .worker_preload import preloading
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +89,9 @@ def generate(
     # the hinted form (no functionType) is PySpark's documented one, but its stubs overload only the others
     udf = F.arrow_udf(complete, "string")  # type: ignore[call-overload]
     columns = F.struct(F.col(prompt).alias("prompt"), F.col(key_col).cast("string").alias("key"))
-    return df.withColumn(output_col, udf(columns))
+    with preloading(df.sparkSession, "transformers"):  # its tasks fork with transformers imported
+        completed = udf(columns)
+    return df.withColumn(output_col, completed)
 
 
 def _check_columns(df: Any, prompt: str, seed_col: str | None, output_col: str) -> None:

@@ -44,7 +44,7 @@ from .saver import Saver
 from .schedule import lr_schedule
 from .sharded_checkpoint import restore as restore_shards
 from .step import Stepper, with_last
-from .tokens import check_token_batch
+from .tokens import TokenLimits
 
 if TYPE_CHECKING:
     from .spec import FitSpec
@@ -73,6 +73,8 @@ class Trainer:
         self._prepare_model()
         self._prepare_optimizer()
         self.net = self.strategy.setup(self.model, self.optimizer, collective)
+        #: what the model's embeddings take; every batch is checked against it (train.tokens)
+        self.token_limits = TokenLimits.of(self.strategy.unwrap())
         #: ranks with unequal data stop together at the first that runs out (:func:`synchronized`)
         self.check_exhaustion = not spec.train.equal_batches
         self.history: list[dict[str, float]] = []
@@ -186,6 +188,8 @@ class Trainer:
         for step, ((x, y), last) in enumerate(batches, start=skip):
             arrived = time.perf_counter()
             probe.batch_arrived(arrived - ready)
+            if self.token_limits is not None:  # on the CPU, before the batch moves: no device sync
+                self.token_limits.check(x, f"worker {rank}'s batch {step + 1} of epoch {epoch + 1}")
             if isinstance(x, torch.Tensor):
                 x, y = batch_layout(x.to(device), channels_last), to_device(y, device)
             else:
@@ -258,7 +262,6 @@ class Trainer:
     def _check_first_batch(self, x: Any, y: Any) -> None:
         """The model and loss take the job's first batch (one clear error where they cannot)."""
         module = self.strategy.unwrap()
-        check_token_batch(module, x, f"worker {self.collective.rank}'s first batch")
         with torch.no_grad():
             check_batch(module, self.spec.loss, x, y)
 

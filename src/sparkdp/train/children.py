@@ -52,6 +52,7 @@ class ParentContext(Protocol):
 
     def finish(self) -> None: ...
 
+
 ENV = "SPARKDP_CHILD_SPEC"
 #: the most bytes a child spec may have (a certificate, a secret, a few settings)
 _MAX_SPEC_BYTES = 64 * 1024

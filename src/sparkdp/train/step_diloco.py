@@ -23,10 +23,10 @@ import torch
 from ..comm.quorum_group import QuorumGroup
 from ..strategies.diloco import DiLoCo
 from .faults import Fault
-from .spec import FitSpec
 from .quorum_messages import Decision
 from .row_cursor import RowCursor
 from .schedule import lr_schedule
+from .spec import FitSpec
 from .step_worker import StepLink, StepTrainer, step_cursor
 
 

@@ -32,12 +32,12 @@ from ..ps.transport.base import ConnectInfo
 from .batch import forward_loss
 from .evaluator import evaluate
 from .faults import Fault
-from .spec import FitSpec
 from .quorum_client import QuorumClient
 from .quorum_messages import JOINING, Decision
 from .report import WorkerReport
 from .row_cursor import RowCursor, epoch_order
 from .schedule import lr_schedule
+from .spec import FitSpec
 
 log = logging.getLogger(__name__)
 

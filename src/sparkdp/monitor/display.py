@@ -40,6 +40,8 @@ class Display:
         self.server_line = ""
         self._latest: dict[int, dict[str, Any]] = {}
         self._scores: dict[int, dict[str, float]] = {}
+        #: a per-step fault-tolerant job's progress from the driver's quorum (its workers report nothing here)
+        self._quorum: dict[str, Any] | None = None
 
     def start(self) -> None:
         if not self.enabled or not getattr(self.stream, "isatty", lambda: False)():
@@ -63,6 +65,18 @@ class Display:
 
     def update(self, latest: dict[int, dict[str, Any]], scores: dict[int, dict[str, float]]) -> None:
         self._latest, self._scores = latest, scores
+        self._tick()
+
+    def quorum(self, record: dict[str, Any]) -> None:
+        """The quorum's progress (``steps`` committed, ``samples_per_s``, ``quorum`` of ``workers``,
+        and ``steps_per_epoch`` and ``epochs`` when known): the headline of a per-step
+        fault-tolerant job, whose workers send no metrics."""
+        self._quorum = record
+        self.steps_per_epoch = record.get("steps_per_epoch") or self.steps_per_epoch
+        self.epochs_total = record.get("epochs") or self.epochs_total
+        self._tick()
+
+    def _tick(self) -> None:
         now = time.monotonic()
         done = self.progress()[0]
         if self.first_seen is None and done is not None:
@@ -121,11 +135,19 @@ class Display:
             self.stream.flush()
 
     def progress(self) -> tuple[float | None, int, int]:
-        """(fraction of the job done, epoch, step) from the lowest rank's latest record."""
-        if not self._latest:
+        """(fraction of the job done, epoch, step) from the lowest rank's latest record, or else
+        from the quorum's committed steps."""
+        if self._latest:
+            head = self._latest[min(self._latest)]
+            epoch, step = int(head.get("epoch", 1)), int(head.get("step", 0))
+        elif self._quorum is not None and self.steps_per_epoch:
+            steps = int(self._quorum.get("steps", 0))
+            epoch = steps // self.steps_per_epoch + 1
+            if self.epochs_total:  # (the last step ends the last epoch, not one past it)
+                epoch = min(epoch, self.epochs_total)
+            step = steps - (epoch - 1) * self.steps_per_epoch
+        else:
             return None, 0, 0
-        head = self._latest[min(self._latest)]
-        epoch, step = int(head.get("epoch", 1)), int(head.get("step", 0))
         if not self.epochs_total or not self.steps_per_epoch:
             return None, epoch, step
         done = ((epoch - 1) * self.steps_per_epoch + step) / (self.epochs_total * self.steps_per_epoch)
@@ -134,6 +156,9 @@ class Display:
     def headline(self) -> str:
         done, epoch, step = self.progress()
         rates = [r["samples_per_s"] for r in self._latest.values() if "samples_per_s" in r]
+        quorum = self._quorum
+        if not rates and quorum is not None and quorum.get("samples_per_s") is not None:
+            rates = [quorum["samples_per_s"]]
         tokens = [r["tokens_per_s"] for r in self._latest.values() if "tokens_per_s" in r]
         losses = [r["loss"] for r in self._latest.values() if isinstance(r.get("loss"), (int, float))]
         eta = None
@@ -149,6 +174,7 @@ class Display:
             + (f", loss {sum(losses) / len(losses):.4f}" if losses else "")
             + (f", {sum(rates):,.0f} samples/s" if rates else "")
             + (f", {sum(tokens):,.0f} tokens/s" if tokens else "")
+            + (f", quorum {quorum['quorum']}/{quorum['workers']}" if quorum is not None else "")
             + f", ETA {_eta(eta)}"
         )
         return text + (f"; {self.server_line}" if self.server_line else "")

@@ -13,6 +13,11 @@ Records (JSON objects, see ``sparkdp.monitor.probe``):
 * ``job``: the whole job's throughput so far (and the parameter server's figures for
   asynchronous jobs); ``summary``: the end.
 
+A per-step fault-tolerant job's workers send none of these: the driver's quorum tells the hub
+its progress instead (:meth:`MonitorHub.quorum_progress`: ``job`` records with the committed
+steps and the quorum's size) and each leave and join (:meth:`MonitorHub.membership`:
+``membership`` records), which the progress line and ``sparkdp report`` show.
+
 The endpoint is the parameter-server transport with no parameter server behind it: the
 same HMAC handshake and per-frame MACs, JSON only, bound to the driver's address, and TLS
 when the job asks for it (a launched script's whole output crosses the network here).
@@ -143,6 +148,9 @@ class MonitorHub:
             params = {k: v for k, v in config.items() if v is not None}
             self.sinks.append(MlflowSink(mlflow, params, run_id=mlflow_run_id))
         self.display = Display(title, world_size, enabled=display)
+        self.world_size = world_size
+        #: a per-step fault-tolerant job's latest progress from the driver's quorum, or None
+        self._quorum: dict[str, Any] | None = None
         self._endpoint: Endpoint | None = None
         self._host, self._tls = host, tls
 
@@ -203,6 +211,37 @@ class MonitorHub:
         one ``restart`` record in the run log (the job controller's callback)."""
         with self._lock:
             self._emit({"type": "restart", "kind": kind, "time": time.time(), **record})
+
+    def quorum_progress(self, progress: dict[str, Any]) -> None:
+        """A per-step fault-tolerant job's progress from the driver's quorum: ``steps`` and
+        ``samples`` committed, ``quorum`` (its members) of ``workers`` (and ``total_steps``,
+        ``steps_per_epoch``, ``epochs``). One ``job`` record, its ``samples_per_s`` over the rows
+        committed since the previous one, and the progress line's figures."""
+        now = time.time()
+        with self._lock:
+            before = self._quorum if self._quorum is not None and "samples" in self._quorum else None
+            rate = None
+            if before is not None and now > before["time"]:
+                rate = max(progress["samples"] - before["samples"], 0) / (now - before["time"])
+            self._quorum = record = {
+                "type": "job",
+                "time": now,
+                "elapsed_s": now - self.started,
+                "samples_per_s": rate,
+                **progress,
+            }
+            self._emit(record)
+            self.display.quorum(record)
+
+    def membership(self, record: dict[str, Any], quorum: int) -> None:
+        """A leave or join of a per-step fault-tolerant job (the quorum's ``membership`` record),
+        after which the quorum has ``quorum`` members: one ``membership`` record in the run log,
+        and the progress line's quorum size."""
+        with self._lock:
+            self._emit({**record, "type": "membership", "quorum": quorum})
+            before = self._quorum or {"steps": record["step"]}  # (a change before the first progress)
+            self._quorum = {**before, "quorum": quorum, "workers": self.world_size}
+            self.display.quorum(self._quorum)
 
     # -- records ----------------------------------------------------------------------------
     @property

@@ -116,14 +116,7 @@ def write_report(runs: list[Run], out_dir: str | os.PathLike[str]) -> list[Path]
             ax.legend(fontsize=8)
         files.append(save_figure(fig, out, f"{metric}.png"))
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for run in runs:
-        jobs = [j for j in run.of("job") if j.get("samples_per_s") is not None]
-        ax.plot([j["time"] - run.start for j in jobs], [j["samples_per_s"] for j in jobs], label=run.label())
-    ax.set(xlabel="wall time (s)", ylabel="samples/s (all workers)", title="throughput")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    files.append(save_figure(fig, out, "throughput.png"))
+    files.append(save_figure(throughput_figure(runs), out, "throughput.png"))
 
     fig, ax = plt.subplots(figsize=(7, 4))
     drawn = False
@@ -181,6 +174,43 @@ def write_report(runs: list[Run], out_dir: str | os.PathLike[str]) -> list[Path]
     summary.write_text(summary_table(runs), encoding="utf-8")
     files.append(summary)
     return files
+
+
+def membership(run: Run) -> list[dict[str, Any]]:
+    """A per-step fault-tolerant run's leaves and joins: the run log's ``membership`` records as
+    they came, or else its summary's list (the same records, kept at the end)."""
+    live = run.of("membership")
+    if live:
+        return live
+    listed = (run.summary or {}).get("membership")
+    return [r for r in listed if isinstance(r, dict)] if isinstance(listed, list) else []
+
+
+def throughput_figure(runs: list[Run]):
+    """The job's samples/s against wall time, each run's leaves (dashed) and joins (dotted)
+    marked by vertical lines in its colour at the time the quorum recorded them."""
+    fig, ax = pyplot().subplots(figsize=(7, 4))
+    marked = False
+    for run in runs:
+        jobs = [j for j in run.of("job") if j.get("samples_per_s") is not None]
+        (line,) = ax.plot(
+            [j["time"] - run.start for j in jobs], [j["samples_per_s"] for j in jobs], label=run.label()
+        )
+        for kind, style in (("leave", "--"), ("join", ":")):
+            times = [
+                r["time"] - run.start
+                for r in membership(run)
+                if r.get("kind") == kind and isinstance(r.get("time"), (int, float))
+            ]
+            for n, t in enumerate(times):
+                label = f"{run.name}: worker {'left' if kind == 'leave' else 'joined'}" if n == 0 else None
+                ax.axvline(t, color=line.get_color(), linestyle=style, alpha=0.7, label=label)
+                marked = True
+    title = "throughput, leaves and joins of the quorum marked" if marked else "throughput"
+    ax.set(xlabel="wall time (s)", ylabel="samples/s (all workers)", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
 
 
 def bytes_per_sample(run: Run) -> float | None:

@@ -56,6 +56,11 @@ class RowCursor:
         """Whether job step ``step`` is its epoch's last."""
         return (step + 1) % self.steps_per_epoch == 0
 
+    def rows_before(self, step: int) -> int:
+        """How many rows the job's first ``step`` steps train (an epoch's last step takes the rows left)."""
+        epochs, within = divmod(step, self.steps_per_epoch)
+        return epochs * self.rows + min(within * self.global_batch, self.rows)
+
     def step_rows(self, step: int, order: torch.Tensor | None = None) -> torch.Tensor:
         """Every row of job step ``step``, over all of its workers (``order``: the epoch's, if known)."""
         epoch, within = divmod(step, self.steps_per_epoch)

@@ -16,16 +16,19 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ...config import JobConfig
 from ...errors import ConfigError, WorkerFailed
+from ...monitor.hub import MonitorHub
 from ...strategies.base import Strategy
 from ...train.faults import Fault, fault_from_env
 from ...train.loop import FitSpec
 from ...train.report import WorkerReport
 from ...train.result import TrainResult
+from ...train.row_cursor import RowCursor
 from ...train.step_diloco import DiLoCoRounds
 from ...train.step_worker import StepLink, StepTrainer, fit_step_worker
 from ..controller import Attempt
@@ -112,12 +115,17 @@ class QuorumPlan:
 
         spark, workers, failures = self.run.spark, self.run.workers, self.run.job.failures
         host = driver_host(spark)
-        quorum = Quorum(workers, TRAINERS[self.spec.strategy.name].cursor_for(self.spec, workers).total_steps)
+        cursor = TRAINERS[self.spec.strategy.name].cursor_for(self.spec, workers)
+        quorum = Quorum(workers, cursor.total_steps)
+        progress = QuorumProgress(self.run.hub, cursor, quorum)
         store = listening_store(host, workers)
         self.cancels = {w: threading.Event() for w in range(workers)}
-        with QuorumServer(
-            quorum, host, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S, on_record=self.heard
-        ) as server:
+
+        def heard(record: dict[str, Any]) -> None:
+            progress.membership(record)
+            self.heard(record)
+
+        with QuorumServer(quorum, host, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S, on_record=heard) as server:
             link = StepLink(
                 server.info,
                 (host, store.port),
@@ -143,6 +151,8 @@ class QuorumPlan:
 
             while not finished() and any(t.is_alive() for t in threads):
                 server.wait(finished, 0.5)
+                progress.tell()
+            progress.tell(final=True)
             self.over.set()  # a task still running (a silent worker's) is cancelled
             for event in self.cancels.values():
                 event.set()
@@ -200,6 +210,47 @@ class QuorumPlan:
         )
 
 
+@dataclass
+class QuorumProgress:
+    """The live monitor's view of the quorum (this kind's workers report nothing to it): the
+    committed steps and rows every ``hub.interval_s``, and the quorum's size at each leave and join."""
+
+    hub: MonitorHub | None
+    cursor: RowCursor
+    quorum: Quorum
+    told: float = float("-inf")
+
+    def tell(self, final: bool = False) -> None:
+        """The quorum's progress, at most once an interval (``final``: now, the job's last figures)."""
+        now = time.monotonic()
+        if self.hub is None or (not final and now - self.told < self.hub.interval_s):
+            return
+        self.told, steps = now, self.quorum.step
+        progress = {
+            "steps": steps,
+            "samples": self.cursor.rows_before(steps),
+            "quorum": len(self.quorum.members),
+            "workers": self.quorum.workers,
+            "total_steps": self.cursor.total_steps,
+            "steps_per_epoch": self.cursor.steps_per_epoch,
+            "epochs": self.cursor.epochs,
+        }
+        try:
+            self.hub.quorum_progress(progress)
+        except Exception:  # monitoring must not fail the job
+            log.warning("sparkdp: the monitor could not take the quorum's progress", exc_info=True)
+
+    def membership(self, record: dict[str, Any]) -> None:
+        """A leave or join, and the quorum's size after it (called under the quorum server's lock,
+        so the members are those the record left)."""
+        if self.hub is None:
+            return
+        try:
+            self.hub.membership(record, len(self.quorum.members))
+        except Exception:  # monitoring must not fail the job (nor the quorum's connection)
+            log.warning("sparkdp: the monitor could not take a leave or join", exc_info=True)
+
+
 def slot_task(spec: FitSpec, link: StepLink, worker: int, incarnation: int, fault: Fault | None) -> Any:
     """What slot ``worker``'s Spark task runs; a retried task (Spark's, or the driver's
     ``incarnation`` > 0) joins as a replacement, and only the first ever sees the injected fault."""
@@ -242,4 +293,4 @@ def announce(record: dict[str, Any]) -> None:
         )
 
 
-__all__ = ["COVERED", "TRAINERS", "QuorumPlan", "StepFaultTolerant", "refuse_unsupported"]
+__all__ = ["COVERED", "TRAINERS", "QuorumPlan", "QuorumProgress", "StepFaultTolerant", "refuse_unsupported"]

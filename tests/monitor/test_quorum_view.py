@@ -30,8 +30,12 @@ def _progress(steps: int, quorum: int, samples_per_s: float | None = None) -> di
 
 def test_the_progress_line_shows_the_quorum_size_and_where_its_steps_are() -> None:
     out = io.StringIO()  # not a terminal: progress lines, the first at once
-    display = Display("job", 2, stream=out, line_every_s=0.0)
+    display = Display("job", 2, stream=out, line_every_s=1e9)
+    display.quorum(_progress(0, 2))  # while Spark starts the tasks: not where the ETA's pace starts
+    assert display.first_seen is None
+    display.line_every_s = 0.0
     display.quorum(_progress(10, 2))
+    assert display.first_seen is not None and display.first_seen[1] == 0.25
     display.quorum(_progress(30, 1, samples_per_s=320.0))
     display.quorum(_progress(40, 2))
     lines = out.getvalue().splitlines()

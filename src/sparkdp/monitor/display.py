@@ -79,7 +79,8 @@ class Display:
     def _tick(self) -> None:
         now = time.monotonic()
         done = self.progress()[0]
-        if self.first_seen is None and done is not None:
+        # (the quorum's first step, not its start: its progress is told while Spark starts the tasks)
+        if self.first_seen is None and done is not None and (self._latest or done > 0):
             self.first_seen = (now, done)
         if self.enabled and self.live is None and now - self.last_line >= self.line_every_s:
             self.last_line = now
@@ -183,6 +184,8 @@ class Display:
         from rich.console import Group
         from rich.text import Text
 
+        if not self._latest and self._quorum is not None:  # no worker reports in this job: no table
+            return Text(self.headline())
         return Group(Text(self.headline()), self.worker_table(self._latest, live=True))
 
     def worker_table(self, latest: dict[int, dict[str, Any]], live: bool):

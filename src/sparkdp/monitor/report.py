@@ -167,7 +167,8 @@ def write_report(runs: list[Run], out_dir: str | os.PathLike[str]) -> list[Path]
     ):
         ax.set(xlabel="wall time (s)", ylabel=ylabel, title=title)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.lines:  # (a fault_tolerance="step" run's workers report no metrics)
+            ax.legend(fontsize=7)
     files.append(save_figure(fig, out, "system.png"))
 
     summary = out / "summary.md"

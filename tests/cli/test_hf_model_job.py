@@ -15,7 +15,7 @@ import yaml
 
 from sparkdp.data.sft import ExamplePacker
 from sparkdp.data.text import write_blocks
-from tests.helpers.hf_dirs import POSITIONS, VOCAB, counting_blocks, hf_loss, tiny_gpt2_dir
+from tests.helpers.hf_dirs import POSITIONS, VOCAB, counting_blocks, hf_loss, lm_job, tiny_gpt2_dir
 
 from .conftest import Cli
 from .test_cli import _explain
@@ -26,45 +26,11 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 
 def _train_lm(tmp: Path) -> list[Cli]:
-    model = tiny_gpt2_dir(tmp / "gpt2")
-    write_blocks(counting_blocks(64), tmp / "train.parquet")
-    write_blocks(counting_blocks(16, seed=1), tmp / "eval.parquet")
+    model, flags = lm_job(tmp, lr="0.01")
     job = tmp / "job.yaml"
     job.write_text(f"hf_model: {model}\nloss: model\ndict_batches: true\nfeatures: input_ids,labels\n")
     return [
-        Cli(
-            [
-                "train",
-                "--hf-model",
-                model,
-                "--data",
-                tmp / "train.parquet",
-                "--eval-data",
-                tmp / "eval.parquet",
-                "--features",
-                "input_ids,labels",
-                "--dict-batches",
-                "--loss",
-                "model",
-                "--workers",
-                "2",
-                "--epochs",
-                "3",
-                "--batch-size",
-                "8",
-                "--optimizer",
-                "adamw",
-                "--lr",
-                "0.01",
-                "-q",
-                "--out",
-                tmp / "run",
-                "--json-out",
-                tmp / "summary.json",
-                "--checkpoint-dir",
-                tmp / "ckpt",
-            ]
-        ),
+        Cli(["train", *flags, "--loss", "model"]),
         Cli(["train", "--config", job, "--print-config"], master=None),
         Cli(["export", tmp / "ckpt", tmp / "exported"]),  # after the training run: both hold a session
     ]

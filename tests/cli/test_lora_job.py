@@ -11,8 +11,7 @@ import pytest
 import torch
 import yaml
 
-from sparkdp.data.text import write_blocks
-from tests.helpers.hf_dirs import counting_blocks, hf_loss, tiny_gpt2_dir
+from tests.helpers.hf_dirs import counting_blocks, hf_loss, lm_job, tiny_gpt2_dir
 
 from .conftest import Cli
 from .test_cli import _explain
@@ -26,44 +25,11 @@ LORA_FLAGS = ["--lora-r", "4", "--lora-alpha", "8", "--lora-target-modules", "c_
 
 
 def _train_lora(tmp: Path) -> list[Cli]:
-    model = tiny_gpt2_dir(tmp / "gpt2")
-    write_blocks(counting_blocks(64), tmp / "train.parquet")
-    write_blocks(counting_blocks(16, seed=1), tmp / "eval.parquet")
+    model, flags = lm_job(tmp, lr="0.03")
     job = tmp / "job.yaml"
     job.write_text(f"hf_model: {model}\nlora_r: 4\nlora_dropout: 0.1\nlora_target_modules: [c_attn, c_fc]\n")
     return [
-        Cli(
-            [
-                "train",
-                "--hf-model",
-                model,
-                *LORA_FLAGS,
-                "--data",
-                tmp / "train.parquet",
-                "--eval-data",
-                tmp / "eval.parquet",
-                "--features",
-                "input_ids,labels",
-                "--dict-batches",
-                "--workers",
-                "2",
-                "--epochs",
-                "3",
-                "--batch-size",
-                "8",
-                "--optimizer",
-                "adamw",
-                "--lr",
-                "0.03",
-                "-q",
-                "--out",
-                tmp / "run",
-                "--json-out",
-                tmp / "summary.json",
-                "--checkpoint-dir",
-                tmp / "ckpt",
-            ]
-        ),
+        Cli(["train", *flags, *LORA_FLAGS]),
         Cli(["train", "--config", job, "--print-config"], master=None),
         Cli(["export", tmp / "ckpt", tmp / "adapter"]),
     ]

@@ -43,18 +43,10 @@ from sparkdp.train.checkpoint import (
 from sparkdp.train.checkpoint_store import LOOP_PART, CheckpointStore, digest
 from sparkdp.train.sharded_checkpoint import shard_part
 
-EXAMPLES = int(os.environ.get("SPARKDP_FUZZ_EXAMPLES", "1500"))
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    derandomize=EXAMPLES < 10_000,
-    suppress_health_check=[
-        HealthCheck.too_slow,
-        HealthCheck.data_too_large,
-        HealthCheck.function_scoped_fixture,
-    ],
-)
-pytestmark = pytest.mark.timeout(max(120, EXAMPLES // 20))  # make fuzz: a hang guard, not a budget
+from .budget import SLOW_INPUTS, examples, fuzz_settings, hang_guard
+
+FUZZ = fuzz_settings(1500, suppress=(*SLOW_INPUTS, HealthCheck.function_scoped_fixture))
+pytestmark = hang_guard(1500)
 
 
 @pytest.fixture(scope="module")
@@ -243,7 +235,7 @@ def _plant(directory: Path, name: str, data: bytes, sandbox: Path) -> None:
         target.write_bytes(data)
 
 
-@settings(FUZZ, max_examples=EXAMPLES if "SPARKDP_FUZZ_EXAMPLES" in os.environ else EXAMPLES // 5)
+@settings(FUZZ, max_examples=examples(300))
 @given(case=_manifests())
 def test_fuzzed_manifests_are_accepted_as_valid_or_refused_with_value_error_and_write_nothing(case):
     raw, planted = case

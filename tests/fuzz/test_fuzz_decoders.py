@@ -11,12 +11,11 @@ other exception, no hang.
 from __future__ import annotations
 
 import io
-import os
 
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sparkdp import state
@@ -33,17 +32,12 @@ from sparkdp.caffe.caffemodel import (
 from sparkdp.caffe.datum import decode_datum, encode_datum
 from sparkdp.errors import DataError
 
-EXAMPLES = int(os.environ.get("SPARKDP_FUZZ_EXAMPLES", "1500"))
-# Mutated inputs are small and decode in microseconds: a third of the examples keeps the
-# default run at a few seconds per target (``make fuzz`` still runs its full count).
-DEFAULT = EXAMPLES if "SPARKDP_FUZZ_EXAMPLES" in os.environ else EXAMPLES // 3
-FUZZ = settings(
-    max_examples=DEFAULT,
-    deadline=None,
-    derandomize=EXAMPLES < 10_000,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-pytestmark = pytest.mark.timeout(max(120, EXAMPLES // 20))  # make fuzz: a hang guard, not a budget
+from .budget import fuzz_settings, hang_guard
+
+# Mutated inputs are small and decode in microseconds: 500 examples keep the quick run at a
+# few seconds per target.
+FUZZ = fuzz_settings(500)
+pytestmark = hang_guard(500)
 
 # Varints at their extremes: 0, the largest one-byte value, int32/int64 boundaries, all
 # ten bytes set (bits beyond 64), and an unterminated run.

@@ -9,25 +9,19 @@ error type (``TextFormatError``; ``ProtocolError``) -- no other exception, no ha
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sparkdp.caffe.textformat import MAX_DEPTH, TextFormatError, parse
 from sparkdp.errors import ProtocolError
 from sparkdp.ps.codec import HEADER_SIZE, Limits, Op, decode_from_bytes, encode_to_bytes
 
-EXAMPLES = int(os.environ.get("SPARKDP_FUZZ_EXAMPLES", "1500"))
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    derandomize=EXAMPLES < 10_000,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-pytestmark = pytest.mark.timeout(max(120, EXAMPLES // 20))  # make fuzz: a hang guard, not a budget
+from .budget import fuzz_settings, hang_guard
+
+FUZZ = fuzz_settings(1500)
+pytestmark = hang_guard(1500)
 
 # ----------------------------------------------------------------- prototxt
 _WORDS = st.sampled_from(

@@ -13,14 +13,13 @@ form a quorum.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 from sparkdp.driver.quorum import Quorum
@@ -33,15 +32,10 @@ from sparkdp.ps.transport.tcp_options import parse_address
 from sparkdp.train.quorum_client import QuorumClient
 from sparkdp.train.quorum_messages import Arrival, Decision
 
-EXAMPLES = int(os.environ.get("SPARKDP_FUZZ_EXAMPLES", "200"))
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    derandomize=EXAMPLES < 10_000,
-    database=None,
-    suppress_health_check=list(HealthCheck),
-)
-pytestmark = pytest.mark.timeout(max(120, EXAMPLES // 20))
+from .budget import fuzz_settings, hang_guard
+
+FUZZ = fuzz_settings(200, suppress=HealthCheck, database=False)
+pytestmark = hang_guard(200)
 
 _JSON = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**64), 2**64) | st.floats() | st.text(max_size=8),

@@ -16,12 +16,11 @@ result naming one tensor many times, or a share claiming 10**12 slices, once bro
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from safetensors.torch import save as st_save
 
@@ -32,15 +31,10 @@ from sparkdp.spark.results import decode, encode
 from sparkdp.train.report import WorkerReport
 from tests.fuzz.test_fuzz_decoders import _mutate
 
-EXAMPLES = int(os.environ.get("SPARKDP_FUZZ_EXAMPLES", "1500"))
-DEFAULT = EXAMPLES if "SPARKDP_FUZZ_EXAMPLES" in os.environ else EXAMPLES // 3
-FUZZ = settings(
-    max_examples=DEFAULT,
-    deadline=None,
-    derandomize=EXAMPLES < 10_000,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-pytestmark = pytest.mark.timeout(max(120, EXAMPLES // 20))  # make fuzz: a hang guard, not a budget
+from .budget import fuzz_settings, hang_guard
+
+FUZZ = fuzz_settings(500)
+pytestmark = hang_guard(500)
 
 
 def _data_bytes(value) -> int:

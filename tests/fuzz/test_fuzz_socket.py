@@ -39,16 +39,12 @@ from sparkdp.ps.codec import HEADER, HEADER_SIZE, MAGIC, PROTOCOL_VERSION, Op
 from sparkdp.ps.transport import TcpOptions, TcpTransport
 from sparkdp.rules.base import Locking, UpdateRule
 
-EXAMPLES = int(os.environ.get("SPARKDP_FUZZ_EXAMPLES", "300"))
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    derandomize=EXAMPLES < 10_000,
-    database=None,
-    suppress_health_check=list(HealthCheck),
-)
+from .budget import examples, fuzz_settings, hang_guard
+
+EXAMPLES = examples(300)
+FUZZ = fuzz_settings(300, suppress=HealthCheck, database=False)
 # per target: ~220 handshake inputs/s, ~90 after-auth inputs/s on two shared cores
-pytestmark = pytest.mark.timeout(max(240, EXAMPLES // 30))
+pytestmark = hang_guard(300, per_second=30, floor_s=240)
 
 HONEST = 0
 SHAPES = [(64,), (3, 3)]
@@ -400,9 +396,9 @@ def test_a_live_server_survives_fuzzed_connections_while_a_worker_trains(target,
         honest.start()
 
         # a flood input holds dozens of connections and one honest handshake: a tenth as many
-        examples = EXAMPLES if target != "flood" else max(30, EXAMPLES // 10)
+        count = EXAMPLES if target != "flood" else max(30, EXAMPLES // 10)
 
-        @settings(FUZZ, max_examples=examples)
+        @settings(FUZZ, max_examples=count)
         @given(st.data())
         def one_input(data):
             getattr(fuzzer, target)(data)
@@ -437,6 +433,6 @@ def test_a_live_server_survives_fuzzed_connections_while_a_worker_trains(target,
     ]
     assert not unexpected, unexpected[:3]
     print(
-        f"\n{target}: {examples} inputs in {elapsed:.1f}s ({examples / elapsed:.0f}/s), "
+        f"\n{target}: {count} inputs in {elapsed:.1f}s ({count / elapsed:.0f}/s), "
         f"{ep.rejected_connections} connections rejected, {n} honest pushes"
     )

@@ -42,3 +42,31 @@ def hf_loss(model: torch.nn.Module, blocks: np.ndarray) -> float:
     model.eval()
     with torch.no_grad():
         return float(model(input_ids=ids, labels=ids).loss)
+
+
+def lm_job(tmp: Path, *, lr: str) -> tuple[Path, list]:
+    """The tiny GPT-2 of ``tiny_gpt2_dir`` in ``tmp/gpt2`` and its train/eval block tables, and the
+    ``sparkdp train`` flags that fine-tune it on them with its own loss on 2 workers for 3 epochs,
+    with a run log (``tmp/run``), a summary (``tmp/summary.json``) and checkpoints (``tmp/ckpt``)."""
+    from sparkdp.data.text import write_blocks
+
+    model = tiny_gpt2_dir(tmp / "gpt2")
+    write_blocks(counting_blocks(64), tmp / "train.parquet")
+    write_blocks(counting_blocks(16, seed=1), tmp / "eval.parquet")
+    flags = [
+        "--hf-model", model,
+        "--data", tmp / "train.parquet",
+        "--eval-data", tmp / "eval.parquet",
+        "--features", "input_ids,labels",
+        "--dict-batches",
+        "--workers", "2",
+        "--epochs", "3",
+        "--batch-size", "8",
+        "--optimizer", "adamw",
+        "--lr", lr,
+        "-q",
+        "--out", tmp / "run",
+        "--json-out", tmp / "summary.json",
+        "--checkpoint-dir", tmp / "ckpt",
+    ]  # fmt: skip
+    return model, flags

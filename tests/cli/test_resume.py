@@ -9,6 +9,8 @@ import json
 import os
 import signal
 import subprocess
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -36,13 +38,17 @@ JOB = [
 
 
 def _run_until_the_driver_is_killed(args: list[str]) -> subprocess.CompletedProcess:
-    """Run the job with SPARKDP_FAULT=kill-driver: worker 0 SIGKILLs the driver mid-run."""
+    """Run the job with SPARKDP_FAULT=kill-driver: worker 0 SIGKILLs the driver mid-run. Returns
+    once no process of the job is left, the Python workers included: Spark's worker daemon puts
+    them in a process group of their own, and a worker that outlives the driver by a second could
+    write a newer checkpoint after the test has chosen the one to damage."""
+    marker = f"SPARKDP_TEST_KILLED_JOB={uuid.uuid4().hex}"
     proc = subprocess.Popen(
         [*SPARKDP, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "SPARKDP_FAULT": "kill-driver:step=25"},
+        env={**os.environ, "SPARKDP_FAULT": "kill-driver:step=25", **dict([marker.split("=")])},
         start_new_session=True,
     )
     try:
@@ -51,7 +57,25 @@ def _run_until_the_driver_is_killed(args: list[str]) -> subprocess.CompletedProc
         # the JVM notices the closed gateway pipe and exits; anything left of the job goes here
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
+        _kill_every_process_with(marker.encode())
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _kill_every_process_with(marker: bytes, wait_s: float = 30.0) -> None:
+    """SIGKILL every process whose environment holds ``marker`` and wait until none is left."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = []
+        for entry in filter(str.isdigit, os.listdir("/proc")):
+            with contextlib.suppress(OSError):
+                if marker in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                    left.append(int(entry))
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(entry), signal.SIGKILL)
+        if not left:
+            return
+        assert time.monotonic() < deadline, f"processes of the killed job still alive: {left}"
+        time.sleep(0.1)
 
 
 def _killed_then_resumed(tmp: Path) -> Cli:

@@ -38,12 +38,10 @@ def _construction_sites(modules: dict[Path, ast.Module], cls: str) -> list[str]:
     return sites
 
 
-def test_the_controller_and_the_restart_policy_are_each_built_at_one_site():
+def test_the_controller_and_its_two_policies_are_each_built_at_one_site():
     modules = _modules()
-    assert len(_construction_sites(modules, "Controller")) == 1, _construction_sites(modules, "Controller")
-    assert len(_construction_sites(modules, "RestartPolicy")) == 1, _construction_sites(
-        modules, "RestartPolicy"
-    )
+    for cls in ("Controller", "RestartPolicy", "ScalingPolicy"):
+        assert len(_construction_sites(modules, cls)) == 1, _construction_sites(modules, cls)
 
 
 def test_only_the_checkpoint_manager_builds_a_checkpoint_store():

@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from sparkdp.config import JobConfig
-from sparkdp.driver.controller import Attempt, Controller, RestartPolicy
+from sparkdp.driver.controller import Attempt, Controller, RestartPolicy, ScalingPolicy
 from sparkdp.errors import ConfigError, WorkerFailed, WorkerLost, WorkerPreempted
 
 pytestmark = pytest.mark.timeout(30)
@@ -33,7 +33,7 @@ class _Plan:
 def test_each_failure_and_each_recovery_is_one_line_and_attempts_count_restarts(caplog):
     slots = iter([1, 3, 3])
     controller: Controller[list[Attempt]] = Controller(
-        RestartPolicy.of(JobConfig.of(max_restarts=2, min_workers=1)), 3, lambda: next(slots)
+        RestartPolicy.of(JobConfig.of(max_restarts=2)), ScalingPolicy(3, 1, lambda: next(slots))
     )
     with caplog.at_level(logging.WARNING, logger="sparkdp"):
         seen = controller.run(
@@ -53,16 +53,16 @@ def test_each_failure_and_each_recovery_is_one_line_and_attempts_count_restarts(
 def test_errors_a_restart_cannot_fix_and_plans_without_checkpoints_fail_at_once():
     plan = _Plan(ConfigError("bad setting"))
     with pytest.raises(ConfigError):
-        Controller(RestartPolicy(max_restarts=3), 2).run(plan)
+        Controller(RestartPolicy(max_restarts=3), ScalingPolicy(2)).run(plan)
     assert len(plan.seen) == 1
     lost = WorkerLost("worker 1 died")
     plan = _Plan(lost, where=None)
     with pytest.raises(WorkerLost) as info:
-        Controller(RestartPolicy(max_restarts=3), 2).run(plan)
+        Controller(RestartPolicy(max_restarts=3), ScalingPolicy(2)).run(plan)
     assert info.value is lost and len(plan.seen) == 1
     plan = _Plan(WorkerLost("worker 1 died"))
     with pytest.raises(WorkerLost):
-        Controller(RestartPolicy(max_restarts=0), 2).run(
+        Controller(RestartPolicy(max_restarts=0), ScalingPolicy(2)).run(
             plan
         )  # max_restarts=0: the first failure ends the job
     assert len(plan.seen) == 1
@@ -85,9 +85,9 @@ def test_preemptions_restart_without_counting_against_max_restarts(caplog):
     preempted = WorkerPreempted("preempted: worker 1 received SIGTERM or SIGHUP; saved a checkpoint ...")
     plan = _Moving(preempted, preempted, WorkerLost("worker 0 died"))
     slots = iter([1, 2, 2])
-    policy = RestartPolicy.of(JobConfig.of(max_restarts=1, min_workers=1))
+    policy = RestartPolicy.of(JobConfig.of(max_restarts=1))
     with caplog.at_level(logging.WARNING, logger="sparkdp"):
-        seen = Controller(policy, 2, lambda: next(slots, 2)).run(plan)
+        seen = Controller(policy, ScalingPolicy(2, 1, lambda: next(slots, 2))).run(plan)
     # the slots come back after the first preemption: the job grows back to 2 workers
     assert seen == [Attempt(0, 2), Attempt(1, 1), Attempt(2, 2), Attempt(3, 2)]
     assert [r.getMessage() for r in caplog.records] == [
@@ -107,7 +107,7 @@ def test_preemptions_restart_without_counting_against_max_restarts(caplog):
 def test_a_preemption_alone_recovers_with_its_own_line_even_with_max_restarts_0(caplog):
     plan = _Moving(WorkerPreempted("worker 0 preempted"))
     with caplog.at_level(logging.WARNING, logger="sparkdp"):
-        Controller(RestartPolicy(max_restarts=0), 2).run(plan)
+        Controller(RestartPolicy(max_restarts=0), ScalingPolicy(2)).run(plan)
     assert [r.getMessage() for r in caplog.records][-1] == (
         "sparkdp: recovered from preemption 1 (worker 0 preempted) on 2 of 2 workers"
     )
@@ -117,12 +117,12 @@ def test_a_preemption_that_made_no_progress_counts_as_a_failure():
     preempted = WorkerPreempted("worker 1 preempted")
     plan = _Moving(preempted, preempted, preempted, stuck=True)
     with pytest.raises(WorkerFailed, match=r"failed 2 times, more than max_restarts=1"):
-        Controller(RestartPolicy(max_restarts=1), 2).run(plan)
+        Controller(RestartPolicy(max_restarts=1), ScalingPolicy(2)).run(plan)
     assert len(plan.seen) == 3  # the first is free, the next two stopped where it did
 
 
 def test_a_preemption_with_nowhere_to_restart_from_is_raised():
     with pytest.raises(WorkerPreempted):
-        Controller(RestartPolicy(max_restarts=3), 2).run(
+        Controller(RestartPolicy(max_restarts=3), ScalingPolicy(2)).run(
             _Plan(WorkerPreempted("worker 1 preempted"), where=None)
         )

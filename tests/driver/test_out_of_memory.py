@@ -11,7 +11,7 @@ import torch
 
 from sparkdp.config import JobConfig, TrainingConfig
 from sparkdp.data.tensors import TensorData
-from sparkdp.driver.controller import Controller, RestartPolicy
+from sparkdp.driver.controller import Controller, RestartPolicy, ScalingPolicy
 from sparkdp.driver.memory_advice import explained, out_of_memory_explained
 from sparkdp.errors import WorkerFailed, WorkerLost, WorkerOutOfMemory
 from sparkdp.spark.worker_errors import _decode_error, encode_error, translate_error
@@ -88,14 +88,16 @@ def test_spark_words_for_a_python_worker_out_of_memory_and_the_jvms_own():
 def test_out_of_memory_is_not_restarted(caplog):
     oom = WorkerOutOfMemory("worker 1 ran out of memory (limit 1 GiB)")
     plan = _Plan(oom)
-    controller: Controller[list] = Controller(RestartPolicy.of(JobConfig.of(max_restarts=3)), 4)
+    controller: Controller[list] = Controller(
+        RestartPolicy.of(JobConfig.of(max_restarts=3)), ScalingPolicy(4)
+    )
     with caplog.at_level(logging.WARNING, logger="sparkdp"), pytest.raises(WorkerOutOfMemory) as info:
         controller.run(plan)
     assert info.value is oom and len(plan.seen) == 1 and not caplog.records
     assert controller.restarts.failures[0]["cause"] == "worker 1 ran out of memory (limit 1 GiB)"
     # after a failure that was restarted, still its own line (not "failed 2 times")
     later = _Plan(WorkerLost("worker 2 died"), oom)
-    controller = Controller(RestartPolicy.of(JobConfig.of(max_restarts=3)), 4)
+    controller = Controller(RestartPolicy.of(JobConfig.of(max_restarts=3)), ScalingPolicy(4))
     with pytest.raises(WorkerOutOfMemory) as info:
         controller.run(later)
     assert info.value is oom and len(later.seen) == 2

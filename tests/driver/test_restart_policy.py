@@ -7,19 +7,26 @@ import logging
 import pytest
 
 from sparkdp.config import JobConfig
-from sparkdp.driver.controller import RestartPolicy
+from sparkdp.driver.controller import RestartPolicy, ScalingPolicy
 from sparkdp.errors import WorkerFailed, WorkerHung, WorkerLost
 from sparkdp.spark.worker_errors import _decode_error, encode_error, translate_error
 
 pytestmark = pytest.mark.timeout(30)
 
 
-def test_each_failure_is_one_line_and_the_policy_shrinks_and_grows_the_job(caplog):
-    policy = RestartPolicy.of(JobConfig.of(max_restarts=2, min_workers=2, pg_timeout_s=15))
+def _free(*counts: int | None) -> ScalingPolicy:
+    """4 workers requested, down to 2, with ``counts`` task slots free at each look."""
+    free = iter(counts)
+    return ScalingPolicy(4, 2, lambda: next(free))
+
+
+def test_each_failure_is_one_line_and_the_policies_shrink_and_grow_the_job(caplog):
+    policy = RestartPolicy.of(JobConfig.of(max_restarts=2, pg_timeout_s=15))
     with caplog.at_level(logging.WARNING, logger="sparkdp"):
-        assert policy.recover(WorkerLost("worker 3 died"), 4, 3, "epoch 2, step 10") == 3
+        assert policy.recover(WorkerLost("worker 3 died"), _free(3), "epoch 2, step 10") == 3
         assert (
-            policy.recover(WorkerHung("worker 1 stopped making progress"), 4, 1, "the start of epoch 3") == 2
+            policy.recover(WorkerHung("worker 1 stopped making progress"), _free(1), "the start of epoch 3")
+            == 2
         )
     lines = [r.getMessage() for r in caplog.records]
     assert lines == [
@@ -27,21 +34,28 @@ def test_each_failure_is_one_line_and_the_policy_shrinks_and_grows_the_job(caplo
         "sparkdp: worker 1 stopped making progress (after 15 s) -- restart 2 of 2 from the start of "
         "epoch 3 on 2 of 4 workers (task slots gone)",
     ]
-    assert policy.workers(4, 4) == 4 and policy.workers(4, None) == 4  # the slots returned, or unknown
+    returned = _free(4, None)
+    assert returned.workers() == 4 and returned.workers() == 4  # the slots returned, or unknown
     with pytest.raises(
         WorkerFailed,
         match=r"failed 3 times, more than max_restarts=2 allows \(1: worker 3 died; "
         r"2: worker 1 stopped .*; 3: boom\)",
     ):
-        policy.recover(WorkerFailed("boom"), 4, 4, "x")
+        policy.recover(WorkerFailed("boom"), _free(4), "x")
+
+
+def test_the_scaling_policy_reads_min_workers_from_the_job():
+    job = JobConfig.of(workers=4, min_workers=3)
+    assert ScalingPolicy.of(job, 4, lambda: 1).workers() == 3  # never below min_workers
+    assert ScalingPolicy.of(JobConfig.of(workers=4), 4, lambda: 1).workers() == 4  # none: all of them
 
 
 def test_without_min_workers_or_restarts_the_job_keeps_its_size_or_fails_with_the_cause():
     policy = RestartPolicy.of(JobConfig.of(max_restarts=0))
-    assert policy.workers(4, 1) == 4  # no min_workers: wait for all of them
+    assert ScalingPolicy(4, None, lambda: 1).workers() == 4  # no min_workers: wait for all of them
     lost = WorkerLost("worker 0 died")
     with pytest.raises(WorkerLost) as info:
-        policy.recover(lost, 4, 4, "x")
+        policy.recover(lost, ScalingPolicy(4), "x")
     assert info.value is lost
 
 

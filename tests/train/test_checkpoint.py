@@ -18,7 +18,7 @@ from torch import nn
 from sparkdp.comm import SingleProcessCollective
 from sparkdp.config import CheckpointConfig, JobConfig, TrainingConfig
 from sparkdp.data.tensors import TensorData
-from sparkdp.driver.controller import Attempt, Controller, RestartPolicy
+from sparkdp.driver.controller import Attempt, Controller, RestartPolicy, ScalingPolicy
 from sparkdp.driver.jobs.barrier import run_with_restarts
 from sparkdp.driver.recovery import (
     merged_history,
@@ -208,7 +208,7 @@ def test_restarts_resume_from_the_latest_checkpoint_then_give_up_with_every_caus
 
     job = JobConfig.of(max_restarts=2)
     with caplog.at_level(logging.WARNING), pytest.raises(WorkerFailed) as info:
-        run_with_restarts(spec, Controller(RestartPolicy.of(job), 1), policy, stage)
+        run_with_restarts(spec, Controller(RestartPolicy.of(job), ScalingPolicy(1)), policy, stage)
     assert [s[:2] for s in seen] == [(0, 0), (1, 0), (1, 0)]
     assert "failed 3 times, more than max_restarts=2" in str(info.value)
     assert "1: worker 1 died (attempt 1); 2: worker 1 died (attempt 2)" in str(info.value)
@@ -225,7 +225,7 @@ def test_errors_a_restart_cannot_fix_are_raised_at_once(tmp_path):
     with pytest.raises(ConfigError):
         run_with_restarts(
             _spec(None),
-            Controller(RestartPolicy.of(JobConfig.of()), 2),
+            Controller(RestartPolicy.of(JobConfig.of()), ScalingPolicy(2)),
             CheckpointPolicy(CheckpointConfig(str(tmp_path))),
             stage,
         )
@@ -272,7 +272,10 @@ def test_an_elastic_restart_continues_on_the_slots_left_and_grows_back(tmp_path,
     job = JobConfig.of(max_restarts=3, min_workers=1)
     with caplog.at_level(logging.WARNING):
         report, _, workers = run_with_restarts(
-            spec, Controller(RestartPolicy.of(job), 2, lambda: next(slots)), policy, stage
+            spec,
+            Controller(RestartPolicy.of(job), ScalingPolicy.of(job, 2, lambda: next(slots))),
+            policy,
+            stage,
         )
     assert (report, workers) == ("report", 2)
     assert runs == [(2, 0), (1, 12), (2, 6)]  # step 6 of 2 workers = step 12 of one: the same rows
@@ -355,7 +358,10 @@ def test_a_restart_resumes_this_jobs_checkpoint_never_another_jobs(tmp_path):
         return "report"
 
     run_with_restarts(
-        _spec(None, epochs=2), Controller(RestartPolicy.of(JobConfig.of(max_restarts=1)), 1), policy, stage
+        _spec(None, epochs=2),
+        Controller(RestartPolicy.of(JobConfig.of(max_restarts=1)), ScalingPolicy(1)),
+        policy,
+        stage,
     )
     assert starts == [(0, 0), (0, 6)]  # epoch 6 of the other job would have been (5, 0)
 

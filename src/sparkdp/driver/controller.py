@@ -6,9 +6,9 @@ runs its workers through :meth:`Controller.run`. An attempt ends in one of three
 
 * it returns: the job (or this part of it) is done;
 * it raises :class:`~sparkdp.errors.WorkerFailed` (a worker died, hung or lost its executor):
-  the :class:`RestartPolicy` decides whether a restart is allowed and on how many workers, the
-  plan says where the next attempt continues from (its newest checkpoint), and the next attempt
-  starts there;
+  the failure policy (:class:`RestartPolicy`) decides whether a restart is allowed, the scaling
+  policy (:class:`ScalingPolicy`) on how many workers, the plan says where the next attempt
+  continues from (its newest checkpoint), and the next attempt starts there;
 * it raises :class:`~sparkdp.errors.WorkerPreempted` (a worker was asked to stop: every rank
   saved at the step they agreed on): the next attempt continues from that checkpoint, on the
   slots left, and the preemption does not count against ``max_restarts`` -- the job lost no
@@ -64,17 +64,44 @@ class Plan(Protocol[T_co]):
         ...
 
 
+@dataclass(frozen=True)
+class ScalingPolicy:
+    """On how many workers an attempt runs: the ``requested`` count while the task slots are
+    there (or unknown); after a failure that took slots away, as many as ``slots()`` says are free
+    now, down to ``min_workers`` (None: always the full count, waiting for the slots); back to the
+    full count when they return."""
+
+    requested: int
+    min_workers: int | None = None
+    slots: Callable[[], int | None] = lambda: None
+
+    @classmethod
+    def of(cls, job: JobConfig, requested: int, slots: Callable[[], int | None]) -> ScalingPolicy:
+        return cls(requested, job.failures.min_workers, slots)
+
+    def workers(self) -> int:
+        """All requested workers if the slots are there (or unknown); else as many as fit, down to
+        ``min_workers`` (below it, the stage waits for slots and fails after start_timeout_s)."""
+        free = self.slots()
+        if self.min_workers is None or free is None or free >= self.requested:
+            return self.requested
+        return max(self.min_workers, free)
+
+    def shrunk(self, now: int) -> str:
+        """The end of a restart's log line when it runs on fewer workers than requested."""
+        return f" on {now} of {self.requested} workers (task slots gone)" if now < self.requested else ""
+
+
 @dataclass
 class RestartPolicy:
-    """When and on how many workers a failed job continues: the one policy of every plan.
+    """Whether a failed job continues: the failure policy of every plan.
 
-    ``max_restarts`` failures are recovered over the whole job; after a failure that took task
-    slots away, the job continues on the slots left, down to ``min_workers`` (None: always the
-    full count), and grows back when they return. Each failure is one warning line: its cause,
-    the restart's number, where it continues from and on how many workers."""
+    ``max_restarts`` failures are recovered over the whole job (preemptions that made progress
+    are not counted); the :class:`ScalingPolicy` passed in says on how many workers. Each failure
+    is one warning line: its cause, the restart's number, where it continues from and on how many
+    workers."""
 
     max_restarts: int
-    min_workers: int | None = None
     pg_timeout_s: float = 60.0
     #: one record per failure: its cause, where the job continued from, on how many workers, and
     #: how long the failed attempt had run (its work after the checkpoint resumed from was redone)
@@ -84,26 +111,18 @@ class RestartPolicy:
 
     @classmethod
     def of(cls, job: JobConfig) -> RestartPolicy:
-        return cls(job.failures.max_restarts, job.failures.min_workers, job.failures.pg_timeout_s)
-
-    def workers(self, requested: int, slots: int | None) -> int:
-        """All ``requested`` workers if the slots are there (or unknown); else as many as fit, down
-        to ``min_workers`` (below it, the stage waits for slots and fails after start_timeout_s)."""
-        if self.min_workers is None or slots is None or slots >= requested:
-            return requested
-        return max(self.min_workers, slots)
+        return cls(job.failures.max_restarts, job.failures.pg_timeout_s)
 
     def recover(
         self,
         exc: WorkerFailed,
-        requested: int,
-        slots: int | None,
+        scaling: ScalingPolicy,
         where: str,
         can_restart: bool = True,
         attempt_s: float = 0.0,
     ) -> int:
         """After ``exc`` (in an attempt that ran ``attempt_s`` seconds): the workers to continue
-        on, with the one log line; raises when the failures are more than ``max_restarts`` (or
+        on (``scaling``'s choice), with the one log line; raises when the failures are more than ``max_restarts`` (or
         ``can_restart`` is False). A worker out of memory is not restarted: the same settings would
         run out again."""
         cause = self.cause(exc)
@@ -119,7 +138,7 @@ class RestartPolicy:
                 f"{self.max_restarts} allows ({listed}). Fix the cause, or raise "
                 "max_restarts."
             ) from exc
-        now = self.workers(requested, slots)
+        now = scaling.workers()
         self.failures[-1]["workers"] = now
         log.warning(
             "sparkdp: %s -- restart %d of %d from %s%s",
@@ -127,20 +146,20 @@ class RestartPolicy:
             len(self.failures),
             self.max_restarts,
             where,
-            f" on {now} of {requested} workers (task slots gone)" if now < requested else "",
+            scaling.shrunk(now),
         )
         return now
 
     def preempted(
-        self, exc: WorkerPreempted, requested: int, slots: int | None, where: str, attempt_s: float = 0.0
+        self, exc: WorkerPreempted, scaling: ScalingPolicy, where: str, attempt_s: float = 0.0
     ) -> int:
         """After a preemption that saved at ``where``: the workers to continue on, with the one log
         line; not counted against ``max_restarts`` unless it made no progress since the previous
         preemption (then :meth:`recover` decides, as for any failure)."""
         if self.preemptions and self.preemptions[-1]["restart_from"] == where:
-            return self.recover(exc, requested, slots, where, attempt_s=attempt_s)
+            return self.recover(exc, scaling, where, attempt_s=attempt_s)
         cause = self.cause(exc)
-        now = self.workers(requested, slots)
+        now = scaling.workers()
         self.preemptions.append(
             {"cause": cause, "restart_from": where, "attempt_s": attempt_s, "workers": now}
         )
@@ -149,7 +168,7 @@ class RestartPolicy:
             cause,
             len(self.preemptions),
             where,
-            f" on {now} of {requested} workers (task slots gone)" if now < requested else "",
+            scaling.shrunk(now),
         )
         return now
 
@@ -183,25 +202,23 @@ class ControllerCallback(Protocol):
 
 
 class Controller(Generic[T]):
-    """Runs a plan's attempts under one :class:`RestartPolicy` (the failure policy) for the whole
-    job.
-
-    ``requested``: the job's worker count; ``slots()``: the task slots free now (None: unknown),
-    read after a failure to shrink the next attempt (``min_workers``) and by :meth:`workers` to
-    grow back: with the policy's ``min_workers``, the scaling policy. A plan that runs in parts (a
-    streamed DataFrame: one stage per epoch) calls :meth:`run` once per part; the failures count
-    over all of them. ``callbacks`` hear of every restart."""
+    """Runs a plan's attempts for the whole job under two policies passed in: the failure policy
+    (:class:`RestartPolicy`: whether a failed attempt is tried again) and the scaling policy
+    (:class:`ScalingPolicy`: on how many workers, read after a failure to shrink the next attempt
+    and by :meth:`workers` to grow back). A plan that runs in parts (a streamed DataFrame: one
+    stage per epoch) calls :meth:`run` once per part; the failures count over all of them.
+    ``callbacks`` hear of every restart."""
 
     def __init__(
         self,
         restarts: RestartPolicy,
-        requested: int,
-        slots: Callable[[], int | None] = lambda: None,
+        scaling: ScalingPolicy,
         callbacks: Sequence[ControllerCallback] = (),
     ) -> None:
-        self.restarts, self.requested, self.slots = restarts, requested, slots
+        self.restarts, self.scaling = restarts, scaling
+        self.requested = scaling.requested
         self.callbacks = tuple(callbacks)
-        self.now = requested  # the workers the next attempt runs on
+        self.now = scaling.requested  # the workers the next attempt runs on
         self.restart = 0  # restarts so far
 
     def record(self, details: dict[str, Any]) -> dict[str, Any]:
@@ -222,7 +239,7 @@ class Controller(Generic[T]):
     def workers(self) -> int:
         """The workers the next part runs on: back to the full count once the slots return."""
         if self.now < self.requested:
-            self.now = self.restarts.workers(self.requested, self.slots())
+            self.now = self.scaling.workers()
         return self.now
 
     def run(self, plan: Plan[T]) -> T:
@@ -235,11 +252,11 @@ class Controller(Generic[T]):
             except WorkerPreempted as exc:
                 where = plan.restart_point()
                 if where is None:  # nowhere to continue from: a failure like any other
-                    self.restarts.recover(exc, self.requested, self.slots(), "nowhere", can_restart=False)
+                    self.restarts.recover(exc, self.scaling, "nowhere", can_restart=False)
                 assert where is not None  # (recover raised)
                 counted = len(self.restarts.failures)
                 self.now = self.restarts.preempted(
-                    exc, self.requested, self.slots(), where, attempt_s=time.perf_counter() - began
+                    exc, self.scaling, where, attempt_s=time.perf_counter() - began
                 )
                 preempted = len(self.restarts.failures) == counted
                 self.restart, failed = self.restart + 1, failed or not preempted
@@ -249,8 +266,7 @@ class Controller(Generic[T]):
                 where = plan.restart_point()
                 self.now = self.restarts.recover(
                     exc,
-                    self.requested,
-                    self.slots(),
+                    self.scaling,
                     where or "nowhere",
                     can_restart=where is not None,
                     attempt_s=time.perf_counter() - began,
@@ -263,4 +279,4 @@ class Controller(Generic[T]):
             return result
 
 
-__all__ = ["Attempt", "Controller", "ControllerCallback", "Plan", "RestartPolicy"]
+__all__ = ["Attempt", "Controller", "ControllerCallback", "Plan", "RestartPolicy", "ScalingPolicy"]

@@ -18,7 +18,7 @@ from ...monitor.hub import MonitorHub
 from ...strategies.base import Strategy
 from ...train.loop import FitSpec
 from ...train.result import TrainResult
-from ..controller import Attempt, Controller, RestartPolicy
+from ..controller import Attempt, Controller, RestartPolicy, ScalingPolicy
 
 #: what ``sparkdp.run`` runs on every worker: ``body(collective, strategy, attempt)``
 Body = Callable[[Collective, Strategy, Attempt], Any]
@@ -36,13 +36,13 @@ class JobRun:
     started: float = 0.0
 
     def controller(self, slots: Callable[[], int | None] = lambda: None) -> Controller[Any]:
-        """The job's controller: the job's restart policy (``max_restarts``, ``min_workers``) over
-        ``slots()``, the task slots its workers may use now, and the live monitor told of every
-        restart. The one place either is built, so every kind restarts and shrinks alike."""
+        """The job's controller: the job's failure policy (``max_restarts``), its scaling policy
+        (``min_workers`` over ``slots()``, the task slots its workers may use now), and the live
+        monitor told of every restart. The one place each is built, so every kind restarts and
+        shrinks alike."""
         return Controller(
             RestartPolicy.of(self.job),
-            self.workers,
-            slots,
+            ScalingPolicy.of(self.job, self.workers, slots),
             callbacks=(self.hub,) if self.hub is not None else (),
         )
 

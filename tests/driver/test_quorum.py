@@ -87,6 +87,30 @@ def test_no_member_left_to_heal_from_fails_the_quorum() -> None:
     assert quorum.lose(0, "gone") == {} and quorum.failed is not None
 
 
+def test_a_lost_worker_takes_its_replica_group_out_and_the_group_rejoins_only_whole() -> None:
+    """hsdp: replica groups (0, 1) and (2, 3). Worker 1 lost: worker 0 leaves with it and waits;
+    the group is admitted once 1's replacement arrives, each healed from its shard index's peer."""
+    quorum = Quorum(4, 10, replica=2)
+    for w in range(4):
+        quorum.arrive(w, Arrival(0))
+    quorum.arrive(0, Arrival(0, True))  # worker 0 ran step 1 before its group-mate was lost
+    assert quorum.lose(1, "gone") == {}
+    assert quorum.members == (2, 3) and quorum.benched == {0}
+    assert [(r["worker"], r["kind"]) for r in quorum.records] == [(1, "leave"), (0, "leave")]
+    quorum.arrive(2, Arrival(0, True))
+    decisions = quorum.arrive(3, Arrival(0, True))  # the step ran with the lost group: run again
+    assert set(decisions) == {2, 3} and decisions[2] == Decision(2, (2, 3), 0, commit=False)
+    quorum.arrive(2, Arrival(0, True))
+    assert quorum.arrive(3, Arrival(0, True))[3].commit  # worker 0 still waits: its group is not whole
+    quorum.arrive(1, Arrival(JOINING))
+    quorum.arrive(2, Arrival(1, True))
+    decisions = quorum.arrive(3, Arrival(1, True))
+    assert decisions[0].members == (2, 3, 0, 1) and decisions[0].quorum == 3
+    assert (decisions[0].heal_from, decisions[1].heal_from) == (2, 3)
+    assert (decisions[2].heal_to, decisions[3].heal_to) == ((0,), (1,)) and not quorum.benched
+    assert [(r["worker"], r.get("healed_from")) for r in quorum.records[2:]] == [(0, 2), (1, 3)]
+
+
 @pytest.mark.parametrize(
     ("worker", "arrival"), [(0, Arrival(5, True)), (0, Arrival(JOINING)), (7, Arrival(0))]
 )

@@ -92,10 +92,14 @@ class Quorum:
         self.benched.update(mates)
         self._lost_since_decision = True
         now = time.time()
-        self.records.append({"worker": worker, "step": self.step, "kind": "leave", "cause": cause, "time": now})
+        self.records.append(
+            {"worker": worker, "step": self.step, "kind": "leave", "cause": cause, "time": now}
+        )
         for mate in mates:
             why = f"worker {worker} of its replica group was lost"
-            self.records.append({"worker": mate, "step": self.step, "kind": "leave", "cause": why, "time": now})
+            self.records.append(
+                {"worker": mate, "step": self.step, "kind": "leave", "cause": why, "time": now}
+            )
         return self._decide() if self._ready() else {}
 
     def _group(self, worker: int) -> int:
@@ -103,9 +107,7 @@ class Quorum:
 
     def _admitted(self, waiting: tuple[int, ...]) -> tuple[int, ...]:
         """The waiting workers whose whole replica group is waiting (the others wait on)."""
-        return tuple(
-            w for w in waiting if all(m in waiting for m in self._replica_of(w))
-        )
+        return tuple(w for w in waiting if all(m in waiting for m in self._replica_of(w)))
 
     def _replica_of(self, worker: int) -> range:
         first = self._group(worker) * self.replica

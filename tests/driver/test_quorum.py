@@ -178,6 +178,32 @@ def test_a_silent_worker_is_dropped_and_a_replacement_healed_from_the_survivor()
         silent.abandon()
 
 
+def test_a_healer_whose_decision_another_worker_completed_may_still_send_its_state() -> None:
+    """The healer (worker 0) waits at the boundary first; worker 2's arrival completes the
+    decision. The healer's connection, idle since its own arrival, must then take its state."""
+    quorum = Quorum(3, 100)
+    with QuorumServer(quorum, "127.0.0.1", heartbeat_timeout_s=5.0) as server, ThreadPoolExecutor(3) as pool:
+        healer = QuorumClient(server.info, 0, wait_s=10.0, heartbeat_s=60.0)  # no frame but its own
+        lost, member = (QuorumClient(server.info, w, wait_s=10.0) for w in (1, 2))
+        list(pool.map(lambda c: c.boundary(0, None), (healer, lost, member)))
+        lost.abandon()
+        assert [d.members for d, _ in pool.map(lambda c: c.boundary(0, True), (healer, member))] == [
+            (0, 2)
+        ] * 2
+        joiner = QuorumClient(server.info, 1, wait_s=10.0)
+        joined = pool.submit(joiner.boundary, JOINING, None)
+        waiting = pool.submit(healer.boundary, 0, True)
+        while not {0, 1} <= set(quorum.arrived):
+            time.sleep(0.01)
+        assert member.boundary(0, True)[0].members == (0, 2, 1)
+        decision, _ = waiting.result(10)
+        assert decision.heal_to == (1,)
+        healer.heal((1,), b"state bytes")
+        assert joined.result(10)[1] == b"state bytes"
+        for client in (healer, member, joiner):
+            client.close()
+
+
 def test_idle_connections_hold_a_bounded_number_of_threads_and_a_worker_still_gets_in(monkeypatch) -> None:
     import socket
 

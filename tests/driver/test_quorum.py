@@ -87,6 +87,30 @@ def test_no_member_left_to_heal_from_fails_the_quorum() -> None:
     assert quorum.lose(0, "gone") == {} and quorum.failed is not None
 
 
+def test_a_lost_worker_takes_its_replica_group_out_and_the_group_rejoins_only_whole() -> None:
+    """hsdp: replica groups (0, 1) and (2, 3). Worker 1 lost: worker 0 leaves with it and waits;
+    the group is admitted once 1's replacement arrives, each healed from its shard index's peer."""
+    quorum = Quorum(4, 10, replica=2)
+    for w in range(4):
+        quorum.arrive(w, Arrival(0))
+    quorum.arrive(0, Arrival(0, True))  # worker 0 ran step 1 before its group-mate was lost
+    assert quorum.lose(1, "gone") == {}
+    assert quorum.members == (2, 3) and quorum.benched == {0}
+    assert [(r["worker"], r["kind"]) for r in quorum.records] == [(1, "leave"), (0, "leave")]
+    quorum.arrive(2, Arrival(0, True))
+    decisions = quorum.arrive(3, Arrival(0, True))  # the step ran with the lost group: run again
+    assert set(decisions) == {2, 3} and decisions[2] == Decision(2, (2, 3), 0, commit=False)
+    quorum.arrive(2, Arrival(0, True))
+    assert quorum.arrive(3, Arrival(0, True))[3].commit  # worker 0 still waits: its group is not whole
+    quorum.arrive(1, Arrival(JOINING))
+    quorum.arrive(2, Arrival(1, True))
+    decisions = quorum.arrive(3, Arrival(1, True))
+    assert decisions[0].members == (2, 3, 0, 1) and decisions[0].quorum == 3
+    assert (decisions[0].heal_from, decisions[1].heal_from) == (2, 3)
+    assert (decisions[2].heal_to, decisions[3].heal_to) == ((0,), (1,)) and not quorum.benched
+    assert [(r["worker"], r.get("healed_from")) for r in quorum.records[2:]] == [(0, 2), (1, 3)]
+
+
 @pytest.mark.parametrize(
     ("worker", "arrival"), [(0, Arrival(5, True)), (0, Arrival(JOINING)), (7, Arrival(0))]
 )
@@ -152,6 +176,32 @@ def test_a_silent_worker_is_dropped_and_a_replacement_healed_from_the_survivor()
         for client in (alive, joiner):
             client.close()
         silent.abandon()
+
+
+def test_a_healer_whose_decision_another_worker_completed_may_still_send_its_state() -> None:
+    """The healer (worker 0) waits at the boundary first; worker 2's arrival completes the
+    decision. The healer's connection, idle since its own arrival, must then take its state."""
+    quorum = Quorum(3, 100)
+    with QuorumServer(quorum, "127.0.0.1", heartbeat_timeout_s=5.0) as server, ThreadPoolExecutor(3) as pool:
+        healer = QuorumClient(server.info, 0, wait_s=10.0, heartbeat_s=60.0)  # no frame but its own
+        lost, member = (QuorumClient(server.info, w, wait_s=10.0) for w in (1, 2))
+        list(pool.map(lambda c: c.boundary(0, None), (healer, lost, member)))
+        lost.abandon()
+        assert [d.members for d, _ in pool.map(lambda c: c.boundary(0, True), (healer, member))] == [
+            (0, 2)
+        ] * 2
+        joiner = QuorumClient(server.info, 1, wait_s=10.0)
+        joined = pool.submit(joiner.boundary, JOINING, None)
+        waiting = pool.submit(healer.boundary, 0, True)
+        while not {0, 1} <= set(quorum.arrived):
+            time.sleep(0.01)
+        assert member.boundary(0, True)[0].members == (0, 2, 1)
+        decision, _ = waiting.result(10)
+        assert decision.heal_to == (1,)
+        healer.heal((1,), b"state bytes")
+        assert joined.result(10)[1] == b"state bytes"
+        for client in (healer, member, joiner):
+            client.close()
 
 
 def test_idle_connections_hold_a_bounded_number_of_threads_and_a_worker_still_gets_in(monkeypatch) -> None:

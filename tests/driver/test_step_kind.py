@@ -60,7 +60,11 @@ def _spec(strategy: str = "allreduce", accumulate: int = 1, **options) -> FitSpe
 @pytest.mark.parametrize(
     ("spec", "job", "named"),
     [
-        (_spec("hsdp"), JobConfig(), "strategy 'hsdp' (covered: allreduce, diloco)"),
+        (_spec("fsdp"), JobConfig(), "strategy 'fsdp' (covered: allreduce, diloco, hsdp)"),
+        (_spec("hsdp"), JobConfig(), "hsdp without shard_size"),
+        (_spec("hsdp", shard_size=4), JobConfig(), "hsdp's shard_size=4 with 4 workers"),
+        (_spec("hsdp", shard_size=3), JobConfig(), "at least 2 replica groups"),
+        (_spec("hsdp", shard_size=2, param_dtype="bf16"), JobConfig(), "hsdp's param_dtype or reduce_dtype"),
         (_spec("diloco", fragments=2), JobConfig(), "diloco's fragments and overlap_steps"),
         (_spec("allreduce", compression="bf16"), JobConfig(), "allreduce's compression"),
         (_spec(accumulate=2), JobConfig(), "accumulate"),
@@ -69,8 +73,9 @@ def _spec(strategy: str = "allreduce", accumulate: int = 1, **options) -> FitSpe
 )
 def test_what_step_mode_does_not_cover_is_one_line(spec: FitSpec, job: JobConfig, named: str) -> None:
     with pytest.raises(ConfigError) as info:
-        refuse_unsupported(spec, job)
+        refuse_unsupported(spec, job, 4)
     assert named in str(info.value) and "\n" not in str(info.value)
     assert "fault_tolerance='restart'" in str(info.value)
-    refuse_unsupported(_spec(), JobConfig())  # the covered cases pass
-    refuse_unsupported(_spec("diloco", period=5), JobConfig())
+    refuse_unsupported(_spec(), JobConfig(), 4)  # the covered cases pass
+    refuse_unsupported(_spec("diloco", period=5), JobConfig(), 4)
+    refuse_unsupported(_spec("hsdp", shard_size=2), JobConfig(), 4)

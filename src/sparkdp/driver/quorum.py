@@ -15,6 +15,13 @@ connection, a missed heartbeat, a message out of step), the quorum decides for a
 
 A joiner waits for a boundary; when no member is left to heal it from, the job cannot go on and
 the quorum fails (the job's controller then decides, as for any lost stage).
+
+Where the workers form replica groups (``replica`` > 1: hsdp's shard groups, each holding one copy
+of the model sharded over its ``replica`` workers), the unit of membership is the replica group:
+a lost worker takes its whole group out of the quorum at once, its live members wait as joiners
+(the shards they hold are no longer in step), and the group is admitted again only whole, once
+its lost worker's replacement has arrived. Each of its workers heals from the member of the same
+shard index in a live group (worker ``w``'s index is ``w % replica``).
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ class Quorum:
 
     workers: int
     total_steps: int
+    #: workers per replica group, the unit of membership (consecutive slots; 1: each worker alone)
+    replica: int = 1
     members: tuple[int, ...] = ()
     #: the quorum's number: +1 at every change of members (it names the process group)
     number: int = 0
@@ -45,7 +54,13 @@ class Quorum:
     arrived: dict[int, Arrival] = field(default_factory=dict)
     #: one record per leave and per join (``membership`` of the job's result)
     records: list[dict[str, Any]] = field(default_factory=list)
+    #: live workers taken out with a lost member of their replica group: they rejoin as joiners
+    benched: set[int] = field(default_factory=set)
     _lost_since_decision: bool = False
+
+    def __post_init__(self) -> None:
+        if self.replica < 1 or self.workers % self.replica:
+            raise ValueError(f"{self.workers} workers do not form replica groups of {self.replica}.")
 
     def arrive(self, worker: int, arrival: Arrival) -> dict[int, Decision]:
         """``worker`` at a boundary; the decisions for every waiting worker once all are in
@@ -56,6 +71,8 @@ class Quorum:
             return {worker: Decision(self.number, (), self.step, False, done=True)}
         if not self.started and arrival.step == JOINING:  # a retried task before the first step
             arrival = Arrival(0)
+        if worker in self.benched:  # it learns it was benched from the decision that heals it
+            arrival = Arrival(JOINING)
         expected = self.step if worker in self.members else JOINING if self.started else 0
         if arrival.step != expected:
             raise ProtocolError(
@@ -67,14 +84,38 @@ class Quorum:
     def lose(self, worker: int, cause: str) -> dict[int, Decision]:
         """``worker`` is gone (``cause`` for its record); the decisions it unblocks, if any."""
         self.arrived.pop(worker, None)
+        self.benched.discard(worker)  # (its replacement joins in its place)
         if worker not in self.members or self.done:
             return {}
-        self.members = tuple(m for m in self.members if m != worker)
+        mates = [m for m in self.members if m != worker and self._group(m) == self._group(worker)]
+        self.members = tuple(m for m in self.members if m != worker and m not in mates)
+        self.benched.update(mates)
         self._lost_since_decision = True
+        now = time.time()
         self.records.append(
-            {"worker": worker, "step": self.step, "kind": "leave", "cause": cause, "time": time.time()}
+            {"worker": worker, "step": self.step, "kind": "leave", "cause": cause, "time": now}
         )
+        for mate in mates:
+            why = f"worker {worker} of its replica group was lost"
+            self.records.append(
+                {"worker": mate, "step": self.step, "kind": "leave", "cause": why, "time": now}
+            )
         return self._decide() if self._ready() else {}
+
+    def _group(self, worker: int) -> int:
+        return worker // self.replica
+
+    def _admitted(self, waiting: tuple[int, ...]) -> tuple[int, ...]:
+        """The waiting workers whose whole replica group is waiting (the others wait on)."""
+        return tuple(w for w in waiting if all(m in waiting for m in self._replica_of(w)))
+
+    def _replica_of(self, worker: int) -> range:
+        first = self._group(worker) * self.replica
+        return range(first, first + self.replica)
+
+    def _healer_of(self, joiner: int, survivors: tuple[int, ...]) -> int:
+        """The survivor that heals ``joiner``: the first of the same shard index."""
+        return next(m for m in survivors if m % self.replica == joiner % self.replica)
 
     def _ready(self) -> bool:
         if not self.started:
@@ -83,7 +124,8 @@ class Quorum:
 
     def _decide(self) -> dict[int, Decision]:
         survivors = self.members if self.started else tuple(sorted(self.arrived))
-        joiners = tuple(sorted(w for w in self.arrived if w not in survivors))
+        waiting = tuple(sorted(w for w in self.arrived if w not in survivors))
+        joiners = self._admitted(waiting)
         ran = [self.arrived[m].ok for m in survivors]
         commit = self.started and bool(survivors) and not self._lost_since_decision and all(ran)
         self.step += int(commit)
@@ -96,14 +138,14 @@ class Quorum:
             return {}
         if self.done:  # the joiners have nothing left to train
             decisions = {w: Decision(self.number, survivors, self.step, commit, done=True) for w in survivors}
-            decisions.update({w: Decision(self.number, (), self.step, False, done=True) for w in joiners})
+            decisions.update({w: Decision(self.number, (), self.step, False, done=True) for w in waiting})
             self.arrived.clear()
             return decisions
         members = survivors + joiners
         if members != self.members or not all(ran) or not self.started or self._lost_since_decision:
             self.number += 1
-        healer = survivors[0] if joiners and self.started else None
-        for joiner in joiners if healer is not None else ():
+        healers = {j: self._healer_of(j, survivors) for j in joiners} if self.started else {}
+        for joiner, healer in healers.items():
             self.records.append(
                 {
                     "worker": joiner,
@@ -114,15 +156,16 @@ class Quorum:
                 }
             )
         self.members, self.started, self._lost_since_decision = members, True, False
-        self.arrived.clear()
+        self.benched.difference_update(joiners)
+        self.arrived = {w: a for w, a in self.arrived.items() if w in waiting and w not in joiners}
         return {
             w: Decision(
                 self.number,
                 members,
                 self.step,
                 commit,
-                heal_to=joiners if w == healer else (),
-                heal_from=healer if w in joiners else None,
+                heal_to=tuple(j for j, h in healers.items() if h == w),
+                heal_from=healers.get(w),
             )
             for w in members
         }

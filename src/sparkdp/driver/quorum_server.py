@@ -241,6 +241,9 @@ class QuorumServer:
             if decision.heal_from is not None:
                 with self._lock:
                     self._heals[worker] = (decision, now)
+                    healer = self._conns.get(decision.heal_from)
+                    if healer is not None:  # its thread may already wait for its next frame: the HEAL
+                        healer.limits = self._heal_limits
             else:
                 self._send(worker, decision)
         with self._lock:

@@ -30,6 +30,7 @@ from ...train.report import WorkerReport
 from ...train.result import TrainResult
 from ...train.row_cursor import RowCursor
 from ...train.step_diloco import DiLoCoRounds
+from ...train.step_hsdp import HSDPSteps
 from ...train.step_worker import StepLink, StepTrainer, fit_step_worker
 from ..controller import Attempt
 from ..quorum import Quorum
@@ -40,7 +41,7 @@ from .base import Body, JobRun
 log = logging.getLogger(__name__)
 
 #: the strategies this kind runs, with the trainer of each (a quorum step: a step, an outer round)
-TRAINERS: dict[str, type[StepTrainer]] = {"allreduce": StepTrainer, "diloco": DiLoCoRounds}
+TRAINERS: dict[str, type[StepTrainer]] = {"allreduce": StepTrainer, "diloco": DiLoCoRounds, "hsdp": HSDPSteps}
 COVERED = tuple(TRAINERS)
 #: a lost worker is dropped after this long without a frame (it sends one a second)
 HEARTBEAT_TIMEOUT_S = 5.0
@@ -53,7 +54,7 @@ class StepFaultTolerant:
     label = "Spark workers (per-step fault tolerance)"
 
     def fit(self, spec: FitSpec, run: JobRun) -> TrainResult:
-        refuse_unsupported(spec, run.job)
+        refuse_unsupported(spec, run.job, run.workers)
         plan = QuorumPlan(spec, run)
         controller = run.controller()
         report = controller.run(plan)
@@ -68,13 +69,15 @@ class StepFaultTolerant:
         )
 
 
-def refuse_unsupported(spec: FitSpec, job: JobConfig) -> None:
+def refuse_unsupported(spec: FitSpec, job: JobConfig, workers: int) -> None:
     """One clear line for what per-step fault tolerance does not cover (yet)."""
     training, name = spec.training, spec.strategy.name
     problems = []
     if name not in COVERED:
         problems.append(f"strategy {name!r} (covered: {', '.join(COVERED)})")
     options = spec.strategy.options()
+    if name == "hsdp":
+        problems.extend(hsdp_problems(options, workers))
     if options.get("compression", "none") != "none":
         problems.append(f"{name}'s compression (the quorum sums float32 tensors)")
     if options.get("fragments", 1) != 1 or options.get("overlap_steps", 0) != 0:
@@ -90,6 +93,31 @@ def refuse_unsupported(spec: FitSpec, job: JobConfig) -> None:
             f"fault_tolerance='step' does not cover {'; '.join(problems)}. Use fault_tolerance='restart' "
             "for this job, or change these settings."
         )
+
+
+def hsdp_problems(options: dict[str, Any], workers: int) -> list[str]:
+    """What hsdp's settings need in step mode: replica groups of ``shard_size`` workers, at least
+    two (a group that loses a worker heals from another), float32 shards and gradients."""
+    shard = options.get("shard_size")
+    if shard is None:
+        return [
+            "hsdp without shard_size (set strategy_options={'shard_size': k}: the workers of one "
+            "replica group, whichever hosts Spark places them on)"
+        ]
+    problems = []
+    if workers % shard or workers // shard < 2:
+        problems.append(
+            f"hsdp's shard_size={shard} with {workers} workers (it must divide the workers into at "
+            "least 2 replica groups: a group that loses a worker heals from another)"
+        )
+    if options.get("param_dtype") is not None or options.get("reduce_dtype") != "fp32":
+        problems.append("hsdp's param_dtype or reduce_dtype (the quorum sums float32 gradient shards)")
+    return problems
+
+
+def replica_size(spec: FitSpec) -> int:
+    """The workers of one replica group, the quorum's unit of membership (hsdp: its shard groups)."""
+    return int(spec.strategy.options().get("shard_size") or 1) if spec.strategy.name == "hsdp" else 1
 
 
 @dataclass
@@ -116,7 +144,7 @@ class QuorumPlan:
         spark, workers, failures = self.run.spark, self.run.workers, self.run.job.failures
         host = driver_host(spark)
         cursor = TRAINERS[self.spec.strategy.name].cursor_for(self.spec, workers)
-        quorum = Quorum(workers, cursor.total_steps)
+        quorum = Quorum(workers, cursor.total_steps, replica_size(self.spec))
         progress = QuorumProgress(self.run.hub, cursor, quorum)
         store = listening_store(host, workers)
         self.cancels = {w: threading.Event() for w in range(workers)}

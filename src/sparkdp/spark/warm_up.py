@@ -62,22 +62,14 @@ def start_warm_up(sc: Any) -> None:
 
 
 def start_planner_warm_up(spark: Any) -> None:
-    """In a background thread, plan (never run) a DataFrame stage of sparkdp's kind and run one
-    query without Python tasks: the JVM's first DataFrame query loads and compiles its planner's
-    and its result path's code, seconds the first training stage would otherwise wait for."""
-    from .cluster import on_driver_machine
-
-    if not on_driver_machine(spark):
-        return  # the query's tasks would wait for executors that may still be arriving
+    """In a background thread, plan (never run: no task) a DataFrame stage of sparkdp's kind: the
+    JVM's first DataFrame query loads and compiles its planner's code, seconds the first training
+    stage would otherwise wait for."""
 
     def run() -> None:
         try:
-            spark.sparkContext.setJobGroup(
-                JOB_GROUP, "sparkdp: warm up the query planner", interruptOnCancel=True
-            )
             stage = spark.range(2, numPartitions=2).mapInArrow(_pass_batches, "id long", barrier=True)
             stage._jdf.queryExecution().executedPlan()
-            spark.range(2, numPartitions=2).collect()
         except Exception as exc:  # noqa: BLE001 - e.g. the session was stopped meanwhile; nothing is lost
             log.debug("query planner warm-up did not finish: %s", exc)
 

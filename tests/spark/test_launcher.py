@@ -1,13 +1,17 @@
 """The barrier launcher on a real local[2] Spark."""
 
+import os
+import threading
 import time
 
 import pytest
 
 from sparkdp.errors import ConfigError, EnvironmentProblem, RendezvousTimeout, WorkerFailed
 from sparkdp.spark.cluster import task_slots
-from sparkdp.spark.launcher import run_barrier
+from sparkdp.spark.launcher import run_barrier, run_tasks
 from sparkdp.spark.task import listening_store
+from sparkdp.spark.warm_up import THREAD_NAME
+from sparkdp.spark.worker_preload import PRELOAD_ENV
 
 pytestmark = pytest.mark.spark
 
@@ -58,6 +62,31 @@ def test_the_rendezvous_store_listens_on_the_task_address_only():
 
 def test_the_session_warms_up_the_worker_daemon(spark):
     assert spark.sparkContext.statusTracker().getJobIdsForGroup("sparkdp-warm-up")
+
+
+def _daemon_pid(_index):
+    return os.getppid()  # a worker is forked by its daemon
+
+
+def test_the_stages_fork_their_workers_from_the_daemon_the_warm_up_started(spark):
+    """Spark keeps one daemon per task environment: had the warm-up's differed from a stage's,
+    the JVM would run two plain sparkdp daemons and the first stage would wait for torch's import."""
+    import psutil
+
+    for thread in threading.enumerate():
+        if thread.name == THREAD_NAME:
+            thread.join(60)
+    daemon = run_tasks(_daemon_pid, 1, spark=spark)[0]
+    jvm = psutil.Process(daemon).parent()
+
+    def plain_daemon(process):
+        try:
+            return "sparkdp.spark.daemon" in process.cmdline() and PRELOAD_ENV not in process.environ()
+        except psutil.Error:  # a child that has ended meanwhile
+            return False
+
+    assert [p.pid for p in jvm.children() if plain_daemon(p)] == [daemon]
+    assert "SPARK_SIMPLIFIED_TRACEBACK" not in spark.sparkContext.environment  # the warm-up's own only
 
 
 def test_too_many_workers_fails_fast_with_advice(spark):

@@ -14,6 +14,8 @@ from typing import Any
 from ..errors import ConfigError
 from ..redact import redact
 from .environment import check_java, check_master_reachable
+from .warm_up import THREAD_NAME as WARM_UP_THREAD
+from .warm_up import start_planner_warm_up, start_warm_up, warm_up_connect
 
 log = logging.getLogger(__name__)
 
@@ -107,9 +109,10 @@ def session(
         app_name: the application name shown by the cluster manager.
         conf: extra Spark settings; they override sparkdp's defaults.
         warm_up: on a new ``local``/``local-cluster`` session, start the Python worker
-            daemon at once, in the background, so its torch import (and Spark's own
-            first-job set-up, about 4 s together here) overlaps with whatever the
-            driver does next instead of delaying the first training job.
+            daemon that sparkdp's stages fork from at once, in the background, and plan a
+            stage of their kind, so the daemon's torch import and the JVM's first query
+            overlap with whatever the driver does next instead of delaying the first
+            training job (:mod:`sparkdp.spark.warm_up`).
         log_level: what Spark's own log prints on the console (``"OFF"`` leaves errors to
             sparkdp's one-line messages; the command line does that unless ``-v``).
         remote: a Spark Connect server, ``sc://host:port`` (a ``master`` of that form means
@@ -185,9 +188,13 @@ def session(
     )
     sc.setLogLevel(log_level)
     _show_task_failures(sc, log_level)
-    if warm_up and settings["spark.python.daemon.module"] == _DEFAULT_CONF["spark.python.daemon.module"]:
-        _start_warm_up(sc)
-    return SparkSession.builder.master(master).appName(app_name).config(map=settings).getOrCreate()
+    warm = warm_up and settings["spark.python.daemon.module"] == _DEFAULT_CONF["spark.python.daemon.module"]
+    if warm:
+        start_warm_up(sc)
+    spark = SparkSession.builder.master(master).appName(app_name).config(map=settings).getOrCreate()
+    if warm:
+        start_planner_warm_up(spark)
+    return spark
 
 
 def _show_task_failures(sc: Any, log_level: str) -> None:
@@ -232,19 +239,8 @@ def _local_connect_session(master: str, app_name: str, settings: dict[str, str],
         warnings.filterwarnings("ignore", message=".*CANNOT_MODIFY_CONFIG.*", category=UserWarning)
         spark = builder.getOrCreate()
     if warm_up and settings["spark.python.daemon.module"] == _DEFAULT_CONF["spark.python.daemon.module"]:
-        threading.Thread(target=_warm_up_connect, args=(spark,), name="sparkdp-warm-up", daemon=True).start()
+        threading.Thread(target=warm_up_connect, args=(spark,), name=WARM_UP_THREAD, daemon=True).start()
     return spark
-
-
-def _warm_up_connect(spark) -> None:
-    try:
-        spark.range(1, numPartitions=1).mapInArrow(_pass_batches, "id long").collect()
-    except Exception as exc:  # noqa: BLE001 - e.g. the session was stopped meanwhile; nothing is lost
-        log.debug("worker warm-up did not finish: %s", exc)
-
-
-def _pass_batches(batches):
-    yield from batches
 
 
 def stop_quietly(timeout_s: float = 10.0) -> None:
@@ -260,7 +256,7 @@ def stop_quietly(timeout_s: float = 10.0) -> None:
     if active is None:
         return
     for thread in threading.enumerate():
-        if thread.name == "sparkdp-warm-up":
+        if thread.name == WARM_UP_THREAD:
             thread.join(timeout_s)
     from .cluster import is_connect
 
@@ -278,26 +274,3 @@ def stop_quietly(timeout_s: float = 10.0) -> None:
             proc.wait(timeout_s)
         except Exception:  # noqa: BLE001 - still going after timeout_s: not worth failing the command
             proc.kill()
-
-
-def _start_warm_up(sc) -> None:
-    """Run one no-op task in a background thread: it starts the executor's worker daemon."""
-    from .cluster import on_driver_machine
-
-    if not on_driver_machine(sc):
-        return  # remote executors may still be arriving; a no-op task would warm only one of them
-
-    def run() -> None:
-        try:
-            sc.setJobGroup(
-                "sparkdp-warm-up", "sparkdp: start the Python worker daemon", interruptOnCancel=True
-            )
-            sc.parallelize([0], 1).foreach(_noop)
-        except Exception as exc:  # noqa: BLE001 - e.g. the session was stopped meanwhile; nothing is lost
-            log.debug("worker warm-up did not finish: %s", exc)
-
-    threading.Thread(target=run, name="sparkdp-warm-up", daemon=True).start()
-
-
-def _noop(_row) -> None:
-    return None

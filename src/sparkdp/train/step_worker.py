@@ -35,7 +35,7 @@ from .faults import Fault
 from .quorum_client import QuorumClient
 from .quorum_messages import JOINING, Decision
 from .report import WorkerReport
-from .row_cursor import RowCursor, epoch_order
+from .row_cursor import RowCursor, RowOrder
 from .schedule import lr_schedule
 from .spec import FitSpec
 
@@ -62,7 +62,7 @@ def step_cursor(spec: FitSpec, workers: int, batches: int = 1) -> RowCursor:
         raise ConfigError("fault_tolerance='step' needs data whose row count is known (in-memory arrays).")
     training = spec.training
     global_batch = training.batch_size * workers * batches
-    return RowCursor(rows, global_batch, training.epochs, training.seed, training.shuffle)
+    return RowCursor(rows, global_batch, training.epochs, training.seed, training.shuffle, lanes=workers)
 
 
 def fit_step_worker(
@@ -110,7 +110,7 @@ class StepTrainer:
         self.pending: torch.Tensor | None = None  # the same, of the step computed since the last boundary
         self.train_time, self.epoch_start = 0.0, time.perf_counter()
         self.wall_start = time.time()
-        self._order: tuple[int, torch.Tensor] | None = None
+        self._order: tuple[int, RowOrder] | None = None
 
     @classmethod
     def cursor_for(cls, spec: FitSpec, workers: int) -> RowCursor:
@@ -180,10 +180,10 @@ class StepTrainer:
             self.fault.maybe_fire(self.worker, self.step + 1)
         return True
 
-    def order_of(self, epoch: int) -> torch.Tensor:
+    def order_of(self, epoch: int) -> RowOrder:
         """Epoch ``epoch``'s order of the rows (kept while the epoch lasts)."""
         if self._order is None or self._order[0] != epoch:
-            self._order = (epoch, epoch_order(self.cursor.rows, epoch, self.cursor.seed, self.cursor.shuffle))
+            self._order = (epoch, self.cursor.order(epoch, self.spec.train))
         return self._order[1]
 
     def learn(self, rows: torch.Tensor, scale: float) -> torch.Tensor:

@@ -38,6 +38,7 @@ from .report import WorkerReport
 from .row_cursor import RowCursor, RowOrder
 from .schedule import lr_schedule
 from .spec import FitSpec
+from .step_checkpoint import StepCheckpoints, order_key
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,8 @@ class StepLink:
     threads: int | None
     pg_timeout_s: float
     wait_s: float
+    #: a resumed job's state (a checkpoint's, as a healer sends it): every worker starts from it
+    start: bytes | None = None
 
 
 def step_cursor(spec: FitSpec, workers: int, batches: int = 1) -> RowCursor:
@@ -111,6 +114,8 @@ class StepTrainer:
         self.train_time, self.epoch_start = 0.0, time.perf_counter()
         self.wall_start = time.time()
         self._order: tuple[int, RowOrder] | None = None
+        policy = spec.checkpoint
+        self.checkpoints = StepCheckpoints(policy, self.cursor, self.model) if policy is not None else None
 
     @classmethod
     def cursor_for(cls, spec: FitSpec, workers: int) -> RowCursor:
@@ -120,6 +125,8 @@ class StepTrainer:
     def run(self, client: QuorumClient, store: Any, joining: bool) -> WorkerReport | None:
         ok: bool | None = None
         group: QuorumGroup | None = None
+        if self.link.start is not None:
+            self.load(self.link.start)
         while True:
             decision, state = client.boundary(JOINING if joining else self.step, ok)
             if decision.done and self.worker not in decision.members:
@@ -131,11 +138,21 @@ class StepTrainer:
             group = self.group_of(decision, group, store)
             if epoch_ends:
                 self.end_epoch(group)
+            if decision.commit and decision.rank_of(self.worker) == 0:
+                self.checkpoint(epoch_ends)
             if decision.done:
                 if group is not None:
                     group.teardown()
+                if self.checkpoints is not None:
+                    self.checkpoints.close()
                 return self.report() if decision.rank_of(self.worker) == 0 else None
             ok = self.compute(group, decision) if group is not None else False
+
+    def checkpoint(self, epoch_ends: bool) -> None:
+        """Save the committed state with its cursor when the job's checkpoint policy says so."""
+        if self.checkpoints is not None and self.checkpoints.due(self.step, epoch_ends):
+            order = self.order_of(min(self.cursor.epoch_of(self.step), self.cursor.epochs - 1))
+            self.checkpoints.save(self.heal_state(False), order_key(order))
 
     def group_of(self, decision: Decision, group: QuorumGroup | None, store: Any) -> QuorumGroup | None:
         """The process group of ``decision``'s quorum: ``group`` while the quorum is the same, else

@@ -53,7 +53,9 @@ class ByStep(StepTrainer):
 def _run(spec, workers: int, total: int, start: tuple[int, bytes | None], faults, seen) -> dict[int, object]:
     """``workers`` threads from job step ``start[0]`` (state ``start[1]``) to the job's end or their loss."""
     quorum = Quorum(workers, total, step=start[0])
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    store = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
+    )
     outcome: dict[int, object] = {}
 
     trainers: list[ByStep] = []

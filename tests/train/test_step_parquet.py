@@ -69,7 +69,9 @@ def _spec(path: str, strategy: str = "allreduce", **options) -> FitSpec:
 
 def test_an_epochs_order_is_every_row_once_and_a_whole_quorums_rank_reads_its_lane(tmp_path) -> None:
     rows, unit, window, workers, block = 6000, 50, 100, 3, 16
-    data = ParquetData(write_ids(tmp_path / "d.parquet", rows, unit), features="f", label="y", shuffle_buffer=window)
+    data = ParquetData(
+        write_ids(tmp_path / "d.parquet", rows, unit), features="f", label="y", shuffle_buffer=window
+    )
     order = data.epoch_order(1, 7, True, lanes=workers, block=block)
     assert sorted(order[0:rows].tolist()) == list(range(rows))
     assert order[0:rows].tolist() != data.epoch_order(2, 7, True, lanes=workers, block=block)[0:rows].tolist()
@@ -92,11 +94,15 @@ def test_without_shuffling_a_lane_is_storage_order() -> None:
 
 
 @pytest.mark.parametrize(("strategy", "options"), [("allreduce", {}), ("diloco", {"period": 2})])
-def test_each_epochs_parquet_rows_are_trained_once_across_a_leave_and_a_join(tmp_path, strategy, options) -> None:
+def test_each_epochs_parquet_rows_are_trained_once_across_a_leave_and_a_join(
+    tmp_path, strategy, options
+) -> None:
     spec = _spec(write_ids(tmp_path / "d.parquet", ROWS, 37), strategy, **options)
     total = TRAINERS[strategy].cursor_for(spec, WORKERS).total_steps
     quorum = Quorum(WORKERS, total)
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    store = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
+    )
     seen: dict[int, dict[int, Counter[int]]] = {w: {} for w in range(WORKERS)}
     replacement: dict[int, Counter[int]] = {}
     outcome: dict[int, object] = {}

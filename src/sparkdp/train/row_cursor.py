@@ -82,7 +82,9 @@ class RowCursor:
         data read from files), else :func:`epoch_order`'s."""
         own = getattr(data, "epoch_order", None)
         if callable(own):
-            order: RowOrder = own(epoch, self.seed, self.shuffle, lanes=self.lanes, block=self.global_batch // self.lanes)
+            order: RowOrder = own(
+                epoch, self.seed, self.shuffle, lanes=self.lanes, block=self.global_batch // self.lanes
+            )
             return order
         return epoch_order(self.rows, epoch, self.seed, self.shuffle)
 

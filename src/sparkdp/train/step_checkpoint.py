@@ -85,7 +85,9 @@ class StepCheckpoints:
         state = dict(state)
         step = int(state.pop("step"))
         model = {k: v.detach().clone() for k, v in state.pop("model").items()}
-        optimizer = state_io.to_bytes({"optimizer": state.pop("optimizer"), "scheduler": state.pop("scheduler")})
+        optimizer = state_io.to_bytes(
+            {"optimizer": state.pop("optimizer"), "scheduler": state.pop("scheduler")}
+        )
         rest = state_io.to_bytes({k: v for k, v in state.items() if k != "epoch_ends"})
         cursor = cursor_record(self.cursor, step, order)
         sums = state["epoch_sums"].tolist()
@@ -113,7 +115,13 @@ class StepCheckpoints:
 
         def write() -> None:
             where = manager.save(SERIES, position, payload)
-            log.info("checkpoint %s (step %d, epoch %d, %d rows of it trained)", where, step, cursor["epoch"] + 1, cursor["rows"])
+            log.info(
+                "checkpoint %s (step %d, epoch %d, %d rows of it trained)",
+                where,
+                step,
+                cursor["epoch"] + 1,
+                cursor["rows"],
+            )
 
         self.writer.submit(write)
 
@@ -135,7 +143,7 @@ def start_state(checkpoint: Checkpoint, cursor: RowCursor, order: str) -> tuple[
             "or start this job afresh."
         )
     saved = quorum["cursor"]
-    mine = cursor_record(cursor, cursor.step_at(saved["epoch"], 0), order)
+    mine = cursor_record(cursor, saved["epoch"] * cursor.steps_per_epoch, order)
     if saved["data_rows"] != cursor.rows:
         raise ConfigError(
             f"{checkpoint.path} was saved over {saved['data_rows']} rows; this job's data has {cursor.rows}. "

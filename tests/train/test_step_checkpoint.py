@@ -1,7 +1,9 @@
 """Per-step fault tolerance's checkpoints, in one process: the quorum's rank 0 saves the committed
 state with its row cursor; every worker is lost mid-epoch; a new quorum resumes from the newest
 checkpoint. Counted over both runs (the first run's steps up to the checkpoint, the second's),
-each epoch's rows are trained once, and the model is the one an undisturbed run trains.
+each epoch's rows are trained once, and (allreduce) the model is the one an undisturbed run
+trains. (A diloco worker's inner optimizer is its own; every worker resumes with rank 0's, as a
+joiner heals with its healer's, so a resumed diloco run is not bitwise the undisturbed one.)
 
 A checkpoint without its cursor (a resume that starts the epoch over) trains the epoch's first
 rows twice; this test then fails."""
@@ -31,23 +33,27 @@ from sparkdp.train.row_cursor import RowCursor
 from sparkdp.train.step_checkpoint import order_key, start_state
 from sparkdp.train.step_worker import StepLink, StepTrainer
 from tests.train.test_step_parquet import ROWS, WORKERS, _spec, write_ids
+from tests.train.test_step_worker import TRAINERS
 
 pytestmark = pytest.mark.timeout(120)
 
 
-class ByStep(StepTrainer):
-    """A worker that notes the rows of each step it commits, by job step."""
+def by_step(base: type[StepTrainer]) -> type[StepTrainer]:
+    """``base``, noting the rows of each step it commits, by job step."""
 
-    seen: dict[int, list[int]]
+    class ByStep(base):  # type: ignore[valid-type, misc]
+        seen: dict[int, list[int]]
 
-    def compute(self, group, decision):
-        self.spec.train.last, self.computing = [], self.step
-        return super().compute(group, decision)
+        def compute(self, group, decision):
+            self.spec.train.last, self.computing = [], self.step
+            return super().compute(group, decision)
 
-    def settle(self, commit):
-        if commit and self.pending is not None:
-            self.seen.setdefault(self.computing, []).extend(self.spec.train.last)
-        return super().settle(commit)
+        def settle(self, commit):
+            if commit and self.pending is not None:
+                self.seen.setdefault(self.computing, []).extend(self.spec.train.last)
+            return super().settle(commit)
+
+    return ByStep
 
 
 def _run(spec, workers: int, total: int, start: tuple[int, bytes | None], faults, seen) -> dict[int, object]:
@@ -58,10 +64,10 @@ def _run(spec, workers: int, total: int, start: tuple[int, bytes | None], faults
     )
     outcome: dict[int, object] = {}
 
-    trainers: list[ByStep] = []
+    trainers: list[StepTrainer] = []
 
     def worker(slot: int) -> None:
-        trainer = ByStep(copy.deepcopy(spec), link, slot, faults.get(slot))
+        trainer = by_step(TRAINERS[spec.strategy.name])(copy.deepcopy(spec), link, slot, faults.get(slot))
         trainers.append(trainer)
         trainer.seen = seen
         client = QuorumClient(link.quorum, slot, wait_s=30.0)
@@ -85,9 +91,15 @@ def _run(spec, workers: int, total: int, start: tuple[int, bytes | None], faults
     return outcome
 
 
-def test_a_full_restart_from_a_step_checkpoint_trains_each_epochs_rows_once(tmp_path) -> None:
-    spec = _spec(write_ids(tmp_path / "d.parquet", ROWS, 37))
-    cursor = StepTrainer.cursor_for(spec, WORKERS)  # 50 steps an epoch, 2 epochs
+@pytest.mark.parametrize(
+    ("strategy", "options", "lost_at", "saved_at"),
+    [("allreduce", {}, 80, 78), ("diloco", {"period": 2}, 40, 39)],  # 50 steps, 25 rounds an epoch
+)
+def test_a_full_restart_from_a_step_checkpoint_trains_each_epochs_rows_once(
+    tmp_path, strategy, options, lost_at, saved_at
+) -> None:
+    spec = _spec(write_ids(tmp_path / "d.parquet", ROWS, 37), strategy, **options)
+    cursor = TRAINERS[strategy].cursor_for(spec, WORKERS)
     policy = CheckpointPolicy(CheckpointConfig(checkpoint_dir=str(tmp_path / "ck"), checkpoint_every=7))
     first: dict[int, list[int]] = {}
     lost = _run(
@@ -95,15 +107,19 @@ def test_a_full_restart_from_a_step_checkpoint_trains_each_epochs_rows_once(tmp_
         WORKERS,
         cursor.total_steps,
         (0, None),
-        {w: Fault("raise", w, 80) for w in range(WORKERS)},  # every worker, in epoch 2
+        {w: Fault("raise", w, lost_at) for w in range(WORKERS)},  # every worker, in epoch 2
         first,
     )
     assert all(isinstance(o, RuntimeError) for o in lost.values())
     saved = latest_checkpoint(policy.directory, policy.job_id)
     assert saved is not None and saved.quorum is not None
-    assert saved.quorum["cursor"]["epoch"] == 1 and saved.quorum["cursor"]["rows"] == 28 * 12  # step 78
+    assert saved.quorum["cursor"] == {
+        **saved.quorum["cursor"],
+        "epoch": 1,
+        "rows": (saved_at - cursor.steps_per_epoch) * cursor.global_batch,  # every 7 steps of epoch 2
+    }
     step, state = start_state(saved, cursor, order_key(cursor.order(1, spec.train)))
-    assert step == 78 and max(first) == 78  # 79 steps committed (0-78), then every worker lost
+    assert step == saved_at and max(first) == lost_at - 2  # (0-based) the next step's loss ended the run
     second: dict[int, list[int]] = {}
     outcome = _run(spec, WORKERS, cursor.total_steps, (step, state), {}, second)
     for epoch in range(2):
@@ -114,6 +130,8 @@ def test_a_full_restart_from_a_step_checkpoint_trains_each_epochs_rows_once(tmp_
         assert counted == Counter(range(ROWS)), f"epoch {epoch + 1}: rows missed or repeated"
     [report] = [r for r in outcome.values() if r is not None]
     assert [h["samples"] for h in report.history] == [ROWS, ROWS]
+    if strategy == "diloco":
+        return
     [undisturbed] = [r for r in _run(spec, WORKERS, cursor.total_steps, (0, None), {}, {}).values() if r]
     trained, expected = state_io.state_from_bytes(report.state), state_io.state_from_bytes(undisturbed.state)
     for name, value in expected.items():

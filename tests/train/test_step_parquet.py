@@ -83,7 +83,7 @@ def test_an_epochs_order_is_every_row_once_and_a_whole_quorums_rank_reads_its_la
             x, y = mine.rows_at(torch.tensor_split(ids, workers)[rank])
             assert torch.equal(torch.round(x[:, 0] * rows).long(), torch.tensor_split(ids, workers)[rank])
             assert torch.equal(y, torch.tensor_split(ids, workers)[rank] % 2)
-        reader = mine._rows
+        reader = mine.row_reader
         assert reader.units_read <= rows // unit // workers + 6  # its lane's row groups, a few at its ends
         assert sum(len(c[0]) for c in reader.cache.values()) <= cache_rows(data.unit_rows(), window)
 

@@ -167,14 +167,19 @@ class ParquetData(UnitData):
     def rows_at(self, ids: torch.Tensor) -> tuple[Any, Any]:
         """The rows ``ids`` (positions in storage order) as one batch, read by whole row groups
         through a cache of about two shuffle windows (``data.row_order.UnitRows``)."""
+        tensors = self.row_reader.take(ids)
+        if self.converter.dict_batches:
+            return self.converter.pack(tensors)
+        return tensors[0], (tensors[1] if len(tensors) > 1 else None)
+
+    @property
+    def row_reader(self) -> UnitRows:
+        """This copy's reader of rows by id (made at first use; each worker has its own)."""
         reader = self.__dict__.get("_rows")
         if reader is None:
             sizes = self.unit_rows()
             reader = self._rows = UnitRows(sizes, self._read_unit, cache_rows(sizes, self.shuffle_buffer))
-        tensors = reader.take(ids)
-        if self.converter.dict_batches:
-            return self.converter.pack(tensors)
-        return tensors[0], (tensors[1] if len(tensors) > 1 else None)
+        return reader
 
     def _read_unit(self, unit: int) -> tuple[torch.Tensor, ...]:
         chunks = [self.converter.convert(rb) for rb in self.record_batches([(unit, 0, self.units[unit][2])])]

@@ -34,6 +34,7 @@ from sparkdp.train.step_checkpoint import order_key, start_state
 from sparkdp.train.step_worker import StepLink, StepTrainer
 from tests.train.test_step_parquet import ROWS, WORKERS, _spec, write_ids
 from tests.train.test_step_worker import TRAINERS
+from tests.train.test_step_worker import _spec as memory_spec
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -92,13 +93,20 @@ def _run(spec, workers: int, total: int, start: tuple[int, bytes | None], faults
 
 
 @pytest.mark.parametrize(
-    ("strategy", "options", "lost_at", "saved_at"),
-    [("allreduce", {}, 80, 78), ("diloco", {"period": 2}, 40, 39)],  # 50 steps, 25 rounds an epoch
+    ("strategy", "options", "data", "lost_at", "saved_at"),
+    [  # 50 steps, 25 rounds an epoch
+        ("allreduce", {}, "parquet", 80, 78),
+        ("allreduce", {}, "memory", 80, 78),
+        ("diloco", {"period": 2}, "parquet", 40, 39),
+    ],
 )
 def test_a_full_restart_from_a_step_checkpoint_trains_each_epochs_rows_once(
-    tmp_path, strategy, options, lost_at, saved_at
+    tmp_path, strategy, options, data, lost_at, saved_at
 ) -> None:
-    spec = _spec(write_ids(tmp_path / "d.parquet", ROWS, 37), strategy, **options)
+    if data == "memory":
+        spec = memory_spec(strategy, **options)
+    else:
+        spec = _spec(write_ids(tmp_path / "d.parquet", ROWS, 37), strategy, **options)
     cursor = TRAINERS[strategy].cursor_for(spec, WORKERS)
     policy = CheckpointPolicy(CheckpointConfig(checkpoint_dir=str(tmp_path / "ck"), checkpoint_every=7))
     first: dict[int, list[int]] = {}

@@ -17,7 +17,8 @@ time. When a worker leaves, the survivors' shares cover its lane too (the order 
 only who trains which part of a step), so each row is still trained once an epoch.
 
 :class:`UnitRows` reads rows by id: whole units, converted once and kept in a cache bounded in
-rows (evicting the least recently used), so a worker holds about two windows' rows at most.
+rows (evicting the least recently used): about two windows' rows, more only while one step's rows
+need more (after a leave, a share that spans two lanes' windows).
 """
 
 from __future__ import annotations

@@ -296,7 +296,7 @@ class FailureConfig:
         min_workers: after a failure that took task slots away, continue on fewer workers, down to this many (default: always the full count); back to the full count at a later restart when the slots return.
         start_timeout_s: how long the workers may take to start together.
         pg_timeout_s: how long one collective operation may block before the workers fail the stage (the hang detector; torch's own default would be 30 minutes).
-        fault_tolerance: what a lost worker costs a synchronous job: "restart" restarts every worker from the latest checkpoint; "step" drops the lost worker at the next step boundary, the others continue without restarting and a replacement heals from a live peer (strategies allreduce, diloco and hsdp, whose replica groups of shard_size workers leave and rejoin whole; in-memory data).
+        fault_tolerance: what a lost worker costs a synchronous job: "restart" restarts every worker from the latest checkpoint; "step" drops the lost worker at the next step boundary, the others continue without restarting and a replacement heals from a live peer (strategies allreduce, diloco and hsdp, whose replica groups of shard_size workers leave and rejoin whole; in-memory, Parquet or DataFrame data).
     """
 
     max_restarts: int = setting(3, metavar="N")

@@ -35,6 +35,17 @@ def test_the_first_quorum_waits_for_every_worker_and_commits_nothing() -> None:
     assert decisions[1] == Decision(1, (0, 1), 0, commit=False) and decisions[1].rank_of(1) == 1
 
 
+def test_a_resumed_quorum_starts_at_its_checkpoints_step() -> None:
+    quorum = Quorum(2, 10, step=4)
+    with pytest.raises(ProtocolError, match="arrived at step 0; the quorum expected 4"):
+        quorum.arrive(0, Arrival(0))
+    assert quorum.arrive(1, Arrival(JOINING)) == {}  # a retried task before the first step: a member
+    decisions = quorum.arrive(0, Arrival(4))
+    assert decisions[1] == Decision(1, (0, 1), 4, commit=False)
+    quorum.arrive(0, Arrival(4, True))
+    assert quorum.arrive(1, Arrival(4, True))[0].step == 5
+
+
 def test_a_step_commits_when_every_member_ran_it() -> None:
     quorum = _started()
     quorum.arrive(0, Arrival(0, True))

@@ -29,9 +29,11 @@ import pyarrow as pa
 import pyarrow.dataset as pds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+import torch
 
 from ..errors import DataError
 from .arrow import ArrowConverter
+from .row_order import LaneOrder, UnitRows, cache_rows
 from .shuffle import Chunk, UnitData, rank_segments
 
 log = logging.getLogger(__name__)
@@ -154,6 +156,37 @@ class ParquetData(UnitData):
     def eval_batches(self, **kwargs: Any) -> Iterator[Any]:  # as batches
         batches = super().eval_batches(**kwargs)
         return map(self.converter.pack, batches) if self.converter.dict_batches else batches
+
+    # ------------------------------------------------------------------ rows by id (fault_tolerance="step")
+    def epoch_order(self, epoch: int, seed: int, shuffle: bool, *, lanes: int, block: int) -> LaneOrder:
+        """Epoch ``epoch``'s order of the rows for a job of ``lanes`` worker slots taking ``block``
+        rows of each lane a step (``data.row_order``): row groups in a seeded order, rows permuted
+        within windows of ``shuffle_buffer`` rows."""
+        return LaneOrder(self.unit_rows(), epoch, seed, shuffle, self.shuffle_buffer, lanes, block)
+
+    def rows_at(self, ids: torch.Tensor) -> tuple[Any, Any]:
+        """The rows ``ids`` (positions in storage order) as one batch, read by whole row groups
+        through a cache of about two shuffle windows (``data.row_order.UnitRows``)."""
+        tensors = self.row_reader.take(ids)
+        if self.converter.dict_batches:
+            return self.converter.pack(tensors)
+        return tensors[0], (tensors[1] if len(tensors) > 1 else None)
+
+    @property
+    def row_reader(self) -> UnitRows:
+        """This copy's reader of rows by id (made at first use; each worker has its own)."""
+        reader = self.__dict__.get("_rows")
+        if reader is None:
+            sizes = self.unit_rows()
+            reader = self._rows = UnitRows(sizes, self._read_unit, cache_rows(sizes, self.shuffle_buffer))
+        return reader
+
+    def _read_unit(self, unit: int) -> tuple[torch.Tensor, ...]:
+        chunks = [self.converter.convert(rb) for rb in self.record_batches([(unit, 0, self.units[unit][2])])]
+        return tuple(torch.cat(columns) for columns in zip(*chunks, strict=True))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_rows"}  # a worker reads its own
 
     def sample(self, rows: int = 2) -> pa.RecordBatch:
         """The first ``rows`` rows (read on the driver, for checks before training)."""

@@ -36,7 +36,8 @@ from ..train.quorum_messages import JOINING, Arrival, Decision
 
 @dataclass
 class Quorum:
-    """The quorum of a job of ``workers`` slots that ends after ``total_steps`` committed steps."""
+    """The quorum of a job of ``workers`` slots that ends after ``total_steps`` committed steps
+    (``step``: the steps committed before it starts, a resumed job's)."""
 
     workers: int
     total_steps: int
@@ -70,10 +71,11 @@ class Quorum:
         if self.done:
             return {worker: Decision(self.number, (), self.step, False, done=True)}
         if not self.started and arrival.step == JOINING:  # a retried task before the first step
-            arrival = Arrival(0)
+            arrival = Arrival(self.step)
         if worker in self.benched:  # it learns it was benched from the decision that heals it
             arrival = Arrival(JOINING)
-        expected = self.step if worker in self.members else JOINING if self.started else 0
+        # before the first decision every worker holds the job's start (step 0, or a resumed one)
+        expected = self.step if worker in self.members or not self.started else JOINING
         if arrival.step != expected:
             raise ProtocolError(
                 f"worker {worker} arrived at step {arrival.step}; the quorum expected {expected}."

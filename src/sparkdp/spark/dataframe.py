@@ -5,7 +5,9 @@ Two routes, chosen per DataFrame:
 1. **A plain Parquet scan** (``spark.read.parquet(p)`` with at most a column
    selection): the workers read the files themselves (:class:`ParquetData`), so
    every epoch re-reads the files and nothing passes through Spark's executors.
-2. **Anything else** (joins, UDFs, VectorAssembler output, in-memory frames): one
+2. **Anything else** (joins, UDFs, VectorAssembler output, in-memory frames): with
+   ``fault_tolerance="step"``, written to Parquet once (:func:`write_parquet`) and read as
+   route 1; otherwise one
    barrier stage per epoch over the DataFrame itself with
    ``df.mapInArrow(task, schema, barrier=True)``. Each task streams its
    partition's Arrow record batches through a bounded shuffle buffer into the
@@ -203,6 +205,32 @@ def dataframe_data(
     )
     level = df.storageLevel
     return DataFrameSource(projected, converter, shuffle_buffer, cached=level.useMemory or level.useDisk)
+
+
+#: row groups of a DataFrame written for per-step fault tolerance: a worker caches whole ones
+_ROW_GROUP_BYTES = 8 << 20
+
+
+def write_parquet(source: DataFrameSource, path: str) -> ParquetData:
+    """``source``'s projected frame written once to Parquet at ``path`` (a new directory), read
+    back as :class:`ParquetData` with the same columns: its files and row groups are then a
+    deterministic order of the rows, which ``fault_tolerance="step"``'s row cursor addresses
+    (one Spark job; row groups of about 8 MiB, so a worker's cache of them stays small)."""
+    source.df.write.option("parquet.block.size", _ROW_GROUP_BYTES).parquet(path)
+    converter = source.converter
+    data = ParquetData(
+        path,
+        features=[c.name for c in converter.features],
+        label=converter.label.name if converter.label is not None else None,
+        feature_shape=converter.feature_shape,
+        drop_nulls=converter.drop_nulls,
+        num_classes=converter.num_classes,
+        shuffle_buffer=source.shuffle_buffer,
+        dict_batches=converter.dict_batches,
+    )
+    data.converter.preview(data.sample())  # array widths and image sizes, learned as fit's checks learn them
+    log.info("the DataFrame was written to Parquet once for per-step fault tolerance: %s", data.describe())
+    return data
 
 
 def _epoch_task(spec: FitSpec, threads: int | None, pg_timeout_s: float, restarts: tuple[int, int]):

@@ -45,6 +45,8 @@ from .checkpoint_store import (
 
 FORMAT = 1
 SERIES = "ckpt"
+#: the layout of a per-step fault-tolerant job's quorum part (``train.step_checkpoint``)
+QUORUM_FORMAT = 1
 #: sharded checkpoints (``train.sharded_checkpoint``): one directory checkpoint per save
 SHARDED_SERIES = "shards"
 # LOOP_PART (the store's, where every part name is checked): the part of a sharded checkpoint
@@ -100,6 +102,10 @@ class Checkpoint:
     #: which model the weights belong to (:func:`sparkdp.export.record.model_record`); None when
     #: the model is of no kind sparkdp can rebuild, or the checkpoint predates the record
     model_record: dict[str, Any] | None = None
+    #: a per-step fault-tolerant job's row cursor and worker state (``train.step_checkpoint``):
+    #: ``format``, ``step``, ``cursor`` (plain values) and ``state`` (sparkdp state bytes as a
+    #: uint8 tensor); None in a restart-mode job's checkpoint
+    quorum: dict[str, Any] | None = None
 
 
 def _reader(directory: str | os.PathLike[str], settings: CheckpointConfig | None) -> CheckpointStore:
@@ -164,11 +170,12 @@ def checkpoint_payload(
     workers: int,
     epoch_stats: tuple[float, float, float] = (0.0, 0.0, 0.0),
     model_record: dict[str, Any] | None = None,
+    quorum: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What a checkpoint holds, as nested state (a sharded checkpoint's loop-state part: no model).
     ``model_record`` travels as one JSON string, so no key of a model's config can collide with
-    the nesting's own markers."""
-    return {
+    the nesting's own markers. ``quorum``: a per-step fault-tolerant job's cursor and state."""
+    payload = {
         "format": FORMAT,
         "epoch": epoch,
         "step": step,
@@ -183,6 +190,7 @@ def checkpoint_payload(
         "epoch_stats": list(epoch_stats),
         "model_record": json.dumps(model_record) if model_record is not None else "",
     }
+    return payload if quorum is None else {**payload, "quorum": quorum}
 
 
 def load_checkpoint(directory: str, name: str, settings: CheckpointConfig | None = None) -> Checkpoint:
@@ -250,6 +258,7 @@ def _fields(path: str, obj: Any, job_id: str) -> Checkpoint:
         job_id=job_id,
         epoch_stats=(float(stats[0]), float(stats[1]), float(stats[2])),
         model_record=_record(obj.get("model_record", "")),
+        quorum=_quorum(obj.get("quorum")),
     )
 
 
@@ -266,6 +275,24 @@ def _record(text: Any) -> dict[str, Any] | None:
     if not isinstance(record, dict):
         raise ValueError("its model record is not a JSON object")
     return record
+
+
+def _quorum(part: Any) -> dict[str, Any] | None:
+    """A checkpoint's quorum part, checked (None: a restart-mode job's checkpoint)."""
+    if part is None:
+        return None
+    cursor = part.get("cursor") if isinstance(part, dict) else None
+    ints = ("epoch", "rows", "data_rows", "seed", "global_batch", "lanes")
+    if (
+        not isinstance(cursor, dict)
+        or part.get("format") != QUORUM_FORMAT
+        or not isinstance(part.get("state"), torch.Tensor)
+        or not all(type(cursor.get(k)) is int and cursor[k] >= 0 for k in ints)
+        or type(cursor.get("shuffle")) is not bool
+        or not isinstance(cursor.get("order"), str)
+    ):
+        raise ValueError("its quorum part (a per-step fault-tolerant job's cursor and state) is malformed")
+    return part
 
 
 def latest_checkpoint(

@@ -35,9 +35,10 @@ from .faults import Fault
 from .quorum_client import QuorumClient
 from .quorum_messages import JOINING, Decision
 from .report import WorkerReport
-from .row_cursor import RowCursor, epoch_order
+from .row_cursor import RowCursor, RowOrder
 from .schedule import lr_schedule
 from .spec import FitSpec
+from .step_checkpoint import StepCheckpoints, order_key
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,8 @@ class StepLink:
     threads: int | None
     pg_timeout_s: float
     wait_s: float
+    #: a resumed job's state (a checkpoint's, as a healer sends it): every worker starts from it
+    start: bytes | None = None
 
 
 def step_cursor(spec: FitSpec, workers: int, batches: int = 1) -> RowCursor:
@@ -62,7 +65,7 @@ def step_cursor(spec: FitSpec, workers: int, batches: int = 1) -> RowCursor:
         raise ConfigError("fault_tolerance='step' needs data whose row count is known (in-memory arrays).")
     training = spec.training
     global_batch = training.batch_size * workers * batches
-    return RowCursor(rows, global_batch, training.epochs, training.seed, training.shuffle)
+    return RowCursor(rows, global_batch, training.epochs, training.seed, training.shuffle, lanes=workers)
 
 
 def fit_step_worker(
@@ -110,7 +113,9 @@ class StepTrainer:
         self.pending: torch.Tensor | None = None  # the same, of the step computed since the last boundary
         self.train_time, self.epoch_start = 0.0, time.perf_counter()
         self.wall_start = time.time()
-        self._order: tuple[int, torch.Tensor] | None = None
+        self._order: tuple[int, RowOrder] | None = None
+        policy = spec.checkpoint
+        self.checkpoints = StepCheckpoints(policy, self.cursor, self.model) if policy is not None else None
 
     @classmethod
     def cursor_for(cls, spec: FitSpec, workers: int) -> RowCursor:
@@ -120,6 +125,8 @@ class StepTrainer:
     def run(self, client: QuorumClient, store: Any, joining: bool) -> WorkerReport | None:
         ok: bool | None = None
         group: QuorumGroup | None = None
+        if self.link.start is not None:
+            self.load(self.link.start)
         while True:
             decision, state = client.boundary(JOINING if joining else self.step, ok)
             if decision.done and self.worker not in decision.members:
@@ -131,11 +138,21 @@ class StepTrainer:
             group = self.group_of(decision, group, store)
             if epoch_ends:
                 self.end_epoch(group)
+            if decision.commit and decision.rank_of(self.worker) == 0:
+                self.checkpoint(epoch_ends)
             if decision.done:
                 if group is not None:
                     group.teardown()
+                if self.checkpoints is not None:
+                    self.checkpoints.close()
                 return self.report() if decision.rank_of(self.worker) == 0 else None
             ok = self.compute(group, decision) if group is not None else False
+
+    def checkpoint(self, epoch_ends: bool) -> None:
+        """Save the committed state with its cursor when the job's checkpoint policy says so."""
+        if self.checkpoints is not None and self.checkpoints.due(self.step, epoch_ends):
+            order = self.order_of(min(self.cursor.epoch_of(self.step), self.cursor.epochs - 1))
+            self.checkpoints.save(self.heal_state(False), order_key(order))
 
     def group_of(self, decision: Decision, group: QuorumGroup | None, store: Any) -> QuorumGroup | None:
         """The process group of ``decision``'s quorum: ``group`` while the quorum is the same, else
@@ -180,10 +197,10 @@ class StepTrainer:
             self.fault.maybe_fire(self.worker, self.step + 1)
         return True
 
-    def order_of(self, epoch: int) -> torch.Tensor:
+    def order_of(self, epoch: int) -> RowOrder:
         """Epoch ``epoch``'s order of the rows (kept while the epoch lasts)."""
         if self._order is None or self._order[0] != epoch:
-            self._order = (epoch, epoch_order(self.cursor.rows, epoch, self.cursor.seed, self.cursor.shuffle))
+            self._order = (epoch, self.cursor.order(epoch, self.spec.train))
         return self._order[1]
 
     def learn(self, rows: torch.Tensor, scale: float) -> torch.Tensor:

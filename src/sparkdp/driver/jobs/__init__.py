@@ -41,7 +41,7 @@ def kind_for(
     is not changed). ``fault_tolerance="step"``: a synchronous job whose workers keep training
     when one is lost (:class:`~sparkdp.driver.jobs.step.StepFaultTolerant`)."""
     if fault_tolerance == "step":
-        return step_kind(strategy, streamed, driver_unreachable)
+        return step_kind(strategy, driver_unreachable)
     if strategy.launcher is Launcher.TASKS:
         if streamed:
             raise ConfigError(
@@ -56,17 +56,13 @@ def kind_for(
     return Stream() if streamed else Barrier()
 
 
-def step_kind(strategy: Strategy, streamed: bool, driver_unreachable: bool) -> JobKind:
-    """The step kind, or one clear line for what it cannot run."""
+def step_kind(strategy: Strategy, driver_unreachable: bool) -> JobKind:
+    """The step kind, or one clear line for what it cannot run (a streamed DataFrame it writes to
+    Parquet once: ``driver.step_recovery``)."""
     if strategy.launcher is Launcher.TASKS:
         raise ConfigError(
             f"fault_tolerance='step' is for synchronous strategies; {strategy.name!r} is asynchronous, and "
             "its parameter server already keeps training when a worker is lost. Drop fault_tolerance."
-        )
-    if streamed:
-        raise ConfigError(
-            "fault_tolerance='step' trains in-memory data (arrays, tensors, datasets); a DataFrame or "
-            "Parquet path runs with fault_tolerance='restart'."
         )
     if driver_unreachable:
         raise ConfigError(

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ...config import JobConfig
+from ...data.base import WorkerData
 from ...errors import ConfigError, WorkerFailed
 from ...monitor.hub import MonitorHub
 from ...strategies.base import Strategy
@@ -35,6 +36,7 @@ from ...train.step_worker import StepLink, StepTrainer, fit_step_worker
 from ..controller import Attempt
 from ..quorum import Quorum
 from ..quorum_server import QuorumServer
+from ..step_recovery import StepStart, addressable_data, step_start
 from .barrier import trained
 from .base import Body, JobRun
 
@@ -55,9 +57,10 @@ class StepFaultTolerant:
 
     def fit(self, spec: FitSpec, run: JobRun) -> TrainResult:
         refuse_unsupported(spec, run.job, run.workers)
-        plan = QuorumPlan(spec, run)
-        controller = run.controller()
-        report = controller.run(plan)
+        with addressable_data(spec, run.spark) as spec, step_start(run.job) as start:
+            plan = QuorumPlan(spec, run, start)
+            controller = run.controller()
+            report = controller.run(plan)
         result = trained(report, spec, run.workers, spec.epochs, run.started, controller)
         result.details["membership"] = list(plan.membership)
         return result
@@ -78,16 +81,24 @@ def refuse_unsupported(spec: FitSpec, job: JobConfig, workers: int) -> None:
     options = spec.strategy.options()
     if name == "hsdp":
         problems.extend(hsdp_problems(options, workers))
+        if job.checkpoints.checkpoint_dir is not None or job.checkpoints.resume is not None:
+            problems.append(
+                "hsdp's checkpoints in this mode (its workers hold shards: a replacement heals from a "
+                "live group instead; restart mode writes sharded checkpoints)"
+            )
     if options.get("compression", "none") != "none":
         problems.append(f"{name}'s compression (the quorum sums float32 tensors)")
     if options.get("fragments", 1) != 1 or options.get("overlap_steps", 0) != 0:
         problems.append("diloco's fragments and overlap_steps (a round syncs the whole model at its end)")
-    if not callable(getattr(spec.train, "rows_at", None)):
-        problems.append(f"data {spec.train.describe()} (covered: in-memory arrays, tensors and datasets)")
+    streamed = not isinstance(spec.train, WorkerData)  # a DataFrame, written to Parquet once
+    if not streamed and not callable(getattr(spec.train, "rows_at", None)):
+        problems.append(
+            f"data {spec.train.describe()} (covered: in-memory arrays, tensors and datasets, Parquet, DataFrames)"
+        )
+    if getattr(getattr(spec.train, "converter", None), "drop_nulls", False):
+        problems.append("drop_nulls (the row cursor trains every row; filter nulls out of the data first)")
     if training.accumulate != 1 or training.precision != "32" or training.clip_grad_norm is not None:
         problems.append("accumulate, mixed precision or clip_grad_norm")
-    if job.checkpoints.checkpoint_dir is not None or job.checkpoints.resume is not None:
-        problems.append("checkpoint_dir or resume (a replacement heals from a live peer instead)")
     if problems:
         raise ConfigError(
             f"fault_tolerance='step' does not cover {'; '.join(problems)}. Use fault_tolerance='restart' "
@@ -126,6 +137,8 @@ class QuorumPlan:
 
     spec: FitSpec
     run: JobRun
+    #: the checkpoint each attempt starts from, and where the quorum's rank 0 saves
+    start: StepStart = field(default_factory=lambda: StepStart(None, None))
     membership: list[dict[str, Any]] = field(default_factory=list)
     results: dict[int, Any] = field(default_factory=dict)
     errors: dict[int, BaseException] = field(default_factory=dict)
@@ -135,7 +148,8 @@ class QuorumPlan:
     cancels: dict[int, threading.Event] = field(default_factory=dict)
 
     def restart_point(self) -> str | None:
-        return None  # no checkpoint to restart from: a quorum that cannot go on fails the job
+        # a quorum that cannot go on restarts from the newest checkpoint; without any, fails the job
+        return self.start.restart_point()
 
     def attempt(self, attempt: Attempt) -> WorkerReport:
         from ...spark.cluster import driver_host
@@ -144,7 +158,9 @@ class QuorumPlan:
         spark, workers, failures = self.run.spark, self.run.workers, self.run.job.failures
         host = driver_host(spark)
         cursor = TRAINERS[self.spec.strategy.name].cursor_for(self.spec, workers)
-        quorum = Quorum(workers, cursor.total_steps, replica_size(self.spec))
+        step, state = self.start.state(attempt.restart, cursor, self.spec.train)
+        quorum = Quorum(workers, cursor.total_steps, replica_size(self.spec), step=step)
+        self.results, self.errors = {}, {}
         progress = QuorumProgress(self.run.hub, cursor, quorum)
         store = listening_store(host, workers)
         self.cancels = {w: threading.Event() for w in range(workers)}
@@ -161,9 +177,10 @@ class QuorumPlan:
                 self.run.job.scaling.threads,
                 failures.pg_timeout_s,
                 wait_s=failures.start_timeout_s + failures.pg_timeout_s,
+                start=state,
             )
-            spec = replace(self.spec, fault=None, checkpoint=None, monitor=None)
-            fault = fault_from_env()
+            spec = replace(self.spec, fault=None, checkpoint=self.start.policy, monitor=None)
+            fault = fault_from_env() if attempt.restart == 0 else None  # the first attempt's only
             threads = [
                 threading.Thread(
                     target=self.slot, args=(w, spec, link, fault), name=f"sparkdp-slot-{w}", daemon=True
@@ -186,7 +203,7 @@ class QuorumPlan:
                 event.set()
             for thread in threads:
                 thread.join(timeout=60)
-            self.membership = list(quorum.records)
+            self.membership += quorum.records
         del store
         return self.outcome(quorum)
 

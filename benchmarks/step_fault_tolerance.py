@@ -40,6 +40,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -237,10 +238,13 @@ class _NoKiller:
         pass
 
 
-def heal_time(megabytes: float) -> dict:
-    """A joiner healed from a live peer through the driver's quorum endpoint (on this machine):
+def heal_time(megabytes: float, host: str = "127.0.0.1", place: Callable | None = None) -> dict:
+    """A joiner healed from a live peer through the driver's quorum endpoint (on ``host``):
     a model of ``megabytes`` of float32 parameters with SGD momentum (the state is twice that),
-    from the healer's state bytes to the joiner's model and optimizer loaded."""
+    from the healer's state bytes to the joiner's model and optimizer loaded. ``place(role,
+    make)`` builds the endpoint ("server"), the healer's and the joiner's clients where they
+    belong (default: here; ``benchmarks/multihost.py --heal-mb``: on hosts of the test bed)."""
+    place = place or (lambda role, make: make())
     from concurrent.futures import ThreadPoolExecutor
 
     import torch
@@ -257,12 +261,16 @@ def heal_time(megabytes: float) -> dict:
     healer_model(torch.ones(1, side)).sum().backward()
     optimizers[0].step()
     quorum = Quorum(2, 10)
-    with QuorumServer(quorum, "127.0.0.1") as server, ThreadPoolExecutor(2) as pool:
-        healer, joiner = (QuorumClient(server.info, w, wait_s=60.0) for w in (0, 1))
+    server = place("server", lambda: QuorumServer(quorum, host))
+    with server, ThreadPoolExecutor(2) as pool:
+        healer, joiner = (
+            place(role, lambda w=w: QuorumClient(server.info, w, wait_s=60.0))
+            for role, w in (("healer", 0), ("joiner", 1))
+        )
         list(pool.map(lambda c: c.boundary(0, None), (healer, joiner)))
         joiner.abandon()  # worker 1 lost; it comes back as a joiner
         healer.boundary(0, True)
-        joiner = QuorumClient(server.info, 1, wait_s=60.0)
+        joiner = place("joiner", lambda: QuorumClient(server.info, 1, wait_s=60.0))
         joined = pool.submit(joiner.boundary, JOINING, None)
         while 1 not in quorum.arrived:
             time.sleep(0.001)

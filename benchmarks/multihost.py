@@ -225,15 +225,28 @@ def fit_seconds(run_log: Path) -> float | None:
     return times["summary"] - times["header"] if len(times) == 2 else None
 
 
+def trained(run_log: Path) -> bool:
+    """Whether the run log shows trained rows yet (a ``job`` record with samples): the kills'
+    clock starts there, not in the driver's or the executors' start-up."""
+    if not run_log.exists():
+        return False
+    return any(
+        '"type": "job"' in line and json.loads(line).get("samples")
+        for line in run_log.read_text().splitlines()
+        if line.endswith("}")
+    )
+
+
 def fault_runs(cluster: netbed.SparkOnNetBed, workers: int, args, directory: Path) -> list[dict]:
     """Each ``--fault-tolerance`` mode without failures, then with a worker killed every
     ``--kill-every`` seconds: rows for ``step_fault_tolerance.goodput_report``."""
     runs = []
     for mode in args.fault_tolerance:
         for kill in (False, True):
-            killer = Killer(every_s=args.kill_every) if kill else None
-            flags = ["--fault-tolerance", mode, "--max-restarts", str(args.max_restarts)]
             out = directory / f"{mode}-{'killed' if kill else 'free'}.json"
+            log = out.with_suffix("") / "run.jsonl"
+            killer = Killer(every_s=args.kill_every, ready=lambda log=log: trained(log)) if kill else None
+            flags = ["--fault-tolerance", mode, "--max-restarts", str(args.max_restarts)]
             started = time.time()
             row = train(cluster, "allreduce", workers, args.seeds[0], args, out, flags, killer)
             kills = killer.kills if killer is not None else []

@@ -112,15 +112,21 @@ def busiest_spark_worker(window_s: float = 0.5) -> int | None:
 
 class Killer(threading.Thread):
     """SIGKILL the busiest training Spark Python worker every ``every_s`` seconds, or once
-    ``at_s`` seconds after it starts; while none trains (start-up, evaluation, a restart) it
-    tries again every half second, so each kill hits training."""
+    ``at_s`` seconds after it starts (after ``ready()`` first held, when given: training began);
+    while none trains (start-up, evaluation, a restart) it tries again every half second, so
+    each kill hits training."""
 
-    def __init__(self, every_s: float | None = None, at_s: float | None = None) -> None:
+    def __init__(
+        self, every_s: float | None = None, at_s: float | None = None, ready: Callable[[], bool] | None = None
+    ) -> None:
         super().__init__(name="benchmark-killer", daemon=True)
-        self.every_s, self.at_s, self.stop = every_s, at_s, threading.Event()
+        self.every_s, self.at_s, self.ready, self.stop = every_s, at_s, ready, threading.Event()
         self.kills: list[float] = []  # time.time() of each kill
 
     def run(self) -> None:
+        while self.ready is not None and not self.ready():
+            if self.stop.wait(0.5):
+                return
         due = time.monotonic() + (self.at_s if self.at_s is not None else self.every_s)
         while not self.stop.wait(max(0.0, due - time.monotonic())):
             pid = busiest_spark_worker()

@@ -412,6 +412,12 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--kill-every", type=float, default=10.0, help="seconds between kills")
     parser.add_argument(
+        "--duration",
+        type=float,
+        metavar="S",
+        help="with --kill-every: instead of --epochs, as many epochs as take about S s at the warm-up's pace",
+    )
+    parser.add_argument(
         "--kill-once-at",
         type=float,
         metavar="F",
@@ -446,7 +452,12 @@ def main() -> None:
             runs: list = kill_once(args, spark)
             report = kill_once_report(runs, args.batch_size)
         else:
-            _run(args, "step", spark, epochs=1)  # warm-up: the Python workers and imports, not measured
+            warm = _run(
+                args, "step", spark, epochs=1
+            )  # warm-up: the Python workers and imports, not measured
+            if args.duration:  # as many epochs as fill --duration at the warm-up's pace
+                args.epochs = max(1, round(args.duration * warm["useful_samples_per_s"] / args.rows))
+                print(f"--duration {args.duration:g}: {args.epochs} epochs", flush=True)
             runs = []
             for mode in args.modes:
                 for kill in (False, True):

@@ -223,6 +223,7 @@ def _run(args, mode: str, spark, *, epochs: int | None = None, killer: Killer | 
         "kills": len(kills),
         "kill_at_s": [k - started for k in kills],
         "wall_s": result.wall_s,
+        "train_s": result.train_time_s,
         "useful_samples_per_s": len(train.features) * epochs / result.wall_s,
         "test_accuracy": result.test_accuracy,
         "restarts": len(result.details["restarts"]),
@@ -455,8 +456,8 @@ def main() -> None:
             warm = _run(
                 args, "step", spark, epochs=1
             )  # warm-up: the Python workers and imports, not measured
-            if args.duration:  # as many epochs as fill --duration at the warm-up's pace
-                args.epochs = max(1, round(args.duration * warm["useful_samples_per_s"] / args.rows))
+            if args.duration:  # as many epochs as fill --duration at the warm-up's training pace
+                args.epochs = max(1, round(args.duration / warm["train_s"]))
                 print(f"--duration {args.duration:g}: {args.epochs} epochs", flush=True)
             runs = []
             for mode in args.modes:

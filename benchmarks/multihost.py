@@ -47,7 +47,8 @@ and the bytes that crossed the links per trained token.
 ``--kill-every S`` measures goodput under worker loss instead: for each ``--fault-tolerance``
 mode, allreduce once without failures and once with the busiest executor's Python worker
 SIGKILLed every S seconds (``step_fault_tolerance.Killer``, from this process down to the Worker
-hosts' executors), ``--max-restarts`` and no checkpoint directory. It reports each mode's
+hosts' executors), ``--max-restarts`` and no checkpoint directory (with ``--restart-checkpoints``,
+restart mode's epoch-end checkpoints in the bed's directory, which every host sees). It reports each mode's
 goodput (the failure-free run's fit time against the killed run's, from the run log), restarts,
 leaves and joins, where each step-mode kill's time went and both runs' per-epoch losses.
 ``--heal-mb`` times a heal across the bed instead: the quorum endpoint on the driver host, the
@@ -247,6 +248,8 @@ def fault_runs(cluster: netbed.SparkOnNetBed, workers: int, args, directory: Pat
             log = out.with_suffix("") / "run.jsonl"
             killer = Killer(every_s=args.kill_every, ready=lambda log=log: trained(log)) if kill else None
             flags = ["--fault-tolerance", mode, "--max-restarts", str(args.max_restarts)]
+            if mode == "restart" and args.restart_checkpoints:  # the bed's directory: every host sees it
+                flags += ["--checkpoint-dir", str(directory / f"checkpoints-{'killed' if kill else 'free'}")]
             started = time.time()
             row = train(cluster, "allreduce", workers, args.seeds[0], args, out, flags, killer)
             kills = killer.kills if killer is not None else []
@@ -444,6 +447,12 @@ def main() -> None:
         help="the modes --kill-every compares (default both)",
     )
     parser.add_argument("--max-restarts", type=int, default=20, help="with --kill-every (default 20)")
+    parser.add_argument(
+        "--restart-checkpoints",
+        action="store_true",
+        help="with --kill-every: restart mode checkpoints to a directory every host sees (without one, a "
+        "job on a cluster has nothing to restart from)",
+    )
     parser.add_argument(
         "--heal-mb", type=float, nargs="+", help="only time heals of models of these sizes across the bed"
     )

@@ -44,24 +44,46 @@ and the bytes that crossed the links per trained token.
     python benchmarks/multihost.py --task lm --strategies allreduce average-8 diloco-32 \
         --limit 3000 --epochs 3 --target 6.0
 
+``--kill-every S`` measures goodput under worker loss instead: for each ``--fault-tolerance``
+mode, allreduce once without failures and once with the busiest executor's Python worker
+SIGKILLed every S seconds (``step_fault_tolerance.Killer``, from this process down to the Worker
+hosts' executors), ``--max-restarts`` and no checkpoint directory (with ``--restart-checkpoints``,
+restart mode's epoch-end checkpoints in the bed's directory, which every host sees). It reports each mode's
+goodput (the failure-free run's fit time against the killed run's, from the run log), restarts,
+leaves and joins, where each step-mode kill's time went and both runs' per-epoch losses.
+``--heal-mb`` times a heal across the bed instead: the quorum endpoint on the driver host, the
+healer on worker-0 and the joiner on worker-1, the state crossing both hosts' links.
+
+    python benchmarks/multihost.py --workers 4 --rates 1gbit --limit 20000 --epochs 10 \
+        --kill-every 30 --fault-tolerance step restart
+    python benchmarks/multihost.py --rates 1gbit --heal-mb 1 10 100 300
+
 Writes a markdown table to stdout and everything to ``--json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from common import markdown_table, write_json  # noqa: E402
+from step_fault_tolerance import Killer, goodput_report, heal_time, kill_timing  # noqa: E402
 from tests.multihost import netbed  # noqa: E402 - after the path is set
+
+T = TypeVar("T")
+CLONE_NEWNET = 0x40000000  # <sched.h>: setns() into a network namespace
 
 
 def _options(strategy: str, **options: object) -> list[str]:
@@ -111,7 +133,18 @@ TASKS = {
 }
 
 
-def train(cluster: netbed.SparkOnNetBed, label: str, workers: int, seed: int, args, out: Path) -> dict:
+def train(
+    cluster: netbed.SparkOnNetBed,
+    label: str,
+    workers: int,
+    seed: int,
+    args,
+    out: Path,
+    extra: list[str] | None = None,
+    killer: Killer | None = None,
+) -> dict:
+    """One ``sparkdp train`` run on the driver host (with ``extra`` flags; ``killer`` running
+    beside it)."""
     run_dir = out.with_suffix("")
     cmd = [
         sys.executable,
@@ -135,10 +168,18 @@ def train(cluster: netbed.SparkOnNetBed, label: str, workers: int, seed: int, ar
         str(out),
         "--out",
         str(run_dir),
+        *(extra or []),
     ]
     before = {h: cluster.bed.qdisc_stats(h) for h in cluster.bed.hosts}
     started = time.monotonic()
-    proc = cluster.run_driver(cmd, timeout=args.timeout)
+    if killer is not None:
+        killer.start()
+    try:
+        proc = cluster.run_driver(cmd, timeout=args.timeout)
+    finally:
+        if killer is not None:
+            killer.stop.set()
+            killer.join()
     wall = time.monotonic() - started
     if proc.returncode != 0:
         return {
@@ -169,8 +210,75 @@ def train(cluster: netbed.SparkOnNetBed, label: str, workers: int, seed: int, ar
         "driver_link_mb": moved["driver"] / 1e6,
         "worker_link_mb": workers_bytes / len(executors) / 1e6,
         "busiest_link_mb": max(moved.values()) / 1e6,
+        "summary": summary,
+        "fit_s": fit_seconds(run_dir / "run.jsonl"),
         **diagnosis(run_dir / "run.jsonl"),
     }
+
+
+def fit_seconds(run_log: Path) -> float | None:
+    """The fit's seconds by the run log: from its header to its summary record."""
+    times = {}
+    for line in run_log.read_text().splitlines() if run_log.exists() else []:
+        record = json.loads(line)
+        if record.get("type") in ("header", "summary"):
+            times[record["type"]] = record["time"]
+    return times["summary"] - times["header"] if len(times) == 2 else None
+
+
+def trained(run_log: Path) -> bool:
+    """Whether the run log shows trained rows yet (a ``job`` record with samples): the kills'
+    clock starts there, not in the driver's or the executors' start-up."""
+    if not run_log.exists():
+        return False
+    return any(
+        '"type": "job"' in line and json.loads(line).get("samples")
+        for line in run_log.read_text().splitlines()
+        if line.endswith("}")
+    )
+
+
+def fault_runs(cluster: netbed.SparkOnNetBed, workers: int, args, directory: Path) -> list[dict]:
+    """Each ``--fault-tolerance`` mode without failures, then with a worker killed every
+    ``--kill-every`` seconds: rows for ``step_fault_tolerance.goodput_report``."""
+    runs = []
+    for mode in args.fault_tolerance:
+        for kill in (False, True):
+            out = directory / f"{mode}-{'killed' if kill else 'free'}.json"
+            log = out.with_suffix("") / "run.jsonl"
+            killer = Killer(every_s=args.kill_every, ready=lambda log=log: trained(log)) if kill else None
+            flags = ["--fault-tolerance", mode, "--max-restarts", str(args.max_restarts)]
+            if mode == "restart" and args.restart_checkpoints:  # the bed's directory: every host sees it
+                flags += ["--checkpoint-dir", str(directory / f"checkpoints-{'killed' if kill else 'free'}")]
+            started = time.time()
+            row = train(cluster, "allreduce", workers, args.seeds[0], args, out, flags, killer)
+            kills = killer.kills if killer is not None else []
+            if "error" in row:
+                runs.append({"mode": mode, "kills": len(kills), "failed": row["error"], "wall_s": 0.0,
+                             "useful_samples_per_s": 0.0, "test_accuracy": None, "restarts": None,
+                             "membership": [], "loss_curve": [], "samples": []})  # fmt: skip
+            else:
+                summary = row.pop("summary")
+                membership = summary.get("membership", [])
+                seconds = row["fit_s"] or summary["wall_s"]
+                runs.append(
+                    {
+                        **row,
+                        "mode": mode,
+                        "kills": len(kills),
+                        "kill_at_s": [k - started for k in kills],
+                        "wall_s": seconds,
+                        "useful_samples_per_s": args.limit * args.epochs / seconds,
+                        "restarts": len(summary.get("restarts", [])),
+                        "membership": [{**m, "at_s": m["time"] - started} for m in membership],
+                        "kill_timing": kill_timing(kills, membership),
+                        "loss_curve": [h["loss"] for h in summary["history"]],
+                        "samples": [h["samples"] for h in summary["history"]],
+                    }
+                )
+            shown = {k: v for k, v in runs[-1].items() if k not in ("membership", "split", "metric_by_epoch")}
+            print(json.dumps({"workers": workers, **shown}), file=sys.stderr, flush=True)
+    return runs
 
 
 def diagnosis(run_log: Path) -> dict:
@@ -228,6 +336,45 @@ def plan(cluster: netbed.SparkOnNetBed, workers: int, args, out: Path, servers: 
     report = json.loads(proc.stdout[proc.stdout.index("{") :])
     out.write_text(json.dumps(report, indent=2))
     return [{**v, "calibration": report["calibration"]} for v in report["verify"]]
+
+
+def in_namespace(netns: str, make: Callable[[], T]) -> T:
+    """``make()`` run on a thread that entered the network namespace ``netns`` first, so the
+    sockets it opens (and the threads it starts) live there."""
+
+    def entered() -> T:
+        libc = ctypes.CDLL(None, use_errno=True)
+        with open(f"/run/netns/{netns}") as handle:
+            if libc.setns(handle.fileno(), CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), f"setns into {netns} failed")
+        return make()
+
+    with ThreadPoolExecutor(1) as pool:  # a thread of its own: this one stays where it was
+        return pool.submit(entered).result()
+
+
+def bed_heals(args) -> None:
+    """``step_fault_tolerance.heal_time`` across the bed: the quorum endpoint on the driver host,
+    the healer on worker-0, the joiner on worker-1 (the state crosses two links, relayed)."""
+    hosts = {"server": "driver", "healer": "worker-0", "joiner": "worker-1"}
+    rows = []
+    for rate in args.rates:
+        with netbed.NetBed(list(hosts.values()), rate=rate) as bed:
+            for megabytes in args.heal_mb:
+                row = heal_time(
+                    megabytes,
+                    bed.address("driver"),
+                    lambda role, make, bed=bed: in_namespace(bed.netns(hosts[role]), make),
+                )
+                rows.append({"rate": rate, **row})
+                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    print(
+        markdown_table(
+            ["link per host", "parameters MB", "state MB", "heal s"],
+            [[r["rate"], r["model_mb"], r["state_bytes"] / 1e6, r["heal_s"]] for r in rows],
+        )
+    )
+    write_json(args.json, {"args": vars(args), "results": rows})
 
 
 def check_layout(args) -> None:
@@ -289,6 +436,26 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=400, help="seconds per training run")
     parser.add_argument("--slow", metavar="HOST=RATE", help="one host's slower link, e.g. worker-1=10mbit")
     parser.add_argument("--plan", action="store_true", help="run sparkdp plan --calibrate --verify instead")
+    parser.add_argument(
+        "--kill-every", type=float, metavar="S", help="goodput with a worker killed every S seconds instead"
+    )
+    parser.add_argument(
+        "--fault-tolerance",
+        nargs="+",
+        default=["step", "restart"],
+        choices=["step", "restart"],
+        help="the modes --kill-every compares (default both)",
+    )
+    parser.add_argument("--max-restarts", type=int, default=20, help="with --kill-every (default 20)")
+    parser.add_argument(
+        "--restart-checkpoints",
+        action="store_true",
+        help="with --kill-every: restart mode checkpoints to a directory every host sees (without one, a "
+        "job on a cluster has nothing to restart from)",
+    )
+    parser.add_argument(
+        "--heal-mb", type=float, nargs="+", help="only time heals of models of these sizes across the bed"
+    )
     parser.add_argument("--json", default=str(ROOT / "out" / "bench-multihost.json"))
     args = parser.parse_args()
     slow = dict([args.slow.split("=", 1)]) if args.slow else {}
@@ -298,6 +465,9 @@ def main() -> None:
         raise SystemExit(f"benchmarks/multihost.py: {reason}")
     netbed.install_signal_teardown()
     netbed.remove_stale()
+    if args.heal_mb:
+        bed_heals(args)
+        return
     results = []
     for workers in args.workers:
         for rate in args.rates:
@@ -312,6 +482,12 @@ def main() -> None:
                         results.append({"workers": workers, "rate": rate, **row})
                         print(json.dumps(results[-1]), file=sys.stderr, flush=True)
                     continue
+                if args.kill_every:
+                    runs = fault_runs(cluster, workers, args, bed.directory)
+                    results += [{"workers": workers, "rate": rate, **r} for r in runs]
+                    print(f"\n{workers} workers, {rate} links, a kill every {args.kill_every:g} s:\n")
+                    print(goodput_report(runs))
+                    continue
                 for seed in args.seeds:
                     for label in args.strategies:
                         row = {
@@ -325,6 +501,9 @@ def main() -> None:
                         }
                         print(json.dumps(row), file=sys.stderr, flush=True)
                         results.append(row)
+    if args.kill_every:
+        write_json(args.json, {"args": vars(args), "results": results})
+        return
     if args.plan:
         print(
             markdown_table(

@@ -237,14 +237,15 @@ class QuorumServer:
     def _deliver(self, decisions: dict[int, Decision]) -> None:
         """Send each decision; a joiner's waits for its healer's state."""
         now = time.perf_counter()
-        for worker, decision in decisions.items():
-            if decision.heal_from is not None:
-                with self._lock:
+        with self._lock:  # every heal pending before any decision goes out: the healer answers at once
+            for worker, decision in decisions.items():
+                if decision.heal_from is not None:
                     self._heals[worker] = (decision, now)
                     healer = self._conns.get(decision.heal_from)
-                    if healer is not None:  # its thread may already wait for its next frame: the HEAL
+                    if healer is not None:  # its thread may wait in recv already, under JSON_ONLY
                         healer.limits = self._heal_limits
-            else:
+        for worker, decision in decisions.items():
+            if decision.heal_from is None:
                 self._send(worker, decision)
         with self._lock:
             self._announce()

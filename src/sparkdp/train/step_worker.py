@@ -222,6 +222,10 @@ class StepTrainer:
             group.all_reduce_coalesced(tensors)
         except RuntimeError as exc:  # the quorum decides at the boundary
             log.info("worker %d: step %d's collective failed (%s)", self.worker, self.step + 1, exc)
+            # Leave the broken group now: a peer that is not the lost worker's neighbour waits on
+            # this worker's sockets, and would otherwise block until pg_timeout_s. (A failed step
+            # always gets a new quorum number, so this group is never used again.)
+            group.teardown()
             return False
         return True
 

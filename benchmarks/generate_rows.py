@@ -14,6 +14,14 @@ not depend on what the weights say) is saved with ``save_pretrained`` to a tempo
             a cached DataFrame of 2 partitions (both ways start from prompts in memory), forced by
             a ``noop`` write; each task opens the model from the shipped files
 
+``--stages`` also times a task's stages outside Spark: children forked from a parent that
+imported what generate's worker daemon imports (``sparkdp.spark.daemon``, the ``transformers``
+preload) open the model from the package's files, generate one batch, then one partition's share
+of the prompts (``--rows`` / 2) at 1 torch thread, as a task on ``local[2]`` does (the model's
+own module, ``modeling_gpt2``, is already imported there: about 0.07 s a real task pays). And the
+"1 new token" figure is ``sparkdp.generate`` of 1 token per row on the same table (median of
+the repeats): the Spark job, the tasks starting, opening the model and the prompts' prefill.
+
 Every greedy token is generated in both (``eos_token_id`` is unset, so no row stops early). Rows/s
 is rows over the wall time of the way (sparkdp's includes its Spark job, shipping the files and
 opening the model in each task; the single process's model is open before its clock starts). One
@@ -25,6 +33,7 @@ the paired ratios. Target: sparkdp >= 1.5x one process.
 Run:  python benchmarks/generate_rows.py --rows 4096 --repeats 3 --batch 64   # docs/benchmarks.md
       python benchmarks/generate_rows.py --rows 1024 --repeats 3 --batch 64
       python benchmarks/generate_rows.py --rows 64 --repeats 1      # a quick check that it works
+      python benchmarks/generate_rows.py --rows 1024 --repeats 3 --batch 64 --stages
 """
 
 from __future__ import annotations
@@ -117,6 +126,45 @@ def run_sparkdp(df, directory: str, batch: int, new_tokens: int) -> float:
     return time.perf_counter() - start
 
 
+def task_stages(directory: str, texts: list[str], batch: int, new_tokens: int, children: int = 2) -> None:
+    """Print a task's stages (see the module docstring), timed in ``children`` forked children."""
+    import torch
+
+    import sparkdp.spark.daemon  # noqa: F401  (what the worker daemon imports before it forks)
+    from sparkdp.config import GenerationConfig
+    from sparkdp.models.generation import generate_texts
+    from sparkdp.models.hf_package import HFPackage
+    from sparkdp.spark.worker_preload import preload
+
+    preload("transformers")
+    package = HFPackage.of(directory)  # (on the driver; the children open its files, as tasks do)
+    share = texts[: max(1, len(texts) // 2)]
+    config = GenerationConfig(new_tokens, batch_size=batch)
+    for _ in range(children):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                torch.set_num_threads(1)
+                start = time.perf_counter()
+                model, tokenizer = package.load(torch.device("cpu"))
+                opened = time.perf_counter()
+                generate_texts(model, tokenizer, share[:batch], config, share[:batch])
+                first = time.perf_counter()
+                generate_texts(model, tokenizer, share, config, share)
+                done = time.perf_counter()
+                print(
+                    f"task stages: open the model {opened - start:.2f} s, its first batch of {batch} "
+                    f"{first - opened:.2f} s, then {len(share)} rows {done - first:.2f} s "
+                    f"({len(share) / (done - first):.1f} rows/s at 1 thread)",
+                    flush=True,
+                )
+                code = 0
+            finally:
+                os._exit(code)
+        os.waitpid(pid, 0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -129,6 +177,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--stages", action="store_true", help="also time a task's stages outside Spark")
     args = parser.parse_args()
 
     import torch
@@ -138,9 +187,12 @@ def main() -> None:
 
     batch = args.batch or GenerationConfig().batch_size
     torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()  # what the one process really runs with
     texts = prompts(args.rows)
     with tempfile.TemporaryDirectory(prefix="sparkdp-bench-gen-") as directory:
         model, tokenizer = build_model(directory, texts, args.layers, args.width)
+        if args.stages:
+            task_stages(directory, texts, batch, args.new_tokens)
         spark = sparkdp.session("local[2]")
         run_single(model, tokenizer, texts[:16], 16, args.new_tokens)  # warm-up
         candidates = [int(b) for b in args.single_batches.split(",")]
@@ -153,12 +205,13 @@ def main() -> None:
             spark_s.append(run_sparkdp(df, directory, batch, args.new_tokens))
             ratios.append(single[-1] / spark_s[-1])
             print(f"single {single[-1]:.1f} s, sparkdp {spark_s[-1]:.1f} s", flush=True)
+        fixed = median(run_sparkdp(df, directory, batch, 1) for _ in range(args.repeats))
         spark.stop()
     one, two, gain = median(single), median(spark_s), median(ratios)
     assert one is not None and two is not None and gain is not None
     rows = [
         [
-            f"one process, HF generate ({args.threads} threads, batch {single_batch})",
+            f"one process, HF generate ({threads} threads, batch {single_batch})",
             args.rows / one,
             one,
             1.0,
@@ -169,7 +222,7 @@ def main() -> None:
     print(
         f"{args.rows} prompts, {args.new_tokens} new tokens, GPT-2 {args.layers} x {args.width}, medians "
         f"of {args.repeats} paired repeats; sparkdp's first call (its worker daemon starting): "
-        f"{first_call:.1f} s for {2 * batch} rows"
+        f"{first_call:.1f} s for {2 * batch} rows; 1 new token per row: {fixed:.2f} s"
     )
     print(markdown_table(["way", "rows/s", "wall s", "/ one process"], rows))
     print(f"target >= {TARGET}x: {pass_fail(gain >= TARGET)}")

@@ -105,7 +105,7 @@ def test_each_epochs_parquet_rows_are_trained_once_across_a_leave_and_a_join(
     )
     seen: dict[int, dict[int, Counter[int]]] = {w: {} for w in range(WORKERS)}
     replacement: dict[int, Counter[int]] = {}
-    outcome: dict[int, object] = {}
+    outcome: dict[tuple[int, bool], object] = {}
     with QuorumServer(quorum, "127.0.0.1", heartbeat_timeout_s=5.0) as server:
         link = StepLink(server.info, ("127.0.0.1", store.port), WORKERS, 1, 30.0, 30.0)
         faults = {1: Fault("raise", 1, 10), 0: Fault("slow", 0, 1, delay_ms=15)}
@@ -116,7 +116,7 @@ def test_each_epochs_parquet_rows_are_trained_once_across_a_leave_and_a_join(
         for t in threads:
             t.start()
         threads[1].join(60)
-        assert isinstance(outcome[1], RuntimeError)
+        assert isinstance(outcome[(1, False)], RuntimeError)
         while quorum.step < 14 and threads[0].is_alive():
             time.sleep(0.01)
         joiner = threading.Thread(target=_worker, args=(spec, link, 1, True, None, replacement, outcome))

@@ -96,16 +96,18 @@ class DiesWhileHealing(StepTrainer):
 
 
 def _worker(spec, link, slot, joining, fault, seen, outcome, base=None) -> None:
+    """Run one worker thread; its result or failure goes to ``outcome[(slot, joining)]``, so a
+    replacement's never overwrites (nor is overwritten by) the slot's first worker's."""
     trainer = counting(base or TRAINERS[spec.strategy.name])(copy.deepcopy(spec), link, slot, fault)
     trainer.seen = seen
     client = QuorumClient(link.quorum, slot, wait_s=30.0)
     try:
         store = store_client(link.store[0], link.store[1], 30.0)
-        outcome[slot] = trainer.run(client, store, joining)
+        outcome[(slot, joining)] = trainer.run(client, store, joining)
         client.close()
     except (RuntimeError, ConnectionError) as exc:  # a failure: the driver sees the connection close
         client.abandon()
-        outcome[slot] = exc
+        outcome[(slot, joining)] = exc
 
 
 @pytest.mark.parametrize(("strategy", "options"), [("allreduce", {}), ("diloco", {"period": 2})])
@@ -118,7 +120,7 @@ def test_each_epochs_rows_are_trained_once_across_a_leave_and_a_join(strategy, o
     )
     seen: dict[int, dict[int, Counter[int]]] = {w: {} for w in range(WORKERS)}
     replacement: dict[int, Counter[int]] = {}
-    outcome: dict[int, object] = {}
+    outcome: dict[tuple[int, bool], object] = {}
     with QuorumServer(quorum, "127.0.0.1", heartbeat_timeout_s=5.0) as server:
         link = StepLink(server.info, ("127.0.0.1", store.port), WORKERS, 1, 30.0, 30.0)
         faults = {1: Fault("raise", 1, 10), 0: Fault("slow", 0, 1, delay_ms=15)}  # in epoch 1
@@ -129,7 +131,7 @@ def test_each_epochs_rows_are_trained_once_across_a_leave_and_a_join(strategy, o
         for t in threads:
             t.start()
         threads[1].join(60)
-        assert isinstance(outcome[1], RuntimeError)
+        assert isinstance(outcome[(1, False)], RuntimeError)
         while quorum.step < 14 and threads[0].is_alive():  # the survivors alone for a few steps first
             time.sleep(0.01)
         joiner = threading.Thread(target=_worker, args=(spec, link, 1, True, None, replacement, outcome))
@@ -170,14 +172,14 @@ def test_a_healers_state_for_another_model_is_refused_before_anything_loads() ->
     assert all(torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
 
 
-def _run_quorum(spec: FitSpec, workers: int) -> dict[int, object]:
+def _run_quorum(spec: FitSpec, workers: int) -> dict[tuple[int, bool], object]:
     """Every worker's outcome of ``spec`` on ``workers`` threads, with no failure."""
     total = TRAINERS[spec.strategy.name].cursor_for(spec, workers).total_steps
     quorum = Quorum(workers, total)
     store = dist.TCPStore(
         "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
     )
-    outcome: dict[int, object] = {}
+    outcome: dict[tuple[int, bool], object] = {}
     with QuorumServer(quorum, "127.0.0.1", heartbeat_timeout_s=5.0) as server:
         link = StepLink(server.info, ("127.0.0.1", store.port), workers, 1, 30.0, 30.0)
         threads = [
@@ -239,7 +241,7 @@ def test_a_healer_lost_while_healing_costs_its_joiner_the_join_and_the_rest_go_o
         "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
     )
     seen: list[dict[int, Counter[int]]] = [{} for _ in range(5)]
-    outcome: dict[int, object] = {}
+    outcome: dict[tuple[int, bool], object] = {}
     with QuorumServer(quorum, "127.0.0.1", heartbeat_timeout_s=5.0) as server:
         link = StepLink(server.info, ("127.0.0.1", store.port), WORKERS, 1, 3.0, 30.0)
         slow = Fault("slow", 2, 1, delay_ms=15)
@@ -261,7 +263,9 @@ def test_a_healer_lost_while_healing_costs_its_joiner_the_join_and_the_rest_go_o
         orphan.start()
         for t in (threads[0], orphan):
             t.join(60)
-        assert isinstance(outcome[0], RuntimeError) and isinstance(outcome[1], ConnectionError)
+            assert not t.is_alive(), f"{t.name} still runs after 60 s"
+        assert isinstance(outcome[(0, False)], RuntimeError), outcome
+        assert isinstance(outcome[(1, True)], ConnectionError), outcome
         joiner = threading.Thread(target=_worker, args=(spec, link, 1, True, None, seen[4], outcome))
         joiner.start()
         for t in (threads[2], joiner):

@@ -187,19 +187,10 @@ class HSDPSteps(StepTrainer):
             self.whole_state = state_io.state_to_bytes(whole)
 
     def heal_state(self, epoch_ends: bool) -> dict[str, Any]:
-        keeps_state = self.scheduler is not None and hasattr(self.scheduler, "state_dict")
-        sched = self.scheduler.state_dict() if keeps_state else None  # type: ignore[union-attr]
         return {
             "shards": {name: _local(p) for name, p in self.model.named_parameters()},
             "buffers": dict(self.model.named_buffers()),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": None if sched is None else {k: v for k, v in sched.items() if not callable(v)},
-            "strategy": self.spec.strategy.state_dict(),
-            "step": self.step,
-            "history": self.history,
-            "epoch_sums": self.epoch_sums,
-            "train_time": self.train_time,
-            "epoch_ends": epoch_ends,
+            **self.training_state(epoch_ends),
         }
 
     def load(self, data: bytes) -> bool:

@@ -274,10 +274,13 @@ class StepTrainer:
         return state_io.to_bytes(self.heal_state(epoch_ends))
 
     def heal_state(self, epoch_ends: bool) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), **self.training_state(epoch_ends)}
+
+    def training_state(self, epoch_ends: bool) -> dict[str, Any]:
+        """A heal's state besides the model's: optimizer, schedule, strategy and the job's place."""
         keeps_state = self.scheduler is not None and hasattr(self.scheduler, "state_dict")
         sched = self.scheduler.state_dict() if keeps_state else None  # type: ignore[union-attr]
         return {
-            "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": None if sched is None else {k: v for k, v in sched.items() if not callable(v)},
             "strategy": self.spec.strategy.state_dict(),

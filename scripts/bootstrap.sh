@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Make this machine ready for sparkdp: Java 17+, the Fashion-MNIST files, the fortunes text corpus, a .venv with
-# torch pinned to the CPU build and the package with its test and development extras.
+# torch pinned to the CPU build, the package with its test and development extras, and the JVM class archive.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -69,3 +69,10 @@ fi
 echo "bootstrap: installing sparkdp with its test and development extras (pytest, ruff, mypy)"
 # torch pinned on this command line too: without it pip may resolve the extras to a newer (CUDA) torch
 "$VENV/bin/python" -m pip install -q -e ".[dev]" "torch==$TORCH_VERSION"
+# the JVM class archive every Spark session then starts from, about 3 s sooner (docs/benchmarks.md);
+# once per Java and Spark installation, 20-60 s. Without it sessions start as they always did.
+if ! "$VENV/bin/python" -c "import sys; from sparkdp.spark.jvm_archive import usable_archive; sys.exit(usable_archive() is None)"; then
+  echo "bootstrap: writing the JVM class archive Spark sessions start from (sparkdp env --build-jvm-archive)"
+  "$VENV/bin/sparkdp" env --build-jvm-archive >/dev/null ||
+    echo "bootstrap: note: no JVM class archive was written; Spark sessions start without it, about 3 s slower" >&2
+fi

@@ -1,4 +1,5 @@
-"""The one atomic file write every saver uses (models, checkpoints, Caffe weights, summaries)."""
+"""The one atomic file write every saver uses (models, checkpoints, Caffe weights, summaries), and
+the cache directory."""
 
 from __future__ import annotations
 
@@ -6,6 +7,14 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+
+def cache_dir() -> Path:
+    """Where sparkdp keeps what it builds once per machine (tokenizers, token blocks, the JVM's class
+    archive): ``SPARKDP_CACHE``, else ``$XDG_CACHE_HOME/sparkdp``, else ``~/.cache/sparkdp``."""
+    if os.environ.get("SPARKDP_CACHE"):
+        return Path(os.environ["SPARKDP_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sparkdp"
 
 
 def process_umask() -> int:

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..data.text import BLOCK_COLUMNS, write_blocks
-from ..data.text_datasets import cache_dir, load_text_dataset
+from ..data.text_datasets import load_text_dataset
 from ..errors import ConfigError
+from ..files import cache_dir
 from ..models import MODELS
 from ..models.gpt import gpt
 

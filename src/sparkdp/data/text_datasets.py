@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DataError
-from ..files import atomic_write
+from ..files import atomic_write, cache_dir
 from ..registry import Registry
 from .text import EOS_TOKEN, PackCounts, encode_texts, pack_counted, require_tokenizers, train_bpe_tokenizer
 
@@ -63,12 +63,6 @@ class TextDataset:
 log = logging.getLogger(__name__)
 
 TEXT_DATASETS: Registry[TextDataset] = Registry("text dataset")
-
-
-def cache_dir() -> Path:
-    if os.environ.get("SPARKDP_CACHE"):
-        return Path(os.environ["SPARKDP_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sparkdp"
 
 
 def read_fortunes(root: Path) -> list[str]:

@@ -15,11 +15,17 @@ from ..redact import redact
 MIN_JAVA = 17
 
 
-def java_major_version() -> int | None:
-    """The major version of the `java` Spark will start, or None when there is none."""
+def java_executable() -> str | None:
+    """The `java` Spark will start (``$JAVA_HOME/bin/java``, else the one on PATH), or None."""
     home = os.environ.get("JAVA_HOME")
     java = os.path.join(home, "bin", "java") if home else shutil.which("java")
-    if not java or not os.path.exists(java):
+    return java if java and os.path.exists(java) else None
+
+
+def java_major_version() -> int | None:
+    """The major version of the `java` Spark will start, or None when there is none."""
+    java = java_executable()
+    if java is None:
         return None
     try:
         out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)

@@ -29,6 +29,13 @@ def _rank_and_world(info):
     )
 
 
+def test_the_last_task_to_arrive_leaves_the_rendezvous_at_once(spark):
+    """On a local master the tasks meet on the driver's board: the last to arrive waits only for
+    its answer (Spark's barrier allGather holds every task for a second at least)."""
+    waits = run_barrier(lambda info: info.rendezvous_s, 2, spark=spark)
+    assert min(waits) < 0.5, waits
+
+
 def test_every_rank_runs_and_agrees_on_the_rendezvous(spark):
     results = run_barrier(_rank_and_world, 2, spark=spark)
     assert [r[:2] for r in results] == [(0, 2), (1, 2)]

@@ -43,8 +43,9 @@ from ..errors import ConfigError, DataError
 from ..train.jobs import in_task
 from ..train.loop import FitSpec, fit_worker
 from ..train.report import WorkerReport
+from .board import BoardLink
 from .cluster import is_connect
-from .launcher import BarrierStage
+from .launcher import BarrierStage, rendezvous_board
 from .task import rendezvous
 from .worker_errors import encode_error
 
@@ -233,13 +234,19 @@ def write_parquet(source: DataFrameSource, path: str) -> ParquetData:
     return data
 
 
-def _epoch_task(spec: FitSpec, threads: int | None, pg_timeout_s: float, restarts: tuple[int, int]):
+def _epoch_task(
+    spec: FitSpec,
+    threads: int | None,
+    pg_timeout_s: float,
+    restarts: tuple[int, int],
+    board: BoardLink | None,
+):
     """The function ``mapInArrow`` runs on each partition: one epoch of training on its stream."""
 
     def task(stream: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         info = None
         try:
-            info = rendezvous()
+            info = rendezvous(board=board)
             template = cast(StreamData, spec.train)  # epoch_stage's spec carries an unattached StreamData
             data = StreamData(template.converter, template.shuffle_buffer).attach(stream)
             job = in_task(
@@ -284,13 +291,11 @@ def epoch_stage(
     stage_spec = replace(spec, train=StreamData(source.converter, source.shuffle_buffer))
     df = source.stage_frame(workers)
     epoch = spec.part.start_epoch
-    rows = _run_stage(
-        df.mapInArrow(_epoch_task(stage_spec, threads, pg_timeout_s, restarts), _OUT_SCHEMA, barrier=True),
-        spark,
-        workers,
-        start_timeout_s,
-        epoch,
-    )
+    with rendezvous_board(spark, workers) as board:
+        task = _epoch_task(stage_spec, threads, pg_timeout_s, restarts, board.link if board else None)
+        rows = _run_stage(
+            df.mapInArrow(task, _OUT_SCHEMA, barrier=True), spark, workers, start_timeout_s, epoch
+        )
     reports = {
         r["rank"]: WorkerReport.from_parts(r["info"], r["state"], r["optimizer_state"])
         for r in rows

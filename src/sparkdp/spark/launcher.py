@@ -10,16 +10,18 @@ and whether executors can reach this process is checked with one small stage of 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..config import check_int
 from ..errors import ConfigError, EnvironmentProblem, RendezvousTimeout, WorkerFailed
+from .board import RendezvousBoard
 from .cluster import (
     available_slots,
     barrier_refusal,
@@ -28,6 +30,7 @@ from .cluster import (
     executors_may_not_reach_us,
     is_connect,
     master_of,
+    on_driver_machine,
     spark_conf,
     task_slots,
     too_few_slots_message,
@@ -389,13 +392,27 @@ def run_barrier(
     """
     stage = BarrierStage(spark, num_workers, description=description, start_timeout_s=start_timeout_s)
     stage_id = _stage_id()
+    with rendezvous_board(spark, num_workers) as board:
+        link = board.link if board is not None else None
 
-    def start() -> tuple[int, TaskInfo]:
-        info = rendezvous(store)
-        return info.rank, info
+        def start() -> tuple[int, TaskInfo]:
+            info = rendezvous(store, link)
+            return info.rank, info
 
-    df = _task_stage(spark, num_workers, _task_body(stage_id, start, fn), barrier=True)
-    return _results(stage.run(df.collect), stage_id, num_workers)
+        df = _task_stage(spark, num_workers, _task_body(stage_id, start, fn), barrier=True)
+        return _results(stage.run(df.collect), stage_id, num_workers)
+
+
+@contextlib.contextmanager
+def rendezvous_board(spark, num_workers: int) -> Iterator[RendezvousBoard | None]:
+    """The driver's rendezvous board for a barrier stage of ``num_workers`` tasks, where every
+    executor runs on this machine (:mod:`sparkdp.spark.board`); elsewhere None: the tasks keep
+    Spark's ``allGather``. A Spark Connect session's executors belong to its server's machine."""
+    if is_connect(spark) or not on_driver_machine(spark):
+        yield None
+        return
+    with RendezvousBoard(num_workers) as board:
+        yield board
 
 
 def unreachable_reason(spark, *, timeout_s: float = 5.0, start_timeout_s: float = 60.0) -> str | None:

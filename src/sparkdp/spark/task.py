@@ -15,10 +15,12 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..comm.torchrun_env import Place, Placement, placements
+from .board import BoardLink
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,8 @@ class TaskInfo:
     #: The barrier stage's identity (torchrun's TORCHELASTIC_RUN_ID) and the task's attempt (0: the first).
     run_id: str = "none"
     attempt: int = 0
+    #: Seconds this task waited in the exchange with the other tasks (all of them arriving included).
+    rendezvous_s: float = 0.0
 
 
 def listening_store(host: str, world_size: int):
@@ -73,9 +77,11 @@ def listening_store(host: str, world_size: int):
         raise
 
 
-def rendezvous(with_store: bool = True) -> TaskInfo:
+def rendezvous(with_store: bool = True, board: BoardLink | None = None) -> TaskInfo:
     """This task's rank and the group's master address; with ``with_store``, rank 0 opens the
-    torch.distributed TCPStore and every task learns its port."""
+    torch.distributed TCPStore and every task learns its port. The tasks exchange what they know
+    through the driver's ``board`` when the stage has one (:mod:`sparkdp.spark.board`: in
+    milliseconds), else through the barrier's ``allGather`` (about a second)."""
     from pyspark import BarrierTaskContext
 
     ctx = BarrierTaskContext.get()
@@ -92,7 +98,11 @@ def rendezvous(with_store: bool = True) -> TaskInfo:
         "gpu": gpus[0] if gpus else None,
         "visible": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
     }
-    gathered = [json.loads(message) for message in ctx.allGather(json.dumps(own))]
+    exchange_started = time.monotonic()
+    if board is not None:
+        gathered = board.gather(rank, f"{ctx.stageId()}.{ctx.attemptNumber()}", own)
+    else:
+        gathered = [json.loads(message) for message in ctx.allGather(json.dumps(own))]
     placement = placements([Place(g["host"], _ordinal(g["gpu"]), g["visible"]) for g in gathered])[rank]
     return TaskInfo(
         rank,
@@ -105,6 +115,7 @@ def rendezvous(with_store: bool = True) -> TaskInfo:
         placement,
         run_id=f"spark-stage-{ctx.stageId()}",
         attempt=ctx.attemptNumber(),
+        rendezvous_s=time.monotonic() - exchange_started,
     )
 
 

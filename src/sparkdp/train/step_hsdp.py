@@ -215,13 +215,7 @@ class HSDPSteps(StepTrainer):
                 value.copy_(theirs[name])
             for name, value in buffers.items():
                 value.copy_(their_buffers[name])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.scheduler is not None and state["scheduler"] is not None:
-            self.scheduler.load_state_dict(state["scheduler"])
-        self.spec.strategy.load_state_dict(state["strategy"])
-        self.step, self.history = int(state["step"]), list(state["history"])
-        self.epoch_sums = state["epoch_sums"].clone()
-        self.train_time, self.pending = float(state["train_time"]), None
+        self.restore_training(state)
 
     def report(self) -> WorkerReport:
         assert self.whole_state is not None  # gathered at the job's last step

@@ -308,6 +308,10 @@ class StepTrainer:
 
     def restore(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
+        self.restore_training(state)
+
+    def restore_training(self, state: dict[str, Any]) -> None:
+        """Load what :meth:`training_state` holds: optimizer, schedule, strategy and position."""
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state["scheduler"] is not None:
             self.scheduler.load_state_dict(state["scheduler"])

@@ -24,7 +24,6 @@ from torch.distributed.fsdp import fully_shard  # noqa: F401  (imported once, be
 from sparkdp import state as state_io
 from sparkdp.comm.quorum_group import store_client
 from sparkdp.config import TrainingConfig
-from sparkdp.data.tensors import TensorData
 from sparkdp.driver.quorum import Quorum
 from sparkdp.driver.quorum_server import QuorumServer
 from sparkdp.strategies import resolve_strategy
@@ -35,6 +34,7 @@ from sparkdp.train.quorum_client import QuorumClient
 from sparkdp.train.report import WorkerReport
 from sparkdp.train.step_hsdp import HSDPSteps
 from sparkdp.train.step_worker import StepLink
+from tests.train.test_step_worker import Noting, counting
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -42,32 +42,14 @@ ROWS, BATCH, WORKERS, SHARD, EPOCHS = 480, 4, 4, 2, 2  # a global batch of 16: 3
 LR, MOMENTUM = 0.05, 0.9  # momentum: the heal must carry the optimizer's state
 
 
-class Noting(TensorData):
-    """In-memory data that notes the rows the worker took since ``last`` was emptied."""
-
-    last: list[int] = []
-
-    def rows_at(self, take):
-        self.last = [*self.last, *take.tolist()]
-        return super().rows_at(take)
-
-
-class Counting(HSDPSteps):
+class Counting(counting(HSDPSteps)):  # type: ignore[misc]
     """hsdp's worker, noting each step it commits and, per epoch, the row ids it trained in it."""
 
-    seen: dict[int, Counter[int]]
     committed: list[int]
-
-    def compute(self, group, decision):
-        self.spec.train.last = []
-        self.computing = self.step
-        return super().compute(group, decision)
 
     def settle(self, commit):
         if commit and self.pending is not None:
             self.committed.append(self.computing)
-            epoch = self.cursor.epoch_of(self.computing)
-            self.seen.setdefault(epoch, Counter()).update(self.spec.train.last)
         return super().settle(commit)
 
 

@@ -6,29 +6,21 @@ row's feature is its position over the row count), not by the ids the cursor ask
 from __future__ import annotations
 
 import copy
-import threading
-import time
 from collections import Counter
-from datetime import timedelta
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from sparkdp.config import TrainingConfig
 from sparkdp.data.parquet import ParquetData
 from sparkdp.data.row_order import LaneOrder, cache_rows
-from sparkdp.driver.quorum import Quorum
-from sparkdp.driver.quorum_server import QuorumServer
 from sparkdp.strategies import resolve_strategy
-from sparkdp.train.faults import Fault
 from sparkdp.train.loop import FitSpec
 from sparkdp.train.optim import optimizer_factory
-from sparkdp.train.step_worker import StepLink
-from tests.train.test_step_worker import TRAINERS, _worker
+from tests.train.test_step_worker import leave_and_join
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -98,31 +90,7 @@ def test_each_epochs_parquet_rows_are_trained_once_across_a_leave_and_a_join(
     tmp_path, strategy, options
 ) -> None:
     spec = _spec(write_ids(tmp_path / "d.parquet", ROWS, 37), strategy, **options)
-    total = TRAINERS[strategy].cursor_for(spec, WORKERS).total_steps
-    quorum = Quorum(WORKERS, total)
-    store = dist.TCPStore(
-        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
-    )
-    seen: dict[int, dict[int, Counter[int]]] = {w: {} for w in range(WORKERS)}
-    replacement: dict[int, Counter[int]] = {}
-    outcome: dict[tuple[int, bool], object] = {}
-    with QuorumServer(quorum, "127.0.0.1", heartbeat_timeout_s=5.0) as server:
-        link = StepLink(server.info, ("127.0.0.1", store.port), WORKERS, 1, 30.0, 30.0)
-        faults = {1: Fault("raise", 1, 10), 0: Fault("slow", 0, 1, delay_ms=15)}
-        threads = [
-            threading.Thread(target=_worker, args=(spec, link, w, False, faults.get(w), seen[w], outcome))
-            for w in range(WORKERS)
-        ]
-        for t in threads:
-            t.start()
-        threads[1].join(60)
-        assert isinstance(outcome[(1, False)], RuntimeError)
-        while quorum.step < 14 and threads[0].is_alive():
-            time.sleep(0.01)
-        joiner = threading.Thread(target=_worker, args=(spec, link, 1, True, None, replacement, outcome))
-        joiner.start()
-        for t in (threads[0], threads[2], joiner):
-            t.join(60)
+    quorum, _, seen, replacement, _ = leave_and_join(spec, strategy)
     assert [(r["worker"], r["kind"]) for r in quorum.records] == [(1, "leave"), (1, "join")]
     for epoch in range(EPOCHS):
         counted = Counter()

@@ -110,10 +110,11 @@ def _worker(spec, link, slot, joining, fault, seen, outcome, base=None) -> None:
         outcome[(slot, joining)] = exc
 
 
-@pytest.mark.parametrize(("strategy", "options"), [("allreduce", {}), ("diloco", {"period": 2})])
-def test_each_epochs_rows_are_trained_once_across_a_leave_and_a_join(strategy, options) -> None:
-    spec = _spec(strategy, **options)
-    total = TRAINERS[strategy].cursor_for(spec, WORKERS).total_steps  # 100 steps, or 50 rounds
+def leave_and_join(spec: FitSpec, strategy: str):
+    """Three workers; worker 1 fails at its tenth step of epoch 1 (worker 0 slowed a little), the
+    other two go on alone for a few steps, then worker 1's replacement joins. Returns the quorum,
+    the job's steps, each first worker's rows per epoch, the replacement's, and every outcome."""
+    total = TRAINERS[strategy].cursor_for(spec, WORKERS).total_steps
     quorum = Quorum(WORKERS, total)
     store = dist.TCPStore(
         "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
@@ -138,6 +139,12 @@ def test_each_epochs_rows_are_trained_once_across_a_leave_and_a_join(strategy, o
         joiner.start()
         for t in (threads[0], threads[2], joiner):
             t.join(60)
+    return quorum, total, seen, replacement, outcome
+
+
+@pytest.mark.parametrize(("strategy", "options"), [("allreduce", {}), ("diloco", {"period": 2})])
+def test_each_epochs_rows_are_trained_once_across_a_leave_and_a_join(strategy, options) -> None:
+    quorum, total, seen, replacement, outcome = leave_and_join(_spec(strategy, **options), strategy)
     kinds = [(r["worker"], r["kind"]) for r in quorum.records]
     assert kinds == [(1, "leave"), (1, "join")]
     assert quorum.records[0]["step"] == 9 and 14 <= quorum.records[1]["step"] < total - 1

@@ -70,7 +70,7 @@ echo "bootstrap: installing sparkdp with its test and development extras (pytest
 # torch pinned on this command line too: without it pip may resolve the extras to a newer (CUDA) torch
 "$VENV/bin/python" -m pip install -q -e ".[dev]" "torch==$TORCH_VERSION"
 # the JVM class archive every Spark session then starts from, about 3 s sooner (docs/benchmarks.md);
-# once per Java and Spark installation, 20-60 s. Without it sessions start as they always did.
+# once per Java and Spark installation, about a minute. Without it sessions start as they always did.
 if ! "$VENV/bin/python" -c "import sys; from sparkdp.spark.jvm_archive import usable_archive; sys.exit(usable_archive() is None)"; then
   echo "bootstrap: writing the JVM class archive Spark sessions start from (sparkdp env --build-jvm-archive)"
   "$VENV/bin/sparkdp" env --build-jvm-archive >/dev/null ||

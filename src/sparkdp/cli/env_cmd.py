@@ -16,7 +16,7 @@ def add_parser(sub) -> None:
         "--build-jvm-archive",
         action="store_true",
         help="write the JVM class-data archive every later Spark session starts from (about 3 s sooner; "
-        "20-30 s once per Java and Spark installation)",
+        "about a minute once per Java and Spark installation)",
     )
     p.set_defaults(func=run)
 

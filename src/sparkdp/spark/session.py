@@ -48,6 +48,31 @@ def driver_java_options() -> str:
     return f"-Dlog4j2.configurationFile={_LOG4J.as_uri()}"
 
 
+#: ``session(jit=...)``: the driver JVM's just-in-time compilers. "quick" compiles with C1 only: the
+#: session and its first stages start about 2 s sooner on 2 cores, where C2's compiles and C1's
+#: profiling code compete with the driver, the workers' start and the data, but code the JVM runs
+#: for minutes stays C1's (Arrow conversion of a DataFrame streamed through Spark measured 1.5-1.7x
+#: slower; docs/benchmarks.md, "The JVM's compilers"). "full" is the JVM's own tiered C1 + C2.
+JIT_OPTIONS = {"quick": "-XX:TieredStopAtLevel=1", "full": ""}
+#: options that choose the compilers themselves: a user's own are left as they are
+_OWN_JIT_OPTIONS = ("TieredStopAtLevel", "TieredCompilation", "CompilationMode")
+
+
+def jit_java_options(jit: str | None, master: str, java_options: str) -> str:
+    """``java_options`` with the compilers ``jit`` asks for; unset, "quick" on local masters (where
+    the driver's JVM is the executor of jobs that mostly start and end) and "full" elsewhere."""
+    if jit is None:
+        jit = "quick" if master.startswith("local") else "full"
+    if jit not in JIT_OPTIONS:
+        raise ConfigError(
+            f"jit={jit!r} is not a choice of the driver JVM's compilers: use 'quick' (C1 only: a faster "
+            "start) or 'full' (C1 and C2: faster JVM code in long DataFrame jobs), or leave it unset."
+        )
+    if not JIT_OPTIONS[jit] or any(option in java_options for option in _OWN_JIT_OPTIONS):
+        return java_options
+    return f"{java_options} {JIT_OPTIONS[jit]}".strip()
+
+
 def _set_python_env() -> None:
     """Make executors start this interpreter: without it they run the system python
     and fail with "No module named torch" (the classic newcomer trap)."""
@@ -105,6 +130,7 @@ def session(
     remote: str | None = None,
     api_mode: str | None = None,
     class_archive: bool = True,
+    jit: str | None = None,
 ):
     """Return the SparkSession to train on.
 
@@ -131,6 +157,11 @@ def session(
         class_archive: start the JVM from this machine's class-data archive when one is built
             (``sparkdp env --build-jvm-archive``; :mod:`sparkdp.spark.jvm_archive`): the session
             starts about 3 s sooner. False: never use it.
+        jit: the driver JVM's just-in-time compilers (:data:`JIT_OPTIONS`): ``"quick"`` (C1
+            only; the default on local masters: jobs start about 2 s sooner on 2 cores) or
+            ``"full"`` (C1 and C2; the default elsewhere, and faster for DataFrames streamed
+            through Spark for minutes). An option in ``conf``'s
+            ``spark.driver.extraJavaOptions`` that chooses the compilers wins.
 
     Examples:
         >>> import sparkdp
@@ -187,12 +218,16 @@ def session(
     # defaults, and the caller's conf over both
     settings.update({key: value for key, value in submitted.items() if key in settings})
     settings.update(conf or {})
+    settings["spark.driver.extraJavaOptions"] = jit_java_options(
+        jit, master, settings["spark.driver.extraJavaOptions"]
+    )
     if connect:
         return _local_connect_session(master, app_name, settings, warm_up)
     log.info("starting Spark (%s)", redact(master))
     # What SparkSession.builder.getOrCreate() does, in two steps: the warm-up job needs only
     # the SparkContext, so it runs while the JVM builds the SparkSession (about 2.7 s here).
     sc = _start_context(master, app_name, settings, class_archive)
+    _stop_accumulator_server_in_background(sc)
     sc.setLogLevel(log_level)
     _show_task_failures(sc, log_level)
     warm = warm_up and settings["spark.python.daemon.module"] == _DEFAULT_CONF["spark.python.daemon.module"]
@@ -239,6 +274,24 @@ def _conf(master: str, app_name: str, settings: dict[str, Any], java_options: st
 
     conf = SparkConf().setMaster(master).setAppName(app_name).setAll(list(settings.items()))
     return conf.set("spark.driver.extraJavaOptions", java_options)
+
+
+def _stop_accumulator_server_in_background(sc: Any) -> None:
+    """Let ``spark.stop()`` return without waiting for PySpark's accumulator server, which takes up
+    to 1 s more (measured 0.93 s): its one handler serves the JVM's connection in the server's own
+    loop and looks for the stop flag once a second. Here the flag is set at once and the server is
+    stopped and closed by a daemon thread; a session started meanwhile gets a new server."""
+    server = getattr(sc, "_accumulatorServer", None)
+    if server is None or getattr(server, "sparkdp_background_stop", False):
+        return
+    stop = server.shutdown
+
+    def shutdown() -> None:
+        server.server_shutdown = True  # the handler ends at its next look; no update is read after it
+        threading.Thread(target=stop, name="sparkdp-accumulator-stop", daemon=True).start()
+
+    server.shutdown = shutdown
+    server.sparkdp_background_stop = True
 
 
 def _show_task_failures(sc: Any, log_level: str) -> None:

@@ -69,22 +69,36 @@ def _result_batch(stage: str, index: int, value: Any):
         start = first * RESULT_PART_BYTES
         ends = [min(at * RESULT_PART_BYTES, data.size) - start for at in range(first, rows.stop + 1)]
         cells = pa.Array.from_buffers(
-            pa.binary(),
-            len(rows),
-            [None, pa.array(ends, pa.int32()).buffers()[1], data.slice(start, ends[-1])],
+            pa.binary(), len(rows), [None, _packed(ends, "i"), data.slice(start, ends[-1])]
         )
         batches.append(
             pa.RecordBatch.from_arrays(
                 [
-                    pa.array([index] * len(rows), pa.int64()),
-                    pa.array(list(rows), pa.int64()),
-                    pa.array([parts] * len(rows), pa.int64()),
+                    _int64s([index] * len(rows)),
+                    _int64s(list(rows)),
+                    _int64s([parts] * len(rows)),
                     cells,
                 ],
                 names=["index", "part", "parts", "result"],
             )
         )
     return pa.Table.from_batches(batches)
+
+
+def _packed(values: list[int], code: str):
+    """``values`` as an Arrow buffer of little-endian ``struct`` ``code`` numbers. Not ``pa.array``:
+    its first call imports pandas (about 0.3 s), which every task would pay after its work."""
+    import struct
+
+    import pyarrow as pa
+
+    return pa.py_buffer(struct.pack(f"<{len(values)}{code}", *values))
+
+
+def _int64s(values: list[int]):
+    import pyarrow as pa
+
+    return pa.Array.from_buffers(pa.int64(), len(values), [None, _packed(values, "q")])
 
 
 def _results(rows, stage: str, num_tasks: int) -> list[Any]:

@@ -12,14 +12,18 @@ _SCRIPT = textwrap.dedent(
     """
     import time
     import sparkdp
+    from sparkdp.spark.session import stop_quietly
 
-    for rows in (4, 5):
+    # the second session is stopped as the command line does: its JVM exits at once, while the
+    # accumulator server's handler may still be polling the JVM's connection
+    for rows, stop in ((4, lambda spark: spark.stop()), (5, lambda spark: stop_quietly())):
         spark = sparkdp.session("local[2]", warm_up=False)
         total = spark.sparkContext.accumulator(0)
         spark.sparkContext.parallelize(range(rows), 2).foreach(lambda x: total.add(x))
         started = time.perf_counter()
-        spark.stop()
+        stop(spark)
         print(total.value, round(time.perf_counter() - started, 3))
+    time.sleep(1.5)  # longer than the handler's poll: it has read the hang-up
     """
 )
 
@@ -32,4 +36,6 @@ def test_stop_returns_at_once_and_a_next_session_counts_its_own_updates():
     lines = [line.split() for line in done.stdout.splitlines()[-2:]]
     assert [int(values) for values, _ in lines] == [6, 10]  # sum(range(4)), sum(range(5))
     # PySpark's own stop waited 0.93 s here for the server's handler to look at its flag
-    assert all(float(seconds) < 0.5 for _, seconds in lines), done.stdout
+    assert float(lines[0][1]) < 0.5, done.stdout
+    # the hang-up of a JVM that exited after the stop is not printed as an error
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]

@@ -51,8 +51,8 @@ def driver_java_options() -> str:
 #: ``session(jit=...)``: the driver JVM's just-in-time compilers. "quick" compiles with C1 only: the
 #: session and its first stages start about 2 s sooner on 2 cores, where C2's compiles and C1's
 #: profiling code compete with the driver, the workers' start and the data, but code the JVM runs
-#: for minutes stays C1's (Arrow conversion of a DataFrame streamed through Spark measured 1.5-1.7x
-#: slower; docs/benchmarks.md, "The JVM's compilers"). "full" is the JVM's own tiered C1 + C2.
+#: for minutes stays C1's (the epochs of a DataFrame streamed through Spark took 1.46x as long;
+#: docs/benchmarks.md, "The JVM's compilers"). "full" is the JVM's own tiered C1 + C2.
 JIT_OPTIONS = {"quick": "-XX:TieredStopAtLevel=1", "full": ""}
 #: options that choose the compilers themselves: a user's own are left as they are
 _OWN_JIT_OPTIONS = ("TieredStopAtLevel", "TieredCompilation", "CompilationMode")
@@ -284,13 +284,19 @@ def _stop_accumulator_server_in_background(sc: Any) -> None:
     server = getattr(sc, "_accumulatorServer", None)
     if server is None or getattr(server, "sparkdp_background_stop", False):
         return
-    stop = server.shutdown
+    stop, report = server.shutdown, server.handle_error
 
     def shutdown() -> None:
         server.server_shutdown = True  # the handler ends at its next look; no update is read after it
         threading.Thread(target=stop, name="sparkdp-accumulator-stop", daemon=True).start()
 
-    server.shutdown = shutdown
+    def handle_error(request: Any, client_address: Any) -> None:
+        # a JVM that exits before the handler's next look hangs up on it mid-read (an EOFError
+        # socketserver would print): after the stop that is the end, not an error
+        if not server.server_shutdown:
+            report(request, client_address)
+
+    server.shutdown, server.handle_error = shutdown, handle_error
     server.sparkdp_background_stop = True
 
 
